@@ -1,0 +1,132 @@
+# muster: one entry point. `make` builds, `make check` runs what CI runs,
+# `make demo` shows a job on this machine. Both check and demo first install
+# missing Debian build dependencies (mk/deps.sh), then build in a sub-make so
+# that pkg-config sees the freshly installed libraries.
+
+VERSION := 0.1.0
+PREFIX ?= /usr/local
+DESTDIR ?=
+BUILD ?= build
+
+# Libraries found through pkg-config; OpenBLAS is only linked into muster-train.
+PKGS := libuv libmicrohttpd jansson openssl libcurl
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+BASE_CFLAGS := -std=gnu11 -O2 -g $(WARN) -I. -D_GNU_SOURCE -DMUSTER_VERSION='"$(VERSION)"'
+# SAN is set by `make asan`; user CFLAGS come last.
+ALL_CFLAGS = $(BASE_CFLAGS) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(CHECK_CFLAGS) $(SAN) $(CFLAGS)
+ALL_LDFLAGS = $(SAN) $(LDFLAGS)
+
+LIBS_UV := -luv
+LIBS_HTTP := -lmicrohttpd
+LIBS_JSON := -ljansson
+LIBS_CRYPTO := -lcrypto
+LIBS_CURL := -lcurl
+
+# Each module lists its sources in its own fragment.
+include common/module.mk
+include proto/module.mk
+include daemon/module.mk
+include worker/module.mk
+include tests/module.mk
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIB_OBJS := $(call obj,$(COMMON_SRCS) $(PROTO_SRCS))
+LIBMUSTER := $(BUILD)/libmuster.a
+
+BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
+
+.PHONY: all deps check check-run demo demo-run bench bench-run asan install uninstall clean tests docs
+all: $(BINS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(LIBMUSTER): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(BUILD)/musterd: $(call obj,$(DAEMON_SRCS) $(DAEMON_MAIN)) $(LIBMUSTER)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
+
+$(BUILD)/musterctl: $(call obj,$(CTL_SRCS)) $(LIBMUSTER)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_CURL) $(LIBS_JSON)
+
+$(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
+
+$(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(LIBMUSTER)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
+
+# Unit tests: one Check runner over every suite, linked with the modules'
+# non-main objects so that suites drive the real code.
+TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS))
+$(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
+
+TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS))
+tests: $(BINS) $(TEST_BINS)
+
+deps:
+	@sh mk/deps.sh build
+
+check: deps
+	@$(MAKE) --no-print-directory check-run
+
+check-run: tests
+	@BUILD=$(BUILD) sh tests/run.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory demo-run
+
+demo-run: all
+	@BUILD=$(BUILD) sh mk/demo.sh
+
+bench: deps
+	@sh mk/deps.sh bench
+	@$(MAKE) --no-print-directory bench-run
+
+bench-run: all
+	@BUILD=$(BUILD) sh tests/bench/run.sh
+
+# AddressSanitizer + UBSan build of everything, then the whole test suite.
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	    check-run
+
+docs: $(BUILD)/tests/jobspec-doc
+	@$(BUILD)/tests/jobspec-doc > docs/jobspec-keys.md
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/doc/muster
+	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(DESTDIR)$(PREFIX)/share/doc/muster/
+	install -d $(DESTDIR)$(PREFIX)/share/muster/etc
+	install -m 0644 etc/*.json $(DESTDIR)$(PREFIX)/share/muster/etc/
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -m 0644 systemd/*.service $(DESTDIR)$(PREFIX)/lib/systemd/system/
+
+uninstall:
+	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(PREFIX)/bin/%,$(BINS))
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/muster
+	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/musterd.service \
+	      $(DESTDIR)$(PREFIX)/lib/systemd/system/muster-worker.service
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,243 @@
+#include "common/jobspec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+enum key_type { KEY_INT, KEY_I64, KEY_DOUBLE, KEY_STRING };
+
+struct key_def {
+    const char *name;
+    enum key_type type;
+    size_t offset;
+    size_t size;      /* KEY_STRING: buffer size */
+    double min, max;  /* numeric bounds, inclusive */
+    double def;       /* numeric default */
+    const char *sdef; /* string default */
+    const char *doc;
+};
+
+#define F(field) offsetof(struct job_spec, field), sizeof(((struct job_spec *)0)->field)
+
+/* The one table of job keys. Keep docs/jobspec.md in step (make docs). */
+static const struct key_def keys[] = {
+    {"name", KEY_STRING, F(name), 0, 0, 0, "job", "job name shown in status and events"},
+    {"nodes", KEY_INT, F(nodes), 1, 4096, 1, NULL, "agents (nodes) needed to form a generation"},
+    {"max_restarts", KEY_INT, F(max_restarts), 0, 100000, 3, NULL,
+     "restarts (new generations after a failure) before the job is failed"},
+    {"heartbeat_interval_ms", KEY_INT, F(heartbeat_interval_ms), 50, 60000, 1000, NULL,
+     "period of agent heartbeats to the daemon"},
+    {"heartbeat_timeout_ms", KEY_INT, F(heartbeat_timeout_ms), 100, 600000, 5000, NULL,
+     "a node silent this long is lost; must exceed heartbeat_interval_ms"},
+    {"lease_ms", KEY_INT, F(lease_ms), 100, 3600000, 10000, NULL,
+     "an agent that cannot reach the daemon this long stops its ranks"},
+    {"stop_grace_ms", KEY_INT, F(stop_grace_ms), 0, 600000, 5000, NULL,
+     "time between SIGTERM and SIGKILL when ranks are stopped"},
+    {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
+    {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
+    {"steps", KEY_INT, F(steps), 1, 100000000, 1000, NULL, "optimizer steps to run"},
+    {"batch", KEY_INT, F(batch), 1, 1048576, 8, NULL, "global batch: sequences per optimizer step"},
+    {"micro_batch", KEY_INT, F(micro_batch), 0, 65536, 0, NULL,
+     "sequences per micro-step per rank; 0 = batch / world size (no accumulation)"},
+    {"seq_len", KEY_INT, F(seq_len), 0, 1048576, 0, NULL, "tokens per sequence; 0 = the model's context T"},
+    {"lr", KEY_DOUBLE, F(lr), 0, 10, 1e-3, NULL, "peak learning rate"},
+    {"lr_min", KEY_DOUBLE, F(lr_min), 0, 10, 1e-4, NULL, "floor of the cosine decay"},
+    {"warmup_steps", KEY_INT, F(warmup_steps), 0, 100000000, 100, NULL, "linear warm-up steps"},
+    {"weight_decay", KEY_DOUBLE, F(weight_decay), 0, 10, 0.1, NULL,
+     "AdamW decoupled weight decay (not applied to biases and norm gains)"},
+    {"grad_clip", KEY_DOUBLE, F(grad_clip), 0, 1e6, 1.0, NULL, "global gradient-norm clip; 0 = off"},
+    {"val_fraction", KEY_DOUBLE, F(val_fraction), 0, 0.5, 0.1, NULL,
+     "fraction at the end of the data held out for validation"},
+    {"eval_every", KEY_INT, F(eval_every), 0, 100000000, 100, NULL, "validation every N steps; 0 = off"},
+    {"eval_batches", KEY_INT, F(eval_batches), 1, 100000, 8, NULL, "micro-batches per validation"},
+    {"seed", KEY_I64, F(seed), 0, 9007199254740991.0, 1337, NULL, "seed of initialisation and data order"},
+    {"checkpoint_dir", KEY_STRING, F(checkpoint_dir), 0, 0, 0, "", "checkpoint directory; empty = none"},
+    {"checkpoint_every", KEY_INT, F(checkpoint_every), 0, 100000000, 0, NULL,
+     "steps between checkpoints; 0 = only at the end"},
+};
+
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static void fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+void job_spec_defaults(struct job_spec *spec)
+{
+    memset(spec, 0, sizeof(*spec));
+    for (size_t i = 0; i < NKEYS; i++) {
+        const struct key_def *k = &keys[i];
+        char *p = (char *)spec + k->offset;
+        switch (k->type) {
+        case KEY_INT: *(int *)p = (int)k->def; break;
+        case KEY_I64: *(int64_t *)p = (int64_t)k->def; break;
+        case KEY_DOUBLE: *(double *)p = k->def; break;
+        case KEY_STRING: snprintf(p, k->size, "%s", k->sdef); break;
+        }
+    }
+}
+
+static const struct key_def *find_key(const char *name)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].name, name) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static int set_key(const struct key_def *k, const json_t *v, const char *origin,
+                   struct job_spec *spec, char *err, size_t errlen)
+{
+    char *p = (char *)spec + k->offset;
+    if (k->type == KEY_STRING) {
+        if (!json_is_string(v)) {
+            fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, json_kind(v));
+            return -EINVAL;
+        }
+        const char *s = json_string_value(v);
+        if (strlen(s) >= k->size || memchr(s, '\0', json_string_length(v))) {
+            fail(err, errlen, "%s: %s: expected a string of at most %zu bytes without NUL",
+                 origin, k->name, k->size - 1);
+            return -EINVAL;
+        }
+        memcpy(p, s, strlen(s) + 1);
+        return 0;
+    }
+    double d;
+    if (k->type == KEY_DOUBLE) {
+        if (!json_is_number(v)) {
+            fail(err, errlen, "%s: %s: expected a number in [%g, %g], got %s", origin,
+                 k->name, k->min, k->max, json_kind(v));
+            return -EINVAL;
+        }
+        d = json_number_value(v);
+    } else {
+        if (!json_is_integer(v)) {
+            fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f], got %s", origin,
+                 k->name, k->min, k->max, json_kind(v));
+            return -EINVAL;
+        }
+        d = (double)json_integer_value(v);
+    }
+    if (!isfinite(d) || d < k->min || d > k->max) {
+        if (k->type == KEY_DOUBLE)
+            fail(err, errlen, "%s: %s: expected a number in [%g, %g], got %g", origin,
+                 k->name, k->min, k->max, d);
+        else
+            fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f], got %" JSON_INTEGER_FORMAT,
+                 origin, k->name, k->min, k->max, json_integer_value(v));
+        return -EINVAL;
+    }
+    switch (k->type) {
+    case KEY_INT: *(int *)p = (int)json_integer_value(v); break;
+    case KEY_I64: *(int64_t *)p = (int64_t)json_integer_value(v); break;
+    case KEY_DOUBLE: *(double *)p = d; break;
+    case KEY_STRING: break;
+    }
+    return 0;
+}
+
+int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *spec,
+                       char *err, size_t errlen)
+{
+    const char *name;
+    json_t *v;
+
+    job_spec_defaults(spec);
+    if (!json_is_object(obj)) {
+        fail(err, errlen, "%s: expected a JSON object at the top level", origin);
+        return -EINVAL;
+    }
+    json_object_foreach((json_t *)obj, name, v) {
+        const struct key_def *k = find_key(name);
+        if (!k) {
+            fail(err, errlen, "%s: %s: unknown key (see docs/jobspec.md for the keys)", origin, name);
+            return -EINVAL;
+        }
+        int rc = set_key(k, v, origin, spec, err, errlen);
+        if (rc)
+            return rc;
+    }
+    if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
+        fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
+             origin, spec->heartbeat_interval_ms, spec->heartbeat_timeout_ms);
+        return -EINVAL;
+    }
+    if (spec->lr_min > spec->lr) {
+        fail(err, errlen, "%s: lr_min: expected at most lr (%g), got %g", origin, spec->lr, spec->lr_min);
+        return -EINVAL;
+    }
+    if (spec->name[0] == '\0') {
+        fail(err, errlen, "%s: name: expected a non-empty string", origin);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int job_spec_load(const char *path, struct job_spec *spec, json_t **raw, char *err,
+                  size_t errlen)
+{
+    json_error_t jerr;
+    json_t *obj = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!obj) {
+        if (jerr.line <= 0)
+            fail(err, errlen, "%s: %s", path, jerr.text);
+        else
+            fail(err, errlen, "%s:%d:%d: not valid JSON: %s", path, jerr.line, jerr.column, jerr.text);
+        return -EINVAL;
+    }
+    int rc = job_spec_from_json(obj, path, spec, err, errlen);
+    if (rc || !raw)
+        json_decref(obj);
+    else
+        *raw = obj;
+    return rc;
+}
+
+void job_spec_print_doc(FILE *out)
+{
+    fprintf(out, "| key | type | default | bounds | meaning |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < NKEYS; i++) {
+        const struct key_def *k = &keys[i];
+        switch (k->type) {
+        case KEY_STRING:
+            fprintf(out, "| `%s` | string | `\"%s\"` | at most %zu bytes | %s |\n", k->name, k->sdef,
+                    k->size - 1, k->doc);
+            break;
+        case KEY_DOUBLE:
+            fprintf(out, "| `%s` | number | %g | %g to %g | %s |\n", k->name, k->def, k->min, k->max,
+                    k->doc);
+            break;
+        default:
+            fprintf(out, "| `%s` | integer | %.0f | %.0f to %.0f | %s |\n", k->name, k->def, k->min,
+                    k->max, k->doc);
+            break;
+        }
+    }
+}

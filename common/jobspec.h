@@ -1,0 +1,70 @@
+/*
+ * jobspec: the job specification, one JSON object shared by musterd (which
+ * reads it at start and hands it to every rank inside ASSIGN) and
+ * muster-train (which reads it from ASSIGN, or from --job in --standalone).
+ *
+ * Every key is one row of the table in jobspec.c: name, type, bounds,
+ * default, and a comment; docs/jobspec.md documents the same keys. Unknown
+ * keys and bad values are refused with "origin: key: what was expected".
+ */
+#ifndef MUSTER_JOBSPEC_H
+#define MUSTER_JOBSPEC_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#define JOB_NAME_MAX 64
+#define JOB_PATH_MAX 1024
+
+struct job_spec {
+    /* control plane */
+    char name[JOB_NAME_MAX];
+    int nodes;                 /* agents needed to form a generation */
+    int max_restarts;          /* restarts before the job is failed */
+    int heartbeat_interval_ms; /* agent -> daemon heartbeat period */
+    int heartbeat_timeout_ms;  /* node lost after this much silence */
+    int lease_ms;              /* agent fences its ranks after this */
+    int stop_grace_ms;         /* SIGTERM -> SIGKILL grace for ranks */
+
+    /* training (muster-train) */
+    char model[32];            /* preset: tiny, small, gpt2-124m */
+    char data[JOB_PATH_MAX];   /* text file or llm.c token file */
+    int steps;                 /* optimizer steps to run */
+    int batch;                 /* global batch, sequences per step */
+    int micro_batch;           /* sequences per micro-step per rank; 0 = batch/world */
+    int seq_len;               /* tokens per sequence; 0 = model's T */
+    double lr;                 /* peak learning rate */
+    double lr_min;             /* floor of the cosine decay */
+    int warmup_steps;
+    double weight_decay;
+    double grad_clip;          /* global grad-norm clip; 0 = off */
+    double val_fraction;       /* tail of the data held out for validation */
+    int eval_every;            /* validation every N steps; 0 = off */
+    int eval_batches;          /* micro-batches per validation */
+    int64_t seed;
+    char checkpoint_dir[JOB_PATH_MAX]; /* "" = no checkpoints */
+    int checkpoint_every;      /* steps between checkpoints; 0 = off */
+};
+
+/* Fills *spec with every key's default (name and data stay empty). */
+void job_spec_defaults(struct job_spec *spec);
+
+/*
+ * Validates obj against the table and fills *spec. origin names the source
+ * in messages (a file path, "ASSIGN"). Returns 0 or -EINVAL with the reason
+ * in err ("origin: key: expected ..., got ...").
+ */
+int job_spec_from_json(const json_t *obj, const char *origin,
+                       struct job_spec *spec, char *err, size_t errlen);
+
+/* Reads and validates a file. On success *raw (if not NULL) gets the object. */
+int job_spec_load(const char *path, struct job_spec *spec, json_t **raw,
+                  char *err, size_t errlen);
+
+/* Writes the table as Markdown (docs/jobspec.md is generated from it). */
+void job_spec_print_doc(FILE *out);
+
+#endif

@@ -1,0 +1,41 @@
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+enum log_level log_threshold = LOG_INFO;
+static const char *log_prog = "muster";
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void log_set_prog(const char *prog) { log_prog = prog; }
+
+int log_set_level_name(const char *name)
+{
+    for (int i = 0; i <= LOG_DEBUG; i++) {
+        if (strcmp(name, level_names[i]) == 0) {
+            log_threshold = (enum log_level)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+void log_write(enum log_level level, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    int n = snprintf(line, sizeof(line), "%s %s: ", log_prog, level_names[level]);
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    va_end(ap);
+    /* One write per line so lines of concurrent processes do not interleave. */
+    size_t len = strlen(line);
+    if (len < sizeof(line) - 1) {
+        line[len++] = '\n';
+        line[len] = '\0';
+    }
+    fputs(line, stderr);
+}

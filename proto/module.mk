@@ -1,0 +1,2 @@
+# Wire protocol: framing, codec, authentication. Pure code, no I/O.
+PROTO_SRCS := proto/codec.c proto/auth.c

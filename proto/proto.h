@@ -1,0 +1,241 @@
+/*
+ * proto: the wire protocol spoken between musterd, muster-worker and
+ * muster-train (see proto/PROTOCOL.md for the byte-level specification).
+ *
+ * A frame is an 8-byte header followed by a JSON object:
+ *
+ *   offset 0  u32  payload length in bytes, big-endian (<= PROTO_MAX_PAYLOAD)
+ *   offset 4  u16  protocol version, big-endian (== PROTO_VERSION)
+ *   offset 6  u16  message type, big-endian (enum proto_type)
+ *   offset 8  ...  payload: one JSON object, UTF-8, no trailing bytes
+ *
+ * This module is pure: it owns no socket and no event loop. The decoder
+ * takes bytes and answers a message, PROTO_NEED_MORE, or a distinct
+ * negative error code; proto_strerror() turns a code into words.
+ *
+ * Decoded messages are plain C structs (no JSON left in them) except the
+ * job spec carried by ASSIGN, which is kept as a jansson object owned by
+ * the message; proto_msg_clear() releases it. Encoders write a complete
+ * frame into a caller-supplied buffer.
+ */
+#ifndef MUSTER_PROTO_H
+#define MUSTER_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#define PROTO_VERSION 1
+#define PROTO_HEADER_LEN 8
+#define PROTO_MAX_PAYLOAD (256u * 1024u)
+#define PROTO_MAX_FRAME (PROTO_HEADER_LEN + PROTO_MAX_PAYLOAD)
+
+#define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
+#define PROTO_REASON_MAX 256     /* reject / error / diagnosis text */
+#define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
+#define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
+#define PROTO_UID_LEN 128        /* communicator unique id, opaque bytes */
+#define PROTO_MAX_LOCAL_RANKS 64 /* ranks (devices) per node */
+
+/* Results of the decoder and of the other proto_ calls. */
+enum proto_err {
+    PROTO_OK = 0,
+    PROTO_NEED_MORE = 1,     /* not an error: feed more bytes */
+    PROTO_E_OVERSIZE = -1,   /* length prefix above PROTO_MAX_PAYLOAD */
+    PROTO_E_VERSION = -2,    /* protocol version is not PROTO_VERSION */
+    PROTO_E_TYPE = -3,       /* unknown message type */
+    PROTO_E_JSON = -4,       /* payload is not one well-formed JSON object */
+    PROTO_E_MISSING = -5,    /* a required field is absent */
+    PROTO_E_FIELD_TYPE = -6, /* a field has the wrong JSON type */
+    PROTO_E_RANGE = -7,      /* a field's value is out of bounds or malformed */
+    PROTO_E_TRUNCATED = -8,  /* stream ended inside a frame */
+    PROTO_E_UNKNOWN_FIELD = -9, /* a field this version does not define */
+    PROTO_E_NOSPACE = -10,   /* encoder: output buffer too small */
+    PROTO_E_CRYPTO = -11,    /* the crypto library failed */
+};
+
+enum proto_type {
+    PROTO_HELLO = 1,     /* agent -> daemon: who I am, what I have */
+    PROTO_CHALLENGE = 2, /* daemon -> agent: nonce to prove the token with */
+    PROTO_RESPONSE = 3,  /* agent -> daemon: HMAC-SHA256(token, nonce) */
+    PROTO_WELCOME = 4,   /* daemon -> agent: joined; timing parameters */
+    PROTO_REJECT = 5,    /* daemon -> agent: refused, with reason; then close */
+    PROTO_ASSIGN = 6,    /* daemon -> agent, agent -> rank: generation layout */
+    PROTO_UNIQUE_ID = 7, /* rank 0 -> agent -> daemon -> agents -> ranks */
+    PROTO_HEARTBEAT = 8, /* rank -> agent (one rank), agent -> daemon (all) */
+    PROTO_RANK_EXIT = 9, /* agent -> daemon: a rank process ended */
+    PROTO_COMMAND = 10,  /* daemon -> agent, agent -> rank: do something */
+    PROTO_ERROR = 11,    /* either way: the peer sent something wrong */
+    PROTO_TYPE_MAX = 11,
+};
+
+/* Lifecycle of one rank process as reported in heartbeats. */
+enum proto_rank_state {
+    PROTO_RANK_STARTING = 0, /* spawned, not yet heartbeating */
+    PROTO_RANK_RUNNING = 1,  /* heartbeating, training */
+    PROTO_RANK_STOPPING = 2, /* told to stop, not yet exited */
+    PROTO_RANK_EXITED = 3,   /* process has ended */
+    PROTO_RANK_STATE_MAX = 3,
+};
+
+enum proto_command {
+    PROTO_CMD_STOP = 1,       /* stop ranks (generation given is the new one) */
+    PROTO_CMD_START = 2,      /* start ranks of the held assignment */
+    PROTO_CMD_SHUTDOWN = 3,   /* agent: stop ranks and exit */
+    PROTO_CMD_CHECKPOINT = 4, /* rank: write a checkpoint now */
+    PROTO_CMD_MAX = 4,
+};
+
+enum proto_device_kind {
+    PROTO_DEV_CPU = 0,
+    PROTO_DEV_GPU = 1,
+};
+
+struct proto_hello {
+    char node[PROTO_NAME_MAX];   /* unique node name: [A-Za-z0-9._-], 1..63 */
+    char addr[PROTO_NAME_MAX];   /* address ranks of this node are reached at */
+    enum proto_device_kind kind;
+    uint32_t ndevices;           /* 1..PROTO_MAX_LOCAL_RANKS */
+    uint32_t devices[PROTO_MAX_LOCAL_RANKS]; /* device indices (gpu ordinal) */
+    uint64_t device_mem_mb;      /* per device; 0 when unknown */
+    uint64_t generation;         /* generation its ranks run now, 0 if none */
+    char agent_version[32];
+};
+
+struct proto_challenge {
+    uint8_t nonce[PROTO_NONCE_LEN];
+};
+
+struct proto_response {
+    uint8_t hmac[PROTO_HMAC_LEN];
+};
+
+struct proto_welcome {
+    uint32_t heartbeat_interval_ms;
+    uint32_t heartbeat_timeout_ms;
+    uint32_t lease_ms;
+};
+
+struct proto_reject {
+    char code[32];                 /* machine-readable: auth, duplicate, ... */
+    char reason[PROTO_REASON_MAX]; /* human-readable */
+};
+
+struct proto_rank_slot {
+    uint32_t rank;       /* global rank */
+    uint32_t local_rank; /* index among this node's ranks */
+    uint32_t device;     /* device index the rank is given */
+};
+
+struct proto_assign {
+    uint64_t generation;
+    uint32_t world_size;
+    uint32_t nranks; /* this node's ranks (to a rank: all of its node's) */
+    struct proto_rank_slot ranks[PROTO_MAX_LOCAL_RANKS];
+    json_t *job;     /* job spec object; owned by the message */
+};
+
+struct proto_unique_id {
+    uint64_t generation;
+    uint8_t id[PROTO_UID_LEN];
+};
+
+struct proto_rank_beat {
+    uint32_t rank;
+    enum proto_rank_state state;
+    uint64_t step;
+    double loss;          /* NaN allowed on the C side, sent as null */
+    double tokens_per_s;
+    double comm_frac;     /* fraction of step time waiting on communication */
+};
+
+struct proto_heartbeat {
+    uint64_t generation;
+    uint64_t seq;         /* sender's sequence number, increasing */
+    uint32_t nranks;
+    struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
+};
+
+struct proto_rank_exit {
+    uint64_t generation;
+    uint32_t rank;
+    int32_t exit_code; /* -1 when killed by a signal */
+    int32_t signal;    /* 0 when it exited */
+};
+
+struct proto_command_msg {
+    uint64_t generation;
+    enum proto_command action;
+};
+
+struct proto_error {
+    char code[32];
+    char reason[PROTO_REASON_MAX];
+};
+
+struct proto_msg {
+    enum proto_type type;
+    union {
+        struct proto_hello hello;
+        struct proto_challenge challenge;
+        struct proto_response response;
+        struct proto_welcome welcome;
+        struct proto_reject reject;
+        struct proto_assign assign;
+        struct proto_unique_id unique_id;
+        struct proto_heartbeat heartbeat;
+        struct proto_rank_exit rank_exit;
+        struct proto_command_msg command;
+        struct proto_error error;
+    } u;
+};
+
+/*
+ * Decode one frame from the front of buf[0..len).
+ * Returns PROTO_OK with *msg filled and *consumed set to the frame's length,
+ * PROTO_NEED_MORE when buf holds only part of a frame (nothing consumed), or
+ * a negative enum proto_err. Header errors (oversize, version, type) are
+ * reported as soon as the 8 header bytes are present. On PROTO_OK the caller
+ * must call proto_msg_clear(msg) when done with it.
+ */
+int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
+                 size_t *consumed);
+
+/*
+ * Like proto_decode, for a stream that has ended: a partial frame is
+ * PROTO_E_TRUNCATED instead of PROTO_NEED_MORE. len == 0 is PROTO_NEED_MORE
+ * (a clean end between frames).
+ */
+int proto_decode_eof(const uint8_t *buf, size_t len, struct proto_msg *msg,
+                     size_t *consumed);
+
+/*
+ * Encode msg as a complete frame into out[0..cap). Returns the frame length
+ * (> 0) or a negative enum proto_err (PROTO_E_NOSPACE, PROTO_E_RANGE for a
+ * message that would not decode, e.g. an over-long name).
+ */
+int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap);
+
+/* Release what a decoded (or hand-built) message owns; safe to call twice. */
+void proto_msg_clear(struct proto_msg *msg);
+
+const char *proto_strerror(int err);
+const char *proto_type_name(enum proto_type type);
+const char *proto_rank_state_name(enum proto_rank_state state);
+const char *proto_command_name(enum proto_command cmd);
+
+/* Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare. */
+int proto_nonce(uint8_t nonce[PROTO_NONCE_LEN]);
+int proto_hmac(const uint8_t *token, size_t token_len,
+               const uint8_t nonce[PROTO_NONCE_LEN],
+               uint8_t out[PROTO_HMAC_LEN]);
+/* 1 when hmac is HMAC-SHA256(token, nonce), 0 otherwise. */
+int proto_hmac_verify(const uint8_t *token, size_t token_len,
+                      const uint8_t nonce[PROTO_NONCE_LEN],
+                      const uint8_t hmac[PROTO_HMAC_LEN]);
+
+/* Valid node name: 1..63 bytes of [A-Za-z0-9._-]. */
+int proto_valid_name(const char *s);
+
+#endif
