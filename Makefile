@@ -16,7 +16,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
 
-WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Wno-format-truncation
 BASE_CFLAGS := -std=gnu11 -O2 -g $(WARN) -I. -D_GNU_SOURCE -DMUSTER_VERSION='"$(VERSION)"'
 # SAN is set by `make asan`; user CFLAGS come last.
 ALL_CFLAGS = $(BASE_CFLAGS) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(CHECK_CFLAGS) $(SAN) $(CFLAGS)
@@ -57,7 +57,7 @@ $(BUILD)/musterd: $(call obj,$(DAEMON_SRCS) $(DAEMON_MAIN)) $(LIBMUSTER)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
 
 $(BUILD)/musterctl: $(call obj,$(CTL_SRCS)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_CURL) $(LIBS_JSON)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO)
 
 $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)

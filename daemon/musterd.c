@@ -1,0 +1,413 @@
+/*
+ * musterd: the coordinator. One libuv loop owns all state (rdv + server);
+ * the REST thread sees it only through the published snapshot, and admin
+ * requests come back into the loop through a locked queue and uv_async.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <uv.h>
+
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "daemon/http.h"
+#include "daemon/rdv.h"
+#include "daemon/server.h"
+#include "daemon/snapshot.h"
+#include "daemon/state.h"
+
+#define TICK_MS 100
+#define PUBLISH_EVERY_MS 500
+#define ADMIN_QUEUE 32
+#define TOKEN_MAX 4096
+
+struct admin_req {
+    enum http_admin_action action;
+    char node[PROTO_NAME_MAX];
+};
+
+struct daemon {
+    uv_loop_t loop;
+    uv_timer_t tick;
+    uv_signal_t sigterm, sigint;
+    uv_async_t admin_async;
+    struct rdv rdv;
+    struct server *server;
+    struct http_server *http;
+    struct snapshot snap;
+    const char *state_dir;
+    int dirty;            /* snapshot out of date */
+    int persist;          /* state file out of date */
+    uint64_t last_publish;
+    int exit_on_end;
+    int exit_code;
+    int stopping;
+    uint64_t end_seen_ms; /* when a terminal state was first seen (exit_on_end) */
+
+    pthread_mutex_t admin_lock;
+    struct admin_req admin[ADMIN_QUEUE];
+    int nadmin;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: musterd --job FILE [OPTION]...\n"
+            "Coordinate a training job: accept worker agents, hand out ranks, watch\n"
+            "heartbeats, restart failed ranks in a new generation.\n\n"
+            "  --job FILE               job spec (JSON; keys in docs/jobspec.md)\n"
+            "  --listen ADDR:PORT       control port for agents (default 0.0.0.0:29470)\n"
+            "  --http ADDR:PORT         REST API and dashboard (default 127.0.0.1:29471)\n"
+            "  --state-dir DIR          where the state file lives (default $STATE_DIRECTORY\n"
+            "                           or /var/lib/muster)\n"
+            "  --token-file FILE        cluster token agents must prove (default: none)\n"
+            "  --admin-token-file FILE  token for admin REST calls (default: admin off)\n"
+            "  --exit-on-end            exit when the job completes (0) or fails/stops (1)\n"
+            "  --log-level LEVEL        error, warn, info (default), debug\n"
+            "  --help, --version\n");
+}
+
+static int parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *port)
+{
+    const char *colon = strrchr(s, ':');
+    char *end;
+    if (!colon || colon == s || (size_t)(colon - s) >= hostlen)
+        return -EINVAL;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || p < 0 || p > 65535)
+        return -EINVAL;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    *port = (uint16_t)p;
+    return 0;
+}
+
+/* Reads a token file; an empty result is an error. */
+static int read_token(const char *path, uint8_t *buf, size_t cap, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("%s: cannot read the token file: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t n = fread(buf, 1, cap, f);
+    int more = fgetc(f) != EOF;
+    fclose(f);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    if (more || n == 0) {
+        log_error("%s: token file is %s", path, more ? "larger than 4 KiB" : "empty");
+        return -1;
+    }
+    *len = n;
+    return 0;
+}
+
+/* ---- rdv ops --------------------------------------------------------- */
+
+static void on_changed(void *ctx, int persist)
+{
+    struct daemon *d = ctx;
+    d->dirty = 1;
+    d->persist |= persist;
+}
+
+static void ops_send(void *ctx, const char *node, const struct proto_msg *m)
+{
+    struct daemon *d = ctx;
+    server_send(d->server, node, m);
+}
+
+static void ops_disconnect(void *ctx, const char *node, const char *why)
+{
+    struct daemon *d = ctx;
+    server_disconnect(d->server, node, why);
+}
+
+/* ---- loop work ------------------------------------------------------- */
+
+static void persist_state(struct daemon *d)
+{
+    static struct rdv_saved saved; /* large; the loop thread is the only user */
+    char err[512];
+    rdv_save(&d->rdv, &saved);
+    if (state_write(d->state_dir, &saved, err, sizeof(err)) != 0)
+        log_error("state file not written: %s", err);
+    d->persist = 0;
+}
+
+static void publish(struct daemon *d)
+{
+    uint64_t now = uv_now(&d->loop);
+    json_t *status = rdv_status_json(&d->rdv, now);
+    json_t *events = rdv_events_json(&d->rdv);
+    char *st = status ? json_dumps(status, JSON_COMPACT) : NULL;
+    char *ev = events ? json_dumps(events, JSON_COMPACT) : NULL;
+    json_decref(status);
+    json_decref(events);
+    if (st)
+        snapshot_publish(&d->snap, SNAP_STATUS, st);
+    if (ev)
+        snapshot_publish(&d->snap, SNAP_EVENTS, ev);
+    d->dirty = 0;
+    d->last_publish = now;
+}
+
+static void begin_shutdown(struct daemon *d);
+
+static void flush_changes(struct daemon *d)
+{
+    static enum rdv_job_state last_state = RDV_WAITING;
+    static uint64_t last_gen = 0;
+    if (d->rdv.state != last_state || d->rdv.generation != last_gen) {
+        log_info("job %s: %s, generation %llu, %u ranks%s%s", d->rdv.spec->name,
+                 rdv_job_state_name(d->rdv.state), (unsigned long long)d->rdv.generation, d->rdv.world_size,
+                 d->rdv.reason[0] ? ": " : "", d->rdv.reason);
+        last_state = d->rdv.state;
+        last_gen = d->rdv.generation;
+    }
+    if (d->persist)
+        persist_state(d);
+    if (d->dirty || uv_now(&d->loop) - d->last_publish >= PUBLISH_EVERY_MS)
+        publish(d);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct daemon *d = t->data;
+    uint64_t now = uv_now(&d->loop);
+    server_tick(d->server);
+    rdv_tick(&d->rdv, now);
+    flush_changes(d);
+    if (d->exit_on_end && rdv_terminal(&d->rdv)) {
+        /* Give agents a moment to receive the final commands. */
+        if (!d->end_seen_ms)
+            d->end_seen_ms = now;
+        else if (now - d->end_seen_ms >= 500) {
+            d->exit_code = d->rdv.state == RDV_COMPLETED ? 0 : 1;
+            begin_shutdown(d);
+        }
+    }
+}
+
+static void on_admin(uv_async_t *a)
+{
+    struct daemon *d = a->data;
+    struct admin_req reqs[ADMIN_QUEUE];
+    int n;
+
+    pthread_mutex_lock(&d->admin_lock);
+    n = d->nadmin;
+    memcpy(reqs, d->admin, sizeof(reqs[0]) * (size_t)n);
+    d->nadmin = 0;
+    pthread_mutex_unlock(&d->admin_lock);
+    for (int i = 0; i < n; i++) {
+        static const enum rdv_admin map[] = {
+            [HTTP_ADMIN_STOP] = RDV_ADMIN_STOP,
+            [HTTP_ADMIN_RESTART] = RDV_ADMIN_RESTART,
+            [HTTP_ADMIN_DRAIN] = RDV_ADMIN_DRAIN,
+        };
+        int rc = rdv_admin(&d->rdv, map[reqs[i].action], reqs[i].node[0] ? reqs[i].node : NULL,
+                           uv_now(&d->loop));
+        if (rc != 0)
+            log_warn("admin request %d%s%s not carried out: %s", (int)reqs[i].action, reqs[i].node[0] ? " for " : "",
+                     reqs[i].node, rc == -ENOENT ? "no such node" : "not possible in this job state");
+    }
+    flush_changes(d);
+}
+
+/* HTTP thread: queue only. */
+static void admin_from_http(void *ctx, enum http_admin_action action, const char *node)
+{
+    struct daemon *d = ctx;
+    pthread_mutex_lock(&d->admin_lock);
+    if (d->nadmin < ADMIN_QUEUE) {
+        d->admin[d->nadmin].action = action;
+        snprintf(d->admin[d->nadmin].node, sizeof(d->admin[0].node), "%s", node ? node : "");
+        d->nadmin++;
+    }
+    pthread_mutex_unlock(&d->admin_lock);
+    uv_async_send(&d->admin_async);
+}
+
+static void begin_shutdown(struct daemon *d)
+{
+    if (d->stopping)
+        return;
+    d->stopping = 1;
+    flush_changes(d);
+    persist_state(d);
+    uv_timer_stop(&d->tick);
+    uv_close((uv_handle_t *)&d->tick, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->admin_async, NULL);
+    server_close(d->server);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    struct daemon *d = s->data;
+    log_info("%s received: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    begin_shutdown(d);
+}
+
+int main(int argc, char **argv)
+{
+    static struct daemon d; /* large (rdv holds the node table) */
+    static const struct option opts[] = {
+        {"job", required_argument, NULL, 'j'},
+        {"listen", required_argument, NULL, 'l'},
+        {"http", required_argument, NULL, 'H'},
+        {"state-dir", required_argument, NULL, 's'},
+        {"token-file", required_argument, NULL, 't'},
+        {"admin-token-file", required_argument, NULL, 'a'},
+        {"exit-on-end", no_argument, NULL, 'x'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *job_path = NULL, *listen = "0.0.0.0:29470", *http = "127.0.0.1:29471";
+    const char *token_path = NULL, *admin_path = NULL;
+    char listen_host[64], http_host[64], err[1024];
+    uint16_t listen_port, http_portnum;
+    static uint8_t token[TOKEN_MAX], admin[TOKEN_MAX + 1];
+    size_t token_len = 0, admin_len = 0;
+    struct job_spec spec;
+    json_t *job = NULL;
+    int c;
+
+    log_set_prog("musterd");
+    d.state_dir = getenv("STATE_DIRECTORY") ? getenv("STATE_DIRECTORY") : "/var/lib/muster";
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': job_path = optarg; break;
+        case 'l': listen = optarg; break;
+        case 'H': http = optarg; break;
+        case 's': d.state_dir = optarg; break;
+        case 't': token_path = optarg; break;
+        case 'a': admin_path = optarg; break;
+        case 'x': d.exit_on_end = 1; break;
+        case 'L':
+            if (log_set_level_name(optarg) != 0) {
+                fprintf(stderr, "musterd: --log-level: expected error, warn, info or debug, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("musterd %s\n", MUSTER_VERSION); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "musterd: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!job_path) {
+        fprintf(stderr, "musterd: --job FILE is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (parse_hostport(listen, listen_host, sizeof(listen_host), &listen_port) != 0) {
+        fprintf(stderr, "musterd: --listen: expected ADDR:PORT, got '%s'\n", listen);
+        return 2;
+    }
+    if (parse_hostport(http, http_host, sizeof(http_host), &http_portnum) != 0) {
+        fprintf(stderr, "musterd: --http: expected ADDR:PORT, got '%s'\n", http);
+        return 2;
+    }
+    if (job_spec_load(job_path, &spec, &job, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (token_path && read_token(token_path, token, sizeof(token), &token_len) != 0)
+        return 1;
+    if (!token_path)
+        log_warn("no --token-file: any agent that reaches the control port can join");
+    if (admin_path && read_token(admin_path, admin, TOKEN_MAX, &admin_len) != 0)
+        return 1;
+    admin[admin_len] = '\0';
+    if (mkdir(d.state_dir, 0700) != 0 && errno != EEXIST) {
+        log_error("%s: cannot create the state directory: %s", d.state_dir, strerror(errno));
+        return 1;
+    }
+
+    uv_loop_init(&d.loop);
+    pthread_mutex_init(&d.admin_lock, NULL);
+    snapshot_init(&d.snap);
+    struct rdv_ops ops = {.ctx = &d, .send = ops_send, .disconnect = ops_disconnect, .changed = on_changed};
+    rdv_init(&d.rdv, &spec, job, &ops, uv_now(&d.loop));
+    json_decref(job);
+
+    static struct rdv_saved saved;
+    int rc = state_read(d.state_dir, &saved, err, sizeof(err));
+    if (rc == 0 && strcmp(saved.job, spec.name) != 0) {
+        log_error("%s/%s belongs to job '%s', not '%s': use another --state-dir or move the file away",
+                  d.state_dir, STATE_FILE_NAME, saved.job, spec.name);
+        return 1;
+    }
+    if (rc == 0 && rdv_restore(&d.rdv, &saved, uv_now(&d.loop)) != 0) {
+        log_error("%s/%s: inconsistent membership; move it away to start afresh", d.state_dir, STATE_FILE_NAME);
+        return 1;
+    }
+    if (rc != 0 && rc != -ENOENT) {
+        log_error("%s", err);
+        return 1;
+    }
+
+    struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len};
+    rc = server_start(&d.server, &d.loop, &scfg, &d.rdv, err, sizeof(err));
+    if (rc != 0) {
+        log_error("%s", err);
+        if (d.server) {
+            server_close(d.server);
+            uv_run(&d.loop, UV_RUN_DEFAULT);
+            server_free(d.server);
+        }
+        return 1;
+    }
+    struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL};
+    rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
+    if (rc != 0) {
+        log_error("%s", err);
+        server_close(d.server);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        server_free(d.server);
+        return 1;
+    }
+    uv_timer_init(&d.loop, &d.tick);
+    d.tick.data = &d;
+    uv_timer_start(&d.tick, on_tick, TICK_MS, TICK_MS);
+    uv_signal_init(&d.loop, &d.sigterm);
+    uv_signal_init(&d.loop, &d.sigint);
+    d.sigterm.data = d.sigint.data = &d;
+    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d.sigint, on_signal, SIGINT);
+    uv_async_init(&d.loop, &d.admin_async, on_admin);
+    d.admin_async.data = &d;
+    publish(&d);
+    log_info("job %s: control %s:%u, REST http://%s:%u, state %s/%s", spec.name, listen_host,
+             server_port(d.server), http_host, http_port(d.http), d.state_dir, STATE_FILE_NAME);
+
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+
+    http_stop(d.http);
+    server_free(d.server);
+    rdv_free(&d.rdv);
+    snapshot_destroy(&d.snap);
+    pthread_mutex_destroy(&d.admin_lock);
+    rc = uv_loop_close(&d.loop);
+    if (rc != 0) {
+        log_error("event loop not closed cleanly: %s", uv_strerror(rc));
+        return 1;
+    }
+    log_info("stopped cleanly");
+    return d.exit_code;
+}

@@ -1,0 +1,826 @@
+#include "daemon/rdv.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const job_state_names[] = {
+    "waiting", "forming", "running", "recovering", "completed", "stopped", "failed",
+};
+static const char *const node_state_names[] = {"joined", "lost", "left"};
+static const char *const rank_state_names[] = {
+    "pending", "starting", "running", "stopping", "exited", "completed",
+};
+
+const char *rdv_job_state_name(enum rdv_job_state s) { return job_state_names[s]; }
+const char *rdv_node_state_name(enum rdv_node_state s) { return node_state_names[s]; }
+const char *rdv_rank_state_name(enum rdv_rank_state s) { return rank_state_names[s]; }
+
+int rdv_job_state_parse(const char *name, enum rdv_job_state *out)
+{
+    for (int i = 0; i <= RDV_FAILED; i++) {
+        if (strcmp(name, job_state_names[i]) == 0) {
+            *out = (enum rdv_job_state)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int rdv_terminal(const struct rdv *r)
+{
+    return r->state == RDV_COMPLETED || r->state == RDV_STOPPED || r->state == RDV_FAILED;
+}
+
+/* ---- events ---------------------------------------------------------- */
+
+static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+{
+    struct rdv_event *e = &r->events[r->nevents % RDV_EVENTS];
+    struct timespec ts;
+    va_list ap;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    e->seq = ++r->nevents;
+    e->wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    e->generation = r->generation;
+    snprintf(e->kind, sizeof(e->kind), "%s", kind);
+    snprintf(e->node, sizeof(e->node), "%s", node >= 0 ? r->nodes[node].name : "");
+    e->rank = rank;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+}
+
+void rdv_note(struct rdv *r, const char *kind, const char *message)
+{
+    event(r, kind, -1, -1, "%s", message);
+    r->ops.changed(r->ops.ctx, 0);
+}
+
+/* ---- helpers --------------------------------------------------------- */
+
+static int find_node(const struct rdv *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (strcmp(r->nodes[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+static void send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
+{
+    r->ops.send(r->ops.ctx, r->nodes[node].name, m);
+}
+
+static void send_command(struct rdv *r, uint32_t node, enum proto_command action)
+{
+    struct proto_msg m = {.type = PROTO_COMMAND};
+    m.u.command.generation = r->generation;
+    m.u.command.action = action;
+    send_to(r, node, &m);
+}
+
+static void changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
+
+static uint32_t member_count(const struct rdv *r)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        n += r->nodes[i].member;
+    return n;
+}
+
+/* Members that are not connected, as "a, b" for messages. */
+static void missing_members(const struct rdv *r, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t i = 0; i < r->nnodes && used < cap; i++) {
+        if (r->nodes[i].member && r->nodes[i].state != RDV_NODE_JOINED)
+            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", r->nodes[i].name);
+    }
+}
+
+static void describe_exit(char *out, size_t cap, int32_t code, int32_t sig)
+{
+    if (sig > 0) {
+        const char *name = sigabbrev_np(sig);
+        snprintf(out, cap, "was killed by signal %d (SIG%s)", sig, name ? name : "?");
+    } else {
+        snprintf(out, cap, "exited with status %d", code);
+    }
+}
+
+/* ---- layout and generations ----------------------------------------- */
+
+static int cmp_names(const void *a, const void *b)
+{
+    const struct rdv_node *const *x = a, *const *y = b;
+    return strcmp((*x)->name, (*y)->name);
+}
+
+/* Lays out rank blocks for the current members: name order, contiguous. */
+static int layout_members(struct rdv *r)
+{
+    struct rdv_node *order[RDV_MAX_NODES];
+    uint32_t n = 0, world = 0;
+
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member)
+            order[n++] = &r->nodes[i];
+    qsort(order, n, sizeof(order[0]), cmp_names);
+    for (uint32_t i = 0; i < n; i++) {
+        order[i]->first_rank = world;
+        world += order[i]->ndevices;
+    }
+    return (int)world;
+}
+
+/* (Re)builds the rank table from the members' blocks. */
+static int build_ranks(struct rdv *r)
+{
+    uint32_t world = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member)
+            world += r->nodes[i].ndevices;
+    struct rdv_rank *ranks = calloc(world ? world : 1, sizeof(*ranks));
+    if (!ranks)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member)
+            continue;
+        for (uint32_t l = 0; l < nd->ndevices; l++) {
+            struct rdv_rank *rk = &ranks[nd->first_rank + l];
+            rk->node = i;
+            rk->local_rank = l;
+            rk->device = nd->devices[l];
+            rk->state = RDV_RANK_PENDING;
+            rk->loss = NAN;
+        }
+    }
+    free(r->ranks);
+    r->ranks = ranks;
+    r->world_size = world;
+    return 0;
+}
+
+static void send_assign(struct rdv *r, uint32_t node)
+{
+    const struct rdv_node *nd = &r->nodes[node];
+    struct proto_msg m = {.type = PROTO_ASSIGN};
+    m.u.assign.generation = r->generation;
+    m.u.assign.world_size = r->world_size;
+    m.u.assign.nranks = nd->ndevices;
+    for (uint32_t l = 0; l < nd->ndevices; l++) {
+        m.u.assign.ranks[l].rank = nd->first_rank + l;
+        m.u.assign.ranks[l].local_rank = l;
+        m.u.assign.ranks[l].device = nd->devices[l];
+    }
+    m.u.assign.job = r->job;
+    send_to(r, node, &m);
+    for (uint32_t l = 0; l < nd->ndevices; l++)
+        r->ranks[nd->first_rank + l].state = RDV_RANK_STARTING;
+}
+
+/*
+ * Assigns the current generation to every member once all are connected.
+ * Called whenever a member joins while a generation waits to start.
+ */
+static void try_start_generation(struct rdv *r, uint64_t now_ms)
+{
+    char missing[PROTO_REASON_MAX];
+
+    if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
+        return;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        if (!r->nodes[i].member)
+            continue;
+        if (r->nodes[i].state != RDV_NODE_JOINED) {
+            missing_members(r, missing, sizeof(missing));
+            snprintf(r->reason, sizeof(r->reason), "waiting for %s to rejoin", missing);
+            return;
+        }
+        if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
+            return; /* already assigned */
+    }
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member)
+            send_assign(r, i);
+    event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
+          (unsigned long long)r->generation, r->world_size, member_count(r));
+    (void)now_ms;
+    changed(r, 1);
+}
+
+/* Opens generation 1 with the first spec->nodes nodes to join. */
+static int form_first_generation(struct rdv *r, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        r->nodes[i].member = r->nodes[i].state == RDV_NODE_JOINED;
+    layout_members(r);
+    if (build_ranks(r))
+        return -ENOMEM;
+    r->generation = 1;
+    r->gen_opened_ms = now_ms;
+    r->state = RDV_FORMING;
+    r->reason[0] = '\0';
+    r->uid_known = 0;
+    event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
+          member_count(r), r->world_size);
+    try_start_generation(r, now_ms);
+    return 0;
+}
+
+static void stop_all(struct rdv *r)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+            send_command(r, i, PROTO_CMD_STOP);
+}
+
+/*
+ * A failure in the current generation: open the next one (stopping every
+ * rank and restarting them once all members are back), or fail the job when
+ * the restart budget is spent.
+ */
+static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
+                                 int spend)
+{
+    if (rdv_terminal(r) || r->state == RDV_WAITING)
+        return;
+    r->resuming = 0;
+    if (spend && r->restarts >= (uint32_t)r->spec->max_restarts) {
+        snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
+                 r->restarts, r->restarts == 1 ? "" : "s", r->spec->max_restarts);
+        r->state = RDV_FAILED;
+        event(r, "job_failed", node, rank, "%s", r->reason);
+        stop_all(r);
+        changed(r, 1);
+        return;
+    }
+    r->restarts += spend ? 1 : 0;
+    r->generation++;
+    r->gen_opened_ms = now_ms;
+    r->state = RDV_RECOVERING;
+    r->uid_known = 0;
+    snprintf(r->reason, sizeof(r->reason), "%s", what);
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        r->ranks[i].state = RDV_RANK_PENDING;
+        r->ranks[i].last_beat_ms = 0;
+    }
+    event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d)",
+          (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts);
+    stop_all(r);
+    try_start_generation(r, now_ms);
+    changed(r, 1);
+}
+
+static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
+{
+    open_next_generation(r, now_ms, node, rank, what, 1);
+}
+
+/* ---- inputs ---------------------------------------------------------- */
+
+int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const struct rdv_ops *ops,
+             uint64_t now_ms)
+{
+    memset(r, 0, sizeof(*r));
+    r->spec = spec;
+    r->job = json_incref(job);
+    r->ops = *ops;
+    r->state = RDV_WAITING;
+    r->started_ms = now_ms;
+    r->last_checkpoint_step = -1;
+    event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
+          spec->nodes == 1 ? "" : "s");
+    return 0;
+}
+
+void rdv_free(struct rdv *r)
+{
+    free(r->ranks);
+    r->ranks = NULL;
+    json_decref(r->job);
+    r->job = NULL;
+}
+
+void rdv_save(const struct rdv *r, struct rdv_saved *out)
+{
+    memset(out, 0, sizeof(*out));
+    snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
+    out->state = r->state;
+    snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
+    out->generation = r->generation;
+    out->restarts = r->restarts;
+    out->world_size = r->world_size;
+    out->last_checkpoint_step = r->last_checkpoint_step;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        if (!r->nodes[i].member)
+            continue;
+        struct rdv_saved_member *m = &out->members[out->nmembers++];
+        snprintf(m->name, sizeof(m->name), "%s", r->nodes[i].name);
+        m->first_rank = r->nodes[i].first_rank;
+        m->ndevices = r->nodes[i].ndevices;
+    }
+}
+
+/*
+ * After a daemon restart the members are known but not connected. A job
+ * that was forming, running or recovering goes on in its generation: when
+ * every member rejoins saying its ranks still run that generation, training
+ * never noticed; a member that comes back without them, or not in time,
+ * is a failure like any other.
+ */
+int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
+{
+    if (s->nmembers > RDV_MAX_NODES)
+        return -EINVAL;
+    r->state = s->state;
+    snprintf(r->reason, sizeof(r->reason), "%s", s->reason);
+    r->generation = s->generation;
+    r->restarts = s->restarts;
+    r->last_checkpoint_step = s->last_checkpoint_step;
+    r->nnodes = 0;
+    uint32_t world = 0;
+    for (uint32_t i = 0; i < s->nmembers; i++) {
+        struct rdv_node *nd = &r->nodes[r->nnodes++];
+        memset(nd, 0, sizeof(*nd));
+        snprintf(nd->name, sizeof(nd->name), "%s", s->members[i].name);
+        nd->member = 1;
+        nd->first_rank = s->members[i].first_rank;
+        nd->ndevices = s->members[i].ndevices;
+        if (nd->ndevices == 0 || nd->ndevices > PROTO_MAX_LOCAL_RANKS)
+            return -EINVAL;
+        for (uint32_t l = 0; l < nd->ndevices; l++)
+            nd->devices[l] = l;
+        nd->state = RDV_NODE_LOST;
+        nd->last_seen_ms = now_ms;
+        world += nd->ndevices;
+    }
+    if (world != s->world_size)
+        return -EINVAL;
+    /* Blocks must tile [0, world) exactly. */
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        if (r->nodes[i].first_rank + r->nodes[i].ndevices > world)
+            return -EINVAL;
+        for (uint32_t j = i + 1; j < r->nnodes; j++) {
+            const struct rdv_node *a = &r->nodes[i], *b = &r->nodes[j];
+            if (a->first_rank < b->first_rank + b->ndevices && b->first_rank < a->first_rank + a->ndevices)
+                return -EINVAL;
+        }
+    }
+    if (r->nnodes && build_ranks(r))
+        return -ENOMEM;
+    r->gen_opened_ms = now_ms;
+    if (r->state == RDV_FORMING || r->state == RDV_RUNNING || r->state == RDV_RECOVERING) {
+        /* Ranks keep their generation until members tell us otherwise. */
+        for (uint32_t i = 0; i < r->world_size; i++)
+            r->ranks[i].state = RDV_RANK_STARTING;
+        r->state = RDV_RECOVERING;
+        r->resuming = 1;
+        snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
+    }
+    event(r, "state_restored", -1, -1, "restored job %s: %s, generation %llu, %u restarts, %u members",
+          s->job, job_state_names[s->state], (unsigned long long)s->generation, s->restarts, s->nmembers);
+    return 0;
+}
+
+/* After a restore: every member back in the old generation means nothing failed. */
+static void check_resumed(struct rdv *r, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (nd->member && (nd->state != RDV_NODE_JOINED || nd->reported_generation != r->generation))
+            return;
+    }
+    r->state = RDV_RUNNING;
+    r->resuming = 0;
+    r->reason[0] = '\0';
+    event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu; training went on",
+          (unsigned long long)r->generation);
+    (void)now_ms;
+    changed(r, 1);
+}
+
+static void send_welcome(struct rdv *r, uint32_t node)
+{
+    struct proto_msg m = {.type = PROTO_WELCOME};
+    m.u.welcome.heartbeat_interval_ms = (uint32_t)r->spec->heartbeat_interval_ms;
+    m.u.welcome.heartbeat_timeout_ms = (uint32_t)r->spec->heartbeat_timeout_ms;
+    m.u.welcome.lease_ms = (uint32_t)r->spec->lease_ms;
+    send_to(r, node, &m);
+}
+
+int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
+             char reason[PROTO_REASON_MAX])
+{
+    int idx = find_node(r, h->node);
+
+    if (idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED) {
+        snprintf(code, 32, "duplicate");
+        snprintf(reason, PROTO_REASON_MAX, "a node named %s is already connected (from %s)", h->node,
+                 r->nodes[idx].addr);
+        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
+        return -1;
+    }
+    if (idx >= 0 && r->nodes[idx].member && r->nodes[idx].ndevices != h->ndevices) {
+        snprintf(code, 32, "bad_request");
+        snprintf(reason, PROTO_REASON_MAX,
+                 "node %s holds a block of %u ranks in this job but came back with %u devices", h->node,
+                 r->nodes[idx].ndevices, h->ndevices);
+        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
+        return -1;
+    }
+    if (idx < 0 && (r->generation > 0 || r->nnodes >= (uint32_t)r->spec->nodes)) {
+        snprintf(code, 32, "full");
+        snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
+                 r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
+        event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
+        return -1;
+    }
+    if (idx < 0) {
+        if (r->nnodes >= RDV_MAX_NODES) {
+            snprintf(code, 32, "full");
+            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes", RDV_MAX_NODES);
+            return -1;
+        }
+        idx = (int)r->nnodes++;
+        memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
+        snprintf(r->nodes[idx].name, sizeof(r->nodes[idx].name), "%s", h->node);
+    }
+
+    struct rdv_node *nd = &r->nodes[idx];
+    snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
+    nd->kind = h->kind;
+    nd->ndevices = h->ndevices;
+    memcpy(nd->devices, h->devices, sizeof(nd->devices));
+    nd->state = RDV_NODE_JOINED;
+    nd->last_seen_ms = now_ms;
+    nd->joined_ms = now_ms;
+    nd->reported_generation = h->generation;
+    if (nd->member) {
+        /* A returning member keeps its block; devices may be renumbered. */
+        for (uint32_t l = 0; l < nd->ndevices && r->ranks; l++)
+            r->ranks[nd->first_rank + l].device = nd->devices[l];
+    }
+    event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
+          nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
+          nd->member ? " (rejoined its rank block)" : "");
+    send_welcome(r, (uint32_t)idx);
+
+    if (r->state == RDV_WAITING) {
+        if (r->nnodes >= (uint32_t)r->spec->nodes)
+            form_first_generation(r, now_ms);
+    } else if (r->resuming) {
+        if (h->generation == r->generation) {
+            check_resumed(r, now_ms);
+        } else {
+            char what[PROTO_REASON_MAX];
+            snprintf(what, sizeof(what), "node %s rejoined the restarted daemon without its ranks", nd->name);
+            fail_generation(r, now_ms, idx, -1, what);
+        }
+    } else if (nd->member && !rdv_terminal(r)) {
+        if (h->generation != r->generation || r->state == RDV_RECOVERING || r->state == RDV_FORMING) {
+            try_start_generation(r, now_ms);
+        }
+    }
+    changed(r, 1);
+    return 0;
+}
+
+static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[node];
+    struct proto_msg ack = {.type = PROTO_HEARTBEAT};
+
+    ack.u.heartbeat.generation = r->generation;
+    ack.u.heartbeat.seq = hb->seq;
+    send_to(r, node, &ack);
+    if (hb->generation != r->generation || !nd->member)
+        return;
+    int all_running = 1;
+    for (uint32_t i = 0; i < hb->nranks; i++) {
+        const struct proto_rank_beat *b = &hb->ranks[i];
+        if (b->rank < nd->first_rank || b->rank >= nd->first_rank + nd->ndevices)
+            continue; /* not this node's rank: ignore rather than trust */
+        struct rdv_rank *rk = &r->ranks[b->rank];
+        if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
+            continue;
+        switch (b->state) {
+        case PROTO_RANK_STARTING: rk->state = RDV_RANK_STARTING; break;
+        case PROTO_RANK_RUNNING: rk->state = RDV_RANK_RUNNING; break;
+        case PROTO_RANK_STOPPING: rk->state = RDV_RANK_STOPPING; break;
+        case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
+        }
+        rk->step = b->step;
+        rk->loss = b->loss;
+        rk->tokens_per_s = b->tokens_per_s;
+        rk->comm_frac = b->comm_frac;
+        rk->last_beat_ms = now_ms;
+    }
+    if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
+        return;
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state != RDV_RANK_RUNNING && r->ranks[i].state != RDV_RANK_COMPLETED)
+            all_running = 0;
+    if (all_running) {
+        r->state = RDV_RUNNING;
+        r->reason[0] = '\0';
+        event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
+              (unsigned long long)r->generation, r->world_size, member_count(r),
+              (unsigned long long)(now_ms - r->gen_opened_ms));
+        changed(r, 1);
+    }
+}
+
+static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)
+{
+    struct rdv_node *nd = &r->nodes[node];
+
+    if (!nd->member || r->world_size == 0 || r->ranks[0].node != node) {
+        struct proto_msg e = {.type = PROTO_ERROR};
+        snprintf(e.u.error.code, sizeof(e.u.error.code), "not_rank0");
+        snprintf(e.u.error.reason, sizeof(e.u.error.reason),
+                 "unique id refused: node %s does not hold rank 0", nd->name);
+        send_to(r, node, &e);
+        return;
+    }
+    memcpy(r->uid, u->id, PROTO_UID_LEN);
+    r->uid_known = 1;
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id.generation = r->generation;
+    memcpy(m.u.unique_id.id, u->id, PROTO_UID_LEN);
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+            send_to(r, i, &m);
+    event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
+          (unsigned long long)r->generation, member_count(r));
+}
+
+static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_exit *x, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[node];
+    char how[96], what[PROTO_REASON_MAX];
+
+    if (!nd->member || x->rank < nd->first_rank || x->rank >= nd->first_rank + nd->ndevices)
+        return;
+    struct rdv_rank *rk = &r->ranks[x->rank];
+    if (rk->state == RDV_RANK_PENDING)
+        return; /* a rank of the generation before, reported late */
+    describe_exit(how, sizeof(how), x->exit_code, x->signal);
+    if (x->signal == 0 && x->exit_code == 0) {
+        rk->state = RDV_RANK_COMPLETED;
+        event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
+              nd->name, (unsigned long long)rk->step);
+        for (uint32_t i = 0; i < r->world_size; i++)
+            if (r->ranks[i].state != RDV_RANK_COMPLETED) {
+                changed(r, 0);
+                return;
+            }
+        r->state = RDV_COMPLETED;
+        r->reason[0] = '\0';
+        event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
+              r->spec->name, (unsigned long long)r->generation, r->restarts, r->restarts == 1 ? "" : "s");
+        changed(r, 1);
+        return;
+    }
+    rk->state = RDV_RANK_EXITED;
+    snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
+    event(r, "rank_failed", (int)node, (int)x->rank, "%s at step %llu", what, (unsigned long long)rk->step);
+    fail_generation(r, now_ms, (int)node, (int)x->rank, what);
+}
+
+void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
+{
+    int idx = find_node(r, name);
+    uint64_t gen = 0;
+
+    if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
+        return;
+    r->nodes[idx].last_seen_ms = now_ms;
+    switch (m->type) {
+    case PROTO_HEARTBEAT:
+        on_heartbeat(r, (uint32_t)idx, &m->u.heartbeat, now_ms);
+        return;
+    case PROTO_UNIQUE_ID: gen = m->u.unique_id.generation; break;
+    case PROTO_RANK_EXIT: gen = m->u.rank_exit.generation; break;
+    case PROTO_ERROR:
+        event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
+        return;
+    default:
+        return;
+    }
+    if (gen != r->generation || rdv_terminal(r)) {
+        r->stale_frames++;
+        if (m->type == PROTO_UNIQUE_ID) {
+            struct proto_msg e = {.type = PROTO_ERROR};
+            snprintf(e.u.error.code, sizeof(e.u.error.code), "stale_generation");
+            snprintf(e.u.error.reason, sizeof(e.u.error.reason),
+                     "unique id for generation %llu refused: current generation is %llu",
+                     (unsigned long long)gen, (unsigned long long)r->generation);
+            send_to(r, (uint32_t)idx, &e);
+        }
+        return;
+    }
+    if (m->type == PROTO_UNIQUE_ID)
+        on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
+    else
+        on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
+    changed(r, 0);
+}
+
+/* A node is gone: forget it before formation, fail its generation after. */
+static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[idx];
+    char what[PROTO_REASON_MAX];
+
+    nd->state = RDV_NODE_LOST;
+    event(r, "node_lost", (int)idx, -1, "node %s lost: %s", nd->name, why);
+    if (!nd->member) {
+        if (r->state == RDV_WAITING) {
+            r->nodes[idx] = r->nodes[--r->nnodes];
+        }
+        changed(r, 0);
+        return;
+    }
+    if (rdv_terminal(r)) {
+        changed(r, 0);
+        return;
+    }
+    if (r->resuming) {
+        changed(r, 0);
+        return;
+    }
+    snprintf(what, sizeof(what), "node %s lost: %s", nd->name, why);
+    /* Already recovering and nothing assigned yet: the same failure continues. */
+    if (r->state == RDV_RECOVERING && r->ranks[nd->first_rank].state == RDV_RANK_PENDING) {
+        try_start_generation(r, now_ms);
+        changed(r, 1);
+        return;
+    }
+    fail_generation(r, now_ms, (int)idx, -1, what);
+}
+
+void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t now_ms)
+{
+    int idx = find_node(r, name);
+    if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
+        return;
+    node_lost(r, (uint32_t)idx, why, now_ms);
+}
+
+void rdv_tick(struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        struct rdv_node *nd = &r->nodes[i];
+        if (nd->state == RDV_NODE_JOINED && now_ms - nd->last_seen_ms > timeout) {
+            char why[96];
+            snprintf(why, sizeof(why), "no heartbeat for %.1f s (heartbeat_timeout_ms=%llu)",
+                     (double)(now_ms - nd->last_seen_ms) / 1000.0, (unsigned long long)timeout);
+            r->ops.disconnect(r->ops.ctx, nd->name, why);
+            node_lost(r, i, why, now_ms);
+        }
+    }
+    if (r->resuming && now_ms - r->gen_opened_ms > timeout) {
+        char missing[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
+        missing_members(r, missing, sizeof(missing));
+        snprintf(what, sizeof(what), "after the daemon restarted, %s did not rejoin within %.1f s", missing,
+                 (double)timeout / 1000.0);
+        fail_generation(r, now_ms, -1, -1, what);
+    }
+}
+
+int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t now_ms)
+{
+    switch (action) {
+    case RDV_ADMIN_STOP:
+        if (rdv_terminal(r))
+            return -EINVAL;
+        r->state = RDV_STOPPED;
+        snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
+        event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
+        stop_all(r);
+        changed(r, 1);
+        return 0;
+    case RDV_ADMIN_RESTART:
+        if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
+            return -EINVAL;
+        /* An asked-for restart does not spend the failure budget. */
+        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0);
+        return 0;
+    case RDV_ADMIN_DRAIN: {
+        int idx = name ? find_node(r, name) : -1;
+        if (idx < 0)
+            return -ENOENT;
+        struct rdv_node *nd = &r->nodes[idx];
+        if (nd->member && !rdv_terminal(r) && r->state != RDV_WAITING)
+            return -EINVAL; /* shrinking a running job needs resharding (issue 4) */
+        if (nd->state == RDV_NODE_JOINED) {
+            send_command(r, (uint32_t)idx, PROTO_CMD_SHUTDOWN);
+            r->ops.disconnect(r->ops.ctx, nd->name, "drained");
+        }
+        nd->state = RDV_NODE_LEFT;
+        event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
+        if (r->state == RDV_WAITING)
+            r->nodes[idx] = r->nodes[--r->nnodes];
+        changed(r, 1);
+        return 0;
+    }
+    }
+    return -EINVAL;
+}
+
+/* ---- documents ------------------------------------------------------- */
+
+static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
+{
+    json_t *nodes = json_array(), *ranks = json_array();
+    uint64_t step = 0;
+    double loss_sum = 0, tps = 0, comm = 0;
+    int nloss = 0, nlive = 0;
+
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        json_t *rl = json_array();
+        if (nd->member)
+            for (uint32_t l = 0; l < nd->ndevices; l++)
+                json_array_append_new(rl, json_integer(nd->first_rank + l));
+        json_array_append_new(
+            nodes, json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o}", "name", nd->name, "state",
+                             node_state_names[nd->state], "addr", nd->addr, "devices", (int)nd->ndevices,
+                             "kind", nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", "ranks", rl,
+                             "heartbeat_age_ms",
+                             nd->state == RDV_NODE_JOINED ? json_integer((json_int_t)(now_ms - nd->last_seen_ms))
+                                                          : json_null()));
+    }
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        json_array_append_new(
+            ranks, json_pack("{s:i, s:s, s:i, s:i, s:s, s:I, s:o, s:f, s:f, s:o}", "rank", (int)i, "node",
+                             r->nodes[rk->node].name, "local_rank", (int)rk->local_rank, "device",
+                             (int)rk->device, "state", rank_state_names[rk->state], "step",
+                             (json_int_t)rk->step, "loss", num_or_null(rk->loss), "tokens_per_s",
+                             rk->tokens_per_s, "comm_frac", rk->comm_frac, "heartbeat_age_ms",
+                             rk->last_beat_ms ? json_integer((json_int_t)(now_ms - rk->last_beat_ms))
+                                              : json_null()));
+        if (rk->state == RDV_RANK_RUNNING) {
+            /* The job's step is the slowest running rank's. */
+            if (nlive == 0 || rk->step < step)
+                step = rk->step;
+            nlive++;
+            tps += rk->tokens_per_s;
+            comm += rk->comm_frac;
+            if (isfinite(rk->loss)) {
+                loss_sum += rk->loss;
+                nloss++;
+            }
+        }
+    }
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o}",
+                     "job", r->spec->name, "state", job_state_names[r->state], "reason",
+                     r->reason[0] ? json_string(r->reason) : json_null(), "generation",
+                     (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
+                     r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
+                     "step", (json_int_t)step, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
+                     "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
+                     (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
+                     r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
+                     "stale_frames", (json_int_t)r->stale_frames, "nodes", nodes, "ranks", ranks);
+}
+
+json_t *rdv_events_json(const struct rdv *r)
+{
+    json_t *arr = json_array();
+    uint64_t first = r->nevents > RDV_EVENTS ? r->nevents - RDV_EVENTS : 0;
+
+    for (uint64_t s = first; s < r->nevents; s++) {
+        const struct rdv_event *e = &r->events[s % RDV_EVENTS];
+        char when[40];
+        time_t secs = (time_t)(e->wall_ms / 1000);
+        struct tm tm;
+        gmtime_r(&secs, &tm);
+        size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(when + n, sizeof(when) - n, ".%03dZ", (int)(e->wall_ms % 1000));
+        json_array_append_new(
+            arr, json_pack("{s:I, s:s, s:I, s:s, s:o, s:o, s:s}", "seq", (json_int_t)e->seq, "time", when,
+                           "generation", (json_int_t)e->generation, "kind", e->kind, "node",
+                           e->node[0] ? json_string(e->node) : json_null(),
+                           "rank", e->rank >= 0 ? json_integer(e->rank) : json_null(), "message", e->message));
+    }
+    return json_pack("{s:o}", "events", arr);
+}

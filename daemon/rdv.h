@@ -1,0 +1,208 @@
+/*
+ * rdv: the rendezvous and health state machine of musterd. Pure logic: it
+ * owns no socket and reads no clock. The server feeds it what happened
+ * (a node joined, a frame arrived, a connection closed, time passed) with
+ * the current CLOCK_MONOTONIC time in milliseconds, and rdv answers through
+ * struct rdv_ops (send a frame to a node, close a node's connection, state
+ * changed). Unit tests drive it with a fake clock and recording ops.
+ *
+ * Job states (DESIGN.md): waiting -> forming -> running <-> recovering ->
+ * completed | stopped | failed.
+ *
+ *   waiting     fewer than spec->nodes agents have joined; no generation yet
+ *   forming     generation 1 assigned, not every rank heartbeats yet
+ *   running     every rank of the current generation heartbeats "running"
+ *   recovering  a failure opened generation G+1: ranks are being stopped,
+ *               lost nodes awaited, then G+1 assigned and started
+ *   completed   every rank of the current generation exited 0
+ *   stopped     an administrator stopped the job
+ *   failed      a failure came after max_restarts restarts (reason says which)
+ *
+ * Membership: the first spec->nodes distinct node names to join become the
+ * members when generation 1 forms. Ranks are contiguous per node, nodes in
+ * name order, local rank = index into the node's device list. A member that
+ * returns keeps its rank block; a name that is not a member is refused.
+ *
+ * Generations fence everything: each failure opens a new one, and frames
+ * carrying an older generation are dropped (UNIQUE_ID is answered with an
+ * ERROR "stale_generation").
+ */
+#ifndef MUSTER_RDV_H
+#define MUSTER_RDV_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/jobspec.h"
+#include "proto/proto.h"
+
+enum rdv_job_state {
+    RDV_WAITING,
+    RDV_FORMING,
+    RDV_RUNNING,
+    RDV_RECOVERING,
+    RDV_COMPLETED,
+    RDV_STOPPED,
+    RDV_FAILED,
+};
+
+enum rdv_node_state {
+    RDV_NODE_JOINED, /* connected and authenticated */
+    RDV_NODE_LOST,   /* connection closed or heartbeats missed */
+    RDV_NODE_LEFT,   /* drained by an administrator */
+};
+
+/* Rank states as musterd reports them (superset of proto_rank_state). */
+enum rdv_rank_state {
+    RDV_RANK_PENDING,   /* generation opened, not yet started by its agent */
+    RDV_RANK_STARTING,
+    RDV_RANK_RUNNING,
+    RDV_RANK_STOPPING,
+    RDV_RANK_EXITED,    /* ended abnormally (or with the job) */
+    RDV_RANK_COMPLETED, /* exited 0: finished its work */
+};
+
+#define RDV_MAX_NODES 1024
+#define RDV_EVENTS 256
+
+struct rdv_node {
+    char name[PROTO_NAME_MAX];
+    char addr[PROTO_NAME_MAX];
+    enum proto_device_kind kind;
+    uint32_t ndevices;
+    uint32_t devices[PROTO_MAX_LOCAL_RANKS];
+    enum rdv_node_state state;
+    int member;            /* holds a rank block */
+    uint32_t first_rank;   /* valid when member */
+    uint64_t last_seen_ms; /* last frame from it (monotonic) */
+    uint64_t joined_ms;
+    uint64_t reported_generation; /* generation its ranks ran when it joined */
+};
+
+struct rdv_rank {
+    uint32_t node;         /* index into rdv.nodes */
+    uint32_t local_rank;
+    uint32_t device;
+    enum rdv_rank_state state;
+    uint64_t step;
+    double loss;           /* NaN until reported */
+    double tokens_per_s;
+    double comm_frac;
+    uint64_t last_beat_ms; /* 0 = never */
+};
+
+struct rdv_event {
+    uint64_t seq;
+    int64_t wall_ms;       /* CLOCK_REALTIME, for people */
+    uint64_t generation;
+    char kind[24];
+    char node[PROTO_NAME_MAX]; /* "" when about no node */
+    int rank;              /* rank or -1 */
+    char message[PROTO_REASON_MAX];
+};
+
+struct rdv_ops {
+    void *ctx;
+    /* Queue msg to the connected node; failures are the server's to handle. */
+    void (*send)(void *ctx, const char *node, const struct proto_msg *msg);
+    /* Close the node's connection (after sending whatever was queued). */
+    void (*disconnect)(void *ctx, const char *node, const char *why);
+    /* Something changed; persist != 0 when the state file must be rewritten. */
+    void (*changed)(void *ctx, int persist);
+};
+
+/* What the state file keeps (daemon/state.c writes and reads it). */
+struct rdv_saved_member {
+    char name[PROTO_NAME_MAX];
+    uint32_t first_rank;
+    uint32_t ndevices;
+};
+
+struct rdv_saved {
+    char job[JOB_NAME_MAX];
+    enum rdv_job_state state;
+    char reason[PROTO_REASON_MAX];
+    uint64_t generation;
+    uint32_t restarts;
+    uint32_t world_size;
+    int64_t last_checkpoint_step; /* -1 = none */
+    uint32_t nmembers;
+    struct rdv_saved_member members[RDV_MAX_NODES];
+};
+
+struct rdv {
+    const struct job_spec *spec;
+    json_t *job;            /* spec as JSON, sent in ASSIGN (a reference) */
+    struct rdv_ops ops;
+
+    enum rdv_job_state state;
+    char reason[PROTO_REASON_MAX];
+    uint64_t generation;
+    uint32_t restarts;
+    int64_t last_checkpoint_step;
+    uint64_t started_ms;
+    uint64_t gen_opened_ms; /* when the current generation was opened */
+
+    struct rdv_node nodes[RDV_MAX_NODES];
+    uint32_t nnodes;
+
+    struct rdv_rank *ranks; /* world_size entries */
+    uint32_t world_size;
+
+    int resuming;           /* restored from the state file, members not all back */
+    int uid_known;          /* unique id of the current generation received */
+    uint8_t uid[PROTO_UID_LEN];
+
+    struct rdv_event events[RDV_EVENTS]; /* ring */
+    uint64_t nevents;                    /* total ever recorded */
+    uint64_t stale_frames;               /* frames dropped for an old generation */
+};
+
+/* job: the spec as JSON (a reference is taken). Returns 0 or -ENOMEM. */
+int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job,
+             const struct rdv_ops *ops, uint64_t now_ms);
+void rdv_free(struct rdv *r);
+
+/* Resume from a state file's content (after rdv_init). */
+int rdv_restore(struct rdv *r, const struct rdv_saved *saved, uint64_t now_ms);
+void rdv_save(const struct rdv *r, struct rdv_saved *out);
+
+/*
+ * An authenticated agent says HELLO. Returns 0 (rdv has sent WELCOME and,
+ * if a generation is open or now opens, ASSIGN) or -1 with a reject code
+ * and reason filled in; the server then sends REJECT and closes.
+ */
+int rdv_join(struct rdv *r, const struct proto_hello *hello, uint64_t now_ms,
+             char code[32], char reason[PROTO_REASON_MAX]);
+
+/* A frame from a joined node (HEARTBEAT, UNIQUE_ID, RANK_EXIT, ERROR). */
+void rdv_message(struct rdv *r, const char *node, const struct proto_msg *msg,
+                 uint64_t now_ms);
+
+/* A joined node's connection closed. */
+void rdv_disconnected(struct rdv *r, const char *node, const char *why,
+                      uint64_t now_ms);
+
+/* Time passed: heartbeat deadlines. Call every ~100 ms. */
+void rdv_tick(struct rdv *r, uint64_t now_ms);
+
+enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN };
+/* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now). */
+int rdv_admin(struct rdv *r, enum rdv_admin action, const char *node, uint64_t now_ms);
+
+int rdv_terminal(const struct rdv *r);
+
+/* Records an event seen outside rdv (e.g. a failed authentication). */
+void rdv_note(struct rdv *r, const char *kind, const char *message);
+
+/* Documents for the REST snapshot (see daemon/snapshot.h); new references. */
+json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms);
+json_t *rdv_events_json(const struct rdv *r);
+
+const char *rdv_job_state_name(enum rdv_job_state s);
+int rdv_job_state_parse(const char *name, enum rdv_job_state *out);
+const char *rdv_node_state_name(enum rdv_node_state s);
+const char *rdv_rank_state_name(enum rdv_rank_state s);
+
+#endif

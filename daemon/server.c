@@ -1,0 +1,443 @@
+#include "daemon/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+/* A connection's life; conn_set_state() checks and logs every transition. */
+enum conn_state {
+    CONN_HELLO,   /* accepted; waiting for HELLO within the handshake deadline */
+    CONN_AUTH,    /* CHALLENGE sent; waiting for RESPONSE */
+    CONN_JOINED,  /* authenticated and known to rdv under conn->node */
+    CONN_CLOSING, /* shutdown/close issued; nothing more is read or sent */
+};
+
+static const char *const conn_state_names[] = {"hello", "auth", "joined", "closing"};
+
+struct conn {
+    uv_tcp_t tcp;
+    struct server *srv;
+    enum conn_state state;
+    char peer[64];                 /* "ip:port" for logs */
+    char node[PROTO_NAME_MAX];     /* after HELLO */
+    struct proto_hello hello;
+    uint8_t nonce[PROTO_NONCE_LEN];
+    uint64_t accepted_ms;
+    size_t rlen;
+    uint8_t rbuf[PROTO_MAX_FRAME];
+    struct conn *prev, *next;
+};
+
+struct server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    int listener_open;
+    struct rdv *rdv;
+    uint8_t *token;
+    size_t token_len;
+    uint16_t port;
+    struct conn *conns;
+    unsigned nconns;
+    struct conn *joining; /* during rdv_join: the connection being admitted */
+};
+
+struct write_req {
+    uv_write_t req;
+    size_t len;
+    uint8_t data[];
+};
+
+static void conn_close(struct conn *c, const char *why, int tell_rdv);
+
+static void conn_set_state(struct conn *c, enum conn_state to)
+{
+    static const int allowed[4][4] = {
+        /* from HELLO  */ {0, 1, 0, 1},
+        /* from AUTH   */ {0, 0, 1, 1},
+        /* from JOINED */ {0, 0, 0, 1},
+        /* from CLOSING*/ {0, 0, 0, 0},
+    };
+    if (!allowed[c->state][to]) {
+        log_error("connection %s: bad transition %s -> %s", c->peer, conn_state_names[c->state],
+                  conn_state_names[to]);
+        return;
+    }
+    log_debug("connection %s%s%s: %s -> %s", c->peer, c->node[0] ? " " : "", c->node,
+              conn_state_names[c->state], conn_state_names[to]);
+    c->state = to;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    struct write_req *w = (struct write_req *)req;
+    if (status < 0 && status != UV_ECANCELED)
+        log_debug("write failed: %s", uv_strerror(status));
+    free(w);
+}
+
+static void conn_send(struct conn *c, const struct proto_msg *m)
+{
+    if (c->state == CONN_CLOSING)
+        return;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > SERVER_MAX_WRITE_QUEUE) {
+        conn_close(c, "peer does not read its frames (write queue full)", 1);
+        return;
+    }
+    struct write_req *w = malloc(sizeof(*w) + PROTO_MAX_FRAME);
+    if (!w) {
+        conn_close(c, "out of memory", 1);
+        return;
+    }
+    int n = proto_encode(m, w->data, PROTO_MAX_FRAME);
+    if (n < 0) {
+        log_error("cannot encode %s for %s: %s", proto_type_name(m->type), c->peer, proto_strerror(n));
+        free(w);
+        return;
+    }
+    w->len = (size_t)n;
+    uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
+    if (rc < 0) {
+        free(w);
+        conn_close(c, uv_strerror(rc), 1);
+    }
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct conn *c = h->data;
+    struct server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    free(c);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    struct conn *c = req->data;
+    free(req);
+    if (!uv_is_closing((uv_handle_t *)&c->tcp))
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+/*
+ * Idempotent. Queued frames (a REJECT, say) go out before the FIN. rdv hears
+ * of it only when the node had joined and the close did not come from rdv.
+ */
+static void conn_close(struct conn *c, const char *why, int tell_rdv)
+{
+    if (c->state == CONN_CLOSING)
+        return;
+    int joined = c->state == CONN_JOINED;
+    conn_set_state(c, CONN_CLOSING);
+    if (c->node[0])
+        log_info("connection %s (node %s) closed: %s", c->peer, c->node, why);
+    else
+        log_info("connection %s closed: %s", c->peer, why);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_shutdown_t *req = malloc(sizeof(*req));
+    if (req) {
+        req->data = c;
+        if (uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) == 0)
+            goto told;
+        free(req);
+    }
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+told:
+    if (joined && tell_rdv)
+        rdv_disconnected(c->srv->rdv, c->node, why, uv_now(c->srv->loop));
+}
+
+static void send_reject(struct conn *c, const char *code, const char *reason)
+{
+    struct proto_msg m = {.type = PROTO_REJECT};
+    snprintf(m.u.reject.code, sizeof(m.u.reject.code), "%s", code);
+    snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", reason);
+    conn_send(c, &m);
+    conn_close(c, reason, 0);
+}
+
+static void on_hello(struct conn *c, const struct proto_msg *m)
+{
+    struct proto_msg ch = {.type = PROTO_CHALLENGE};
+
+    c->hello = m->u.hello;
+    snprintf(c->node, sizeof(c->node), "%s", m->u.hello.node);
+    if (proto_nonce(c->nonce) != 0) {
+        send_reject(c, "internal", "musterd could not draw a nonce");
+        return;
+    }
+    memcpy(ch.u.challenge.nonce, c->nonce, PROTO_NONCE_LEN);
+    conn_set_state(c, CONN_AUTH);
+    conn_send(c, &ch);
+}
+
+static void on_response(struct conn *c, const struct proto_msg *m)
+{
+    struct server *s = c->srv;
+    char code[32], reason[PROTO_REASON_MAX], note[PROTO_REASON_MAX];
+
+    if (!proto_hmac_verify(s->token, s->token_len, c->nonce, m->u.response.hmac)) {
+        snprintf(note, sizeof(note), "node %s from %s failed authentication: wrong cluster token", c->node,
+                 c->peer);
+        log_warn("%s", note);
+        rdv_note(s->rdv, "auth_failed", note);
+        send_reject(c, "auth", "wrong cluster token (the HMAC of the challenge does not match)");
+        return;
+    }
+    s->joining = c;
+    int rc = rdv_join(s->rdv, &c->hello, uv_now(s->loop), code, reason);
+    s->joining = NULL;
+    if (rc != 0) {
+        log_warn("node %s from %s refused: %s: %s", c->node, c->peer, code, reason);
+        send_reject(c, code, reason);
+        return;
+    }
+    conn_set_state(c, CONN_JOINED);
+}
+
+static void on_frame(struct conn *c, const struct proto_msg *m)
+{
+    switch (c->state) {
+    case CONN_HELLO:
+        if (m->type != PROTO_HELLO) {
+            send_reject(c, "bad_request", "expected HELLO first");
+            return;
+        }
+        on_hello(c, m);
+        return;
+    case CONN_AUTH:
+        if (m->type != PROTO_RESPONSE) {
+            send_reject(c, "bad_request", "expected RESPONSE to the challenge");
+            return;
+        }
+        on_response(c, m);
+        return;
+    case CONN_JOINED:
+        switch (m->type) {
+        case PROTO_HEARTBEAT:
+        case PROTO_UNIQUE_ID:
+        case PROTO_RANK_EXIT:
+        case PROTO_ERROR:
+            rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
+            return;
+        default: {
+            struct proto_msg e = {.type = PROTO_ERROR};
+            snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_request");
+            snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s is not expected from an agent",
+                     proto_type_name(m->type));
+            conn_send(c, &e);
+            return;
+        }
+        }
+    case CONN_CLOSING:
+        return;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *c = h->data;
+    buf->base = (char *)c->rbuf + c->rlen;
+    buf->len = sizeof(c->rbuf) - c->rlen;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *c = stream->data;
+    char why[PROTO_REASON_MAX];
+
+    if (nread == UV_EOF) {
+        struct proto_msg m;
+        size_t used;
+        int rc = proto_decode_eof(c->rbuf, c->rlen, &m, &used);
+        conn_close(c, rc == PROTO_E_TRUNCATED ? "connection closed inside a frame" : "connection closed", 1);
+        return;
+    }
+    if (nread < 0) {
+        conn_close(c, uv_strerror((int)nread), 1);
+        return;
+    }
+    c->rlen += (size_t)nread;
+    while (c->state != CONN_CLOSING) {
+        struct proto_msg m;
+        size_t used = 0;
+        int rc = proto_decode(c->rbuf, c->rlen, &m, &used);
+        if (rc == PROTO_NEED_MORE)
+            break;
+        if (rc < 0) {
+            snprintf(why, sizeof(why), "bad frame: %s", proto_strerror(rc));
+            if (c->state == CONN_JOINED) {
+                struct proto_msg e = {.type = PROTO_ERROR};
+                snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_frame");
+                snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s", why);
+                conn_send(c, &e);
+                conn_close(c, why, 1);
+            } else {
+                send_reject(c, rc == PROTO_E_VERSION ? "version" : "bad_request", why);
+            }
+            return;
+        }
+        on_frame(c, &m);
+        proto_msg_clear(&m);
+        memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+        c->rlen -= used;
+    }
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    struct server *s = listener->data;
+    struct sockaddr_storage ss;
+    int sslen = sizeof(ss);
+    char ip[INET6_ADDRSTRLEN] = "?";
+
+    if (status < 0) {
+        log_warn("accept failed: %s", uv_strerror(status));
+        return;
+    }
+    struct conn *c = calloc(1, sizeof(*c));
+    if (!c)
+        return;
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    c->tcp.data = c;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0) {
+        c->state = CONN_CLOSING;
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        return;
+    }
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sslen) == 0 && ss.ss_family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        uv_ip4_name(sin, ip, sizeof(ip));
+        snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sin->sin_port));
+    } else {
+        snprintf(c->peer, sizeof(c->peer), "?");
+    }
+    c->accepted_ms = uv_now(s->loop);
+    if (s->nconns > SERVER_MAX_CONNS) {
+        conn_close(c, "too many connections", 0);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static struct conn *find_joined(struct server *s, const char *node)
+{
+    if (s->joining && strcmp(s->joining->node, node) == 0)
+        return s->joining;
+    for (struct conn *c = s->conns; c; c = c->next)
+        if (c->state == CONN_JOINED && strcmp(c->node, node) == 0)
+            return c;
+    return NULL;
+}
+
+void server_send(void *ctx, const char *node, const struct proto_msg *msg)
+{
+    struct conn *c = find_joined(ctx, node);
+    if (c)
+        conn_send(c, msg);
+}
+
+void server_disconnect(void *ctx, const char *node, const char *why)
+{
+    struct conn *c = find_joined(ctx, node);
+    if (c)
+        conn_close(c, why, 0);
+}
+
+void server_tick(struct server *s)
+{
+    uint64_t now = uv_now(s->loop);
+    for (struct conn *c = s->conns; c; c = c->next)
+        if ((c->state == CONN_HELLO || c->state == CONN_AUTH) && now - c->accepted_ms > SERVER_HANDSHAKE_MS)
+            conn_close(c, "handshake not finished in time", 0);
+}
+
+int server_start(struct server **out, uv_loop_t *loop, const struct server_config *cfg, struct rdv *rdv,
+                 char *err, size_t errlen)
+{
+    struct sockaddr_in sin;
+    struct server *s = calloc(1, sizeof(*s));
+    int rc;
+
+    if (!s)
+        return -ENOMEM;
+    s->loop = loop;
+    s->rdv = rdv;
+    s->token = malloc(cfg->token_len ? cfg->token_len : 1);
+    if (!s->token) {
+        free(s);
+        return -ENOMEM;
+    }
+    memcpy(s->token, cfg->token, cfg->token_len);
+    s->token_len = cfg->token_len;
+    if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
+        snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);
+        free(s->token);
+        free(s);
+        return -EINVAL;
+    }
+    uv_tcp_init(loop, &s->listener);
+    s->listener.data = s;
+    s->listener_open = 1;
+    rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&sin, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
+    if (rc != 0) {
+        if (rc == UV_EADDRINUSE)
+            snprintf(err, errlen,
+                     "control port %s:%u is already in use (another musterd? `ss -ltnp 'sport = :%u'` "
+                     "shows the process)",
+                     cfg->addr, cfg->port, cfg->port);
+        else
+            snprintf(err, errlen, "cannot listen on %s:%u: %s", cfg->addr, cfg->port, uv_strerror(rc));
+        *out = s; /* the caller closes it like a running one */
+        return rc == UV_EADDRINUSE ? -EADDRINUSE : rc;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
+    s->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+    *out = s;
+    return 0;
+}
+
+uint16_t server_port(const struct server *s) { return s->port; }
+
+void server_close(struct server *s)
+{
+    if (s->listener_open) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        s->listener_open = 0;
+    }
+    for (struct conn *c = s->conns; c; c = c->next) {
+        if (c->state != CONN_CLOSING) {
+            conn_set_state(c, CONN_CLOSING);
+            uv_close((uv_handle_t *)&c->tcp, on_closed);
+        }
+    }
+}
+
+void server_free(struct server *s)
+{
+    if (!s)
+        return;
+    free(s->token);
+    free(s);
+}

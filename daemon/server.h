@@ -1,0 +1,46 @@
+/*
+ * server: musterd's control port. Accepts agent connections on the libuv
+ * loop, runs each through the join handshake (HELLO, CHALLENGE, RESPONSE),
+ * then hands its frames to rdv and sends what rdv asks for. Limits: a
+ * connection count, a per-connection write queue, and a deadline for the
+ * handshake.
+ */
+#ifndef MUSTER_SERVER_H
+#define MUSTER_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "daemon/rdv.h"
+#include "proto/proto.h"
+
+#define SERVER_MAX_CONNS 256
+#define SERVER_HANDSHAKE_MS 5000
+#define SERVER_MAX_WRITE_QUEUE (4u * 1024u * 1024u)
+
+struct server_config {
+    const char *addr;     /* IPv4 address to bind */
+    uint16_t port;        /* 0 = any free port (see server_port) */
+    const uint8_t *token; /* cluster token (may be empty) */
+    size_t token_len;
+};
+
+struct server;
+
+int server_start(struct server **out, uv_loop_t *loop, const struct server_config *cfg, struct rdv *rdv,
+                 char *err, size_t errlen);
+uint16_t server_port(const struct server *srv);
+/* Closes pending handshakes that ran past SERVER_HANDSHAKE_MS. */
+void server_tick(struct server *srv);
+/* Closes the listener and every connection; memory goes in close callbacks. */
+void server_close(struct server *srv);
+/* Frees what is left once the loop has run the close callbacks. */
+void server_free(struct server *srv);
+
+/* rdv_ops for a server (ctx = the server). */
+void server_send(void *ctx, const char *node, const struct proto_msg *msg);
+void server_disconnect(void *ctx, const char *node, const char *why);
+
+#endif

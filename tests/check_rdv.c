@@ -1,0 +1,427 @@
+/*
+ * The rendezvous/heartbeat state machine, driven by a fake clock and ops
+ * that record what rdv sends; no sockets.
+ */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "daemon/rdv.h"
+
+#define MAX_SENT 256
+
+struct sent {
+    char node[PROTO_NAME_MAX];
+    struct proto_msg msg;
+};
+
+struct rec {
+    struct sent sent[MAX_SENT];
+    int nsent;
+    char disconnected[8][PROTO_NAME_MAX];
+    int ndisconnected;
+    int persists;
+};
+
+static struct rec rec;
+static struct rdv rdv;
+static struct job_spec spec;
+static uint64_t now;
+
+static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
+{
+    ck_assert_int_lt(rec.nsent, MAX_SENT);
+    struct sent *s = &rec.sent[rec.nsent++];
+    snprintf(s->node, sizeof(s->node), "%s", node);
+    s->msg = *m;
+    if (m->type == PROTO_ASSIGN)
+        s->msg.u.assign.job = NULL; /* not owned by the record */
+}
+
+static void rec_disconnect(void *ctx, const char *node, const char *why)
+{
+    snprintf(rec.disconnected[rec.ndisconnected++ % 8], PROTO_NAME_MAX, "%s", node);
+}
+
+static void rec_changed(void *ctx, int persist) { rec.persists += persist; }
+
+static void setup_spec(int nodes, int max_restarts)
+{
+    memset(&rec, 0, sizeof(rec));
+    job_spec_defaults(&spec);
+    snprintf(spec.name, sizeof(spec.name), "t");
+    spec.nodes = nodes;
+    spec.max_restarts = max_restarts;
+    now = 1000;
+    json_t *job = json_pack("{s:s, s:i}", "name", "t", "nodes", nodes);
+    struct rdv_ops ops = {.ctx = NULL, .send = rec_send, .disconnect = rec_disconnect, .changed = rec_changed};
+    ck_assert_int_eq(rdv_init(&rdv, &spec, job, &ops, now), 0);
+    json_decref(job);
+}
+
+static void teardown(void) { rdv_free(&rdv); }
+
+static int join(const char *name, uint32_t ndev, uint64_t generation)
+{
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    memset(&h, 0, sizeof(h));
+    snprintf(h.node, sizeof(h.node), "%s", name);
+    snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
+    h.ndevices = ndev;
+    for (uint32_t i = 0; i < ndev; i++)
+        h.devices[i] = i;
+    h.generation = generation;
+    int rc = rdv_join(&rdv, &h, now, code, reason);
+    if (rc != 0)
+        snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code); /* last reject code */
+    return rc;
+}
+
+static const char *last_reject_code(void) { return rec.sent[MAX_SENT - 1].node; }
+
+/* The i-th message of a type sent to node since index from; NULL if none. */
+static const struct proto_msg *find_sent(int from, const char *node, enum proto_type type)
+{
+    for (int i = from; i < rec.nsent; i++)
+        if (strcmp(rec.sent[i].node, node) == 0 && rec.sent[i].msg.type == type)
+            return &rec.sent[i].msg;
+    return NULL;
+}
+
+static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t n, enum proto_rank_state st,
+                 uint64_t step)
+{
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.u.heartbeat.generation = generation;
+    m.u.heartbeat.seq = now;
+    m.u.heartbeat.nranks = n;
+    for (uint32_t i = 0; i < n; i++) {
+        m.u.heartbeat.ranks[i].rank = first + i;
+        m.u.heartbeat.ranks[i].state = st;
+        m.u.heartbeat.ranks[i].step = step;
+        m.u.heartbeat.ranks[i].loss = 2.5;
+    }
+    rdv_message(&rdv, node, &m, now);
+}
+
+static void rank_exit(const char *node, uint64_t generation, uint32_t rank, int code, int sig)
+{
+    struct proto_msg m = {.type = PROTO_RANK_EXIT};
+    m.u.rank_exit.generation = generation;
+    m.u.rank_exit.rank = rank;
+    m.u.rank_exit.exit_code = code;
+    m.u.rank_exit.signal = sig;
+    rdv_message(&rdv, node, &m, now);
+}
+
+/* Two nodes of two ranks each, generation 1 running. */
+static void form_running(int max_restarts)
+{
+    setup_spec(2, max_restarts);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+
+START_TEST(forms_generation_one_in_name_order)
+{
+    setup_spec(2, 3);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_WAITING);
+    ck_assert_int_eq(rdv.generation, 0);
+    ck_assert_ptr_nonnull(find_sent(0, "b", PROTO_WELCOME));
+    ck_assert_ptr_null(find_sent(0, "b", PROTO_ASSIGN));
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.world_size, 4);
+    const struct proto_msg *ma = find_sent(0, "a", PROTO_ASSIGN), *mb = find_sent(0, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(ma);
+    ck_assert_ptr_nonnull(mb);
+    ck_assert_int_eq(ma->u.assign.generation, 1);
+    ck_assert_int_eq(ma->u.assign.world_size, 4);
+    ck_assert_int_eq(ma->u.assign.nranks, 2);
+    ck_assert_int_eq(ma->u.assign.ranks[0].rank, 0); /* "a" sorts first though it joined second */
+    ck_assert_int_eq(ma->u.assign.ranks[1].rank, 1);
+    ck_assert_int_eq(ma->u.assign.ranks[1].local_rank, 1);
+    ck_assert_int_eq(mb->u.assign.ranks[0].rank, 2);
+    ck_assert_int_eq(mb->u.assign.ranks[1].rank, 3);
+    ck_assert_int_eq(mb->u.assign.ranks[1].device, 1);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_gt(rec.persists, 0);
+}
+END_TEST
+
+START_TEST(unique_id_from_rank0_reaches_every_node)
+{
+    form_running(3);
+    int mark = rec.nsent;
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id.generation = 1;
+    memset(m.u.unique_id.id, 0xab, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *ua = find_sent(mark, "a", PROTO_UNIQUE_ID), *ub = find_sent(mark, "b", PROTO_UNIQUE_ID);
+    ck_assert_ptr_nonnull(ua);
+    ck_assert_ptr_nonnull(ub);
+    ck_assert_int_eq(ub->u.unique_id.generation, 1);
+    ck_assert_int_eq(ub->u.unique_id.id[127], 0xab);
+    /* Only the node holding rank 0 may provide it. */
+    mark = rec.nsent;
+    rdv_message(&rdv, "b", &m, now);
+    const struct proto_msg *e = find_sent(mark, "b", PROTO_ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_str_eq(e->u.error.code, "not_rank0");
+    ck_assert_ptr_null(find_sent(mark, "a", PROTO_UNIQUE_ID));
+}
+END_TEST
+
+START_TEST(crashed_rank_opens_next_generation)
+{
+    form_running(3);
+    int mark = rec.nsent;
+    rank_exit("b", 1, 3, -1, 9);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b was killed by signal 9 (SIGKILL)"));
+    const struct proto_msg *stop = find_sent(mark, "a", PROTO_COMMAND);
+    ck_assert_ptr_nonnull(stop);
+    ck_assert_int_eq(stop->u.command.action, PROTO_CMD_STOP);
+    ck_assert_int_eq(stop->u.command.generation, 2);
+    const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 2);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2); /* same block */
+    /* Heartbeats of the old generation do not count. */
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 5);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 5);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+END_TEST
+
+START_TEST(stale_frames_are_refused)
+{
+    form_running(3);
+    rank_exit("a", 1, 0, 1, 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    /* A late exit of generation 1 must not cost another restart. */
+    rank_exit("b", 1, 2, -1, 15);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_int_ge(rdv.stale_frames, 1);
+    int mark = rec.nsent;
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id.generation = 1;
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *e = find_sent(mark, "a", PROTO_ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_str_eq(e->u.error.code, "stale_generation");
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_UNIQUE_ID));
+}
+END_TEST
+
+START_TEST(missed_heartbeats_lose_the_node_until_it_rejoins)
+{
+    form_running(3);
+    now += 3000;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 10);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 2500; /* b silent 5.5 s > 5 s; a silent 2.5 s */
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 1);
+    ck_assert_str_eq(rec.disconnected[0], "b");
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for b to rejoin"));
+    int mark = rec.nsent;
+    ck_assert_ptr_null(find_sent(mark, "a", PROTO_ASSIGN));
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+    ck_assert_int_eq(as->u.assign.generation, 2);
+    ck_assert_ptr_nonnull(find_sent(mark, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(closed_connection_is_lost_at_once)
+{
+    form_running(3);
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.nodes[0].state == RDV_NODE_LOST || rdv.nodes[1].state == RDV_NODE_LOST, 1);
+    ck_assert_int_eq(rdv.restarts, 1);
+}
+END_TEST
+
+START_TEST(budget_spent_fails_the_job)
+{
+    form_running(1);
+    rank_exit("a", 1, 1, 3, 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 0);
+    rank_exit("a", 2, 1, 3, 0);
+    ck_assert_int_eq(rdv.state, RDV_FAILED);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 1 on node a exited with status 3"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "max_restarts=1"));
+    ck_assert_int_eq(rdv_terminal(&rdv), 1);
+}
+END_TEST
+
+START_TEST(exit_zero_everywhere_completes)
+{
+    form_running(3);
+    for (uint32_t r = 0; r < 4; r++) {
+        ck_assert_int_eq(rdv.state, RDV_RUNNING);
+        rank_exit(r < 2 ? "a" : "b", 1, r, 0, 0);
+    }
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+    ck_assert_int_eq(rdv.restarts, 0);
+}
+END_TEST
+
+START_TEST(joins_refused_with_reasons)
+{
+    form_running(3);
+    ck_assert_int_eq(join("c", 2, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+    ck_assert_int_eq(join("a", 2, 1), -1);
+    ck_assert_str_eq(last_reject_code(), "duplicate");
+    rdv_disconnected(&rdv, "a", "gone", now);
+    ck_assert_int_eq(join("a", 3, 1), -1);
+    ck_assert_str_eq(last_reject_code(), "bad_request");
+    ck_assert_int_eq(join("a", 2, 1), 0);
+}
+END_TEST
+
+START_TEST(restored_job_resumes_without_a_new_generation)
+{
+    form_running(3);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.nmembers, 2);
+    rdv_free(&rdv);
+
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_ptr_null(find_sent(0, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(restored_job_restarts_when_ranks_are_gone)
+{
+    form_running(3);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0); /* fenced its ranks meanwhile */
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(find_sent(0, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(0, "b", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(inconsistent_saved_state_is_refused)
+{
+    setup_spec(2, 3);
+    static struct rdv_saved saved;
+    memset(&saved, 0, sizeof(saved));
+    saved.state = RDV_RUNNING;
+    saved.generation = 1;
+    saved.world_size = 4;
+    saved.nmembers = 2;
+    snprintf(saved.members[0].name, PROTO_NAME_MAX, "a");
+    saved.members[0].ndevices = 2;
+    snprintf(saved.members[1].name, PROTO_NAME_MAX, "b");
+    saved.members[1].first_rank = 1; /* overlaps a's block */
+    saved.members[1].ndevices = 2;
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), -EINVAL);
+}
+END_TEST
+
+START_TEST(status_document_has_the_promised_fields)
+{
+    form_running(3);
+    now += 250;
+    json_t *st = rdv_status_json(&rdv, now);
+    ck_assert_str_eq(json_string_value(json_object_get(st, "state")), "running");
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "generation")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "world_size")), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "restarts")), 0);
+    json_t *ranks = json_object_get(st, "ranks"), *nodes = json_object_get(st, "nodes");
+    ck_assert_int_eq(json_array_size(ranks), 4);
+    ck_assert_int_eq(json_array_size(nodes), 2);
+    json_t *r3 = json_array_get(ranks, 3);
+    ck_assert_str_eq(json_string_value(json_object_get(r3, "node")), "b");
+    ck_assert_int_eq(json_integer_value(json_object_get(r3, "local_rank")), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(r3, "state")), "running");
+    ck_assert_int_eq(json_integer_value(json_object_get(r3, "heartbeat_age_ms")), 250);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(r3, "loss")), 2.5, 1e-12);
+    json_t *nb = json_array_get(nodes, 0);
+    ck_assert_int_eq(json_array_size(json_object_get(nb, "ranks")), 2);
+    json_decref(st);
+    json_t *ev = rdv_events_json(&rdv);
+    ck_assert_int_ge(json_array_size(json_object_get(ev, "events")), 4);
+    json_decref(ev);
+}
+END_TEST
+
+START_TEST(admin_stop_and_restart)
+{
+    form_running(0);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_RESTART, NULL, now), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 0); /* asked-for restarts are free */
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_DRAIN, "zz", now), -ENOENT);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);
+    ck_assert_int_eq(rdv.state, RDV_STOPPED);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), -EINVAL);
+}
+END_TEST
+
+Suite *make_rdv_suite(void)
+{
+    Suite *s = suite_create("rdv");
+    TCase *tc = tcase_create("rendezvous");
+    tcase_set_timeout(tc, 10);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_add_test(tc, forms_generation_one_in_name_order);
+    tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
+    tcase_add_test(tc, crashed_rank_opens_next_generation);
+    tcase_add_test(tc, stale_frames_are_refused);
+    tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
+    tcase_add_test(tc, closed_connection_is_lost_at_once);
+    tcase_add_test(tc, budget_spent_fails_the_job);
+    tcase_add_test(tc, exit_zero_everywhere_completes);
+    tcase_add_test(tc, joins_refused_with_reasons);
+    tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
+    tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
+    tcase_add_test(tc, inconsistent_saved_state_is_refused);
+    tcase_add_test(tc, status_document_has_the_promised_fields);
+    tcase_add_test(tc, admin_stop_and_restart);
+    suite_add_tcase(s, tc);
+    return s;
+}
