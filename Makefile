@@ -36,6 +36,8 @@ include worker/module.mk
 include tests/module.mk
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+# muster-train's loops outside sgemm run on OpenMP threads.
+$(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)): ALL_CFLAGS += -fopenmp
 
 LIB_OBJS := $(call obj,$(COMMON_SRCS) $(PROTO_SRCS))
 LIBMUSTER := $(BUILD)/libmuster.a
@@ -63,14 +65,14 @@ $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
 
 $(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
+	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
 
 # Unit tests: one Check runner over every suite, linked with the modules'
 # non-main objects so that suites drive the real code.
 TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS))
 $(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
+	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@mkdir -p $(dir $@)
@@ -108,7 +110,7 @@ asan: deps
 	    check-run
 
 docs: $(BUILD)/tests/jobspec-doc
-	@$(BUILD)/tests/jobspec-doc > docs/jobspec-keys.md
+	$(BUILD)/tests/jobspec-doc > docs/jobspec.md
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -15,6 +15,7 @@
 
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "daemon/http.h"
 #include "daemon/rdv.h"
 #include "daemon/server.h"
@@ -34,6 +35,8 @@ struct admin_req {
 struct daemon {
     uv_loop_t loop;
     uv_timer_t tick;
+    uv_timer_t watchdog;  /* WATCHDOG=1 at half of $WATCHDOG_USEC */
+    char status_line[160]; /* last STATUS= sent to systemd */
     uv_signal_t sigterm, sigint;
     uv_async_t admin_async;
     struct rdv rdv;
@@ -157,6 +160,20 @@ static void publish(struct daemon *d)
         snapshot_publish(&d->snap, SNAP_EVENTS, ev);
     d->dirty = 0;
     d->last_publish = now;
+
+    /* systemd's STATUS=, e.g. "running gen 3, 16 ranks, step 1200". */
+    char line[sizeof(d->status_line)];
+    const struct rdv *r = &d->rdv;
+    if (r->state == RDV_WAITING)
+        snprintf(line, sizeof(line), "waiting: %u of %d nodes joined", r->nnodes, r->spec->nodes);
+    else
+        snprintf(line, sizeof(line), "%s gen %llu, %u ranks, step %llu%s%s", rdv_job_state_name(r->state),
+                 (unsigned long long)r->generation, r->world_size, (unsigned long long)rdv_job_step(r),
+                 r->reason[0] ? ": " : "", r->reason);
+    if (strcmp(line, d->status_line) != 0) {
+        memcpy(d->status_line, line, sizeof(line));
+        notify_sendf("STATUS=%s", line);
+    }
 }
 
 static void begin_shutdown(struct daemon *d);
@@ -241,15 +258,19 @@ static void begin_shutdown(struct daemon *d)
     if (d->stopping)
         return;
     d->stopping = 1;
+    notify_send("STOPPING=1");
     flush_changes(d);
     persist_state(d);
     uv_timer_stop(&d->tick);
     uv_close((uv_handle_t *)&d->tick, NULL);
+    uv_close((uv_handle_t *)&d->watchdog, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->admin_async, NULL);
     server_close(d->server);
 }
+
+static void on_watchdog(uv_timer_t *t) { notify_send("WATCHDOG=1"); }
 
 static void on_signal(uv_signal_t *s, int signum)
 {
@@ -392,7 +413,14 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     uv_async_init(&d.loop, &d.admin_async, on_admin);
     d.admin_async.data = &d;
+    /* The keep-alive comes from the loop itself, so a stuck loop is restarted. */
+    uv_timer_init(&d.loop, &d.watchdog);
+    uint64_t wd_usec = notify_watchdog_usec();
+    if (wd_usec)
+        uv_timer_start(&d.watchdog, on_watchdog, 0, wd_usec / 2000 ? wd_usec / 2000 : 1);
     publish(&d);
+    /* Both ports listen and the state file is loaded: now we serve. */
+    notify_send("READY=1");
     log_info("job %s: control %s:%u, REST http://%s:%u, state %s/%s", spec.name, listen_host,
              server_port(d.server), http_host, http_port(d.http), d.state_dir, STATE_FILE_NAME);
 

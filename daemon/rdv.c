@@ -743,6 +743,20 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
     return -EINVAL;
 }
 
+uint64_t rdv_job_step(const struct rdv *r)
+{
+    uint64_t step = 0;
+    int seen = 0;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        if (r->ranks[i].state != RDV_RANK_RUNNING)
+            continue;
+        if (!seen || r->ranks[i].step < step)
+            step = r->ranks[i].step;
+        seen = 1;
+    }
+    return step;
+}
+
 /* ---- documents ------------------------------------------------------- */
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -750,7 +764,7 @@ static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_
 json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
 {
     json_t *nodes = json_array(), *ranks = json_array();
-    uint64_t step = 0;
+    uint64_t step = rdv_job_step(r);
     double loss_sum = 0, tps = 0, comm = 0;
     int nloss = 0, nlive = 0;
 
@@ -779,9 +793,6 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
                              rk->last_beat_ms ? json_integer((json_int_t)(now_ms - rk->last_beat_ms))
                                               : json_null()));
         if (rk->state == RDV_RANK_RUNNING) {
-            /* The job's step is the slowest running rank's. */
-            if (nlive == 0 || rk->step < step)
-                step = rk->step;
             nlive++;
             tps += rk->tokens_per_s;
             comm += rk->comm_frac;

@@ -193,6 +193,9 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *node, uint64_t n
 
 int rdv_terminal(const struct rdv *r);
 
+/* The job's step: the slowest running rank's (0 when none runs). */
+uint64_t rdv_job_step(const struct rdv *r);
+
 /* Records an event seen outside rdv (e.g. a failed authentication). */
 void rdv_note(struct rdv *r, const char *kind, const char *message);
 

@@ -1,0 +1,100 @@
+# Shared by the integration scripts (sourced, POSIX sh). Every wait is
+# bounded; every process started is killed by cleanup on exit.
+BUILD=${BUILD:-build}
+ITEST_DIR=$(mktemp -d "${TMPDIR:-/tmp}/muster-itest.XXXXXX")
+ITEST_PIDS=""
+
+cleanup() {
+    for p in $ITEST_PIDS; do kill -9 "$p" 2>/dev/null || true; done
+    # Rank processes are children of agents; make sure none outlive the test.
+    pkill -9 -f "$ITEST_DIR" 2>/dev/null || true
+    if [ "${ITEST_KEEP:-0}" = 1 ]; then echo "kept $ITEST_DIR"; else rm -rf "$ITEST_DIR"; fi
+}
+trap cleanup EXIT INT TERM
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$ITEST_DIR"/*.log; do
+        [ -e "$f" ] || continue
+        echo "---- tail of $f" >&2
+        tail -n 25 "$f" >&2
+    done
+    exit 1
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+now_ms() { python3 -c 'import time; print(int(time.monotonic()*1000))'; }
+
+# make_token FILE: 32 random bytes as hex, mode 0600.
+make_token() {
+    (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$1")
+}
+
+# start_daemon JOBFILE [extra args]: sets CTL, HTTP, DAEMON_PID.
+start_daemon() {
+    job=$1; shift
+    CTL=$(free_port); HTTP=$(free_port)
+    "$BUILD/musterd" --job "$job" --listen "127.0.0.1:$CTL" --http "127.0.0.1:$HTTP" \
+        --state-dir "$ITEST_DIR/state" "$@" > "$ITEST_DIR/musterd.log" 2>&1 &
+    DAEMON_PID=$!
+    ITEST_PIDS="$ITEST_PIDS $DAEMON_PID"
+    wait_for 10 'True' || fail "musterd did not serve /v1/status within 10 s"
+}
+
+# start_agent NAME NDEV [extra args]: sets AGENT_PID; ranks write pids to $ITEST_DIR/pids-NAME.
+start_agent() {
+    name=$1; ndev=$2; shift 2
+    mkdir -p "$ITEST_DIR/pids-$name"
+    FAKE_RANK_PIDDIR="$ITEST_DIR/pids-$name" "$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" \
+        --node "$name" --devices "cpu:$ndev" "$@" >> "$ITEST_DIR/agent-$name.log" 2>&1 &
+    AGENT_PID=$!
+    ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
+}
+
+status() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status"; }
+
+# check PYEXPR: true when the Python expression holds for d = /v1/status.
+check() {
+    status 2>/dev/null | python3 -c '
+import json, sys
+try:
+    d = json.load(sys.stdin)
+except Exception:
+    sys.exit(1)
+running = sum(1 for r in d["ranks"] if r["state"] == "running")
+node = {n["name"]: n for n in d["nodes"]}
+sys.exit(0 if eval(sys.argv[1]) else 1)' "$1"
+}
+
+# wait_for SECONDS PYEXPR: polls every 50 ms.
+wait_for() {
+    limit=$(( $1 * 20 )); i=0
+    while [ $i -lt $limit ]; do
+        check "$2" && return 0
+        sleep 0.05; i=$((i + 1))
+    done
+    return 1
+}
+
+show_status() { status | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print("state=%s generation=%s world_size=%s restarts=%s reason=%s" % (d["state"], d["generation"], d["world_size"], d["restarts"], d["reason"]))
+for r in d["ranks"]:
+    print("  rank %d node %s local %d %s step %d" % (r["rank"], r["node"], r["local_rank"], r["state"], r["step"]))'
+}
+
+pid_alive() { kill -0 "$1" 2>/dev/null; }
+
+# wait_event SECONDS PATTERN: polls /v1/events until a line matches.
+wait_event() {
+    limit=$(( $1 * 20 )); i=0
+    while [ $i -lt $limit ]; do
+        curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events" | grep -q "$2" && return 0
+        sleep 0.05; i=$((i + 1))
+    done
+    return 1
+}
