@@ -37,6 +37,19 @@
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
 #define PROTO_UID_LEN 128        /* communicator unique id, opaque bytes */
 #define PROTO_MAX_LOCAL_RANKS 64 /* ranks (devices) per node */
+#define PROTO_U64_MAX ((UINT64_C(1) << 53) - 1) /* largest uint64 on the wire */
+
+/* Machine-readable REJECT codes (daemon -> agent, then close). */
+#define PROTO_REJECT_AUTH "auth"               /* wrong HMAC response */
+#define PROTO_REJECT_VERSION "version"         /* unsupported protocol version */
+#define PROTO_REJECT_DUPLICATE "duplicate"     /* a node of that name is connected */
+#define PROTO_REJECT_FULL "full"               /* job has its nodes; not a member */
+#define PROTO_REJECT_BAD_REQUEST "bad_request" /* undecodable or out-of-order frame */
+#define PROTO_REJECT_FINISHED "finished"       /* the job has ended */
+/* ERROR codes (informational, never fatal by themselves). */
+#define PROTO_ERROR_STALE_GENERATION "stale_generation" /* older than mine */
+#define PROTO_ERROR_BAD_REQUEST "bad_request" /* frame did not decode; skipped */
+#define PROTO_ERROR_UNEXPECTED "unexpected"   /* valid, but not in this state */
 
 /* Results of the decoder and of the other proto_ calls. */
 enum proto_err {
@@ -53,6 +66,7 @@ enum proto_err {
     PROTO_E_UNKNOWN_FIELD = -9, /* a field this version does not define */
     PROTO_E_NOSPACE = -10,   /* encoder: output buffer too small */
     PROTO_E_CRYPTO = -11,    /* the crypto library failed */
+    PROTO_E_NOMEM = -12,     /* out of memory (jansson could not allocate) */
 };
 
 enum proto_type {
@@ -198,6 +212,13 @@ struct proto_msg {
  * a negative enum proto_err. Header errors (oversize, version, type) are
  * reported as soon as the 8 header bytes are present. On PROTO_OK the caller
  * must call proto_msg_clear(msg) when done with it.
+ *
+ * msg is overwritten (clear a previous message first); on any result other
+ * than PROTO_OK it is left zeroed and owns nothing. On an error in the
+ * payload of a complete frame (PROTO_E_JSON, _MISSING, _FIELD_TYPE, _RANGE,
+ * _UNKNOWN_FIELD) *consumed is the frame's length, so that a receiver may
+ * skip the frame and answer ERROR; on every other result it is 0.
+ * consumed may be NULL.
  */
 int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
                  size_t *consumed);
@@ -225,15 +246,26 @@ const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);
 
-/* Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare. */
+/*
+ * Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare.
+ * proto_nonce and proto_hmac return 0 or PROTO_E_CRYPTO; proto_hmac refuses
+ * an empty token with PROTO_E_RANGE (it would prove nothing).
+ */
 int proto_nonce(uint8_t nonce[PROTO_NONCE_LEN]);
 int proto_hmac(const uint8_t *token, size_t token_len,
                const uint8_t nonce[PROTO_NONCE_LEN],
                uint8_t out[PROTO_HMAC_LEN]);
-/* 1 when hmac is HMAC-SHA256(token, nonce), 0 otherwise. */
+/* 1 when hmac is HMAC-SHA256(token, nonce), 0 otherwise (empty token: 0). */
 int proto_hmac_verify(const uint8_t *token, size_t token_len,
                       const uint8_t nonce[PROTO_NONCE_LEN],
                       const uint8_t hmac[PROTO_HMAC_LEN]);
+
+/*
+ * HMAC-SHA256(key, data) for any lengths (key may be empty); what
+ * proto_hmac computes over a nonce. Returns 0 or PROTO_E_CRYPTO.
+ */
+int proto_hmac_raw(const uint8_t *key, size_t key_len, const uint8_t *data,
+                   size_t data_len, uint8_t out[PROTO_HMAC_LEN]);
 
 /* Valid node name: 1..63 bytes of [A-Za-z0-9._-]. */
 int proto_valid_name(const char *s);

@@ -1,0 +1,275 @@
+/*
+ * proto/check.c: what makes a message valid beyond its JSON shape, shared by
+ * the encoder (refuse to send it) and the decoder (refuse to accept it);
+ * plus the names of codes, types and enums.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "proto/check.h"
+
+const char *const proto_device_kind_json[PROTO_DEV_GPU + 1] = {
+    [PROTO_DEV_CPU] = "cpu",
+    [PROTO_DEV_GPU] = "gpu",
+};
+
+const char *const proto_rank_state_json[PROTO_RANK_STATE_MAX + 1] = {
+    [PROTO_RANK_STARTING] = "starting",
+    [PROTO_RANK_RUNNING] = "running",
+    [PROTO_RANK_STOPPING] = "stopping",
+    [PROTO_RANK_EXITED] = "exited",
+};
+
+const char *const proto_command_json[PROTO_CMD_MAX + 1] = {
+    [PROTO_CMD_STOP] = "stop",
+    [PROTO_CMD_START] = "start",
+    [PROTO_CMD_SHUTDOWN] = "shutdown",
+    [PROTO_CMD_CHECKPOINT] = "checkpoint",
+};
+
+int proto_valid_name(const char *s)
+{
+    size_t n;
+
+    if (!s)
+        return 0;
+    n = strnlen(s, PROTO_NAME_MAX);
+    if (n == 0 || n == PROTO_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* NUL-terminated within cap, at least min bytes, each in [lo, hi]. */
+static int valid_ascii(const char *s, size_t cap, size_t min, char lo, char hi)
+{
+    size_t n = strnlen(s, cap);
+
+    if (n == cap || n < min)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < lo || s[i] > hi)
+            return 0;
+    return 1;
+}
+
+/* Machine-readable codes: 1..cap-1 bytes of [a-z0-9_]. */
+static int valid_code(const char *s, size_t cap)
+{
+    size_t n = strnlen(s, cap);
+
+    if (n == 0 || n == cap)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_'))
+            return 0;
+    return 1;
+}
+
+/* NUL-terminated within cap and well-formed UTF-8 (no overlong forms, no
+ * surrogates, nothing above U+10FFFF): what jansson accepts. */
+static int valid_utf8(const char *s, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strnlen(s, cap), i = 0;
+
+    if (n == cap)
+        return 0;
+    while (i < n) {
+        unsigned int c = p[i], more;
+        uint32_t cp, min;
+
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf) {
+            more = 1, cp = c & 0x1f, min = 0x80;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            more = 2, cp = c & 0x0f, min = 0x800;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i <= more)
+            return 0;
+        for (unsigned int k = 1; k <= more; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (p[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+static int check_hello(const struct proto_hello *h)
+{
+    if (!proto_valid_name(h->node) ||
+        !valid_ascii(h->addr, sizeof(h->addr), 1, '!', '~') ||
+        (unsigned int)h->kind > PROTO_DEV_GPU ||
+        h->ndevices < 1 || h->ndevices > PROTO_MAX_LOCAL_RANKS ||
+        h->device_mem_mb > PROTO_U64_MAX || h->generation > PROTO_U64_MAX ||
+        !valid_ascii(h->agent_version, sizeof(h->agent_version), 0, ' ', '~'))
+        return PROTO_E_RANGE;
+    for (uint32_t i = 0; i < h->ndevices; i++)
+        for (uint32_t j = 0; j < i; j++)
+            if (h->devices[i] == h->devices[j])
+                return PROTO_E_RANGE;
+    return 0;
+}
+
+static int check_welcome(const struct proto_welcome *w)
+{
+    if (w->heartbeat_interval_ms == 0 || w->heartbeat_timeout_ms == 0 ||
+        w->lease_ms == 0)
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+static int check_code_reason(const char *code, size_t code_cap,
+                             const char *reason, size_t reason_cap)
+{
+    if (!valid_code(code, code_cap) || !valid_utf8(reason, reason_cap))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+/* Ranks, local ranks and devices are each distinct; local ranks are thus
+ * exactly 0..nranks-1. */
+static int check_assign(const struct proto_assign *a)
+{
+    if (a->generation < 1 || a->generation > PROTO_U64_MAX ||
+        a->world_size < 1 || a->nranks < 1 ||
+        a->nranks > PROTO_MAX_LOCAL_RANKS || !json_is_object(a->job))
+        return PROTO_E_RANGE;
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        const struct proto_rank_slot *s = &a->ranks[i];
+        if (s->rank >= a->world_size || s->local_rank >= a->nranks)
+            return PROTO_E_RANGE;
+        for (uint32_t j = 0; j < i; j++)
+            if (s->rank == a->ranks[j].rank ||
+                s->local_rank == a->ranks[j].local_rank ||
+                s->device == a->ranks[j].device)
+                return PROTO_E_RANGE;
+    }
+    return 0;
+}
+
+static int check_heartbeat(const struct proto_heartbeat *h)
+{
+    if (h->generation > PROTO_U64_MAX || h->seq > PROTO_U64_MAX ||
+        h->nranks > PROTO_MAX_LOCAL_RANKS)
+        return PROTO_E_RANGE;
+    for (uint32_t i = 0; i < h->nranks; i++) {
+        const struct proto_rank_beat *b = &h->ranks[i];
+        if ((unsigned int)b->state > PROTO_RANK_STATE_MAX ||
+            b->step > PROTO_U64_MAX ||
+            !isfinite(b->tokens_per_s) || b->tokens_per_s < 0 ||
+            !isfinite(b->comm_frac) || b->comm_frac < 0 || b->comm_frac > 1)
+            return PROTO_E_RANGE;
+        for (uint32_t j = 0; j < i; j++)
+            if (b->rank == h->ranks[j].rank)
+                return PROTO_E_RANGE;
+    }
+    return 0;
+}
+
+/* Exactly one of the two says how the process ended. */
+static int check_rank_exit(const struct proto_rank_exit *e)
+{
+    int exited = e->signal == 0 && e->exit_code >= 0 && e->exit_code <= 255;
+    int killed = e->signal >= 1 && e->signal <= 127 && e->exit_code == -1;
+
+    if (e->generation > PROTO_U64_MAX || !(exited || killed))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+int proto_check(const struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_HELLO: return check_hello(&m->u.hello);
+    case PROTO_CHALLENGE: return 0;
+    case PROTO_RESPONSE: return 0;
+    case PROTO_WELCOME: return check_welcome(&m->u.welcome);
+    case PROTO_REJECT:
+        return check_code_reason(m->u.reject.code, sizeof(m->u.reject.code),
+                                 m->u.reject.reason, sizeof(m->u.reject.reason));
+    case PROTO_ASSIGN: return check_assign(&m->u.assign);
+    case PROTO_UNIQUE_ID:
+        return m->u.unique_id.generation > PROTO_U64_MAX ? PROTO_E_RANGE : 0;
+    case PROTO_HEARTBEAT: return check_heartbeat(&m->u.heartbeat);
+    case PROTO_RANK_EXIT: return check_rank_exit(&m->u.rank_exit);
+    case PROTO_COMMAND:
+        if (m->u.command.generation > PROTO_U64_MAX ||
+            m->u.command.action < PROTO_CMD_STOP ||
+            m->u.command.action > PROTO_CMD_MAX)
+            return PROTO_E_RANGE;
+        return 0;
+    case PROTO_ERROR:
+        return check_code_reason(m->u.error.code, sizeof(m->u.error.code),
+                                 m->u.error.reason, sizeof(m->u.error.reason));
+    }
+    return PROTO_E_TYPE;
+}
+
+const char *proto_strerror(int err)
+{
+    switch (err) {
+    case PROTO_OK: return "success";
+    case PROTO_NEED_MORE: return "incomplete frame, more bytes needed";
+    case PROTO_E_OVERSIZE: return "frame length exceeds the protocol limit";
+    case PROTO_E_VERSION: return "unsupported protocol version";
+    case PROTO_E_TYPE: return "unknown message type";
+    case PROTO_E_JSON: return "payload is not one well-formed JSON object";
+    case PROTO_E_MISSING: return "a required field is missing";
+    case PROTO_E_FIELD_TYPE: return "a field has the wrong JSON type";
+    case PROTO_E_RANGE: return "a field value is out of range or malformed";
+    case PROTO_E_TRUNCATED: return "connection ended in the middle of a frame";
+    case PROTO_E_UNKNOWN_FIELD: return "a field this protocol version does not define";
+    case PROTO_E_NOSPACE: return "output buffer too small for the frame";
+    case PROTO_E_CRYPTO: return "the cryptographic library failed";
+    case PROTO_E_NOMEM: return "out of memory";
+    }
+    return "unknown protocol error code";
+}
+
+const char *proto_type_name(enum proto_type type)
+{
+    static const char *const names[PROTO_TYPE_MAX + 1] = {
+        [PROTO_HELLO] = "HELLO",         [PROTO_CHALLENGE] = "CHALLENGE",
+        [PROTO_RESPONSE] = "RESPONSE",   [PROTO_WELCOME] = "WELCOME",
+        [PROTO_REJECT] = "REJECT",       [PROTO_ASSIGN] = "ASSIGN",
+        [PROTO_UNIQUE_ID] = "UNIQUE_ID", [PROTO_HEARTBEAT] = "HEARTBEAT",
+        [PROTO_RANK_EXIT] = "RANK_EXIT", [PROTO_COMMAND] = "COMMAND",
+        [PROTO_ERROR] = "ERROR",
+    };
+
+    if ((unsigned int)type > PROTO_TYPE_MAX || !names[type])
+        return "unknown";
+    return names[type];
+}
+
+const char *proto_rank_state_name(enum proto_rank_state state)
+{
+    if ((unsigned int)state > PROTO_RANK_STATE_MAX)
+        return "unknown";
+    return proto_rank_state_json[state];
+}
+
+const char *proto_command_name(enum proto_command cmd)
+{
+    if ((unsigned int)cmd > PROTO_CMD_MAX || !proto_command_json[cmd])
+        return "unknown";
+    return proto_command_json[cmd];
+}

@@ -1,0 +1,630 @@
+/*
+ * proto/codec.c: frames and the JSON mapping of each message.
+ *
+ * Decoding goes header -> JSON object -> C struct -> semantic check; the
+ * encoder runs the same semantic check (proto/check.c) before it builds any
+ * JSON, so that whatever one side accepts the other can produce and the
+ * other way round: decode(encode(m)) == m for every valid m.
+ *
+ * Field errors are ordered: unknown fields first, then each field in the
+ * order the message lists them (missing, wrong JSON type, out of range),
+ * then the checks that span fields.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "proto/check.h"
+#include "proto/proto.h"
+
+#define TRY(expr)              \
+    do {                       \
+        int rc_ = (expr);      \
+        if (rc_ < 0)           \
+            return rc_;        \
+    } while (0)
+
+/* ---- reading fields out of a decoded JSON object ---- */
+
+/* Every key of obj must be one of keys (NULL-terminated). */
+static int check_keys(json_t *obj, const char *const *keys)
+{
+    const char *key;
+    json_t *value;
+
+    json_object_foreach(obj, key, value) {
+        const char *const *k = keys;
+        while (*k && strcmp(*k, key) != 0)
+            k++;
+        if (!*k)
+            return PROTO_E_UNKNOWN_FIELD;
+    }
+    return 0;
+}
+
+static int int_value(json_t *v, json_int_t min, json_int_t max, json_int_t *out)
+{
+    if (!json_is_integer(v))
+        return PROTO_E_FIELD_TYPE;
+    if (json_integer_value(v) < min || json_integer_value(v) > max)
+        return PROTO_E_RANGE;
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int get_int(json_t *obj, const char *key, json_int_t min, json_int_t max,
+                   json_int_t *out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    return int_value(v, min, max, out);
+}
+
+static int get_u64(json_t *obj, const char *key, uint64_t *out)
+{
+    json_int_t x;
+
+    TRY(get_int(obj, key, 0, (json_int_t)PROTO_U64_MAX, &x));
+    *out = (uint64_t)x;
+    return 0;
+}
+
+static int get_u32(json_t *obj, const char *key, uint32_t *out)
+{
+    json_int_t x;
+
+    TRY(get_int(obj, key, 0, UINT32_MAX, &x));
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int get_i32(json_t *obj, const char *key, int32_t *out)
+{
+    json_int_t x;
+
+    TRY(get_int(obj, key, INT32_MIN, INT32_MAX, &x));
+    *out = (int32_t)x;
+    return 0;
+}
+
+/* A string that must fit buf with its NUL; content is checked later. */
+static int get_str(json_t *obj, const char *key, char *buf, size_t cap)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_string(v))
+        return PROTO_E_FIELD_TYPE;
+    if (json_string_length(v) >= cap)
+        return PROTO_E_RANGE;
+    memcpy(buf, json_string_value(v), json_string_length(v) + 1);
+    return 0;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Exactly 2 * n lowercase hex digits. */
+static int get_hex(json_t *obj, const char *key, uint8_t *out, size_t n)
+{
+    json_t *v = json_object_get(obj, key);
+    const char *s;
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_string(v))
+        return PROTO_E_FIELD_TYPE;
+    if (json_string_length(v) != 2 * n)
+        return PROTO_E_RANGE;
+    s = json_string_value(v);
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return PROTO_E_RANGE;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+/* One of names[lo..hi]; *out is its index. */
+static int get_enum(json_t *obj, const char *key, const char *const *names,
+                    int lo, int hi, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_string(v))
+        return PROTO_E_FIELD_TYPE;
+    for (int i = lo; i <= hi; i++) {
+        if (strcmp(json_string_value(v), names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    return PROTO_E_RANGE;
+}
+
+/* A JSON number (integer or real); null reads as NaN where null_ok. */
+static int get_number(json_t *obj, const char *key, int null_ok, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (null_ok && json_is_null(v)) {
+        *out = NAN;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return PROTO_E_FIELD_TYPE;
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int get_array(json_t *obj, const char *key, size_t max, json_t **out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_array(v))
+        return PROTO_E_FIELD_TYPE;
+    if (json_array_size(v) > max)
+        return PROTO_E_RANGE;
+    *out = v;
+    return 0;
+}
+
+/* ---- decoding each message (structure and types; then proto_check) ---- */
+
+static int dec_hello(json_t *o, struct proto_hello *h)
+{
+    static const char *const keys[] = {"node", "addr", "kind", "devices",
+        "device_mem_mb", "generation", "agent_version", NULL};
+    json_t *devices;
+    int kind;
+
+    TRY(check_keys(o, keys));
+    TRY(get_str(o, "node", h->node, sizeof(h->node)));
+    TRY(get_str(o, "addr", h->addr, sizeof(h->addr)));
+    TRY(get_enum(o, "kind", proto_device_kind_json, PROTO_DEV_CPU, PROTO_DEV_GPU, &kind));
+    h->kind = (enum proto_device_kind)kind;
+    TRY(get_array(o, "devices", PROTO_MAX_LOCAL_RANKS, &devices));
+    h->ndevices = (uint32_t)json_array_size(devices);
+    for (uint32_t i = 0; i < h->ndevices; i++) {
+        json_int_t d;
+        TRY(int_value(json_array_get(devices, i), 0, UINT32_MAX, &d));
+        h->devices[i] = (uint32_t)d;
+    }
+    TRY(get_u64(o, "device_mem_mb", &h->device_mem_mb));
+    TRY(get_u64(o, "generation", &h->generation));
+    return get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version));
+}
+
+static int dec_challenge(json_t *o, struct proto_challenge *c)
+{
+    static const char *const keys[] = {"nonce", NULL};
+
+    TRY(check_keys(o, keys));
+    return get_hex(o, "nonce", c->nonce, sizeof(c->nonce));
+}
+
+static int dec_response(json_t *o, struct proto_response *r)
+{
+    static const char *const keys[] = {"hmac", NULL};
+
+    TRY(check_keys(o, keys));
+    return get_hex(o, "hmac", r->hmac, sizeof(r->hmac));
+}
+
+static int dec_welcome(json_t *o, struct proto_welcome *w)
+{
+    static const char *const keys[] = {"heartbeat_interval_ms",
+        "heartbeat_timeout_ms", "lease_ms", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_u32(o, "heartbeat_interval_ms", &w->heartbeat_interval_ms));
+    TRY(get_u32(o, "heartbeat_timeout_ms", &w->heartbeat_timeout_ms));
+    return get_u32(o, "lease_ms", &w->lease_ms);
+}
+
+/* REJECT and ERROR share their shape. */
+static int dec_code_reason(json_t *o, char *code, size_t code_cap, char *reason,
+                           size_t reason_cap)
+{
+    static const char *const keys[] = {"code", "reason", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_str(o, "code", code, code_cap));
+    return get_str(o, "reason", reason, reason_cap);
+}
+
+static int dec_slot(json_t *o, struct proto_rank_slot *s)
+{
+    static const char *const keys[] = {"rank", "local_rank", "device", NULL};
+
+    if (!json_is_object(o))
+        return PROTO_E_FIELD_TYPE;
+    TRY(check_keys(o, keys));
+    TRY(get_u32(o, "rank", &s->rank));
+    TRY(get_u32(o, "local_rank", &s->local_rank));
+    return get_u32(o, "device", &s->device);
+}
+
+static int dec_assign(json_t *o, struct proto_assign *a)
+{
+    static const char *const keys[] = {"generation", "world_size", "ranks",
+        "job", NULL};
+    json_t *ranks, *job;
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &a->generation));
+    TRY(get_u32(o, "world_size", &a->world_size));
+    TRY(get_array(o, "ranks", PROTO_MAX_LOCAL_RANKS, &ranks));
+    a->nranks = (uint32_t)json_array_size(ranks);
+    for (uint32_t i = 0; i < a->nranks; i++)
+        TRY(dec_slot(json_array_get(ranks, i), &a->ranks[i]));
+    job = json_object_get(o, "job");
+    if (!job)
+        return PROTO_E_MISSING;
+    if (!json_is_object(job))
+        return PROTO_E_FIELD_TYPE;
+    a->job = json_incref(job); /* released by proto_msg_clear */
+    return 0;
+}
+
+static int dec_unique_id(json_t *o, struct proto_unique_id *u)
+{
+    static const char *const keys[] = {"generation", "id", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &u->generation));
+    return get_hex(o, "id", u->id, sizeof(u->id));
+}
+
+static int dec_beat(json_t *o, struct proto_rank_beat *b)
+{
+    static const char *const keys[] = {"rank", "state", "step", "loss",
+        "tokens_per_s", "comm_frac", NULL};
+    int state;
+
+    if (!json_is_object(o))
+        return PROTO_E_FIELD_TYPE;
+    TRY(check_keys(o, keys));
+    TRY(get_u32(o, "rank", &b->rank));
+    TRY(get_enum(o, "state", proto_rank_state_json, 0, PROTO_RANK_STATE_MAX,
+                 &state));
+    b->state = (enum proto_rank_state)state;
+    TRY(get_u64(o, "step", &b->step));
+    TRY(get_number(o, "loss", 1, &b->loss));
+    TRY(get_number(o, "tokens_per_s", 0, &b->tokens_per_s));
+    return get_number(o, "comm_frac", 0, &b->comm_frac);
+}
+
+static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
+{
+    static const char *const keys[] = {"generation", "seq", "ranks", NULL};
+    json_t *ranks;
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &h->generation));
+    TRY(get_u64(o, "seq", &h->seq));
+    TRY(get_array(o, "ranks", PROTO_MAX_LOCAL_RANKS, &ranks));
+    h->nranks = (uint32_t)json_array_size(ranks);
+    for (uint32_t i = 0; i < h->nranks; i++)
+        TRY(dec_beat(json_array_get(ranks, i), &h->ranks[i]));
+    return 0;
+}
+
+static int dec_rank_exit(json_t *o, struct proto_rank_exit *e)
+{
+    static const char *const keys[] = {"generation", "rank", "exit_code",
+        "signal", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &e->generation));
+    TRY(get_u32(o, "rank", &e->rank));
+    TRY(get_i32(o, "exit_code", &e->exit_code));
+    return get_i32(o, "signal", &e->signal);
+}
+
+static int dec_command(json_t *o, struct proto_command_msg *c)
+{
+    static const char *const keys[] = {"generation", "action", NULL};
+    int action;
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &c->generation));
+    TRY(get_enum(o, "action", proto_command_json, 1, PROTO_CMD_MAX, &action));
+    c->action = (enum proto_command)action;
+    return 0;
+}
+
+static int dec_body(json_t *o, struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_HELLO: return dec_hello(o, &m->u.hello);
+    case PROTO_CHALLENGE: return dec_challenge(o, &m->u.challenge);
+    case PROTO_RESPONSE: return dec_response(o, &m->u.response);
+    case PROTO_WELCOME: return dec_welcome(o, &m->u.welcome);
+    case PROTO_REJECT:
+        return dec_code_reason(o, m->u.reject.code, sizeof(m->u.reject.code),
+                               m->u.reject.reason, sizeof(m->u.reject.reason));
+    case PROTO_ASSIGN: return dec_assign(o, &m->u.assign);
+    case PROTO_UNIQUE_ID: return dec_unique_id(o, &m->u.unique_id);
+    case PROTO_HEARTBEAT: return dec_heartbeat(o, &m->u.heartbeat);
+    case PROTO_RANK_EXIT: return dec_rank_exit(o, &m->u.rank_exit);
+    case PROTO_COMMAND: return dec_command(o, &m->u.command);
+    case PROTO_ERROR:
+        return dec_code_reason(o, m->u.error.code, sizeof(m->u.error.code),
+                               m->u.error.reason, sizeof(m->u.error.reason));
+    }
+    return PROTO_E_TYPE;
+}
+
+/* The payload of a complete frame whose header is valid. */
+static int dec_payload(const uint8_t *p, size_t n, struct proto_msg *m)
+{
+    json_error_t jerr;
+    json_t *root;
+    int rc;
+
+    if (n == 0)
+        return PROTO_E_JSON;
+    /* EOF check off so that jerr.position says where the object ended:
+     * anything after it, whitespace included, is an error. */
+    root = json_loadb((const char *)p, n,
+                      JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    if (!root)
+        return json_error_code(&jerr) == json_error_out_of_memory
+                   ? PROTO_E_NOMEM : PROTO_E_JSON;
+    if (!json_is_object(root) || jerr.position < 0 || (size_t)jerr.position != n)
+        rc = PROTO_E_JSON;
+    else
+        rc = dec_body(root, m);
+    if (rc == 0)
+        rc = proto_check(m);
+    json_decref(root);
+    return rc;
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint16_t get_be16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
+                 size_t *consumed)
+{
+    uint32_t plen;
+    uint16_t type;
+    int rc;
+
+    memset(msg, 0, sizeof(*msg));
+    if (consumed)
+        *consumed = 0;
+    if (len < PROTO_HEADER_LEN)
+        return PROTO_NEED_MORE;
+    plen = get_be32(buf);
+    type = get_be16(buf + 6);
+    if (plen > PROTO_MAX_PAYLOAD)
+        return PROTO_E_OVERSIZE;
+    if (get_be16(buf + 4) != PROTO_VERSION)
+        return PROTO_E_VERSION;
+    if (type < PROTO_HELLO || type > PROTO_TYPE_MAX)
+        return PROTO_E_TYPE;
+    if (len - PROTO_HEADER_LEN < plen)
+        return PROTO_NEED_MORE;
+
+    msg->type = (enum proto_type)type;
+    rc = dec_payload(buf + PROTO_HEADER_LEN, plen, msg);
+    if (rc < 0) {
+        proto_msg_clear(msg);
+        memset(msg, 0, sizeof(*msg));
+        if (rc == PROTO_E_NOMEM)
+            return rc;
+    }
+    if (consumed)
+        *consumed = PROTO_HEADER_LEN + (size_t)plen;
+    return rc;
+}
+
+int proto_decode_eof(const uint8_t *buf, size_t len, struct proto_msg *msg,
+                     size_t *consumed)
+{
+    int rc = proto_decode(buf, len, msg, consumed);
+
+    return rc == PROTO_NEED_MORE && len > 0 ? PROTO_E_TRUNCATED : rc;
+}
+
+void proto_msg_clear(struct proto_msg *msg)
+{
+    if (msg && msg->type == PROTO_ASSIGN && msg->u.assign.job) {
+        json_decref(msg->u.assign.job);
+        msg->u.assign.job = NULL;
+    }
+}
+
+/* ---- encoding (the message has passed proto_check) ---- */
+
+/* Takes v; a NULL v is a failed jansson allocation. */
+static int put(json_t *o, const char *key, json_t *v)
+{
+    return v && json_object_set_new(o, key, v) == 0 ? 0 : PROTO_E_NOMEM;
+}
+
+static int put_uint(json_t *o, const char *key, uint64_t x)
+{
+    return put(o, key, json_integer((json_int_t)x));
+}
+
+static int put_hex(json_t *o, const char *key, const uint8_t *bytes, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    char text[2 * PROTO_UID_LEN + 1];
+
+    for (size_t i = 0; i < n; i++) {
+        text[2 * i] = digits[bytes[i] >> 4];
+        text[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    text[2 * n] = '\0';
+    return put(o, key, json_string(text));
+}
+
+static int enc_hello(json_t *o, const struct proto_hello *h)
+{
+    json_t *devices = json_array();
+
+    TRY(put(o, "node", json_string(h->node)));
+    TRY(put(o, "addr", json_string(h->addr)));
+    TRY(put(o, "kind", json_string(proto_device_kind_json[h->kind])));
+    TRY(put(o, "devices", devices));
+    for (uint32_t i = 0; i < h->ndevices; i++)
+        if (json_array_append_new(devices, json_integer(h->devices[i])) != 0)
+            return PROTO_E_NOMEM;
+    TRY(put_uint(o, "device_mem_mb", h->device_mem_mb));
+    TRY(put_uint(o, "generation", h->generation));
+    return put(o, "agent_version", json_string(h->agent_version));
+}
+
+static int enc_slot(json_t *ranks, const struct proto_rank_slot *s)
+{
+    json_t *o = json_object();
+
+    if (!o || json_array_append_new(ranks, o) != 0)
+        return PROTO_E_NOMEM;
+    TRY(put_uint(o, "rank", s->rank));
+    TRY(put_uint(o, "local_rank", s->local_rank));
+    return put_uint(o, "device", s->device);
+}
+
+static int enc_assign(json_t *o, const struct proto_assign *a)
+{
+    json_t *ranks = json_array();
+
+    TRY(put_uint(o, "generation", a->generation));
+    TRY(put_uint(o, "world_size", a->world_size));
+    TRY(put(o, "ranks", ranks));
+    for (uint32_t i = 0; i < a->nranks; i++)
+        TRY(enc_slot(ranks, &a->ranks[i]));
+    /* json_object_set takes its own reference: the caller keeps theirs. */
+    return json_object_set(o, "job", a->job) == 0 ? 0 : PROTO_E_NOMEM;
+}
+
+static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
+{
+    json_t *o = json_object();
+
+    if (!o || json_array_append_new(ranks, o) != 0)
+        return PROTO_E_NOMEM;
+    TRY(put_uint(o, "rank", b->rank));
+    TRY(put(o, "state", json_string(proto_rank_state_json[b->state])));
+    TRY(put_uint(o, "step", b->step));
+    TRY(put(o, "loss", isfinite(b->loss) ? json_real(b->loss) : json_null()));
+    TRY(put(o, "tokens_per_s", json_real(b->tokens_per_s)));
+    return put(o, "comm_frac", json_real(b->comm_frac));
+}
+
+static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
+{
+    json_t *ranks = json_array();
+
+    TRY(put_uint(o, "generation", h->generation));
+    TRY(put_uint(o, "seq", h->seq));
+    TRY(put(o, "ranks", ranks));
+    for (uint32_t i = 0; i < h->nranks; i++)
+        TRY(enc_beat(ranks, &h->ranks[i]));
+    return 0;
+}
+
+static int enc_code_reason(json_t *o, const char *code, const char *reason)
+{
+    TRY(put(o, "code", json_string(code)));
+    return put(o, "reason", json_string(reason));
+}
+
+static int enc_body(json_t *o, const struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_HELLO: return enc_hello(o, &m->u.hello);
+    case PROTO_CHALLENGE:
+        return put_hex(o, "nonce", m->u.challenge.nonce, PROTO_NONCE_LEN);
+    case PROTO_RESPONSE:
+        return put_hex(o, "hmac", m->u.response.hmac, PROTO_HMAC_LEN);
+    case PROTO_WELCOME:
+        TRY(put_uint(o, "heartbeat_interval_ms", m->u.welcome.heartbeat_interval_ms));
+        TRY(put_uint(o, "heartbeat_timeout_ms", m->u.welcome.heartbeat_timeout_ms));
+        return put_uint(o, "lease_ms", m->u.welcome.lease_ms);
+    case PROTO_REJECT:
+        return enc_code_reason(o, m->u.reject.code, m->u.reject.reason);
+    case PROTO_ASSIGN: return enc_assign(o, &m->u.assign);
+    case PROTO_UNIQUE_ID:
+        TRY(put_uint(o, "generation", m->u.unique_id.generation));
+        return put_hex(o, "id", m->u.unique_id.id, PROTO_UID_LEN);
+    case PROTO_HEARTBEAT: return enc_heartbeat(o, &m->u.heartbeat);
+    case PROTO_RANK_EXIT:
+        TRY(put_uint(o, "generation", m->u.rank_exit.generation));
+        TRY(put_uint(o, "rank", m->u.rank_exit.rank));
+        TRY(put(o, "exit_code", json_integer(m->u.rank_exit.exit_code)));
+        return put(o, "signal", json_integer(m->u.rank_exit.signal));
+    case PROTO_COMMAND:
+        TRY(put_uint(o, "generation", m->u.command.generation));
+        return put(o, "action", json_string(proto_command_json[m->u.command.action]));
+    case PROTO_ERROR:
+        return enc_code_reason(o, m->u.error.code, m->u.error.reason);
+    }
+    return PROTO_E_TYPE;
+}
+
+int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
+{
+    json_t *root;
+    size_t n = 0;
+    int rc;
+
+    TRY(proto_check(msg));
+    root = json_object();
+    if (!root)
+        return PROTO_E_NOMEM;
+    rc = enc_body(root, msg);
+    if (rc == 0) {
+        /* json_dumpb answers the full size even when it does not fit. */
+        if (cap > PROTO_HEADER_LEN)
+            n = json_dumpb(root, (char *)out + PROTO_HEADER_LEN,
+                           cap - PROTO_HEADER_LEN, JSON_COMPACT);
+        else
+            n = json_dumpb(root, NULL, 0, JSON_COMPACT);
+        if (n == 0)
+            rc = PROTO_E_NOMEM;
+        else if (n > PROTO_MAX_PAYLOAD)
+            rc = PROTO_E_RANGE;
+        else if (cap < PROTO_HEADER_LEN || n > cap - PROTO_HEADER_LEN)
+            rc = PROTO_E_NOSPACE;
+    }
+    json_decref(root);
+    if (rc < 0)
+        return rc;
+    out[0] = (uint8_t)(n >> 24);
+    out[1] = (uint8_t)(n >> 16);
+    out[2] = (uint8_t)(n >> 8);
+    out[3] = (uint8_t)n;
+    out[4] = (uint8_t)(PROTO_VERSION >> 8);
+    out[5] = (uint8_t)PROTO_VERSION;
+    out[6] = (uint8_t)(msg->type >> 8);
+    out[7] = (uint8_t)msg->type;
+    return (int)(PROTO_HEADER_LEN + n);
+}
