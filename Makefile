@@ -16,6 +16,18 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
 
+# NCCL backend of comm.h (worker/comm_nccl.c): built when nccl.h is found;
+# otherwise COMM_NCCL answers -ENOTSUP ("built without NCCL"). -isystem:
+# NCCL's header is not -Wstrict-prototypes clean.
+CUDA_HOME ?= /usr/local/cuda
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+ifeq ($(HAVE_NCCL),1)
+NCCL_CFLAGS := -DMUSTER_HAVE_NCCL -isystem $(CUDA_HOME)/include
+NCCL_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
+else ifeq ($(MAKELEVEL),0)
+$(info muster: $(CUDA_HOME)/include/nccl.h not found: building without the NCCL backend)
+endif
+
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Wno-format-truncation
 BASE_CFLAGS := -std=gnu11 -O2 -g $(WARN) -I. -D_GNU_SOURCE -DMUSTER_VERSION='"$(VERSION)"'
 # SAN is set by `make asan`; user CFLAGS come last.
@@ -65,14 +77,22 @@ $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
 
 $(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
+	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
 
 # Unit tests: one Check runner over every suite, linked with the modules'
 # non-main objects so that suites drive the real code.
 TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS))
 $(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
+	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) $(NCCL_LIBS) -lpthread -lm
+
+# Only these two see CUDA headers.
+$(BUILD)/obj/worker/comm_nccl.o $(BUILD)/obj/tests/check_comm.o: ALL_CFLAGS += $(NCCL_CFLAGS)
+
+# Collective bandwidth tool for tests/bench/bench_comm.sh.
+$(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/comm.c worker/comm_ring.c worker/comm_nccl.c)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@mkdir -p $(dir $@)
@@ -100,7 +120,7 @@ bench: deps
 	@sh mk/deps.sh bench
 	@$(MAKE) --no-print-directory bench-run
 
-bench-run: all
+bench-run: all $(BUILD)/tests/comm-bench
 	@BUILD=$(BUILD) sh tests/bench/run.sh
 
 # AddressSanitizer + UBSan build of everything, then the whole test suite.

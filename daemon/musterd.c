@@ -68,7 +68,8 @@ static void usage(FILE *out)
             "  --http ADDR:PORT         REST API and dashboard (default 127.0.0.1:29471)\n"
             "  --state-dir DIR          where the state file lives (default $STATE_DIRECTORY\n"
             "                           or /var/lib/muster)\n"
-            "  --token-file FILE        cluster token agents must prove (default: none)\n"
+            "  --token-file FILE        cluster token agents must prove (default\n"
+            "                           $CONFIGURATION_DIRECTORY/token or /etc/muster/token)\n"
             "  --admin-token-file FILE  token for admin REST calls (default: admin off)\n"
             "  --exit-on-end            exit when the job completes (0) or fails/stops (1)\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
@@ -344,17 +345,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: --http: expected ADDR:PORT, got '%s'\n", http);
         return 2;
     }
+    /* The cluster token is not optional: without it anyone could join. */
+    static char default_token[PATH_MAX];
+    if (!token_path) {
+        const char *conf = getenv("CONFIGURATION_DIRECTORY");
+        snprintf(default_token, sizeof(default_token), "%s/token", conf ? conf : "/etc/muster");
+        token_path = default_token;
+    }
+    if (read_token(token_path, token, sizeof(token), &token_len) != 0) {
+        log_error("agents prove the cluster token to join; create one with `musterctl token new %s` "
+                  "(and copy it to every node) or pass --token-file", token_path);
+        return 1;
+    }
+    if (admin_path && read_token(admin_path, admin, TOKEN_MAX, &admin_len) != 0)
+        return 1;
+    admin[admin_len] = '\0';
     if (job_spec_load(job_path, &spec, &job, err, sizeof(err)) != 0) {
         log_error("%s", err);
         return 1;
     }
-    if (token_path && read_token(token_path, token, sizeof(token), &token_len) != 0)
-        return 1;
-    if (!token_path)
-        log_warn("no --token-file: any agent that reaches the control port can join");
-    if (admin_path && read_token(admin_path, admin, TOKEN_MAX, &admin_len) != 0)
-        return 1;
-    admin[admin_len] = '\0';
     if (mkdir(d.state_dir, 0700) != 0 && errno != EEXIST) {
         log_error("%s: cannot create the state directory: %s", d.state_dir, strerror(errno));
         return 1;

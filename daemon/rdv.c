@@ -802,12 +802,12 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             }
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                      r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                     "step", (json_int_t)step, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
+                     "step", (json_int_t)step, "steps", (json_int_t)r->spec->steps, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
                      "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),

@@ -14,6 +14,7 @@ cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "bench", "nodes": 2, "max_restarts": 5, "heartbeat_interval_ms": $INTERVAL_MS}
 JSON
 RANK_CMD="$BUILD/tests/fake-rank --step-ms 50"
+make_token "$ITEST_DIR/token"
 
 poll_until() { # SECONDS PYEXPR: like wait_for, 20 ms period
     limit=$(( $1 * 50 )); i=0
@@ -28,10 +29,10 @@ form=""; recov=""
 run=1
 while [ $run -le "$RUNS" ]; do
     rm -rf "$ITEST_DIR/state" "$ITEST_DIR"/pids-*
-    start_daemon "$ITEST_DIR/job.json"
+    start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
     t0=$(now_ms)
-    start_agent a 2 --rank-cmd "$RANK_CMD"; A=$AGENT_PID
-    start_agent b 2 --rank-cmd "$RANK_CMD"; B=$AGENT_PID
+    start_agent a 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"; A=$AGENT_PID
+    start_agent b 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"; B=$AGENT_PID
     poll_until 30 'd["state"] == "running" and d["generation"] == 1 and running == 4' || fail "run $run: no generation 1"
     t1=$(now_ms)
     sleep 0.3

@@ -1,0 +1,102 @@
+#include "daemon/ctl_http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#define CTL_CONNECT_TIMEOUT_MS 2000L
+#define CTL_TOTAL_TIMEOUT_MS 5000L
+#define CTL_BODY_MAX (16u << 20)
+
+struct sink {
+    char *buf;
+    size_t len, cap;
+    int overflow;
+};
+
+static size_t on_data(char *data, size_t size, size_t nmemb, void *userp)
+{
+    struct sink *s = userp;
+    size_t n = size * nmemb;
+    if (s->len + n + 1 > CTL_BODY_MAX) {
+        s->overflow = 1;
+        return 0; /* makes curl fail with CURLE_WRITE_ERROR */
+    }
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->len + n + 1)
+            cap *= 2;
+        char *nb = realloc(s->buf, cap);
+        if (!nb)
+            return 0;
+        s->buf = nb;
+        s->cap = cap;
+    }
+    memcpy(s->buf + s->len, data, n);
+    s->len += n;
+    s->buf[s->len] = '\0';
+    return n;
+}
+
+int ctl_request(const char *base, const char *method, const char *path, const char *token,
+                struct ctl_reply *out, char *err, size_t errlen)
+{
+    char url[2048], auth[1024], curl_err[CURL_ERROR_SIZE] = "";
+    struct sink sink = {0};
+    struct curl_slist *headers = NULL;
+    int rc = -1;
+
+    memset(out, 0, sizeof(*out));
+    snprintf(url, sizeof(url), "%s%s", base, path);
+    CURL *h = curl_easy_init();
+    if (!h) {
+        snprintf(err, errlen, "cannot reach musterd at %s: cannot initialise libcurl", base);
+        return -1;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, CTL_CONNECT_TIMEOUT_MS);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, CTL_TOTAL_TIMEOUT_MS);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, curl_err);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "musterctl/" MUSTER_VERSION);
+    if (strcmp(method, "POST") == 0) {
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+    }
+    if (token) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
+        headers = curl_slist_append(headers, auth);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    }
+
+    CURLcode cc = curl_easy_perform(h);
+    if (cc != CURLE_OK) {
+        snprintf(err, errlen, "cannot reach musterd at %s: %s", base,
+                 sink.overflow ? "reply larger than 16 MiB"
+                 : curl_err[0] ? curl_err
+                               : curl_easy_strerror(cc));
+        free(sink.buf);
+    } else {
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
+        out->body = sink.buf ? sink.buf : strdup("");
+        out->len = sink.len;
+        rc = out->body ? 0 : -1;
+        if (rc < 0)
+            snprintf(err, errlen, "out of memory");
+    }
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(h);
+    return rc;
+}
+
+void ctl_reply_free(struct ctl_reply *r)
+{
+    free(r->body);
+    r->body = NULL;
+}

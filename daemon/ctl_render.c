@@ -1,0 +1,308 @@
+#include "daemon/ctl_render.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- values ------------------------------------------------------------- */
+
+#define CELL 64
+
+static int num(const json_t *obj, const char *key, double *v)
+{
+    json_t *j = json_object_get(obj, key);
+    if (!json_is_number(j))
+        return 0;
+    *v = json_number_value(j);
+    return 1;
+}
+
+static const char *str(const json_t *obj, const char *key, const char *dflt)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+    return s ? s : dflt;
+}
+
+static long long integer(const json_t *obj, const char *key)
+{
+    double v;
+    return num(obj, key, &v) ? (long long)v : 0;
+}
+
+static void fmt_int(char *buf, const json_t *obj, const char *key)
+{
+    double v;
+    if (num(obj, key, &v))
+        snprintf(buf, CELL, "%lld", (long long)v);
+    else
+        snprintf(buf, CELL, "-");
+}
+
+static void fmt_loss(char *buf, const json_t *obj, const char *key)
+{
+    double v;
+    if (num(obj, key, &v))
+        snprintf(buf, CELL, "%.4f", v);
+    else
+        snprintf(buf, CELL, "-");
+}
+
+/* 950, 12.3k, 4.56M */
+static void fmt_rate(char *buf, const json_t *obj, const char *key)
+{
+    double v;
+    if (!num(obj, key, &v))
+        snprintf(buf, CELL, "-");
+    else if (v >= 1e6)
+        snprintf(buf, CELL, "%.2fM", v / 1e6);
+    else if (v >= 1e3)
+        snprintf(buf, CELL, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, CELL, "%.0f", v);
+}
+
+static void fmt_pct(char *buf, const json_t *obj, const char *key)
+{
+    double v;
+    if (num(obj, key, &v))
+        snprintf(buf, CELL, "%.1f%%", 100.0 * v);
+    else
+        snprintf(buf, CELL, "-");
+}
+
+static void fmt_age(char *buf, const json_t *obj, const char *key)
+{
+    double v;
+    if (num(obj, key, &v))
+        snprintf(buf, CELL, "%.1fs", v / 1000.0);
+    else
+        snprintf(buf, CELL, "-");
+}
+
+static void fmt_duration(char *buf, double s)
+{
+    long long t = (long long)s;
+    if (t >= 3600)
+        snprintf(buf, CELL, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60)
+        snprintf(buf, CELL, "%lldm%02llds", t / 60, t % 60);
+    else
+        snprintf(buf, CELL, "%llds", t);
+}
+
+/* [0,1,2,3,8,9] -> "0-3,8-9" */
+static void fmt_ranges(char *buf, const json_t *arr)
+{
+    size_t n = json_array_size(arr), used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < CELL - 1;) {
+        long long a = json_integer_value(json_array_get(arr, i)), b = a;
+        size_t j = i + 1;
+        while (j < n && json_integer_value(json_array_get(arr, j)) == b + 1)
+            b = json_integer_value(json_array_get(arr, j++));
+        int w = a == b ? snprintf(buf + used, CELL - used, "%s%lld", used ? "," : "", a)
+                       : snprintf(buf + used, CELL - used, "%s%lld-%lld", used ? "," : "", a, b);
+        used += (size_t)w;
+        i = j;
+    }
+    if (used >= CELL)
+        strcpy(buf + CELL - 4, "...");
+    if (!buf[0])
+        snprintf(buf, CELL, "-");
+}
+
+/* ---- tables ------------------------------------------------------------- */
+
+struct table {
+    size_t ncols, nrows;
+    const char *const *titles;
+    const int *right; /* right-aligned columns */
+    char (*cells)[CELL];
+};
+
+static char *cell(struct table *t, size_t row, size_t col)
+{
+    return t->cells[row * t->ncols + col];
+}
+
+static void table_print(FILE *f, struct table *t)
+{
+    size_t width[16] = {0};
+    for (size_t c = 0; c < t->ncols; c++) {
+        width[c] = strlen(t->titles[c]);
+        for (size_t r = 0; r < t->nrows; r++)
+            if (strlen(cell(t, r, c)) > width[c])
+                width[c] = strlen(cell(t, r, c));
+    }
+    for (size_t r = 0; r <= t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols; c++) {
+            const char *s = r == 0 ? t->titles[c] : cell(t, r - 1, c);
+            int w = (int)width[c];
+            if (c == t->ncols - 1 && !t->right[c])
+                fputs(s, f);
+            else
+                fprintf(f, t->right[c] ? "%*s" : "%-*s", w, s);
+            fputs(c == t->ncols - 1 ? "\n" : "  ", f);
+        }
+    }
+}
+
+static void table_render(FILE *f, const json_t *rows, size_t ncols, const char *const *titles,
+                         const int *right, void (*fill)(char (*row)[CELL], const json_t *item))
+{
+    struct table t = {ncols, json_array_size(rows), titles, right, NULL};
+    t.cells = calloc(t.nrows * ncols + 1, CELL);
+    if (!t.cells)
+        return;
+    for (size_t r = 0; r < t.nrows; r++)
+        fill(&t.cells[r * ncols], json_array_get(rows, r));
+    table_print(f, &t);
+    free(t.cells);
+}
+
+static void node_row(char (*row)[CELL], const json_t *n)
+{
+    snprintf(row[0], CELL, "%s", str(n, "name", "?"));
+    snprintf(row[1], CELL, "%s", str(n, "state", "?"));
+    snprintf(row[2], CELL, "%s", str(n, "addr", "-"));
+    snprintf(row[3], CELL, "%s", str(n, "kind", "-"));
+    fmt_int(row[4], n, "devices");
+    fmt_ranges(row[5], json_object_get(n, "ranks"));
+    fmt_age(row[6], n, "heartbeat_age_ms");
+}
+
+void render_nodes(FILE *f, const json_t *nodes)
+{
+    static const char *const titles[] = {"NODE", "STATE", "ADDRESS", "KIND",
+                                         "DEVICES", "RANKS", "HEARTBEAT"};
+    static const int right[] = {0, 0, 0, 0, 1, 0, 1};
+    if (json_array_size(nodes) == 0) {
+        fputs("no nodes have joined\n", f);
+        return;
+    }
+    table_render(f, nodes, 7, titles, right, node_row);
+}
+
+static void rank_row(char (*row)[CELL], const json_t *r)
+{
+    fmt_int(row[0], r, "rank");
+    snprintf(row[1], CELL, "%s", str(r, "node", "?"));
+    fmt_int(row[2], r, "local_rank");
+    fmt_int(row[3], r, "device");
+    snprintf(row[4], CELL, "%s", str(r, "state", "?"));
+    fmt_int(row[5], r, "step");
+    fmt_loss(row[6], r, "loss");
+    fmt_rate(row[7], r, "tokens_per_s");
+    fmt_pct(row[8], r, "comm_frac");
+    fmt_age(row[9], r, "heartbeat_age_ms");
+}
+
+void render_ranks(FILE *f, const json_t *ranks)
+{
+    static const char *const titles[] = {"RANK", "NODE", "LOCAL", "DEVICE", "STATE",
+                                         "STEP", "LOSS", "TOKENS/S", "COMM", "HEARTBEAT"};
+    static const int right[] = {1, 0, 1, 1, 0, 1, 1, 1, 1, 1};
+    if (json_array_size(ranks) == 0) {
+        fputs("no ranks assigned\n", f);
+        return;
+    }
+    table_render(f, ranks, 10, titles, right, rank_row);
+}
+
+/* ---- summary, events, progress ------------------------------------------ */
+
+void render_summary(FILE *f, const json_t *st)
+{
+    char loss[CELL], rate[CELL], comm[CELL], up[CELL];
+    const char *reason = str(st, "reason", NULL);
+    double v;
+
+    fmt_loss(loss, st, "loss");
+    fmt_rate(rate, st, "tokens_per_s");
+    fmt_pct(comm, st, "comm_frac");
+    if (num(st, "uptime_s", &v))
+        fmt_duration(up, v);
+    else
+        snprintf(up, CELL, "-");
+
+    fprintf(f, "job %s: %s%s%s%s\n", str(st, "job", "?"), str(st, "state", "?"),
+            reason ? " (" : "", reason ? reason : "", reason ? ")" : "");
+    size_t i, joined = 0;
+    json_t *n;
+    json_array_foreach(json_object_get(st, "nodes"), i, n) {
+        joined += strcmp(str(n, "state", ""), "joined") == 0;
+    }
+    fprintf(f, "  generation %lld, world size %lld, nodes %zu joined", integer(st, "generation"),
+            integer(st, "world_size"), joined);
+    if (num(st, "nodes_wanted", &v))
+        fprintf(f, " of %lld wanted", (long long)v);
+    fprintf(f, ", restarts %lld of %lld, daemon up %s\n", integer(st, "restarts"),
+            integer(st, "max_restarts"), up);
+    fprintf(f, "  step %lld, loss %s, %s tokens/s, %s of step time in communication\n",
+            integer(st, "step"), loss, rate, comm);
+    if (num(st, "last_checkpoint_step", &v))
+        fprintf(f, "  last committed checkpoint: step %lld\n", (long long)v);
+    else
+        fputs("  no committed checkpoint yet\n", f);
+}
+
+void render_event(FILE *f, const json_t *ev)
+{
+    double rank;
+    const char *node = str(ev, "node", NULL);
+    fprintf(f, "%s  g%lld  %-14s ", str(ev, "time", "?"), integer(ev, "generation"),
+            str(ev, "kind", "?"));
+    if (node)
+        fprintf(f, "%s ", node);
+    if (num(ev, "rank", &rank))
+        fprintf(f, "rank %lld ", (long long)rank);
+    fprintf(f, "%s%s\n", node || num(ev, "rank", &rank) ? "- " : "", str(ev, "message", ""));
+}
+
+void render_progress(FILE *f, const json_t *st, double steps_per_s)
+{
+    char loss[CELL], rate[CELL];
+    double step = 0, steps = 0;
+    num(st, "step", &step);
+    fmt_loss(loss, st, "loss");
+    fmt_rate(rate, st, "tokens_per_s");
+
+    if (num(st, "steps", &steps) && steps > 0) {
+        enum { BAR = 30 };
+        double frac = step / steps;
+        if (frac > 1)
+            frac = 1;
+        char bar[BAR + 1];
+        int full = (int)(frac * BAR);
+        for (int i = 0; i < BAR; i++)
+            bar[i] = i < full ? '#' : '.';
+        bar[BAR] = '\0';
+        fprintf(f, "[%s] %5.1f%%  step %.0f/%.0f", bar, 100 * frac, step, steps);
+        if (steps_per_s > 0 && step < steps) {
+            char eta[CELL];
+            fmt_duration(eta, (steps - step) / steps_per_s);
+            fprintf(f, "  eta %s", eta);
+        }
+    } else {
+        fprintf(f, "step %.0f", step);
+    }
+    if (steps_per_s >= 0)
+        fprintf(f, "  %.2f steps/s", steps_per_s);
+    fprintf(f, "  loss %s  %s tokens/s\n", loss, rate);
+}
+
+void render_status_line(FILE *f, const json_t *st)
+{
+    char loss[CELL], stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fmt_loss(loss, st, "loss");
+    fprintf(f, "%s state=%s generation=%lld world_size=%lld restarts=%lld step=%lld loss=%s "
+               "tokens_per_s=%.0f\n",
+            stamp, str(st, "state", "?"), integer(st, "generation"), integer(st, "world_size"),
+            integer(st, "restarts"), integer(st, "step"), loss,
+            json_number_value(json_object_get(st, "tokens_per_s")));
+}

@@ -1,0 +1,520 @@
+#include "daemon/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "common/log.h"
+#include "daemon/dashboard.h"
+#include "daemon/metrics.h"
+
+#define HTTP_CONNECTION_LIMIT 64
+#define HTTP_CONNECTION_TIMEOUT_S 10
+#define HTTP_BODY_LIMIT 4096 /* admin bodies are ignored; anything bigger is refused */
+#define NODE_NAME_MAX 63
+
+#define CT_JSON "application/json"
+#define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
+#define CT_TEXT "text/plain; charset=utf-8"
+#define CT_HTML "text/html; charset=utf-8"
+
+struct http_server {
+    struct MHD_Daemon *mhd;
+    struct snapshot *snap;
+    http_admin_fn admin;
+    void *ctx;
+    char *admin_token; /* NULL: admin disabled */
+    uint16_t port;
+};
+
+/* Per-request state, kept in MHD's con_cls from the first call to the last. */
+struct request {
+    size_t body_len;
+};
+
+/* ---- responses ---------------------------------------------------------- */
+
+/* Queues body (malloc'd, taken over) with status and content type. */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             char *body, const char *allow)
+{
+    if (!body)
+        return MHD_NO; /* out of memory: MHD closes the connection */
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (allow)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"musterd\"");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static char *dump(json_t *doc)
+{
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return text;
+}
+
+/* {"error": error, "detail": detail}, detail left out when NULL. */
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *error,
+                                   const char *detail, const char *allow)
+{
+    json_t *doc = json_object();
+    json_object_set_new(doc, "error", json_string(error));
+    if (detail)
+        json_object_set_new(doc, "detail", json_string(detail));
+    return reply(c, status, CT_JSON, dump(doc), allow);
+}
+
+static enum MHD_Result reply_starting(struct MHD_Connection *c)
+{
+    return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "starting",
+                       "musterd has not published its state yet", NULL);
+}
+
+/* ---- read endpoints ----------------------------------------------------- */
+
+static enum MHD_Result get_doc(struct http_server *srv, struct MHD_Connection *c,
+                               enum snap_doc which)
+{
+    char *text = snapshot_copy(srv->snap, which);
+    if (!text)
+        return reply_starting(c);
+    return reply(c, MHD_HTTP_OK, CT_JSON, text, NULL);
+}
+
+static enum MHD_Result get_status(struct http_server *srv, struct MHD_Connection *c)
+{
+    return get_doc(srv, c, SNAP_STATUS);
+}
+
+static enum MHD_Result get_events(struct http_server *srv, struct MHD_Connection *c)
+{
+    return get_doc(srv, c, SNAP_EVENTS);
+}
+
+/* {"<key>": status[key]} for /v1/nodes and /v1/ranks. */
+static enum MHD_Result get_member(struct http_server *srv, struct MHD_Connection *c,
+                                  const char *key)
+{
+    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
+    if (!text)
+        return reply_starting(c);
+    json_t *status = json_loads(text, 0, NULL);
+    free(text);
+    json_t *arr = json_object_get(status, key);
+    if (!json_is_array(arr)) {
+        json_decref(status);
+        log_error("http: the status document has no \"%s\" array", key);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error",
+                           "the status document is malformed", NULL);
+    }
+    json_t *doc = json_pack("{s:O}", key, arr);
+    json_decref(status);
+    return reply(c, MHD_HTTP_OK, CT_JSON, dump(doc), NULL);
+}
+
+static enum MHD_Result get_nodes(struct http_server *srv, struct MHD_Connection *c)
+{
+    return get_member(srv, c, "nodes");
+}
+
+static enum MHD_Result get_ranks(struct http_server *srv, struct MHD_Connection *c)
+{
+    return get_member(srv, c, "ranks");
+}
+
+static enum MHD_Result get_metrics(struct http_server *srv, struct MHD_Connection *c)
+{
+    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
+    if (!text)
+        return reply_starting(c);
+    char *out = NULL, err[256];
+    int rc = metrics_render(text, &out, err, sizeof(err));
+    free(text);
+    if (rc == -EINVAL) {
+        log_error("http: /metrics: %s", err);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error", err, NULL);
+    }
+    if (rc < 0)
+        return MHD_NO;
+    return reply(c, MHD_HTTP_OK, CT_METRICS, out, NULL);
+}
+
+static enum MHD_Result get_healthz(struct http_server *srv, struct MHD_Connection *c)
+{
+    return reply(c, MHD_HTTP_OK, CT_TEXT, strdup("ok\n"), NULL);
+}
+
+static enum MHD_Result get_dashboard(struct http_server *srv, struct MHD_Connection *c)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        strlen(dashboard_html), (void *)dashboard_html, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, CT_HTML);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    /* The page is self-contained: inline script and style, fetches to itself only. */
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* ---- admin endpoints ---------------------------------------------------- */
+
+static const char *const action_names[] = {
+    [HTTP_ADMIN_STOP] = "stop",
+    [HTTP_ADMIN_RESTART] = "restart",
+    [HTTP_ADMIN_DRAIN] = "drain",
+};
+
+static void sha256(const char *s, size_t len, unsigned char out[32])
+{
+    unsigned int n = 0;
+    if (!EVP_Digest(s, len, out, &n, EVP_sha256(), NULL))
+        memset(out, 0, 32);
+}
+
+/*
+ * "Bearer <token>" against the admin token. Both sides are hashed first so
+ * that the comparison is constant-time whatever the lengths.
+ */
+static int authorized(const struct http_server *srv, struct MHD_Connection *c)
+{
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+        return 0;
+    const char *tok = auth + 7;
+    while (*tok == ' ')
+        tok++;
+    size_t len = strlen(tok);
+    while (len > 0 && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
+        len--;
+    if (len == 0)
+        return 0;
+    unsigned char want[32], got[32];
+    sha256(srv->admin_token, strlen(srv->admin_token), want);
+    sha256(tok, len, got);
+    return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
+}
+
+static void client_addr(struct MHD_Connection *c, char *buf, size_t len)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(buf, len, "?");
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ci->client_addr;
+        inet_ntop(AF_INET, &sin->sin_addr, buf, (socklen_t)len);
+    }
+}
+
+/* 1..63 characters of [A-Za-z0-9._-], the node names agents may use. */
+static int node_name_valid(const char *s, size_t len)
+{
+    if (len == 0 || len > NODE_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether the last published status lists the node: 1, 0, or -1 before the first publish. */
+static int node_known(struct http_server *srv, const char *name)
+{
+    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
+    if (!text)
+        return -1;
+    json_t *status = json_loads(text, 0, NULL);
+    free(text);
+    size_t i;
+    json_t *n;
+    int found = 0;
+    json_array_foreach(json_object_get(status, "nodes"), i, n) {
+        const char *s = json_string_value(json_object_get(n, "name"));
+        found |= s && strcmp(s, name) == 0;
+    }
+    json_decref(status);
+    return found;
+}
+
+static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
+                             enum http_admin_action action, const char *node, size_t node_len)
+{
+    char peer[INET_ADDRSTRLEN];
+    client_addr(c, peer, sizeof(peer));
+    if (!srv->admin_token)
+        return reply_error(c, MHD_HTTP_FORBIDDEN, "admin disabled",
+                           "start musterd with --admin-token-file", NULL);
+    if (!authorized(srv, c)) {
+        log_warn("http: refused %s from %s: missing or wrong admin token", action_names[action],
+                 peer);
+        return reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
+                           "send \"Authorization: Bearer <admin token>\"", NULL);
+    }
+
+    json_t *doc = json_pack("{s:s}", "accepted", action_names[action]);
+    char name[NODE_NAME_MAX + 1] = "";
+    if (action == HTTP_ADMIN_DRAIN) {
+        if (!node_name_valid(node, node_len)) {
+            json_decref(doc);
+            return reply_error(c, MHD_HTTP_BAD_REQUEST, "invalid node name",
+                               "a node name is 1 to 63 characters of A-Z a-z 0-9 . _ -", NULL);
+        }
+        memcpy(name, node, node_len);
+        name[node_len] = '\0';
+        int known = node_known(srv, name);
+        if (known <= 0) {
+            json_decref(doc);
+            if (known < 0)
+                return reply_starting(c);
+            char detail[128];
+            snprintf(detail, sizeof(detail), "node '%s' is not part of this job (see /v1/nodes)",
+                     name);
+            return reply_error(c, MHD_HTTP_NOT_FOUND, "no such node", detail, NULL);
+        }
+        json_object_set_new(doc, "node", json_string(name));
+    }
+    log_info("http: %s%s%s requested from %s", action_names[action], name[0] ? " " : "", name,
+             peer);
+    srv->admin(srv->ctx, action, name[0] ? name : NULL);
+    return reply(c, MHD_HTTP_ACCEPTED, CT_JSON, dump(doc), NULL);
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+typedef enum MHD_Result (*get_fn)(struct http_server *srv, struct MHD_Connection *c);
+
+static const struct {
+    const char *path;
+    get_fn get;                    /* GET and HEAD, else NULL */
+    enum http_admin_action action; /* POST, when get is NULL */
+} routes[] = {
+    {"/", get_dashboard, 0},
+    {"/healthz", get_healthz, 0},
+    {"/metrics", get_metrics, 0},
+    {"/v1/status", get_status, 0},
+    {"/v1/nodes", get_nodes, 0},
+    {"/v1/ranks", get_ranks, 0},
+    {"/v1/events", get_events, 0},
+    {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
+    {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
+};
+
+#define DRAIN_PREFIX "/v1/nodes/"
+#define DRAIN_SUFFIX "/drain"
+
+static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *c,
+                                const char *url, const char *method)
+{
+    int is_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+                 strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    int is_post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (strcmp(url, routes[i].path) != 0)
+            continue;
+        if (routes[i].get)
+            return is_get ? routes[i].get(srv, c)
+                          : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
+                                        "this endpoint takes GET", "GET, HEAD");
+        return is_post ? admin(srv, c, routes[i].action, NULL, 0)
+                       : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
+                                     "this endpoint takes POST", "POST");
+    }
+
+    size_t len = strlen(url), pre = strlen(DRAIN_PREFIX), suf = strlen(DRAIN_SUFFIX);
+    if (len >= pre + suf && strncmp(url, DRAIN_PREFIX, pre) == 0 &&
+        strcmp(url + len - suf, DRAIN_SUFFIX) == 0) {
+        if (!is_post)
+            return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
+                               "this endpoint takes POST", "POST");
+        return admin(srv, c, HTTP_ADMIN_DRAIN, url + pre, len - pre - suf);
+    }
+    return reply_error(c, MHD_HTTP_NOT_FOUND, "not found",
+                       "see GET /v1/status, /v1/nodes, /v1/ranks, /v1/events, /metrics, /healthz",
+                       NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    struct http_server *srv = cls;
+    struct request *rq = *con_cls;
+
+    if (!rq) {
+        /* First call: headers only. Refuse a declared oversized body at once. */
+        rq = calloc(1, sizeof(*rq));
+        if (!rq)
+            return MHD_NO;
+        *con_cls = rq;
+        const char *cl =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > HTTP_BODY_LIMIT)
+            return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large",
+                               "requests take no body (limit 4096 bytes)", NULL);
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        /* Bodies are ignored; an undeclared oversized one drops the connection. */
+        rq->body_len += *upload_data_size;
+        *upload_data_size = 0;
+        return rq->body_len > HTTP_BODY_LIMIT ? MHD_NO : MHD_YES;
+    }
+    return dispatch(srv, c, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    free(*con_cls);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t len = strlen(line);
+    while (len > 0 && line[len - 1] == '\n')
+        line[--len] = '\0';
+    log_debug("http: libmicrohttpd: %s", line);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+/*
+ * MHD reports a failed bind only through its log, so try the bind here
+ * first (with SO_REUSEADDR, as MHD does) to name the real cause.
+ */
+static int probe_bind(const struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1, rc = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0)
+        rc = -errno;
+    close(fd);
+    return rc;
+}
+
+static void bind_error(char *err, size_t errlen, const char *addr, uint16_t port, int rc)
+{
+    if (rc == -EADDRINUSE)
+        snprintf(err, errlen,
+                 "%s:%u is already in use (another musterd? see `ss -ltnp 'sport = :%u'`)", addr,
+                 port, port);
+    else if (rc == -EADDRNOTAVAIL)
+        snprintf(err, errlen, "cannot bind %s:%u: no local interface has address %s", addr, port,
+                 addr);
+    else if (rc == -EACCES)
+        snprintf(err, errlen, "cannot bind %s:%u: permission denied (ports below 1024 need root)",
+                 addr, port);
+    else
+        snprintf(err, errlen, "cannot serve REST on %s:%u: %s", addr, port, strerror(-rc));
+}
+
+int http_start(struct http_server **out, const struct http_config *cfg, struct snapshot *snap,
+               http_admin_fn admin_fn, void *ctx, char *err, size_t errlen)
+{
+    const char *addr = cfg->addr ? cfg->addr : "127.0.0.1";
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(cfg->port);
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) {
+        snprintf(err, errlen, "REST address '%s' is not an IPv4 address", addr);
+        return -EINVAL;
+    }
+    if (cfg->port != 0) {
+        int rc = probe_bind(&sa);
+        if (rc < 0) {
+            bind_error(err, errlen, addr, cfg->port, rc);
+            return rc;
+        }
+    }
+
+    struct http_server *srv = calloc(1, sizeof(*srv));
+    if (!srv) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    srv->snap = snap;
+    srv->admin = admin_fn;
+    srv->ctx = ctx;
+    if (cfg->admin_token && !(srv->admin_token = strdup(cfg->admin_token))) {
+        free(srv);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+
+    errno = 0;
+    srv->mhd = MHD_start_daemon(
+        MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, cfg->port, NULL,
+        NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_CONNECTION_TIMEOUT_S,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+        NULL, MHD_OPTION_END);
+    if (!srv->mhd) {
+        int rc = errno ? -errno : -EIO;
+        bind_error(err, errlen, addr, cfg->port, rc);
+        free(srv->admin_token);
+        free(srv);
+        return rc;
+    }
+
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = di ? di->port : cfg->port;
+    *out = srv;
+    return 0;
+}
+
+uint16_t http_port(const struct http_server *srv)
+{
+    return srv->port;
+}
+
+void http_stop(struct http_server *srv)
+{
+    if (!srv)
+        return;
+    MHD_stop_daemon(srv->mhd);
+    if (srv->admin_token)
+        OPENSSL_cleanse(srv->admin_token, strlen(srv->admin_token));
+    free(srv->admin_token);
+    free(srv);
+}

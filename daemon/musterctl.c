@@ -1,0 +1,574 @@
+/*
+ * musterctl: the command-line client of musterd's REST API.
+ *
+ *   musterctl [--server URL] [--admin-token-file FILE] [--json] COMMAND
+ *
+ * Exit status: 0 success, 2 usage error, 1 runtime failure (musterd
+ * unreachable, an HTTP error, a job that ended in failure under `watch`).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include "daemon/ctl_http.h"
+#include "daemon/ctl_render.h"
+
+#define DEFAULT_SERVER "http://127.0.0.1:29471"
+#define TOKEN_BYTES 32
+#define TOKEN_MAX 1024
+
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+struct ctl {
+    char server[1024];     /* base URL without a trailing slash */
+    const char *token_file;
+    int json;              /* print raw JSON */
+    int polling;           /* events --follow, watch: errors are retried */
+};
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    interrupted = 1;
+}
+
+static void usage(FILE *f)
+{
+    fputs("Usage: musterctl [OPTION]... COMMAND [ARG]...\n"
+          "Show and steer a muster training job through musterd's REST API.\n"
+          "\n"
+          "Commands:\n"
+          "  status              job summary, nodes and ranks\n"
+          "  nodes               the nodes table\n"
+          "  ranks               the ranks table\n"
+          "  events [--follow]   recent events; --follow keeps printing new ones\n"
+          "  watch               redraw the status every second (Ctrl-C stops); into a\n"
+          "                      pipe or file, one line per change; ends with the job\n"
+          "  stop                stop the job (admin)\n"
+          "  restart             restart the job in a new generation (admin)\n"
+          "  drain NODE          take NODE out of the job (admin)\n"
+          "  token new FILE [--force]\n"
+          "                      write a new random admin token to FILE (mode 0600)\n"
+          "\n"
+          "Options:\n"
+          "  --server URL              musterd's REST address (default $MUSTER_SERVER,\n"
+          "                            else " DEFAULT_SERVER ")\n"
+          "  --admin-token-file FILE   admin token for stop, restart, drain (default\n"
+          "                            $MUSTER_ADMIN_TOKEN)\n"
+          "  --json                    print the server's JSON instead of tables\n"
+          "  -h, --help                show this help and exit\n"
+          "  --version                 show the version and exit\n"
+          "\n"
+          "Exit status: 0 success, 1 failure (musterd unreachable, HTTP error, job\n"
+          "failed under watch), 2 usage error.\n",
+          f);
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fputs("musterctl: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\nTry 'musterctl --help'.\n", stderr);
+    return EXIT_USAGE;
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+/* Errors go to stderr; polling commands print a repeated one only once. */
+static void report(const struct ctl *ctl, const char *msg)
+{
+    static char last[1400];
+    if (ctl->polling && strcmp(msg, last) == 0)
+        return;
+    snprintf(last, sizeof(last), "%s", msg);
+    fprintf(stderr, "musterctl: %s\n", msg);
+}
+
+/* Prints the JSON error of a reply: "musterctl: <error>: <detail> (HTTP n)". */
+static void print_http_error(const struct ctl *ctl, const struct ctl_reply *r)
+{
+    char msg[1400];
+    json_t *doc = json_loads(r->body, 0, NULL);
+    const char *error = json_string_value(json_object_get(doc, "error"));
+    const char *detail = json_string_value(json_object_get(doc, "detail"));
+    if (ctl->json && doc && !ctl->polling)
+        printf("%s\n", r->body);
+    if (error)
+        snprintf(msg, sizeof(msg), "%s%s%s (HTTP %ld)", error, detail ? ": " : "",
+                 detail ? detail : "", r->status);
+    else
+        snprintf(msg, sizeof(msg), "musterd answered HTTP %ld", r->status);
+    report(ctl, msg);
+    json_decref(doc);
+}
+
+/*
+ * One request whose 2xx answer is a JSON object. Returns the object (and
+ * the raw text in *raw when wanted) or NULL after printing why.
+ */
+static json_t *fetch(const struct ctl *ctl, const char *method, const char *path,
+                     const char *token, char **raw)
+{
+    struct ctl_reply r;
+    char err[1400];
+    if (ctl_request(ctl->server, method, path, token, &r, err, sizeof(err)) != 0) {
+        report(ctl, err);
+        return NULL;
+    }
+    if (r.status < 200 || r.status > 299) {
+        print_http_error(ctl, &r);
+        ctl_reply_free(&r);
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *doc = json_loads(r.body, 0, &jerr);
+    if (!json_is_object(doc)) {
+        fprintf(stderr, "musterctl: %s%s answered something that is not a JSON object: %s\n",
+                ctl->server, path, doc ? "wrong type" : jerr.text);
+        json_decref(doc);
+        ctl_reply_free(&r);
+        return NULL;
+    }
+    if (raw)
+        *raw = r.body;
+    else
+        ctl_reply_free(&r);
+    return doc;
+}
+
+/* ---- read commands ------------------------------------------------------ */
+
+static int cmd_show(const struct ctl *ctl, const char *what)
+{
+    char path[32], *raw = NULL;
+    snprintf(path, sizeof(path), "/v1/%s", what);
+    json_t *doc = fetch(ctl, "GET", path, NULL, &raw);
+    if (!doc)
+        return EXIT_FAIL;
+    if (ctl->json) {
+        printf("%s\n", raw);
+    } else if (strcmp(what, "status") == 0) {
+        render_summary(stdout, doc);
+        fputc('\n', stdout);
+        render_nodes(stdout, json_object_get(doc, "nodes"));
+        fputc('\n', stdout);
+        render_ranks(stdout, json_object_get(doc, "ranks"));
+    } else if (strcmp(what, "nodes") == 0) {
+        render_nodes(stdout, json_object_get(doc, "nodes"));
+    } else {
+        render_ranks(stdout, json_object_get(doc, "ranks"));
+    }
+    free(raw);
+    json_decref(doc);
+    return EXIT_OK;
+}
+
+/* Sleeps up to ms, cut short by Ctrl-C. */
+static void nap(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (!interrupted && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void print_events(const struct ctl *ctl, const json_t *events, long long after,
+                         long long *last)
+{
+    size_t i;
+    json_t *ev;
+    json_array_foreach(events, i, ev) {
+        long long seq = json_integer_value(json_object_get(ev, "seq"));
+        if (seq <= after)
+            continue;
+        if (ctl->json) {
+            char *line = json_dumps(ev, JSON_COMPACT);
+            if (line)
+                printf("%s\n", line);
+            free(line);
+        } else {
+            render_event(stdout, ev);
+        }
+        if (seq > *last)
+            *last = seq;
+    }
+    fflush(stdout);
+}
+
+static int cmd_events(struct ctl *ctl, int follow)
+{
+    long long last = 0;
+    char *raw = NULL;
+    json_t *doc = fetch(ctl, "GET", "/v1/events", NULL, follow ? NULL : &raw);
+    if (!doc)
+        return EXIT_FAIL;
+    if (!follow && ctl->json)
+        printf("%s\n", raw);
+    else
+        print_events(ctl, json_object_get(doc, "events"), -1, &last);
+    free(raw);
+    json_decref(doc);
+
+    /* --follow: poll once a second; keep going while musterd restarts. */
+    ctl->polling = 1;
+    while (follow && !interrupted) {
+        nap(1000);
+        if (interrupted)
+            break;
+        doc = fetch(ctl, "GET", "/v1/events", NULL, NULL);
+        if (!doc)
+            continue;
+        json_t *events = json_object_get(doc, "events");
+        size_t n = json_array_size(events);
+        json_t *tail = json_array_get(events, n ? n - 1 : 0);
+        long long newest = json_integer_value(json_object_get(tail, "seq"));
+        if (newest < last)
+            last = 0; /* a new musterd numbers its events from the start */
+        print_events(ctl, events, last, &last);
+        json_decref(doc);
+    }
+    return EXIT_OK;
+}
+
+static int terminal_state(const char *state)
+{
+    return state && (strcmp(state, "completed") == 0 || strcmp(state, "stopped") == 0 ||
+                     strcmp(state, "failed") == 0);
+}
+
+/* A change worth a line when watching into a pipe: anything but the clocks. */
+static char *change_key(const json_t *st)
+{
+    json_t *key = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:O?}", "state",
+                            json_object_get(st, "state"), "generation",
+                            json_object_get(st, "generation"), "world_size",
+                            json_object_get(st, "world_size"), "restarts",
+                            json_object_get(st, "restarts"), "step", json_object_get(st, "step"),
+                            "loss", json_object_get(st, "loss"));
+    char *text = key ? json_dumps(key, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(key);
+    return text;
+}
+
+static int cmd_watch(struct ctl *ctl)
+{
+    int tty = isatty(STDOUT_FILENO);
+    char *last_key = NULL;
+    double last_step = -1, last_t = 0, rate = -1;
+    int rc = EXIT_OK;
+
+    ctl->polling = 1;
+    while (!interrupted) {
+        double t0 = now_s();
+        char *raw = NULL;
+        json_t *st = fetch(ctl, "GET", "/v1/status", NULL, &raw);
+        if (st) {
+            double step = json_number_value(json_object_get(st, "step"));
+            if (last_step >= 0 && step >= last_step && t0 > last_t)
+                rate = rate < 0 ? (step - last_step) / (t0 - last_t)
+                                : 0.7 * rate + 0.3 * (step - last_step) / (t0 - last_t);
+            else if (step < last_step)
+                rate = -1;
+            last_step = step;
+            last_t = t0;
+
+            if (tty) {
+                char stamp[16];
+                time_t now = time(NULL);
+                struct tm tm;
+                localtime_r(&now, &tm);
+                strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+                fputs("\033[H\033[2J", stdout);
+                render_summary(stdout, st);
+                render_progress(stdout, st, rate);
+                fputc('\n', stdout);
+                render_nodes(stdout, json_object_get(st, "nodes"));
+                fputc('\n', stdout);
+                render_ranks(stdout, json_object_get(st, "ranks"));
+                printf("\n%s  %s  (Ctrl-C to quit)\n", ctl->server, stamp);
+            } else {
+                char *key = change_key(st);
+                if (!last_key || !key || strcmp(key, last_key) != 0) {
+                    if (ctl->json)
+                        printf("%s\n", raw);
+                    else
+                        render_status_line(stdout, st);
+                }
+                free(last_key);
+                last_key = key;
+            }
+            fflush(stdout);
+            const char *state = json_string_value(json_object_get(st, "state"));
+            int done = terminal_state(state);
+            if (done)
+                rc = strcmp(state, "failed") == 0 ? EXIT_FAIL : EXIT_OK;
+            free(raw);
+            json_decref(st);
+            if (done)
+                break;
+        }
+        double spent = now_s() - t0;
+        if (spent < 1.0)
+            nap((long)((1.0 - spent) * 1000));
+    }
+    free(last_key);
+    return rc;
+}
+
+/* ---- admin commands ----------------------------------------------------- */
+
+/* Token from --admin-token-file, else $MUSTER_ADMIN_TOKEN; returns an exit code. */
+static int load_token(const struct ctl *ctl, char *buf, size_t len)
+{
+    if (ctl->token_file) {
+        FILE *f = fopen(ctl->token_file, "r");
+        if (!f) {
+            fprintf(stderr, "musterctl: cannot read admin token file %s: %s\n", ctl->token_file,
+                    strerror(errno));
+            return EXIT_FAIL;
+        }
+        struct stat sb;
+        if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
+            fprintf(stderr, "musterctl: warning: %s is readable by others (chmod 600 %s)\n",
+                    ctl->token_file, ctl->token_file);
+        if (!fgets(buf, (int)len, f))
+            buf[0] = '\0';
+        fclose(f);
+    } else if (getenv("MUSTER_ADMIN_TOKEN")) {
+        snprintf(buf, len, "%s", getenv("MUSTER_ADMIN_TOKEN"));
+    } else {
+        fputs("musterctl: this command needs the admin token: --admin-token-file FILE or "
+              "MUSTER_ADMIN_TOKEN\nTry 'musterctl --help'.\n",
+              stderr);
+        return EXIT_USAGE;
+    }
+    size_t n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
+                     buf[n - 1] == '\t'))
+        buf[--n] = '\0';
+    if (n == 0) {
+        fprintf(stderr, "musterctl: the admin token %s%s is empty\n",
+                ctl->token_file ? "in " : "from MUSTER_ADMIN_TOKEN",
+                ctl->token_file ? ctl->token_file : "");
+        return EXIT_FAIL;
+    }
+    return EXIT_OK;
+}
+
+static int cmd_admin(const struct ctl *ctl, const char *path)
+{
+    char token[TOKEN_MAX], *raw = NULL;
+    int rc = load_token(ctl, token, sizeof(token));
+    if (rc != EXIT_OK)
+        return rc;
+    json_t *doc = fetch(ctl, "POST", path, token, &raw);
+    OPENSSL_cleanse(token, sizeof(token));
+    if (!doc)
+        return EXIT_FAIL;
+    if (ctl->json) {
+        printf("%s\n", raw);
+    } else {
+        const char *node = json_string_value(json_object_get(doc, "node"));
+        printf("musterd accepted: %s%s%s\n", json_string_value(json_object_get(doc, "accepted")),
+               node ? " " : "", node ? node : "");
+    }
+    free(raw);
+    json_decref(doc);
+    return EXIT_OK;
+}
+
+/* ---- token new ---------------------------------------------------------- */
+
+static int cmd_token_new(const char *path, int force)
+{
+    unsigned char bytes[TOKEN_BYTES];
+    char hex[2 * TOKEN_BYTES + 2];
+    if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+        fputs("musterctl: cannot get random bytes from OpenSSL\n", stderr);
+        return EXIT_FAIL;
+    }
+    for (size_t i = 0; i < sizeof(bytes); i++)
+        snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+    hex[2 * TOKEN_BYTES] = '\n';
+    hex[2 * TOKEN_BYTES + 1] = '\0';
+    OPENSSL_cleanse(bytes, sizeof(bytes));
+
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (force ? O_TRUNC : O_EXCL);
+    int fd = open(path, flags, 0600);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            fprintf(stderr, "musterctl: %s exists; not overwriting it (use --force)\n", path);
+        else
+            fprintf(stderr, "musterctl: cannot create %s: %s\n", path, strerror(errno));
+        OPENSSL_cleanse(hex, sizeof(hex));
+        return EXIT_FAIL;
+    }
+    size_t len = strlen(hex);
+    int ok = fchmod(fd, 0600) == 0 && write(fd, hex, len) == (ssize_t)len && fsync(fd) == 0;
+    int saved = errno;
+    OPENSSL_cleanse(hex, sizeof(hex));
+    if (close(fd) != 0 && ok) {
+        ok = 0;
+        saved = errno;
+    }
+    if (!ok) {
+        fprintf(stderr, "musterctl: cannot write %s: %s\n", path, strerror(saved));
+        return EXIT_FAIL;
+    }
+    return EXIT_OK;
+}
+
+/* ---- arguments ---------------------------------------------------------- */
+
+/* Value of "--name VALUE" or "--name=VALUE" at argv[*i]; NULL if not this option. */
+static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int main(int argc, char **argv)
+{
+    struct ctl ctl = {0};
+    const char *server = getenv("MUSTER_SERVER");
+    char *args[8];
+    int nargs = 0, follow = 0, force = 0;
+
+    /* Options may come before or after the command. */
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return EXIT_OK;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("musterctl %s\n", MUSTER_VERSION);
+            return EXIT_OK;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            ctl.json = 1;
+        } else if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0) {
+            follow = 1;
+        } else if (strcmp(argv[i], "--force") == 0) {
+            force = 1;
+        } else if ((v = option_value(argc, argv, &i, "--server", &missing))) {
+            server = v;
+        } else if ((v = option_value(argc, argv, &i, "--admin-token-file", &missing))) {
+            ctl.token_file = v;
+        } else if (missing) {
+            return usage_error("option '%s' needs a value", argv[i]);
+        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            return usage_error("unknown option '%s'", argv[i]);
+        } else if (nargs < (int)(sizeof(args) / sizeof(args[0]))) {
+            args[nargs++] = argv[i];
+        } else {
+            return usage_error("too many arguments (from '%s')", argv[i]);
+        }
+    }
+    if (nargs == 0)
+        return usage_error("%s", "no command given");
+
+    if (!server || !*server)
+        server = DEFAULT_SERVER;
+    if (strncmp(server, "http://", 7) != 0 && strncmp(server, "https://", 8) != 0)
+        return usage_error("--server '%s' is not an http:// or https:// URL", server);
+    snprintf(ctl.server, sizeof(ctl.server), "%s", server);
+    size_t sl = strlen(ctl.server);
+    while (sl > 0 && ctl.server[sl - 1] == '/')
+        ctl.server[--sl] = '\0';
+
+    const char *cmd = args[0];
+    int want_args = 1;
+    if (strcmp(cmd, "drain") == 0)
+        want_args = 2;
+    else if (strcmp(cmd, "token") == 0)
+        want_args = 3;
+    if (follow && strcmp(cmd, "events") != 0)
+        return usage_error("--follow only goes with 'events'%s", "");
+    if (force && strcmp(cmd, "token") != 0)
+        return usage_error("--force only goes with 'token new'%s", "");
+
+    static const char *const known[] = {"status", "nodes", "ranks", "events", "watch",
+                                        "stop", "restart", "drain", "token"};
+    int is_known = 0;
+    for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
+        is_known |= strcmp(cmd, known[k]) == 0;
+    if (!is_known)
+        return usage_error("unknown command '%s'", cmd);
+    if (nargs != want_args) {
+        if (strcmp(cmd, "drain") == 0)
+            return usage_error("%s", "usage: musterctl drain NODE");
+        if (strcmp(cmd, "token") == 0)
+            return usage_error("%s", "usage: musterctl token new FILE [--force]");
+        return usage_error("'%s' takes no arguments", cmd);
+    }
+
+    if (strcmp(cmd, "token") == 0) {
+        if (strcmp(args[1], "new") != 0)
+            return usage_error("unknown token command '%s' (expected 'new')", args[1]);
+        return cmd_token_new(args[2], force);
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fputs("musterctl: cannot initialise libcurl\n", stderr);
+        return EXIT_FAIL;
+    }
+
+    int rc;
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "nodes") == 0 || strcmp(cmd, "ranks") == 0) {
+        rc = cmd_show(&ctl, cmd);
+    } else if (strcmp(cmd, "events") == 0) {
+        rc = cmd_events(&ctl, follow);
+    } else if (strcmp(cmd, "watch") == 0) {
+        rc = cmd_watch(&ctl);
+    } else if (strcmp(cmd, "stop") == 0) {
+        rc = cmd_admin(&ctl, "/v1/job/stop");
+    } else if (strcmp(cmd, "restart") == 0) {
+        rc = cmd_admin(&ctl, "/v1/job/restart");
+    } else {
+        char path[256];
+        const char *node = args[1];
+        size_t n = strlen(node);
+        if (n == 0 || n > 63 || strspn(node, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                              "0123456789._-") != n) {
+            curl_global_cleanup();
+            return usage_error("'%s' is not a node name (1 to 63 of A-Z a-z 0-9 . _ -)", node);
+        }
+        snprintf(path, sizeof(path), "/v1/nodes/%s/drain", node);
+        rc = cmd_admin(&ctl, path);
+    }
+    curl_global_cleanup();
+    return rc;
+}

@@ -1,0 +1,887 @@
+#include "worker/agent.h"
+
+#include <inttypes.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "worker/agent_rank.h"
+#include "worker/frame_conn.h"
+#include "worker/rank_env.h"
+
+extern char **environ;
+
+/* A connect or handshake step that takes longer than this is abandoned. */
+#define HANDSHAKE_TIMEOUT_MS 5000
+/* Period of the lease / handshake watchdog. */
+#define TICK_MS 100
+
+/* The link to the daemon. */
+enum link_state {
+    LINK_IDLE,       /* no connection; the retry timer runs */
+    LINK_RESOLVING,  /* uv_getaddrinfo in flight */
+    LINK_CONNECTING, /* uv_tcp_connect in flight (one address after another) */
+    LINK_HELLO,      /* HELLO sent; waiting for CHALLENGE */
+    LINK_AUTH,       /* RESPONSE sent; waiting for WELCOME or REJECT */
+    LINK_JOINED,     /* welcomed: heartbeats flow, assignments come */
+    LINK_CLOSED,     /* shutting down: no more attempts */
+};
+
+static const char *const link_names[] = {"idle", "resolving", "connecting", "hello", "auth", "joined",
+                                         "closed"};
+
+struct agent {
+    const struct agent_config *cfg;
+    uv_loop_t *loop;
+
+    /* link to the daemon */
+    enum link_state link;
+    uint64_t link_since; /* uv_now when the state was entered */
+    struct fconn *conn;
+    uv_getaddrinfo_t gai;
+    bool gai_busy;
+    struct addrinfo *ai_list, *ai_next;
+    int last_connect_err;
+    uv_connect_t connect_req;
+    uv_timer_t retry_timer, beat_timer, tick_timer;
+    uv_signal_t sigterm, sigint;
+    struct backoff backoff;
+    uint64_t rng;
+    uint64_t last_rx; /* uv_now of the last frame from the daemon */
+    uint32_t heartbeat_interval_ms, lease_ms;
+    uint64_t beat_seq;
+    char local_addr[PROTO_NAME_MAX];
+
+    /* generations and ranks */
+    uint64_t cur_gen; /* newest generation heard of; older messages are ignored */
+    bool have_assign;
+    struct proto_assign assign; /* holds a reference to assign.job */
+    uint64_t grace_ms;          /* stop_grace_ms of the held job */
+    bool spawn_pending;         /* spawn the held assignment once no rank runs */
+    struct agent_rank *ranks[PROTO_MAX_LOCAL_RANKS]; /* by slot of the held assignment */
+    uint32_t nranks;
+    struct agent_rank *all; /* every rank object not yet freed */
+    bool have_uid;
+    struct proto_unique_id uid;
+
+    /* shutdown */
+    bool exiting;
+    bool closed;
+    int exit_code;
+};
+
+static void schedule_retry(struct agent *a, const char *why);
+static void try_next_addr(struct agent *a);
+static void maybe_finish(struct agent *a);
+
+static uint32_t rng_next(struct agent *a)
+{
+    /* xorshift64*: enough for jitter. */
+    a->rng ^= a->rng >> 12;
+    a->rng ^= a->rng << 25;
+    a->rng ^= a->rng >> 27;
+    return (uint32_t)((a->rng * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static void link_set_state(struct agent *a, enum link_state s)
+{
+    if (a->link == LINK_CLOSED && s != LINK_CLOSED) {
+        log_error("internal: link state change closed -> %s refused", link_names[s]);
+        return;
+    }
+    if (a->link != s)
+        log_debug("link: %s -> %s", link_names[a->link], link_names[s]);
+    a->link = s;
+    a->link_since = uv_now(a->loop);
+}
+
+static void msg_init(struct proto_msg *m, enum proto_type type)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = type;
+}
+
+/* ---- ranks ------------------------------------------------------------- */
+
+static bool any_running(const struct agent *a)
+{
+    for (const struct agent_rank *r = a->all; r; r = r->next)
+        if (r->running)
+            return true;
+    return false;
+}
+
+/* Some rank runs and has not been told to stop. */
+static bool any_unstopped(const struct agent *a)
+{
+    for (const struct agent_rank *r = a->all; r; r = r->next)
+        if (r->running && !r->stopping)
+            return true;
+    return false;
+}
+
+/* Ranks running, not being stopped, for the held assignment. */
+static bool ranks_live(const struct agent *a)
+{
+    if (!a->have_assign || a->nranks == 0)
+        return false;
+    for (uint32_t i = 0; i < a->nranks; i++)
+        if (!a->ranks[i] || !a->ranks[i]->running || a->ranks[i]->stopping)
+            return false;
+    return true;
+}
+
+static void stop_all(struct agent *a, uint64_t generation)
+{
+    for (struct agent_rank *r = a->all; r; r = r->next)
+        rank_stop(r, generation, a->grace_ms);
+}
+
+static void send_to_daemon(struct agent *a, const struct proto_msg *m);
+
+static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, int code, int sig)
+{
+    if (a->link != LINK_JOINED)
+        return;
+    struct proto_msg m;
+    msg_init(&m, PROTO_RANK_EXIT);
+    m.u.rank_exit.generation = generation;
+    m.u.rank_exit.rank = rank;
+    m.u.rank_exit.exit_code = code;
+    m.u.rank_exit.signal = sig;
+    send_to_daemon(a, &m);
+}
+
+static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
+{
+    struct agent *a = r->cb.data;
+    uint64_t gen = 0;
+    if (msg->type == PROTO_HEARTBEAT)
+        gen = msg->u.heartbeat.generation;
+    else if (msg->type == PROTO_UNIQUE_ID)
+        gen = msg->u.unique_id.generation;
+    else {
+        log_warn("rank %u sent %s, which ranks do not send; ignored", r->rank, proto_type_name(msg->type));
+        return;
+    }
+    if (gen < a->cur_gen || gen != r->generation) {
+        log_debug("rank %u: %s of generation %" PRIu64 " ignored (current %" PRIu64 ", rank's %" PRIu64 ")",
+                  r->rank, proto_type_name(msg->type), gen, a->cur_gen, r->generation);
+        return;
+    }
+    if (msg->type == PROTO_HEARTBEAT) {
+        const struct proto_heartbeat *hb = &msg->u.heartbeat;
+        for (uint32_t i = 0; i < hb->nranks; i++) {
+            if (hb->ranks[i].rank != r->rank)
+                continue;
+            enum proto_rank_state st = r->beat.state;
+            r->beat = hb->ranks[i];
+            if (r->stopping || st == PROTO_RANK_EXITED)
+                r->beat.state = st;
+            else if (r->beat.state == PROTO_RANK_STARTING || r->beat.state == PROTO_RANK_EXITED)
+                r->beat.state = PROTO_RANK_RUNNING;
+            return;
+        }
+        log_warn("rank %u sent a heartbeat without its own entry; ignored", r->rank);
+        return;
+    }
+    if (r->rank != 0) {
+        log_warn("rank %u sent a unique id; only rank 0 creates it; ignored", r->rank);
+        return;
+    }
+    if (a->link != LINK_JOINED) {
+        log_warn("rank 0 created the unique id of generation %" PRIu64 " but the daemon is not reachable; dropped",
+                 gen);
+        return;
+    }
+    log_info("forwarding the unique id of generation %" PRIu64 " from rank 0 to the daemon", gen);
+    send_to_daemon(a, msg);
+}
+
+static void spawn_all(struct agent *a);
+
+static void rank_on_exit(struct agent_rank *r, int code, int sig)
+{
+    struct agent *a = r->cb.data;
+    if (sig)
+        log_warn("rank %u (pid %d, generation %" PRIu64 ") was killed by signal %d (%s)", r->rank, r->pid,
+                 r->generation, sig, strsignal(sig));
+    else if (code == 0)
+        log_info("rank %u (pid %d, generation %" PRIu64 ") exited with status 0", r->rank, r->pid,
+                 r->generation);
+    else
+        log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d", r->rank, r->pid,
+                 r->generation, code);
+    send_rank_exit(a, r->generation, r->rank, code, sig);
+    if (any_running(a))
+        return;
+    if (a->exiting)
+        maybe_finish(a);
+    else if (a->spawn_pending)
+        spawn_all(a);
+}
+
+static void release_ranks(struct agent *a)
+{
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        if (a->ranks[i])
+            rank_release(a->ranks[i]);
+        a->ranks[i] = NULL;
+    }
+    a->nranks = 0;
+}
+
+/* Spawns one rank per slot of the held assignment; no rank may be running. */
+static void spawn_all(struct agent *a)
+{
+    const struct proto_assign *as = &a->assign;
+    a->spawn_pending = false;
+    release_ranks(a);
+    struct proto_msg assign_msg;
+    msg_init(&assign_msg, PROTO_ASSIGN);
+    assign_msg.u.assign = *as;
+    for (uint32_t i = 0; i < as->nranks; i++) {
+        const struct proto_rank_slot *slot = &as->ranks[i];
+        struct rank_identity id = {
+            .rank = slot->rank,
+            .local_rank = slot->local_rank,
+            .world_size = as->world_size,
+            .local_world_size = as->nranks,
+            .generation = as->generation,
+            .node = a->cfg->node,
+            .kind = a->cfg->devices.kind,
+            .device = slot->device,
+        };
+        struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
+        char **env = rank_env_build(environ, &id);
+        int err = UV_ENOMEM;
+        struct agent_rank *r = env ? rank_spawn(a->loop, &a->all, a->cfg->rank_argv, env, &id, &cb, &err) : NULL;
+        rank_strv_free(env);
+        a->ranks[i] = r;
+        if (!r) {
+            log_error("cannot start rank %u: %s: %s", slot->rank, a->cfg->rank_argv[0], uv_strerror(err));
+            send_rank_exit(a, as->generation, slot->rank, 127, 0);
+            continue;
+        }
+        log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
+                 slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
+                 as->generation);
+        rank_send(r, &assign_msg);
+        if (a->have_uid && a->uid.generation == as->generation) {
+            struct proto_msg u;
+            msg_init(&u, PROTO_UNIQUE_ID);
+            u.u.unique_id = a->uid;
+            rank_send(r, &u);
+        }
+    }
+    a->nranks = as->nranks;
+}
+
+/* ---- the daemon link --------------------------------------------------- */
+
+static void link_close(struct agent *a)
+{
+    uv_timer_stop(&a->beat_timer);
+    if (a->conn) {
+        fconn_close(a->conn);
+        a->conn = NULL;
+    }
+    if (a->ai_list) {
+        uv_freeaddrinfo(a->ai_list);
+        a->ai_list = a->ai_next = NULL;
+    }
+}
+
+static void link_lost(struct agent *a, const char *why)
+{
+    log_warn("lost the daemon at %s: %s; rejoining", a->cfg->daemon, why);
+    link_close(a);
+    schedule_retry(a, NULL);
+}
+
+static void send_to_daemon(struct agent *a, const struct proto_msg *m)
+{
+    if (!a->conn)
+        return;
+    int rc = fconn_send(a->conn, m);
+    if (rc == 0)
+        return;
+    char why[160];
+    if (rc == UV_EPROTO) {
+        log_error("cannot encode %s for the daemon: %s", proto_type_name(m->type),
+                  proto_strerror(a->conn->encode_err));
+        return;
+    }
+    if (rc == UV_ENOBUFS)
+        snprintf(why, sizeof(why), "write queue over %u bytes", FCONN_WRITE_QUEUE_MAX);
+    else
+        snprintf(why, sizeof(why), "cannot send %s: %s", proto_type_name(m->type), uv_strerror(rc));
+    link_lost(a, why);
+}
+
+static void on_retry_timer(uv_timer_t *t);
+
+static void schedule_retry(struct agent *a, const char *why)
+{
+    if (a->exiting)
+        return;
+    link_set_state(a, LINK_IDLE);
+    uint64_t delay = backoff_next(&a->backoff, rng_next(a));
+    if (why)
+        log_warn("cannot reach daemon at %s: %s; retry %u in %.1f s", a->cfg->daemon, why, a->backoff.attempt,
+                 (double)delay / 1000.0);
+    else
+        log_debug("rejoin attempt %u in %.1f s", a->backoff.attempt, (double)delay / 1000.0);
+    uv_timer_start(&a->retry_timer, on_retry_timer, delay, 0);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct agent *a = req->data;
+    a->gai_busy = false;
+    if (a->exiting) {
+        if (res)
+            uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->cfg->host, uv_strerror(status));
+        schedule_retry(a, why);
+        return;
+    }
+    a->ai_list = a->ai_next = res;
+    a->last_connect_err = UV_EADDRNOTAVAIL;
+    try_next_addr(a);
+}
+
+static void on_retry_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    char port[8];
+    snprintf(port, sizeof(port), "%u", a->cfg->port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    link_set_state(a, LINK_RESOLVING);
+    int rc = uv_getaddrinfo(a->loop, &a->gai, on_resolved, a->cfg->host, port, &hints);
+    if (rc != 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->cfg->host, uv_strerror(rc));
+        schedule_retry(a, why);
+        return;
+    }
+    a->gai_busy = true;
+}
+
+static void daemon_msg(struct fconn *c, struct proto_msg *msg);
+static void daemon_bad(struct fconn *c, int err);
+
+static void daemon_fail(struct fconn *c, int err, const char *why)
+{
+    struct agent *a = c->data;
+    if (c != a->conn)
+        return;
+    link_lost(a, why);
+}
+
+static void send_hello(struct agent *a)
+{
+    struct proto_msg m;
+    msg_init(&m, PROTO_HELLO);
+    struct proto_hello *h = &m.u.hello;
+    snprintf(h->node, sizeof(h->node), "%s", a->cfg->node);
+    snprintf(h->addr, sizeof(h->addr), "%s", a->cfg->addr[0] ? a->cfg->addr : a->local_addr);
+    h->kind = a->cfg->devices.kind;
+    h->ndevices = a->cfg->devices.n;
+    memcpy(h->devices, a->cfg->devices.ids, sizeof(h->devices));
+    h->device_mem_mb = 0;
+    h->generation = ranks_live(a) ? a->assign.generation : 0;
+    snprintf(h->agent_version, sizeof(h->agent_version), "%s", MUSTER_VERSION);
+    log_debug("HELLO node %s addr %s generation %" PRIu64, h->node, h->addr, h->generation);
+    send_to_daemon(a, &m);
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+    struct agent *a = req->data;
+    if (status == UV_ECANCELED || a->exiting)
+        return;
+    if (status < 0) {
+        a->last_connect_err = status;
+        fconn_close(a->conn);
+        a->conn = NULL;
+        try_next_addr(a);
+        return;
+    }
+    uv_freeaddrinfo(a->ai_list);
+    a->ai_list = a->ai_next = NULL;
+
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    a->local_addr[0] = '\0';
+    if (uv_tcp_getsockname(&a->conn->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6)
+            uv_ip6_name((struct sockaddr_in6 *)&ss, a->local_addr, sizeof(a->local_addr));
+        else
+            uv_ip4_name((struct sockaddr_in *)&ss, a->local_addr, sizeof(a->local_addr));
+    }
+    int rc = fconn_start(a->conn);
+    if (rc != 0) {
+        char why[160];
+        snprintf(why, sizeof(why), "cannot read: %s", uv_strerror(rc));
+        link_close(a);
+        schedule_retry(a, why);
+        return;
+    }
+    log_debug("connected to %s from %s", a->cfg->daemon, a->local_addr);
+    link_set_state(a, LINK_HELLO);
+    send_hello(a);
+}
+
+static void try_next_addr(struct agent *a)
+{
+    if (!a->ai_next) {
+        char why[160];
+        snprintf(why, sizeof(why), "%s", uv_strerror(a->last_connect_err));
+        /* libuv's "connection refused" reads well; keep it lower-case like the rest. */
+        if (why[0] >= 'A' && why[0] <= 'Z')
+            why[0] = (char)(why[0] - 'A' + 'a');
+        link_close(a);
+        schedule_retry(a, why);
+        return;
+    }
+    struct addrinfo *ai = a->ai_next;
+    a->ai_next = ai->ai_next;
+    a->conn = fconn_new_tcp(a->loop, a);
+    if (!a->conn) {
+        a->last_connect_err = UV_ENOMEM;
+        try_next_addr(a);
+        return;
+    }
+    a->conn->on_msg = daemon_msg;
+    a->conn->on_bad = daemon_bad;
+    a->conn->on_fail = daemon_fail;
+    a->connect_req.data = a;
+    link_set_state(a, LINK_CONNECTING);
+    int rc = uv_tcp_connect(&a->connect_req, &a->conn->h.tcp, ai->ai_addr, on_connected);
+    if (rc != 0) {
+        a->last_connect_err = rc;
+        fconn_close(a->conn);
+        a->conn = NULL;
+        try_next_addr(a);
+    }
+}
+
+static void on_beat_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    if (a->link != LINK_JOINED)
+        return;
+    struct proto_msg m;
+    msg_init(&m, PROTO_HEARTBEAT);
+    struct proto_heartbeat *hb = &m.u.heartbeat;
+    hb->generation = a->cur_gen;
+    hb->seq = ++a->beat_seq;
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        const struct agent_rank *r = a->ranks[i];
+        if (r && r->generation == a->cur_gen)
+            hb->ranks[hb->nranks++] = r->beat;
+    }
+    send_to_daemon(a, &m);
+}
+
+/* ---- messages from the daemon ------------------------------------------ */
+
+static bool stale(struct agent *a, const char *what, uint64_t gen)
+{
+    if (gen >= a->cur_gen)
+        return false;
+    log_debug("%s of generation %" PRIu64 " from the daemon ignored (current %" PRIu64 ")", what, gen, a->cur_gen);
+    return true;
+}
+
+static void send_error(struct agent *a, const char *code, const char *reason)
+{
+    struct proto_msg m;
+    msg_init(&m, PROTO_ERROR);
+    snprintf(m.u.error.code, sizeof(m.u.error.code), "%s", code);
+    snprintf(m.u.error.reason, sizeof(m.u.error.reason), "%s", reason);
+    send_to_daemon(a, &m);
+}
+
+static int check_assign(const struct agent *a, const struct proto_assign *as, struct job_spec *spec, char *err,
+                        size_t errlen)
+{
+    if (!as->job || job_spec_from_json(as->job, "ASSIGN job", spec, err, errlen) != 0) {
+        if (!as->job)
+            snprintf(err, errlen, "ASSIGN carries no job");
+        return -1;
+    }
+    if (as->nranks == 0 || as->nranks > a->cfg->devices.n) {
+        snprintf(err, errlen, "ASSIGN gives %u ranks to node %s, which has %u devices", as->nranks, a->cfg->node,
+                 a->cfg->devices.n);
+        return -1;
+    }
+    for (uint32_t i = 0; i < as->nranks; i++) {
+        const struct proto_rank_slot *s = &as->ranks[i];
+        if (!devices_contains(&a->cfg->devices, s->device) || s->local_rank >= as->nranks ||
+            s->rank >= as->world_size) {
+            snprintf(err, errlen, "ASSIGN slot %u (rank %u, local rank %u, device %u) does not fit node %s", i,
+                     s->rank, s->local_rank, s->device, a->cfg->node);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static bool same_layout(const struct proto_assign *x, const struct proto_assign *y)
+{
+    return x->generation == y->generation && x->world_size == y->world_size && x->nranks == y->nranks &&
+           memcmp(x->ranks, y->ranks, x->nranks * sizeof(x->ranks[0])) == 0;
+}
+
+static void on_assign(struct agent *a, struct proto_assign *as)
+{
+    if (stale(a, "ASSIGN", as->generation))
+        return;
+    struct job_spec spec;
+    char err[300];
+    if (check_assign(a, as, &spec, err, sizeof(err)) != 0) {
+        log_error("refusing assignment of generation %" PRIu64 ": %s", as->generation, err);
+        send_error(a, PROTO_REJECT_BAD_REQUEST, err);
+        return;
+    }
+    a->cur_gen = as->generation;
+    if (a->have_uid && a->uid.generation < as->generation)
+        a->have_uid = false;
+    if (ranks_live(a) && same_layout(&a->assign, as)) {
+        log_info("generation %" PRIu64 ": ranks already running; keeping them", as->generation);
+        return;
+    }
+    if (a->have_assign)
+        json_decref(a->assign.job);
+    a->assign = *as;
+    json_incref(a->assign.job);
+    a->have_assign = true;
+    a->grace_ms = (uint64_t)spec.stop_grace_ms;
+    log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)", as->generation,
+             as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank);
+    stop_all(a, as->generation);
+    a->spawn_pending = true;
+    if (!any_running(a))
+        spawn_all(a);
+}
+
+static void on_unique_id(struct agent *a, const struct proto_unique_id *u)
+{
+    if (stale(a, "UNIQUE_ID", u->generation))
+        return;
+    a->uid = *u;
+    a->have_uid = true;
+    struct proto_msg m;
+    msg_init(&m, PROTO_UNIQUE_ID);
+    m.u.unique_id = *u;
+    unsigned n = 0;
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        struct agent_rank *r = a->ranks[i];
+        if (r && r->running && r->generation == u->generation) {
+            rank_send(r, &m);
+            n++;
+        }
+    }
+    log_info("unique id of generation %" PRIu64 " handed to %u rank(s)", u->generation, n);
+}
+
+static void agent_exit(struct agent *a, int code);
+
+static void on_command(struct agent *a, const struct proto_command_msg *c)
+{
+    if (stale(a, "COMMAND", c->generation))
+        return;
+    switch (c->action) {
+    case PROTO_CMD_STOP:
+        log_info("daemon: stop (generation %" PRIu64 ")", c->generation);
+        a->cur_gen = c->generation;
+        a->spawn_pending = false;
+        stop_all(a, c->generation);
+        break;
+    case PROTO_CMD_START:
+        if (!a->have_assign || a->assign.generation != c->generation) {
+            log_warn("daemon: start for generation %" PRIu64 " but the held assignment is of generation %" PRIu64
+                     "; ignored",
+                     c->generation, a->have_assign ? a->assign.generation : 0);
+            break;
+        }
+        log_info("daemon: start (generation %" PRIu64 ")", c->generation);
+        a->cur_gen = c->generation;
+        stop_all(a, c->generation);
+        a->spawn_pending = true;
+        if (!any_running(a))
+            spawn_all(a);
+        break;
+    case PROTO_CMD_SHUTDOWN:
+        log_info("daemon: shutdown");
+        agent_exit(a, 0);
+        break;
+    case PROTO_CMD_CHECKPOINT: {
+        struct proto_msg m;
+        msg_init(&m, PROTO_COMMAND);
+        m.u.command = *c;
+        for (uint32_t i = 0; i < a->nranks; i++)
+            if (a->ranks[i] && a->ranks[i]->running && a->ranks[i]->generation == c->generation)
+                rank_send(a->ranks[i], &m);
+        log_info("daemon: checkpoint (generation %" PRIu64 ") forwarded to the ranks", c->generation);
+        break;
+    }
+    default:
+        log_warn("daemon: unknown command %d ignored", (int)c->action);
+    }
+}
+
+static void on_reject(struct agent *a, const struct proto_reject *rj)
+{
+    bool fatal = strcmp(rj->code, PROTO_REJECT_AUTH) == 0 || strcmp(rj->code, PROTO_REJECT_VERSION) == 0;
+    log_error("daemon at %s refused node %s: %s: %s%s", a->cfg->daemon, a->cfg->node, rj->code, rj->reason,
+              fatal ? "" : "; retrying");
+    link_close(a);
+    if (fatal)
+        agent_exit(a, 1);
+    else
+        schedule_retry(a, NULL);
+}
+
+static void on_welcome(struct agent *a, const struct proto_welcome *w)
+{
+    a->heartbeat_interval_ms = w->heartbeat_interval_ms ? w->heartbeat_interval_ms : 1000;
+    a->lease_ms = w->lease_ms ? w->lease_ms : 10000;
+    backoff_reset(&a->backoff);
+    link_set_state(a, LINK_JOINED);
+    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
+             a->cfg->daemon, a->cfg->node, a->cfg->devices.n,
+             a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
+             a->heartbeat_interval_ms, a->lease_ms);
+    uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
+}
+
+static void protocol_violation(struct agent *a, const struct proto_msg *msg)
+{
+    char why[160];
+    snprintf(why, sizeof(why), "unexpected %s in state %s", proto_type_name(msg->type), link_names[a->link]);
+    link_lost(a, why);
+}
+
+static void daemon_msg(struct fconn *c, struct proto_msg *msg)
+{
+    struct agent *a = c->data;
+    if (c != a->conn)
+        return;
+    if (msg->type != PROTO_REJECT)
+        a->last_rx = uv_now(a->loop);
+    if (msg->type == PROTO_REJECT) {
+        on_reject(a, &msg->u.reject);
+        return;
+    }
+    if (msg->type == PROTO_ERROR) {
+        log_warn("daemon reports an error: %s: %s", msg->u.error.code, msg->u.error.reason);
+        return;
+    }
+    switch (a->link) {
+    case LINK_HELLO:
+        if (msg->type != PROTO_CHALLENGE) {
+            protocol_violation(a, msg);
+            return;
+        }
+        struct proto_msg r;
+        msg_init(&r, PROTO_RESPONSE);
+        if (proto_hmac_raw(a->cfg->token, a->cfg->token_len, msg->u.challenge.nonce, PROTO_NONCE_LEN,
+                           r.u.response.hmac) != 0) {
+            log_error("cannot compute the HMAC response (crypto library failure)");
+            link_lost(a, "crypto failure");
+            return;
+        }
+        link_set_state(a, LINK_AUTH);
+        send_to_daemon(a, &r);
+        return;
+    case LINK_AUTH:
+        if (msg->type != PROTO_WELCOME) {
+            protocol_violation(a, msg);
+            return;
+        }
+        on_welcome(a, &msg->u.welcome);
+        return;
+    case LINK_JOINED:
+        break;
+    default:
+        return;
+    }
+    switch (msg->type) {
+    case PROTO_ASSIGN:
+        on_assign(a, &msg->u.assign);
+        break;
+    case PROTO_UNIQUE_ID:
+        on_unique_id(a, &msg->u.unique_id);
+        break;
+    case PROTO_HEARTBEAT:
+        break; /* the echo: last_rx is all it is for */
+    case PROTO_COMMAND:
+        on_command(a, &msg->u.command);
+        break;
+    default:
+        log_warn("daemon sent %s after joining; ignored", proto_type_name(msg->type));
+    }
+}
+
+static void daemon_bad(struct fconn *c, int err)
+{
+    struct agent *a = c->data;
+    if (c != a->conn)
+        return;
+    log_warn("daemon sent a frame that does not decode (%s); skipped", proto_strerror(err));
+    send_error(a, PROTO_REJECT_BAD_REQUEST, proto_strerror(err));
+}
+
+/* ---- watchdog: lease, handshake deadlines ------------------------------- */
+
+static void on_tick(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    if (a->exiting)
+        return;
+    uint64_t now = uv_now(a->loop);
+    uint64_t silent = now - a->last_rx;
+    if (a->link == LINK_CONNECTING && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+        a->last_connect_err = UV_ETIMEDOUT;
+        fconn_close(a->conn);
+        a->conn = NULL;
+        try_next_addr(a);
+    } else if ((a->link == LINK_HELLO || a->link == LINK_AUTH) && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+        link_lost(a, "handshake timed out");
+    } else if (a->link == LINK_JOINED && silent >= a->lease_ms) {
+        char why[160];
+        snprintf(why, sizeof(why), "no frame from the daemon for %" PRIu64 " ms (lease %u ms)", silent, a->lease_ms);
+        link_lost(a, why);
+    }
+    if (a->link != LINK_JOINED && silent >= a->lease_ms && any_unstopped(a)) {
+        log_error("SELF-FENCING: daemon at %s unreachable for %" PRIu64 " ms, longer than the lease (%u ms); "
+                  "stopping the ranks of generation %" PRIu64,
+                  a->cfg->daemon, silent, a->lease_ms, a->cur_gen);
+        a->spawn_pending = false;
+        stop_all(a, a->cur_gen);
+    }
+}
+
+/* ---- shutdown ---------------------------------------------------------- */
+
+static void maybe_finish(struct agent *a)
+{
+    if (!a->exiting || a->closed || any_running(a))
+        return;
+    a->closed = true;
+    log_debug("no rank running; closing every handle");
+    link_close(a);
+    if (a->gai_busy)
+        uv_cancel((uv_req_t *)&a->gai);
+    uv_close((uv_handle_t *)&a->retry_timer, NULL);
+    uv_close((uv_handle_t *)&a->beat_timer, NULL);
+    uv_close((uv_handle_t *)&a->tick_timer, NULL);
+    uv_close((uv_handle_t *)&a->sigterm, NULL);
+    uv_close((uv_handle_t *)&a->sigint, NULL);
+    release_ranks(a);
+    for (struct agent_rank *r = a->all; r; r = r->next)
+        rank_close(r);
+}
+
+static void agent_exit(struct agent *a, int code)
+{
+    if (a->exiting)
+        return;
+    a->exiting = true;
+    a->exit_code = code;
+    a->spawn_pending = false;
+    link_close(a);
+    uv_timer_stop(&a->retry_timer);
+    link_set_state(a, LINK_CLOSED);
+    if (any_running(a))
+        log_info("stopping ranks (grace %" PRIu64 " ms)", a->grace_ms);
+    stop_all(a, a->cur_gen);
+    maybe_finish(a);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    struct agent *a = s->data;
+    if (!a->exiting) {
+        log_info("received %s: stopping ranks and exiting", strsignal(signum));
+        agent_exit(a, 0);
+        return;
+    }
+    log_warn("received %s again: killing ranks now", strsignal(signum));
+    for (struct agent_rank *r = a->all; r; r = r->next)
+        rank_kill(r);
+}
+
+int agent_run(const struct agent_config *cfg)
+{
+    uv_loop_t loop;
+    int rc = uv_loop_init(&loop);
+    if (rc != 0) {
+        log_error("cannot create the event loop: %s", uv_strerror(rc));
+        return 1;
+    }
+    struct agent *a = calloc(1, sizeof(*a));
+    if (!a) {
+        log_error("out of memory");
+        uv_loop_close(&loop);
+        return 1;
+    }
+    a->cfg = cfg;
+    a->loop = &loop;
+    a->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    a->heartbeat_interval_ms = 1000;
+    a->lease_ms = 10000;
+    a->gai.data = a;
+    struct job_spec defaults;
+    job_spec_defaults(&defaults);
+    a->grace_ms = (uint64_t)defaults.stop_grace_ms;
+    backoff_init(&a->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
+
+    uv_timer_init(&loop, &a->retry_timer);
+    uv_timer_init(&loop, &a->beat_timer);
+    uv_timer_init(&loop, &a->tick_timer);
+    uv_signal_init(&loop, &a->sigterm);
+    uv_signal_init(&loop, &a->sigint);
+    a->retry_timer.data = a->beat_timer.data = a->tick_timer.data = a;
+    a->sigterm.data = a->sigint.data = a;
+    uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&a->sigint, on_signal, SIGINT);
+    uv_timer_start(&a->tick_timer, on_tick, TICK_MS, TICK_MS);
+    a->last_rx = uv_now(&loop);
+
+    link_set_state(a, LINK_IDLE);
+    log_info("muster-worker %s: node %s, %u %s device(s), daemon %s", MUSTER_VERSION, cfg->node, cfg->devices.n,
+             cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", cfg->daemon);
+    uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
+
+    uv_run(&loop, UV_RUN_DEFAULT);
+
+    if (a->have_assign)
+        json_decref(a->assign.job);
+    int code = a->exit_code;
+    free(a);
+    rc = uv_loop_close(&loop);
+    if (rc != 0) {
+        log_error("internal: event loop closed with handles still open: %s", uv_strerror(rc));
+        return 1;
+    }
+    return code;
+}

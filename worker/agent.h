@@ -1,0 +1,37 @@
+/*
+ * agent: the node agent's event loop. Joins the daemon (HELLO, CHALLENGE /
+ * RESPONSE, WELCOME), rejoins with jittered backoff when the link is lost,
+ * fences its ranks when the daemon has been silent longer than the lease,
+ * spawns one rank per assigned slot and relays between ranks and daemon
+ * (see proto/PROTOCOL.md for the conversation).
+ */
+#ifndef MUSTER_WORKER_AGENT_H
+#define MUSTER_WORKER_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/proto.h"
+#include "worker/agent_join.h"
+#include "worker/devices.h"
+
+struct agent_config {
+    char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT as given, for messages */
+    char host[HOSTPORT_HOST_MAX];
+    uint16_t port;
+    char node[PROTO_NAME_MAX];
+    char addr[PROTO_NAME_MAX]; /* "" = local address of the daemon connection */
+    struct device_set devices;
+    const uint8_t *token;
+    size_t token_len;
+    char **rank_argv; /* NULL-terminated; argv[0] is the program */
+};
+
+/*
+ * Runs the agent until it is told to shut down (COMMAND shutdown, SIGTERM,
+ * SIGINT) or refused for good (REJECT auth / version). Returns the process
+ * exit status: 0 or 1.
+ */
+int agent_run(const struct agent_config *cfg);
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * agent_join: the pure parts of joining the daemon: the HOST:PORT flag and
+ * the reconnect backoff (exponential, capped, full jitter).
+ */
+#ifndef MUSTER_WORKER_AGENT_JOIN_H
+#define MUSTER_WORKER_AGENT_JOIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HOSTPORT_HOST_MAX 256
+
+/*
+ * "host:port", "1.2.3.4:port" or "[::1]:port"; port 1..65535. Returns 0 or
+ * -EINVAL with the reason in err.
+ */
+int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, char *err,
+                   size_t errlen);
+
+#define BACKOFF_BASE_MS 200
+#define BACKOFF_CAP_MS 5000
+
+struct backoff {
+    uint64_t base_ms;
+    uint64_t cap_ms;
+    unsigned attempt; /* retries since the last reset */
+};
+
+void backoff_init(struct backoff *b, uint64_t base_ms, uint64_t cap_ms);
+/* Upper bound of the next delay: min(cap, base * 2^attempt). */
+uint64_t backoff_ceiling(const struct backoff *b);
+/*
+ * Next delay in ms, uniform in [0, backoff_ceiling()] given a uniform random
+ * 32-bit value r ("full jitter"); counts one more attempt.
+ */
+uint64_t backoff_next(struct backoff *b, uint32_t r);
+/* After a successful join: the next failure waits at most base again. */
+void backoff_reset(struct backoff *b);
+
+#endif

@@ -1,0 +1,309 @@
+#include "worker/agent_rank.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+static void list_remove(struct agent_rank *r)
+{
+    for (struct agent_rank **p = r->list; *p; p = &(*p)->next) {
+        if (*p == r) {
+            *p = r->next;
+            return;
+        }
+    }
+}
+
+static void maybe_free(struct agent_rank *r)
+{
+    if (r->open_handles == 0 && r->released) {
+        list_remove(r);
+        free(r);
+    }
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct agent_rank *r = h->data;
+    r->open_handles--;
+    maybe_free(r);
+}
+
+static void close_handle(struct agent_rank *r, uv_handle_t *h)
+{
+    if (!uv_is_closing(h)) {
+        h->data = r;
+        uv_close(h, on_handle_closed);
+    }
+}
+
+/* ---- output capture ---------------------------------------------------- */
+
+static void emit_line(struct rank_output *o)
+{
+    char buf[RANK_LINE_MAX + 32];
+    int n = snprintf(buf, sizeof(buf), "rank %u: %.*s\n", o->r->rank, (int)o->len, o->line);
+    if (n > (int)sizeof(buf))
+        n = (int)sizeof(buf);
+    fwrite(buf, 1, (size_t)n, stderr);
+    o->len = 0;
+}
+
+static void output_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct rank_output *o = h->data;
+    (void)suggested;
+    if (o->len == RANK_LINE_MAX)
+        emit_line(o); /* a line longer than the buffer: split it */
+    *buf = uv_buf_init(o->line + o->len, (unsigned)(RANK_LINE_MAX - o->len));
+}
+
+static void output_close(struct rank_output *o)
+{
+    if (!o->open)
+        return;
+    o->open = false;
+    o->pipe.data = o->r;
+    close_handle(o->r, (uv_handle_t *)&o->pipe);
+}
+
+static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct rank_output *o = s->data;
+    (void)buf;
+    if (nread < 0) {
+        if (o->len > 0)
+            emit_line(o);
+        output_close(o);
+        return;
+    }
+    size_t start = o->len;
+    o->len += (size_t)nread;
+    /* Emit every complete line; keep the tail. */
+    for (;;) {
+        char *nl = memchr(o->line + start, '\n', o->len - start);
+        if (!nl)
+            break;
+        size_t full = o->len, linelen = (size_t)(nl - o->line);
+        o->len = linelen;
+        emit_line(o);
+        size_t rest = full - linelen - 1;
+        memmove(o->line, nl + 1, rest);
+        o->len = rest;
+        start = 0;
+    }
+}
+
+/* ---- control connection ------------------------------------------------ */
+
+static void ctl_msg(struct fconn *c, struct proto_msg *msg)
+{
+    struct agent_rank *r = c->data;
+    r->cb.on_msg(r, msg);
+}
+
+static void ctl_bad(struct fconn *c, int err)
+{
+    struct agent_rank *r = c->data;
+    log_warn("rank %u: ignoring a bad frame on its control socket: %s", r->rank, proto_strerror(err));
+}
+
+static void ctl_fail(struct fconn *c, int err, const char *why)
+{
+    struct agent_rank *r = c->data;
+    /* A rank that exits closes its end first; its exit status follows. */
+    if (err == UV_EOF || err == UV_ECONNRESET)
+        log_debug("rank %u: control socket closed", r->rank);
+    else
+        log_warn("rank %u: control socket: %s", r->rank, why);
+    fconn_close(c);
+    r->ctl = NULL;
+}
+
+static void ctl_closed(struct fconn *c)
+{
+    struct agent_rank *r = c->data;
+    r->open_handles--;
+    maybe_free(r);
+}
+
+/* ---- process ----------------------------------------------------------- */
+
+static void on_proc_exit(uv_process_t *p, int64_t exit_status, int term_signal)
+{
+    struct agent_rank *r = p->data;
+    r->running = false;
+    uv_timer_stop(&r->kill_timer);
+    close_handle(r, (uv_handle_t *)&r->proc);
+    close_handle(r, (uv_handle_t *)&r->kill_timer);
+    if (r->ctl) {
+        fconn_close(r->ctl);
+        r->ctl = NULL;
+    }
+    r->beat.state = PROTO_RANK_EXITED;
+    int code = term_signal ? -1 : (int)exit_status;
+    r->cb.on_exit(r, code, term_signal);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+    struct agent_rank *r = t->data;
+    if (!r->running)
+        return;
+    log_warn("rank %u (pid %d) did not stop within its grace period; sending SIGKILL", r->rank, r->pid);
+    uv_process_kill(&r->proc, SIGKILL);
+}
+
+struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv,
+                              char **env, const struct rank_identity *id,
+                              const struct rank_callbacks *cb, int *err)
+{
+    struct agent_rank *r = calloc(1, sizeof(*r));
+    if (!r) {
+        *err = UV_ENOMEM;
+        return NULL;
+    }
+    r->cb = *cb;
+    r->generation = id->generation;
+    r->rank = id->rank;
+    r->local_rank = id->local_rank;
+    r->beat.rank = id->rank;
+    r->beat.state = PROTO_RANK_STARTING;
+    r->list = list;
+    r->next = *list;
+    *list = r;
+
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
+        *err = -errno;
+        r->released = true;
+        maybe_free(r);
+        return NULL;
+    }
+    r->out.r = r->err.r = r;
+    uv_pipe_init(loop, &r->out.pipe, 0);
+    uv_pipe_init(loop, &r->err.pipe, 0);
+    uv_timer_init(loop, &r->kill_timer);
+    r->out.pipe.data = &r->out;
+    r->err.pipe.data = &r->err;
+    r->kill_timer.data = r;
+    r->proc.data = r;
+    r->open_handles = 4; /* out, err, kill timer, process */
+    r->out.open = r->err.open = true;
+
+    uv_stdio_container_t stdio[4];
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[1].data.stream = (uv_stream_t *)&r->out.pipe;
+    stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[2].data.stream = (uv_stream_t *)&r->err.pipe;
+    stdio[3].flags = UV_INHERIT_FD;
+    stdio[3].data.fd = sp[1];
+
+    uv_process_options_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.exit_cb = on_proc_exit;
+    opts.file = argv[0];
+    opts.args = argv;
+    opts.env = env;
+    opts.stdio_count = 4;
+    opts.stdio = stdio;
+
+    int rc = uv_spawn(loop, &r->proc, &opts);
+    close(sp[1]);
+    if (rc != 0) {
+        close(sp[0]);
+        *err = rc;
+        r->released = true;
+        output_close(&r->out);
+        output_close(&r->err);
+        close_handle(r, (uv_handle_t *)&r->kill_timer);
+        close_handle(r, (uv_handle_t *)&r->proc);
+        return NULL;
+    }
+    r->pid = r->proc.pid;
+    r->running = true;
+    uv_read_start((uv_stream_t *)&r->out.pipe, output_alloc, output_read);
+    uv_read_start((uv_stream_t *)&r->err.pipe, output_alloc, output_read);
+
+    r->ctl = fconn_new_pipe(loop, sp[0], r);
+    if (!r->ctl) {
+        close(sp[0]);
+        log_error("rank %u: cannot open its control socket; stopping it", r->rank);
+        uv_process_kill(&r->proc, SIGKILL);
+        return r;
+    }
+    r->open_handles++;
+    r->ctl->on_msg = ctl_msg;
+    r->ctl->on_bad = ctl_bad;
+    r->ctl->on_fail = ctl_fail;
+    r->ctl->on_closed = ctl_closed;
+    if (fconn_start(r->ctl) != 0) {
+        fconn_close(r->ctl);
+        r->ctl = NULL;
+    }
+    return r;
+}
+
+void rank_send(struct agent_rank *r, const struct proto_msg *msg)
+{
+    if (!r->ctl)
+        return;
+    int rc = fconn_send(r->ctl, msg);
+    if (rc == 0)
+        return;
+    if (rc == UV_ENOBUFS) {
+        log_warn("rank %u is not reading its control socket (write queue full); closing it", r->rank);
+        fconn_close(r->ctl);
+        r->ctl = NULL;
+        return;
+    }
+    log_warn("rank %u: cannot send %s: %s", r->rank, proto_type_name(msg->type),
+             rc == UV_EPROTO ? proto_strerror(r->ctl->encode_err) : uv_strerror(rc));
+}
+
+void rank_stop(struct agent_rank *r, uint64_t generation, uint64_t grace_ms)
+{
+    if (!r->running || r->stopping)
+        return;
+    r->stopping = true;
+    r->beat.state = PROTO_RANK_STOPPING;
+    struct proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_COMMAND;
+    m.u.command.generation = generation;
+    m.u.command.action = PROTO_CMD_STOP;
+    rank_send(r, &m);
+    uv_process_kill(&r->proc, SIGTERM);
+    uv_timer_start(&r->kill_timer, on_kill_timer, grace_ms, 0);
+}
+
+void rank_kill(struct agent_rank *r)
+{
+    if (r->running)
+        uv_process_kill(&r->proc, SIGKILL);
+}
+
+void rank_release(struct agent_rank *r)
+{
+    r->released = true;
+    maybe_free(r);
+}
+
+void rank_close(struct agent_rank *r)
+{
+    output_close(&r->out);
+    output_close(&r->err);
+    close_handle(r, (uv_handle_t *)&r->kill_timer);
+    close_handle(r, (uv_handle_t *)&r->proc);
+    if (r->ctl) {
+        fconn_close(r->ctl);
+        r->ctl = NULL;
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * agent_rank: one rank process supervised by the agent: uv_spawn with the
+ * control socketpair as fd 3, stdout/stderr re-emitted line by line on the
+ * agent's stderr as "rank N: ...", stop with SIGTERM then SIGKILL after a
+ * grace period, exit status reported at once.
+ *
+ * Handles: the process, the control connection (frame_conn), two output
+ * pipes and the kill timer. Each is closed when it is done with (process and
+ * control at exit, output pipes at EOF); the struct is freed when every
+ * handle is closed and the owner has released it. rank_close() closes
+ * whatever is still open (agent shutdown).
+ */
+#ifndef MUSTER_WORKER_AGENT_RANK_H
+#define MUSTER_WORKER_AGENT_RANK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "proto/proto.h"
+#include "worker/frame_conn.h"
+#include "worker/rank_env.h"
+
+/* Longest output line re-emitted as one; longer lines are split. */
+#define RANK_LINE_MAX 4096
+
+struct agent_rank;
+
+struct rank_callbacks {
+    void *data;
+    /* A frame from the rank's control socket. */
+    void (*on_msg)(struct agent_rank *r, struct proto_msg *msg);
+    /* The process ended: exit_code -1 when signalled, signal 0 when exited. */
+    void (*on_exit)(struct agent_rank *r, int exit_code, int signal);
+};
+
+struct rank_output {
+    uv_pipe_t pipe;
+    struct agent_rank *r;
+    bool open;
+    size_t len;
+    char line[RANK_LINE_MAX];
+};
+
+struct agent_rank {
+    struct rank_callbacks cb;
+    uint64_t generation; /* of the assignment it was spawned for */
+    uint32_t rank, local_rank;
+    int pid;
+    struct proto_rank_beat beat; /* latest state, as reported to the daemon */
+
+    uv_process_t proc;
+    struct fconn *ctl;
+    struct rank_output out, err;
+    uv_timer_t kill_timer;
+    int open_handles;
+    bool running;  /* process not yet reaped */
+    bool stopping; /* SIGTERM sent */
+    bool released; /* owner no longer refers to it */
+    struct agent_rank **list; /* every rank object, for shutdown */
+    struct agent_rank *next;
+};
+
+/*
+ * Spawns argv with env for id. *list is the owner's list of rank objects.
+ * On success returns the rank (state starting); on failure NULL with the
+ * libuv error in *err (nothing left to close).
+ */
+struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv,
+                              char **env, const struct rank_identity *id,
+                              const struct rank_callbacks *cb, int *err);
+
+/* Sends a frame on the control socket; errors are logged, not fatal. */
+void rank_send(struct agent_rank *r, const struct proto_msg *msg);
+
+/*
+ * COMMAND stop over the control socket, SIGTERM, SIGKILL after grace_ms.
+ * No-op when already stopping or exited.
+ */
+void rank_stop(struct agent_rank *r, uint64_t generation, uint64_t grace_ms);
+
+/* SIGKILL now (second signal at shutdown). */
+void rank_kill(struct agent_rank *r);
+
+/* The owner forgets r; it is freed once its handles are closed. */
+void rank_release(struct agent_rank *r);
+
+/* Closes every handle still open (the process is assumed gone or abandoned). */
+void rank_close(struct agent_rank *r);
+
+#endif
