@@ -35,6 +35,8 @@ static const struct key_def keys[] = {
      "an agent that cannot reach the daemon this long stops its ranks"},
     {"stop_grace_ms", KEY_INT, F(stop_grace_ms), 0, 600000, 5000, NULL,
      "time between SIGTERM and SIGKILL when ranks are stopped"},
+    {"progress_timeout_ms", KEY_INT, F(progress_timeout_ms), 0, 86400000, 300000, NULL,
+     "a running rank whose step does not advance this long is hung and its generation restarted; 0 = off"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
     {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
     {"steps", KEY_INT, F(steps), 1, 100000000, 1000, NULL, "optimizer steps to run"},

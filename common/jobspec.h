@@ -28,6 +28,7 @@ struct job_spec {
     int heartbeat_timeout_ms;  /* node lost after this much silence */
     int lease_ms;              /* agent fences its ranks after this */
     int stop_grace_ms;         /* SIGTERM -> SIGKILL grace for ranks */
+    int progress_timeout_ms;   /* a running rank whose step stalls this long is hung; 0 = off */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */

@@ -517,6 +517,8 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         struct rdv_rank *rk = &r->ranks[b->rank];
         if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
             continue;
+        if (b->state == PROTO_RANK_RUNNING && (rk->state != RDV_RANK_RUNNING || b->step != rk->step))
+            rk->progress_ms = now_ms;
         switch (b->state) {
         case PROTO_RANK_STARTING: rk->state = RDV_RANK_STARTING; break;
         case PROTO_RANK_RUNNING: rk->state = RDV_RANK_RUNNING; break;
@@ -681,6 +683,26 @@ void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t
     node_lost(r, (uint32_t)idx, why, now_ms);
 }
 
+/* A rank that heartbeats but whose step stands still is hung (e.g. in a collective). */
+static void check_progress(struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
+    if (limit == 0 || r->state != RDV_RUNNING)
+        return;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        if (rk->state == RDV_RANK_RUNNING && now_ms - rk->progress_ms > limit) {
+            char what[PROTO_REASON_MAX];
+            snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
+                     i, r->nodes[rk->node].name, (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
+                     (unsigned long long)limit);
+            event(r, "rank_hung", (int)rk->node, (int)i, "%s", what);
+            fail_generation(r, now_ms, (int)rk->node, (int)i, what);
+            return;
+        }
+    }
+}
+
 void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
@@ -694,6 +716,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
             node_lost(r, i, why, now_ms);
         }
     }
+    check_progress(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {
         char missing[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
         missing_members(r, missing, sizeof(missing));

@@ -90,6 +90,7 @@ struct rdv_rank {
     double tokens_per_s;
     double comm_frac;
     uint64_t last_beat_ms; /* 0 = never */
+    uint64_t progress_ms;  /* when step last advanced (or the rank began running) */
 };
 
 struct rdv_event {

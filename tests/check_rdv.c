@@ -389,6 +389,22 @@ START_TEST(status_document_has_the_promised_fields)
 }
 END_TEST
 
+START_TEST(stalled_step_is_a_hang)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    for (int i = 0; i < 5; i++) { /* a advances, b heartbeats but stays at step 1 */
+        now += 500;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 2 + (uint64_t)i);
+        beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 2 on node b is hung: stuck at step 1"));
+}
+END_TEST
+
 START_TEST(admin_stop_and_restart)
 {
     form_running(0);
@@ -421,6 +437,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
     tcase_add_test(tc, status_document_has_the_promised_fields);
+    tcase_add_test(tc, stalled_step_is_a_hang);
     tcase_add_test(tc, admin_stop_and_restart);
     suite_add_tcase(s, tc);
     return s;
