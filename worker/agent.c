@@ -160,6 +160,8 @@ static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, 
     send_to_daemon(a, &m);
 }
 
+static void on_beat_timer(uv_timer_t *t);
+
 static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
 {
     struct agent *a = r->cb.data;
@@ -188,6 +190,9 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 r->beat.state = st;
             else if (r->beat.state == PROTO_RANK_STARTING || r->beat.state == PROTO_RANK_EXITED)
                 r->beat.state = PROTO_RANK_RUNNING;
+            /* A rank that just began running is news: tell the daemon now, not at the next tick. */
+            if (st != PROTO_RANK_RUNNING && r->beat.state == PROTO_RANK_RUNNING)
+                on_beat_timer(&a->beat_timer);
             return;
         }
         log_warn("rank %u sent a heartbeat without its own entry; ignored", r->rank);
