@@ -71,7 +71,8 @@ static void usage(FILE *out)
             "  --token-file FILE        cluster token agents must prove (default\n"
             "                           $CONFIGURATION_DIRECTORY/token or /etc/muster/token)\n"
             "  --admin-token-file FILE  token for admin REST calls (default: admin off)\n"
-            "  --exit-on-end            exit when the job completes (0) or fails/stops (1)\n"
+            "  --exit-on-end            when the job completes (exit 0) or fails or stops\n"
+            "                           (exit 1), shut the agents down and exit\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
             "  --help, --version\n");
 }
@@ -204,10 +205,17 @@ static void on_tick(uv_timer_t *t)
     rdv_tick(&d->rdv, now);
     flush_changes(d);
     if (d->exit_on_end && rdv_terminal(&d->rdv)) {
-        /* Give agents a moment to receive the final commands. */
-        if (!d->end_seen_ms)
+        /* The job is over and so is this daemon: agents shut down with it,
+         * after a moment to receive the command. */
+        if (!d->end_seen_ms) {
             d->end_seen_ms = now;
-        else if (now - d->end_seen_ms >= 500) {
+            struct proto_msg m = {.type = PROTO_COMMAND};
+            m.u.command.generation = d->rdv.generation;
+            m.u.command.action = PROTO_CMD_SHUTDOWN;
+            for (uint32_t i = 0; i < d->rdv.nnodes; i++)
+                if (d->rdv.nodes[i].state == RDV_NODE_JOINED)
+                    server_send(d->server, d->rdv.nodes[i].name, &m);
+        } else if (now - d->end_seen_ms >= 500) {
             d->exit_code = d->rdv.state == RDV_COMPLETED ? 0 : 1;
             begin_shutdown(d);
         }
@@ -277,6 +285,9 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     struct daemon *d = s->data;
     log_info("%s received: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* A launcher waiting on the job's outcome must not read an interrupted job as success. */
+    if (d->exit_on_end && d->rdv.state != RDV_COMPLETED)
+        d->exit_code = 1;
     begin_shutdown(d);
 }
 

@@ -17,6 +17,7 @@
 #include "worker/agent.h"
 #include "worker/agent_join.h"
 #include "worker/devices.h"
+#include "worker/local.h"
 #include "worker/rank_env.h"
 
 #define TOKEN_MAX 4096
@@ -25,7 +26,10 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: muster-worker --daemon HOST:PORT --devices SPEC [OPTION]...\n"
+            "   or: muster-worker --local --job FILE --devices SPEC [OPTION]...\n"
             "Join the muster daemon and run one training rank per device of this node.\n"
+            "With --local, start a private daemon for this one machine, run the job,\n"
+            "and exit with its status (0 completed, 1 failed or stopped).\n"
             "\n"
             "  --daemon HOST:PORT   daemon control address (name, IPv4, or [IPv6]); port 29470 by default\n"
             "  --devices SPEC       cpu:N (N in 1..64), gpu:all, or gpu:I,J,... (GPU ordinals)\n"
@@ -36,6 +40,10 @@ static void usage(FILE *out)
             "                       (default: muster-train next to this program)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
             "                       (default: local address of the connection to the daemon)\n"
+            "  --local              one-machine launcher: private daemon, this node only\n"
+            "  --job FILE           the job spec (with --local)\n"
+            "  --http-port PORT     REST port of the private daemon (with --local; default\n"
+            "                       29471 when free)\n"
             "  --log-level LEVEL    error, warn, info (default) or debug\n"
             "  --help               show this help and exit\n"
             "  --version            show the version and exit\n"
@@ -86,7 +94,7 @@ static int default_rank_cmd(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
-           OPT_HELP, OPT_VERSION };
+           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT };
     static const struct option opts[] = {
         {"daemon", required_argument, NULL, OPT_DAEMON},
         {"node", required_argument, NULL, OPT_NODE},
@@ -95,6 +103,9 @@ int main(int argc, char **argv)
         {"rank-cmd", required_argument, NULL, OPT_RANK_CMD},
         {"addr", required_argument, NULL, OPT_ADDR},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"local", no_argument, NULL, OPT_LOCAL},
+        {"job", required_argument, NULL, OPT_JOB},
+        {"http-port", required_argument, NULL, OPT_HTTP_PORT},
         {"help", no_argument, NULL, OPT_HELP},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -103,6 +114,8 @@ int main(int argc, char **argv)
 
     static struct agent_config cfg;
     const char *daemon = NULL, *devices = NULL, *token_file = NULL, *rank_cmd = NULL;
+    struct local_config local = {0};
+    int is_local = 0;
     char err[512];
     int c;
     opterr = 0;
@@ -134,6 +147,20 @@ int main(int argc, char **argv)
             if (log_set_level_name(optarg) != 0)
                 return usage_error("--log-level: expected error, warn, info or debug, got '%s'", optarg);
             break;
+        case OPT_LOCAL:
+            is_local = 1;
+            break;
+        case OPT_JOB:
+            local.job_path = optarg;
+            break;
+        case OPT_HTTP_PORT: {
+            char *end;
+            long p = strtol(optarg, &end, 10);
+            if (*end || end == optarg || p < 1 || p > 65535)
+                return usage_error("--http-port: expected a port in 1..65535, got '%s'", optarg);
+            local.http_port = (uint16_t)p;
+            break;
+        }
         case OPT_HELP:
             usage(stdout);
             return 0;
@@ -148,13 +175,23 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
-    if (!daemon)
-        return usage_error("%s", "missing --daemon HOST:PORT");
+    if (is_local && daemon)
+        return usage_error("%s", "--local starts its own daemon: drop --daemon");
+    if (is_local && !local.job_path)
+        return usage_error("%s", "--local needs --job FILE");
+    if (is_local && token_file)
+        return usage_error("%s", "--local makes its own token: drop --token-file");
+    if (!is_local && (local.job_path || local.http_port))
+        return usage_error("%s", "--job and --http-port go with --local");
+    if (!daemon && !is_local)
+        return usage_error("%s", "missing --daemon HOST:PORT (or --local --job FILE)");
     if (!devices)
         return usage_error("%s", "missing --devices (cpu:N, gpu:all or gpu:I,J,...)");
-    if (hostport_parse(daemon, cfg.host, &cfg.port, err, sizeof(err)) != 0)
-        return usage_error("%s", err);
-    snprintf(cfg.daemon, sizeof(cfg.daemon), "%s", daemon);
+    if (daemon) {
+        if (hostport_parse(daemon, cfg.host, &cfg.port, err, sizeof(err)) != 0)
+            return usage_error("%s", err);
+        snprintf(cfg.daemon, sizeof(cfg.daemon), "%s", daemon);
+    }
     if (devices_parse(devices, &cfg.devices, err, sizeof(err)) != 0)
         return usage_error("%s", err);
     if (cfg.devices.all_gpus) {
@@ -174,12 +211,14 @@ int main(int argc, char **argv)
     /* The cluster token is required: the daemon refuses agents that cannot prove it. */
     static uint8_t token[TOKEN_MAX];
     static char default_token[PATH_MAX];
-    if (!token_file) {
+    if (!token_file && !is_local) {
         const char *conf = getenv("CONFIGURATION_DIRECTORY");
         snprintf(default_token, sizeof(default_token), "%s/token", conf ? conf : "/etc/muster");
         token_file = default_token;
     }
-    int trc = read_token(token_file, token, sizeof(token), &cfg.token_len);
+    int trc = is_local ? 0 : read_token(token_file, token, sizeof(token), &cfg.token_len);
+    if (is_local)
+        cfg.token_len = 1; /* local_run installs the private token */
     if (trc == 0 && cfg.token_len == 0)
         trc = -ENODATA;
     if (trc != 0) {
@@ -204,7 +243,7 @@ int main(int argc, char **argv)
         return usage_error("%s", "--rank-cmd: expected a command, got nothing");
 
     signal(SIGPIPE, SIG_IGN);
-    int code = agent_run(&cfg);
+    int code = is_local ? local_run(&local, &cfg) : agent_run(&cfg);
     rank_strv_free(cfg.rank_argv);
     return code;
 }
