@@ -525,6 +525,12 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         case PROTO_RANK_STOPPING: rk->state = RDV_RANK_STOPPING; break;
         case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
         }
+        if (b->rank == 0 && b->checkpoint_step && (int64_t)b->checkpoint_step > r->last_checkpoint_step) {
+            r->last_checkpoint_step = (int64_t)b->checkpoint_step;
+            event(r, "checkpoint_committed", (int)node, 0, "checkpoint of step %llu committed",
+                  (unsigned long long)b->checkpoint_step);
+            changed(r, 1);
+        }
         rk->step = b->step;
         rk->loss = b->loss;
         rk->tokens_per_s = b->tokens_per_s;

@@ -294,7 +294,7 @@ static int dec_unique_id(json_t *o, struct proto_unique_id *u)
 static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
-        "tokens_per_s", "comm_frac", NULL};
+        "tokens_per_s", "comm_frac", "checkpoint_step", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -307,7 +307,12 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
     TRY(get_u64(o, "step", &b->step));
     TRY(get_number(o, "loss", 1, &b->loss));
     TRY(get_number(o, "tokens_per_s", 0, &b->tokens_per_s));
-    return get_number(o, "comm_frac", 0, &b->comm_frac);
+    TRY(get_number(o, "comm_frac", 0, &b->comm_frac));
+    /* Optional (absent = 0, no checkpoint): ranks without checkpoints omit it. */
+    b->checkpoint_step = 0;
+    if (json_object_get(o, "checkpoint_step"))
+        TRY(get_u64(o, "checkpoint_step", &b->checkpoint_step));
+    return PROTO_OK;
 }
 
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
@@ -536,7 +541,8 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
     TRY(put_uint(o, "step", b->step));
     TRY(put(o, "loss", isfinite(b->loss) ? json_real(b->loss) : json_null()));
     TRY(put(o, "tokens_per_s", json_real(b->tokens_per_s)));
-    return put(o, "comm_frac", json_real(b->comm_frac));
+    TRY(put(o, "comm_frac", json_real(b->comm_frac)));
+    return b->checkpoint_step ? put_uint(o, "checkpoint_step", b->checkpoint_step) : PROTO_OK;
 }
 
 static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)

@@ -162,6 +162,8 @@ struct proto_rank_beat {
     double loss;          /* NaN allowed on the C side, sent as null */
     double tokens_per_s;
     double comm_frac;     /* fraction of step time waiting on communication */
+    uint64_t checkpoint_step; /* last committed checkpoint this rank knows; 0 = none
+                               * (optional on the wire: omitted when 0) */
 };
 
 struct proto_heartbeat {

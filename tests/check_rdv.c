@@ -405,6 +405,29 @@ START_TEST(stalled_step_is_a_hang)
 }
 END_TEST
 
+START_TEST(rank0_reports_committed_checkpoints)
+{
+    form_running(3);
+    ck_assert_int_eq(rdv.last_checkpoint_step, -1);
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.u.heartbeat.generation = 1;
+    m.u.heartbeat.nranks = 2;
+    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100};
+    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100};
+    int before = rec.persists;
+    rdv_message(&rdv, "a", &m, now);
+    ck_assert_int_eq(rdv.last_checkpoint_step, 100);
+    ck_assert_int_gt(rec.persists, before);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.last_checkpoint_step, 100);
+    /* Only rank 0 speaks for the checkpoint; an older step never lowers it. */
+    m.u.heartbeat.ranks[0].checkpoint_step = 50;
+    rdv_message(&rdv, "a", &m, now);
+    ck_assert_int_eq(rdv.last_checkpoint_step, 100);
+}
+END_TEST
+
 START_TEST(admin_stop_and_restart)
 {
     form_running(0);
@@ -438,6 +461,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
     tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, stalled_step_is_a_hang);
+    tcase_add_test(tc, rank0_reports_committed_checkpoints);
     tcase_add_test(tc, admin_stop_and_restart);
     suite_add_tcase(s, tc);
     return s;
