@@ -1,0 +1,328 @@
+/*
+ * Data, checkpoints and the training loop of muster-train, on the tiny
+ * preset and generated data: batches are pure functions of their inputs,
+ * bad files get errors that say what was wrong, and a run that is saved,
+ * loaded into a fresh trainer and continued gives bit-identical losses.
+ */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker/train/ckpt.h"
+#include "worker/train/layers.h"
+#include "worker/train/train.h"
+
+static char tmpdir[] = "/tmp/check-train-XXXXXX";
+static char textpath[sizeof(tmpdir) + 32];
+
+static void write_file(const char *path, const void *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
+    fclose(f);
+}
+
+/* A few KiB of text with some structure to learn. */
+static void make_text(const char *path, size_t len)
+{
+    static const char *words[] = {"to ", "be ", "or ", "not ", "that ", "is ", "the ",
+                                  "question\n", "whether ", "tis ", "nobler "};
+    char *buf = malloc(len);
+    size_t n = 0;
+    unsigned x = 12345;
+    while (n < len) {
+        x = x * 1103515245u + 12345u;
+        const char *w = words[(x >> 16) % 11];
+        for (size_t i = 0; w[i] && n < len; i++)
+            buf[n++] = w[i];
+    }
+    write_file(path, buf, len);
+    free(buf);
+}
+
+static void setup(void)
+{
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(textpath, sizeof(textpath), "%s/text.txt", tmpdir);
+    make_text(textpath, 20000);
+    layers_set_threads(2);
+}
+
+static void teardown(void)
+{
+    char cmd[sizeof(tmpdir) + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    strcpy(tmpdir, "/tmp/check-train-XXXXXX");
+}
+
+static void tiny_spec(struct job_spec *s)
+{
+    job_spec_defaults(s);
+    snprintf(s->model, sizeof(s->model), "tiny");
+    snprintf(s->data, sizeof(s->data), "%s", textpath);
+    s->steps = 20;
+    s->batch = 4;
+    s->micro_batch = 2; /* two micro-steps: accumulation is on the path */
+    s->lr = 3e-3;
+    s->lr_min = 3e-4;
+    s->warmup_steps = 5;
+    s->eval_every = 0;
+}
+
+static void write_tokens(const char *path, int32_t magic, int32_t version, int32_t count,
+                         size_t have)
+{
+    int32_t h[DATA_HEADER_INTS] = {magic, version, count};
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite(h, sizeof(h), 1, f);
+    for (size_t i = 0; i < have; i++) {
+        uint16_t t = (uint16_t)(i % 200);
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+START_TEST(token_file_is_read)
+{
+    char path[128], err[512] = "";
+    struct dataset d;
+    snprintf(path, sizeof(path), "%s/ok.bin", tmpdir);
+    write_tokens(path, DATA_MAGIC, DATA_VERSION, 5000, 5000);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), 0);
+    ck_assert_int_eq(d.format, DATA_TOKENS);
+    ck_assert_uint_eq(d.ntokens, 5000);
+    ck_assert_uint_eq(d.ntrain, 4500);
+    ck_assert_int_eq(d.tokens[201], 1);
+    dataset_close(&d);
+}
+END_TEST
+
+START_TEST(truncated_token_file_is_refused)
+{
+    char path[128], err[512] = "";
+    struct dataset d;
+    snprintf(path, sizeof(path), "%s/short.bin", tmpdir);
+    write_tokens(path, DATA_MAGIC, DATA_VERSION, 5000, 4000);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "truncated token file: header says 5000 tokens, file holds 4000"),
+                  "message was: %s", err);
+}
+END_TEST
+
+START_TEST(wrong_magic_is_refused_saying_what_was_there)
+{
+    char path[128], err[512] = "";
+    struct dataset d;
+    snprintf(path, sizeof(path), "%s/magic.bin", tmpdir);
+    write_tokens(path, 20240519, 1, 5000, 5000);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "header holds magic 20240519, version 1, count 5000"),
+                  "message was: %s", err);
+    write_tokens(path, DATA_MAGIC, 2, 5000, 5000);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "version 2, expected 1"), "message was: %s", err);
+}
+END_TEST
+
+START_TEST(tokens_outside_vocab_and_tiny_files_are_refused)
+{
+    char path[128], err[512] = "";
+    struct dataset d;
+    snprintf(path, sizeof(path), "%s/ok.bin", tmpdir);
+    write_tokens(path, DATA_MAGIC, DATA_VERSION, 5000, 5000);
+    ck_assert_int_eq(dataset_open(&d, path, 100, 0.1, 32, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "token 199 is outside the model's vocabulary of 100"), "%s", err);
+    snprintf(path, sizeof(path), "%s/small.txt", tmpdir);
+    write_file(path, "hello world\n", 12);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "too few"), "%s", err);
+    snprintf(path, sizeof(path), "%s/missing.txt", tmpdir);
+    ck_assert_int_eq(dataset_open(&d, path, 256, 0.1, 32, err, sizeof(err)), -ENOENT);
+}
+END_TEST
+
+START_TEST(batches_are_pure_functions)
+{
+    char err[512] = "";
+    struct dataset d;
+    ck_assert_int_eq(dataset_open(&d, textpath, 256, 0.1, 16, err, sizeof(err)), 0);
+    ck_assert_int_eq(d.format, DATA_TEXT);
+    int a[4 * 16], at[4 * 16], b[4 * 16], bt[4 * 16];
+    dataset_train_batch(&d, a, at, 4, 16, 7, 3, 1, 0, 1);
+    dataset_train_batch(&d, b, bt, 4, 16, 7, 3, 1, 0, 1);
+    ck_assert_int_eq(memcmp(a, b, sizeof(a)), 0);
+    ck_assert_int_eq(memcmp(at, bt, sizeof(at)), 0);
+    ck_assert_int_eq(a[1], at[0]); /* targets are the inputs shifted by one */
+    dataset_train_batch(&d, b, bt, 4, 16, 7, 4, 1, 0, 1);
+    ck_assert_int_ne(memcmp(a, b, sizeof(a)), 0);
+    /* rank 1 of 2 with micro-batch 2 reads sequences 6, 7 of micro-step 1
+     * of the step: the same as the second half of world 1's micro-batch 4 */
+    int r[2 * 16], rt[2 * 16];
+    dataset_train_batch(&d, r, rt, 2, 16, 7, 3, 1, 1, 2);
+    ck_assert_int_eq(memcmp(r, a + 2 * 16, sizeof(r)), 0);
+    /* validation batches come from the held-out tail */
+    dataset_val_batch(&d, a, at, 4, 16, 7, 0);
+    dataset_val_batch(&d, b, bt, 4, 16, 7, 0);
+    ck_assert_int_eq(memcmp(a, b, sizeof(a)), 0);
+    dataset_close(&d);
+}
+END_TEST
+
+static void run_steps(struct trainer *tr, int n, double *losses)
+{
+    char err[512] = "";
+    for (int i = 0; i < n; i++) {
+        struct train_step_info info;
+        ck_assert_msg(trainer_step(tr, &info, err, sizeof(err)) == 0, "%s", err);
+        losses[i] = info.loss;
+    }
+}
+
+START_TEST(resume_is_bit_exact)
+{
+    struct job_spec s;
+    struct trainer a, b, c;
+    char err[512] = "", dir[128], path[256];
+    double straight[20], first[10], second[10];
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    run_steps(&a, 20, straight);
+    ck_assert_msg(straight[19] < straight[0] - 0.5, "did not learn: %f -> %f", straight[0],
+                  straight[19]);
+
+    snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
+    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, err, sizeof(err)), 0);
+    run_steps(&b, 10, first);
+    ck_assert_msg(ckpt_save(&b, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
+    ck_assert_str_eq(strrchr(path, '/'), "/step-00000010");
+    trainer_free(&b);
+
+    ck_assert_int_eq(trainer_init(&c, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_msg(ckpt_load(&c, dir, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(c.step, 10);
+    run_steps(&c, 10, second);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_msg(memcmp(&first[i], &straight[i], sizeof(double)) == 0,
+                      "step %d: %.17g vs %.17g", i + 1, first[i], straight[i]);
+        ck_assert_msg(memcmp(&second[i], &straight[10 + i], sizeof(double)) == 0,
+                      "step %d after resume: %.17g, uninterrupted %.17g", 11 + i, second[i],
+                      straight[10 + i]);
+    }
+    ck_assert_int_eq(memcmp(a.model.params, c.model.params, sizeof(float) * a.model.layout.total), 0);
+    ck_assert_int_eq(memcmp(a.v, c.v, sizeof(float) * a.model.layout.total), 0);
+    trainer_free(&a);
+    trainer_free(&c);
+}
+END_TEST
+
+START_TEST(checkpoint_of_another_model_is_refused)
+{
+    struct job_spec s;
+    struct trainer a, b;
+    char err[512] = "", dir[128];
+    tiny_spec(&s);
+    s.steps = 2;
+    snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    double l[2];
+    run_steps(&a, 2, l);
+    ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
+    trainer_free(&a);
+    snprintf(s.model, sizeof(s.model), "small");
+    s.batch = 2;
+    s.micro_batch = 1;
+    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(ckpt_load(&b, dir, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "of another model: L is 2 there (preset tiny), 4 here (preset small)"),
+                  "message was: %s", err);
+    trainer_free(&b);
+}
+END_TEST
+
+START_TEST(damaged_checkpoint_is_refused)
+{
+    struct job_spec s;
+    struct trainer a;
+    char err[512] = "", dir[128], shard[256];
+    tiny_spec(&s);
+    snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    double l[1];
+    run_steps(&a, 1, l);
+    ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
+    snprintf(shard, sizeof(shard), "%s/step-00000001/rank-00000.bin", dir);
+    FILE *f = fopen(shard, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 1000, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    ck_assert_int_eq(ckpt_load(&a, dir, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "checksum") && strstr(err, "file damaged"), "message was: %s", err);
+    ck_assert_int_eq(ckpt_load(&a, tmpdir, err, sizeof(err)), -ENOENT);
+    trainer_free(&a);
+}
+END_TEST
+
+START_TEST(nan_loss_names_the_step)
+{
+    struct job_spec s;
+    struct trainer a;
+    char err[512] = "";
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    a.fault_nan_step = 2;
+    double l[2];
+    run_steps(&a, 2, l);
+    struct train_step_info info;
+    ck_assert_int_eq(trainer_step(&a, &info, err, sizeof(err)), -ERANGE);
+    ck_assert_msg(strstr(err, "step 3: loss is nan") && strstr(err, "wte of unit 0 (embed)"),
+                  "message was: %s", err);
+    trainer_free(&a);
+}
+END_TEST
+
+START_TEST(bad_batch_split_is_refused)
+{
+    struct job_spec s;
+    struct trainer a;
+    char err[512] = "";
+    tiny_spec(&s);
+    s.batch = 5;
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "not a multiple of micro_batch (2)"), "message was: %s", err);
+    tiny_spec(&s);
+    s.seq_len = 64;
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "exceeds the model's context T = 32"), "message was: %s", err);
+}
+END_TEST
+
+Suite *make_train_suite(void)
+{
+    Suite *s = suite_create("train");
+    TCase *tc = tcase_create("data");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, token_file_is_read);
+    tcase_add_test(tc, truncated_token_file_is_refused);
+    tcase_add_test(tc, wrong_magic_is_refused_saying_what_was_there);
+    tcase_add_test(tc, tokens_outside_vocab_and_tiny_files_are_refused);
+    tcase_add_test(tc, batches_are_pure_functions);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("loop");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, resume_is_bit_exact);
+    tcase_add_test(tc, checkpoint_of_another_model_is_refused);
+    tcase_add_test(tc, damaged_checkpoint_is_refused);
+    tcase_add_test(tc, nan_loss_names_the_step);
+    tcase_add_test(tc, bad_batch_split_is_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}

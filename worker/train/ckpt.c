@@ -1,0 +1,474 @@
+#include "worker/train/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/log.h"
+#include "worker/train/train.h"
+
+#define SHARD_MAGIC "MUSTSHRD"
+#define SHARD_VERSION 1
+#define MANIFEST_FORMAT "muster-checkpoint"
+#define MANIFEST_VERSION 1
+
+static uint64_t fnv1a(uint64_t h, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ULL
+
+static size_t shard_numel(size_t numel, int world) { return (numel + (size_t)world - 1) / (size_t)world; }
+
+/* A file written through one buffer so that its checksum comes for free. */
+struct out_file {
+    int fd;
+    uint64_t hash;
+    size_t bytes;
+    int err;
+};
+
+static void out_write(struct out_file *f, const void *buf, size_t len)
+{
+    const char *p = buf;
+    f->hash = fnv1a(f->hash, buf, len);
+    f->bytes += len;
+    while (len && !f->err) {
+        ssize_t n = write(f->fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            f->err = errno;
+            break;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static int out_open(struct out_file *f, const char *path)
+{
+    memset(f, 0, sizeof(*f));
+    f->hash = FNV_INIT;
+    f->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return f->fd < 0 ? -errno : 0;
+}
+
+static int out_close(struct out_file *f)
+{
+    if (!f->err && fsync(f->fd) != 0)
+        f->err = errno;
+    if (close(f->fd) != 0 && !f->err)
+        f->err = errno;
+    return -f->err;
+}
+
+static int sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char tmp[JOB_PATH_MAX];
+    snprintf(tmp, sizeof(tmp), "%s", dir);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            return -errno;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[JOB_PATH_MAX + 300];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Writes rank's shard of params and moments (full, unsharded buffers). */
+static int write_shard(const struct trainer *tr, const char *path, int rank, int world,
+                       uint64_t *hash, size_t *bytes)
+{
+    const struct gpt_layout *lay = &tr->model.layout;
+    struct out_file f;
+    int rc = out_open(&f, path);
+    if (rc)
+        return rc;
+    uint32_t h[4] = {SHARD_VERSION, (uint32_t)rank, (uint32_t)world, (uint32_t)lay->nunits};
+    out_write(&f, SHARD_MAGIC, 8);
+    out_write(&f, h, sizeof(h));
+    for (int u = 0; u < lay->nunits; u++) {
+        uint64_t s = shard_numel(lay->numel[u], world);
+        out_write(&f, &s, sizeof(s));
+    }
+    const float *bufs[3] = {tr->model.params, tr->m, tr->v};
+    for (int u = 0; u < lay->nunits; u++) {
+        size_t S = shard_numel(lay->numel[u], world), lo = (size_t)rank * S;
+        size_t n = lo >= lay->numel[u] ? 0 : (lay->numel[u] - lo < S ? lay->numel[u] - lo : S);
+        static const float zeros[256];
+        for (int b = 0; b < 3; b++) {
+            out_write(&f, bufs[b] + lay->offset[u] + lo, sizeof(float) * n);
+            for (size_t pad = S - n; pad > 0;) {
+                size_t k = pad < 256 ? pad : 256;
+                out_write(&f, zeros, sizeof(float) * k);
+                pad -= k;
+            }
+        }
+    }
+    *hash = f.hash;
+    *bytes = f.bytes;
+    return out_close(&f);
+}
+
+static json_t *manifest_build(const struct trainer *tr, int world, const uint64_t *hashes,
+                              const size_t *sizes)
+{
+    const struct gpt *g = &tr->model;
+    const struct job_spec *s = &tr->spec;
+    json_t *units = json_array(), *files = json_array();
+    for (int u = 0; u < g->layout.nunits; u++) {
+        struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
+        int n = gpt_unit_tensors(&g->cfg, u, t);
+        json_t *ts = json_array();
+        for (int i = 0; i < n; i++)
+            json_array_append_new(ts, json_pack("{s:s, s:I, s:I, s:b}", "name", t[i].name,
+                                                "offset", (json_int_t)t[i].offset, "numel",
+                                                (json_int_t)t[i].numel, "decay", t[i].decay));
+        json_array_append_new(
+            units, json_pack("{s:i, s:s, s:I, s:I, s:o}", "index", u, "kind",
+                             gpt_unit_kind_name(gpt_unit_kind(&g->cfg, u)), "numel",
+                             (json_int_t)g->layout.numel[u], "shard_numel",
+                             (json_int_t)shard_numel(g->layout.numel[u], world), "tensors", ts));
+    }
+    for (int r = 0; r < world; r++) {
+        char name[64], hex[32];
+        snprintf(name, sizeof(name), "rank-%05d.bin", r);
+        snprintf(hex, sizeof(hex), "%016" PRIx64, hashes[r]);
+        json_array_append_new(files, json_pack("{s:i, s:s, s:I, s:s}", "rank", r, "name", name,
+                                               "bytes", (json_int_t)sizes[r], "fnv1a64", hex));
+    }
+    json_t *model = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "preset", s->model, "L",
+                              g->cfg.L, "NH", g->cfg.NH, "C", g->cfg.C, "T", g->cfg.T, "V",
+                              g->cfg.V);
+    json_t *training = json_pack(
+        "{s:i, s:i, s:i, s:i, s:f, s:f, s:i, s:f, s:f}", "steps", s->steps, "batch", s->batch,
+        "micro_batch", s->micro_batch, "seq_len", s->seq_len, "lr", s->lr, "lr_min", s->lr_min,
+        "warmup_steps", s->warmup_steps, "weight_decay", s->weight_decay, "grad_clip",
+        s->grad_clip);
+    json_t *optim = json_pack("{s:s, s:I, s:f, s:f, s:f}", "kind", "adamw", "t",
+                              (json_int_t)tr->step, "beta1", (double)tr->beta1, "beta2",
+                              (double)tr->beta2, "eps", (double)tr->eps);
+    json_t *data = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "path", s->data, "format",
+        tr->data.format == DATA_TEXT ? "text" : "llm.c-tokens", "tokens",
+        (json_int_t)tr->data.ntokens, "train_tokens", (json_int_t)tr->data.ntrain, "seed",
+        (json_int_t)s->seed, "next_step", (json_int_t)tr->step, "tokens_seen",
+        (json_int_t)tr->step * s->batch * s->seq_len);
+    json_t *rng = json_pack("{s:s, s:I, s:I}", "kind", "splitmix64-counter", "seed",
+                            (json_int_t)s->seed, "counter", (json_int_t)tr->step);
+    return json_pack("{s:s, s:i, s:o, s:I, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "format",
+                     MANIFEST_FORMAT, "version", MANIFEST_VERSION, "model", model, "step",
+                     (json_int_t)tr->step, "world_size", world, "training", training,
+                     "optimizer", optim, "data", data, "rng", rng, "units", units, "files",
+                     files);
+}
+
+int ckpt_save(const struct trainer *tr, const char *dir, char *path, size_t pathlen,
+              char *err, size_t errlen)
+{
+    /* The trainer holds the whole model (no ZeRO yet): it writes all shards
+     * of a world of tr->world ranks, which for world 1 is one file. */
+    const int world = tr->world;
+    char final[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], file[JOB_PATH_MAX + 96];
+    int rc = mkdir_p(dir);
+    if (rc) {
+        snprintf(err, errlen, "checkpoint: cannot create %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    snprintf(final, sizeof(final), "%s/step-%08ld", dir, tr->step);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)getpid());
+    remove_tree(tmp);
+    if (mkdir(tmp, 0755) != 0) {
+        rc = -errno;
+        snprintf(err, errlen, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+        return rc;
+    }
+    uint64_t *hashes = calloc((size_t)world, sizeof(uint64_t));
+    size_t *sizes = calloc((size_t)world, sizeof(size_t));
+    if (!hashes || !sizes) {
+        free(hashes), free(sizes);
+        return -ENOMEM;
+    }
+    for (int r = 0; r < world && !rc; r++) {
+        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, r);
+        rc = write_shard(tr, file, r, world, &hashes[r], &sizes[r]);
+    }
+    if (!rc) {
+        json_t *man = manifest_build(tr, world, hashes, sizes);
+        snprintf(file, sizeof(file), "%s/manifest.json", tmp);
+        char *text = man ? json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        json_decref(man);
+        struct out_file f;
+        rc = text ? out_open(&f, file) : -ENOMEM;
+        if (!rc) {
+            out_write(&f, text, strlen(text));
+            out_write(&f, "\n", 1);
+            rc = out_close(&f);
+        }
+        free(text);
+    }
+    free(hashes);
+    free(sizes);
+    if (!rc)
+        rc = sync_dir(tmp);
+    if (!rc) {
+        /* Replace an older checkpoint of the same step: move it aside first,
+         * because rename() does not replace a non-empty directory. */
+        char old[JOB_PATH_MAX + 64];
+        snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, tr->step, (int)getpid());
+        int had = rename(final, old) == 0;
+        if (rename(tmp, final) != 0)
+            rc = -errno;
+        if (had)
+            remove_tree(old);
+    }
+    if (!rc) {
+        snprintf(file, sizeof(file), "%s/.latest.tmp", dir);
+        struct out_file f;
+        rc = out_open(&f, file);
+        if (!rc) {
+            char line[64];
+            int n = snprintf(line, sizeof(line), "step-%08ld\n", tr->step);
+            out_write(&f, line, (size_t)n);
+            rc = out_close(&f);
+        }
+        char latest[JOB_PATH_MAX + 16];
+        snprintf(latest, sizeof(latest), "%s/latest", dir);
+        if (!rc && rename(file, latest) != 0)
+            rc = -errno;
+        if (!rc)
+            rc = sync_dir(dir);
+    }
+    if (rc) {
+        remove_tree(tmp);
+        snprintf(err, errlen, "checkpoint: writing %s failed: %s", final, strerror(-rc));
+        return rc;
+    }
+    if (path)
+        snprintf(path, pathlen, "%s", final);
+    return 0;
+}
+
+/* Resolves a checkpoint_dir (through `latest`) or a step directory. */
+static int resolve(const char *path, char *stepdir, size_t len, char *err, size_t errlen)
+{
+    char p[JOB_PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof(p), "%s/manifest.json", path);
+    if (stat(p, &st) == 0) {
+        snprintf(stepdir, len, "%s", path);
+        return 0;
+    }
+    snprintf(p, sizeof(p), "%s/latest", path);
+    FILE *f = fopen(p, "r");
+    if (!f) {
+        snprintf(err, errlen, "checkpoint: %s holds neither manifest.json nor latest", path);
+        return -ENOENT;
+    }
+    char name[64] = "";
+    int ok = fgets(name, sizeof(name), f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    if (!ok || strncmp(name, "step-", 5) != 0 || strchr(name, '/')) {
+        snprintf(err, errlen, "checkpoint: %s: expected \"step-NNNNNNNN\", got \"%s\"", p, name);
+        return -EINVAL;
+    }
+    snprintf(stepdir, len, "%s/%s", path, name);
+    return 0;
+}
+
+static int model_differs(const json_t *model, const struct trainer *tr, char *err, size_t errlen,
+                         const char *where)
+{
+    const struct gpt_config *c = &tr->model.cfg;
+    const char *names[] = {"L", "NH", "C", "T", "V"};
+    int here[] = {c->L, c->NH, c->C, c->T, c->V};
+    const char *preset = json_string_value(json_object_get(model, "preset"));
+    for (int i = 0; i < 5; i++) {
+        json_t *v = json_object_get(model, names[i]);
+        if (!json_is_integer(v)) {
+            snprintf(err, errlen, "checkpoint %s: model.%s: expected an integer", where, names[i]);
+            return 1;
+        }
+        if (json_integer_value(v) != here[i]) {
+            snprintf(err, errlen,
+                     "checkpoint %s is of another model: %s is %" JSON_INTEGER_FORMAT
+                     " there (preset %s), %d here (preset %s)",
+                     where, names[i], json_integer_value(v), preset ? preset : "?", here[i],
+                     tr->spec.model);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Reads rank's shard file and scatters it into the full buffers. */
+static int read_shard(struct trainer *tr, const char *file, int rank, int world, size_t bytes,
+                      const char *hex, char *err, size_t errlen)
+{
+    const struct gpt_layout *lay = &tr->model.layout;
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "checkpoint: %s: %s", file, strerror(e));
+        return -e;
+    }
+    uint8_t *buf = malloc(bytes ? bytes : 1);
+    int rc = 0;
+    size_t got = buf ? fread(buf, 1, bytes, f) : 0;
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (!buf)
+        return -ENOMEM;
+    char have[32];
+    snprintf(have, sizeof(have), "%016" PRIx64, fnv1a(FNV_INIT, buf, got));
+    size_t hdr = 8 + 16 + 8 * (size_t)lay->nunits, want = hdr;
+    for (int u = 0; u < lay->nunits; u++)
+        want += 3 * sizeof(float) * shard_numel(lay->numel[u], world);
+    uint32_t h[4];
+    if (got != bytes || extra) {
+        snprintf(err, errlen, "checkpoint: %s: size differs from the manifest's %zu bytes", file,
+                 bytes);
+        rc = -EINVAL;
+    } else if (strcmp(have, hex) != 0) {
+        snprintf(err, errlen, "checkpoint: %s: checksum %s, manifest says %s (file damaged)",
+                 file, have, hex);
+        rc = -EINVAL;
+    } else if (bytes != want || memcmp(buf, SHARD_MAGIC, 8) != 0 ||
+               (memcpy(h, buf + 8, sizeof(h)), h[0] != SHARD_VERSION) ||
+               h[1] != (uint32_t)rank || h[2] != (uint32_t)world ||
+               h[3] != (uint32_t)lay->nunits) {
+        snprintf(err, errlen, "checkpoint: %s: not the shard of rank %d of %d for this layout",
+                 file, rank, world);
+        rc = -EINVAL;
+    }
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    const float *src = (const float *)(buf + hdr);
+    float *bufs[3] = {tr->model.params, tr->m, tr->v};
+    for (int u = 0; u < lay->nunits; u++) {
+        size_t S = shard_numel(lay->numel[u], world), lo = (size_t)rank * S;
+        size_t n = lo >= lay->numel[u] ? 0 : (lay->numel[u] - lo < S ? lay->numel[u] - lo : S);
+        for (int b = 0; b < 3; b++) {
+            memcpy(bufs[b] + lay->offset[u] + lo, src, sizeof(float) * n);
+            src += S;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
+{
+    char dir[JOB_PATH_MAX + 32], file[JOB_PATH_MAX + 128];
+    int rc = resolve(path, dir, sizeof(dir), err, errlen);
+    if (rc)
+        return rc;
+    snprintf(file, sizeof(file), "%s/manifest.json", dir);
+    json_error_t jerr;
+    json_t *man = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+    if (!man) {
+        snprintf(err, errlen, "checkpoint: %s: %s", file, jerr.text);
+        return -EINVAL;
+    }
+    const char *format = json_string_value(json_object_get(man, "format"));
+    json_t *files = json_object_get(man, "files");
+    json_t *units = json_object_get(man, "units");
+    json_int_t step = json_integer_value(json_object_get(man, "step"));
+    json_int_t world = json_integer_value(json_object_get(man, "world_size"));
+    json_int_t seed = json_integer_value(json_object_get(json_object_get(man, "data"), "seed"));
+    rc = -EINVAL;
+    if (!format || strcmp(format, MANIFEST_FORMAT) != 0 ||
+        json_integer_value(json_object_get(man, "version")) != MANIFEST_VERSION) {
+        snprintf(err, errlen, "checkpoint: %s: not a %s manifest of version %d", file,
+                 MANIFEST_FORMAT, MANIFEST_VERSION);
+    } else if (model_differs(json_object_get(man, "model"), tr, err, errlen, dir)) {
+    } else if (!json_is_array(units) ||
+               json_array_size(units) != (size_t)tr->model.layout.nunits) {
+        snprintf(err, errlen, "checkpoint %s: expected %d units in the layout", dir,
+                 tr->model.layout.nunits);
+    } else if (world < 1 || !json_is_array(files) || json_array_size(files) != (size_t)world ||
+               step < 0) {
+        snprintf(err, errlen, "checkpoint %s: manifest's step, world_size or files are invalid",
+                 dir);
+    } else {
+        rc = 0;
+        for (int u = 0; u < tr->model.layout.nunits && !rc; u++)
+            if ((size_t)json_integer_value(json_object_get(json_array_get(units, (size_t)u),
+                                                           "numel")) !=
+                tr->model.layout.numel[u]) {
+                snprintf(err, errlen, "checkpoint %s: unit %d has another size", dir, u);
+                rc = -EINVAL;
+            }
+        for (json_int_t r = 0; r < world && !rc; r++) {
+            json_t *fe = json_array_get(files, (size_t)r);
+            const char *name = json_string_value(json_object_get(fe, "name"));
+            const char *hex = json_string_value(json_object_get(fe, "fnv1a64"));
+            json_int_t bytes = json_integer_value(json_object_get(fe, "bytes"));
+            if (!name || !hex || strchr(name, '/') || bytes <= 0 ||
+                json_integer_value(json_object_get(fe, "rank")) != r) {
+                snprintf(err, errlen, "checkpoint %s: files[%d] is invalid", dir, (int)r);
+                rc = -EINVAL;
+                break;
+            }
+            snprintf(file, sizeof(file), "%s/%s", dir, name);
+            rc = read_shard(tr, file, (int)r, (int)world, (size_t)bytes, hex, err, errlen);
+        }
+    }
+    if (!rc) {
+        if (seed != tr->spec.seed)
+            log_warn("checkpoint %s was trained with seed %" JSON_INTEGER_FORMAT
+                     "; continuing with it (this run asked for %" PRId64 ")",
+                     dir, seed, tr->spec.seed);
+        tr->spec.seed = seed;
+        tr->step = (long)step;
+    }
+    json_decref(man);
+    return rc;
+}

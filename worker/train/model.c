@@ -1,0 +1,387 @@
+#include "worker/train/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/train/layers.h"
+#include "worker/train/rng.h"
+
+static const struct {
+    const char *name;
+    struct gpt_config cfg;
+} presets[] = {
+    {"tiny", {.L = 2, .NH = 2, .C = 16, .T = 32, .V = 256}},
+    {"small", {.L = 4, .NH = 4, .C = 128, .T = 128, .V = 256}},
+    {"gpt2-124m", {.L = 12, .NH = 12, .C = 768, .T = 1024, .V = 50257}},
+};
+
+int gpt_preset(const char *name, struct gpt_config *cfg)
+{
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+        if (strcmp(presets[i].name, name) == 0) {
+            *cfg = presets[i].cfg;
+            return 0;
+        }
+    return -ENOENT;
+}
+
+const char *gpt_preset_list(void) { return "tiny, small, gpt2-124m"; }
+
+int gpt_config_check(const struct gpt_config *c, char *err, size_t errlen)
+{
+    if (c->L < 1 || c->L > GPT_MAX_LAYERS)
+        snprintf(err, errlen, "L: expected 1 to %d, got %d", GPT_MAX_LAYERS, c->L);
+    else if (c->NH < 1 || c->C < 1 || c->C % c->NH)
+        snprintf(err, errlen, "C (%d) must be a positive multiple of NH (%d)", c->C, c->NH);
+    else if (c->T < 1 || c->T > 65536)
+        snprintf(err, errlen, "T: expected 1 to 65536, got %d", c->T);
+    else if (c->V < 2 || c->V > 65536)
+        snprintf(err, errlen, "V: expected 2 to 65536, got %d", c->V);
+    else
+        return 0;
+    return -EINVAL;
+}
+
+enum gpt_unit_kind gpt_unit_kind(const struct gpt_config *cfg, int unit)
+{
+    if (unit == 0)
+        return GPT_UNIT_EMBED;
+    return unit <= cfg->L ? GPT_UNIT_BLOCK : GPT_UNIT_NORM;
+}
+
+const char *gpt_unit_kind_name(enum gpt_unit_kind k)
+{
+    switch (k) {
+    case GPT_UNIT_EMBED: return "embed";
+    case GPT_UNIT_BLOCK: return "block";
+    case GPT_UNIT_NORM: return "norm";
+    }
+    return "?";
+}
+
+int gpt_unit_tensors(const struct gpt_config *cfg, int unit, struct gpt_tensor *out)
+{
+    const size_t C = (size_t)cfg->C;
+    struct {
+        const char *name;
+        size_t numel;
+        int decay;
+    } embed[] = {{"wte", (size_t)cfg->V * C, 1}, {"wpe", (size_t)cfg->T * C, 1}},
+      block[] = {{"ln1w", C, 0},          {"ln1b", C, 0},      {"qkvw", 3 * C * C, 1},
+                 {"qkvb", 3 * C, 0},      {"attprojw", C * C, 1}, {"attprojb", C, 0},
+                 {"ln2w", C, 0},          {"ln2b", C, 0},      {"fcw", 4 * C * C, 1},
+                 {"fcb", 4 * C, 0},       {"fcprojw", 4 * C * C, 1}, {"fcprojb", C, 0}},
+      norm[] = {{"lnfw", C, 0}, {"lnfb", C, 0}};
+    int n;
+    size_t off = 0;
+    switch (gpt_unit_kind(cfg, unit)) {
+    case GPT_UNIT_EMBED:
+        n = 2;
+        for (int i = 0; i < n; i++)
+            out[i] = (struct gpt_tensor){embed[i].name, 0, embed[i].numel, embed[i].decay};
+        break;
+    case GPT_UNIT_BLOCK:
+        n = 12;
+        for (int i = 0; i < n; i++)
+            out[i] = (struct gpt_tensor){block[i].name, 0, block[i].numel, block[i].decay};
+        break;
+    default:
+        n = 2;
+        for (int i = 0; i < n; i++)
+            out[i] = (struct gpt_tensor){norm[i].name, 0, norm[i].numel, norm[i].decay};
+        break;
+    }
+    for (int i = 0; i < n; i++) {
+        out[i].offset = off;
+        off += out[i].numel;
+    }
+    return n;
+}
+
+void gpt_layout_init(struct gpt_layout *lay, const struct gpt_config *cfg)
+{
+    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
+    memset(lay, 0, sizeof(*lay));
+    lay->nunits = cfg->L + 2;
+    for (int u = 0; u < lay->nunits; u++) {
+        int n = gpt_unit_tensors(cfg, u, t);
+        lay->offset[u] = lay->total;
+        lay->numel[u] = t[n - 1].offset + t[n - 1].numel;
+        lay->total += lay->numel[u];
+    }
+}
+
+/* Named views of one unit's flat floats (same order as gpt_unit_tensors). */
+struct embed_params {
+    float *wte, *wpe;
+};
+struct block_params {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+struct norm_params {
+    float *lnfw, *lnfb;
+};
+
+static void unit_views(const struct gpt_config *cfg, int unit, const float *base, float **out)
+{
+    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
+    int n = gpt_unit_tensors(cfg, unit, t);
+    for (int i = 0; i < n; i++)
+        out[i] = (float *)base + t[i].offset;
+}
+
+static struct embed_params embed_view(const struct gpt_config *cfg, const float *base)
+{
+    struct embed_params p;
+    unit_views(cfg, 0, base, (float **)&p);
+    return p;
+}
+
+static struct block_params block_view(const struct gpt_config *cfg, const float *base)
+{
+    struct block_params p;
+    unit_views(cfg, 1, base, (float **)&p);
+    return p;
+}
+
+static struct norm_params norm_view(const struct gpt_config *cfg, const float *base)
+{
+    struct norm_params p;
+    unit_views(cfg, cfg->L + 1, base, (float **)&p);
+    return p;
+}
+
+float *gpt_unit_ptr(const struct gpt *m, float *flat, int unit)
+{
+    return flat + m->layout.offset[unit];
+}
+
+/* Carves the activation pointers out of one block of memory (or, with
+ * mem == NULL, only counts the floats). */
+static size_t carve_acts(struct gpt_acts *a, float *mem, const struct gpt_config *cfg, int B,
+                         int T)
+{
+    const size_t N = (size_t)B * T, C = (size_t)cfg->C;
+    size_t used = 0;
+#define TAKE(ptr, count)                                                       \
+    do {                                                                       \
+        (ptr) = mem ? mem + used : NULL;                                       \
+        used += (count);                                                       \
+    } while (0)
+    TAKE(a->encoded, N * C);
+    for (int l = 0; l < cfg->L; l++) {
+        TAKE(a->ln1[l], N * C);
+        TAKE(a->ln1_mean[l], N);
+        TAKE(a->ln1_rstd[l], N);
+        TAKE(a->qkv[l], N * 3 * C);
+        TAKE(a->atty[l], N * C);
+        TAKE(a->att[l], (size_t)B * cfg->NH * T * T);
+        TAKE(a->attproj[l], N * C);
+        TAKE(a->res2[l], N * C);
+        TAKE(a->ln2[l], N * C);
+        TAKE(a->ln2_mean[l], N);
+        TAKE(a->ln2_rstd[l], N);
+        TAKE(a->fch[l], N * 4 * C);
+        TAKE(a->fch_gelu[l], N * 4 * C);
+        TAKE(a->fcproj[l], N * C);
+        TAKE(a->res3[l], N * C);
+    }
+    TAKE(a->lnf, N * C);
+    TAKE(a->lnf_mean, N);
+    TAKE(a->lnf_rstd, N);
+    TAKE(a->logits, N * cfg->V);
+    TAKE(a->probs, N * cfg->V);
+    TAKE(a->losses, N);
+    TAKE(a->dres, N * C);
+    TAKE(a->dsmall, N * C);
+    TAKE(a->dbig, N * 4 * C);
+    TAKE(a->datt, (size_t)B * cfg->NH * T * T);
+#undef TAKE
+    return used;
+}
+
+int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT)
+{
+    memset(m, 0, sizeof(*m));
+    char why[128];
+    if (gpt_config_check(cfg, why, sizeof(why)) || maxB < 1 || maxT < 1 || maxT > cfg->T)
+        return -EINVAL;
+    m->cfg = *cfg;
+    gpt_layout_init(&m->layout, cfg);
+    m->maxB = maxB;
+    m->maxT = maxT;
+    size_t nacts = carve_acts(&m->acts, NULL, cfg, maxB, maxT);
+    m->params = calloc(m->layout.total, sizeof(float));
+    m->grads = calloc(m->layout.total, sizeof(float));
+    m->acts_mem = calloc(nacts, sizeof(float));
+    m->inputs = calloc((size_t)maxB * maxT, sizeof(int));
+    m->targets = calloc((size_t)maxB * maxT, sizeof(int));
+    if (!m->params || !m->grads || !m->acts_mem || !m->inputs || !m->targets) {
+        gpt_destroy(m);
+        return -ENOMEM;
+    }
+    carve_acts(&m->acts, m->acts_mem, cfg, maxB, maxT);
+    return 0;
+}
+
+void gpt_destroy(struct gpt *m)
+{
+    free(m->params);
+    free(m->grads);
+    free(m->acts_mem);
+    free(m->inputs);
+    free(m->targets);
+    memset(m, 0, sizeof(*m));
+}
+
+void gpt_init_weights(struct gpt *m, uint64_t seed)
+{
+    const struct gpt_config *cfg = &m->cfg;
+    const double resid_std = 0.02 / sqrt(2.0 * cfg->L);
+    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
+    for (int u = 0; u < m->layout.nunits; u++) {
+        float *base = gpt_unit_ptr(m, m->params, u);
+        int n = gpt_unit_tensors(cfg, u, t);
+        for (int i = 0; i < n; i++) {
+            float *p = base + t[i].offset;
+            const char *name = t[i].name;
+            if (!t[i].decay) { /* biases 0, norm gains ("..w" among them) 1 */
+                float v = (strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 ||
+                           strcmp(name, "lnfw") == 0) ? 1.0f : 0.0f;
+                for (size_t j = 0; j < t[i].numel; j++)
+                    p[j] = v;
+                continue;
+            }
+            double std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0)
+                             ? resid_std : 0.02;
+            size_t numel = t[i].numel;
+#pragma omp parallel for schedule(static)
+            for (size_t j = 0; j < numel; j++)
+                p[j] = (float)(std * rng_normal(rng_hash(seed, 0x494e4954, (uint64_t)u,
+                                                         (uint64_t)i, j)));
+        }
+    }
+}
+
+void embed_forward(struct gpt *m, const float *embed_unit)
+{
+    struct embed_params p = embed_view(&m->cfg, embed_unit);
+    encoder_forward(m->acts.encoded, m->inputs, p.wte, p.wpe, m->B, m->T, m->cfg.C);
+}
+
+void block_forward(struct gpt *m, int l, const float *block_unit)
+{
+    struct block_params p = block_view(&m->cfg, block_unit);
+    struct gpt_acts *a = &m->acts;
+    const int B = m->B, T = m->T, C = m->cfg.C, N = B * T;
+    const float *x = l == 0 ? a->encoded : a->res3[l - 1];
+
+    layernorm_forward(a->ln1[l], a->ln1_mean[l], a->ln1_rstd[l], x, p.ln1w, p.ln1b, N, C);
+    matmul_forward(a->qkv[l], a->ln1[l], p.qkvw, p.qkvb, N, C, 3 * C);
+    attention_forward(a->atty[l], a->att[l], a->qkv[l], B, T, C, m->cfg.NH);
+    matmul_forward(a->attproj[l], a->atty[l], p.attprojw, p.attprojb, N, C, C);
+    residual_forward(a->res2[l], x, a->attproj[l], (size_t)N * C);
+    layernorm_forward(a->ln2[l], a->ln2_mean[l], a->ln2_rstd[l], a->res2[l], p.ln2w, p.ln2b,
+                      N, C);
+    matmul_forward(a->fch[l], a->ln2[l], p.fcw, p.fcb, N, C, 4 * C);
+    gelu_forward(a->fch_gelu[l], a->fch[l], (size_t)N * 4 * C);
+    matmul_forward(a->fcproj[l], a->fch_gelu[l], p.fcprojw, p.fcprojb, N, 4 * C, C);
+    residual_forward(a->res3[l], a->res2[l], a->fcproj[l], (size_t)N * C);
+}
+
+double head_forward(struct gpt *m, const float *norm_unit, const float *embed_unit,
+                    int with_targets)
+{
+    struct norm_params n = norm_view(&m->cfg, norm_unit);
+    struct embed_params e = embed_view(&m->cfg, embed_unit);
+    struct gpt_acts *a = &m->acts;
+    const int N = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
+    const float *x = a->res3[m->cfg.L - 1];
+
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, n.lnfw, n.lnfb, N, C);
+    matmul_forward(a->logits, a->lnf, e.wte, NULL, N, C, V); /* tied head */
+    if (!with_targets)
+        return 0.0;
+    return crossentropy_forward(a->probs, a->losses, a->logits, m->targets, N, V);
+}
+
+void head_backward(struct gpt *m, float *dnorm_unit, float *dembed_unit,
+                   const float *norm_unit, const float *embed_unit, float dloss)
+{
+    struct norm_params n = norm_view(&m->cfg, norm_unit), dn = norm_view(&m->cfg, dnorm_unit);
+    struct embed_params e = embed_view(&m->cfg, embed_unit), de = embed_view(&m->cfg, dembed_unit);
+    struct gpt_acts *a = &m->acts;
+    const int N = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
+
+    crossentropy_backward(a->probs, a->probs, m->targets, dloss, N, V);
+    matmul_backward(a->dsmall, de.wte, NULL, a->probs, a->lnf, e.wte, N, C, V);
+    memset(a->dres, 0, sizeof(float) * (size_t)N * C);
+    layernorm_backward(a->dres, dn.lnfw, dn.lnfb, a->dsmall, a->res3[m->cfg.L - 1], n.lnfw,
+                       a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+void block_backward(struct gpt *m, int l, float *dblock_unit, const float *block_unit)
+{
+    struct block_params p = block_view(&m->cfg, block_unit);
+    struct block_params d = block_view(&m->cfg, dblock_unit);
+    struct gpt_acts *a = &m->acts;
+    const int B = m->B, T = m->T, C = m->cfg.C, N = B * T;
+    const float *x = l == 0 ? a->encoded : a->res3[l - 1];
+
+    /* a->dres holds d(res3[l]); residuals pass it through unchanged, and the
+     * layer norms add their input gradients into it. */
+    matmul_backward(a->dbig, d.fcprojw, d.fcprojb, a->dres, a->fch_gelu[l], p.fcprojw, N,
+                    4 * C, C);
+    gelu_backward(a->dbig, a->dbig, a->fch[l], (size_t)N * 4 * C);
+    matmul_backward(a->dsmall, d.fcw, d.fcb, a->dbig, a->ln2[l], p.fcw, N, C, 4 * C);
+    layernorm_backward(a->dres, d.ln2w, d.ln2b, a->dsmall, a->res2[l], p.ln2w, a->ln2_mean[l],
+                       a->ln2_rstd[l], N, C);
+    matmul_backward(a->dsmall, d.attprojw, d.attprojb, a->dres, a->atty[l], p.attprojw, N, C,
+                    C);
+    attention_backward(a->dbig, a->datt, a->dsmall, a->qkv[l], a->att[l], B, T, C, m->cfg.NH);
+    matmul_backward(a->dsmall, d.qkvw, d.qkvb, a->dbig, a->ln1[l], p.qkvw, N, C, 3 * C);
+    layernorm_backward(a->dres, d.ln1w, d.ln1b, a->dsmall, x, p.ln1w, a->ln1_mean[l],
+                       a->ln1_rstd[l], N, C);
+}
+
+void embed_backward(struct gpt *m, float *dembed_unit)
+{
+    struct embed_params d = embed_view(&m->cfg, dembed_unit);
+    encoder_backward(d.wte, d.wpe, m->acts.dres, m->inputs, m->B, m->T, m->cfg.C);
+}
+
+double gpt_forward(struct gpt *m, const int *inputs, const int *targets, int B, int T)
+{
+    const int L = m->cfg.L;
+    m->B = B;
+    m->T = T;
+    memcpy(m->inputs, inputs, sizeof(int) * (size_t)B * T);
+    if (targets)
+        memcpy(m->targets, targets, sizeof(int) * (size_t)B * T);
+    embed_forward(m, gpt_unit_ptr(m, m->params, 0));
+    for (int l = 0; l < L; l++)
+        block_forward(m, l, gpt_unit_ptr(m, m->params, l + 1));
+    return head_forward(m, gpt_unit_ptr(m, m->params, L + 1), gpt_unit_ptr(m, m->params, 0),
+                        targets != NULL);
+}
+
+void gpt_backward(struct gpt *m, float scale)
+{
+    const int L = m->cfg.L;
+    float dloss = scale / (float)(m->B * m->T);
+    head_backward(m, gpt_unit_ptr(m, m->grads, L + 1), gpt_unit_ptr(m, m->grads, 0),
+                  gpt_unit_ptr(m, m->params, L + 1), gpt_unit_ptr(m, m->params, 0), dloss);
+    for (int l = L - 1; l >= 0; l--)
+        block_backward(m, l, gpt_unit_ptr(m, m->grads, l + 1),
+                       gpt_unit_ptr(m, m->params, l + 1));
+    embed_backward(m, gpt_unit_ptr(m, m->grads, 0));
+}
+
+void gpt_zero_grad(struct gpt *m)
+{
+    memset(m->grads, 0, sizeof(float) * m->layout.total);
+}

@@ -1,0 +1,139 @@
+/*
+ * model: GPT-2 in fp32 on the CPU, built from worker/train/layers.h.
+ *
+ * Parameters live in flat buffers grouped by *unit*, the granule that ZeRO-3
+ * shards, gathers and releases:
+ *
+ *   unit 0        embed   wte (V,C), wpe (T,C)
+ *   unit 1..L     block   ln1w ln1b (C), qkvw (3C,C) qkvb (3C), attprojw (C,C)
+ *                         attprojb (C), ln2w ln2b (C), fcw (4C,C) fcb (4C),
+ *                         fcprojw (C,4C) fcprojb (C)
+ *   unit L+1      norm    lnfw lnfb (C)
+ *
+ * in that order, tensors packed without padding, units back to back in one
+ * allocation (gpt.params; gpt.grads has the same layout). The LM head is tied
+ * to wte, so the head needs unit 0 as well as unit L+1.
+ *
+ * The forward is a loop over units: embed_forward(unit 0), block_forward(l,
+ * unit l+1) for each l, head_forward(unit L+1, unit 0); the backward runs
+ * them in reverse. Each takes the unit's parameters as a pointer, so a caller
+ * can hand it a gathered copy instead of gpt.params.
+ */
+#ifndef MUSTER_TRAIN_MODEL_H
+#define MUSTER_TRAIN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPT_MAX_LAYERS 64
+#define GPT_MAX_UNITS (GPT_MAX_LAYERS + 2)
+#define GPT_MAX_UNIT_TENSORS 12
+
+struct gpt_config {
+    int L;  /* blocks */
+    int NH; /* heads */
+    int C;  /* channels */
+    int T;  /* maximum sequence length (positions in wpe) */
+    int V;  /* vocabulary */
+};
+
+/* Fills *cfg for "tiny", "small" or "gpt2-124m"; -ENOENT otherwise. */
+int gpt_preset(const char *name, struct gpt_config *cfg);
+/* "tiny, small, gpt2-124m", for messages. */
+const char *gpt_preset_list(void);
+/* 0, or -EINVAL with the reason in err (C % NH, bounds). */
+int gpt_config_check(const struct gpt_config *cfg, char *err, size_t errlen);
+
+struct gpt_tensor {
+    const char *name;
+    size_t offset; /* floats from the start of the unit */
+    size_t numel;
+    int decay;     /* 1 = weight decay applies (matrices); 0 = biases, gains */
+};
+
+enum gpt_unit_kind { GPT_UNIT_EMBED, GPT_UNIT_BLOCK, GPT_UNIT_NORM };
+
+struct gpt_layout {
+    int nunits;                   /* L + 2 */
+    size_t offset[GPT_MAX_UNITS]; /* floats from the start of the flat buffer */
+    size_t numel[GPT_MAX_UNITS];
+    size_t total;
+};
+
+void gpt_layout_init(struct gpt_layout *lay, const struct gpt_config *cfg);
+enum gpt_unit_kind gpt_unit_kind(const struct gpt_config *cfg, int unit);
+/* "embed", "block", "norm". */
+const char *gpt_unit_kind_name(enum gpt_unit_kind k);
+/* Writes the unit's tensors into out (GPT_MAX_UNIT_TENSORS); returns how many. */
+int gpt_unit_tensors(const struct gpt_config *cfg, int unit, struct gpt_tensor *out);
+
+/* Activations of the last forward, kept for the backward. */
+struct gpt_acts {
+    float *encoded;                                   /* (B,T,C) */
+    float *ln1[GPT_MAX_LAYERS], *ln1_mean[GPT_MAX_LAYERS], *ln1_rstd[GPT_MAX_LAYERS];
+    float *qkv[GPT_MAX_LAYERS];                       /* (B,T,3C) */
+    float *atty[GPT_MAX_LAYERS];                      /* (B,T,C) */
+    float *att[GPT_MAX_LAYERS];                       /* (B,NH,T,T) */
+    float *attproj[GPT_MAX_LAYERS], *res2[GPT_MAX_LAYERS];
+    float *ln2[GPT_MAX_LAYERS], *ln2_mean[GPT_MAX_LAYERS], *ln2_rstd[GPT_MAX_LAYERS];
+    float *fch[GPT_MAX_LAYERS], *fch_gelu[GPT_MAX_LAYERS]; /* (B,T,4C) */
+    float *fcproj[GPT_MAX_LAYERS], *res3[GPT_MAX_LAYERS];  /* res3[l]: block l's output */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;                                    /* (B,T,V) */
+    float *probs;                                     /* (B,T,V); dlogits in the backward */
+    float *losses;                                    /* (B,T) */
+    /* backward scratch */
+    float *dres;                                      /* (B,T,C) gradient of the residual */
+    float *dsmall;                                    /* (B,T,C) */
+    float *dbig;                                      /* (B,T,4C) */
+    float *datt;                                      /* (B,NH,T,T) */
+};
+
+struct gpt {
+    struct gpt_config cfg;
+    struct gpt_layout layout;
+    float *params; /* layout.total floats */
+    float *grads;  /* same layout; the backward accumulates into it */
+    int maxB, maxT; /* activation capacity */
+    int B, T;       /* shape of the last forward */
+    int *inputs, *targets; /* (maxB, maxT) copies of the last batch */
+    struct gpt_acts acts;
+    float *acts_mem;
+};
+
+/* Allocates parameters, gradients and activations for batches up to
+ * (maxB, maxT). Returns 0 or -ENOMEM / -EINVAL. Parameters are zero. */
+int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT);
+void gpt_destroy(struct gpt *m);
+
+/* GPT-2 initialisation, a pure function of the seed: weights N(0, 0.02),
+ * residual projections (attproj, fcproj) N(0, 0.02/sqrt(2L)), biases 0,
+ * norm gains 1. */
+void gpt_init_weights(struct gpt *m, uint64_t seed);
+
+/* Pointer to unit u inside a flat buffer of this layout (params or grads). */
+float *gpt_unit_ptr(const struct gpt *m, float *flat, int unit);
+
+/* Per-unit passes. unit_params points at that unit's floats. */
+void embed_forward(struct gpt *m, const float *embed_unit);
+void block_forward(struct gpt *m, int l, const float *block_unit);
+/* Final norm, logits, and (when targets were given) the mean loss. */
+double head_forward(struct gpt *m, const float *norm_unit, const float *embed_unit,
+                    int with_targets);
+/* dloss: gradient of the objective with respect to each position's loss. */
+void head_backward(struct gpt *m, float *dnorm_unit, float *dembed_unit,
+                   const float *norm_unit, const float *embed_unit, float dloss);
+void block_backward(struct gpt *m, int l, float *dblock_unit, const float *block_unit);
+void embed_backward(struct gpt *m, float *dembed_unit);
+
+/*
+ * Whole-model passes over gpt.params. gpt_forward copies the batch (inputs
+ * and targets (B,T); targets may be NULL for generation) and returns the
+ * mean loss (0 without targets). gpt_backward accumulates into gpt.grads the
+ * gradient of scale * mean loss (scale = 1/micro-steps when accumulating).
+ */
+double gpt_forward(struct gpt *m, const int *inputs, const int *targets, int B, int T);
+void gpt_backward(struct gpt *m, float scale);
+void gpt_zero_grad(struct gpt *m);
+
+#endif

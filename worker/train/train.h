@@ -1,0 +1,89 @@
+/*
+ * train: the training loop of one rank, as a library. muster-train's
+ * --standalone mode drives it; the rank mode (issue 4) will drive the same
+ * loop and hook heartbeats and collectives onto it.
+ *
+ * A step: zero the gradients; for each of `accum` micro-steps draw the
+ * micro-batch (seed, step, micro_step, rank, world), forward, backward with
+ * the loss scaled by 1/accum; clip by the global gradient norm; AdamW with
+ * the scheduled learning rate. A non-finite loss or gradient norm stops the
+ * run with a diagnosis naming the step.
+ */
+#ifndef MUSTER_TRAIN_TRAIN_H
+#define MUSTER_TRAIN_TRAIN_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/jobspec.h"
+#include "worker/train/data.h"
+#include "worker/train/model.h"
+#include "worker/train/optim.h"
+
+struct trainer {
+    struct job_spec spec;       /* resolved: seq_len and micro_batch filled in */
+    struct gpt model;
+    struct dataset data;
+    struct lr_schedule sched;
+    float beta1, beta2, eps;
+    float *m, *v;               /* AdamW moments, the layout of model.params */
+    long step;                  /* optimizer steps done */
+    int accum;                  /* micro-steps per step */
+    int rank, world;
+    int *inputs, *targets;      /* (micro_batch, seq_len) */
+    long fault_nan_step;        /* fault injection: poison a weight before the step that
+                                 * follows this many steps (-1: off) */
+};
+
+struct train_step_info {
+    long step;                  /* 1-based: steps done after this one */
+    long steps;                 /* the run's total */
+    double loss;                /* mean over the step's micro-batches */
+    double lr;
+    double grad_norm;           /* before clipping */
+    double tokens_per_s;        /* this rank's tokens per second over the step */
+    double ms;
+};
+
+/* Checks the training keys of a job spec and resolves seq_len = 0 and
+ * micro_batch = 0. Returns 0 or -EINVAL with the reason in err. */
+int trainer_check_spec(struct job_spec *spec, int world, char *err, size_t errlen);
+
+/*
+ * Checks the spec, loads the data, builds the model and initialises it from the seed.
+ * Returns 0, or a negative errno with the reason in err.
+ */
+int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int world,
+                 char *err, size_t errlen);
+void trainer_free(struct trainer *tr);
+
+/* One optimizer step. -ERANGE with a diagnosis in err on a non-finite loss. */
+int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, size_t errlen);
+
+/* Mean loss over spec.eval_batches validation micro-batches (NAN when the
+ * job holds out no validation data). */
+double trainer_eval(struct trainer *tr);
+
+/* Generates n tokens from the current model, starting from prompt; a pure
+ * function of (weights, seed, step). out gets n tokens. */
+void trainer_sample(struct trainer *tr, int prompt, int *out, int n);
+
+struct train_hooks {
+    void (*on_step)(const struct train_step_info *info, void *user);
+    void (*on_eval)(long step, double val_loss, void *user);
+    void (*on_checkpoint)(long step, const char *path, void *user);
+    void *user;
+};
+
+/*
+ * Runs steps until spec.steps, until stop_after steps of this call were made
+ * (<= 0: no limit), or until *stop becomes non-zero (checked between steps).
+ * Validates every eval_every steps and at the end; checkpoints every
+ * checkpoint_every steps and at the end when checkpoint_dir is set.
+ * Returns 0 or a negative errno with the reason in err.
+ */
+int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
+              volatile sig_atomic_t *stop, char *err, size_t errlen);
+
+#endif

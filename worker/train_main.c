@@ -1,0 +1,415 @@
+/*
+ * muster-train: one training rank. This build has the standalone mode: one
+ * process on the CPU, driven by a job spec (--job) and flags that override
+ * its training keys. See docs/training.md.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <jansson.h>
+
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "worker/train/ckpt.h"
+#include "worker/train/layers.h"
+#include "worker/train/train.h"
+
+#define EXIT_USAGE 2
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: muster-train --standalone [--job FILE] [OPTION]...\n"
+            "Trains a GPT model on the CPU as one process (the reference the distributed\n"
+            "ranks are checked against). Flags override the job spec's keys.\n"
+            "\n"
+            "  --standalone            run alone, without muster-worker (required in this build)\n"
+            "  --job FILE              job spec JSON (docs/jobspec.md, docs/training.md)\n"
+            "  --model NAME            model preset: tiny, small, gpt2-124m\n"
+            "  --data FILE             text file (bytes) or llm.c token file\n"
+            "  --steps N               optimizer steps\n"
+            "  --batch N               sequences per optimizer step\n"
+            "  --micro-batch N         sequences per micro-step (gradient accumulation)\n"
+            "  --seq-len N             tokens per sequence (0 = model's T)\n"
+            "  --lr X, --lr-min X      peak learning rate, floor of the cosine decay\n"
+            "  --warmup N              linear warm-up steps\n"
+            "  --weight-decay X        AdamW decoupled weight decay\n"
+            "  --grad-clip X           global gradient-norm clip (0 = off)\n"
+            "  --val-fraction X        tail of the data held out for validation\n"
+            "  --eval-every N          validation every N steps (0 = off)\n"
+            "  --eval-batches N        micro-batches per validation\n"
+            "  --seed N                seed of initialisation and data order\n"
+            "  --checkpoint-dir DIR    write checkpoints there\n"
+            "  --checkpoint-every N    steps between checkpoints (0 = only at the end)\n"
+            "  --resume PATH           load a checkpoint (step dir, or a checkpoint dir's latest)\n"
+            "  --stop-after N          stop after N steps of this run (then checkpoint)\n"
+            "  --sample N              print N generated tokens after training\n"
+            "  --threads N             compute threads (default: all online CPUs)\n"
+            "  --metrics FILE          append one JSON line per step and validation\n"
+            "  --log-level LEVEL       error, warn, info, debug\n"
+            "  --help, --version\n"
+            "\n"
+            "Exit status: 0 success, 1 runtime failure, 2 usage error.\n");
+}
+
+enum {
+    OPT_STANDALONE = 256, OPT_JOB, OPT_MODEL, OPT_DATA, OPT_STEPS, OPT_BATCH, OPT_MICRO,
+    OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_WD, OPT_CLIP, OPT_VALFRAC, OPT_EVAL_EVERY,
+    OPT_EVAL_BATCHES, OPT_SEED, OPT_CKDIR, OPT_CKEVERY, OPT_RESUME, OPT_STOP_AFTER, OPT_SAMPLE,
+    OPT_THREADS, OPT_METRICS, OPT_LOGLEVEL, OPT_HELP, OPT_VERSION,
+};
+
+/* Flags that set a job key: the option, the key, and how to read the value. */
+static const struct {
+    int opt;
+    const char *key;
+    char kind; /* 'i' integer, 'd' number, 's' string */
+} key_flags[] = {
+    {OPT_MODEL, "model", 's'},          {OPT_DATA, "data", 's'},
+    {OPT_STEPS, "steps", 'i'},          {OPT_BATCH, "batch", 'i'},
+    {OPT_MICRO, "micro_batch", 'i'},    {OPT_SEQ, "seq_len", 'i'},
+    {OPT_LR, "lr", 'd'},                {OPT_LR_MIN, "lr_min", 'd'},
+    {OPT_WARMUP, "warmup_steps", 'i'},  {OPT_WD, "weight_decay", 'd'},
+    {OPT_CLIP, "grad_clip", 'd'},       {OPT_VALFRAC, "val_fraction", 'd'},
+    {OPT_EVAL_EVERY, "eval_every", 'i'}, {OPT_EVAL_BATCHES, "eval_batches", 'i'},
+    {OPT_SEED, "seed", 'i'},            {OPT_CKDIR, "checkpoint_dir", 's'},
+    {OPT_CKEVERY, "checkpoint_every", 'i'},
+};
+
+static int parse_long(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoll(s, &end, 10);
+    return errno || end == s || *end ? -EINVAL : 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtod(s, &end);
+    return errno || end == s || *end ? -EINVAL : 0;
+}
+
+struct run_state {
+    FILE *metrics;
+    double t0; /* CLOCK_MONOTONIC at the start of training */
+    int tty;
+    long steps;
+};
+
+static double elapsed(const struct run_state *rs)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9 - rs->t0;
+}
+
+static void clear_bar(const struct run_state *rs)
+{
+    if (rs->tty)
+        fputs("\r\033[K", stdout);
+}
+
+static void on_step(const struct train_step_info *in, void *user)
+{
+    struct run_state *rs = user;
+    clear_bar(rs);
+    printf("step %ld/%ld loss %.6f lr %.4e norm %.4f tok/s %.0f ms %.1f\n", in->step, in->steps,
+           in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->ms);
+    if (rs->tty) {
+        int width = 30, done = (int)(width * in->step / in->steps);
+        double eta = (double)(in->steps - in->step) * in->ms / 1e3;
+        printf("[%.*s%*s] %3d%% eta %.0fs", done, "==============================", width - done,
+               "", (int)(100 * in->step / in->steps), eta);
+    }
+    fflush(stdout);
+    if (rs->metrics) {
+        fprintf(rs->metrics,
+                "{\"step\": %ld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
+                "\"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
+                in->step, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->ms);
+        fflush(rs->metrics);
+    }
+}
+
+static void on_eval(long step, double val, void *user)
+{
+    struct run_state *rs = user;
+    clear_bar(rs);
+    printf("val step %ld loss %.6f elapsed %.1fs\n", step, val, elapsed(rs));
+    fflush(stdout);
+    if (rs->metrics) {
+        fprintf(rs->metrics, "{\"step\": %ld, \"val_loss\": %.17g, \"elapsed_s\": %.3f}\n", step,
+                val, elapsed(rs));
+        fflush(rs->metrics);
+    }
+}
+
+static void on_checkpoint(long step, const char *path, void *user)
+{
+    struct run_state *rs = user;
+    clear_bar(rs);
+    log_info("step %ld: checkpoint %s", step, path);
+}
+
+/*
+ * OpenBLAS 0.3.21 does not know recent Xeons and falls back to its generic
+ * SSE3 kernels ("Prescott"), several times slower. It reads
+ * OPENBLAS_CORETYPE only when it loads, so when that happened on a CPU with
+ * AVX2 we name the right kernels and run ourselves again, once. A user's
+ * own OPENBLAS_CORETYPE is left alone.
+ */
+static void pick_blas_kernels(char **argv)
+{
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core || strcasecmp(core, "prescott") != 0)
+        return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+    if (!want)
+        return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: go on with the generic kernels */
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"standalone", no_argument, NULL, OPT_STANDALONE},
+        {"job", required_argument, NULL, OPT_JOB},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"steps", required_argument, NULL, OPT_STEPS},
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"micro-batch", required_argument, NULL, OPT_MICRO},
+        {"seq-len", required_argument, NULL, OPT_SEQ},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"lr-min", required_argument, NULL, OPT_LR_MIN},
+        {"warmup", required_argument, NULL, OPT_WARMUP},
+        {"weight-decay", required_argument, NULL, OPT_WD},
+        {"grad-clip", required_argument, NULL, OPT_CLIP},
+        {"val-fraction", required_argument, NULL, OPT_VALFRAC},
+        {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+        {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"checkpoint-dir", required_argument, NULL, OPT_CKDIR},
+        {"checkpoint-every", required_argument, NULL, OPT_CKEVERY},
+        {"resume", required_argument, NULL, OPT_RESUME},
+        {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
+        {"sample", required_argument, NULL, OPT_SAMPLE},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"metrics", required_argument, NULL, OPT_METRICS},
+        {"log-level", required_argument, NULL, OPT_LOGLEVEL},
+        {"help", no_argument, NULL, OPT_HELP},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {NULL, 0, NULL, 0},
+    };
+    int standalone = 0;
+    const char *job = NULL, *resume = NULL, *metrics_path = NULL;
+    long long stop_after = 0, sample = 0, threads = 0;
+    json_t *over = json_object();
+    char err[1024];
+    int c;
+
+    log_set_prog("muster-train");
+    pick_blas_kernels(argv);
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        long long iv;
+        double dv;
+        switch (c) {
+        case OPT_STANDALONE: standalone = 1; continue;
+        case OPT_JOB: job = optarg; continue;
+        case OPT_RESUME: resume = optarg; continue;
+        case OPT_METRICS: metrics_path = optarg; continue;
+        case OPT_HELP:
+            usage(stdout);
+            json_decref(over);
+            return 0;
+        case OPT_VERSION:
+            printf("muster-train %s\n", MUSTER_VERSION);
+            json_decref(over);
+            return 0;
+        case OPT_LOGLEVEL:
+            if (log_set_level_name(optarg)) {
+                fprintf(stderr, "muster-train: --log-level: expected error, warn, info or debug\n");
+                goto usage_error;
+            }
+            continue;
+        case OPT_STOP_AFTER:
+        case OPT_SAMPLE:
+        case OPT_THREADS:
+            if (parse_long(optarg, &iv) || iv < 0 || iv > 100000000) {
+                fprintf(stderr, "muster-train: %s: expected a non-negative integer, got \"%s\"\n",
+                        argv[optind - 1], optarg);
+                goto usage_error;
+            }
+            *(c == OPT_STOP_AFTER ? &stop_after : c == OPT_SAMPLE ? &sample : &threads) = iv;
+            continue;
+        case '?':
+            fprintf(stderr, "Try 'muster-train --help'.\n");
+            goto usage_error;
+        default: break;
+        }
+        size_t k = 0;
+        while (k < sizeof(key_flags) / sizeof(key_flags[0]) && key_flags[k].opt != c)
+            k++;
+        if (k == sizeof(key_flags) / sizeof(key_flags[0]))
+            goto usage_error;
+        json_t *v = NULL;
+        if (key_flags[k].kind == 's')
+            v = json_string(optarg);
+        else if (key_flags[k].kind == 'i' && !parse_long(optarg, &iv))
+            v = json_integer(iv);
+        else if (key_flags[k].kind == 'd' && !parse_double(optarg, &dv))
+            v = json_real(dv);
+        if (!v) {
+            fprintf(stderr, "muster-train: --%s: expected %s, got \"%s\"\n", opts[c - OPT_STANDALONE].name,
+                    key_flags[k].kind == 'i' ? "an integer" : "a number", optarg);
+            goto usage_error;
+        }
+        json_object_set_new(over, key_flags[k].key, v);
+    }
+    if (optind < argc) {
+        fprintf(stderr, "muster-train: unexpected argument \"%s\"\n", argv[optind]);
+        goto usage_error;
+    }
+    if (!standalone) {
+        fprintf(stderr, "muster-train: only --standalone is available in this build (rank mode "
+                        "under muster-worker is not built yet)\n");
+        goto usage_error;
+    }
+
+    /* The job file, then the flags on top, validated together by the table. */
+    json_t *spec_json = json_object();
+    char origin[JOB_PATH_MAX + 32] = "command line";
+    if (job) {
+        json_error_t jerr;
+        json_decref(spec_json);
+        spec_json = json_load_file(job, JSON_REJECT_DUPLICATES, &jerr);
+        if (!spec_json) {
+            fprintf(stderr, "muster-train: %s: %s\n", job, jerr.text);
+            goto usage_error;
+        }
+        snprintf(origin, sizeof(origin), "%s%s", job,
+                 json_object_size(over) ? " + command line" : "");
+    }
+    if (json_is_object(spec_json))
+        json_object_update(spec_json, over);
+    json_decref(over);
+    struct job_spec spec;
+    int rc = job_spec_from_json(spec_json, origin, &spec, err, sizeof(err));
+    json_decref(spec_json);
+    if (rc) {
+        fprintf(stderr, "muster-train: %s\n", err);
+        return EXIT_USAGE;
+    }
+    if (spec.data[0] == '\0') {
+        fprintf(stderr, "muster-train: no data: give --data FILE or \"data\" in the job spec\n");
+        return EXIT_USAGE;
+    }
+    if (trainer_check_spec(&spec, 1, err, sizeof(err))) {
+        fprintf(stderr, "muster-train: %s: %s\n", origin, err);
+        return EXIT_USAGE;
+    }
+
+    if (threads == 0)
+        threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    layers_set_threads((int)threads);
+
+    struct trainer tr;
+    rc = trainer_init(&tr, &spec, 0, 1, err, sizeof(err));
+    if (rc) {
+        log_error("%s", err);
+        return 1;
+    }
+    /* Fault injection for tests: the loss of step N (1-based) becomes NaN. */
+    const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
+    if (fault && atol(fault) > 0)
+        tr.fault_nan_step = atol(fault) - 1;
+    if (resume) {
+        rc = ckpt_load(&tr, resume, err, sizeof(err));
+        if (rc) {
+            log_error("%s", err);
+            trainer_free(&tr);
+            return 1;
+        }
+        log_info("resumed from %s at step %ld", resume, tr.step);
+    }
+    const struct gpt_config *g = &tr.model.cfg;
+    log_info("model %s: L=%d NH=%d C=%d T=%d V=%d, %.3fM parameters; data %s (%s, %zu tokens, "
+             "%zu for validation); batch %d = %d x %d micro-steps, seq_len %d; %lld threads",
+             spec.model, g->L, g->NH, g->C, g->T, g->V, tr.model.layout.total / 1e6, spec.data,
+             tr.data.format == DATA_TEXT ? "text" : "tokens", tr.data.ntokens,
+             tr.data.ntokens - tr.data.ntrain, spec.batch, tr.spec.micro_batch, tr.accum,
+             tr.spec.seq_len, threads);
+
+    struct run_state rs = {.tty = isatty(STDOUT_FILENO), .steps = spec.steps};
+    if (metrics_path && !(rs.metrics = fopen(metrics_path, "a"))) {
+        log_error("--metrics: %s: %s", metrics_path, strerror(errno));
+        trainer_free(&tr);
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
+    rc = train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
+    clear_bar(&rs);
+    fflush(stdout);
+    if (rs.metrics)
+        fclose(rs.metrics);
+    if (rc) {
+        log_error("%s", err);
+        trainer_free(&tr);
+        return 1;
+    }
+    if (stop_flag)
+        log_info("stopped by signal at step %ld", tr.step);
+    if (sample > 0) {
+        int *out = malloc(sizeof(int) * (size_t)sample);
+        if (out) {
+            int prompt = g->V == 256 ? '\n' : tr.data.tokens[0];
+            trainer_sample(&tr, prompt, out, (int)sample);
+            printf("sample at step %ld:\n", tr.step);
+            for (long long i = 0; i < sample; i++) {
+                if (g->V == 256 && (out[i] == '\n' || (out[i] >= 32 && out[i] < 127)))
+                    putchar(out[i]);
+                else if (g->V == 256)
+                    printf("\\x%02x", out[i]);
+                else
+                    printf("%d ", out[i]);
+            }
+            printf("\n");
+            free(out);
+        }
+    }
+    trainer_free(&tr);
+    return 0;
+
+usage_error:
+    json_decref(over);
+    return EXIT_USAGE;
+}
