@@ -30,6 +30,12 @@ endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Wno-format-truncation
 BASE_CFLAGS := -std=gnu11 -O2 -g $(WARN) -I. -D_GNU_SOURCE -DMUSTER_VERSION='"$(VERSION)"'
+# `make V=1` shows full command lines.
+V ?= 0
+ifeq ($(V),0)
+Q := @
+endif
+
 # SAN is set by `make asan`; user CFLAGS come last.
 ALL_CFLAGS = $(BASE_CFLAGS) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(CHECK_CFLAGS) $(SAN) $(CFLAGS)
 ALL_LDFLAGS = $(SAN) $(LDFLAGS)
@@ -61,30 +67,37 @@ all: $(BINS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
 
 $(LIBMUSTER): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(AR) rcs $@ $^
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)$(AR) rcs $@ $^
 
 $(BUILD)/musterd: $(call obj,$(DAEMON_SRCS) $(DAEMON_MAIN)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
 
 $(BUILD)/musterctl: $(call obj,$(CTL_SRCS)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO)
 
 $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
 
 $(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(LIBMUSTER)
-	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
 
 # Unit tests: one Check runner over every suite, linked with the modules'
 # non-main objects so that suites drive the real code.
 TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS))
 $(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) $(NCCL_LIBS) -lpthread -lm
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) $(NCCL_LIBS) -lpthread -lm
 
 # Only these two see CUDA headers.
 $(BUILD)/obj/worker/comm_nccl.o $(BUILD)/obj/tests/check_comm.o: ALL_CFLAGS += $(NCCL_CFLAGS)
@@ -92,11 +105,13 @@ $(BUILD)/obj/worker/comm_nccl.o $(BUILD)/obj/tests/check_comm.o: ALL_CFLAGS += $
 # Collective bandwidth tool for tests/bench/bench_comm.sh.
 $(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/comm.c worker/comm_ring.c worker/comm_nccl.c)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
 
 TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS))
 tests: $(BINS) $(TEST_BINS)
