@@ -222,6 +222,33 @@ START_TEST(resume_is_bit_exact)
 }
 END_TEST
 
+/* Shards written for a world of 2 load into a world of 1: the flat units
+ * are re-sliced, padding dropped. */
+START_TEST(shards_of_another_world_size_are_resliced)
+{
+    struct job_spec s;
+    struct trainer two, one;
+    char err[512] = "", dir[128], path[256];
+    tiny_spec(&s);
+    snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
+    ck_assert_int_eq(trainer_init(&two, &s, 0, 2, err, sizeof(err)), 0);
+    double l[3];
+    run_steps(&two, 3, l);
+    ck_assert_msg(ckpt_save(&two, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
+    snprintf(path, sizeof(path), "%s/ckpt/step-00000003/rank-00001.bin", tmpdir);
+    ck_assert_int_eq(access(path, R_OK), 0);
+    ck_assert_int_eq(trainer_init(&one, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_msg(ckpt_load(&one, dir, err, sizeof(err)) == 0, "%s", err);
+    size_t P = one.model.layout.total;
+    ck_assert_int_eq(one.step, 3);
+    ck_assert_int_eq(memcmp(one.model.params, two.model.params, sizeof(float) * P), 0);
+    ck_assert_int_eq(memcmp(one.m, two.m, sizeof(float) * P), 0);
+    ck_assert_int_eq(memcmp(one.v, two.v, sizeof(float) * P), 0);
+    trainer_free(&two);
+    trainer_free(&one);
+}
+END_TEST
+
 START_TEST(checkpoint_of_another_model_is_refused)
 {
     struct job_spec s;
@@ -319,6 +346,7 @@ Suite *make_train_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, resume_is_bit_exact);
+    tcase_add_test(tc, shards_of_another_world_size_are_resliced);
     tcase_add_test(tc, checkpoint_of_another_model_is_refused);
     tcase_add_test(tc, damaged_checkpoint_is_refused);
     tcase_add_test(tc, nan_loss_names_the_step);

@@ -28,7 +28,7 @@ fi
 
 echo "== train: muster-train vs PyTorch, model small, batch 16 x 128, $THREADS threads, $STEPS steps (+$WARMUP warm-up), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 "$BUILD/muster-train" --standalone --model small --data "$DATA" --steps $((STEPS + WARMUP)) \
-    --batch 16 --lr 1e-3 --warmup 10 --eval-every 0 --threads "$THREADS" \
+    --batch 16 --lr 1e-3 --warmup 10 --eval-every 0 --threads "$THREADS" --log-level warn \
     --metrics "$T/c.jsonl" > /dev/null
 c_ms=$(sed -n 's/.*"ms": \([0-9.]*\)}.*/\1/p' "$T/c.jsonl" | tail -n "$STEPS" | sort -n |
     awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')

@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16, help="tokens per sequence (<= T)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=1e-2, help="peak lr of the AdamW steps (floor lr/10)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     L, NH, C, T, V = PRESETS[a.model]
@@ -44,7 +45,7 @@ def main():
     B, S = a.batch, a.seq
     if S > T or C % NH:
         sys.exit("gen_fixture: need seq <= T and C a multiple of NH")
-    hp = dict(lr=1e-2, lr_min=1e-3, warmup=3, beta1=0.9, beta2=0.95, eps=1e-8,
+    hp = dict(lr=a.lr, lr_min=a.lr / 10, warmup=3, beta1=0.9, beta2=0.95, eps=1e-8,
               wd=0.1, clip=1.0)
 
     torch.manual_seed(a.seed)

@@ -126,33 +126,39 @@ struct norm_params {
     float *lnfw, *lnfb;
 };
 
-static void unit_views(const struct gpt_config *cfg, int unit, const float *base, float **out)
+/* Offsets of one unit's tensors, in gpt_unit_tensors order. */
+static void unit_offsets(const struct gpt_config *cfg, int unit, size_t *off)
 {
     struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
     int n = gpt_unit_tensors(cfg, unit, t);
     for (int i = 0; i < n; i++)
-        out[i] = (float *)base + t[i].offset;
+        off[i] = t[i].offset;
 }
 
 static struct embed_params embed_view(const struct gpt_config *cfg, const float *base)
 {
-    struct embed_params p;
-    unit_views(cfg, 0, base, (float **)&p);
-    return p;
+    size_t o[GPT_MAX_UNIT_TENSORS];
+    float *p = (float *)base;
+    unit_offsets(cfg, 0, o);
+    return (struct embed_params){p + o[0], p + o[1]};
 }
 
 static struct block_params block_view(const struct gpt_config *cfg, const float *base)
 {
-    struct block_params p;
-    unit_views(cfg, 1, base, (float **)&p);
-    return p;
+    size_t o[GPT_MAX_UNIT_TENSORS];
+    float *p = (float *)base;
+    unit_offsets(cfg, 1, o);
+    return (struct block_params){p + o[0], p + o[1], p + o[2],  p + o[3],
+                                 p + o[4], p + o[5], p + o[6],  p + o[7],
+                                 p + o[8], p + o[9], p + o[10], p + o[11]};
 }
 
 static struct norm_params norm_view(const struct gpt_config *cfg, const float *base)
 {
-    struct norm_params p;
-    unit_views(cfg, cfg->L + 1, base, (float **)&p);
-    return p;
+    size_t o[GPT_MAX_UNIT_TENSORS];
+    float *p = (float *)base;
+    unit_offsets(cfg, cfg->L + 1, o);
+    return (struct norm_params){p + o[0], p + o[1]};
 }
 
 float *gpt_unit_ptr(const struct gpt *m, float *flat, int unit)
