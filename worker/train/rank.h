@@ -1,0 +1,76 @@
+/*
+ * rank: muster-train's side of the conversation with its agent, over the
+ * socket the agent passes as MUSTER_CTL_FD (proto/ framing; see
+ * proto/PROTOCOL.md). The agent sends ASSIGN right after spawning the rank;
+ * global rank 0 creates the communicator's unique id and sends it up; every
+ * rank receives the id of its generation back; heartbeats carry step, loss,
+ * tokens/s, communication fraction and the last committed checkpoint.
+ *
+ * A control thread owns the reading side: it answers COMMAND stop (and the
+ * agent's death, seen as EOF) by raising the stop flag and calling the abort
+ * hook (e.g. comm_abort, so a rank stuck in a collective returns at once),
+ * and COMMAND checkpoint by raising a flag the training loop polls. It also
+ * sends the latest heartbeat every RANK_BEAT_MS, and at once when the first
+ * step is reported. The training thread only calls rank_ctl_beat().
+ */
+#ifndef MUSTER_TRAIN_RANK_H
+#define MUSTER_TRAIN_RANK_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "proto/proto.h"
+
+#define RANK_BEAT_MS 500
+
+struct rank_assign {
+    uint64_t generation;
+    int rank, world;             /* global */
+    int local_rank, local_world; /* on this node */
+    int device;                  /* device index the agent gave this rank */
+    json_t *job;                 /* job spec object (a reference; rank_ctl_close drops it) */
+};
+
+struct rank_ctl;
+
+/* True when this process was started by an agent (MUSTER_CTL_FD is set). */
+int rank_ctl_present(void);
+
+/*
+ * Takes over MUSTER_CTL_FD, checks RANK / WORLD_SIZE / MUSTER_GENERATION
+ * against the ASSIGN the agent sends (waiting at most timeout_ms), and
+ * starts the control thread. Returns 0 or a negative errno with the reason
+ * in err.
+ */
+int rank_ctl_open(struct rank_ctl **out, struct rank_assign *assign, int timeout_ms, char *err,
+                  size_t errlen);
+
+/*
+ * Unique id of this generation's communicator. Rank 0 passes its own id
+ * (mine != NULL), which is sent up; every rank then waits (at most
+ * timeout_ms, or until stopped) for the id the daemon hands back and gets
+ * it in out. Returns 0, -ETIMEDOUT, or -ECANCELED when stopped.
+ */
+int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], uint8_t out[PROTO_UID_LEN],
+                       int timeout_ms);
+
+/* Latest progress; sent by the control thread (and at once the first time). */
+void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens_per_s, double comm_frac,
+                   uint64_t checkpoint_step);
+
+/* Called on the control thread when the rank must stop (COMMAND stop, EOF). */
+void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
+
+/* The stop flag, for train_run(); set by COMMAND stop, EOF, SIGTERM is the caller's. */
+volatile sig_atomic_t *rank_ctl_stop_flag(struct rank_ctl *c);
+
+/* 1 once after each COMMAND checkpoint, else 0. */
+int rank_ctl_take_checkpoint_request(struct rank_ctl *c);
+
+/* Stops the control thread, closes the socket, frees everything. */
+void rank_ctl_close(struct rank_ctl *c);
+
+#endif
