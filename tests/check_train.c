@@ -192,19 +192,19 @@ START_TEST(resume_is_bit_exact)
     char err[512] = "", dir[128], path[256];
     double straight[20], first[10], second[10];
     tiny_spec(&s);
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     run_steps(&a, 20, straight);
     ck_assert_msg(straight[19] < straight[0] - 0.5, "did not learn: %f -> %f", straight[0],
                   straight[19]);
 
     snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
-    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, NULL, err, sizeof(err)), 0);
     run_steps(&b, 10, first);
     ck_assert_msg(ckpt_save(&b, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
     ck_assert_str_eq(strrchr(path, '/'), "/step-00000010");
     trainer_free(&b);
 
-    ck_assert_int_eq(trainer_init(&c, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&c, &s, 0, 1, NULL, err, sizeof(err)), 0);
     ck_assert_msg(ckpt_load(&c, dir, err, sizeof(err)) == 0, "%s", err);
     ck_assert_int_eq(c.step, 10);
     run_steps(&c, 10, second);
@@ -215,37 +215,10 @@ START_TEST(resume_is_bit_exact)
                       "step %d after resume: %.17g, uninterrupted %.17g", 11 + i, second[i],
                       straight[10 + i]);
     }
-    ck_assert_int_eq(memcmp(a.model.params, c.model.params, sizeof(float) * a.model.layout.total), 0);
-    ck_assert_int_eq(memcmp(a.v, c.v, sizeof(float) * a.model.layout.total), 0);
+    ck_assert_int_eq(memcmp(a.zero.params, c.zero.params, sizeof(float) * a.model.layout.total), 0);
+    ck_assert_int_eq(memcmp(a.zero.v, c.zero.v, sizeof(float) * a.model.layout.total), 0);
     trainer_free(&a);
     trainer_free(&c);
-}
-END_TEST
-
-/* Shards written for a world of 2 load into a world of 1: the flat units
- * are re-sliced, padding dropped. */
-START_TEST(shards_of_another_world_size_are_resliced)
-{
-    struct job_spec s;
-    struct trainer two, one;
-    char err[512] = "", dir[128], path[256];
-    tiny_spec(&s);
-    snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
-    ck_assert_int_eq(trainer_init(&two, &s, 0, 2, err, sizeof(err)), 0);
-    double l[3];
-    run_steps(&two, 3, l);
-    ck_assert_msg(ckpt_save(&two, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
-    snprintf(path, sizeof(path), "%s/ckpt/step-00000003/rank-00001.bin", tmpdir);
-    ck_assert_int_eq(access(path, R_OK), 0);
-    ck_assert_int_eq(trainer_init(&one, &s, 0, 1, err, sizeof(err)), 0);
-    ck_assert_msg(ckpt_load(&one, dir, err, sizeof(err)) == 0, "%s", err);
-    size_t P = one.model.layout.total;
-    ck_assert_int_eq(one.step, 3);
-    ck_assert_int_eq(memcmp(one.model.params, two.model.params, sizeof(float) * P), 0);
-    ck_assert_int_eq(memcmp(one.m, two.m, sizeof(float) * P), 0);
-    ck_assert_int_eq(memcmp(one.v, two.v, sizeof(float) * P), 0);
-    trainer_free(&two);
-    trainer_free(&one);
 }
 END_TEST
 
@@ -257,7 +230,7 @@ START_TEST(checkpoint_of_another_model_is_refused)
     tiny_spec(&s);
     s.steps = 2;
     snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     double l[2];
     run_steps(&a, 2, l);
     ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
@@ -265,7 +238,7 @@ START_TEST(checkpoint_of_another_model_is_refused)
     snprintf(s.model, sizeof(s.model), "small");
     s.batch = 2;
     s.micro_batch = 1;
-    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&b, &s, 0, 1, NULL, err, sizeof(err)), 0);
     ck_assert_int_eq(ckpt_load(&b, dir, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "of another model: L is 2 there (preset tiny), 4 here (preset small)"),
                   "message was: %s", err);
@@ -280,7 +253,7 @@ START_TEST(damaged_checkpoint_is_refused)
     char err[512] = "", dir[128], shard[256];
     tiny_spec(&s);
     snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     double l[1];
     run_steps(&a, 1, l);
     ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
@@ -303,7 +276,7 @@ START_TEST(nan_loss_names_the_step)
     struct trainer a;
     char err[512] = "";
     tiny_spec(&s);
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     a.fault_nan_step = 2;
     double l[2];
     run_steps(&a, 2, l);
@@ -322,11 +295,11 @@ START_TEST(bad_batch_split_is_refused)
     char err[512] = "";
     tiny_spec(&s);
     s.batch = 5;
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "not a multiple of micro_batch (2)"), "message was: %s", err);
     tiny_spec(&s);
     s.seq_len = 64;
-    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "exceeds the model's context T = 32"), "message was: %s", err);
 }
 END_TEST
@@ -346,7 +319,6 @@ Suite *make_train_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, resume_is_bit_exact);
-    tcase_add_test(tc, shards_of_another_world_size_are_resliced);
     tcase_add_test(tc, checkpoint_of_another_model_is_refused);
     tcase_add_test(tc, damaged_checkpoint_is_refused);
     tcase_add_test(tc, nan_loss_names_the_step);

@@ -1,7 +1,14 @@
 /*
- * muster-train: one training rank. This build has the standalone mode: one
- * process on the CPU, driven by a job spec (--job) and flags that override
- * its training keys. See docs/training.md.
+ * muster-train: one training rank. Two modes:
+ *   rank mode (started by muster-worker, MUSTER_CTL_FD set): the job spec,
+ *     rank, world size and generation come from the agent's ASSIGN; rank 0
+ *     creates the ring communicator's unique id and sends it up; every rank
+ *     resumes from the job's last committed checkpoint, trains its share
+ *     with ZeRO-3, and heartbeats its progress. Stopped by the agent (or by
+ *     its death) it aborts the communicator and exits 1; done, it exits 0.
+ *   --standalone: one process, driven by --job and flags that override the
+ *     job's training keys.
+ * See docs/training.md.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -21,26 +28,62 @@
 #include "common/log.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
+#include "worker/train/rank.h"
+#include "worker/comm.h"
 #include "worker/train/train.h"
 
 #define EXIT_USAGE 2
 
 static volatile sig_atomic_t stop_flag;
+/* In rank mode the control channel's flag, so that the agent and signals stop the same loop. */
+static volatile sig_atomic_t *stop_target = &stop_flag;
 
 static void on_signal(int sig)
 {
     (void)sig;
-    stop_flag = 1;
+    *stop_target = 1;
+}
+
+static void abort_comm(void *arg) { comm_abort(arg); }
+
+/*
+ * The ring communicator of this generation: rank 0 creates the unique id and
+ * sends it up through the agent; every rank gets the id back from the daemon.
+ */
+static int open_comm(struct rank_ctl *ctl, int rank, int world, struct comm **out, char *err, size_t errlen)
+{
+    uint8_t mine[COMM_ID_BYTES], id[COMM_ID_BYTES];
+    int rc;
+    if (rank == 0 && (rc = comm_unique_id(COMM_RING, mine)) != 0) {
+        snprintf(err, errlen, "cannot create the communicator's unique id: %s", comm_strerror(rc));
+        return rc;
+    }
+    rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
+    if (rc != 0) {
+        snprintf(err, errlen, "no unique id for this generation from the daemon: %s",
+                 rc == -ECANCELED ? "stopped while waiting" : strerror(-rc));
+        return rc;
+    }
+    rc = comm_init(out, COMM_RING, rank, world, id, 120000);
+    if (rc != 0) {
+        snprintf(err, errlen, "ring communicator (rank %d of %d) did not form: %s", rank, world, comm_strerror(rc));
+        return rc;
+    }
+    rank_ctl_on_abort(ctl, abort_comm, *out);
+    return 0;
 }
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: muster-train --standalone [--job FILE] [OPTION]...\n"
-            "Trains a GPT model on the CPU as one process (the reference the distributed\n"
-            "ranks are checked against). Flags override the job spec's keys.\n"
+            "   or: muster-train [OPTION]...   (as a rank, started by muster-worker)\n"
+            "Trains a GPT model on the CPU. Standalone, it is one process (the reference\n"
+            "the distributed ranks are checked against); as a rank it gets the job spec,\n"
+            "rank and world size from its agent and trains its ZeRO-3 share. Flags\n"
+            "override the job spec's keys in both modes.\n"
             "\n"
-            "  --standalone            run alone, without muster-worker (required in this build)\n"
+            "  --standalone            run alone, without muster-worker\n"
             "  --job FILE              job spec JSON (docs/jobspec.md, docs/training.md)\n"
             "  --model NAME            model preset: tiny, small, gpt2-124m\n"
             "  --data FILE             text file (bytes) or llm.c token file\n"
@@ -61,7 +104,8 @@ static void usage(FILE *out)
             "  --resume PATH           load a checkpoint (step dir, or a checkpoint dir's latest)\n"
             "  --stop-after N          stop after N steps of this run (then checkpoint)\n"
             "  --sample N              print N generated tokens after training\n"
-            "  --threads N             compute threads (default: all online CPUs)\n"
+            "  --threads N             compute threads (default: online CPUs, shared among\n"
+            "                          the node's ranks in rank mode)\n"
             "  --metrics FILE          append one JSON line per step and validation\n"
             "  --log-level LEVEL       error, warn, info, debug\n"
             "  --help, --version\n"
@@ -113,7 +157,10 @@ struct run_state {
     FILE *metrics;
     double t0; /* CLOCK_MONOTONIC at the start of training */
     int tty;
+    int quiet;              /* not rank 0: no step lines */
     long steps;
+    struct rank_ctl *ctl;   /* rank mode: heartbeats go here */
+    const struct trainer *trainer;
 };
 
 static double elapsed(const struct run_state *rs)
@@ -132,6 +179,11 @@ static void clear_bar(const struct run_state *rs)
 static void on_step(const struct train_step_info *in, void *user)
 {
     struct run_state *rs = user;
+    if (rs->ctl)
+        rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
+                      (uint64_t)(rs->trainer->last_checkpoint_step > 0 ? rs->trainer->last_checkpoint_step : 0));
+    if (rs->quiet)
+        return;
     clear_bar(rs);
     printf("step %ld/%ld loss %.6f lr %.4e norm %.4f tok/s %.0f ms %.1f\n", in->step, in->steps,
            in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->ms);
@@ -154,6 +206,8 @@ static void on_step(const struct train_step_info *in, void *user)
 static void on_eval(long step, double val, void *user)
 {
     struct run_state *rs = user;
+    if (rs->quiet)
+        return;
     clear_bar(rs);
     printf("val step %ld loss %.6f elapsed %.1fs\n", step, val, elapsed(rs));
     fflush(stdout);
@@ -167,8 +221,10 @@ static void on_eval(long step, double val, void *user)
 static void on_checkpoint(long step, const char *path, void *user)
 {
     struct run_state *rs = user;
+    if (rs->quiet)
+        return;
     clear_bar(rs);
-    log_info("step %ld: checkpoint %s", step, path);
+    log_info("step %ld: checkpoint %s committed", step, path);
 }
 
 /*
@@ -294,15 +350,36 @@ int main(int argc, char **argv)
         fprintf(stderr, "muster-train: unexpected argument \"%s\"\n", argv[optind]);
         goto usage_error;
     }
-    if (!standalone) {
-        fprintf(stderr, "muster-train: only --standalone is available in this build (rank mode "
-                        "under muster-worker is not built yet)\n");
+    if (!standalone && !rank_ctl_present()) {
+        fprintf(stderr, "muster-train: not started by muster-worker (no MUSTER_CTL_FD): run it with "
+                        "--standalone, or let muster-worker start it\n");
         goto usage_error;
     }
+    if (!standalone && (job || resume)) {
+        fprintf(stderr, "muster-train: --job and --resume go with --standalone; a rank gets its job from "
+                        "its agent and resumes from the job's checkpoint_dir\n");
+        goto usage_error;
+    }
+    struct rank_ctl *ctl = NULL;
+    struct rank_assign assign = {0};
+    if (!standalone) {
+        int orc = rank_ctl_open(&ctl, &assign, 30000, err, sizeof(err));
+        if (orc) {
+            log_error("%s", err);
+            json_decref(over);
+            return 1;
+        }
+        char prog[32];
+        snprintf(prog, sizeof(prog), "muster-train[%d]", assign.rank);
+        log_set_prog(strdup(prog));
+    }
+    const int rank = standalone ? 0 : assign.rank, world = standalone ? 1 : assign.world;
 
     /* The job file, then the flags on top, validated together by the table. */
-    json_t *spec_json = json_object();
+    json_t *spec_json = standalone ? json_object() : json_deep_copy(assign.job);
     char origin[JOB_PATH_MAX + 32] = "command line";
+    if (!standalone)
+        snprintf(origin, sizeof(origin), "the job spec from the agent%s", json_object_size(over) ? " + command line" : "");
     if (job) {
         json_error_t jerr;
         json_decref(spec_json);
@@ -320,55 +397,81 @@ int main(int argc, char **argv)
     struct job_spec spec;
     int rc = job_spec_from_json(spec_json, origin, &spec, err, sizeof(err));
     json_decref(spec_json);
+    if (rc == 0 && spec.data[0] == '\0') {
+        snprintf(err, sizeof(err), "no data: give --data FILE or \"data\" in the job spec");
+        rc = -EINVAL;
+    }
+    if (rc == 0 && trainer_check_spec(&spec, world, err, sizeof(err)))
+        rc = -EINVAL;
     if (rc) {
-        fprintf(stderr, "muster-train: %s\n", err);
-        return EXIT_USAGE;
-    }
-    if (spec.data[0] == '\0') {
-        fprintf(stderr, "muster-train: no data: give --data FILE or \"data\" in the job spec\n");
-        return EXIT_USAGE;
-    }
-    if (trainer_check_spec(&spec, 1, err, sizeof(err))) {
         fprintf(stderr, "muster-train: %s: %s\n", origin, err);
-        return EXIT_USAGE;
+        rank_ctl_close(ctl);
+        json_decref(assign.job);
+        return standalone ? EXIT_USAGE : 1;
     }
 
-    if (threads == 0)
-        threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    if (threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+        /* The node's ranks share its cores. */
+        threads = standalone || assign.local_world <= 1 ? online : online / assign.local_world;
+        if (threads < 1)
+            threads = 1;
+    }
     layers_set_threads((int)threads);
 
+    struct comm *comm = NULL;
+    if (world > 1 && open_comm(ctl, rank, world, &comm, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        rank_ctl_close(ctl);
+        json_decref(assign.job);
+        return 1;
+    }
+
     struct trainer tr;
-    rc = trainer_init(&tr, &spec, 0, 1, err, sizeof(err));
+    rc = trainer_init(&tr, &spec, rank, world, comm, err, sizeof(err));
     if (rc) {
         log_error("%s", err);
+        comm_destroy(comm);
+        rank_ctl_close(ctl);
+        json_decref(assign.job);
         return 1;
     }
     /* Fault injection for tests: the loss of step N (1-based) becomes NaN. */
     const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
     if (fault && atol(fault) > 0)
         tr.fault_nan_step = atol(fault) - 1;
+    /* A rank resumes from the job's last committed checkpoint, if there is one. */
+    char latest[JOB_PATH_MAX + 16];
+    snprintf(latest, sizeof(latest), "%s/latest", spec.checkpoint_dir);
+    if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
+        resume = spec.checkpoint_dir;
     if (resume) {
         rc = ckpt_load(&tr, resume, err, sizeof(err));
         if (rc) {
             log_error("%s", err);
-            trainer_free(&tr);
-            return 1;
+            goto fail;
         }
         log_info("resumed from %s at step %ld", resume, tr.step);
     }
     const struct gpt_config *g = &tr.model.cfg;
-    log_info("model %s: L=%d NH=%d C=%d T=%d V=%d, %.3fM parameters; data %s (%s, %zu tokens, "
-             "%zu for validation); batch %d = %d x %d micro-steps, seq_len %d; %lld threads",
-             spec.model, g->L, g->NH, g->C, g->T, g->V, tr.model.layout.total / 1e6, spec.data,
-             tr.data.format == DATA_TEXT ? "text" : "tokens", tr.data.ntokens,
-             tr.data.ntokens - tr.data.ntrain, spec.batch, tr.spec.micro_batch, tr.accum,
-             tr.spec.seq_len, threads);
+    if (rank == 0)
+        log_info("model %s: L=%d NH=%d C=%d T=%d V=%d, %.3fM parameters; data %s (%s, %zu tokens, "
+                 "%zu for validation); batch %d = %d ranks x %d x %d micro-steps, seq_len %d; %lld threads%s",
+                 spec.model, g->L, g->NH, g->C, g->T, g->V, tr.model.layout.total / 1e6, spec.data,
+                 tr.data.format == DATA_TEXT ? "text" : "tokens", tr.data.ntokens,
+                 tr.data.ntokens - tr.data.ntrain, spec.batch, world, tr.spec.micro_batch, tr.accum,
+                 tr.spec.seq_len, threads, standalone ? "" : " per rank");
 
-    struct run_state rs = {.tty = isatty(STDOUT_FILENO), .steps = spec.steps};
-    if (metrics_path && !(rs.metrics = fopen(metrics_path, "a"))) {
+    /* In rank mode only rank 0 prints progress; every rank heartbeats it. */
+    struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec.steps, .ctl = ctl,
+                           .quiet = rank != 0, .trainer = &tr};
+    if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
-        trainer_free(&tr);
-        return 1;
+        goto fail;
+    }
+    if (ctl) {
+        stop_target = rank_ctl_stop_flag(ctl);
+        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, (uint64_t)(tr.last_checkpoint_step > 0 ? tr.last_checkpoint_step : 0));
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -376,18 +479,20 @@ int main(int argc, char **argv)
 
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
     struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
-    rc = train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
+    rc = train_run(&tr, (long)stop_after, &hooks, stop_target, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
     if (rs.metrics)
         fclose(rs.metrics);
-    if (rc) {
+    if (rc && !*stop_target) {
         log_error("%s", err);
-        trainer_free(&tr);
-        return 1;
+        goto fail;
     }
-    if (stop_flag)
-        log_info("stopped by signal at step %ld", tr.step);
+    if (*stop_target) {
+        log_info("stopped at step %ld", tr.step);
+        if (!standalone)
+            goto fail; /* a rank stopped before the end has not completed */
+    }
     if (sample > 0) {
         int *out = malloc(sizeof(int) * (size_t)sample);
         if (out) {
@@ -407,7 +512,17 @@ int main(int argc, char **argv)
         }
     }
     trainer_free(&tr);
+    comm_destroy(comm);
+    rank_ctl_close(ctl);
+    json_decref(assign.job);
     return 0;
+
+fail:
+    trainer_free(&tr);
+    comm_destroy(comm);
+    rank_ctl_close(ctl);
+    json_decref(assign.job);
+    return 1;
 
 usage_error:
     json_decref(over);

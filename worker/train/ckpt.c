@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "common/log.h"
+#include "worker/comm.h"
 #include "worker/train/train.h"
 
 #define SHARD_MAGIC "MUSTSHRD"
@@ -119,36 +120,26 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
-/* Writes rank's shard of params and moments (full, unsharded buffers). */
-static int write_shard(const struct trainer *tr, const char *path, int rank, int world,
-                       uint64_t *hash, size_t *bytes)
+/* Writes this rank's shards of weights and moments (padding included). */
+static int write_shard(const struct trainer *tr, const char *path, uint64_t *hash, size_t *bytes)
 {
-    const struct gpt_layout *lay = &tr->model.layout;
+    const struct zero *z = &tr->zero;
+    const int nunits = tr->model.layout.nunits;
     struct out_file f;
     int rc = out_open(&f, path);
     if (rc)
         return rc;
-    uint32_t h[4] = {SHARD_VERSION, (uint32_t)rank, (uint32_t)world, (uint32_t)lay->nunits};
+    uint32_t h[4] = {SHARD_VERSION, (uint32_t)z->rank, (uint32_t)z->world, (uint32_t)nunits};
     out_write(&f, SHARD_MAGIC, 8);
     out_write(&f, h, sizeof(h));
-    for (int u = 0; u < lay->nunits; u++) {
-        uint64_t s = shard_numel(lay->numel[u], world);
-        out_write(&f, &s, sizeof(s));
+    for (int u = 0; u < nunits; u++) {
+        uint64_t S = z->shard[u];
+        out_write(&f, &S, sizeof(S));
     }
-    const float *bufs[3] = {tr->model.params, tr->m, tr->v};
-    for (int u = 0; u < lay->nunits; u++) {
-        size_t S = shard_numel(lay->numel[u], world), lo = (size_t)rank * S;
-        size_t n = lo >= lay->numel[u] ? 0 : (lay->numel[u] - lo < S ? lay->numel[u] - lo : S);
-        static const float zeros[256];
-        for (int b = 0; b < 3; b++) {
-            out_write(&f, bufs[b] + lay->offset[u] + lo, sizeof(float) * n);
-            for (size_t pad = S - n; pad > 0;) {
-                size_t k = pad < 256 ? pad : 256;
-                out_write(&f, zeros, sizeof(float) * k);
-                pad -= k;
-            }
-        }
-    }
+    const float *bufs[3] = {z->params, z->m, z->v};
+    for (int u = 0; u < nunits; u++)
+        for (int b = 0; b < 3; b++)
+            out_write(&f, bufs[b] + z->off[u], sizeof(float) * z->shard[u]);
     *hash = f.hash;
     *bytes = f.bytes;
     return out_close(&f);
@@ -207,52 +198,37 @@ static json_t *manifest_build(const struct trainer *tr, int world, const uint64_
                      files);
 }
 
-int ckpt_save(const struct trainer *tr, const char *dir, char *path, size_t pathlen,
-              char *err, size_t errlen)
+/* Rank 0's part of the commit: manifest, then the directory renamed into
+ * place, then `latest`. Shards are durable when this runs. */
+static int commit(const struct trainer *tr, const char *dir, const char *tmp, const char *final,
+                  const uint64_t *all)
 {
-    /* The trainer holds the whole model (no ZeRO yet): it writes all shards
-     * of a world of tr->world ranks, which for world 1 is one file. */
-    const int world = tr->world;
-    char final[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], file[JOB_PATH_MAX + 96];
-    int rc = mkdir_p(dir);
-    if (rc) {
-        snprintf(err, errlen, "checkpoint: cannot create %s: %s", dir, strerror(-rc));
-        return rc;
-    }
-    snprintf(final, sizeof(final), "%s/step-%08ld", dir, tr->step);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)getpid());
-    remove_tree(tmp);
-    if (mkdir(tmp, 0755) != 0) {
-        rc = -errno;
-        snprintf(err, errlen, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
-        return rc;
-    }
+    const int world = tr->zero.world;
+    char file[JOB_PATH_MAX + 96];
     uint64_t *hashes = calloc((size_t)world, sizeof(uint64_t));
     size_t *sizes = calloc((size_t)world, sizeof(size_t));
     if (!hashes || !sizes) {
         free(hashes), free(sizes);
         return -ENOMEM;
     }
-    for (int r = 0; r < world && !rc; r++) {
-        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, r);
-        rc = write_shard(tr, file, r, world, &hashes[r], &sizes[r]);
+    for (int r = 0; r < world; r++) {
+        hashes[r] = all[3 * r + 1];
+        sizes[r] = (size_t)all[3 * r + 2];
     }
-    if (!rc) {
-        json_t *man = manifest_build(tr, world, hashes, sizes);
-        snprintf(file, sizeof(file), "%s/manifest.json", tmp);
-        char *text = man ? json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-        json_decref(man);
-        struct out_file f;
-        rc = text ? out_open(&f, file) : -ENOMEM;
-        if (!rc) {
-            out_write(&f, text, strlen(text));
-            out_write(&f, "\n", 1);
-            rc = out_close(&f);
-        }
-        free(text);
-    }
+    json_t *man = manifest_build(tr, world, hashes, sizes);
     free(hashes);
     free(sizes);
+    snprintf(file, sizeof(file), "%s/manifest.json", tmp);
+    char *text = man ? json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(man);
+    struct out_file f;
+    int rc = text ? out_open(&f, file) : -ENOMEM;
+    if (!rc) {
+        out_write(&f, text, strlen(text));
+        out_write(&f, "\n", 1);
+        rc = out_close(&f);
+    }
+    free(text);
     if (!rc)
         rc = sync_dir(tmp);
     if (!rc) {
@@ -268,7 +244,6 @@ int ckpt_save(const struct trainer *tr, const char *dir, char *path, size_t path
     }
     if (!rc) {
         snprintf(file, sizeof(file), "%s/.latest.tmp", dir);
-        struct out_file f;
         rc = out_open(&f, file);
         if (!rc) {
             char line[64];
@@ -283,11 +258,94 @@ int ckpt_save(const struct trainer *tr, const char *dir, char *path, size_t path
         if (!rc)
             rc = sync_dir(dir);
     }
+    return rc;
+}
+
+/*
+ * The commit protocol, every rank in step:
+ *   1. rank 0 creates the temporary directory; all learn its name and
+ *      whether that worked (one all-gather);
+ *   2. each rank writes and fsyncs its shard file there; all learn every
+ *      rank's result, size and checksum (a second all-gather, which is also
+ *      the barrier: nobody passes it before every shard is durable);
+ *   3. rank 0 writes the manifest, renames the directory into place and
+ *      then `latest`; all learn the outcome (a third all-gather).
+ * A crash or failure anywhere leaves the previous checkpoint as `latest`.
+ */
+int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+              size_t errlen)
+{
+    struct zero *z = &tr->zero;
+    const int world = z->world;
+    char final[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], file[JOB_PATH_MAX + 96];
+    uint64_t *all = calloc(3 * (size_t)world, sizeof(uint64_t));
+    if (!all) {
+        snprintf(err, errlen, "checkpoint: out of memory");
+        return -ENOMEM;
+    }
+    snprintf(final, sizeof(final), "%s/step-%08ld", dir, tr->step);
+    /* 1 */
+    uint64_t mine[3] = {0, (uint64_t)getpid(), 0};
+    int rc = 0;
+    if (z->rank == 0) {
+        rc = mkdir_p(dir);
+        snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)getpid());
+        if (!rc) {
+            remove_tree(tmp);
+            if (mkdir(tmp, 0755) != 0)
+                rc = -errno;
+        }
+        mine[0] = (uint64_t)(int64_t)rc;
+    }
+    int crc = zero_gather_u64(z, mine, 3, all);
+    if (!crc && (int64_t)all[0]) {
+        rc = (int)(int64_t)all[0];
+        snprintf(err, errlen, "checkpoint: cannot create a directory under %s: %s", dir,
+                 strerror(-rc));
+        free(all);
+        return rc;
+    }
+    snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)all[1]);
+    /* 2 */
+    if (!crc) {
+        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, z->rank);
+        size_t bytes = 0;
+        rc = write_shard(tr, file, &mine[1], &bytes);
+        mine[0] = (uint64_t)(int64_t)rc;
+        mine[2] = bytes;
+        crc = zero_gather_u64(z, mine, 3, all);
+    }
+    int bad = -1, bad_rc = 0; /* first rank whose shard failed */
+    for (int r = 0; !crc && r < world && bad < 0; r++)
+        if ((int64_t)all[3 * r])
+            bad = r, bad_rc = (int)(int64_t)all[3 * r];
+    /* 3 */
+    if (!crc) {
+        if (z->rank == 0)
+            rc = bad < 0 ? commit(tr, dir, tmp, final, all) : 0;
+        if (z->rank == 0 && (rc || bad >= 0))
+            remove_tree(tmp);
+        mine[0] = (uint64_t)(int64_t)rc;
+        crc = zero_gather_u64(z, mine, 1, all);
+    }
+    if (crc) {
+        snprintf(err, errlen, "checkpoint %s: collective failed: %s", final, comm_strerror(crc));
+        free(all);
+        return crc;
+    }
+    if (bad >= 0) {
+        snprintf(err, errlen, "checkpoint: writing %s failed on rank %d: %s", final, bad,
+                 strerror(-bad_rc));
+        free(all);
+        return bad_rc;
+    }
+    rc = (int)(int64_t)all[0];
+    free(all);
     if (rc) {
-        remove_tree(tmp);
         snprintf(err, errlen, "checkpoint: writing %s failed: %s", final, strerror(-rc));
         return rc;
     }
+    tr->last_checkpoint_step = tr->step;
     if (path)
         snprintf(path, pathlen, "%s", final);
     return 0;
@@ -346,11 +404,34 @@ static int model_differs(const json_t *model, const struct trainer *tr, char *er
     return 0;
 }
 
-/* Reads rank's shard file and scatters it into the full buffers. */
-static int read_shard(struct trainer *tr, const char *file, int rank, int world, size_t bytes,
+/* The floats [lo, lo + n) of a unit that shard q of a world of N holds. */
+static void held(size_t numel, int world, int q, size_t *lo, size_t *n)
+{
+    size_t S = shard_numel(numel, world);
+    *lo = (size_t)q * S;
+    *n = *lo >= numel ? 0 : (numel - *lo < S ? numel - *lo : S);
+}
+
+/* Whether file q of a world of N holds any float this rank owns. */
+static int needed(const struct trainer *tr, int q, int world)
+{
+    for (int u = 0; u < tr->model.layout.nunits; u++) {
+        size_t a, an, b, bn;
+        held(tr->model.layout.numel[u], world, q, &a, &an);
+        zero_owned(&tr->zero, u, &b, &bn);
+        if (a < b + bn && b < a + an)
+            return 1;
+    }
+    return 0;
+}
+
+/* Reads shard file q of a world of N and copies what this rank owns of it
+ * into its shards: the re-slicing N -> M. */
+static int read_shard(struct trainer *tr, const char *file, int q, int world, size_t bytes,
                       const char *hex, char *err, size_t errlen)
 {
     const struct gpt_layout *lay = &tr->model.layout;
+    struct zero *z = &tr->zero;
     FILE *f = fopen(file, "rb");
     if (!f) {
         int e = errno;
@@ -380,10 +461,10 @@ static int read_shard(struct trainer *tr, const char *file, int rank, int world,
         rc = -EINVAL;
     } else if (bytes != want || memcmp(buf, SHARD_MAGIC, 8) != 0 ||
                (memcpy(h, buf + 8, sizeof(h)), h[0] != SHARD_VERSION) ||
-               h[1] != (uint32_t)rank || h[2] != (uint32_t)world ||
+               h[1] != (uint32_t)q || h[2] != (uint32_t)world ||
                h[3] != (uint32_t)lay->nunits) {
         snprintf(err, errlen, "checkpoint: %s: not the shard of rank %d of %d for this layout",
-                 file, rank, world);
+                 file, q, world);
         rc = -EINVAL;
     }
     if (rc) {
@@ -391,17 +472,42 @@ static int read_shard(struct trainer *tr, const char *file, int rank, int world,
         return rc;
     }
     const float *src = (const float *)(buf + hdr);
-    float *bufs[3] = {tr->model.params, tr->m, tr->v};
+    float *bufs[3] = {z->params, z->m, z->v};
     for (int u = 0; u < lay->nunits; u++) {
-        size_t S = shard_numel(lay->numel[u], world), lo = (size_t)rank * S;
-        size_t n = lo >= lay->numel[u] ? 0 : (lay->numel[u] - lo < S ? lay->numel[u] - lo : S);
-        for (int b = 0; b < 3; b++) {
-            memcpy(bufs[b] + lay->offset[u] + lo, src, sizeof(float) * n);
+        size_t S = shard_numel(lay->numel[u], world), a, an, b, bn;
+        held(lay->numel[u], world, q, &a, &an);
+        zero_owned(z, u, &b, &bn);
+        size_t lo = a > b ? a : b, hi = a + an < b + bn ? a + an : b + bn;
+        for (int k = 0; k < 3; k++) {
+            if (lo < hi)
+                memcpy(bufs[k] + z->off[u] + (lo - b), src + (lo - a), sizeof(float) * (hi - lo));
             src += S;
         }
     }
     free(buf);
     return 0;
+}
+
+/* Every rank learns whether every rank loaded: all resume, or none. */
+static int agree_loaded(struct trainer *tr, int rc, char *err, size_t errlen)
+{
+    struct zero *z = &tr->zero;
+    uint64_t mine = (uint64_t)(int64_t)rc, *all = calloc((size_t)z->world, sizeof(uint64_t));
+    if (!all)
+        return rc ? rc : -ENOMEM;
+    int crc = zero_gather_u64(z, &mine, 1, all);
+    for (int r = 0; !crc && !rc && r < z->world; r++)
+        if ((int64_t)all[r]) {
+            rc = (int)(int64_t)all[r];
+            snprintf(err, errlen, "checkpoint: rank %d could not load it: %s", r,
+                     strerror(-rc));
+        }
+    free(all);
+    if (crc && !rc) {
+        snprintf(err, errlen, "checkpoint: collective failed: %s", comm_strerror(crc));
+        rc = crc;
+    }
+    return rc;
 }
 
 int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
@@ -447,6 +553,8 @@ int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
                 rc = -EINVAL;
             }
         for (json_int_t r = 0; r < world && !rc; r++) {
+            if (!needed(tr, (int)r, (int)world))
+                continue;
             json_t *fe = json_array_get(files, (size_t)r);
             const char *name = json_string_value(json_object_get(fe, "name"));
             const char *hex = json_string_value(json_object_get(fe, "fnv1a64"));
@@ -468,7 +576,8 @@ int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
                      dir, seed, tr->spec.seed);
         tr->spec.seed = seed;
         tr->step = (long)step;
+        tr->last_checkpoint_step = (long)step;
     }
     json_decref(man);
-    return rc;
+    return agree_loaded(tr, rc, err, errlen);
 }

@@ -28,15 +28,21 @@
 struct trainer;
 
 /* Writes the trainer's state as step-<step> under dir (created if needed)
- * and points dir/latest at it. path (may be NULL) gets the checkpoint's
- * directory. Returns 0 or a negative errno with the reason in err. */
-int ckpt_save(const struct trainer *tr, const char *dir, char *path, size_t pathlen,
-              char *err, size_t errlen);
+ * and points dir/latest at it. Collective: every rank writes its own shard
+ * file, and rank 0 commits (manifest, rename, `latest`) only after all of
+ * them are durable; the same result on every rank. dir must be one directory
+ * that all ranks see. On success tr->last_checkpoint_step = step and path
+ * (may be NULL) gets the checkpoint's directory. Returns 0 or a negative
+ * errno with the reason in err. */
+int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+              size_t errlen);
 
 /* Loads a checkpoint: path is a step directory (holding manifest.json) or a
  * checkpoint_dir (its `latest` is followed). Refuses a checkpoint of another
  * model, naming the difference, and any file whose size or checksum does
- * not match the manifest. Shards of any world size are re-sliced. */
+ * not match the manifest. Shards of any world size N are re-sliced into this
+ * trainer's world M: each rank reads only the files that hold floats it
+ * owns. Collective: every rank returns an error when one could not load. */
 int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen);
 
 #endif

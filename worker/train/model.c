@@ -210,7 +210,7 @@ static size_t carve_acts(struct gpt_acts *a, float *mem, const struct gpt_config
     return used;
 }
 
-int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT)
+int gpt_create_shell(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT)
 {
     memset(m, 0, sizeof(*m));
     char why[128];
@@ -221,16 +221,28 @@ int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT)
     m->maxB = maxB;
     m->maxT = maxT;
     size_t nacts = carve_acts(&m->acts, NULL, cfg, maxB, maxT);
-    m->params = calloc(m->layout.total, sizeof(float));
-    m->grads = calloc(m->layout.total, sizeof(float));
     m->acts_mem = calloc(nacts, sizeof(float));
     m->inputs = calloc((size_t)maxB * maxT, sizeof(int));
     m->targets = calloc((size_t)maxB * maxT, sizeof(int));
-    if (!m->params || !m->grads || !m->acts_mem || !m->inputs || !m->targets) {
+    if (!m->acts_mem || !m->inputs || !m->targets) {
         gpt_destroy(m);
         return -ENOMEM;
     }
     carve_acts(&m->acts, m->acts_mem, cfg, maxB, maxT);
+    return 0;
+}
+
+int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT)
+{
+    int rc = gpt_create_shell(m, cfg, maxB, maxT);
+    if (rc)
+        return rc;
+    m->params = calloc(m->layout.total, sizeof(float));
+    m->grads = calloc(m->layout.total, sizeof(float));
+    if (!m->params || !m->grads) {
+        gpt_destroy(m);
+        return -ENOMEM;
+    }
     return 0;
 }
 
@@ -244,33 +256,41 @@ void gpt_destroy(struct gpt *m)
     memset(m, 0, sizeof(*m));
 }
 
-void gpt_init_weights(struct gpt *m, uint64_t seed)
+void gpt_init_range(const struct gpt_config *cfg, uint64_t seed, int unit, size_t lo,
+                    size_t n, float *out)
 {
-    const struct gpt_config *cfg = &m->cfg;
     const double resid_std = 0.02 / sqrt(2.0 * cfg->L);
     struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
-    for (int u = 0; u < m->layout.nunits; u++) {
-        float *base = gpt_unit_ptr(m, m->params, u);
-        int n = gpt_unit_tensors(cfg, u, t);
-        for (int i = 0; i < n; i++) {
-            float *p = base + t[i].offset;
-            const char *name = t[i].name;
-            if (!t[i].decay) { /* biases 0, norm gains ("..w" among them) 1 */
-                float v = (strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 ||
-                           strcmp(name, "lnfw") == 0) ? 1.0f : 0.0f;
-                for (size_t j = 0; j < t[i].numel; j++)
-                    p[j] = v;
-                continue;
-            }
-            double std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0)
-                             ? resid_std : 0.02;
-            size_t numel = t[i].numel;
-#pragma omp parallel for schedule(static)
-            for (size_t j = 0; j < numel; j++)
-                p[j] = (float)(std * rng_normal(rng_hash(seed, 0x494e4954, (uint64_t)u,
-                                                         (uint64_t)i, j)));
+    int nt = gpt_unit_tensors(cfg, unit, t);
+    for (int i = 0; i < nt; i++) {
+        /* the part of tensor i inside [lo, lo + n) */
+        size_t a = t[i].offset > lo ? t[i].offset : lo;
+        size_t b = t[i].offset + t[i].numel < lo + n ? t[i].offset + t[i].numel : lo + n;
+        if (a >= b)
+            continue;
+        float *p = out + (a - lo);
+        const char *name = t[i].name;
+        if (!t[i].decay) { /* biases 0, norm gains ("..w" among them) 1 */
+            float v = (strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 ||
+                       strcmp(name, "lnfw") == 0) ? 1.0f : 0.0f;
+            for (size_t j = 0; j < b - a; j++)
+                p[j] = v;
+            continue;
         }
+        double std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0)
+                         ? resid_std : 0.02;
+        size_t first = a - t[i].offset, count = b - a;
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < count; j++)
+            p[j] = (float)(std * rng_normal(rng_hash(seed, 0x494e4954, (uint64_t)unit,
+                                                     (uint64_t)i, first + j)));
     }
+}
+
+void gpt_init_weights(struct gpt *m, uint64_t seed)
+{
+    for (int u = 0; u < m->layout.nunits; u++)
+        gpt_init_range(&m->cfg, seed, u, 0, m->layout.numel[u], gpt_unit_ptr(m, m->params, u));
 }
 
 void embed_forward(struct gpt *m, const float *embed_unit)
@@ -360,14 +380,19 @@ void embed_backward(struct gpt *m, float *dembed_unit)
     encoder_backward(d.wte, d.wpe, m->acts.dres, m->inputs, m->B, m->T, m->cfg.C);
 }
 
-double gpt_forward(struct gpt *m, const int *inputs, const int *targets, int B, int T)
+void gpt_set_batch(struct gpt *m, const int *inputs, const int *targets, int B, int T)
 {
-    const int L = m->cfg.L;
     m->B = B;
     m->T = T;
     memcpy(m->inputs, inputs, sizeof(int) * (size_t)B * T);
     if (targets)
         memcpy(m->targets, targets, sizeof(int) * (size_t)B * T);
+}
+
+double gpt_forward(struct gpt *m, const int *inputs, const int *targets, int B, int T)
+{
+    const int L = m->cfg.L;
+    gpt_set_batch(m, inputs, targets, B, T);
     embed_forward(m, gpt_unit_ptr(m, m->params, 0));
     for (int l = 0; l < L; l++)
         block_forward(m, l, gpt_unit_ptr(m, m->params, l + 1));

@@ -104,12 +104,19 @@ struct gpt {
 /* Allocates parameters, gradients and activations for batches up to
  * (maxB, maxT). Returns 0 or -ENOMEM / -EINVAL. Parameters are zero. */
 int gpt_create(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT);
+/* The same without parameters and gradients (params = grads = NULL): for a
+ * caller that keeps them elsewhere (ZeRO-3 shards) and passes unit pointers. */
+int gpt_create_shell(struct gpt *m, const struct gpt_config *cfg, int maxB, int maxT);
 void gpt_destroy(struct gpt *m);
 
 /* GPT-2 initialisation, a pure function of the seed: weights N(0, 0.02),
  * residual projections (attproj, fcproj) N(0, 0.02/sqrt(2L)), biases 0,
  * norm gains 1. */
 void gpt_init_weights(struct gpt *m, uint64_t seed);
+/* The same initialisation for floats [lo, lo + n) of one unit, into out (n
+ * floats): a rank initialises its own shard without the whole model. */
+void gpt_init_range(const struct gpt_config *cfg, uint64_t seed, int unit, size_t lo,
+                    size_t n, float *out);
 
 /* Pointer to unit u inside a flat buffer of this layout (params or grads). */
 float *gpt_unit_ptr(const struct gpt *m, float *flat, int unit);
@@ -132,6 +139,8 @@ void embed_backward(struct gpt *m, float *dembed_unit);
  * mean loss (0 without targets). gpt_backward accumulates into gpt.grads the
  * gradient of scale * mean loss (scale = 1/micro-steps when accumulating).
  */
+/* Copies a batch (targets may be NULL) for the per-unit passes that follow. */
+void gpt_set_batch(struct gpt *m, const int *inputs, const int *targets, int B, int T);
 double gpt_forward(struct gpt *m, const int *inputs, const int *targets, int B, int T);
 void gpt_backward(struct gpt *m, float scale);
 void gpt_zero_grad(struct gpt *m);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "worker/comm.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/rng.h"
 
@@ -47,7 +48,7 @@ int trainer_check_spec(struct job_spec *s, int world, char *err, size_t errlen)
 }
 
 int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int world,
-                 char *err, size_t errlen)
+                 struct comm *comm, char *err, size_t errlen)
 {
     struct gpt_config cfg;
     memset(tr, 0, sizeof(*tr));
@@ -55,12 +56,18 @@ int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int 
     tr->rank = rank;
     tr->world = world;
     tr->fault_nan_step = -1;
+    tr->last_checkpoint_step = -1;
+    if (comm ? comm_rank(comm) != rank || comm_world(comm) != world : world != 1 || rank != 0) {
+        snprintf(err, errlen, "rank %d of %d does not match the communicator (%s)", rank, world,
+                 comm ? "another rank or world" : "none: world 1 only");
+        return -EINVAL;
+    }
     struct job_spec *s = &tr->spec;
-    int rc = trainer_check_spec(s, world, err, errlen);
+    int rc = trainer_check_spec(s, tr->world, err, errlen);
     if (rc)
         return rc;
     gpt_preset(s->model, &cfg);
-    tr->accum = s->batch / (s->micro_batch * world);
+    tr->accum = s->batch / (s->micro_batch * tr->world);
     tr->sched = (struct lr_schedule){s->lr, s->lr_min, s->warmup_steps, s->steps};
     tr->beta1 = 0.9f;
     tr->beta2 = 0.95f;
@@ -69,44 +76,46 @@ int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int 
     rc = dataset_open(&tr->data, s->data, cfg.V, s->val_fraction, s->seq_len, err, errlen);
     if (rc)
         return rc;
-    rc = gpt_create(&tr->model, &cfg, s->micro_batch, s->seq_len);
-    size_t P = tr->model.layout.total;
-    tr->m = calloc(P ? P : 1, sizeof(float));
-    tr->v = calloc(P ? P : 1, sizeof(float));
+    rc = gpt_create_shell(&tr->model, &cfg, s->micro_batch, s->seq_len);
+    if (rc == 0)
+        rc = zero_init(&tr->zero, &tr->model, comm);
     tr->inputs = calloc((size_t)s->micro_batch * s->seq_len, sizeof(int));
     tr->targets = calloc((size_t)s->micro_batch * s->seq_len, sizeof(int));
-    if (rc || !tr->m || !tr->v || !tr->inputs || !tr->targets) {
+    if (rc || !tr->inputs || !tr->targets) {
         snprintf(err, errlen, "out of memory for model %s with micro_batch %d x seq_len %d",
                  s->model, s->micro_batch, s->seq_len);
         trainer_free(tr);
         return -ENOMEM;
     }
-    gpt_init_weights(&tr->model, (uint64_t)s->seed);
+    zero_init_weights(&tr->zero, (uint64_t)s->seed);
     return 0;
 }
 
 void trainer_free(struct trainer *tr)
 {
+    zero_free(&tr->zero);
     gpt_destroy(&tr->model);
     dataset_close(&tr->data);
-    free(tr->m);
-    free(tr->v);
     free(tr->inputs);
     free(tr->targets);
-    tr->m = tr->v = NULL;
     tr->inputs = tr->targets = NULL;
 }
 
-/* Names the first tensor holding a non-finite value in flat, or "none". */
-static void first_bad_tensor(const struct gpt *g, const float *flat, char *out, size_t len)
+/* Names the first tensor holding a non-finite value in this rank's part of a
+ * shard buffer (weights or gradients), or "none". */
+static void first_bad_tensor(const struct zero *z, const float *flat, char *out, size_t len)
 {
+    const struct gpt *g = z->g;
     struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
     for (int u = 0; u < g->layout.nunits; u++) {
-        int n = gpt_unit_tensors(&g->cfg, u, t);
-        for (int i = 0; i < n; i++) {
-            const float *p = flat + g->layout.offset[u] + t[i].offset;
-            for (size_t j = 0; j < t[i].numel; j++)
-                if (!isfinite(p[j])) {
+        size_t lo, n;
+        zero_owned(z, u, &lo, &n);
+        int nt = gpt_unit_tensors(&g->cfg, u, t);
+        for (int i = 0; i < nt; i++) {
+            size_t a = t[i].offset > lo ? t[i].offset : lo;
+            size_t b = t[i].offset + t[i].numel < lo + n ? t[i].offset + t[i].numel : lo + n;
+            for (size_t j = a; j < b; j++)
+                if (!isfinite(flat[z->off[u] + j - lo])) {
                     snprintf(out, len, "%s of unit %d (%s)", t[i].name, u,
                              gpt_unit_kind_name(gpt_unit_kind(&g->cfg, u)));
                     return;
@@ -116,29 +125,48 @@ static void first_bad_tensor(const struct gpt *g, const float *flat, char *out, 
     snprintf(out, len, "none");
 }
 
+static int comm_failed(int rc, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: collective failed: %s", what, comm_strerror(rc));
+    return rc;
+}
+
 int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, size_t errlen)
 {
-    struct gpt *g = &tr->model;
+    struct zero *z = &tr->zero;
     const struct job_spec *s = &tr->spec;
     const int B = s->micro_batch, T = s->seq_len;
     double t0 = now_s();
+    zero_take_wait(z);
 
-    if (tr->step == tr->fault_nan_step)
-        g->params[0] = NAN;
-    gpt_zero_grad(g);
+    /* unit 0's first float is rank 0's */
+    if (tr->step == tr->fault_nan_step && tr->rank == 0)
+        z->params[0] = NAN;
+    zero_zero_grad(z);
     double loss = 0;
-    for (int ms = 0; ms < tr->accum; ms++) {
+    int rc = 0;
+    for (int ms = 0; ms < tr->accum && !rc; ms++) {
+        double l;
         dataset_train_batch(&tr->data, tr->inputs, tr->targets, B, T, (uint64_t)s->seed,
                             tr->step, ms, tr->rank, tr->world);
-        loss += gpt_forward(g, tr->inputs, tr->targets, B, T);
-        gpt_backward(g, 1.0f / (float)tr->accum);
+        rc = zero_forward(z, tr->inputs, tr->targets, B, T, &l);
+        loss += l;
+        if (!rc)
+            rc = zero_backward(z, 1.0f / (float)tr->accum);
     }
     loss /= tr->accum;
-    double norm = sqrt(sum_squares(g->grads, g->layout.total));
+    double norm = 0;
+    if (!rc)
+        rc = zero_sum(z, &loss);
+    loss /= tr->world;
+    if (!rc)
+        rc = zero_grad_norm(z, &norm);
+    if (rc)
+        return comm_failed(rc, "step", err, errlen);
     if (!isfinite(loss) || !isfinite(norm)) {
         char pbad[96], gbad[96];
-        first_bad_tensor(g, g->params, pbad, sizeof(pbad));
-        first_bad_tensor(g, g->grads, gbad, sizeof(gbad));
+        first_bad_tensor(z, z->params, pbad, sizeof(pbad));
+        first_bad_tensor(z, z->grads, gbad, sizeof(gbad));
         snprintf(err, errlen,
                  "step %ld: loss is %g (gradient norm %g); first non-finite weight: %s; first "
                  "non-finite gradient: %s; the run diverged: lower lr (now %g)%s",
@@ -150,16 +178,7 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     double lr = lr_at(&tr->sched, (int)tr->step);
     struct adamw h = {(float)lr, tr->beta1, tr->beta2, tr->eps, (float)s->weight_decay,
                       tr->step + 1};
-    float gscale = clip_scale(norm, s->grad_clip);
-    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
-    for (int u = 0; u < g->layout.nunits; u++) {
-        int n = gpt_unit_tensors(&g->cfg, u, t);
-        for (int i = 0; i < n; i++) {
-            size_t off = g->layout.offset[u] + t[i].offset;
-            adamw_update(g->params + off, g->grads + off, tr->m + off, tr->v + off, t[i].numel,
-                         &h, t[i].decay, gscale);
-        }
-    }
+    zero_adamw(z, &h, clip_scale(norm, s->grad_clip));
     tr->step++;
 
     double dt = now_s() - t0;
@@ -171,6 +190,7 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
         info->grad_norm = norm;
         info->ms = dt * 1e3;
         info->tokens_per_s = (double)tr->accum * B * T / (dt > 0 ? dt : 1e-9);
+        info->comm_frac = dt > 0 ? zero_take_wait(z) / dt : 0;
     }
     return 0;
 }
@@ -180,12 +200,22 @@ double trainer_eval(struct trainer *tr)
     const struct job_spec *s = &tr->spec;
     if (tr->data.ntokens == tr->data.ntrain)
         return NAN;
+    /* rank r takes batches r, r + world, ...; every rank runs as many
+     * forwards (collectives must match), the ones past the end unused */
+    const int rounds = (s->eval_batches + tr->world - 1) / tr->world;
     double sum = 0;
-    for (int k = 0; k < s->eval_batches; k++) {
+    for (int i = 0; i < rounds; i++) {
+        int k = i * tr->world + tr->rank;
+        double l;
         dataset_val_batch(&tr->data, tr->inputs, tr->targets, s->micro_batch, s->seq_len,
                           (uint64_t)s->seed, k);
-        sum += gpt_forward(&tr->model, tr->inputs, tr->targets, s->micro_batch, s->seq_len);
+        if (zero_forward(&tr->zero, tr->inputs, tr->targets, s->micro_batch, s->seq_len, &l))
+            return NAN;
+        if (k < s->eval_batches)
+            sum += l;
     }
+    if (zero_sum(&tr->zero, &sum))
+        return NAN;
     return sum / s->eval_batches;
 }
 
@@ -199,7 +229,9 @@ void trainer_sample(struct trainer *tr, int prompt, int *out, int n)
     ctx[0] = prompt;
     for (int i = 0; i < n; i++) {
         int len = i + 1, start = len > maxT ? len - maxT : 0, T = len - start;
-        gpt_forward(g, ctx + start, NULL, 1, T);
+        double unused;
+        if (zero_forward(&tr->zero, ctx + start, NULL, 1, T, &unused))
+            break;
         const float *z = g->acts.logits + (size_t)(T - 1) * V;
         float mx = z[0];
         for (int k = 1; k < V; k++)
@@ -223,13 +255,24 @@ void trainer_sample(struct trainer *tr, int prompt, int *out, int n)
     free(ctx);
 }
 
+/* Whether to stop before the next step. Ranks see a stop request at
+ * different moments; they agree (any rank asking is enough) so that all make
+ * the same number of steps and the collectives keep matching. */
+static int agree_stop(struct trainer *tr, volatile sig_atomic_t *stop, int *rc)
+{
+    double want = stop && *stop ? 1.0 : 0.0;
+    *rc = zero_sum(&tr->zero, &want);
+    return *rc || want > 0;
+}
+
 int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
               volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
     const struct job_spec *s = &tr->spec;
     long done = 0;
     int rc = 0;
-    while (tr->step < s->steps && !(stop && *stop) && !(stop_after > 0 && done >= stop_after)) {
+    while (tr->step < s->steps && !(stop_after > 0 && done >= stop_after) &&
+           !agree_stop(tr, stop, &rc)) {
         struct train_step_info info;
         rc = trainer_step(tr, &info, err, errlen);
         if (rc)
@@ -253,6 +296,8 @@ int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hoo
                 hooks->on_checkpoint(tr->step, path, hooks->user);
         }
     }
+    if (rc)
+        return comm_failed(rc, "stop agreement", err, errlen);
     if (s->checkpoint_dir[0] && done > 0) {
         char path[JOB_PATH_MAX + 64];
         rc = ckpt_save(tr, s->checkpoint_dir, path, sizeof(path), err, errlen);

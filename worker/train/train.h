@@ -8,6 +8,12 @@
  * the loss scaled by 1/accum; clip by the global gradient norm; AdamW with
  * the scheduled learning rate. A non-finite loss or gradient norm stops the
  * run with a diagnosis naming the step.
+ *
+ * Model state is held by ZeRO-3 (worker/train/zero.h): with a communicator
+ * of N ranks each rank keeps 1/N of the weights, moments and gradients and
+ * every step, eval, sample and checkpoint is collective (all ranks call it,
+ * in the same order); without one (world 1) the same code is the
+ * single-process trainer.
  */
 #ifndef MUSTER_TRAIN_TRAIN_H
 #define MUSTER_TRAIN_TRAIN_H
@@ -20,17 +26,21 @@
 #include "worker/train/data.h"
 #include "worker/train/model.h"
 #include "worker/train/optim.h"
+#include "worker/train/zero.h"
+
+struct comm;
 
 struct trainer {
     struct job_spec spec;       /* resolved: seq_len and micro_batch filled in */
-    struct gpt model;
+    struct gpt model;           /* a shell: config, layout, activations */
+    struct zero zero;           /* this rank's shards of weights, moments, gradients */
     struct dataset data;
     struct lr_schedule sched;
     float beta1, beta2, eps;
-    float *m, *v;               /* AdamW moments, the layout of model.params */
     long step;                  /* optimizer steps done */
+    long last_checkpoint_step;  /* step of the last committed checkpoint (-1: none) */
     int accum;                  /* micro-steps per step */
-    int rank, world;
+    int rank, world;            /* the communicator's, or 0 and 1 */
     int *inputs, *targets;      /* (micro_batch, seq_len) */
     long fault_nan_step;        /* fault injection: poison a weight before the step that
                                  * follows this many steps (-1: off) */
@@ -44,6 +54,7 @@ struct train_step_info {
     double grad_norm;           /* before clipping */
     double tokens_per_s;        /* this rank's tokens per second over the step */
     double ms;
+    double comm_frac;           /* share of the step spent waiting for collectives */
 };
 
 /* Checks the training keys of a job spec and resolves seq_len = 0 and
@@ -51,18 +62,24 @@ struct train_step_info {
 int trainer_check_spec(struct job_spec *spec, int world, char *err, size_t errlen);
 
 /*
- * Checks the spec, loads the data, builds the model and initialises it from the seed.
+ * Checks the spec, loads the data, builds the model and initialises this
+ * rank's shards from the seed. comm: the communicator of the world's ranks
+ * (COMM_RING; rank and world must be its own; the trainer runs collectives
+ * on it from its own comm thread, so the caller must not run any until
+ * trainer_free, comm_abort excepted), or NULL for world 1.
  * Returns 0, or a negative errno with the reason in err.
  */
 int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int world,
-                 char *err, size_t errlen);
+                 struct comm *comm, char *err, size_t errlen);
 void trainer_free(struct trainer *tr);
 
-/* One optimizer step. -ERANGE with a diagnosis in err on a non-finite loss. */
+/* One optimizer step. -ERANGE with a diagnosis in err on a non-finite loss;
+ * a comm error code when a collective failed. */
 int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, size_t errlen);
 
-/* Mean loss over spec.eval_batches validation micro-batches (NAN when the
- * job holds out no validation data). */
+/* Mean loss over spec.eval_batches validation micro-batches, shared out over
+ * the ranks (NAN when the job holds out no validation data or a collective
+ * failed). */
 double trainer_eval(struct trainer *tr);
 
 /* Generates n tokens from the current model, starting from prompt; a pure
@@ -72,6 +89,7 @@ void trainer_sample(struct trainer *tr, int prompt, int *out, int n);
 struct train_hooks {
     void (*on_step)(const struct train_step_info *info, void *user);
     void (*on_eval)(long step, double val_loss, void *user);
+    /* after the commit, on every rank, with the committed step */
     void (*on_checkpoint)(long step, const char *path, void *user);
     void *user;
 };

@@ -1,0 +1,347 @@
+#include "worker/train/zero.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/comm.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- the comm thread ---- */
+
+static int run_job(struct zero *z, const struct zero_job *j)
+{
+    size_t S = z->shard[j->unit];
+    float *mine = j->buf + (size_t)z->rank * S;
+    int rc;
+    switch (j->kind) {
+    case ZERO_GATHER:
+        memcpy(mine, z->params + z->off[j->unit], sizeof(float) * S);
+        return comm_all_gather(z->comm, mine, j->buf, S, COMM_F32);
+    case ZERO_REDUCE:
+        rc = comm_reduce_scatter(z->comm, j->buf, mine, S, COMM_F32, COMM_AVG);
+        if (rc == 0) {
+            float *g = z->grads + z->off[j->unit];
+            for (size_t i = 0; i < S; i++)
+                g[i] += mine[i];
+        }
+        return rc;
+    case ZERO_RAW_GATHER:
+        return comm_all_gather(z->comm, j->send, j->buf, j->count, COMM_F32);
+    }
+    return -EINVAL;
+}
+
+static void *comm_thread(void *arg)
+{
+    struct zero *z = arg;
+    pthread_mutex_lock(&z->mu);
+    for (;;) {
+        while (!z->stopping && z->done == z->submitted)
+            pthread_cond_wait(&z->cv, &z->mu);
+        if (z->done == z->submitted)
+            break;
+        struct zero_job j = z->q[z->done % ZERO_QUEUE];
+        int rc = z->rc;
+        pthread_mutex_unlock(&z->mu);
+        if (rc == 0)
+            rc = run_job(z, &j);
+        pthread_mutex_lock(&z->mu);
+        if (rc && !z->rc)
+            z->rc = rc;
+        z->done++;
+        pthread_cond_broadcast(&z->cv);
+    }
+    pthread_mutex_unlock(&z->mu);
+    return NULL;
+}
+
+/* Queues a job; returns its ticket (1-based; 0 means "nothing to wait for"). */
+static unsigned long submit(struct zero *z, struct zero_job j)
+{
+    pthread_mutex_lock(&z->mu);
+    while (z->submitted - z->done == ZERO_QUEUE)
+        pthread_cond_wait(&z->cv, &z->mu);
+    z->q[z->submitted % ZERO_QUEUE] = j;
+    unsigned long ticket = ++z->submitted;
+    pthread_cond_broadcast(&z->cv);
+    pthread_mutex_unlock(&z->mu);
+    return ticket;
+}
+
+/* Waits until the job of this ticket (and every earlier one) is done. */
+static int wait_for(struct zero *z, unsigned long ticket)
+{
+    double t0 = now_s();
+    pthread_mutex_lock(&z->mu);
+    while (z->done < ticket)
+        pthread_cond_wait(&z->cv, &z->mu);
+    int rc = z->rc;
+    pthread_mutex_unlock(&z->mu);
+    z->wait_s += now_s() - t0;
+    return rc;
+}
+
+static unsigned long gather(struct zero *z, int unit, float *buf)
+{
+    return submit(z, (struct zero_job){.kind = ZERO_GATHER, .unit = unit, .buf = buf});
+}
+
+static unsigned long reduce(struct zero *z, int unit, float *buf)
+{
+    return submit(z, (struct zero_job){.kind = ZERO_REDUCE, .unit = unit, .buf = buf});
+}
+
+/* ---- set-up ---- */
+
+int zero_init(struct zero *z, struct gpt *g, struct comm *comm)
+{
+    memset(z, 0, sizeof(*z));
+    z->g = g;
+    z->comm = comm;
+    z->world = comm ? comm_world(comm) : 1;
+    z->rank = comm ? comm_rank(comm) : 0;
+    if (z->world == 1)
+        z->comm = NULL;
+    const struct gpt_layout *lay = &g->layout;
+    size_t big = 0; /* largest block or norm unit, padded */
+    for (int u = 0; u < lay->nunits; u++) {
+        z->shard[u] = (lay->numel[u] + (size_t)z->world - 1) / (size_t)z->world;
+        z->off[u] = z->total;
+        z->total += z->shard[u];
+        if (u > 0 && z->shard[u] * (size_t)z->world > big)
+            big = z->shard[u] * (size_t)z->world;
+    }
+    z->params = calloc(z->total, sizeof(float));
+    z->m = calloc(z->total, sizeof(float));
+    z->v = calloc(z->total, sizeof(float));
+    z->grads = calloc(z->total, sizeof(float));
+    int ok = z->params && z->m && z->v && z->grads;
+    if (ok && z->comm) {
+        size_t e = z->shard[0] * (size_t)z->world;
+        z->embed = malloc(sizeof(float) * e);
+        z->gembed = malloc(sizeof(float) * e);
+        for (int k = 0; k < 2; k++) {
+            z->slot[k] = malloc(sizeof(float) * big);
+            z->gslot[k] = malloc(sizeof(float) * big);
+            ok = ok && z->slot[k] && z->gslot[k];
+        }
+        ok = ok && z->embed && z->gembed;
+        if (ok) {
+            pthread_mutex_init(&z->mu, NULL);
+            pthread_cond_init(&z->cv, NULL);
+            ok = pthread_create(&z->thread, NULL, comm_thread, z) == 0;
+            z->running = ok;
+            if (!ok) {
+                pthread_mutex_destroy(&z->mu);
+                pthread_cond_destroy(&z->cv);
+            }
+        }
+    }
+    if (!ok) {
+        zero_free(z);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void zero_free(struct zero *z)
+{
+    if (z->running) {
+        pthread_mutex_lock(&z->mu);
+        z->stopping = 1;
+        pthread_cond_broadcast(&z->cv);
+        pthread_mutex_unlock(&z->mu);
+        pthread_join(z->thread, NULL);
+        pthread_mutex_destroy(&z->mu);
+        pthread_cond_destroy(&z->cv);
+    }
+    free(z->params);
+    free(z->m);
+    free(z->v);
+    free(z->grads);
+    free(z->embed);
+    free(z->gembed);
+    for (int k = 0; k < 2; k++) {
+        free(z->slot[k]);
+        free(z->gslot[k]);
+    }
+    memset(z, 0, sizeof(*z));
+}
+
+size_t zero_model_state_bytes(const struct zero *z) { return 4 * sizeof(float) * z->total; }
+
+size_t zero_transient_bytes(const struct zero *z)
+{
+    if (!z->comm)
+        return 0;
+    size_t big = 0;
+    for (int u = 1; u < z->g->layout.nunits; u++)
+        if (z->shard[u] > big)
+            big = z->shard[u];
+    return sizeof(float) * (size_t)z->world * (2 * z->shard[0] + 4 * big);
+}
+
+void zero_owned(const struct zero *z, int unit, size_t *lo, size_t *n)
+{
+    size_t P = z->g->layout.numel[unit], S = z->shard[unit];
+    *lo = (size_t)z->rank * S;
+    *n = *lo >= P ? 0 : (P - *lo < S ? P - *lo : S);
+}
+
+void zero_init_weights(struct zero *z, uint64_t seed)
+{
+    for (int u = 0; u < z->g->layout.nunits; u++) {
+        size_t lo, n;
+        zero_owned(z, u, &lo, &n);
+        gpt_init_range(&z->g->cfg, seed, u, lo, n, z->params + z->off[u]);
+    }
+}
+
+/* ---- passes ---- */
+
+static float *own(const struct zero *z, float *flat, int unit) { return flat + z->off[unit]; }
+
+int zero_forward(struct zero *z, const int *inputs, const int *targets, int B, int T,
+                 double *loss)
+{
+    struct gpt *g = z->g;
+    const int L = g->cfg.L;
+    gpt_set_batch(g, inputs, targets, B, T);
+    if (!z->comm) {
+        embed_forward(g, own(z, z->params, 0));
+        for (int l = 0; l < L; l++)
+            block_forward(g, l, own(z, z->params, l + 1));
+        *loss = head_forward(g, own(z, z->params, L + 1), own(z, z->params, 0), targets != NULL);
+        return 0;
+    }
+    /* unit u (1..L+1) goes to slot (u-1) % 2; the next one is gathered while
+     * this one computes */
+    unsigned long te = gather(z, 0, z->embed), ts[2] = {gather(z, 1, z->slot[0]), 0};
+    wait_for(z, te);
+    embed_forward(g, z->embed);
+    for (int l = 0; l < L; l++) {
+        int k = l % 2;
+        wait_for(z, ts[k]);
+        ts[!k] = gather(z, l + 2, z->slot[!k]);
+        block_forward(g, l, z->slot[k]);
+    }
+    int rc = wait_for(z, ts[L % 2]);
+    *loss = head_forward(g, z->slot[L % 2], z->embed, targets != NULL);
+    return rc;
+}
+
+int zero_backward(struct zero *z, float scale)
+{
+    struct gpt *g = z->g;
+    const int L = g->cfg.L;
+    const float dloss = scale / (float)(g->B * g->T);
+    if (!z->comm) {
+        head_backward(g, own(z, z->grads, L + 1), own(z, z->grads, 0), own(z, z->params, L + 1),
+                      own(z, z->params, 0), dloss);
+        for (int l = L - 1; l >= 0; l--)
+            block_backward(g, l, own(z, z->grads, l + 1), own(z, z->params, l + 1));
+        embed_backward(g, own(z, z->grads, 0));
+        return 0;
+    }
+    /* The forward left the norm unit in slot L % 2 and the last block in the
+     * other slot. */
+    const size_t W = (size_t)z->world;
+    memset(z->gembed, 0, sizeof(float) * W * z->shard[0]);
+    memset(z->gslot[0], 0, sizeof(float) * W * z->shard[L + 1]);
+    head_backward(g, z->gslot[0], z->gembed, z->slot[L % 2], z->embed, dloss);
+    unsigned long tg[2] = {reduce(z, L + 1, z->gslot[0]), 0}, ts[2] = {0, 0};
+    int j = 1;
+    for (int l = L - 1; l >= 0; l--) {
+        int u = l + 1, k = l % 2;
+        wait_for(z, ts[k]);
+        if (u > 1)
+            ts[!k] = gather(z, u - 1, z->slot[!k]);
+        wait_for(z, tg[j]);
+        memset(z->gslot[j], 0, sizeof(float) * W * z->shard[u]);
+        block_backward(g, l, z->gslot[j], z->slot[k]);
+        tg[j] = reduce(z, u, z->gslot[j]);
+        j ^= 1;
+    }
+    embed_backward(g, z->gembed);
+    return wait_for(z, reduce(z, 0, z->gembed));
+}
+
+void zero_zero_grad(struct zero *z) { memset(z->grads, 0, sizeof(float) * z->total); }
+
+int zero_grad_norm(struct zero *z, double *norm)
+{
+    double ss = sum_squares(z->grads, z->total); /* padding is zero */
+    int rc = zero_sum(z, &ss);
+    *norm = sqrt(ss);
+    return rc;
+}
+
+void zero_adamw(struct zero *z, const struct adamw *h, float gscale)
+{
+    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
+    for (int u = 0; u < z->g->layout.nunits; u++) {
+        size_t lo, n;
+        zero_owned(z, u, &lo, &n);
+        int nt = gpt_unit_tensors(&z->g->cfg, u, t);
+        for (int i = 0; i < nt; i++) {
+            size_t a = t[i].offset > lo ? t[i].offset : lo;
+            size_t b = t[i].offset + t[i].numel < lo + n ? t[i].offset + t[i].numel : lo + n;
+            if (a >= b)
+                continue;
+            size_t o = z->off[u] + (a - lo);
+            adamw_update(z->params + o, z->grads + o, z->m + o, z->v + o, b - a, h, t[i].decay,
+                         gscale);
+        }
+    }
+}
+
+/* ---- small collectives ---- */
+
+static int raw_gather(struct zero *z, const void *send, void *recv, size_t floats)
+{
+    return wait_for(z, submit(z, (struct zero_job){.kind = ZERO_RAW_GATHER, .send = send,
+                                                    .buf = recv, .count = floats}));
+}
+
+int zero_sum(struct zero *z, double *x)
+{
+    if (!z->comm)
+        return 0;
+    double *all = calloc((size_t)z->world, sizeof(double));
+    if (!all)
+        return -ENOMEM;
+    int rc = raw_gather(z, x, all, sizeof(double) / sizeof(float));
+    if (rc == 0) {
+        double s = 0;
+        for (int r = 0; r < z->world; r++)
+            s += all[r];
+        *x = s;
+    }
+    free(all);
+    return rc;
+}
+
+int zero_gather_u64(struct zero *z, const uint64_t *mine, size_t n, uint64_t *all)
+{
+    if (!z->comm) {
+        memcpy(all, mine, sizeof(uint64_t) * n);
+        return 0;
+    }
+    return raw_gather(z, mine, all, n * (sizeof(uint64_t) / sizeof(float)));
+}
+
+double zero_take_wait(struct zero *z)
+{
+    double w = z->wait_s;
+    z->wait_s = 0;
+    return w;
+}

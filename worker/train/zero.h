@@ -1,0 +1,120 @@
+/*
+ * zero: ZeRO stage 3 over the model's flat units (worker/train/model.h).
+ *
+ * Unit u of P_u floats is cut into N contiguous shards of S_u = ceil(P_u/N)
+ * floats; rank r owns floats [r*S_u, (r+1)*S_u) of the unit, zero past P_u.
+ * What a rank keeps across steps, its model state, is four shard buffers
+ * with the units' shards back to back: fp32 weights, both AdamW moments and
+ * the gradient, 16 bytes x sum(S_u).
+ *
+ * Transient, per rank (world > 1): the gathered embedding (unit 0; the tied
+ * LM head needs it again, so it is gathered with the first block and held
+ * until the head's backward is done), two slots for the gathered block or
+ * norm unit being computed and the next one (prefetch), the embedding's full
+ * gradient (the head's backward and the embedding's backward both add into
+ * it, so it lives across the backward) and two slots for the full gradient
+ * of a block being reduce-scattered while the next one is computed.
+ *
+ * One comm thread per rank runs every collective, in the order the training
+ * thread submits them (the order is the same on every rank, so the
+ * collectives match): all-gathers ahead of the compute, reduce-scatters
+ * (COMM_AVG, then added into the gradient shard) behind it. Each result is a
+ * pure function of its inputs, so runs are bit-identical whatever the timing.
+ *
+ * World 1 (no communicator) is the same code degenerate: a shard is the whole
+ * unit, a "gathered" unit is the shard itself and the backward accumulates
+ * straight into the gradient shard, which makes it the single-process
+ * trainer, bit for bit.
+ */
+#ifndef MUSTER_TRAIN_ZERO_H
+#define MUSTER_TRAIN_ZERO_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/train/model.h"
+#include "worker/train/optim.h"
+
+struct comm;
+
+#define ZERO_QUEUE 8
+
+enum zero_job_kind { ZERO_GATHER, ZERO_REDUCE, ZERO_RAW_GATHER };
+
+struct zero_job {
+    enum zero_job_kind kind;
+    int unit;        /* ZERO_GATHER, ZERO_REDUCE */
+    float *buf;      /* full unit (world * S_u floats): gathered into, or reduced from */
+    const void *send; /* ZERO_RAW_GATHER: count floats from each rank into buf */
+    size_t count;
+};
+
+struct zero {
+    struct comm *comm;             /* NULL when world == 1 */
+    int rank, world;
+    struct gpt *g;                 /* config, layout and activations */
+    size_t shard[GPT_MAX_UNITS];   /* S_u */
+    size_t off[GPT_MAX_UNITS];     /* where unit u's shard starts in the shard buffers */
+    size_t total;                  /* sum of S_u */
+    /* model state: total floats each */
+    float *params, *m, *v, *grads;
+    /* transient (world > 1) */
+    float *embed, *gembed;         /* unit 0 gathered, and its full gradient */
+    float *slot[2], *gslot[2];     /* blocks / norm: gathered, full gradient */
+    /* comm thread */
+    pthread_t thread;
+    int running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct zero_job q[ZERO_QUEUE];
+    unsigned long submitted, done; /* jobs */
+    int stopping;
+    int rc;                        /* first collective error; the rest are skipped */
+    double wait_s;                 /* training thread blocked on the comm thread */
+};
+
+/*
+ * Sets up the shards of g's layout for comm's rank and world (comm NULL:
+ * world 1) and starts the comm thread. g may be a shell (gpt_create_shell);
+ * its activations are used. Returns 0 or -ENOMEM.
+ */
+int zero_init(struct zero *z, struct gpt *g, struct comm *comm);
+/* Stops the comm thread and frees everything (not comm, not g). */
+void zero_free(struct zero *z);
+
+/* Bytes allocated for what persists across steps: weights, moments, gradients. */
+size_t zero_model_state_bytes(const struct zero *z);
+/* Bytes of the gathered-unit and full-gradient buffers (0 at world 1). */
+size_t zero_transient_bytes(const struct zero *z);
+
+/* The floats of unit u this rank owns: global offset *lo within the unit and
+ * *n real (non-padding) floats, n <= S_u. */
+void zero_owned(const struct zero *z, int unit, size_t *lo, size_t *n);
+
+/* The model's initialisation (gpt_init_range) for this rank's shards. */
+void zero_init_weights(struct zero *z, uint64_t seed);
+
+/* Collective forward of one batch (targets may be NULL); *loss gets this
+ * rank's mean loss (0 without targets). Returns 0 or a comm error. */
+int zero_forward(struct zero *z, const int *inputs, const int *targets, int B, int T,
+                 double *loss);
+/* Collective backward of the last forward: the gradient of scale * mean loss,
+ * averaged over ranks, is added into the gradient shards. */
+int zero_backward(struct zero *z, float scale);
+void zero_zero_grad(struct zero *z);
+
+/* Global gradient norm: the shards' sums of squares, summed over ranks. */
+int zero_grad_norm(struct zero *z, double *norm);
+/* AdamW on the shards; weight decay on the parts of matrices each shard holds. */
+void zero_adamw(struct zero *z, const struct adamw *h, float gscale);
+
+/* x summed over ranks in rank order (the same double on every rank). */
+int zero_sum(struct zero *z, double *x);
+/* all[r * n + i] = rank r's mine[i]; a barrier as well. */
+int zero_gather_u64(struct zero *z, const uint64_t *mine, size_t n, uint64_t *all);
+
+/* Seconds the training thread waited for collectives since the last call. */
+double zero_take_wait(struct zero *z);
+
+#endif
