@@ -108,6 +108,12 @@ $(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/comm.c worker/co
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
 
+# ZeRO-3 vs plain data-parallel step times for tests/bench/bench_zero.sh.
+$(BUILD)/tests/zero-bench: $(call obj,tests/zero-bench.c $(TRAIN_SRCS)) $(LIBMUSTER)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -135,7 +141,7 @@ bench: deps
 	@sh mk/deps.sh bench
 	@$(MAKE) --no-print-directory bench-run
 
-bench-run: all $(BUILD)/tests/comm-bench
+bench-run: all $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench
 	@BUILD=$(BUILD) sh tests/bench/run.sh
 
 # AddressSanitizer + UBSan build of everything, then the whole test suite.
@@ -147,21 +153,29 @@ asan: deps
 docs: $(BUILD)/tests/jobspec-doc
 	$(BUILD)/tests/jobspec-doc > docs/jobspec.md
 
+# Installed layout: binaries, systemd units (ExecStart rewritten to PREFIX),
+# example configs and job presets, docs, man pages. DESTDIR for staging.
+MAN1 := docs/man/muster-train.1 docs/man/musterctl.1
+MAN8 := docs/man/musterd.8 docs/man/muster-worker.8
+UNITDIR := $(PREFIX)/lib/systemd/system
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/muster/etc \
+	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8
 	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(PREFIX)/share/doc/muster
-	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(DESTDIR)$(PREFIX)/share/doc/muster/
-	install -d $(DESTDIR)$(PREFIX)/share/muster/etc
+	for u in systemd/*.service; do \
+	    sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(UNITDIR)/$${u#systemd/} && \
+	    chmod 0644 $(DESTDIR)$(UNITDIR)/$${u#systemd/} || exit 1; done
 	install -m 0644 etc/*.json $(DESTDIR)$(PREFIX)/share/muster/etc/
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
-	install -m 0644 systemd/*.service $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(DESTDIR)$(PREFIX)/share/doc/muster/
+	install -m 0644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 
 uninstall:
 	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(PREFIX)/bin/%,$(BINS))
+	rm -f $(patsubst systemd/%,$(DESTDIR)$(UNITDIR)/%,$(wildcard systemd/*.service))
+	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man1/%,$(MAN1))
+	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man8/%,$(MAN8))
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/muster
-	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/musterd.service \
-	      $(DESTDIR)$(PREFIX)/lib/systemd/system/muster-worker.service
 
 clean:
 	rm -rf build build-asan

@@ -10,13 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <uv.h>
 
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/notify.h"
+#include "common/token.h"
 #include "daemon/http.h"
+#include "daemon/musterd_config.h"
 #include "daemon/rdv.h"
 #include "daemon/server.h"
 #include "daemon/snapshot.h"
@@ -25,7 +28,6 @@
 #define TICK_MS 100
 #define PUBLISH_EVERY_MS 500
 #define ADMIN_QUEUE 32
-#define TOKEN_MAX 4096
 
 struct admin_req {
     enum http_admin_action action;
@@ -60,9 +62,13 @@ struct daemon {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "Usage: musterd --job FILE [OPTION]...\n"
+            "Usage: musterd [--config FILE] [--job FILE] [OPTION]...\n"
             "Coordinate a training job: accept worker agents, hand out ranks, watch\n"
             "heartbeats, restart failed ranks in a new generation.\n\n"
+            "  --config FILE            musterd.json (keys in docs/config.md); without it and\n"
+            "                           without --job, $CONFIGURATION_DIRECTORY/musterd.json\n"
+            "                           (or /etc/muster/musterd.json) is read when it exists;\n"
+            "                           options given here override the file\n"
             "  --job FILE               job spec (JSON; keys in docs/jobspec.md)\n"
             "  --listen ADDR:PORT       control port for agents (default 0.0.0.0:29470)\n"
             "  --http ADDR:PORT         REST API and dashboard (default 127.0.0.1:29471)\n"
@@ -71,6 +77,7 @@ static void usage(FILE *out)
             "  --token-file FILE        cluster token agents must prove (default\n"
             "                           $CONFIGURATION_DIRECTORY/token or /etc/muster/token)\n"
             "  --admin-token-file FILE  token for admin REST calls (default: admin off)\n"
+            "                           (token files must be mode 0600: chmod 600 FILE)\n"
             "  --exit-on-end            when the job completes (exit 0) or fails or stops\n"
             "                           (exit 1), shut the agents down and exit\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
@@ -90,27 +97,6 @@ static int parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *p
     memcpy(host, s, (size_t)(colon - s));
     host[colon - s] = '\0';
     *port = (uint16_t)p;
-    return 0;
-}
-
-/* Reads a token file; an empty result is an error. */
-static int read_token(const char *path, uint8_t *buf, size_t cap, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        log_error("%s: cannot read the token file: %s", path, strerror(errno));
-        return -1;
-    }
-    size_t n = fread(buf, 1, cap, f);
-    int more = fgetc(f) != EOF;
-    fclose(f);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        n--;
-    if (more || n == 0) {
-        log_error("%s: token file is %s", path, more ? "larger than 4 KiB" : "empty");
-        return -1;
-    }
-    *len = n;
     return 0;
 }
 
@@ -295,6 +281,7 @@ int main(int argc, char **argv)
 {
     static struct daemon d; /* large (rdv holds the node table) */
     static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
         {"job", required_argument, NULL, 'j'},
         {"listen", required_argument, NULL, 'l'},
         {"http", required_argument, NULL, 'H'},
@@ -307,8 +294,10 @@ int main(int argc, char **argv)
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    const char *job_path = NULL, *listen = "0.0.0.0:29470", *http = "127.0.0.1:29471";
-    const char *token_path = NULL, *admin_path = NULL;
+    /* Flags as given (NULL = not given); they override the configuration file. */
+    const char *config_path = NULL, *job_flag = NULL, *listen_flag = NULL, *http_flag = NULL;
+    const char *state_flag = NULL, *token_flag = NULL, *admin_flag = NULL, *level_flag = NULL;
+    static struct musterd_config cfg;
     char listen_host[64], http_host[64], err[1024];
     uint16_t listen_port, http_portnum;
     static uint8_t token[TOKEN_MAX], admin[TOKEN_MAX + 1];
@@ -318,21 +307,22 @@ int main(int argc, char **argv)
     int c;
 
     log_set_prog("musterd");
-    d.state_dir = getenv("STATE_DIRECTORY") ? getenv("STATE_DIRECTORY") : "/var/lib/muster";
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'j': job_path = optarg; break;
-        case 'l': listen = optarg; break;
-        case 'H': http = optarg; break;
-        case 's': d.state_dir = optarg; break;
-        case 't': token_path = optarg; break;
-        case 'a': admin_path = optarg; break;
+        case 'c': config_path = optarg; break;
+        case 'j': job_flag = optarg; break;
+        case 'l': listen_flag = optarg; break;
+        case 'H': http_flag = optarg; break;
+        case 's': state_flag = optarg; break;
+        case 't': token_flag = optarg; break;
+        case 'a': admin_flag = optarg; break;
         case 'x': d.exit_on_end = 1; break;
         case 'L':
-            if (log_set_level_name(optarg) != 0) {
+            if (conf_valid_log_level(optarg) != 0) {
                 fprintf(stderr, "musterd: --log-level: expected error, warn, info or debug, got '%s'\n", optarg);
                 return 2;
             }
+            level_flag = optarg;
             break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("musterd %s\n", MUSTER_VERSION); return 0;
@@ -343,8 +333,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!job_path) {
-        fprintf(stderr, "musterd: --job FILE is required\n");
+    musterd_config_defaults(&cfg);
+    static char default_config[PATH_MAX];
+    if (!config_path && !job_flag) {
+        musterd_config_default_path(default_config, sizeof(default_config));
+        if (access(default_config, F_OK) == 0)
+            config_path = default_config;
+    }
+    if (config_path && conf_load(config_path, musterd_config_keys, musterd_config_nkeys, &cfg, err,
+                                 sizeof(err)) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    log_set_level_name(level_flag ? level_flag : cfg.log_level);
+    const char *job_path = job_flag ? job_flag : cfg.job;
+    const char *listen = listen_flag ? listen_flag : cfg.listen;
+    const char *http = http_flag ? http_flag : cfg.http;
+    const char *token_path = token_flag ? token_flag : cfg.token_file;
+    const char *admin_path = admin_flag ? admin_flag : cfg.admin_token_file[0] ? cfg.admin_token_file : NULL;
+    d.state_dir = state_flag ? state_flag : cfg.state_dir;
+    if (!job_path[0]) {
+        fprintf(stderr, "musterd: no job: give --job FILE, or \"job\" in musterd.json (--config FILE)\n");
         usage(stderr);
         return 2;
     }
@@ -357,19 +366,18 @@ int main(int argc, char **argv)
         return 2;
     }
     /* The cluster token is not optional: without it anyone could join. */
-    static char default_token[PATH_MAX];
-    if (!token_path) {
-        const char *conf = getenv("CONFIGURATION_DIRECTORY");
-        snprintf(default_token, sizeof(default_token), "%s/token", conf ? conf : "/etc/muster");
-        token_path = default_token;
-    }
-    if (read_token(token_path, token, sizeof(token), &token_len) != 0) {
-        log_error("agents prove the cluster token to join; create one with `musterctl token new %s` "
-                  "(and copy it to every node) or pass --token-file", token_path);
+    int trc = token_read(token_path, token, sizeof(token), &token_len, err, sizeof(err));
+    if (trc != 0) {
+        log_error("%s", err);
+        if (trc != -EPERM)
+            log_error("agents prove the cluster token to join; create one with `musterctl token new %s` "
+                      "(and copy it to every node) or pass --token-file", token_path);
         return 1;
     }
-    if (admin_path && read_token(admin_path, admin, TOKEN_MAX, &admin_len) != 0)
+    if (admin_path && token_read(admin_path, admin, TOKEN_MAX, &admin_len, err, sizeof(err)) != 0) {
+        log_error("admin token: %s", err);
         return 1;
+    }
     admin[admin_len] = '\0';
     if (job_spec_load(job_path, &spec, &job, err, sizeof(err)) != 0) {
         log_error("%s", err);

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/batch.h"
+
 static const char *const job_state_names[] = {
     "waiting", "forming", "running", "recovering", "completed", "stopped", "failed",
 };
@@ -230,6 +232,17 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     layout_members(r);
     if (build_ranks(r))
         return -ENOMEM;
+    /* The world size is known now: a batch that cannot be split fails the job
+     * here, before any rank starts, rather than in every rank at step 1. */
+    struct batch_plan plan;
+    char why[PROTO_REASON_MAX];
+    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
+        snprintf(r->reason, sizeof(r->reason), "%s", why);
+        r->state = RDV_FAILED;
+        event(r, "job_failed", -1, -1, "job refused at formation: %s", why);
+        changed(r, 1);
+        return 0;
+    }
     r->generation = 1;
     r->gen_opened_ms = now_ms;
     r->state = RDV_FORMING;

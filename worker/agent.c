@@ -13,6 +13,7 @@
 
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "worker/agent_rank.h"
 #include "worker/frame_conn.h"
 #include "worker/rank_env.h"
@@ -71,6 +72,8 @@ struct agent {
     struct agent_rank *all; /* every rank object not yet freed */
     bool have_uid;
     struct proto_unique_id uid;
+
+    bool told_ready; /* READY=1 sent to systemd (first join) */
 
     /* shutdown */
     bool exiting;
@@ -305,8 +308,20 @@ static void link_close(struct agent *a)
     }
 }
 
+/* systemd: READY=1 on the first join; STATUS= says where this node stands. */
+static void notify_joined(struct agent *a)
+{
+    char ranks[64] = "no ranks yet";
+    if (a->have_assign)
+        snprintf(ranks, sizeof(ranks), "generation %" PRIu64 ", %u ranks", a->assign.generation, a->assign.nranks);
+    notify_sendf("%sSTATUS=joined daemon %s as %s, %s", a->told_ready ? "" : "READY=1\n", a->cfg->daemon,
+                 a->cfg->node, ranks);
+    a->told_ready = true;
+}
+
 static void link_lost(struct agent *a, const char *why)
 {
+    notify_sendf("STATUS=lost the daemon at %s: %s; rejoining", a->cfg->daemon, why);
     log_warn("lost the daemon at %s: %s; rejoining", a->cfg->daemon, why);
     link_close(a);
     schedule_retry(a, NULL);
@@ -585,6 +600,7 @@ static void on_assign(struct agent *a, struct proto_assign *as)
     a->spawn_pending = true;
     if (!any_running(a))
         spawn_all(a);
+    notify_joined(a);
 }
 
 static void on_unique_id(struct agent *a, const struct proto_unique_id *u)
@@ -676,6 +692,7 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
              a->heartbeat_interval_ms, a->lease_ms);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
+    notify_joined(a);
 }
 
 static void protocol_violation(struct agent *a, const struct proto_msg *msg)
@@ -812,6 +829,7 @@ static void agent_exit(struct agent *a, int code)
         return;
     a->exiting = true;
     a->exit_code = code;
+    notify_send("STOPPING=1");
     a->spawn_pending = false;
     link_close(a);
     uv_timer_stop(&a->retry_timer);

@@ -1,6 +1,7 @@
 /*
- * muster-worker: the node agent. Parses the command line, reads the token,
- * and hands over to agent_run().
+ * muster-worker: the node agent. Parses the command line and worker.json,
+ * reads the token, and hands over to agent_run() (or to the one-machine
+ * launcher, or to cloud-platform mode).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -13,42 +14,55 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/token.h"
 #include "proto/proto.h"
 #include "worker/agent.h"
+#include "worker/agent_config.h"
 #include "worker/agent_join.h"
+#include "worker/cloud.h"
 #include "worker/devices.h"
 #include "worker/local.h"
 #include "worker/rank_env.h"
 
-#define TOKEN_MAX 4096
-
 static void usage(FILE *out)
 {
     fprintf(out,
-            "Usage: muster-worker --daemon HOST:PORT --devices SPEC [OPTION]...\n"
+            "Usage: muster-worker [--config FILE] [OPTION]...\n"
+            "   or: muster-worker --daemon HOST:PORT --devices SPEC [OPTION]...\n"
             "   or: muster-worker --local --job FILE --devices SPEC [OPTION]...\n"
+            "   or: muster-worker --from-env --devices SPEC [--job FILE] [OPTION]...\n"
             "Join the muster daemon and run one training rank per device of this node.\n"
+            "With no --daemon, --local or --from-env, read $CONFIGURATION_DIRECTORY/worker.json\n"
+            "(or /etc/muster/worker.json): what systemd runs at boot.\n"
             "With --local, start a private daemon for this one machine, run the job,\n"
             "and exit with its status (0 completed, 1 failed or stopped).\n"
+            "With --from-env, take the cluster from WORLD_SIZE (nodes), RANK (node rank),\n"
+            "MASTER_ADDR and MASTER_PORT: join MASTER_ADDR:MASTER_PORT; node rank 0 also\n"
+            "runs the daemon and exits with the job's status.\n"
             "\n"
-            "  --daemon HOST:PORT   daemon control address (name, IPv4, or [IPv6]); port 29470 by default\n"
+            "  --config FILE        worker.json (keys in docs/config.md); options override it\n"
+            "  --daemon HOST:PORT   daemon control address (name, IPv4, or [IPv6]:PORT)\n"
             "  --devices SPEC       cpu:N (N in 1..64), gpu:all, or gpu:I,J,... (GPU ordinals)\n"
-            "  --node NAME          node name, [A-Za-z0-9._-]{1,63} (default: the host name)\n"
-            "  --token-file FILE    cluster token (one trailing newline is stripped); default\n"
+            "  --node NAME          node name, [A-Za-z0-9._-]{1,63} (default: the host name;\n"
+            "                       with --from-env: node<RANK>, zero-padded)\n"
+            "  --token-file FILE    cluster token, mode 0600 (trailing newlines stripped); default\n"
             "                       $CONFIGURATION_DIRECTORY/token or /etc/muster/token\n"
             "  --rank-cmd CMD       command of each rank, split on whitespace, no shell\n"
             "                       (default: muster-train next to this program)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
             "                       (default: local address of the connection to the daemon)\n"
             "  --local              one-machine launcher: private daemon, this node only\n"
-            "  --job FILE           the job spec (with --local)\n"
-            "  --http-port PORT     REST port of the private daemon (with --local; default\n"
-            "                       29471 when free)\n"
+            "  --from-env           cloud-platform mode (see above); $MUSTER_JOB, $MUSTER_TOKEN_FILE\n"
+            "                       and $MUSTER_DEVICES stand in for --job, --token-file, --devices\n"
+            "  --job FILE           the job spec (with --local, and with --from-env on node rank 0)\n"
+            "  --http-port PORT     REST port of the private daemon (with --local or --from-env;\n"
+            "                       default 29471 when free)\n"
             "  --log-level LEVEL    error, warn, info (default) or debug\n"
             "  --help               show this help and exit\n"
             "  --version            show the version and exit\n"
             "\n"
-            "Exit status: 0 when shut down, 1 on a runtime failure (e.g. refused by the daemon), 2 on a usage error.\n");
+            "Exit status: 0 when shut down, 1 on a runtime failure (e.g. refused by the daemon,\n"
+            "a bad worker.json), 2 on a usage error.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -57,25 +71,6 @@ static int usage_error(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nTry 'muster-worker --help' for more information.\n");
     return 2;
-}
-
-/* Reads the token file; strips one trailing newline. Returns 0 or -errno. */
-static int read_token(const char *path, uint8_t *buf, size_t cap, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -errno;
-    size_t n = fread(buf, 1, cap, f);
-    int err = ferror(f) ? -EIO : 0;
-    if (!err && n == cap && fgetc(f) != EOF)
-        err = -EFBIG;
-    fclose(f);
-    if (err)
-        return err;
-    if (n > 0 && buf[n - 1] == '\n')
-        n--;
-    *len = n;
-    return 0;
 }
 
 /* The muster-train next to this executable. */
@@ -91,11 +86,22 @@ static int default_rank_cmd(char *out, size_t cap)
     return 0;
 }
 
+/* The first of the candidates that is set and non-empty, else NULL. */
+static const char *first_set(const char *a, const char *b, const char *c)
+{
+    if (a && a[0])
+        return a;
+    if (b && b[0])
+        return b;
+    return c && c[0] ? c : NULL;
+}
+
 int main(int argc, char **argv)
 {
     enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
-           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT };
+           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV };
     static const struct option opts[] = {
+        {"config", required_argument, NULL, OPT_CONFIG},
         {"daemon", required_argument, NULL, OPT_DAEMON},
         {"node", required_argument, NULL, OPT_NODE},
         {"devices", required_argument, NULL, OPT_DEVICES},
@@ -104,6 +110,7 @@ int main(int argc, char **argv)
         {"addr", required_argument, NULL, OPT_ADDR},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"local", no_argument, NULL, OPT_LOCAL},
+        {"from-env", no_argument, NULL, OPT_FROM_ENV},
         {"job", required_argument, NULL, OPT_JOB},
         {"http-port", required_argument, NULL, OPT_HTTP_PORT},
         {"help", no_argument, NULL, OPT_HELP},
@@ -113,46 +120,40 @@ int main(int argc, char **argv)
     log_set_prog("muster-worker");
 
     static struct agent_config cfg;
-    const char *daemon = NULL, *devices = NULL, *token_file = NULL, *rank_cmd = NULL;
+    static struct agent_file file;
+    /* Flags as given (NULL = not given); they override worker.json. */
+    const char *config = NULL, *daemon = NULL, *node = NULL, *devices = NULL, *token_file = NULL;
+    const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL;
     struct local_config local = {0};
-    int is_local = 0;
+    int is_local = 0, from_env = 0;
     char err[512];
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case OPT_DAEMON:
-            daemon = optarg;
-            break;
+        case OPT_CONFIG: config = optarg; break;
+        case OPT_DAEMON: daemon = optarg; break;
         case OPT_NODE:
             if (!proto_valid_name(optarg))
                 return usage_error("--node: expected 1..63 characters of [A-Za-z0-9._-], got '%s'", optarg);
-            snprintf(cfg.node, sizeof(cfg.node), "%s", optarg);
+            node = optarg;
             break;
-        case OPT_DEVICES:
-            devices = optarg;
-            break;
-        case OPT_TOKEN_FILE:
-            token_file = optarg;
-            break;
-        case OPT_RANK_CMD:
-            rank_cmd = optarg;
-            break;
+        case OPT_DEVICES: devices = optarg; break;
+        case OPT_TOKEN_FILE: token_file = optarg; break;
+        case OPT_RANK_CMD: rank_cmd = optarg; break;
         case OPT_ADDR:
             if (optarg[0] == '\0' || strlen(optarg) >= sizeof(cfg.addr))
                 return usage_error("--addr: expected an address of 1..63 bytes, got '%s'", optarg);
-            snprintf(cfg.addr, sizeof(cfg.addr), "%s", optarg);
+            addr = optarg;
             break;
         case OPT_LOG_LEVEL:
-            if (log_set_level_name(optarg) != 0)
+            if (conf_valid_log_level(optarg) != 0)
                 return usage_error("--log-level: expected error, warn, info or debug, got '%s'", optarg);
+            level = optarg;
             break;
-        case OPT_LOCAL:
-            is_local = 1;
-            break;
-        case OPT_JOB:
-            local.job_path = optarg;
-            break;
+        case OPT_LOCAL: is_local = 1; break;
+        case OPT_FROM_ENV: from_env = 1; break;
+        case OPT_JOB: job = optarg; break;
         case OPT_HTTP_PORT: {
             char *end;
             long p = strtol(optarg, &end, 10);
@@ -175,23 +176,66 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
-    if (is_local && daemon)
-        return usage_error("%s", "--local starts its own daemon: drop --daemon");
-    if (is_local && !local.job_path)
+    if (is_local && from_env)
+        return usage_error("%s", "--local and --from-env are two different launchers: pick one");
+    if ((is_local || from_env) && daemon)
+        return usage_error("%s", is_local ? "--local starts its own daemon: drop --daemon"
+                                          : "--from-env joins MASTER_ADDR:MASTER_PORT: drop --daemon");
+    if (is_local && !job)
         return usage_error("%s", "--local needs --job FILE");
     if (is_local && token_file)
         return usage_error("%s", "--local makes its own token: drop --token-file");
-    if (!is_local && (local.job_path || local.http_port))
-        return usage_error("%s", "--job and --http-port go with --local");
-    if (!daemon && !is_local)
-        return usage_error("%s", "missing --daemon HOST:PORT (or --local --job FILE)");
+    if (!is_local && !from_env && (job || local.http_port))
+        return usage_error("%s", "--job and --http-port go with --local or --from-env");
+
+    /* worker.json: named, or the default one when the command line does not say where to go. */
+    agent_config_defaults(&file);
+    static char default_config[PATH_MAX];
+    if (!config && !daemon && !is_local && !from_env) {
+        agent_config_default_path(default_config, sizeof(default_config));
+        if (access(default_config, F_OK) == 0)
+            config = default_config;
+    }
+    if (config && conf_load(config, agent_config_keys, agent_config_nkeys, &file, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    log_set_level_name(level ? level : file.log_level);
+    if (!is_local && !from_env)
+        daemon = first_set(daemon, file.daemon, NULL);
+    devices = first_set(devices, from_env ? getenv("MUSTER_DEVICES") : NULL, file.devices);
+    token_file = first_set(token_file, from_env ? getenv("MUSTER_TOKEN_FILE") : NULL, file.token_file);
+    rank_cmd = first_set(rank_cmd, file.rank_cmd, NULL);
+    node = first_set(node, file.node, NULL);
+    addr = first_set(addr, file.addr, NULL);
+    if (from_env)
+        job = first_set(job, getenv("MUSTER_JOB"), NULL);
+    local.job_path = job;
+
+    if (!daemon && !is_local && !from_env)
+        return usage_error("missing --daemon HOST:PORT (or --local --job FILE, --from-env, or \"daemon\" in %s)",
+                           config ? config : "worker.json (--config FILE)");
     if (!devices)
         return usage_error("%s", "missing --devices (cpu:N, gpu:all or gpu:I,J,...)");
+    struct cloud_env cloud;
+    if (from_env) {
+        if (cloud_env_read(&cloud, err, sizeof(err)) != 0)
+            return usage_error("--from-env: %s", err);
+        if (cloud.rank == 0 && !job)
+            return usage_error("%s", "--from-env on node rank 0 runs the daemon and needs the job: --job FILE "
+                                     "or MUSTER_JOB");
+        if (!node)
+            cloud_node_name(&cloud, cfg.node, sizeof(cfg.node));
+    }
     if (daemon) {
         if (hostport_parse(daemon, cfg.host, &cfg.port, err, sizeof(err)) != 0)
             return usage_error("%s", err);
         snprintf(cfg.daemon, sizeof(cfg.daemon), "%s", daemon);
     }
+    if (node)
+        snprintf(cfg.node, sizeof(cfg.node), "%s", node);
+    if (addr)
+        snprintf(cfg.addr, sizeof(cfg.addr), "%s", addr);
     if (devices_parse(devices, &cfg.devices, err, sizeof(err)) != 0)
         return usage_error("%s", err);
     if (cfg.devices.all_gpus) {
@@ -210,22 +254,17 @@ int main(int argc, char **argv)
 
     /* The cluster token is required: the daemon refuses agents that cannot prove it. */
     static uint8_t token[TOKEN_MAX];
-    static char default_token[PATH_MAX];
-    if (!token_file && !is_local) {
-        const char *conf = getenv("CONFIGURATION_DIRECTORY");
-        snprintf(default_token, sizeof(default_token), "%s/token", conf ? conf : "/etc/muster");
-        token_file = default_token;
-    }
-    int trc = is_local ? 0 : read_token(token_file, token, sizeof(token), &cfg.token_len);
-    if (is_local)
+    if (is_local) {
         cfg.token_len = 1; /* local_run installs the private token */
-    if (trc == 0 && cfg.token_len == 0)
-        trc = -ENODATA;
-    if (trc != 0) {
-        log_error("token file %s: %s; copy the cluster token from the master (`musterctl token new FILE` "
-                  "makes one) or pass --token-file",
-                  token_file, trc == -EFBIG ? "longer than 4096 bytes" : trc == -ENODATA ? "empty" : strerror(-trc));
-        return 1;
+    } else {
+        int trc = token_read(token_file, token, sizeof(token), &cfg.token_len, err, sizeof(err));
+        if (trc != 0) {
+            log_error("%s", err);
+            if (trc != -EPERM)
+                log_error("copy the cluster token from the master (`musterctl token new FILE` makes one) "
+                          "or pass --token-file");
+            return 1;
+        }
     }
     cfg.token = token;
 
@@ -243,7 +282,13 @@ int main(int argc, char **argv)
         return usage_error("%s", "--rank-cmd: expected a command, got nothing");
 
     signal(SIGPIPE, SIG_IGN);
-    int code = is_local ? local_run(&local, &cfg) : agent_run(&cfg);
+    int code;
+    if (is_local)
+        code = local_run(&local, &cfg);
+    else if (from_env)
+        code = cloud_run(&cloud, job, token_file, local.http_port, &cfg);
+    else
+        code = agent_run(&cfg);
     rank_strv_free(cfg.rank_argv);
     return code;
 }

@@ -1,7 +1,7 @@
 # muster-worker (the node agent) and muster-train (one rank).
-AGENT_SRCS := worker/agent.c worker/local.c worker/agent_join.c worker/agent_rank.c worker/devices.c worker/frame_conn.c worker/rank_env.c
+AGENT_SRCS := worker/agent.c worker/agent_config.c worker/launch.c worker/local.c worker/cloud.c worker/agent_join.c worker/agent_rank.c worker/devices.c worker/frame_conn.c worker/rank_env.c
 AGENT_MAIN := worker/agent_main.c
 TRAIN_SRCS := worker/train/layers.c worker/train/model.c worker/train/optim.c \
-	worker/train/data.c worker/train/ckpt.c worker/train/train.c worker/train/rank.c \
+	worker/train/data.c worker/train/ckpt.c worker/train/train.c worker/train/zero.c worker/train/rank.c \
 	worker/comm.c worker/comm_ring.c worker/comm_nccl.c
 TRAIN_MAIN := worker/train_main.c

@@ -4,7 +4,7 @@
 set -eu
 . tests/itest-lib.sh
 
-echo '{"name": "local", "nodes": 4, "max_restarts": 1}' > "$ITEST_DIR/job.json"
+echo '{"name": "local", "nodes": 4, "max_restarts": 1, "batch": 12}' > "$ITEST_DIR/job.json"
 RANK="$BUILD/tests/fake-rank --step-ms 10"
 
 # A crash in generation 1 costs one restart; generation 2 completes.
@@ -23,6 +23,7 @@ set -e
 [ "$rc" -eq 1 ] || fail "failed local job exited $rc, expected 1"
 grep -q 'rank 1 on node .* exited with status 3; gave up after 0 restarts' "$ITEST_DIR/fail.log" \
     || fail "the failure reason is not in the log"
+kept=$(sed -n 's/.*daemon state kept in \(.*\)$/\1/p' "$ITEST_DIR/fail.log"); case "$kept" in /tmp/muster-launch.*) rm -rf "$kept" ;; esac
 
 # Usage errors exit 2.
 set +e

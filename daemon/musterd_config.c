@@ -1,0 +1,41 @@
+#include "daemon/musterd_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define F(field) offsetof(struct musterd_config, field), sizeof(((struct musterd_config *)0)->field)
+
+/* The one table of musterd.json keys. Keep docs/config.md in step. */
+const struct conf_key musterd_config_keys[] = {
+    {"listen", CONF_STRING, F(listen), conf_valid_hostport, "ADDR:PORT", "0.0.0.0:29470",
+     "control port the agents join"},
+    {"http", CONF_STRING, F(http), conf_valid_hostport, "ADDR:PORT", "127.0.0.1:29471",
+     "REST API, dashboard and /metrics"},
+    {"state_dir", CONF_PATH, F(state_dir), NULL, "a directory", "/var/lib/muster",
+     "directory of the state file ($STATE_DIRECTORY under systemd)"},
+    {"token_file", CONF_PATH, F(token_file), NULL, "a file", "/etc/muster/token",
+     "cluster token the agents prove; mode 0600 ($CONFIGURATION_DIRECTORY/token under systemd)"},
+    {"admin_token_file", CONF_PATH, F(admin_token_file), NULL, "a file", "",
+     "token for admin REST calls (stop, restart, drain); mode 0600; unset = admin calls off"},
+    {"job", CONF_PATH, F(job), NULL, "a file", "", "the job spec (keys in docs/jobspec.md); required"},
+    {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
+     "least severe level logged"},
+};
+
+const size_t musterd_config_nkeys = sizeof(musterd_config_keys) / sizeof(musterd_config_keys[0]);
+
+void musterd_config_defaults(struct musterd_config *c)
+{
+    const char *state = getenv("STATE_DIRECTORY"), *conf = getenv("CONFIGURATION_DIRECTORY");
+    conf_defaults(musterd_config_keys, musterd_config_nkeys, c);
+    if (state && state[0])
+        snprintf(c->state_dir, sizeof(c->state_dir), "%s", state);
+    if (conf && conf[0])
+        snprintf(c->token_file, sizeof(c->token_file), "%s/token", conf);
+}
+
+void musterd_config_default_path(char *out, size_t cap)
+{
+    const char *conf = getenv("CONFIGURATION_DIRECTORY");
+    snprintf(out, cap, "%s/musterd.json", conf && conf[0] ? conf : "/etc/muster");
+}

@@ -1,0 +1,39 @@
+/*
+ * musterd_config: musterd.json, the daemon's configuration file. One table
+ * (musterd_config.c) of the keys below; the command line overrides the file.
+ * docs/config.md documents every key.
+ */
+#ifndef MUSTER_MUSTERD_CONFIG_H
+#define MUSTER_MUSTERD_CONFIG_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#include "common/conf.h"
+
+struct musterd_config {
+    char listen[64];                 /* control port for agents, ADDR:PORT */
+    char http[64];                   /* REST API and dashboard, ADDR:PORT */
+    char state_dir[PATH_MAX];        /* where the state file lives */
+    char token_file[PATH_MAX];       /* cluster token agents must prove */
+    char admin_token_file[PATH_MAX]; /* "" = admin REST calls off */
+    char job[PATH_MAX];              /* the job spec */
+    char log_level[8];
+};
+
+extern const struct conf_key musterd_config_keys[];
+extern const size_t musterd_config_nkeys;
+
+/*
+ * Table defaults, then systemd's directories: state_dir = $STATE_DIRECTORY
+ * and token_file = $CONFIGURATION_DIRECTORY/token when they are set.
+ */
+void musterd_config_defaults(struct musterd_config *c);
+
+/*
+ * The file musterd reads when no --config is given: musterd.json in
+ * $CONFIGURATION_DIRECTORY, or in /etc/muster outside systemd.
+ */
+void musterd_config_default_path(char *out, size_t cap);
+
+#endif

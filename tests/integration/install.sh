@@ -1,0 +1,62 @@
+#!/bin/sh
+# make install / uninstall: the layout under DESTDIR (binaries, units with
+# ExecStart under PREFIX, example configs, docs, man pages that man renders),
+# and `systemd-analyze verify` on the installed units. verify needs the
+# ExecStart binaries and the Documentation= man pages where the unit says,
+# so it runs on an install with PREFIX inside the test directory (no
+# DESTDIR; MANPATH points at its man pages); it must print nothing. A broken
+# unit is shown to be caught, so that a silent verify means something.
+set -eu
+. tests/itest-lib.sh
+
+MAKE="make -s --no-print-directory BUILD=$BUILD"
+D="$ITEST_DIR/destdir"
+$MAKE install DESTDIR="$D" PREFIX=/usr/local > "$ITEST_DIR/install.log" 2>&1 || fail "make install DESTDIR failed"
+P="$D/usr/local"
+for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
+         lib/systemd/system/musterd.service lib/systemd/system/muster-worker.service \
+         share/muster/etc/musterd.json share/muster/etc/worker.json share/muster/etc/conservative.json \
+         share/muster/etc/balanced.json share/muster/etc/aggressive.json \
+         share/doc/muster/operator-guide.md share/doc/muster/troubleshooting.md share/doc/muster/config.md \
+         share/man/man8/musterd.8 share/man/man8/muster-worker.8 share/man/man1/muster-train.1 \
+         share/man/man1/musterctl.1; do
+    [ -f "$P/$f" ] || fail "make install did not install $f"
+done
+[ -x "$P/bin/musterd" ] || fail "musterd not executable"
+"$P/bin/musterd" --version | grep -q '^musterd ' || fail "installed musterd does not run"
+grep -qx 'ExecStart=/usr/local/bin/musterd' "$P/lib/systemd/system/musterd.service" || fail "musterd ExecStart"
+grep -qx 'ExecStart=/usr/local/bin/muster-worker' "$P/lib/systemd/system/muster-worker.service" \
+    || fail "muster-worker ExecStart"
+for m in "$P"/share/man/man*/*; do
+    out=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$m" 2>&1 > /dev/null) || fail "man -l $m failed"
+    [ -z "$out" ] || fail "man -l $m warns: $out"
+    LC_ALL=C.UTF-8 MANWIDTH=80 man -l "$m" 2>/dev/null | grep -q 'EXIT STATUS' || fail "$m renders without EXIT STATUS"
+done
+# Every unit directive has a one-line comment right above it.
+for u in "$P"/lib/systemd/system/*.service; do
+    awk '/^[A-Za-z]+=/ && prev !~ /^#/ { print FILENAME ": no comment above " $0; bad = 1 } { prev = $0 } END { exit bad }' "$u" \
+        || fail "uncommented directive"
+done
+$MAKE uninstall DESTDIR="$D" PREFIX=/usr/local > /dev/null 2>&1 || fail "make uninstall failed"
+left=$(find "$D" -type f)
+[ -z "$left" ] || fail "make uninstall left: $left"
+echo "install/uninstall under DESTDIR: ok"
+
+if ! command -v systemd-analyze > /dev/null; then
+    echo "install: systemd-analyze not found; unit verification skipped"
+    exit 0
+fi
+P="$ITEST_DIR/prefix"
+$MAKE install PREFIX="$P" > "$ITEST_DIR/install2.log" 2>&1 || fail "make install PREFIX=$P failed"
+grep -qx "ExecStart=$P/bin/musterd" "$P/lib/systemd/system/musterd.service" || fail "ExecStart does not follow PREFIX"
+rc=0
+MANPATH="$P/share/man" systemd-analyze verify "$P"/lib/systemd/system/musterd.service \
+    "$P"/lib/systemd/system/muster-worker.service > "$ITEST_DIR/verify.txt" 2>&1 || rc=$?
+cat "$ITEST_DIR/verify.txt"
+[ "$rc" -eq 0 ] && [ ! -s "$ITEST_DIR/verify.txt" ] || fail "systemd-analyze verify: exit $rc"
+sed 's/^Restart=on-failure/Restart=sometimes/' "$P/lib/systemd/system/musterd.service" > "$ITEST_DIR/broken.service"
+MANPATH="$P/share/man" systemd-analyze verify "$ITEST_DIR/broken.service" > "$ITEST_DIR/verify2.txt" 2>&1 || true
+grep -q 'sometimes' "$ITEST_DIR/verify2.txt" || fail "verify did not flag a broken unit"
+echo "systemd-analyze verify ($(systemd-analyze --version | head -n 1)): both units clean"
+$MAKE uninstall PREFIX="$P" > /dev/null 2>&1
+echo "install: ok"

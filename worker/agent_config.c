@@ -1,0 +1,57 @@
+#include "worker/agent_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/token.h"
+#include "worker/devices.h"
+
+static int valid_daemon(const char *s)
+{
+    char host[HOSTPORT_HOST_MAX], err[256];
+    uint16_t port;
+    return hostport_parse(s, host, &port, err, sizeof(err));
+}
+
+static int valid_node(const char *s) { return proto_valid_name(s) ? 0 : -1; }
+
+static int valid_devices(const char *s)
+{
+    struct device_set set;
+    char err[256];
+    return devices_parse(s, &set, err, sizeof(err));
+}
+
+#define F(field) offsetof(struct agent_file, field), sizeof(((struct agent_file *)0)->field)
+
+/* The one table of worker.json keys. Keep docs/config.md in step. */
+const struct conf_key agent_config_keys[] = {
+    {"daemon", CONF_STRING, F(daemon), valid_daemon, "HOST:PORT (a name, IPv4 or [IPv6], port 1..65535)", "",
+     "musterd's control address; required (no default)"},
+    {"node", CONF_STRING, F(node), valid_node, "1..63 characters of [A-Za-z0-9._-]", "",
+     "node name; unset = the host name"},
+    {"devices", CONF_STRING, F(devices), valid_devices, "cpu:N (N in 1..64), gpu:all or gpu:I,J,...", "",
+     "devices this node offers, one rank each; required (no default)"},
+    {"token_file", CONF_PATH, F(token_file), NULL, "a file", "/etc/muster/token",
+     "cluster token, mode 0600 ($CONFIGURATION_DIRECTORY/token under systemd)"},
+    {"rank_cmd", CONF_STRING, F(rank_cmd), NULL, "a command", "",
+     "command of each rank, split on whitespace, no shell; unset = muster-train next to the agent"},
+    {"addr", CONF_STRING, F(addr), NULL, "an address of 1..63 bytes", "",
+     "address the ranks of this node are reached at; unset = local address of the daemon connection"},
+    {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
+     "least severe level logged"},
+};
+
+const size_t agent_config_nkeys = sizeof(agent_config_keys) / sizeof(agent_config_keys[0]);
+
+void agent_config_defaults(struct agent_file *f)
+{
+    conf_defaults(agent_config_keys, agent_config_nkeys, f);
+    token_default_path(f->token_file, sizeof(f->token_file));
+}
+
+void agent_config_default_path(char *out, size_t cap)
+{
+    const char *conf = getenv("CONFIGURATION_DIRECTORY");
+    snprintf(out, cap, "%s/worker.json", conf && conf[0] ? conf : "/etc/muster");
+}

@@ -1,0 +1,36 @@
+/*
+ * agent_config: worker.json, the node agent's configuration file, so that a
+ * freshly booted node joins with no command line (systemd runs
+ * `muster-worker`, which reads /etc/muster/worker.json). One table
+ * (agent_config.c); flags override the file; docs/config.md documents it.
+ */
+#ifndef MUSTER_WORKER_AGENT_CONFIG_H
+#define MUSTER_WORKER_AGENT_CONFIG_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#include "common/conf.h"
+#include "proto/proto.h"
+#include "worker/agent_join.h"
+
+struct agent_file {
+    char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT of musterd's control port */
+    char node[PROTO_NAME_MAX];           /* "" = the host name */
+    char devices[256];                   /* cpu:N, gpu:all, gpu:I,J,... */
+    char token_file[PATH_MAX];           /* cluster token, mode 0600 */
+    char rank_cmd[1024];                 /* "" = muster-train next to the agent */
+    char addr[PROTO_NAME_MAX];           /* "" = local address of the daemon connection */
+    char log_level[8];
+};
+
+extern const struct conf_key agent_config_keys[];
+extern const size_t agent_config_nkeys;
+
+/* Table defaults; token_file is $CONFIGURATION_DIRECTORY/token under systemd. */
+void agent_config_defaults(struct agent_file *f);
+
+/* $CONFIGURATION_DIRECTORY/worker.json, or /etc/muster/worker.json. */
+void agent_config_default_path(char *out, size_t cap);
+
+#endif
