@@ -24,7 +24,7 @@ struct key_def {
 /* The one table of job keys. Keep docs/jobspec.md in step (make docs). */
 static const struct key_def keys[] = {
     {"name", KEY_STRING, F(name), 0, 0, 0, "job", "job name shown in status and events"},
-    {"nodes", KEY_INT, F(nodes), 1, 4096, 1, NULL, "agents (nodes) needed to form a generation"},
+    {"nodes", KEY_INT, F(nodes), 1, 1024, 1, NULL, "agents (nodes) needed to form a generation"},
     {"max_restarts", KEY_INT, F(max_restarts), 0, 100000, 3, NULL,
      "restarts (new generations after a failure) before the job is failed"},
     {"heartbeat_interval_ms", KEY_INT, F(heartbeat_interval_ms), 50, 60000, 1000, NULL,
@@ -189,6 +189,12 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
     if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
         fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
              origin, spec->heartbeat_interval_ms, spec->heartbeat_timeout_ms);
+        return -EINVAL;
+    }
+    /* The agent hears from the daemon once per heartbeat; a shorter lease fences healthy nodes. */
+    if (spec->lease_ms < 2 * spec->heartbeat_interval_ms) {
+        fail(err, errlen, "%s: lease_ms: expected at least twice heartbeat_interval_ms (%d), got %d", origin,
+             2 * spec->heartbeat_interval_ms, spec->lease_ms);
         return -EINVAL;
     }
     if (spec->lr_min > spec->lr) {

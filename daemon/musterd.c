@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,7 +229,9 @@ static void on_admin(uv_async_t *a)
         int rc = rdv_admin(&d->rdv, map[reqs[i].action], reqs[i].node[0] ? reqs[i].node : NULL,
                            uv_now(&d->loop));
         if (rc != 0)
-            log_warn("admin request %d%s%s not carried out: %s", (int)reqs[i].action, reqs[i].node[0] ? " for " : "",
+            log_warn("admin request %s%s%s not carried out: %s",
+                     reqs[i].action == HTTP_ADMIN_STOP ? "stop" : reqs[i].action == HTTP_ADMIN_RESTART ? "restart" : "drain",
+                     reqs[i].node[0] ? " of " : "",
                      reqs[i].node, rc == -ENOENT ? "no such node" : "not possible in this job state");
     }
     flush_changes(d);
@@ -307,6 +310,8 @@ int main(int argc, char **argv)
     int c;
 
     log_set_prog("musterd");
+    /* A peer that resets its connection must cost an error code, not the daemon. */
+    signal(SIGPIPE, SIG_IGN);
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config_path = optarg; break;
@@ -422,10 +427,14 @@ int main(int argc, char **argv)
         }
         return 1;
     }
+    /* Admin requests can arrive as soon as the REST port serves: their way in comes first. */
+    uv_async_init(&d.loop, &d.admin_async, on_admin);
+    d.admin_async.data = &d;
     struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL};
     rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
     if (rc != 0) {
         log_error("%s", err);
+        uv_close((uv_handle_t *)&d.admin_async, NULL);
         server_close(d.server);
         uv_run(&d.loop, UV_RUN_DEFAULT);
         server_free(d.server);
@@ -439,8 +448,6 @@ int main(int argc, char **argv)
     d.sigterm.data = d.sigint.data = &d;
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
-    uv_async_init(&d.loop, &d.admin_async, on_admin);
-    d.admin_async.data = &d;
     /* The keep-alive comes from the loop itself, so a stuck loop is restarted. */
     uv_timer_init(&d.loop, &d.watchdog);
     uint64_t wd_usec = notify_watchdog_usec();

@@ -247,11 +247,18 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     r->gen_opened_ms = now_ms;
     r->state = RDV_FORMING;
     r->reason[0] = '\0';
-    r->uid_known = 0;
     event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
           member_count(r), r->world_size);
     try_start_generation(r, now_ms);
     return 0;
+}
+
+/* The job ended: ranks still alive are being stopped; their exits only settle their state. */
+static void settle_ranks(struct rdv *r)
+{
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state != RDV_RANK_COMPLETED && r->ranks[i].state != RDV_RANK_EXITED)
+            r->ranks[i].state = r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING;
 }
 
 static void stop_all(struct rdv *r)
@@ -277,6 +284,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
                  r->restarts, r->restarts == 1 ? "" : "s", r->spec->max_restarts);
         r->state = RDV_FAILED;
         event(r, "job_failed", node, rank, "%s", r->reason);
+        settle_ranks(r);
         stop_all(r);
         changed(r, 1);
         return;
@@ -285,7 +293,6 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     r->generation++;
     r->gen_opened_ms = now_ms;
     r->state = RDV_RECOVERING;
-    r->uid_known = 0;
     snprintf(r->reason, sizeof(r->reason), "%s", what);
     for (uint32_t i = 0; i < r->world_size; i++) {
         r->ranks[i].state = RDV_RANK_PENDING;
@@ -396,13 +403,16 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     if (r->nnodes && build_ranks(r))
         return -ENOMEM;
     r->gen_opened_ms = now_ms;
-    if (r->state == RDV_FORMING || r->state == RDV_RUNNING || r->state == RDV_RECOVERING) {
+    if (r->state == RDV_FORMING || r->state == RDV_RUNNING) {
         /* Ranks keep their generation until members tell us otherwise. */
         for (uint32_t i = 0; i < r->world_size; i++)
             r->ranks[i].state = RDV_RANK_STARTING;
         r->state = RDV_RECOVERING;
         r->resuming = 1;
         snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
+    } else if (r->state == RDV_RECOVERING) {
+        /* The failure was already paid for: assign this generation again once all are back. */
+        snprintf(r->reason, sizeof(r->reason), "daemon restarted during recovery; waiting for members to rejoin");
     }
     event(r, "state_restored", -1, -1, "restored job %s: %s, generation %llu, %u restarts, %u members",
           s->job, job_state_names[s->state], (unsigned long long)s->generation, s->restarts, s->nmembers);
@@ -577,8 +587,6 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
         send_to(r, node, &e);
         return;
     }
-    memcpy(r->uid, u->id, PROTO_UID_LEN);
-    r->uid_known = 1;
     struct proto_msg m = {.type = PROTO_UNIQUE_ID};
     m.u.unique_id.generation = r->generation;
     memcpy(m.u.unique_id.id, u->id, PROTO_UID_LEN);
@@ -640,6 +648,16 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
         return;
     default:
+        return;
+    }
+    if (gen == r->generation && rdv_terminal(r) && m->type == PROTO_RANK_EXIT) {
+        const struct proto_rank_exit *x = &m->u.rank_exit;
+        const struct rdv_node *nd = &r->nodes[idx];
+        if (nd->member && x->rank >= nd->first_rank && x->rank < nd->first_rank + nd->ndevices &&
+            r->ranks[x->rank].state != RDV_RANK_COMPLETED) {
+            r->ranks[x->rank].state = RDV_RANK_EXITED;
+            changed(r, 0);
+        }
         return;
     }
     if (gen != r->generation || rdv_terminal(r)) {
@@ -754,6 +772,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         r->state = RDV_STOPPED;
         snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
         event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
+        settle_ranks(r);
         stop_all(r);
         changed(r, 1);
         return 0;

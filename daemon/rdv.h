@@ -152,8 +152,6 @@ struct rdv {
     uint32_t world_size;
 
     int resuming;           /* restored from the state file, members not all back */
-    int uid_known;          /* unique id of the current generation received */
-    uint8_t uid[PROTO_UID_LEN];
 
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */

@@ -27,6 +27,9 @@ struct conn {
     struct proto_hello hello;
     uint8_t nonce[PROTO_NONCE_LEN];
     uint64_t accepted_ms;
+    uint64_t closing_ms;           /* when CLOSING began: a stalled shutdown is cut short */
+    char lost_why[PROTO_REASON_MAX]; /* rdv hears of the loss from on_closed, not re-entrantly */
+    int tell_rdv_later;
     size_t rlen;
     uint8_t rbuf[PROTO_MAX_FRAME];
     struct conn *prev, *next;
@@ -43,6 +46,7 @@ struct server {
     struct conn *conns;
     unsigned nconns;
     struct conn *joining; /* during rdv_join: the connection being admitted */
+    int closing_all;      /* server_close ran: rdv is no longer told anything */
 };
 
 struct write_req {
@@ -52,6 +56,7 @@ struct write_req {
 };
 
 static void conn_close(struct conn *c, const char *why, int tell_rdv);
+static void conn_lost_later(struct conn *c, const char *why);
 
 static void conn_set_state(struct conn *c, enum conn_state to)
 {
@@ -83,27 +88,29 @@ static void conn_send(struct conn *c, const struct proto_msg *m)
 {
     if (c->state == CONN_CLOSING)
         return;
+    /* Called from inside rdv: a failure closes now but tells rdv later (on_closed). */
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > SERVER_MAX_WRITE_QUEUE) {
-        conn_close(c, "peer does not read its frames (write queue full)", 1);
+        conn_lost_later(c, "peer does not read its frames (write queue full)");
         return;
     }
-    struct write_req *w = malloc(sizeof(*w) + PROTO_MAX_FRAME);
-    if (!w) {
-        conn_close(c, "out of memory", 1);
-        return;
-    }
-    int n = proto_encode(m, w->data, PROTO_MAX_FRAME);
+    static uint8_t scratch[PROTO_MAX_FRAME]; /* the loop thread is the only user */
+    int n = proto_encode(m, scratch, sizeof(scratch));
     if (n < 0) {
         log_error("cannot encode %s for %s: %s", proto_type_name(m->type), c->peer, proto_strerror(n));
-        free(w);
         return;
     }
+    struct write_req *w = malloc(sizeof(*w) + (size_t)n);
+    if (!w) {
+        conn_lost_later(c, "out of memory");
+        return;
+    }
+    memcpy(w->data, scratch, (size_t)n);
     w->len = (size_t)n;
     uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
     if (rc < 0) {
         free(w);
-        conn_close(c, uv_strerror(rc), 1);
+        conn_lost_later(c, uv_strerror(rc));
     }
 }
 
@@ -111,6 +118,8 @@ static void on_closed(uv_handle_t *h)
 {
     struct conn *c = h->data;
     struct server *s = c->srv;
+    if (c->tell_rdv_later && !s->closing_all)
+        rdv_disconnected(s->rdv, c->node, c->lost_why, uv_now(s->loop));
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -139,6 +148,7 @@ static void conn_close(struct conn *c, const char *why, int tell_rdv)
         return;
     int joined = c->state == CONN_JOINED;
     conn_set_state(c, CONN_CLOSING);
+    c->closing_ms = uv_now(c->srv->loop);
     if (c->node[0])
         log_info("connection %s (node %s) closed: %s", c->peer, c->node, why);
     else
@@ -155,6 +165,19 @@ static void conn_close(struct conn *c, const char *why, int tell_rdv)
 told:
     if (joined && tell_rdv)
         rdv_disconnected(c->srv->rdv, c->node, why, uv_now(c->srv->loop));
+}
+
+/* For failures met while rdv is on the stack (inside a send): no re-entry. */
+static void conn_lost_later(struct conn *c, const char *why)
+{
+    if (c->state == CONN_CLOSING)
+        return;
+    if (c->state == CONN_JOINED) {
+        c->tell_rdv_later = 1;
+        snprintf(c->lost_why, sizeof(c->lost_why), "%s", why);
+    }
+    conn_close(c, why, 0);
+    uv_close((uv_handle_t *)&c->tcp, on_closed); /* no graceful shutdown for a peer that does not read */
 }
 
 static void send_reject(struct conn *c, const char *code, const char *reason)
@@ -257,10 +280,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     char why[PROTO_REASON_MAX];
 
     if (nread == UV_EOF) {
-        struct proto_msg m;
-        size_t used;
-        int rc = proto_decode_eof(c->rbuf, c->rlen, &m, &used);
-        conn_close(c, rc == PROTO_E_TRUNCATED ? "connection closed inside a frame" : "connection closed", 1);
+        conn_close(c, c->rlen ? "connection closed inside a frame" : "connection closed", 1);
         return;
     }
     if (nread < 0) {
@@ -276,11 +296,18 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
             break;
         if (rc < 0) {
             snprintf(why, sizeof(why), "bad frame: %s", proto_strerror(rc));
-            if (c->state == CONN_JOINED) {
+            if (c->state == CONN_JOINED && used > 0) {
+                /* A whole frame with a bad payload: say so, skip it, keep the node. */
                 struct proto_msg e = {.type = PROTO_ERROR};
-                snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_frame");
-                snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s", why);
+                snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_request");
+                snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s (frame skipped)", why);
+                log_warn("node %s sent a %s", c->node, e.u.error.reason);
                 conn_send(c, &e);
+                memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+                c->rlen -= used;
+                continue;
+            }
+            if (c->state == CONN_JOINED) {
                 conn_close(c, why, 1);
             } else {
                 send_reject(c, rc == PROTO_E_VERSION ? "version" : "bad_request", why);
@@ -364,9 +391,13 @@ void server_disconnect(void *ctx, const char *node, const char *why)
 void server_tick(struct server *s)
 {
     uint64_t now = uv_now(s->loop);
-    for (struct conn *c = s->conns; c; c = c->next)
+    for (struct conn *c = s->conns; c; c = c->next) {
         if ((c->state == CONN_HELLO || c->state == CONN_AUTH) && now - c->accepted_ms > SERVER_HANDSHAKE_MS)
             conn_close(c, "handshake not finished in time", 0);
+        /* A peer that does not read keeps a graceful shutdown pending for ever. */
+        if (c->state == CONN_CLOSING && now - c->closing_ms > SERVER_CLOSE_MS && !uv_is_closing((uv_handle_t *)&c->tcp))
+            uv_close((uv_handle_t *)&c->tcp, on_closed);
+    }
 }
 
 int server_start(struct server **out, uv_loop_t *loop, const struct server_config *cfg, struct rdv *rdv,
@@ -426,11 +457,12 @@ void server_close(struct server *s)
         uv_close((uv_handle_t *)&s->listener, NULL);
         s->listener_open = 0;
     }
+    s->closing_all = 1;
     for (struct conn *c = s->conns; c; c = c->next) {
-        if (c->state != CONN_CLOSING) {
+        if (c->state != CONN_CLOSING)
             conn_set_state(c, CONN_CLOSING);
+        if (!uv_is_closing((uv_handle_t *)&c->tcp))
             uv_close((uv_handle_t *)&c->tcp, on_closed);
-        }
     }
 }
 

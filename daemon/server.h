@@ -19,6 +19,7 @@
 #define SERVER_MAX_CONNS 256
 #define SERVER_HANDSHAKE_MS 5000
 #define SERVER_MAX_WRITE_QUEUE (4u * 1024u * 1024u)
+#define SERVER_CLOSE_MS 2000 /* a closing connection's queued frames get this long to go out */
 
 struct server_config {
     const char *addr;     /* IPv4 address to bind */

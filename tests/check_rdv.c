@@ -344,6 +344,43 @@ START_TEST(restored_job_restarts_when_ranks_are_gone)
 }
 END_TEST
 
+START_TEST(restart_during_recovery_spends_nothing_more)
+{
+    form_running(3);
+    rank_exit("a", 1, 0, 1, 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0); /* ranks stopped meanwhile */
+    ck_assert_int_eq(join("b", 2, 2), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    const struct proto_msg *as = find_sent(0, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 2);
+}
+END_TEST
+
+START_TEST(ended_job_settles_rank_states)
+{
+    form_running(3);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);
+    ck_assert_int_eq(rdv.ranks[0].state, RDV_RANK_STOPPING);
+    rank_exit("a", 1, 0, 0, 15);
+    ck_assert_int_eq(rdv.ranks[0].state, RDV_RANK_EXITED);
+    ck_assert_int_eq(rdv.state, RDV_STOPPED);
+    ck_assert_int_eq(rdv.restarts, 0);
+    json_t *st = rdv_status_json(&rdv, now);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(st, "ranks"), 1), "state")),
+                     "stopping");
+    json_decref(st);
+}
+END_TEST
+
 START_TEST(inconsistent_saved_state_is_refused)
 {
     setup_spec(2, 3);
@@ -458,6 +495,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, joins_refused_with_reasons);
     tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
+    tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
+    tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
     tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, stalled_step_is_a_hang);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,7 +21,6 @@ struct rank_ctl {
     pthread_cond_t cond;  /* a unique id arrived, or stop */
     volatile sig_atomic_t stop;
     int quit;             /* rank_ctl_close asks the thread to end */
-    int checkpoint_requested;
     uint64_t generation;
     int rank;
     uint64_t seq;
@@ -66,7 +66,7 @@ static int send_msg(struct rank_ctl *c, const struct proto_msg *m)
         return -EINVAL;
     size_t off = 0;
     while (off < (size_t)n) {
-        ssize_t w = write(c->fd, buf + off, (size_t)n - off);
+        ssize_t w = send(c->fd, buf + off, (size_t)n - off, MSG_NOSIGNAL); /* a dead agent is EPIPE, not SIGPIPE */
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0)
@@ -142,13 +142,11 @@ static void handle(struct rank_ctl *c, const struct proto_msg *m)
         pthread_mutex_unlock(&c->lock);
         break;
     case PROTO_COMMAND:
-        if (m->u.command.action == PROTO_CMD_STOP || m->u.command.action == PROTO_CMD_SHUTDOWN) {
+        if (m->u.command.action == PROTO_CMD_STOP || m->u.command.action == PROTO_CMD_SHUTDOWN)
             raise_stop(c, "the agent said stop");
-        } else if (m->u.command.action == PROTO_CMD_CHECKPOINT) {
-            pthread_mutex_lock(&c->lock);
-            c->checkpoint_requested = 1;
-            pthread_mutex_unlock(&c->lock);
-        }
+        else
+            log_warn("rank %d: command %s is not supported by muster-train; ignored", c->rank,
+                     proto_command_name(m->u.command.action));
         break;
     case PROTO_ERROR:
         log_warn("rank %d: agent reports %s: %s", c->rank, m->u.error.code, m->u.error.reason);
@@ -221,7 +219,11 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, int timeout_ms, 
     c->beat.state = PROTO_RANK_RUNNING;
     c->beat.loss = NAN;
     pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines on the monotonic clock */
+    pthread_cond_init(&c->cond, &ca);
+    pthread_condattr_destroy(&ca);
 
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
     memset(a, 0, sizeof(*a));
@@ -290,7 +292,7 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
     struct timespec until;
     int rc = 0;
 
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += timeout_ms / 1000;
     until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
@@ -342,15 +344,6 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg)
 }
 
 volatile sig_atomic_t *rank_ctl_stop_flag(struct rank_ctl *c) { return &c->stop; }
-
-int rank_ctl_take_checkpoint_request(struct rank_ctl *c)
-{
-    pthread_mutex_lock(&c->lock);
-    int r = c->checkpoint_requested;
-    c->checkpoint_requested = 0;
-    pthread_mutex_unlock(&c->lock);
-    return r;
-}
 
 void rank_ctl_close(struct rank_ctl *c)
 {

@@ -8,8 +8,8 @@
  *
  * A control thread owns the reading side: it answers COMMAND stop (and the
  * agent's death, seen as EOF) by raising the stop flag and calling the abort
- * hook (e.g. comm_abort, so a rank stuck in a collective returns at once),
- * and COMMAND checkpoint by raising a flag the training loop polls. It also
+ * hook (e.g. comm_abort, so a rank stuck in a collective returns at once);
+ * other commands are logged and ignored. It also
  * sends the latest heartbeat every RANK_BEAT_MS, and at once when the first
  * step is reported. The training thread only calls rank_ctl_beat().
  */
@@ -66,9 +66,6 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
 
 /* The stop flag, for train_run(); set by COMMAND stop, EOF, SIGTERM is the caller's. */
 volatile sig_atomic_t *rank_ctl_stop_flag(struct rank_ctl *c);
-
-/* 1 once after each COMMAND checkpoint, else 0. */
-int rank_ctl_take_checkpoint_request(struct rank_ctl *c);
 
 /* Stops the control thread, closes the socket, frees everything. */
 void rank_ctl_close(struct rank_ctl *c);
