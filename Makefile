@@ -28,6 +28,25 @@ else ifeq ($(MAKELEVEL),0)
 $(info muster: $(CUDA_HOME)/include/nccl.h not found: building without the NCCL backend)
 endif
 
+# GPU path of muster-train (worker/gpu/): built when nvcc is found. One
+# architecture (Hopper SASS) plus compute_80 PTX that the driver JIT-compiles
+# on Ampere and anything newer than Hopper: one SASS keeps CI builds short.
+NVCC := $(CUDA_HOME)/bin/nvcc
+HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
+ifeq ($(HAVE_CUDA),1)
+NVCC_VERSION := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+NVCCFLAGS := -std=c++17 -O2 -g -I. $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings \
+	$(if $(HAVE_NCCL),-DMUSTER_HAVE_NCCL)
+CUDA_CFLAGS := -DMUSTER_HAVE_CUDA -isystem $(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart -lstdc++
+ifeq ($(MAKELEVEL),0)
+$(info muster: GPU path: on (nvcc $(NVCC_VERSION), $(CUDA_HOME)))
+endif
+else ifeq ($(MAKELEVEL),0)
+$(info muster: GPU path: off (nvcc not found at $(CUDA_HOME)/bin/nvcc))
+endif
+
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Wno-format-truncation
 BASE_CFLAGS := -std=gnu11 -O2 -g $(WARN) -I. -D_GNU_SOURCE -DMUSTER_VERSION='"$(VERSION)"'
 # `make V=1` shows full command lines.
@@ -57,6 +76,15 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 # muster-train's loops outside sgemm run on OpenMP threads.
 $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)): ALL_CFLAGS += -fopenmp
 
+# Named in --device gpu's message when this build has no GPU path.
+$(call obj,$(TRAIN_MAIN)): ALL_CFLAGS += -DMUSTER_CUDA_HOME='"$(CUDA_HOME)"'
+# With CUDA, muster-train (and the GPU check) carry the GPU path.
+ifeq ($(HAVE_CUDA),1)
+GPU_OBJS := $(call obj,$(GPU_SRCS)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(GPU_CU_SRCS))
+$(call obj,$(GPU_SRCS) $(TRAIN_MAIN) tests/gpu-check.c tests/bench/gpu/gpu-bench.c): ALL_CFLAGS += $(CUDA_CFLAGS) -fopenmp
+GPU_LIBS := $(CUDA_LIBS)
+endif
+
 LIB_OBJS := $(call obj,$(COMMON_SRCS) $(PROTO_SRCS))
 LIBMUSTER := $(BUILD)/libmuster.a
 
@@ -69,6 +97,11 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
 $(LIBMUSTER): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -87,9 +120,9 @@ $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
 
-$(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(LIBMUSTER)
+$(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(GPU_OBJS) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) $(GPU_LIBS) -lpthread -lm
 
 # Unit tests: one Check runner over every suite, linked with the modules'
 # non-main objects so that suites drive the real code.
@@ -119,7 +152,36 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
 
+# GPU checks and benchmark (docs/gpu.md): they need a GPU to run, and say
+# "no GPU: skipped" without one (REQUIRE_GPU=1 makes that a failure).
+GPU_TOOL_OBJS = $(call obj,$(TRAIN_SRCS)) $(GPU_OBJS) $(LIBMUSTER)
+$(BUILD)/tests/gpu-check: $(call obj,tests/gpu-check.c) $(GPU_TOOL_OBJS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) $(GPU_LIBS) -lpthread -lm
+
+$(BUILD)/tests/gpu-bench: $(call obj,tests/bench/gpu/gpu-bench.c) $(GPU_TOOL_OBJS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) $(GPU_LIBS) -lpthread -lm
+
+.PHONY: check-gpu bench-gpu
+ifeq ($(HAVE_CUDA),1)
+check-gpu: $(BUILD)/tests/gpu-check $(BUILD)/muster-train
+	@BUILD=$(BUILD) REQUIRE_GPU=$(REQUIRE_GPU) sh tests/gpu-check.sh
+
+bench-gpu: $(BUILD)/tests/gpu-bench
+	@BUILD=$(BUILD) REQUIRE_GPU=$(REQUIRE_GPU) sh tests/bench/gpu/run.sh
+else
+check-gpu bench-gpu:
+	@echo "$@: no GPU path in this build (nvcc not found at $(NVCC)): skipped"
+	@test "$(REQUIRE_GPU)" != 1
+endif
+
 TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS))
+ifeq ($(HAVE_CUDA),1)
+TEST_BINS += $(BUILD)/tests/gpu-check $(BUILD)/tests/gpu-bench
+endif
 tests: $(BINS) $(TEST_BINS)
 
 deps:

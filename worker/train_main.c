@@ -31,6 +31,9 @@
 #include "worker/train/rank.h"
 #include "worker/comm.h"
 #include "worker/train/train.h"
+#ifdef MUSTER_HAVE_CUDA
+#include "worker/gpu/gpu_train.h"
+#endif
 
 #define EXIT_USAGE 2
 
@@ -84,6 +87,8 @@ static void usage(FILE *out)
             "override the job spec's keys in both modes.\n"
             "\n"
             "  --standalone            run alone, without muster-worker\n"
+            "  --device cpu|gpu        where to train (default: cpu standalone; as a rank, gpu\n"
+            "                          when the agent gave it a GPU); docs/gpu.md\n"
             "  --job FILE              job spec JSON (docs/jobspec.md, docs/training.md)\n"
             "  --model NAME            model preset: tiny, small, gpt2-124m\n"
             "  --data FILE             text file (bytes) or llm.c token file\n"
@@ -117,7 +122,7 @@ enum {
     OPT_STANDALONE = 256, OPT_JOB, OPT_MODEL, OPT_DATA, OPT_STEPS, OPT_BATCH, OPT_MICRO,
     OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_WD, OPT_CLIP, OPT_VALFRAC, OPT_EVAL_EVERY,
     OPT_EVAL_BATCHES, OPT_SEED, OPT_CKDIR, OPT_CKEVERY, OPT_RESUME, OPT_STOP_AFTER, OPT_SAMPLE,
-    OPT_THREADS, OPT_METRICS, OPT_LOGLEVEL, OPT_HELP, OPT_VERSION,
+    OPT_THREADS, OPT_METRICS, OPT_LOGLEVEL, OPT_HELP, OPT_VERSION, OPT_DEVICE,
 };
 
 /* Flags that set a job key: the option, the key, and how to read the value. */
@@ -181,7 +186,7 @@ static void on_step(const struct train_step_info *in, void *user)
     struct run_state *rs = user;
     if (rs->ctl)
         rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
-                      (uint64_t)(rs->trainer->last_checkpoint_step > 0 ? rs->trainer->last_checkpoint_step : 0));
+                      (uint64_t)(rs->trainer && rs->trainer->last_checkpoint_step > 0 ? rs->trainer->last_checkpoint_step : 0));
     if (rs->quiet)
         return;
     clear_bar(rs);
@@ -249,6 +254,103 @@ static void pick_blas_kernels(char **argv)
     unsetenv("OPENBLAS_CORETYPE"); /* exec failed: go on with the generic kernels */
 }
 
+static int gpu_path_built(void)
+{
+#ifdef MUSTER_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef MUSTER_HAVE_CUDA
+static void abort_gpu(void *arg) { gpu_zero_abort(arg); }
+
+/* The GPU path (worker/gpu/): the same loop, hooks and exit statuses as the
+ * CPU path; ranks of a world > 1 form an NCCL communicator whose unique id
+ * rank 0 sends up through the agent. */
+static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
+                   int world, int resume, int sample, long long stop_after, const char *metrics_path)
+{
+    char err[1024];
+    if (resume || sample) {
+        fprintf(stderr, "muster-train: --device gpu: %s is not on the GPU path yet (docs/gpu.md); "
+                        "use --device cpu\n", resume ? "--resume" : "--sample");
+        return EXIT_USAGE;
+    }
+    uint8_t mine[GPU_ID_BYTES], id[GPU_ID_BYTES];
+    if (world > 1) {
+        int rc = rank == 0 ? gpu_unique_id(mine) : 0;
+        if (rc) {
+            log_error("cannot create the NCCL unique id: %s", gpu_strerror(rc));
+            return 1;
+        }
+        rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
+        if (rc) {
+            log_error("no unique id for this generation from the daemon: %s",
+                      rc == -ECANCELED ? "stopped while waiting" : strerror(-rc));
+            return 1;
+        }
+    }
+    struct gpu_trainer tr;
+    if (gpu_trainer_init(&tr, spec, rank, world, world > 1 ? id : NULL, err, sizeof(err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (ctl)
+        rank_ctl_on_abort(ctl, abort_gpu, tr.z);
+    char name[128];
+    gpu_device_name(name, sizeof(name));
+    if (rank == 0)
+        log_info("model %s on %s: L=%d NH=%d C=%d T=%d V=%d; batch %d = %d ranks x %d x %d micro-steps, "
+                 "seq_len %d; bf16 compute, fp32 master weights; %.3f GiB of model state per rank",
+                 spec->model, name, tr.cfg.L, tr.cfg.NH, tr.cfg.C, tr.cfg.T, tr.cfg.V, spec->batch, world,
+                 tr.spec.micro_batch, tr.accum, tr.spec.seq_len, gpu_zero_state_bytes(tr.z) / 1073741824.0);
+    struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec->steps, .ctl = ctl,
+                           .quiet = rank != 0};
+    if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
+        log_error("--metrics: %s: %s", metrics_path, strerror(errno));
+        gpu_trainer_free(&tr);
+        return 1;
+    }
+    if (ctl) {
+        stop_target = rank_ctl_stop_flag(ctl);
+        rank_ctl_beat(ctl, 0, NAN, 0, 0, 0);
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
+    struct train_hooks hooks = {on_step, on_eval, NULL, &rs};
+    int rc = gpu_train_run(&tr, (long)stop_after, &hooks, stop_target, err, sizeof(err));
+    clear_bar(&rs);
+    fflush(stdout);
+    if (rs.metrics)
+        fclose(rs.metrics);
+    int status = 0;
+    if (rc && !*stop_target) {
+        log_error("%s", err);
+        status = 1;
+    } else if (*stop_target) {
+        log_info("stopped at step %ld", tr.step);
+        status = standalone ? 0 : 1;
+    }
+    gpu_trainer_free(&tr);
+    return status;
+}
+#else
+static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
+                   int world, int resume, int sample, long long stop_after, const char *metrics_path)
+{
+    (void)spec, (void)standalone, (void)ctl, (void)rank, (void)world, (void)resume, (void)sample;
+    (void)stop_after, (void)metrics_path;
+    fprintf(stderr, "muster-train: --device gpu: this muster-train was built without CUDA (nvcc not "
+                    "found at %s); rebuild where nvcc is installed, or use --device cpu\n",
+            MUSTER_CUDA_HOME);
+    return 1;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -279,9 +381,11 @@ int main(int argc, char **argv)
         {"log-level", required_argument, NULL, OPT_LOGLEVEL},
         {"help", no_argument, NULL, OPT_HELP},
         {"version", no_argument, NULL, OPT_VERSION},
+        {"device", required_argument, NULL, OPT_DEVICE},
         {NULL, 0, NULL, 0},
     };
     int standalone = 0;
+    const char *device = NULL;
     const char *job = NULL, *resume = NULL, *metrics_path = NULL;
     long long stop_after = 0, sample = 0, threads = 0;
     json_t *over = json_object();
@@ -298,6 +402,13 @@ int main(int argc, char **argv)
         case OPT_JOB: job = optarg; continue;
         case OPT_RESUME: resume = optarg; continue;
         case OPT_METRICS: metrics_path = optarg; continue;
+        case OPT_DEVICE:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "gpu") != 0) {
+                fprintf(stderr, "muster-train: --device: expected cpu or gpu, got \"%s\"\n", optarg);
+                goto usage_error;
+            }
+            device = optarg;
+            continue;
         case OPT_HELP:
             usage(stdout);
             json_decref(over);
@@ -408,6 +519,17 @@ int main(int argc, char **argv)
         rank_ctl_close(ctl);
         json_decref(assign.job);
         return standalone ? EXIT_USAGE : 1;
+    }
+
+    /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!device)
+        device = !standalone && cvd && cvd[0] && gpu_path_built() ? "gpu" : "cpu";
+    if (strcmp(device, "gpu") == 0) {
+        rc = run_gpu(&spec, standalone, ctl, rank, world, resume != NULL, sample > 0, stop_after, metrics_path);
+        rank_ctl_close(ctl);
+        json_decref(assign.job);
+        return rc;
     }
 
     if (threads == 0) {

@@ -1,0 +1,113 @@
+/*
+ * gpu: the GPT-2 model of worker/train/model.h on one CUDA device, trained
+ * with ZeRO-3 over NCCL. C-callable; the implementation is CUDA
+ * (worker/gpu/gpu_zero.cu, gpu_kernels.cu) and is only built when nvcc was
+ * found (MUSTER_HAVE_CUDA). See docs/gpu.md.
+ *
+ * Same units, tensors and layout as the CPU model (unit 0 embedding, units
+ * 1..L blocks, unit L+1 final norm; tied head). Each rank keeps its shard of
+ * every unit in fp32 on the device: weights, AdamW moments, gradient (16
+ * bytes per owned parameter). Before each forward the shard is cast to bf16
+ * and the units are all-gathered in bf16 on a communication stream, unit
+ * l+1 while unit l computes; gradients of each unit are computed in fp32 and
+ * reduce-scattered in fp32 (average over ranks) on the same communication
+ * stream, behind the compute. Events order the two streams; the host waits
+ * once per step, for the loss and the gradient norm.
+ *
+ * Errors: functions return 0 or a negative code (gpu_strerror); the reason,
+ * naming the CUDA/cuBLAS/NCCL call, the error's name and a diagnosis (out of
+ * memory: bytes asked, bytes free, which preset would fit) is in
+ * gpu_zero_error().
+ */
+#ifndef MUSTER_GPU_H
+#define MUSTER_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "worker/train/model.h"
+#include "worker/train/optim.h"
+
+enum {
+    GPU_E_NCCL = -4001,   /* same values as COMM_E_NCCL / COMM_E_CUDA */
+    GPU_E_CUDA = -4002,
+    GPU_E_CUBLAS = -4101,
+};
+
+#define GPU_ID_BYTES 128
+
+/* CUDA devices visible to this process (0: none, or no driver). When 0 and
+ * why is given, it says why. */
+int gpu_device_count(char *why, size_t whylen);
+/* Name of device 0, e.g. "NVIDIA H100 80GB HBM3". */
+int gpu_device_name(char *out, size_t len);
+
+/* ncclGetUniqueId: rank 0 creates it, every rank passes it to gpu_zero_init.
+ * -ENOTSUP when built without NCCL. */
+int gpu_unique_id(uint8_t id[GPU_ID_BYTES]);
+
+struct gpu_zero;
+
+/*
+ * Takes device 0, allocates the shards, the transient gathered units and
+ * the activations for micro-batches up to (maxB, T). id: NCCL unique id of
+ * the world's communicator (world >= 1), or NULL for world 1 without NCCL
+ * (then "gathers" are device copies). Weights are zero. Returns 0 or a
+ * negative code with the reason in err.
+ */
+int gpu_zero_init(struct gpu_zero **out, const struct gpt_config *cfg, int maxB, int T,
+                  int rank, int world, const uint8_t *id, char *err, size_t errlen);
+void gpu_zero_free(struct gpu_zero *z);
+/* The last error's message. */
+const char *gpu_zero_error(const struct gpu_zero *z);
+
+/* Aborts the NCCL communicator (ncclCommAbort): pending and later calls fail
+ * with -ECANCELED. Any thread, any time before gpu_zero_free; idempotent. */
+void gpu_zero_abort(struct gpu_zero *z);
+
+/* gpt_init_range for this rank's shards, uploaded. */
+int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed);
+/* This rank's shards of a whole model's fp32 parameters (layout order). */
+int gpu_zero_load_params(struct gpu_zero *z, const float *full);
+/* Gradient of the whole model, fp32, layout order: world 1 only (-EINVAL). */
+int gpu_zero_read_grads(struct gpu_zero *z, float *full);
+
+/* Zeroes the gradient shards and the step's loss. */
+int gpu_zero_zero_grad(struct gpu_zero *z);
+/* Collective forward of a micro-batch (B <= maxB, T <= the init's T). loss
+ * non-NULL: waits and returns this batch's mean loss; NULL: the mean loss is
+ * added to the step's loss on the device (read by gpu_zero_step_stats). */
+int gpu_zero_forward(struct gpu_zero *z, const int *inputs, const int *targets, int B, int T,
+                     double *loss);
+/* Collective backward of the last forward: the gradient of scale * mean
+ * loss, averaged over ranks, is added into the gradient shards. */
+int gpu_zero_backward(struct gpu_zero *z, float scale);
+/* Waits for the step's collectives; *loss_sum: the step's losses summed over
+ * micro-steps and ranks; *norm: the global gradient norm. */
+int gpu_zero_step_stats(struct gpu_zero *z, double *loss_sum, double *norm);
+/* x summed over ranks (identity without NCCL); waits. */
+int gpu_zero_sum(struct gpu_zero *z, double *x);
+/* AdamW on the shards (decay on matrices only, as worker/train/optim.c). */
+int gpu_zero_adamw(struct gpu_zero *z, const struct adamw *h, float gscale);
+
+/* Bytes on the device for the model state (shards), for everything this
+ * object allocated, and the device's peak use since init (cudaMemGetInfo). */
+size_t gpu_zero_state_bytes(const struct gpu_zero *z);
+size_t gpu_zero_alloc_bytes(const struct gpu_zero *z);
+size_t gpu_zero_peak_bytes(const struct gpu_zero *z);
+
+/* What gpu_zero_init would allocate for this configuration: the ZeRO-3
+ * estimate (shards + transients + activations, cuBLAS workspace). */
+size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, int world);
+
+const char *gpu_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
