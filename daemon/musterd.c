@@ -48,7 +48,6 @@ struct daemon {
     struct snapshot snap;
     const char *state_dir;
     int dirty;            /* snapshot out of date */
-    int persist;          /* state file out of date */
     uint64_t last_publish;
     int exit_on_end;
     int exit_code;
@@ -103,11 +102,14 @@ static int parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *p
 
 /* ---- rdv ops --------------------------------------------------------- */
 
+static void persist_state(struct daemon *d);
+
 static void on_changed(void *ctx, int persist)
 {
     struct daemon *d = ctx;
     d->dirty = 1;
-    d->persist |= persist;
+    if (persist)
+        persist_state(d); /* at once: frames naming a new generation follow */
 }
 
 static void ops_send(void *ctx, const char *node, const struct proto_msg *m)
@@ -131,7 +133,6 @@ static void persist_state(struct daemon *d)
     rdv_save(&d->rdv, &saved);
     if (state_write(d->state_dir, &saved, err, sizeof(err)) != 0)
         log_error("state file not written: %s", err);
-    d->persist = 0;
 }
 
 static void publish(struct daemon *d)
@@ -178,8 +179,6 @@ static void flush_changes(struct daemon *d)
         last_state = d->rdv.state;
         last_gen = d->rdv.generation;
     }
-    if (d->persist)
-        persist_state(d);
     if (d->dirty || uv_now(&d->loop) - d->last_publish >= PUBLISH_EVERY_MS)
         publish(d);
 }

@@ -249,6 +249,7 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     r->reason[0] = '\0';
     event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
           member_count(r), r->world_size);
+    changed(r, 1);
     try_start_generation(r, now_ms);
     return 0;
 }
@@ -285,8 +286,8 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
         r->state = RDV_FAILED;
         event(r, "job_failed", node, rank, "%s", r->reason);
         settle_ranks(r);
-        stop_all(r);
         changed(r, 1);
+        stop_all(r);
         return;
     }
     r->restarts += spend ? 1 : 0;
@@ -300,9 +301,10 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     }
     event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d)",
           (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts);
+    /* Persisted before any frame names the new generation (see rdv_ops.changed). */
+    changed(r, 1);
     stop_all(r);
     try_start_generation(r, now_ms);
-    changed(r, 1);
 }
 
 static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)

@@ -109,7 +109,10 @@ struct rdv_ops {
     void (*send)(void *ctx, const char *node, const struct proto_msg *msg);
     /* Close the node's connection (after sending whatever was queued). */
     void (*disconnect)(void *ctx, const char *node, const char *why);
-    /* Something changed; persist != 0 when the state file must be rewritten. */
+    /* Something changed; persist != 0 when the state file must be rewritten,
+     * which must happen before this returns: rdv calls it before sending any
+     * frame that names a new generation, so a crashed daemon never comes
+     * back with a generation older than one its agents have seen. */
     void (*changed)(void *ctx, int persist);
 };
 
