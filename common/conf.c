@@ -31,7 +31,7 @@ int conf_check(const struct conf_key *k, const char *origin, const char *value, 
     return 0;
 }
 
-static const char *json_kind(const json_t *v)
+const char *conf_json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -79,7 +79,7 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
         return -EINVAL;
     }
     if (!json_is_object(obj)) {
-        snprintf(err, errlen, "%s: expected a JSON object at the top level, got %s", path, json_kind(obj));
+        snprintf(err, errlen, "%s: expected a JSON object at the top level, got %s", path, conf_json_kind(obj));
         json_decref(obj);
         return -EINVAL;
     }
@@ -92,7 +92,7 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
             break;
         }
         if (!json_is_string(v)) {
-            snprintf(err, errlen, "%s: %s: expected %s as a string, got %s", path, name, k->expect, json_kind(v));
+            snprintf(err, errlen, "%s: %s: expected %s as a string, got %s", path, name, k->expect, conf_json_kind(v));
             rc = -EINVAL;
             break;
         }

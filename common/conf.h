@@ -15,6 +15,8 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+
 enum conf_type {
     CONF_STRING, /* copied as is */
     CONF_PATH,   /* a file or directory; relative = relative to the config file */
@@ -51,5 +53,8 @@ const struct conf_key *conf_find(const struct conf_key *keys, size_t nkeys, cons
 /* The checks shared by both tables. */
 int conf_valid_hostport(const char *s);  /* HOST:PORT, port 0..65535, host non-empty */
 int conf_valid_log_level(const char *s); /* error, warn, info, debug */
+
+/* "a string", "an integer", ... for messages about a JSON value's type. */
+const char *conf_json_kind(const json_t *v);
 
 #endif

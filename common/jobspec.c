@@ -1,4 +1,5 @@
 #include "common/jobspec.h"
+#include "common/conf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -98,28 +99,13 @@ static const struct key_def *find_key(const char *name)
     return NULL;
 }
 
-static const char *json_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
 static int set_key(const struct key_def *k, const json_t *v, const char *origin,
                    struct job_spec *spec, char *err, size_t errlen)
 {
     char *p = (char *)spec + k->offset;
     if (k->type == KEY_STRING) {
         if (!json_is_string(v)) {
-            fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, json_kind(v));
+            fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, conf_json_kind(v));
             return -EINVAL;
         }
         const char *s = json_string_value(v);
@@ -135,14 +121,14 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     if (k->type == KEY_DOUBLE) {
         if (!json_is_number(v)) {
             fail(err, errlen, "%s: %s: expected a number in [%g, %g], got %s", origin,
-                 k->name, k->min, k->max, json_kind(v));
+                 k->name, k->min, k->max, conf_json_kind(v));
             return -EINVAL;
         }
         d = json_number_value(v);
     } else {
         if (!json_is_integer(v)) {
             fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f], got %s", origin,
-                 k->name, k->min, k->max, json_kind(v));
+                 k->name, k->min, k->max, conf_json_kind(v));
             return -EINVAL;
         }
         d = (double)json_integer_value(v);
