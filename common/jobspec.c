@@ -38,6 +38,12 @@ static const struct key_def keys[] = {
      "time between SIGTERM and SIGKILL when ranks are stopped"},
     {"progress_timeout_ms", KEY_INT, F(progress_timeout_ms), 0, 86400000, 300000, NULL,
      "a running rank whose step does not advance this long is hung and its generation restarted; 0 = off"},
+    {"start_timeout_ms", KEY_INT, F(start_timeout_ms), 0, 86400000, 600000, NULL,
+     "assigned ranks that do not all heartbeat running within this are a failure; 0 = off"},
+    {"rejoin_timeout_ms", KEY_INT, F(rejoin_timeout_ms), 1000, 86400000, 300000, NULL,
+     "a lost member gets this long to rejoin; then the job shrinks to min_nodes or fails"},
+    {"min_nodes", KEY_INT, F(min_nodes), 0, 1024, 0, NULL,
+     "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
     {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
     {"steps", KEY_INT, F(steps), 1, 100000000, 2000, NULL, "optimizer steps to run"},
@@ -175,6 +181,10 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
     if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
         fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
              origin, spec->heartbeat_interval_ms, spec->heartbeat_timeout_ms);
+        return -EINVAL;
+    }
+    if (spec->min_nodes > spec->nodes) {
+        fail(err, errlen, "%s: min_nodes: expected at most nodes (%d), got %d", origin, spec->nodes, spec->min_nodes);
         return -EINVAL;
     }
     /* The agent hears from the daemon once per heartbeat; a shorter lease fences healthy nodes. */

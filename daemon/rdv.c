@@ -218,9 +218,9 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member)
             send_assign(r, i);
+    r->assigned_ms = now_ms;
     event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
           (unsigned long long)r->generation, r->world_size, member_count(r));
-    (void)now_ms;
     changed(r, 1);
 }
 
@@ -293,6 +293,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     r->restarts += spend ? 1 : 0;
     r->generation++;
     r->gen_opened_ms = now_ms;
+    r->assigned_ms = 0;
     r->state = RDV_RECOVERING;
     snprintf(r->reason, sizeof(r->reason), "%s", what);
     for (uint32_t i = 0; i < r->world_size; i++) {
@@ -742,6 +743,91 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
     }
 }
 
+/* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */
+static void check_start(struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t limit = (uint64_t)r->spec->start_timeout_ms;
+    if (limit == 0 || r->assigned_ms == 0 || (r->state != RDV_FORMING && r->state != RDV_RECOVERING) ||
+        now_ms - r->assigned_ms <= limit)
+        return;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        if (r->ranks[i].state == RDV_RANK_STARTING) {
+            char what[PROTO_REASON_MAX];
+            snprintf(what, sizeof(what), "rank %u on node %s did not start within %.1f s (start_timeout_ms)", i,
+                     r->nodes[r->ranks[i].node].name, (double)limit / 1000.0);
+            fail_generation(r, now_ms, (int)r->ranks[i].node, (int)i, what);
+            return;
+        }
+    }
+}
+
+/*
+ * Members that stay away longer than rejoin_timeout_ms: the job goes on
+ * without them when at least min_nodes remain (ranks are laid out anew and
+ * the ranks re-slice the ZeRO-3 checkpoint for the smaller world), and
+ * fails otherwise. Shrinking spends no restart: the failure already did.
+ */
+static void check_rejoin(struct rdv *r, uint64_t now_ms)
+{
+    if (r->state != RDV_RECOVERING || r->resuming || now_ms - r->gen_opened_ms <= (uint64_t)r->spec->rejoin_timeout_ms)
+        return;
+    uint32_t present = 0, missing = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        if (!r->nodes[i].member)
+            continue;
+        if (r->nodes[i].state == RDV_NODE_JOINED)
+            present++;
+        else
+            missing++;
+    }
+    if (missing == 0)
+        return;
+    char names[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
+    missing_members(r, names, sizeof(names));
+    uint32_t floor = (uint32_t)(r->spec->min_nodes ? r->spec->min_nodes : r->spec->nodes);
+    if (present == 0 || present < floor) {
+        snprintf(r->reason, sizeof(r->reason),
+                 "%s did not rejoin within %.0f s (rejoin_timeout_ms); %u node%s left, min_nodes is %u", names,
+                 (double)r->spec->rejoin_timeout_ms / 1000.0, present, present == 1 ? "" : "s", floor);
+        r->state = RDV_FAILED;
+        event(r, "job_failed", -1, -1, "%s", r->reason);
+        settle_ranks(r);
+        changed(r, 1);
+        stop_all(r);
+        return;
+    }
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        if (r->nodes[i].member && r->nodes[i].state != RDV_NODE_JOINED) {
+            r->nodes[i].member = 0;
+            r->nodes[i].state = RDV_NODE_LEFT;
+        }
+    }
+    uint32_t before = r->world_size;
+    layout_members(r);
+    if (build_ranks(r) != 0)
+        return;
+    struct batch_plan plan;
+    char why[PROTO_REASON_MAX];
+    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
+        snprintf(r->reason, sizeof(r->reason), "cannot shrink without %s: %s", names, why);
+        r->state = RDV_FAILED;
+        event(r, "job_failed", -1, -1, "%s", r->reason);
+        settle_ranks(r);
+        changed(r, 1);
+        stop_all(r);
+        return;
+    }
+    snprintf(what, sizeof(what), "%s did not rejoin within %.0f s: shrinking from %u to %u ranks on %u nodes", names,
+             (double)r->spec->rejoin_timeout_ms / 1000.0, before, r->world_size, present);
+    event(r, "job_shrunk", -1, -1, "%s", what);
+    r->generation++;
+    r->gen_opened_ms = now_ms;
+    r->assigned_ms = 0;
+    snprintf(r->reason, sizeof(r->reason), "%s", what);
+    changed(r, 1);
+    try_start_generation(r, now_ms);
+}
+
 void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
@@ -756,6 +842,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
         }
     }
     check_progress(r, now_ms);
+    check_start(r, now_ms);
+    check_rejoin(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {
         char missing[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
         missing_members(r, missing, sizeof(missing));

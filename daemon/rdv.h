@@ -147,6 +147,7 @@ struct rdv {
     int64_t last_checkpoint_step;
     uint64_t started_ms;
     uint64_t gen_opened_ms; /* when the current generation was opened */
+    uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
 
     struct rdv_node nodes[RDV_MAX_NODES];
     uint32_t nnodes;

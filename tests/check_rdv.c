@@ -381,6 +381,77 @@ START_TEST(ended_job_settles_rank_states)
 }
 END_TEST
 
+START_TEST(absent_member_shrinks_the_job_to_min_nodes)
+{
+    form_running(3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 10000;
+    spec.batch = 8;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 2);
+    for (int i = 0; i < 9; i++) { /* a stays alive; nothing can be assigned without b */
+        now += 1000;
+        beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.generation, 2);
+    int mark = rec.nsent;
+    now += 2000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(rdv.world_size, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "shrinking from 4 to 2 ranks on 1 nodes"));
+    const struct proto_msg *as = find_sent(mark, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.world_size, 2);
+    ck_assert_int_eq(as->u.assign.generation, 3);
+    ck_assert_int_eq(as->u.assign.ranks[1].rank, 1);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+END_TEST
+
+START_TEST(absent_member_fails_a_job_that_may_not_shrink)
+{
+    form_running(3);
+    spec.rejoin_timeout_ms = 10000; /* min_nodes 0: never shrink */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    for (int i = 0; i < 11; i++) {
+        now += 1000;
+        beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_FAILED);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "b did not rejoin within 10 s"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "min_nodes is 2"));
+}
+END_TEST
+
+START_TEST(ranks_that_never_run_are_a_failure)
+{
+    setup_spec(2, 3);
+    spec.start_timeout_ms = 1000;
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    now += 600;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 2, PROTO_RANK_STARTING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 1);
+    now += 600;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 2, PROTO_RANK_STARTING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 2 on node b did not start within 1.0 s"));
+}
+END_TEST
+
 START_TEST(inconsistent_saved_state_is_refused)
 {
     setup_spec(2, 3);
@@ -497,6 +568,9 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
     tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
     tcase_add_test(tc, ended_job_settles_rank_states);
+    tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
+    tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
+    tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
     tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, stalled_step_is_a_hang);

@@ -3,7 +3,10 @@
 # small model (slow enough to be caught mid-run) with ZeRO-3 over the ring. One run goes straight through; in the
 # other, a rank is SIGKILLed after a checkpoint was committed: the job opens
 # the next generation, every rank resumes from the last committed checkpoint,
-# and the final loss must equal the uninterrupted run's bit for bit.
+# and the final loss must equal the uninterrupted run's bit for bit. Last, a
+# whole node is killed and stays away: after rejoin_timeout_ms the job shrinks
+# to the one node left (min_nodes 1), which re-slices the world-2 checkpoint
+# for world 1 and finishes.
 set -eu
 . tests/itest-lib.sh
 
@@ -14,7 +17,7 @@ make_token "$ITEST_DIR/token"
 
 job() { # NAME CHECKPOINT_DIR
     cat > "$ITEST_DIR/$1.json" <<JSON
-{"name": "$1", "nodes": 2, "max_restarts": 2, "model": "small", "data": "$DATA",
+{"name": "$1", "nodes": 2, "max_restarts": 2, "min_nodes": 1, "rejoin_timeout_ms": 2000, "model": "small", "data": "$DATA",
  "steps": 60, "batch": 8, "lr": 0.003, "warmup_steps": 5, "eval_every": 0, "seed": 7,
  "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 3000,
  "checkpoint_dir": "$2", "checkpoint_every": 10}
@@ -65,4 +68,17 @@ grep -q 'completed, generation 2' "$ITEST_DIR/musterd.log" || fail "expected com
 got=$(final_loss "$ITEST_DIR/killed.metrics")
 echo "killed and resumed: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+wait_exit "$A" 10 || true; wait_exit "$B" 10 || true
+
+job shrink "$ITEST_DIR/ck-shrink"
+run shrink
+wait_for 120 'd["last_checkpoint_step"] is not None and d["last_checkpoint_step"] >= 20' \
+    || fail "no committed checkpoint reported within 120 s (shrink run)"
+kill -9 "$B"
+pkill -9 -P "$B" 2>/dev/null || true
+wait_exit "$DAEMON_PID" 240 || fail "shrunk run did not finish in 240 s"
+wait "$DAEMON_PID" || fail "shrunk run did not complete"
+grep -q 'completed, generation 3, 1 ranks' "$ITEST_DIR/musterd.log" || fail "expected completion in generation 3 with 1 rank"
+grep -q '"step": 60, "loss"' "$ITEST_DIR/shrink.metrics" || fail "the shrunk job did not reach step 60"
+echo "node killed for good: job shrank to 1 rank and completed"
 echo "zero under the daemon: ok"
