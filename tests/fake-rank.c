@@ -167,6 +167,32 @@ static void write_pidfile(void)
     fclose(f);
 }
 
+/* --spawn-child: a helper process that ignores SIGTERM, as a real trainer's
+ * data loader might; its pid goes to $FAKE_RANK_PIDDIR/child-RANK.pid. */
+static void spawn_child(void)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        die(1, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        signal(SIGTERM, SIG_IGN);
+        close(ctl.fd);
+        for (int i = 0; i < 600; i++) /* bounded: ten minutes at most */
+            sleep(1);
+        _exit(0);
+    }
+    const char *dir = getenv("FAKE_RANK_PIDDIR");
+    if (!dir || !*dir)
+        return;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/child-%u.pid", dir, ctl.rank);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        die(1, "cannot write %s: %s", path, strerror(errno));
+    fprintf(f, "%d\n", (int)pid);
+    fclose(f);
+}
+
 static long flag_num(const char *flag, const char *v)
 {
     char *end;
@@ -183,7 +209,9 @@ int main(int argc, char **argv)
 {
     long steps = 1000000, step_ms = 100, crash_step = -1, crash_rank = -1, crash_gen = 1, hang_step = -1,
          hang_rank = -1;
+    int child = 0;
     static const struct option opts[] = {
+        {"spawn-child", no_argument, NULL, 'C'},
         {"steps", required_argument, NULL, 's'},
         {"step-ms", required_argument, NULL, 'm'},
         {"crash-at-step", required_argument, NULL, 'c'},
@@ -203,9 +231,10 @@ int main(int argc, char **argv)
         case 'g': crash_gen = flag_num("--crash-generation", optarg); break;
         case 'h': hang_step = flag_num("--hang-at-step", optarg); break;
         case 'H': hang_rank = flag_num("--hang-rank", optarg); break;
+        case 'C': child = 1; break;
         default:
             fprintf(stderr, "usage: fake-rank [--steps N] [--step-ms MS] [--crash-at-step K --crash-rank R "
-                            "[--crash-generation G]] [--hang-at-step K --hang-rank R]\n");
+                            "[--crash-generation G]] [--hang-at-step K --hang-rank R] [--spawn-child]\n");
             return 2;
         }
     }
@@ -219,6 +248,8 @@ int main(int argc, char **argv)
     sa.sa_handler = on_sigterm;
     sigaction(SIGTERM, &sa, NULL); /* no SA_RESTART: poll returns EINTR */
     write_pidfile();
+    if (child)
+        spawn_child();
 
     struct proto_msg m;
     uint64_t deadline = now_ms() + WAIT_ASSIGN_MS;

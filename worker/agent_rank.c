@@ -139,6 +139,8 @@ static void on_proc_exit(uv_process_t *p, int64_t exit_status, int term_signal)
 {
     struct agent_rank *r = p->data;
     r->running = false;
+    /* The rank is gone; what it started goes with it (its group, see signal_rank). */
+    kill(-r->pid, SIGKILL);
     uv_timer_stop(&r->kill_timer);
     close_handle(r, (uv_handle_t *)&r->proc);
     close_handle(r, (uv_handle_t *)&r->kill_timer);
@@ -151,13 +153,24 @@ static void on_proc_exit(uv_process_t *p, int64_t exit_status, int term_signal)
     r->cb.on_exit(r, code, term_signal);
 }
 
+/*
+ * A rank runs in a process group of its own (UV_PROCESS_DETACHED makes it a
+ * session leader), so stopping it reaches whatever it started too: no
+ * grandchild outlives its rank holding the output pipes.
+ */
+static void signal_rank(struct agent_rank *r, int sig)
+{
+    if (kill(-r->pid, sig) != 0)
+        uv_process_kill(&r->proc, sig);
+}
+
 static void on_kill_timer(uv_timer_t *t)
 {
     struct agent_rank *r = t->data;
     if (!r->running)
         return;
     log_warn("rank %u (pid %d) did not stop within its grace period; sending SIGKILL", r->rank, r->pid);
-    uv_process_kill(&r->proc, SIGKILL);
+    signal_rank(r, SIGKILL);
 }
 
 struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv,
@@ -214,6 +227,7 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
     opts.env = env;
     opts.stdio_count = 4;
     opts.stdio = stdio;
+    opts.flags = UV_PROCESS_DETACHED; /* its own process group: see signal_rank() */
 
     int rc = uv_spawn(loop, &r->proc, &opts);
     close(sp[1]);
@@ -280,14 +294,14 @@ void rank_stop(struct agent_rank *r, uint64_t generation, uint64_t grace_ms)
     m.u.command.generation = generation;
     m.u.command.action = PROTO_CMD_STOP;
     rank_send(r, &m);
-    uv_process_kill(&r->proc, SIGTERM);
+    signal_rank(r, SIGTERM);
     uv_timer_start(&r->kill_timer, on_kill_timer, grace_ms, 0);
 }
 
 void rank_kill(struct agent_rank *r)
 {
     if (r->running)
-        uv_process_kill(&r->proc, SIGKILL);
+        signal_rank(r, SIGKILL);
 }
 
 void rank_release(struct agent_rank *r)

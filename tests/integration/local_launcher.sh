@@ -30,4 +30,19 @@ set +e
 "$BUILD/muster-worker" --local --devices cpu:1 > /dev/null 2>&1; rc=$?
 set -e
 [ "$rc" -eq 2 ] || fail "--local without --job exited $rc, expected 2"
+# Stopping ranks reaches what they started: a rank's helper process that
+# ignores SIGTERM dies with its rank's process group.
+mkdir -p "$ITEST_DIR/pids"
+FAKE_RANK_PIDDIR="$ITEST_DIR/pids" "$BUILD/muster-worker" --local --job "$ITEST_DIR/job.json" --devices cpu:1 \
+    --rank-cmd "$RANK --spawn-child" > "$ITEST_DIR/child.log" 2>&1 &
+L=$!
+ITEST_PIDS="$ITEST_PIDS $L"
+i=0; while [ ! -s "$ITEST_DIR/pids/child-0.pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+[ -s "$ITEST_DIR/pids/child-0.pid" ] || fail "the rank's helper process did not start"
+child=$(cat "$ITEST_DIR/pids/child-0.pid")
+kill -TERM "$L"
+i=0; while pid_alive "$L" && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+pid_alive "$L" && fail "the launcher did not exit within 10 s of SIGTERM"
+i=0; while pid_alive "$child" && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+pid_alive "$child" && fail "the rank's helper process $child outlived its stopped rank"
 echo "local launcher: ok"
