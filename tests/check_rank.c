@@ -175,11 +175,16 @@ START_TEST(heartbeat_carries_progress)
     ck_assert_int_eq(m.u.heartbeat.ranks[0].checkpoint_step, 10);
     ck_assert_int_eq(m.u.heartbeat.ranks[0].state, PROTO_RANK_RUNNING);
     ck_assert_double_eq_tol(m.u.heartbeat.ranks[0].comm_frac, 0.25, 1e-12);
-    /* Later beats come from the control thread on its period. */
+    /* Later beats come from the control thread on its period (it may repeat step 12 first). */
     rank_ctl_beat(c, 13, 3.0, 1000.0, 0.2, 10);
-    agent_recv(&m);
-    ck_assert_int_eq(m.type, PROTO_HEARTBEAT);
-    ck_assert_int_eq(m.u.heartbeat.ranks[0].step, 13);
+    int seen13 = 0;
+    for (int i = 0; i < 4 && !seen13; i++) {
+        agent_recv(&m);
+        ck_assert_int_eq(m.type, PROTO_HEARTBEAT);
+        ck_assert_int_ge(m.u.heartbeat.ranks[0].step, 12);
+        seen13 = m.u.heartbeat.ranks[0].step == 13;
+    }
+    ck_assert_msg(seen13, "no heartbeat with step 13 within 4 frames");
     json_decref(a.job);
     rank_ctl_close(c);
     close(agent_fd);
