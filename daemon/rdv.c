@@ -894,12 +894,22 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
     return -EINVAL;
 }
 
+/* Ranks that count for the job's figures: the running ones, or, when none
+ * runs (recovering, ended), every rank that has reported. */
+static int counts(const struct rdv *r, const struct rdv_rank *rk)
+{
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state == RDV_RANK_RUNNING)
+            return rk->state == RDV_RANK_RUNNING;
+    return rk->last_beat_ms != 0 || rk->step != 0;
+}
+
 uint64_t rdv_job_step(const struct rdv *r)
 {
     uint64_t step = 0;
     int seen = 0;
     for (uint32_t i = 0; i < r->world_size; i++) {
-        if (r->ranks[i].state != RDV_RANK_RUNNING)
+        if (!counts(r, &r->ranks[i]))
             continue;
         if (!seen || r->ranks[i].step < step)
             step = r->ranks[i].step;
@@ -947,10 +957,10 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nlive++;
             tps += rk->tokens_per_s;
             comm += rk->comm_frac;
-            if (isfinite(rk->loss)) {
-                loss_sum += rk->loss;
-                nloss++;
-            }
+        }
+        if (counts(r, rk) && isfinite(rk->loss)) {
+            loss_sum += rk->loss;
+            nloss++;
         }
     }
     return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o}",

@@ -196,7 +196,8 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *node, uint64_t n
 
 int rdv_terminal(const struct rdv *r);
 
-/* The job's step: the slowest running rank's (0 when none runs). */
+/* The job's step: the slowest running rank's; when none runs (recovering,
+ * ended), the lowest step any rank reported, so an ended job keeps its last step. */
 uint64_t rdv_job_step(const struct rdv *r);
 
 /* Records an event seen outside rdv (e.g. a failed authentication). */

@@ -377,6 +377,9 @@ START_TEST(ended_job_settles_rank_states)
     json_t *st = rdv_status_json(&rdv, now);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(st, "ranks"), 1), "state")),
                      "stopping");
+    /* The ended job keeps its last step and loss. */
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "step")), 1);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(st, "loss")), 2.5, 1e-12);
     json_decref(st);
 }
 END_TEST
