@@ -269,6 +269,16 @@ static void stop_all(struct rdv *r)
             send_command(r, i, PROTO_CMD_STOP);
 }
 
+/* The job is failed for r->reason: persisted first, then every rank stopped. */
+static void fail_job(struct rdv *r, int node, int rank)
+{
+    r->state = RDV_FAILED;
+    event(r, "job_failed", node, rank, "%s", r->reason);
+    settle_ranks(r);
+    changed(r, 1);
+    stop_all(r);
+}
+
 /*
  * A failure in the current generation: open the next one (stopping every
  * rank and restarting them once all members are back), or fail the job when
@@ -283,11 +293,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     if (spend && r->restarts >= (uint32_t)r->spec->max_restarts) {
         snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
                  r->restarts, r->restarts == 1 ? "" : "s", r->spec->max_restarts);
-        r->state = RDV_FAILED;
-        event(r, "job_failed", node, rank, "%s", r->reason);
-        settle_ranks(r);
-        changed(r, 1);
-        stop_all(r);
+        fail_job(r, node, rank);
         return;
     }
     r->restarts += spend ? 1 : 0;
@@ -789,11 +795,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
         snprintf(r->reason, sizeof(r->reason),
                  "%s did not rejoin within %.0f s (rejoin_timeout_ms); %u node%s left, min_nodes is %u", names,
                  (double)r->spec->rejoin_timeout_ms / 1000.0, present, present == 1 ? "" : "s", floor);
-        r->state = RDV_FAILED;
-        event(r, "job_failed", -1, -1, "%s", r->reason);
-        settle_ranks(r);
-        changed(r, 1);
-        stop_all(r);
+        fail_job(r, -1, -1);
         return;
     }
     for (uint32_t i = 0; i < r->nnodes; i++) {
@@ -810,11 +812,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     char why[PROTO_REASON_MAX];
     if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
         snprintf(r->reason, sizeof(r->reason), "cannot shrink without %s: %s", names, why);
-        r->state = RDV_FAILED;
-        event(r, "job_failed", -1, -1, "%s", r->reason);
-        settle_ranks(r);
-        changed(r, 1);
-        stop_all(r);
+        fail_job(r, -1, -1);
         return;
     }
     snprintf(what, sizeof(what), "%s did not rejoin within %.0f s: shrinking from %u to %u ranks on %u nodes", names,

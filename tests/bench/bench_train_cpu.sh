@@ -12,19 +12,8 @@ BUILD=${BUILD:-build}
 THREADS=${BENCH_THREADS:-$(nproc)}
 STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-5}
-DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
-T=$(mktemp -d "${TMPDIR:-/tmp}/muster-bench-train.XXXXXX")
-trap 'rm -rf "$T"' EXIT INT TERM
-
-if [ ! -f "$DATA" ]; then
-    DATA=$T/text.txt
-    awk 'BEGIN { srand(3); for (i = 0; i < 20000; i++) print "to be or not to be " int(rand() * 1000) }' > "$DATA"
-fi
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-    fi
-fi
+NAME=train
+. tests/bench/train-env.sh
 
 echo "== train: muster-train vs PyTorch, model small, batch 16 x 128, $THREADS threads, $STEPS steps (+$WARMUP warm-up), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 "$BUILD/muster-train" --standalone --model small --data "$DATA" --steps $((STEPS + WARMUP)) \

@@ -12,20 +12,8 @@ set -eu
 BUILD=${BUILD:-build}
 STEPS=${BENCH_STEPS:-10}
 WARMUP=${BENCH_WARMUP:-2}
-DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
-T=$(mktemp -d "${TMPDIR:-/tmp}/muster-bench-zero.XXXXXX")
-trap 'rm -rf "$T"' EXIT INT TERM
-
-if [ ! -f "$DATA" ]; then
-    DATA=$T/text.txt
-    awk 'BEGIN { srand(3); for (i = 0; i < 20000; i++) print "to be or not to be " int(rand() * 1000) }' > "$DATA"
-fi
-# The same kernels muster-train picks for itself (see bench_train_cpu.sh).
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-    fi
-fi
+NAME=zero
+. tests/bench/train-env.sh
 echo "== zero: ZeRO-3 vs all-reduce data parallel, model small, batch 16 x 128, $(nproc) cores, $STEPS steps (+$WARMUP warm-up)"
 "$BUILD/tests/zero-bench" --model small --data "$DATA" --ranks "${ZERO_RANKS:-2,4}" \
     --batch 16 --steps "$STEPS" --warmup "$WARMUP"

@@ -265,6 +265,16 @@ static int agree_stop(struct trainer *tr, volatile sig_atomic_t *stop, int *rc)
     return *rc || want > 0;
 }
 
+/* Collective: a checkpoint of this step, then the hook with its committed path. */
+static int save_and_tell(struct trainer *tr, const struct train_hooks *hooks, char *err, size_t errlen)
+{
+    char path[JOB_PATH_MAX + 64];
+    int rc = ckpt_save(tr, tr->spec.checkpoint_dir, path, sizeof(path), err, errlen);
+    if (rc == 0 && hooks && hooks->on_checkpoint)
+        hooks->on_checkpoint(tr->step, path, hooks->user);
+    return rc;
+}
+
 int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
               volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
@@ -288,23 +298,14 @@ int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hoo
         }
         if (s->checkpoint_dir[0] && s->checkpoint_every > 0 &&
             tr->step % s->checkpoint_every == 0 && !last) {
-            char path[JOB_PATH_MAX + 64];
-            rc = ckpt_save(tr, s->checkpoint_dir, path, sizeof(path), err, errlen);
+            rc = save_and_tell(tr, hooks, err, errlen);
             if (rc)
                 return rc;
-            if (hooks && hooks->on_checkpoint)
-                hooks->on_checkpoint(tr->step, path, hooks->user);
         }
     }
     if (rc)
         return comm_failed(rc, "stop agreement", err, errlen);
-    if (s->checkpoint_dir[0] && done > 0) {
-        char path[JOB_PATH_MAX + 64];
-        rc = ckpt_save(tr, s->checkpoint_dir, path, sizeof(path), err, errlen);
-        if (rc)
-            return rc;
-        if (hooks && hooks->on_checkpoint)
-            hooks->on_checkpoint(tr->step, path, hooks->user);
-    }
+    if (s->checkpoint_dir[0] && done > 0)
+        return save_and_tell(tr, hooks, err, errlen);
     return 0;
 }
