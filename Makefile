@@ -178,7 +178,9 @@ check-gpu bench-gpu:
 	@test "$(REQUIRE_GPU)" != 1
 endif
 
-TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS))
+include tests/cuemu/module.mk
+
+TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS)) $(CUEMU_BINS)
 ifeq ($(HAVE_CUDA),1)
 TEST_BINS += $(BUILD)/tests/gpu-check $(BUILD)/tests/gpu-bench
 endif
@@ -242,4 +244,4 @@ uninstall:
 clean:
 	rm -rf build build-asan
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/cuemu -name '*.d' 2>/dev/null)

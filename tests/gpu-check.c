@@ -11,7 +11,8 @@
  *      products and the softmax the errors add up to about 1e-2 on the
  *      gradients, measured on random inputs; fp32 throughout would sit at
  *      1e-5. A layout or indexing bug gives errors of order 1.
- *   2. `small`, 50 steps of training from the same seed on the same data:
+ *   2. `small` (or --train-model), 50 steps (or --train-steps) of training
+ *      from the same seed on the same data:
  *      the mean loss of the last 10 steps on the GPU within 5% of the CPU's,
  *      and both below the first step's loss by at least 0.5 nats.
  *   3. NCCL world 1 through the whole ZeRO-3 path (all-gather of bf16 units,
@@ -175,18 +176,20 @@ out:
     gpt_destroy(&cpu);
 }
 
-static void check_small(const char *data)
+static void check_train(const char *data, const char *model, int steps)
 {
-    printf("small, 50 steps, GPU vs CPU loss curves (%s):\n", data);
+    printf("%s, %d steps, GPU vs CPU loss curves (%s):\n", model, steps, data);
     struct job_spec spec;
+    struct gpt_config cfg;
     job_spec_defaults(&spec);
-    snprintf(spec.model, sizeof(spec.model), "small");
+    snprintf(spec.model, sizeof(spec.model), "%s", model);
     snprintf(spec.data, sizeof(spec.data), "%s", data);
-    spec.steps = 50;
+    gpt_preset(model, &cfg);
+    spec.steps = steps;
     spec.batch = 8;
     spec.micro_batch = 8;
-    spec.seq_len = 64;
-    spec.lr = 1e-3;
+    spec.seq_len = cfg.T < 64 ? cfg.T : 64;
+    spec.lr = cfg.C < 64 ? 1e-2 : 1e-3; /* tiny learns slowly at 1e-3 */
     spec.lr_min = 1e-4;
     spec.warmup_steps = 5;
     spec.eval_every = 0;
@@ -224,7 +227,7 @@ static void check_small(const char *data)
         if (s % 10 == 0 || s == spec.steps - 1)
             printf("        step %2d loss CPU %.4f GPU %.4f\n", s + 1, ic.loss, ig.loss);
     }
-    CHECK(rc == 0, "50 steps ran on both%s%s", rc ? ": " : "", rc ? err : "");
+    CHECK(rc == 0, "%d steps ran on both%s%s", steps, rc ? ": " : "", rc ? err : "");
     if (!rc) {
         double rel = fabs(last_g - last_c) / last_c;
         CHECK(rel <= 0.05, "mean loss of the last 10 steps GPU %.4f CPU %.4f: %.1f%% apart "
@@ -244,15 +247,26 @@ int main(int argc, char **argv)
         printf("gpu-check: no GPU (%s): skipped\n", why);
         return req && strcmp(req, "1") == 0 ? 1 : 0;
     }
-    if (argc != 2) {
-        fprintf(stderr, "usage: gpu-check DATA_FILE\n");
+    const char *model = "small";
+    int steps = 50;
+    for (; argc > 2 && strncmp(argv[1], "--", 2) == 0; argc -= 2, argv += 2) {
+        if (strcmp(argv[1], "--train-model") == 0)
+            model = argv[2];
+        else if (strcmp(argv[1], "--train-steps") == 0)
+            steps = atoi(argv[2]);
+        else
+            break;
+    }
+    struct gpt_config probe;
+    if (argc != 2 || gpt_preset(model, &probe) != 0 || steps < 20) {
+        fprintf(stderr, "usage: gpu-check [--train-model PRESET] [--train-steps N>=20] DATA_FILE\n");
         return 2;
     }
     char name[128];
     gpu_device_name(name, sizeof(name));
     printf("gpu-check on %s\n", name);
     check_tiny();
-    check_small(argv[1]);
+    check_train(argv[1], model, steps);
     printf("gpu-check: %s (%d failure%s)\n", failures ? "FAILED" : "passed", failures,
            failures == 1 ? "" : "s");
     return failures ? 1 : 0;

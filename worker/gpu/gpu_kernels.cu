@@ -78,7 +78,7 @@ __global__ void cast_bf16_kernel(bf16 *out, const float *in, size_t n)
 
 cudaError_t k_cast_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n)
 {
-    cast_bf16_kernel<<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+    LAUNCH(cast_bf16_kernel, blocks_for(n, 256), 256, 0, s)(out, in, n);
     return cudaGetLastError();
 }
 
@@ -91,7 +91,7 @@ __global__ void add_kernel(float *dst, const float *src, size_t n)
 
 cudaError_t k_add(cudaStream_t s, float *dst, const float *src, size_t n)
 {
-    add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(dst, src, n);
+    LAUNCH(add_kernel, blocks_for(n, 256), 256, 0, s)(dst, src, n);
     return cudaGetLastError();
 }
 
@@ -116,7 +116,7 @@ __global__ void sumsq_kernel(double *acc, const float *x, size_t n)
 cudaError_t k_sumsq(cudaStream_t s, double *acc, const float *x, size_t n)
 {
     unsigned b = blocks_for(n, 256);
-    sumsq_kernel<<<b > 1024 ? 1024 : b, 256, 0, s>>>(acc, x, n);
+    LAUNCH(sumsq_kernel, b > 1024 ? 1024 : b, 256, 0, s)(acc, x, n);
     return cudaGetLastError();
 }
 
@@ -129,7 +129,7 @@ __global__ void residual_kernel(float *out, const float *a, const float *b, size
 
 cudaError_t k_residual(cudaStream_t s, float *out, const float *a, const float *b, size_t n)
 {
-    residual_kernel<<<blocks_for(n, 256), 256, 0, s>>>(out, a, b, n);
+    LAUNCH(residual_kernel, blocks_for(n, 256), 256, 0, s)(out, a, b, n);
     return cudaGetLastError();
 }
 
@@ -151,7 +151,7 @@ __global__ void gelu_fwd_kernel(bf16 *out, const float *inp, size_t n)
 
 cudaError_t k_gelu_fwd(cudaStream_t s, bf16 *out, const float *inp, size_t n)
 {
-    gelu_fwd_kernel<<<blocks_for(n, 256), 256, 0, s>>>(out, inp, n);
+    LAUNCH(gelu_fwd_kernel, blocks_for(n, 256), 256, 0, s)(out, inp, n);
     return cudaGetLastError();
 }
 
@@ -172,7 +172,7 @@ __global__ void gelu_bwd_kernel(float *d, bf16 *d_h, const float *inp, size_t n)
 
 cudaError_t k_gelu_bwd(cudaStream_t s, float *d, bf16 *d_h, const float *inp, size_t n)
 {
-    gelu_bwd_kernel<<<blocks_for(n, 256), 256, 0, s>>>(d, d_h, inp, n);
+    LAUNCH(gelu_bwd_kernel, blocks_for(n, 256), 256, 0, s)(d, d_h, inp, n);
     return cudaGetLastError();
 }
 
@@ -194,7 +194,7 @@ __global__ void encoder_fwd_kernel(float *out, const int *inp, const bf16 *wte, 
 cudaError_t k_encoder_fwd(cudaStream_t s, float *out, const int *inp, const bf16 *wte,
                           const bf16 *wpe, int B, int T, int C)
 {
-    encoder_fwd_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(out, inp, wte, wpe,
+    LAUNCH(encoder_fwd_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(out, inp, wte, wpe,
                                                                           B, T, C);
     return cudaGetLastError();
 }
@@ -215,7 +215,7 @@ __global__ void encoder_bwd_kernel(float *dwte, float *dwpe, const float *dout, 
 cudaError_t k_encoder_bwd(cudaStream_t s, float *dwte, float *dwpe, const float *dout,
                           const int *inp, int B, int T, int C)
 {
-    encoder_bwd_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(dwte, dwpe, dout,
+    LAUNCH(encoder_bwd_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(dwte, dwpe, dout,
                                                                           inp, B, T, C);
     return cudaGetLastError();
 }
@@ -253,7 +253,7 @@ cudaError_t k_layernorm_fwd(cudaStream_t s, bf16 *out, float *mean, float *rstd,
                             const float *inp, const bf16 *w, const bf16 *b, int N, int C)
 {
     const int warps = 8;
-    layernorm_fwd_kernel<<<(N + warps - 1) / warps, warps * 32, 0, s>>>(out, mean, rstd, inp, w,
+    LAUNCH(layernorm_fwd_kernel, (N + warps - 1) / warps, warps * 32, 0, s)(out, mean, rstd, inp, w,
                                                                        b, N, C);
     return cudaGetLastError();
 }
@@ -266,7 +266,7 @@ __global__ void layernorm_bwd_kernel(float *dinp, float *dw, float *db, const fl
                                      const float *inp, const bf16 *w, const float *mean,
                                      const float *rstd, int N, int C)
 {
-    extern __shared__ float sh[]; /* dw (C), db (C) */
+    DYN_SHARED(float, sh); /* dw (C), db (C) */
     float *sdw = sh, *sdb = sh + C;
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
         sh[i] = 0;
@@ -303,7 +303,7 @@ cudaError_t k_layernorm_bwd(cudaStream_t s, float *dinp, float *dw, float *db,
                             const float *dout, const float *inp, const bf16 *w,
                             const float *mean, const float *rstd, int N, int C)
 {
-    layernorm_bwd_kernel<<<(N + LN_ROWS - 1) / LN_ROWS, 256, 2 * C * sizeof(float), s>>>(
+    LAUNCH(layernorm_bwd_kernel, (N + LN_ROWS - 1) / LN_ROWS, 256, 2 * C * sizeof(float), s)(
         dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     return cudaGetLastError();
 }
@@ -320,7 +320,7 @@ __global__ void bias_fill_kernel(float *out, const bf16 *bias, int N, int OC)
 
 cudaError_t k_bias_fill(cudaStream_t s, float *out, const bf16 *bias, int N, int OC)
 {
-    bias_fill_kernel<<<blocks_for((size_t)N * OC, 256), 256, 0, s>>>(out, bias, N, OC);
+    LAUNCH(bias_fill_kernel, blocks_for((size_t)N * OC, 256), 256, 0, s)(out, bias, N, OC);
     return cudaGetLastError();
 }
 
@@ -342,7 +342,7 @@ __global__ void bias_bwd_kernel(float *dbias, const float *dout, int N, int OC)
 cudaError_t k_bias_bwd(cudaStream_t s, float *dbias, const float *dout, int N, int OC)
 {
     dim3 grid((OC + 255) / 256, (N + BIAS_ROWS - 1) / BIAS_ROWS);
-    bias_bwd_kernel<<<grid, 256, 0, s>>>(dbias, dout, N, OC);
+    LAUNCH(bias_bwd_kernel, grid, 256, 0, s)(dbias, dout, N, OC);
     return cudaGetLastError();
 }
 
@@ -379,7 +379,7 @@ __global__ void qkv_split_kernel(bf16 *q, bf16 *k, bf16 *v, const float *qkv, in
 cudaError_t k_qkv_split(cudaStream_t s, bf16 *q, bf16 *k, bf16 *v, const float *qkv, int B,
                         int T, int C, int NH)
 {
-    qkv_split_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(q, k, v, qkv, B, T, C,
+    LAUNCH(qkv_split_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(q, k, v, qkv, B, T, C,
                                                                         NH);
     return cudaGetLastError();
 }
@@ -398,7 +398,7 @@ __global__ void heads_merge_kernel(bf16 *out, const float *y, int B, int T, int 
 
 cudaError_t k_heads_merge(cudaStream_t s, bf16 *out, const float *y, int B, int T, int C, int NH)
 {
-    heads_merge_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(out, y, B, T, C, NH);
+    LAUNCH(heads_merge_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(out, y, B, T, C, NH);
     return cudaGetLastError();
 }
 
@@ -417,7 +417,7 @@ __global__ void heads_split_kernel(bf16 *dy, const float *dout, int B, int T, in
 cudaError_t k_heads_split(cudaStream_t s, bf16 *dy, const float *dout, int B, int T, int C,
                           int NH)
 {
-    heads_split_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(dy, dout, B, T, C, NH);
+    LAUNCH(heads_split_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(dy, dout, B, T, C, NH);
     return cudaGetLastError();
 }
 
@@ -443,7 +443,7 @@ __global__ void qkv_merge_kernel(float *dqkv, bf16 *dqkv_h, const float *dq, con
 cudaError_t k_qkv_merge(cudaStream_t s, float *dqkv, bf16 *dqkv_h, const float *dq,
                         const float *dk, const float *dv, int B, int T, int C, int NH)
 {
-    qkv_merge_kernel<<<blocks_for((size_t)B * T * C, 256), 256, 0, s>>>(dqkv, dqkv_h, dq, dk, dv,
+    LAUNCH(qkv_merge_kernel, blocks_for((size_t)B * T * C, 256), 256, 0, s)(dqkv, dqkv_h, dq, dk, dv,
                                                                         B, T, C, NH);
     return cudaGetLastError();
 }
@@ -474,7 +474,7 @@ __global__ void softmax_causal_fwd_kernel(bf16 *att, const float *preatt, int R,
 cudaError_t k_softmax_causal_fwd(cudaStream_t s, bf16 *att, const float *preatt, int R, int T)
 {
     const size_t rows = (size_t)R * T;
-    softmax_causal_fwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(att, preatt, R, T);
+    LAUNCH(softmax_causal_fwd_kernel, (unsigned)((rows + 7) / 8), 256, 0, s)(att, preatt, R, T);
     return cudaGetLastError();
 }
 
@@ -501,7 +501,7 @@ cudaError_t k_softmax_causal_bwd(cudaStream_t s, bf16 *dpre, const float *datt, 
                                  float scale, int R, int T)
 {
     const size_t rows = (size_t)R * T;
-    softmax_causal_bwd_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(dpre, datt, att, scale,
+    LAUNCH(softmax_causal_bwd_kernel, (unsigned)((rows + 7) / 8), 256, 0, s)(dpre, datt, att, scale,
                                                                         R, T);
     return cudaGetLastError();
 }
@@ -540,7 +540,7 @@ __global__ void crossentropy_fwd_kernel(float *logits, float *losses, double *ac
 cudaError_t k_crossentropy_fwd(cudaStream_t s, float *logits, float *losses, double *acc,
                                const int *targets, int N, int V)
 {
-    crossentropy_fwd_kernel<<<N, 512, 0, s>>>(logits, losses, acc, targets, N, V);
+    LAUNCH(crossentropy_fwd_kernel, N, 512, 0, s)(logits, losses, acc, targets, N, V);
     return cudaGetLastError();
 }
 
@@ -560,7 +560,7 @@ __global__ void crossentropy_bwd_kernel(bf16 *dlogits, const float *probs, const
 cudaError_t k_crossentropy_bwd(cudaStream_t s, bf16 *dlogits, const float *probs,
                                const int *targets, float dloss, int N, int V)
 {
-    crossentropy_bwd_kernel<<<blocks_for((size_t)N * V, 256), 256, 0, s>>>(dlogits, probs,
+    LAUNCH(crossentropy_bwd_kernel, blocks_for((size_t)N * V, 256), 256, 0, s)(dlogits, probs,
                                                                            targets, dloss, N, V);
     return cudaGetLastError();
 }
@@ -587,7 +587,7 @@ cudaError_t k_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v
                     const unsigned char *decay, size_t n, float b1, float b2, float eps,
                     float step_size, float bc2_sqrt, float shrink, float gscale)
 {
-    adamw_kernel<<<blocks_for(n, 256), 256, 0, s>>>(p, g, m, v, decay, n, b1, b2, eps, step_size,
+    LAUNCH(adamw_kernel, blocks_for(n, 256), 256, 0, s)(p, g, m, v, decay, n, b1, b2, eps, step_size,
                                                     bc2_sqrt, shrink, gscale);
     return cudaGetLastError();
 }

@@ -24,6 +24,14 @@
 
 typedef __nv_bfloat16 bf16;
 
+/* A kernel launch, and a kernel's dynamic shared memory. Spelled as macros
+ * so that the same source also runs under tests/cuemu (CUDA emulated on the
+ * CPU for CI), whose cuda_runtime.h defines them its own way. */
+#ifndef LAUNCH
+#define LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 /* out (n) = bf16(in). */
 cudaError_t k_cast_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n);
 /* dst (n) += src. */

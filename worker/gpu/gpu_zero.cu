@@ -585,7 +585,7 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
                       s == EMBED ? "gathered embedding (bf16)" : "gathered unit slot (bf16)"));
         TRY(gpu_alloc(z, (void **)&z->gbuf[s], (size_t)z->world * S * sizeof(float),
                       s == EMBED ? "embedding gradient (fp32)" : "unit gradient (fp32)"));
-        if (z->world > 1)
+        if (id) /* NCCL reduce-scatters even at world 1 */
             TRY(gpu_alloc(z, (void **)&z->rsbuf[s], S * sizeof(float), "reduce-scatter result"));
     }
     const size_t ab = carve_acts(&z->a, NULL, cfg, z->maxB, z->maxT);

@@ -1,0 +1,501 @@
+/*
+ * cuemu_runtime: memory, streams, events and copies of the CUDA runtime on
+ * the CPU (tests/cuemu/README.md).
+ *
+ * Device memory is host memory from the allocator, filled with 0xff bytes
+ * (NaN as float and bf16, -1 as int) so that reading what was never written
+ * shows up in the results. It is counted against a device of
+ * CUEMU_DEVICE_MB (default 4096) MiB, so out-of-memory paths can be tested.
+ *
+ * Streams are queues. Work runs when the host waits for it (stream or event
+ * synchronisation, a copy to pageable host memory, cudaFree), in queue order
+ * per stream; cudaStreamWaitEvent makes a stream run the other stream up to
+ * the event first. So by default every stream runs as late as CUDA allows,
+ * and a missing event shows up as a wrong result. CUEMU_EAGER lists streams
+ * (numbered per OS thread in creation order, or "all") that run each
+ * operation as soon as it is queued: running the same test with the
+ * communication stream eager and then lazy exercises both orders.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuemu_internal.h"
+
+struct cuemu_stream {
+    int number;                  /* 1, 2, ... per OS thread */
+    bool eager;
+    bool draining;
+    std::deque<std::function<void()>> queue;
+    std::deque<std::string> what; /* for messages */
+    unsigned long long issued, done;
+    pthread_t owner;
+};
+
+struct cuemu_event {
+    cuemu_stream *stream;        /* NULL: never recorded, or on the legacy stream */
+    unsigned long long seq;      /* complete when stream->done >= seq */
+    double t_ms;                 /* host time when the record ran */
+};
+
+namespace cuemu {
+
+static thread_local cudaError_t last_error = cudaSuccess;
+static thread_local int streams_made;
+static thread_local std::vector<cuemu_stream *> my_streams;
+static unsigned long long ops_run; /* under mem_mu */
+
+struct alloc_info {
+    size_t bytes;
+    bool pinned;
+};
+static std::mutex mem_mu;
+static std::map<const char *, alloc_info> allocs; /* by start address */
+static size_t device_used;
+
+void fatal(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuemu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+void set_error(cudaError_t e)
+{
+    if (last_error == cudaSuccess)
+        last_error = e;
+}
+
+static double now_ms()
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static size_t device_bytes()
+{
+    const char *s = getenv("CUEMU_DEVICE_MB");
+    long mb = s ? strtol(s, NULL, 10) : 4096;
+    return (size_t)(mb > 0 ? mb : 4096) << 20;
+}
+
+/* The allocation holding [p, p + n), or allocs.end(). Caller holds mem_mu. */
+static std::map<const char *, alloc_info>::iterator find_alloc(const void *p, size_t n)
+{
+    const char *c = (const char *)p;
+    auto it = allocs.upper_bound(c);
+    if (it == allocs.begin())
+        return allocs.end();
+    --it;
+    if (c >= it->first && c + n <= it->first + it->second.bytes)
+        return it;
+    return allocs.end();
+}
+
+static bool in_kind(const void *p, size_t n, bool pinned)
+{
+    std::lock_guard<std::mutex> g(mem_mu);
+    auto it = find_alloc(p, n);
+    return it != allocs.end() && it->second.pinned == pinned;
+}
+
+bool is_device(const void *p, size_t n) { return in_kind(p, n, false); }
+static bool is_pinned(const void *p, size_t n) { return in_kind(p, n, true); }
+
+static void count_op()
+{
+    std::lock_guard<std::mutex> g(mem_mu);
+    ops_run++;
+}
+
+/* Runs s's queue until s->done >= target. */
+static void drain_to(cuemu_stream *s, unsigned long long target)
+{
+    if (!s)
+        return;
+    if (s->draining && s->done < target)
+        fatal("stream %d must run further (to operation %llu) while it waits at operation %llu "
+              "(\"%s\"): a cycle of cudaStreamWaitEvent, which would hang the device",
+              s->number, target, s->done + 1, s->what.empty() ? "?" : s->what.front().c_str());
+    if (!pthread_equal(s->owner, pthread_self()))
+        fatal("stream %d is used from a thread other than the one that created it (cuemu runs "
+              "streams on their own thread)", s->number);
+    s->draining = true;
+    while (s->done < target) {
+        std::function<void()> fn = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->what.pop_front();
+        fn();
+        s->done++;
+        count_op();
+    }
+    s->draining = false;
+}
+
+void drain_stream(cudaStream_t s)
+{
+    if (s)
+        drain_to(s, s->issued);
+}
+
+void enqueue(cudaStream_t s, const char *what, std::function<void()> fn)
+{
+    if (!s) {
+        fn();
+        count_op();
+        return;
+    }
+    s->queue.push_back(std::move(fn));
+    s->what.push_back(what);
+    s->issued++;
+    if (s->eager && !s->draining)
+        drain_to(s, s->issued);
+}
+
+static bool eager_number(int n)
+{
+    const char *e = getenv("CUEMU_EAGER");
+    if (!e || !*e)
+        return false;
+    if (strcmp(e, "all") == 0)
+        return true;
+    for (const char *p = e; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            fatal("CUEMU_EAGER: expected \"all\" or stream numbers separated by commas, got \"%s\"",
+                  e);
+        if (v == n)
+            return true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
+} /* namespace cuemu */
+
+using namespace cuemu;
+
+extern "C" {
+
+unsigned long long cuemu_ops_executed(void)
+{
+    std::lock_guard<std::mutex> g(mem_mu);
+    return ops_run;
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+
+cudaError_t cudaGetDevice(int *dev)
+{
+    *dev = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int dev)
+{
+    if (dev != 0)
+        return cudaErrorInvalidValue;
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "cuemu (CUDA emulated on the CPU)");
+    prop->totalGlobalMem = device_bytes();
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 1;
+    prop->clockRate = 1000000;
+    prop->sharedMemPerBlock = 48 << 10;
+    prop->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    }
+    return "unknown error";
+}
+
+static cudaError_t alloc(void **ptr, size_t bytes, bool pinned)
+{
+    *ptr = NULL;
+    std::lock_guard<std::mutex> g(mem_mu);
+    if (!pinned && device_used + bytes > device_bytes())
+        return cudaErrorMemoryAllocation;
+    void *p = NULL;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1))
+        return cudaErrorMemoryAllocation;
+    memset(p, pinned ? 0 : 0xff, bytes);
+    allocs[(const char *)p] = alloc_info{bytes, pinned};
+    if (!pinned)
+        device_used += bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+static cudaError_t release(void *ptr, bool pinned)
+{
+    if (!ptr)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem_mu);
+    auto it = allocs.find((const char *)ptr);
+    if (it == allocs.end() || it->second.pinned != pinned)
+        return pinned ? cudaErrorInvalidValue : cudaErrorInvalidDevicePointer;
+    if (!pinned)
+        device_used -= it->second.bytes;
+    allocs.erase(it);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes) { return alloc(ptr, bytes, false); }
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return alloc(ptr, bytes, true); }
+cudaError_t cudaFreeHost(void *ptr) { return release(ptr, true); }
+
+/* cudaFree waits for the device, as CUDA's does: this thread's streams run
+ * first. */
+cudaError_t cudaFree(void *ptr)
+{
+    cudaDeviceSynchronize();
+    return release(ptr, false);
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    std::lock_guard<std::mutex> g(mem_mu);
+    *total_bytes = device_bytes();
+    *free_bytes = *total_bytes - device_used;
+    return cudaSuccess;
+}
+
+/* The kind must match where the pointers are, as with separate memories. */
+static cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    bool dd = is_device(dst, bytes), sd = is_device(src, bytes);
+    switch (kind) {
+    case cudaMemcpyHostToDevice: return dd && !sd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToHost: return sd && !dd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToDevice: return sd && dd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyHostToHost: return !sd && !dd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDefault: return cudaSuccess;
+    }
+    return cudaErrorInvalidMemcpyDirection;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    cudaError_t e = check_copy(dst, src, bytes, kind);
+    if (e == cudaSuccess) {
+        memmove(dst, src, bytes);
+        count_op();
+    }
+    return e;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    cudaError_t e = check_copy(dst, src, bytes, kind);
+    if (e != cudaSuccess)
+        return e;
+    const bool host_src = !is_device(src, bytes), host_dst = !is_device(dst, bytes);
+    if (host_src && !is_pinned(src, bytes)) {
+        /* pageable source: CUDA stages it before returning */
+        std::string staged((const char *)src, bytes);
+        enqueue(s, "cudaMemcpyAsync (from pageable memory)",
+                [dst, staged]() { memcpy(dst, staged.data(), staged.size()); });
+        return cudaSuccess;
+    }
+    enqueue(s, "cudaMemcpyAsync", [dst, src, bytes]() { memmove(dst, src, bytes); });
+    if (host_dst && !is_pinned(dst, bytes))
+        drain_stream(s); /* pageable destination: returns once copied */
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t bytes)
+{
+    if (!is_device(dst, bytes))
+        return cudaErrorInvalidValue;
+    memset(dst, value, bytes);
+    count_op();
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
+{
+    if (!is_device(dst, bytes))
+        return cudaErrorInvalidValue;
+    enqueue(s, "cudaMemsetAsync", [dst, value, bytes]() { memset(dst, value, bytes); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    (void)flags;
+    cuemu_stream *st = new cuemu_stream();
+    st->number = ++streams_made;
+    st->eager = eager_number(st->number);
+    st->owner = pthread_self();
+    my_streams.push_back(st);
+    *s = st;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    if (!s)
+        return cudaErrorInvalidResourceHandle;
+    drain_stream(s); /* queued work still completes, as in CUDA */
+    for (size_t i = 0; i < my_streams.size(); i++)
+        if (my_streams[i] == s)
+            my_streams.erase(my_streams.begin() + (long)i);
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    drain_stream(s);
+    return cudaSuccess;
+}
+
+/* Polling makes progress one operation at a time. */
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    if (!s || s->done == s->issued)
+        return cudaSuccess;
+    drain_to(s, s->done + 1);
+    return s->done == s->issued ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    for (size_t i = 0; i < my_streams.size(); i++)
+        drain_stream(my_streams[i]);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    (void)flags;
+    *e = new cuemu_event();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    enqueue(s, "cudaEventRecord", [e]() { e->t_ms = now_ms(); });
+    e->stream = s;
+    e->seq = s ? s->issued : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    if (e->stream)
+        drain_to(e->stream, e->seq);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    return !e->stream || e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!start || !end)
+        return cudaErrorInvalidResourceHandle;
+    if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess)
+        return cudaErrorNotReady;
+    *ms = (float)(end->t_ms - start->t_ms);
+    return cudaSuccess;
+}
+
+/* s waits for what the event's stream had queued when it was recorded. */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)flags;
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    cuemu_stream *other = e->stream;
+    const unsigned long long seq = e->seq;
+    if (!other || other == s)
+        return cudaSuccess;
+    enqueue(s, "cudaStreamWaitEvent", [other, seq]() { drain_to(other, seq); });
+    return cudaSuccess;
+}
+
+} /* extern "C" */

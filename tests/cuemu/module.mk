@@ -1,0 +1,42 @@
+# tests/cuemu: CUDA, cuBLAS and NCCL emulated on the CPU (tests/cuemu/README.md).
+# The GPU path's own source (worker/gpu/*.cu, gpu_train.c, the NCCL backend)
+# is compiled against cuemu's headers by the host compiler and linked with
+# cuemu instead of the CUDA libraries: CI runs it, with or without a CUDA
+# toolkit. Objects go to $(BUILD)/cuemu/ so they never mix with the real ones.
+CUEMU_SRCS := tests/cuemu/cuemu_runtime.cc tests/cuemu/cuemu_kernel.cc tests/cuemu/cuemu_blas.cc \
+	tests/cuemu/cuemu_nccl.cc
+CUEMU_DEFS := -Itests/cuemu/include -Itests/cuemu -DMUSTER_CUEMU -DMUSTER_HAVE_CUDA -DMUSTER_HAVE_NCCL
+CUEMU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -I. $(CUEMU_DEFS) $(SAN) $(CXXFLAGS)
+cuemu_obj = $(patsubst %,$(BUILD)/cuemu/obj/%.o,$(basename $(1)))
+
+# C sources that see CUDA or NCCL headers, built again for cuemu.
+CUEMU_C_SRCS := $(GPU_SRCS) worker/comm_nccl.c
+CUEMU_OBJS := $(call cuemu_obj,$(CUEMU_SRCS) $(GPU_CU_SRCS) $(CUEMU_C_SRCS)) \
+	$(call obj,$(filter-out worker/comm_nccl.c,$(TRAIN_SRCS))) $(LIBMUSTER)
+CUEMU_LINK = $(CXX) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
+
+$(BUILD)/cuemu/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX     $<")
+	$(Q)$(CXX) $(CUEMU_CXXFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/cuemu/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX     $< (cuemu)")
+	$(Q)$(CXX) $(CUEMU_CXXFLAGS) -x c++ -MMD -MP -c -o $@ $<
+
+$(BUILD)/cuemu/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $< (cuemu)")
+	$(Q)$(CC) $(ALL_CFLAGS) -fopenmp $(CUEMU_DEFS) -MMD -MP -c -o $@ $<
+
+# muster-train whose --device gpu runs on cuemu; the GPU check on cuemu.
+$(BUILD)/cuemu/muster-train: $(call cuemu_obj,$(TRAIN_MAIN)) $(CUEMU_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CUEMU_LINK)
+
+$(BUILD)/cuemu/gpu-check: $(call cuemu_obj,tests/gpu-check.c) $(CUEMU_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CUEMU_LINK)
+
+CUEMU_BINS := $(BUILD)/cuemu/muster-train $(BUILD)/cuemu/gpu-check
