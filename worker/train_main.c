@@ -568,7 +568,7 @@ int main(int argc, char **argv)
     if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
         resume = spec.checkpoint_dir;
     if (resume) {
-        rc = ckpt_load(&tr, resume, err, sizeof(err));
+        rc = trainer_load(&tr, resume, err, sizeof(err));
         if (rc) {
             log_error("%s", err);
             goto fail;
