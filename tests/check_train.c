@@ -270,6 +270,29 @@ START_TEST(damaged_checkpoint_is_refused)
 }
 END_TEST
 
+/* The sampler the GPU path uses on weights gathered to the host gives the
+ * trainer's tokens, past the context length too. */
+START_TEST(sampling_a_whole_model_matches_the_trainer)
+{
+    struct job_spec s;
+    struct trainer a;
+    struct gpt g;
+    char err[512] = "";
+    int want[40], got[40];
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
+    double l[3];
+    run_steps(&a, 3, l);
+    trainer_sample(&a, '\n', want, 40);
+    ck_assert_int_eq(gpt_create(&g, &a.model.cfg, 1, a.spec.seq_len), 0);
+    memcpy(g.params, a.zero.params, sizeof(float) * g.layout.total);
+    train_sample_model(&g, (uint64_t)a.spec.seed, a.step, a.spec.seq_len, '\n', got, 40);
+    ck_assert_int_eq(memcmp(want, got, sizeof(want)), 0);
+    gpt_destroy(&g);
+    trainer_free(&a);
+}
+END_TEST
+
 START_TEST(nan_loss_names_the_step)
 {
     struct job_spec s;
@@ -321,6 +344,7 @@ Suite *make_train_suite(void)
     tcase_add_test(tc, resume_is_bit_exact);
     tcase_add_test(tc, checkpoint_of_another_model_is_refused);
     tcase_add_test(tc, damaged_checkpoint_is_refused);
+    tcase_add_test(tc, sampling_a_whole_model_matches_the_trainer);
     tcase_add_test(tc, nan_loss_names_the_step);
     tcase_add_test(tc, bad_batch_split_is_refused);
     suite_add_tcase(s, tc);
