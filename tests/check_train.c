@@ -200,12 +200,12 @@ START_TEST(resume_is_bit_exact)
     snprintf(dir, sizeof(dir), "%s/ckpt", tmpdir);
     ck_assert_int_eq(trainer_init(&b, &s, 0, 1, NULL, err, sizeof(err)), 0);
     run_steps(&b, 10, first);
-    ck_assert_msg(ckpt_save(&b, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
+    ck_assert_msg(trainer_save(&b, dir, path, sizeof(path), err, sizeof(err)) == 0, "%s", err);
     ck_assert_str_eq(strrchr(path, '/'), "/step-00000010");
     trainer_free(&b);
 
     ck_assert_int_eq(trainer_init(&c, &s, 0, 1, NULL, err, sizeof(err)), 0);
-    ck_assert_msg(ckpt_load(&c, dir, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_msg(trainer_load(&c, dir, err, sizeof(err)) == 0, "%s", err);
     ck_assert_int_eq(c.step, 10);
     run_steps(&c, 10, second);
     for (int i = 0; i < 10; i++) {
@@ -233,13 +233,13 @@ START_TEST(checkpoint_of_another_model_is_refused)
     ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     double l[2];
     run_steps(&a, 2, l);
-    ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
     trainer_free(&a);
     snprintf(s.model, sizeof(s.model), "small");
     s.batch = 2;
     s.micro_batch = 1;
     ck_assert_int_eq(trainer_init(&b, &s, 0, 1, NULL, err, sizeof(err)), 0);
-    ck_assert_int_eq(ckpt_load(&b, dir, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(trainer_load(&b, dir, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "of another model: L is 2 there (preset tiny), 4 here (preset small)"),
                   "message was: %s", err);
     trainer_free(&b);
@@ -256,16 +256,39 @@ START_TEST(damaged_checkpoint_is_refused)
     ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
     double l[1];
     run_steps(&a, 1, l);
-    ck_assert_int_eq(ckpt_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_save(&a, dir, NULL, 0, err, sizeof(err)), 0);
     snprintf(shard, sizeof(shard), "%s/step-00000001/rank-00000.bin", dir);
     FILE *f = fopen(shard, "r+b");
     ck_assert_ptr_nonnull(f);
     fseek(f, 1000, SEEK_SET);
     fputc(0x5a, f);
     fclose(f);
-    ck_assert_int_eq(ckpt_load(&a, dir, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(trainer_load(&a, dir, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "checksum") && strstr(err, "file damaged"), "message was: %s", err);
-    ck_assert_int_eq(ckpt_load(&a, tmpdir, err, sizeof(err)), -ENOENT);
+    ck_assert_int_eq(trainer_load(&a, tmpdir, err, sizeof(err)), -ENOENT);
+    trainer_free(&a);
+}
+END_TEST
+
+/* The sampler the GPU path uses on weights gathered to the host gives the
+ * trainer's tokens, past the context length too. */
+START_TEST(sampling_a_whole_model_matches_the_trainer)
+{
+    struct job_spec s;
+    struct trainer a;
+    struct gpt g;
+    char err[512] = "";
+    int want[40], got[40];
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&a, &s, 0, 1, NULL, err, sizeof(err)), 0);
+    double l[3];
+    run_steps(&a, 3, l);
+    trainer_sample(&a, '\n', want, 40);
+    ck_assert_int_eq(gpt_create(&g, &a.model.cfg, 1, a.spec.seq_len), 0);
+    memcpy(g.params, a.zero.params, sizeof(float) * g.layout.total);
+    train_sample_model(&g, (uint64_t)a.spec.seed, a.step, a.spec.seq_len, '\n', got, 40);
+    ck_assert_int_eq(memcmp(want, got, sizeof(want)), 0);
+    gpt_destroy(&g);
     trainer_free(&a);
 }
 END_TEST
@@ -321,6 +344,7 @@ Suite *make_train_suite(void)
     tcase_add_test(tc, resume_is_bit_exact);
     tcase_add_test(tc, checkpoint_of_another_model_is_refused);
     tcase_add_test(tc, damaged_checkpoint_is_refused);
+    tcase_add_test(tc, sampling_a_whole_model_matches_the_trainer);
     tcase_add_test(tc, nan_loss_names_the_step);
     tcase_add_test(tc, bad_batch_split_is_refused);
     suite_add_tcase(s, tc);

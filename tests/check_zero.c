@@ -121,8 +121,8 @@ static void rank_body(struct run *run, int r, struct comm *c)
     }
     run->state_bytes[r] = zero_model_state_bytes(&tr.zero);
     run->transient_bytes[r] = zero_transient_bytes(&tr.zero);
-    if (run->load && (rc = ckpt_load(&tr, run->load, err, sizeof(err)))) {
-        rank_failed(run, r, rc, "ckpt_load", err);
+    if (run->load && (rc = trainer_load(&tr, run->load, err, sizeof(err)))) {
+        rank_failed(run, r, rc, "trainer_load", err);
         goto out;
     }
     for (int i = 0; i < run->steps; i++) {
@@ -133,8 +133,8 @@ static void rank_body(struct run *run, int r, struct comm *c)
         }
         run->losses[r][tr.step - 1] = info.loss;
     }
-    if (run->save && (rc = ckpt_save(&tr, run->save, NULL, 0, err, sizeof(err)))) {
-        rank_failed(run, r, rc, "ckpt_save", err);
+    if (run->save && (rc = trainer_save(&tr, run->save, NULL, 0, err, sizeof(err)))) {
+        rank_failed(run, r, rc, "trainer_save", err);
         goto out;
     }
     run->last_ckpt[r] = tr.last_checkpoint_step;

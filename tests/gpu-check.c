@@ -20,12 +20,19 @@
  *      path without a communicator, to 1e-5 (atomics reorder fp32 sums).
  *   4. ncclCommAbort on that communicator: the next forward fails with
  *      -ECANCELED, and freeing works.
+ *   5. checkpoints, tiny: a CPU checkpoint loads into the GPU trainer and a
+ *      GPU checkpoint into the CPU trainer and into a fresh GPU trainer,
+ *      weights and both moments bit for bit (the files carry fp32 master
+ *      state; nothing is rounded on the way); the GPU path samples the same
+ *      tokens as the CPU path from the same weights; the NCCL all-gather
+ *      that checkpoints agree through returns every rank's words.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/jobspec.h"
 #include "worker/gpu/gpu.h"
@@ -239,6 +246,137 @@ static void check_train(const char *data, const char *model, int steps)
     trainer_free(&cpu);
 }
 
+/* The GPU trainer's fp32 state (world 1) in the whole model's layout. */
+static int gpu_state(struct gpu_trainer *g, const struct gpt_layout *lay, float *full[3])
+{
+    size_t shard[GPT_MAX_UNITS], off[GPT_MAX_UNITS];
+    const size_t total = gpu_zero_shard_layout(g->z, shard, off);
+    float *h = malloc(3 * sizeof(float) * total);
+    int rc = h ? gpu_zero_read_state(g->z, h, h + total, h + 2 * total) : -ENOMEM;
+    for (int k = 0; k < 3 && !rc; k++)
+        for (int u = 0; u < lay->nunits; u++)
+            memcpy(full[k] + lay->offset[u], h + k * total + off[u], sizeof(float) * lay->numel[u]);
+    if (rc)
+        printf("  gpu: %s\n", h ? gpu_zero_error(g->z) : "out of host memory");
+    free(h);
+    return rc;
+}
+
+/* Whether the CPU trainer (world 1) holds exactly full's weights and moments. */
+static int same_state(const struct trainer *c, float *full[3])
+{
+    const size_t n = sizeof(float) * c->model.layout.total;
+    return !memcmp(c->zero.params, full[0], n) && !memcmp(c->zero.m, full[1], n) &&
+           !memcmp(c->zero.v, full[2], n);
+}
+
+static void check_checkpoints(const char *data)
+{
+    printf("checkpoints between the CPU and GPU paths, tiny:\n");
+    struct job_spec spec;
+    job_spec_defaults(&spec);
+    snprintf(spec.model, sizeof(spec.model), "tiny");
+    snprintf(spec.data, sizeof(spec.data), "%s", data);
+    spec.steps = 20;
+    spec.batch = 8;
+    spec.micro_batch = 4;
+    spec.eval_every = 0;
+    char dir[] = "/tmp/gpu-check-ckpt-XXXXXX", from_cpu[64], from_gpu[64], err[1024];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    snprintf(from_cpu, sizeof(from_cpu), "%s/cpu", dir);
+    snprintf(from_gpu, sizeof(from_gpu), "%s/gpu", dir);
+    struct trainer cpu;
+    struct gpu_trainer gpu, again;
+    struct gpt_config cfg;
+    struct gpt_layout lay;
+    gpt_preset("tiny", &cfg);
+    gpt_layout_init(&lay, &cfg);
+    float *full[3];
+    for (int k = 0; k < 3; k++)
+        full[k] = calloc(lay.total, sizeof(float));
+    int rc = trainer_init(&cpu, &spec, 0, 1, NULL, err, sizeof(err));
+    for (int s = 0; s < 5 && !rc; s++)
+        rc = trainer_step(&cpu, NULL, err, sizeof(err));
+    if (!rc)
+        rc = trainer_save(&cpu, from_cpu, NULL, 0, err, sizeof(err));
+    CHECK(rc == 0, "CPU trainer: 5 steps and a checkpoint%s%s", rc ? ": " : "", rc ? err : "");
+    if (rc)
+        goto out;
+    rc = gpu_trainer_init(&gpu, &spec, 0, 1, NULL, err, sizeof(err));
+    if (!rc)
+        rc = gpu_trainer_load(&gpu, from_cpu, err, sizeof(err));
+    CHECK(rc == 0, "the GPU trainer loads the CPU checkpoint%s%s", rc ? ": " : "", rc ? err : "");
+    if (rc)
+        goto out_cpu;
+    CHECK(gpu.step == 5 && gpu.last_checkpoint_step == 5, "at step %ld (checkpoint %ld)",
+          gpu.step, gpu.last_checkpoint_step);
+    CHECK(gpu_state(&gpu, &lay, full) == 0 && same_state(&cpu, full),
+          "GPU weights and moments are the CPU's, bit for bit");
+    int tc[16], tg[16];
+    trainer_sample(&cpu, '\n', tc, 16);
+    rc = gpu_trainer_sample(&gpu, '\n', tg, 16, err, sizeof(err));
+    CHECK(rc == 0 && memcmp(tc, tg, sizeof(tc)) == 0,
+          "the GPU path samples the CPU's 16 tokens from the same weights%s%s", rc ? ": " : "",
+          rc ? err : "");
+    for (int s = 0; s < 5 && !rc; s++)
+        rc = gpu_trainer_step(&gpu, NULL, err, sizeof(err));
+    if (!rc)
+        rc = gpu_trainer_save(&gpu, from_gpu, NULL, 0, err, sizeof(err));
+    CHECK(rc == 0 && gpu.last_checkpoint_step == 10, "GPU: 5 more steps and a checkpoint%s%s",
+          rc ? ": " : "", rc ? err : "");
+    if (!rc)
+        rc = gpu_state(&gpu, &lay, full);
+    if (!rc)
+        rc = trainer_load(&cpu, from_gpu, err, sizeof(err));
+    CHECK(rc == 0 && cpu.step == 10 && same_state(&cpu, full),
+          "the CPU trainer loads the GPU checkpoint at step 10, bit for bit%s%s", rc ? ": " : "",
+          rc ? err : "");
+    if (!rc && (rc = gpu_trainer_init(&again, &spec, 0, 1, NULL, err, sizeof(err))) == 0) {
+        rc = gpu_trainer_load(&again, from_gpu, err, sizeof(err));
+        float *mine[3];
+        for (int k = 0; k < 3; k++)
+            mine[k] = calloc(lay.total, sizeof(float));
+        if (!rc)
+            rc = gpu_state(&again, &lay, mine);
+        int same = !rc;
+        for (int k = 0; k < 3; k++) {
+            same = same && memcmp(mine[k], full[k], sizeof(float) * lay.total) == 0;
+            free(mine[k]);
+        }
+        CHECK(same && again.step == 10, "a fresh GPU trainer resumes it, bit for bit%s%s",
+              rc ? ": " : "", rc ? err : "");
+        gpu_trainer_free(&again);
+    }
+    uint8_t id[GPU_ID_BYTES];
+    struct gpu_zero *z;
+    if (gpu_unique_id(id) == -ENOTSUP) {
+        printf("  skipped the NCCL all-gather: built without NCCL\n");
+    } else if (gpu_zero_init(&z, &cfg, 1, cfg.T, 0, 1, id, err, sizeof(err)) == 0) {
+        const uint64_t words[3] = {~0ull, 12345, 1ull << 60};
+        uint64_t got[3] = {0};
+        rc = gpu_zero_gather_u64(z, words, 3, got);
+        CHECK(rc == 0 && memcmp(words, got, sizeof(got)) == 0,
+              "NCCL all-gather of 64-bit words (world 1)%s%s", rc ? ": " : "",
+              rc ? gpu_zero_error(z) : "");
+        gpu_zero_free(z);
+    } else {
+        CHECK(0, "gpu_zero_init with NCCL: %s", err);
+    }
+    gpu_trainer_free(&gpu);
+out_cpu:
+    trainer_free(&cpu);
+out:
+    for (int k = 0; k < 3; k++)
+        free(full[k]);
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        printf("  could not remove %s\n", dir);
+}
+
 int main(int argc, char **argv)
 {
     char why[256];
@@ -267,6 +405,7 @@ int main(int argc, char **argv)
     printf("gpu-check on %s\n", name);
     check_tiny();
     check_train(argv[1], model, steps);
+    check_checkpoints(argv[1]);
     printf("gpu-check: %s (%d failure%s)\n", failures ? "FAILED" : "passed", failures,
            failures == 1 ? "" : "s");
     return failures ? 1 : 0;

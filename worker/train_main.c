@@ -165,7 +165,7 @@ struct run_state {
     int quiet;              /* not rank 0: no step lines */
     long steps;
     struct rank_ctl *ctl;   /* rank mode: heartbeats go here */
-    const struct trainer *trainer;
+    const long *ckpt_step;  /* the trainer's last committed checkpoint (-1: none) */
 };
 
 static double elapsed(const struct run_state *rs)
@@ -181,12 +181,18 @@ static void clear_bar(const struct run_state *rs)
         fputs("\r\033[K", stdout);
 }
 
+/* A heartbeat's checkpoint_step: 0 when there is none. */
+static uint64_t beat_ckpt(long last_checkpoint_step)
+{
+    return (uint64_t)(last_checkpoint_step > 0 ? last_checkpoint_step : 0);
+}
+
 static void on_step(const struct train_step_info *in, void *user)
 {
     struct run_state *rs = user;
     if (rs->ctl)
         rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
-                      (uint64_t)(rs->trainer && rs->trainer->last_checkpoint_step > 0 ? rs->trainer->last_checkpoint_step : 0));
+                      beat_ckpt(*rs->ckpt_step));
     if (rs->quiet)
         return;
     clear_bar(rs);
@@ -254,6 +260,25 @@ static void pick_blas_kernels(char **argv)
     unsetenv("OPENBLAS_CORETYPE"); /* exec failed: go on with the generic kernels */
 }
 
+/* Prints n sampled tokens: bytes as text (escaped when not printable) for the
+ * byte vocabulary, token ids otherwise. */
+static void print_sample(const int *out, long long n, int V, long step)
+{
+    printf("sample at step %ld:\n", step);
+    for (long long i = 0; i < n; i++) {
+        if (V == 256 && (out[i] == '\n' || (out[i] >= 32 && out[i] < 127)))
+            putchar(out[i]);
+        else if (V == 256)
+            printf("\\x%02x", out[i]);
+        else
+            printf("%d ", out[i]);
+    }
+    printf("\n");
+}
+
+/* The prompt a sample starts from: a newline for bytes, the data's first token otherwise. */
+static int sample_prompt(const struct dataset *d, int V) { return V == 256 ? '\n' : d->tokens[0]; }
+
 static int gpu_path_built(void)
 {
 #ifdef MUSTER_HAVE_CUDA
@@ -266,17 +291,20 @@ static int gpu_path_built(void)
 #ifdef MUSTER_HAVE_CUDA
 static void abort_gpu(void *arg) { gpu_zero_abort(arg); }
 
-/* The GPU path (worker/gpu/): the same loop, hooks and exit statuses as the
- * CPU path; ranks of a world > 1 form an NCCL communicator whose unique id
- * rank 0 sends up through the agent. */
+/* The GPU path (worker/gpu/): the same loop, hooks, checkpoints and exit
+ * statuses as the CPU path; ranks of a world > 1 form an NCCL communicator
+ * whose unique id rank 0 sends up through the agent. resume: a checkpoint
+ * to load first (NULL: none). */
 static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
-                   int world, int resume, int sample, long long stop_after, const char *metrics_path)
+                   int world, const char *resume, long long sample, long long stop_after,
+                   const char *metrics_path)
 {
     char err[1024];
-    if (resume || sample) {
-        fprintf(stderr, "muster-train: --device gpu: %s is not on the GPU path yet (docs/gpu.md); "
-                        "use --device cpu\n", resume ? "--resume" : "--sample");
-        return EXIT_USAGE;
+    if (sample > 0 && world > 1) {
+        log_error("--sample with --device gpu gathers the weights of one rank: world 1 only (this "
+                  "job has %d ranks); sample from its checkpoint with --standalone --resume DIR",
+                  world);
+        return standalone ? EXIT_USAGE : 1;
     }
     uint8_t mine[GPU_ID_BYTES], id[GPU_ID_BYTES];
     if (world > 1) {
@@ -299,6 +327,14 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     }
     if (ctl)
         rank_ctl_on_abort(ctl, abort_gpu, tr.z);
+    if (resume) {
+        if (gpu_trainer_load(&tr, resume, err, sizeof(err))) {
+            log_error("%s", err);
+            gpu_trainer_free(&tr);
+            return 1;
+        }
+        log_info("resumed from %s at step %ld", resume, tr.step);
+    }
     char name[128];
     gpu_device_name(name, sizeof(name));
     if (rank == 0)
@@ -307,7 +343,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
                  spec->model, name, tr.cfg.L, tr.cfg.NH, tr.cfg.C, tr.cfg.T, tr.cfg.V, spec->batch, world,
                  tr.spec.micro_batch, tr.accum, tr.spec.seq_len, gpu_zero_state_bytes(tr.z) / 1073741824.0);
     struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec->steps, .ctl = ctl,
-                           .quiet = rank != 0};
+                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
     if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
         gpu_trainer_free(&tr);
@@ -315,13 +351,13 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     }
     if (ctl) {
         stop_target = rank_ctl_stop_flag(ctl);
-        rank_ctl_beat(ctl, 0, NAN, 0, 0, 0);
+        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, NULL, &rs};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
     int rc = gpu_train_run(&tr, (long)stop_after, &hooks, stop_target, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
@@ -333,14 +369,26 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
         status = 1;
     } else if (*stop_target) {
         log_info("stopped at step %ld", tr.step);
-        status = standalone ? 0 : 1;
+        status = standalone ? 0 : 1; /* a rank stopped before the end has not completed */
+    }
+    if (status == 0 && sample > 0) {
+        int *out = malloc(sizeof(int) * (size_t)sample);
+        if (!out || gpu_trainer_sample(&tr, sample_prompt(&tr.data, tr.cfg.V), out, (int)sample,
+                                       err, sizeof(err))) {
+            log_error("--sample: %s", out ? err : "out of memory");
+            status = 1;
+        } else {
+            print_sample(out, sample, tr.cfg.V, tr.step);
+        }
+        free(out);
     }
     gpu_trainer_free(&tr);
     return status;
 }
 #else
 static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
-                   int world, int resume, int sample, long long stop_after, const char *metrics_path)
+                   int world, const char *resume, long long sample, long long stop_after,
+                   const char *metrics_path)
 {
     (void)spec, (void)standalone, (void)ctl, (void)rank, (void)world, (void)resume, (void)sample;
     (void)stop_after, (void)metrics_path;
@@ -521,17 +569,6 @@ int main(int argc, char **argv)
         return standalone ? EXIT_USAGE : 1;
     }
 
-    /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    if (!device)
-        device = !standalone && cvd && cvd[0] && gpu_path_built() ? "gpu" : "cpu";
-    if (strcmp(device, "gpu") == 0) {
-        rc = run_gpu(&spec, standalone, ctl, rank, world, resume != NULL, sample > 0, stop_after, metrics_path);
-        rank_ctl_close(ctl);
-        json_decref(assign.job);
-        return rc;
-    }
-
     if (threads == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
         /* The node's ranks share its cores. */
@@ -540,6 +577,22 @@ int main(int argc, char **argv)
             threads = 1;
     }
     layers_set_threads((int)threads);
+    /* A rank resumes from the job's last committed checkpoint, if there is one. */
+    char latest[JOB_PATH_MAX + 16];
+    snprintf(latest, sizeof(latest), "%s/latest", spec.checkpoint_dir);
+    if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
+        resume = spec.checkpoint_dir;
+
+    /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!device)
+        device = !standalone && cvd && cvd[0] && gpu_path_built() ? "gpu" : "cpu";
+    if (strcmp(device, "gpu") == 0) {
+        rc = run_gpu(&spec, standalone, ctl, rank, world, resume, sample, stop_after, metrics_path);
+        rank_ctl_close(ctl);
+        json_decref(assign.job);
+        return rc;
+    }
 
     struct comm *comm = NULL;
     if (world > 1 && open_comm(ctl, rank, world, &comm, err, sizeof(err)) != 0) {
@@ -562,13 +615,8 @@ int main(int argc, char **argv)
     const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
     if (fault && atol(fault) > 0)
         tr.fault_nan_step = atol(fault) - 1;
-    /* A rank resumes from the job's last committed checkpoint, if there is one. */
-    char latest[JOB_PATH_MAX + 16];
-    snprintf(latest, sizeof(latest), "%s/latest", spec.checkpoint_dir);
-    if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
-        resume = spec.checkpoint_dir;
     if (resume) {
-        rc = ckpt_load(&tr, resume, err, sizeof(err));
+        rc = trainer_load(&tr, resume, err, sizeof(err));
         if (rc) {
             log_error("%s", err);
             goto fail;
@@ -586,14 +634,14 @@ int main(int argc, char **argv)
 
     /* In rank mode only rank 0 prints progress; every rank heartbeats it. */
     struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec.steps, .ctl = ctl,
-                           .quiet = rank != 0, .trainer = &tr};
+                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
     if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
         goto fail;
     }
     if (ctl) {
         stop_target = rank_ctl_stop_flag(ctl);
-        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, (uint64_t)(tr.last_checkpoint_step > 0 ? tr.last_checkpoint_step : 0));
+        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -618,18 +666,8 @@ int main(int argc, char **argv)
     if (sample > 0) {
         int *out = malloc(sizeof(int) * (size_t)sample);
         if (out) {
-            int prompt = g->V == 256 ? '\n' : tr.data.tokens[0];
-            trainer_sample(&tr, prompt, out, (int)sample);
-            printf("sample at step %ld:\n", tr.step);
-            for (long long i = 0; i < sample; i++) {
-                if (g->V == 256 && (out[i] == '\n' || (out[i] >= 32 && out[i] < 127)))
-                    putchar(out[i]);
-                else if (g->V == 256)
-                    printf("\\x%02x", out[i]);
-                else
-                    printf("%d ", out[i]);
-            }
-            printf("\n");
+            trainer_sample(&tr, sample_prompt(&tr.data, g->V), out, (int)sample);
+            print_sample(out, sample, g->V, tr.step);
             free(out);
         }
     }

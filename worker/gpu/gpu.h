@@ -106,6 +106,24 @@ size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, in
 
 const char *gpu_strerror(int code);
 
+/*
+ * Checkpoints (worker/train/ckpt.h, through worker/gpu/gpu_train.c): this
+ * rank's shards as host arrays. Unit u is cut into shards of shard[u] floats
+ * (ceil(numel / world) rounded up to 64); rank r holds floats [r*S_u,
+ * (r+1)*S_u) of the unit, zero past its end, at off[u] of arrays of the
+ * returned total floats (units back to back).
+ */
+size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[GPT_MAX_UNITS],
+                             size_t off[GPT_MAX_UNITS]);
+/* Copies the fp32 weight shards and both AdamW moments to the host (total
+ * floats each; m and v may be NULL) once the queued work is done. */
+int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v);
+/* Replaces them from the host; the bf16 copy follows at the next forward. */
+int gpu_zero_write_state(struct gpu_zero *z, const float *params, const float *m, const float *v);
+/* all[r * n + i] = rank r's mine[i] on every rank (NCCL all-gather; a copy
+ * without NCCL); waits: a barrier as well. */
+int gpu_zero_gather_u64(struct gpu_zero *z, const uint64_t *mine, size_t n, uint64_t *all);
+
 #ifdef __cplusplus
 }
 #endif

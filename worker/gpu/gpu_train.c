@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "worker/train/ckpt.h"
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -21,15 +23,11 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
     tr->spec = *spec;
     tr->rank = rank;
     tr->world = world;
+    tr->last_checkpoint_step = -1;
     struct job_spec *s = &tr->spec;
     int rc = trainer_check_spec(s, world, err, errlen);
     if (rc)
         return rc;
-    if (s->checkpoint_dir[0]) {
-        snprintf(err, errlen, "checkpoint_dir is set, but the GPU path does not write checkpoints "
-                              "yet (docs/gpu.md): run with --device cpu, or without checkpoint_dir");
-        return -ENOTSUP;
-    }
     char why[256];
     if (gpu_device_count(why, sizeof(why)) < 1) {
         snprintf(err, errlen, "--device gpu: %s", why);
@@ -37,10 +35,7 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
     }
     gpt_preset(s->model, &tr->cfg);
     tr->accum = s->batch / (s->micro_batch * world);
-    tr->sched = (struct lr_schedule){s->lr, s->lr_min, s->warmup_steps, s->steps};
-    tr->beta1 = 0.9f;
-    tr->beta2 = 0.95f;
-    tr->eps = 1e-8f;
+    train_optim_init(&tr->optim, s);
     rc = dataset_open(&tr->data, s->data, tr->cfg.V, s->val_fraction, s->seq_len, err, errlen);
     if (rc)
         return rc;
@@ -103,75 +98,204 @@ int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char 
                  tr->step + 1, loss, norm, s->lr, s->grad_clip > 0 ? "" : " or set grad_clip");
         return -ERANGE;
     }
-    const double lr = lr_at(&tr->sched, (int)tr->step);
-    struct adamw h = {(float)lr, tr->beta1, tr->beta2, tr->eps, (float)s->weight_decay,
-                      tr->step + 1};
+    double lr;
+    struct adamw h = train_optim_at(&tr->optim, tr->step, &lr);
     rc = gpu_zero_adamw(tr->z, &h, clip_scale(norm, s->grad_clip));
     if (rc)
         return failed(tr, rc, "AdamW", err, errlen);
     tr->step++;
-    const double dt = now_s() - t0;
-    if (info) {
-        info->step = tr->step;
-        info->steps = s->steps;
-        info->loss = loss;
-        info->lr = lr;
-        info->grad_norm = norm;
-        info->ms = dt * 1e3;
-        info->tokens_per_s = (double)tr->accum * B * T / (dt > 0 ? dt : 1e-9);
-        info->comm_frac = 0; /* collectives overlap on their own stream: not measured */
-    }
+    /* comm 0: collectives overlap on their own stream, their waits are not measured */
+    if (info)
+        train_step_report(info, s, tr->step, loss, lr, norm, (double)tr->accum * B * T,
+                          now_s() - t0, 0);
     return 0;
+}
+
+/* ---- the GPU trainer as the shared loop sees it ---- */
+
+static int gpu_step(void *tr, struct train_step_info *info, char *err, size_t errlen)
+{
+    return gpu_trainer_step(tr, info, err, errlen);
+}
+
+static int gpu_forward(void *tr, const int *inputs, const int *targets, int B, int T,
+                       double *loss)
+{
+    return gpu_zero_forward(((struct gpu_trainer *)tr)->z, inputs, targets, B, T, loss);
+}
+
+static int gpu_sum(void *tr, double *x) { return gpu_zero_sum(((struct gpu_trainer *)tr)->z, x); }
+
+static int gpu_save(void *tr, const char *dir, char *path, size_t pathlen, char *err,
+                    size_t errlen)
+{
+    return gpu_trainer_save(tr, dir, path, pathlen, err, errlen);
+}
+
+static int gpu_failed(void *tr, int rc, const char *what, char *err, size_t errlen)
+{
+    return failed(tr, rc, what, err, errlen);
+}
+
+static const struct train_ops gpu_ops = {gpu_step, gpu_forward, gpu_sum, gpu_save, gpu_failed};
+
+static struct train_loop gpu_loop(struct gpu_trainer *tr)
+{
+    return (struct train_loop){.ops = &gpu_ops, .tr = tr, .spec = &tr->spec, .data = &tr->data,
+                               .step = &tr->step, .rank = tr->rank, .world = tr->world,
+                               .inputs = tr->inputs, .targets = tr->targets};
 }
 
 double gpu_trainer_eval(struct gpu_trainer *tr)
 {
-    const struct job_spec *s = &tr->spec;
-    if (tr->data.ntokens == tr->data.ntrain)
-        return NAN;
-    /* as trainer_eval: rank r takes batches r, r + world, ... */
-    const int rounds = (s->eval_batches + tr->world - 1) / tr->world;
-    double sum = 0;
-    for (int i = 0; i < rounds; i++) {
-        int k = i * tr->world + tr->rank;
-        double l;
-        dataset_val_batch(&tr->data, tr->inputs, tr->targets, s->micro_batch, s->seq_len,
-                          (uint64_t)s->seed, k);
-        if (gpu_zero_forward(tr->z, tr->inputs, tr->targets, s->micro_batch, s->seq_len, &l))
-            return NAN;
-        if (k < s->eval_batches)
-            sum += l;
-    }
-    if (gpu_zero_sum(tr->z, &sum))
-        return NAN;
-    return sum / s->eval_batches;
+    struct train_loop l = gpu_loop(tr);
+    return train_loop_eval(&l);
 }
 
 int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_hooks *hooks,
                   volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
-    const struct job_spec *s = &tr->spec;
-    long done = 0;
-    for (;;) {
-        /* every rank makes the same number of steps: any rank asking to stop is enough */
-        double want = stop && *stop ? 1.0 : 0.0;
-        int rc = gpu_zero_sum(tr->z, &want);
-        if (rc)
-            return failed(tr, rc, "stop agreement", err, errlen);
-        if (want > 0 || tr->step >= s->steps || (stop_after > 0 && done >= stop_after))
-            return 0;
-        struct train_step_info info;
-        rc = gpu_trainer_step(tr, &info, err, errlen);
-        if (rc)
-            return rc;
-        done++;
-        if (hooks && hooks->on_step)
-            hooks->on_step(&info, hooks->user);
-        const int last = tr->step == s->steps;
-        if (s->eval_every > 0 && (tr->step % s->eval_every == 0 || last)) {
-            double val = gpu_trainer_eval(tr);
-            if (hooks && hooks->on_eval && !isnan(val))
-                hooks->on_eval(tr->step, val, hooks->user);
-        }
+    struct train_loop l = gpu_loop(tr);
+    return train_loop_run(&l, stop_after, hooks, stop, err, errlen);
+}
+
+/* ---- checkpoints: the CPU path's files, through host copies of the shards ---- */
+
+static int gpu_gather(void *z, const uint64_t *mine, size_t n, uint64_t *all)
+{
+    return gpu_zero_gather_u64(z, mine, n, all);
+}
+
+static const char *gpu_why(void *z, int rc)
+{
+    (void)rc;
+    return gpu_zero_error(z);
+}
+
+/* What the checkpoint files see of this trainer. The shards are staged in
+ * *stage (three arrays of the shard layout, zeroed: padding stays zero),
+ * which the caller frees; without memory c->local_rc says so. */
+static void ckpt_view(struct gpu_trainer *tr, struct ckpt_rank *c, float **stage)
+{
+    memset(c, 0, sizeof(*c));
+    c->spec = &tr->spec;
+    c->data = &tr->data;
+    c->cfg = tr->cfg;
+    gpt_layout_init(&c->lay, &tr->cfg);
+    c->beta1 = tr->optim.beta1;
+    c->beta2 = tr->optim.beta2;
+    c->eps = tr->optim.eps;
+    c->step = tr->step;
+    c->seed = tr->spec.seed;
+    c->rank = tr->rank;
+    c->world = tr->world;
+    const size_t total = gpu_zero_shard_layout(tr->z, c->shard, c->off);
+    *stage = calloc(3 * total, sizeof(float));
+    if (*stage) {
+        c->params = *stage;
+        c->m = *stage + total;
+        c->v = *stage + 2 * total;
+    } else {
+        c->local_rc = -ENOMEM;
     }
+    c->gather = gpu_gather;
+    c->why = gpu_why;
+    c->coll = tr->z;
+}
+
+int gpu_trainer_save(struct gpu_trainer *tr, const char *dir, char *path, size_t pathlen,
+                     char *err, size_t errlen)
+{
+    struct ckpt_rank c;
+    float *stage;
+    char why[1100] = "";
+    ckpt_view(tr, &c, &stage);
+    if (c.local_rc)
+        snprintf(why, sizeof(why), "no host memory to stage the shards");
+    else if (gpu_zero_read_state(tr->z, c.params, c.m, c.v) != 0) {
+        c.local_rc = -EIO;
+        snprintf(why, sizeof(why), "copying the shards from the GPU: %s", gpu_zero_error(tr->z));
+    }
+    /* a rank that has nothing to write still takes part, and fails the checkpoint everywhere */
+    int rc = ckpt_save(&c, dir, path, pathlen, err, errlen);
+    free(stage);
+    if (rc == 0)
+        tr->last_checkpoint_step = tr->step;
+    else if (why[0]) {
+        size_t used = strlen(err);
+        snprintf(err + used, errlen - used, " (rank %d: %s)", tr->rank, why);
+    }
+    return rc;
+}
+
+int gpu_trainer_load(struct gpu_trainer *tr, const char *path, char *err, size_t errlen)
+{
+    struct ckpt_rank c;
+    float *stage;
+    ckpt_view(tr, &c, &stage);
+    int rc = ckpt_load(&c, path, err, errlen);
+    if (rc) {
+        free(stage);
+        return rc;
+    }
+    /* every rank read its shards (ckpt_load agreed on it); now every rank
+     * agrees that they are on its GPU, or none resumes */
+    rc = gpu_zero_write_state(tr->z, c.params, c.m, c.v);
+    free(stage);
+    if (rc)
+        snprintf(err, errlen, "checkpoint: copying the shards to the GPU failed: %s",
+                 gpu_zero_error(tr->z));
+    double bad = rc != 0;
+    int vrc = gpu_zero_sum(tr->z, &bad);
+    if (!rc && vrc) {
+        snprintf(err, errlen, "checkpoint: agreeing on the load failed: %s",
+                 gpu_zero_error(tr->z));
+        rc = vrc;
+    } else if (!rc && bad > 0) {
+        snprintf(err, errlen, "checkpoint: another rank could not copy it to its GPU");
+        rc = -EIO;
+    }
+    if (rc == 0) {
+        tr->spec.seed = c.seed;
+        tr->step = c.step;
+        tr->last_checkpoint_step = c.step;
+    }
+    return rc;
+}
+
+/* ---- sampling on the host ---- */
+
+int gpu_trainer_sample(struct gpu_trainer *tr, int prompt, int *out, int n, char *err,
+                       size_t errlen)
+{
+    if (tr->world != 1) {
+        snprintf(err, errlen, "sampling on the GPU path gathers the weights of one rank: world 1 "
+                              "only (this run has %d ranks)", tr->world);
+        return -ENOTSUP;
+    }
+    size_t shard[GPT_MAX_UNITS], off[GPT_MAX_UNITS];
+    const size_t total = gpu_zero_shard_layout(tr->z, shard, off);
+    struct gpt g;
+    float *shards = malloc(sizeof(float) * total);
+    int rc = shards ? gpt_create(&g, &tr->cfg, 1, tr->spec.seq_len) : -ENOMEM;
+    if (rc) {
+        free(shards);
+        snprintf(err, errlen, "no host memory for the model to sample from (%s)", tr->spec.model);
+        return -ENOMEM;
+    }
+    rc = gpu_zero_read_state(tr->z, shards, NULL, NULL);
+    if (rc) {
+        snprintf(err, errlen, "copying the weights from the GPU failed: %s",
+                 gpu_zero_error(tr->z));
+    } else {
+        /* world 1: the rank's shard of each unit is the whole unit, padded */
+        for (int u = 0; u < g.layout.nunits; u++)
+            memcpy(g.params + g.layout.offset[u], shards + off[u],
+                   sizeof(float) * g.layout.numel[u]);
+        train_sample_model(&g, (uint64_t)tr->spec.seed, tr->step, tr->spec.seq_len, prompt, out,
+                           n);
+    }
+    free(shards);
+    gpt_destroy(&g);
+    return rc;
 }

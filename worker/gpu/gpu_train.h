@@ -2,12 +2,14 @@
  * gpu_train: the training loop of one rank on the GPU, the counterpart of
  * worker/train/train.h's trainer over worker/gpu/gpu.h. Same job keys, same
  * data order (dataset_train_batch of (seed, step, micro_step, rank, world)),
- * same schedule, clipping and AdamW hyper-parameters (beta 0.9/0.95, eps
- * 1e-8), same step report (struct train_step_info) and hooks.
+ * same optimizer recipe (struct train_optim), same step report, hooks and
+ * run loop (train_loop_run: stop vote, validation, checkpoint cadence).
  *
- * Not on the GPU path yet: checkpoints (checkpoint_dir / --resume) and
- * sampling; gpu_trainer_init refuses a spec with checkpoint_dir set rather
- * than train without the checkpoints the job asked for.
+ * Checkpoints are the CPU path's (worker/train/ckpt.h): the same files,
+ * written from this rank's fp32 shards copied to the host, so that GPU
+ * ranks resume what CPU ranks wrote and the other way round, at any world
+ * size. Sampling gathers the fp32 weights to the host and runs the CPU
+ * model's sampler; world 1 only.
  */
 #ifndef MUSTER_GPU_TRAIN_H
 #define MUSTER_GPU_TRAIN_H
@@ -26,9 +28,9 @@ struct gpu_trainer {
     struct gpt_config cfg;
     struct gpu_zero *z;
     struct dataset data;
-    struct lr_schedule sched;
-    float beta1, beta2, eps;
+    struct train_optim optim;
     long step;
+    long last_checkpoint_step; /* step of the last committed checkpoint (-1: none) */
     int accum, rank, world;
     int *inputs, *targets;   /* (micro_batch, seq_len) */
 };
@@ -41,8 +43,20 @@ int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char 
                      size_t errlen);
 /* Mean validation loss over spec.eval_batches (NAN: no validation data or an error). */
 double gpu_trainer_eval(struct gpu_trainer *tr);
-/* Steps until spec.steps, stop_after steps (<= 0: no limit) or *stop. */
+/* Steps until spec.steps, stop_after steps (<= 0: no limit) or *stop;
+ * checkpoints as train_run does. */
 int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_hooks *hooks,
                   volatile sig_atomic_t *stop, char *err, size_t errlen);
+
+/* Checkpoints, collective, as trainer_save / trainer_load (train.h). */
+int gpu_trainer_save(struct gpu_trainer *tr, const char *dir, char *path, size_t pathlen,
+                     char *err, size_t errlen);
+int gpu_trainer_load(struct gpu_trainer *tr, const char *path, char *err, size_t errlen);
+
+/* n tokens after prompt from the current weights, gathered to the host:
+ * trainer_sample's tokens for the same weights, seed and step. World 1
+ * only (-ENOTSUP otherwise). */
+int gpu_trainer_sample(struct gpu_trainer *tr, int prompt, int *out, int n, char *err,
+                       size_t errlen);
 
 #endif

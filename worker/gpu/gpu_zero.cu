@@ -902,6 +902,8 @@ extern "C" int gpu_zero_sum(struct gpu_zero *z, double *x)
         TRY(sync_cs(z));
         *x = z->h_stats[3];
     }
+#else
+    (void)x; /* without NCCL there is no other rank: the sum is x */
 #endif
     return 0;
 }
@@ -939,4 +941,83 @@ extern "C" const char *gpu_strerror(int code)
     case -ENOTSUP: return "not supported by this build";
     default: return code < 0 ? strerror(-code) : "success";
     }
+}
+
+/* ---- checkpoints: the shards on the host ---- */
+
+extern "C" size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[GPT_MAX_UNITS],
+                                        size_t off[GPT_MAX_UNITS])
+{
+    for (int u = 0; u < z->lay.nunits; u++) {
+        shard[u] = z->shard[u];
+        off[u] = z->off[u];
+    }
+    return z->total;
+}
+
+extern "C" int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v)
+{
+    /* after the last AdamW (cs) and whatever ns still holds */
+    TRY(join_ns(z));
+    TRY(sync_cs(z));
+    const size_t bytes = z->total * sizeof(float);
+    CUDA_CK(cudaMemcpy(params, z->p, bytes, cudaMemcpyDeviceToHost));
+    if (m)
+        CUDA_CK(cudaMemcpy(m, z->m, bytes, cudaMemcpyDeviceToHost));
+    if (v)
+        CUDA_CK(cudaMemcpy(v, z->v, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int gpu_zero_write_state(struct gpu_zero *z, const float *params, const float *m,
+                                    const float *v)
+{
+    TRY(alive(z));
+    /* on cs, behind everything that reads or writes the shards */
+    TRY(join_ns(z));
+    const size_t bytes = z->total * sizeof(float);
+    CUDA_CK(cudaMemcpyAsync(z->p, params, bytes, cudaMemcpyHostToDevice, z->cs));
+    CUDA_CK(cudaMemcpyAsync(z->m, m, bytes, cudaMemcpyHostToDevice, z->cs));
+    CUDA_CK(cudaMemcpyAsync(z->v, v, bytes, cudaMemcpyHostToDevice, z->cs));
+    TRY(sync_cs(z));
+    z->stale = 1;
+    return 0;
+}
+
+#ifdef MUSTER_HAVE_NCCL
+/* gpu_zero_gather_u64 through d (n + world * n words on the device). */
+static int gather_u64_via(struct gpu_zero *z, uint64_t *d, const uint64_t *mine, size_t n,
+                          uint64_t *all)
+{
+    uint64_t *d_all = d + n;
+    CUDA_CK(cudaMemcpyAsync(d, mine, n * sizeof(uint64_t), cudaMemcpyHostToDevice, z->cs));
+    CUDA_CK(cudaEventRecord(z->ev_cs, z->cs));
+    CUDA_CK(cudaStreamWaitEvent(z->ns, z->ev_cs, 0));
+    NCCL_CK(ncclAllGather(d, d_all, n, ncclUint64, z->nc, z->ns));
+    TRY(join_ns(z));
+    CUDA_CK(cudaMemcpyAsync(all, d_all, (size_t)z->world * n * sizeof(uint64_t),
+                            cudaMemcpyDeviceToHost, z->cs));
+    return sync_cs(z);
+}
+#endif
+
+extern "C" int gpu_zero_gather_u64(struct gpu_zero *z, const uint64_t *mine, size_t n,
+                                   uint64_t *all)
+{
+    TRY(alive(z));
+#ifdef MUSTER_HAVE_NCCL
+    if (z->have_nc) {
+        /* cudaMalloc and cudaFree may wait for the whole device: allocate
+         * with no NCCL kernel of this rank in flight */
+        TRY(join_ns(z));
+        TRY(sync_cs(z));
+        uint64_t *d = NULL;
+        CUDA_CK(cudaMalloc((void **)&d, (size_t)(z->world + 1) * n * sizeof(uint64_t)));
+        int rc = gather_u64_via(z, d, mine, n, all);
+        cudaFree(d);
+        return rc;
+    }
+#endif
+    memcpy(all, mine, n * sizeof(uint64_t));
+    return 0;
 }

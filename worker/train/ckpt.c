@@ -13,8 +13,6 @@
 #include <jansson.h>
 
 #include "common/log.h"
-#include "worker/comm.h"
-#include "worker/train/train.h"
 
 #define SHARD_MAGIC "MUSTSHRD"
 #define SHARD_VERSION 1
@@ -32,7 +30,17 @@ static uint64_t fnv1a(uint64_t h, const void *buf, size_t len)
 }
 #define FNV_INIT 0xcbf29ce484222325ULL
 
-static size_t shard_numel(size_t numel, int world) { return (numel + (size_t)world - 1) / (size_t)world; }
+/* A file's shard size may exceed ceil(numel / world) by this much (padding
+ * for alignment, as the GPU path's 64 floats); more is refused as damage. */
+#define MAX_SHARD_PAD 65536
+
+/* The floats [lo, lo + n) of a unit of numel floats that shard q of size S
+ * holds (n = 0 past the unit's end). */
+static void held(size_t numel, size_t S, int q, size_t *lo, size_t *n)
+{
+    *lo = (size_t)q * S;
+    *n = *lo >= numel ? 0 : (numel - *lo < S ? numel - *lo : S);
+}
 
 /* A file written through one buffer so that its checksum comes for free. */
 struct out_file {
@@ -121,39 +129,37 @@ static void remove_tree(const char *dir)
 }
 
 /* Writes this rank's shards of weights and moments (padding included). */
-static int write_shard(const struct trainer *tr, const char *path, uint64_t *hash, size_t *bytes)
+static int write_shard(const struct ckpt_rank *c, const char *path, uint64_t *hash, size_t *bytes)
 {
-    const struct zero *z = &tr->zero;
-    const int nunits = tr->model.layout.nunits;
+    const int nunits = c->lay.nunits;
     struct out_file f;
     int rc = out_open(&f, path);
     if (rc)
         return rc;
-    uint32_t h[4] = {SHARD_VERSION, (uint32_t)z->rank, (uint32_t)z->world, (uint32_t)nunits};
+    uint32_t h[4] = {SHARD_VERSION, (uint32_t)c->rank, (uint32_t)c->world, (uint32_t)nunits};
     out_write(&f, SHARD_MAGIC, 8);
     out_write(&f, h, sizeof(h));
     for (int u = 0; u < nunits; u++) {
-        uint64_t S = z->shard[u];
+        uint64_t S = c->shard[u];
         out_write(&f, &S, sizeof(S));
     }
-    const float *bufs[3] = {z->params, z->m, z->v};
+    const float *bufs[3] = {c->params, c->m, c->v};
     for (int u = 0; u < nunits; u++)
         for (int b = 0; b < 3; b++)
-            out_write(&f, bufs[b] + z->off[u], sizeof(float) * z->shard[u]);
+            out_write(&f, bufs[b] + c->off[u], sizeof(float) * c->shard[u]);
     *hash = f.hash;
     *bytes = f.bytes;
     return out_close(&f);
 }
 
-static json_t *manifest_build(const struct trainer *tr, int world, const uint64_t *hashes,
+static json_t *manifest_build(const struct ckpt_rank *c, const uint64_t *hashes,
                               const size_t *sizes)
 {
-    const struct gpt *g = &tr->model;
-    const struct job_spec *s = &tr->spec;
+    const struct job_spec *s = c->spec;
     json_t *units = json_array(), *files = json_array();
-    for (int u = 0; u < g->layout.nunits; u++) {
+    for (int u = 0; u < c->lay.nunits; u++) {
         struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
-        int n = gpt_unit_tensors(&g->cfg, u, t);
+        int n = gpt_unit_tensors(&c->cfg, u, t);
         json_t *ts = json_array();
         for (int i = 0; i < n; i++)
             json_array_append_new(ts, json_pack("{s:s, s:I, s:I, s:b}", "name", t[i].name,
@@ -161,11 +167,11 @@ static json_t *manifest_build(const struct trainer *tr, int world, const uint64_
                                                 (json_int_t)t[i].numel, "decay", t[i].decay));
         json_array_append_new(
             units, json_pack("{s:i, s:s, s:I, s:I, s:o}", "index", u, "kind",
-                             gpt_unit_kind_name(gpt_unit_kind(&g->cfg, u)), "numel",
-                             (json_int_t)g->layout.numel[u], "shard_numel",
-                             (json_int_t)shard_numel(g->layout.numel[u], world), "tensors", ts));
+                             gpt_unit_kind_name(gpt_unit_kind(&c->cfg, u)), "numel",
+                             (json_int_t)c->lay.numel[u], "shard_numel",
+                             (json_int_t)c->shard[u], "tensors", ts));
     }
-    for (int r = 0; r < world; r++) {
+    for (int r = 0; r < c->world; r++) {
         char name[64], hex[32];
         snprintf(name, sizeof(name), "rank-%05d.bin", r);
         snprintf(hex, sizeof(hex), "%016" PRIx64, hashes[r]);
@@ -173,37 +179,37 @@ static json_t *manifest_build(const struct trainer *tr, int world, const uint64_
                                                "bytes", (json_int_t)sizes[r], "fnv1a64", hex));
     }
     json_t *model = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "preset", s->model, "L",
-                              g->cfg.L, "NH", g->cfg.NH, "C", g->cfg.C, "T", g->cfg.T, "V",
-                              g->cfg.V);
+                              c->cfg.L, "NH", c->cfg.NH, "C", c->cfg.C, "T", c->cfg.T, "V",
+                              c->cfg.V);
     json_t *training = json_pack(
         "{s:i, s:i, s:i, s:i, s:f, s:f, s:i, s:f, s:f}", "steps", s->steps, "batch", s->batch,
         "micro_batch", s->micro_batch, "seq_len", s->seq_len, "lr", s->lr, "lr_min", s->lr_min,
         "warmup_steps", s->warmup_steps, "weight_decay", s->weight_decay, "grad_clip",
         s->grad_clip);
     json_t *optim = json_pack("{s:s, s:I, s:f, s:f, s:f}", "kind", "adamw", "t",
-                              (json_int_t)tr->step, "beta1", (double)tr->beta1, "beta2",
-                              (double)tr->beta2, "eps", (double)tr->eps);
+                              (json_int_t)c->step, "beta1", (double)c->beta1, "beta2",
+                              (double)c->beta2, "eps", (double)c->eps);
     json_t *data = json_pack(
         "{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "path", s->data, "format",
-        tr->data.format == DATA_TEXT ? "text" : "llm.c-tokens", "tokens",
-        (json_int_t)tr->data.ntokens, "train_tokens", (json_int_t)tr->data.ntrain, "seed",
-        (json_int_t)s->seed, "next_step", (json_int_t)tr->step, "tokens_seen",
-        (json_int_t)tr->step * s->batch * s->seq_len);
+        c->data->format == DATA_TEXT ? "text" : "llm.c-tokens", "tokens",
+        (json_int_t)c->data->ntokens, "train_tokens", (json_int_t)c->data->ntrain, "seed",
+        (json_int_t)s->seed, "next_step", (json_int_t)c->step, "tokens_seen",
+        (json_int_t)c->step * s->batch * s->seq_len);
     json_t *rng = json_pack("{s:s, s:I, s:I}", "kind", "splitmix64-counter", "seed",
-                            (json_int_t)s->seed, "counter", (json_int_t)tr->step);
+                            (json_int_t)s->seed, "counter", (json_int_t)c->step);
     return json_pack("{s:s, s:i, s:o, s:I, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "format",
                      MANIFEST_FORMAT, "version", MANIFEST_VERSION, "model", model, "step",
-                     (json_int_t)tr->step, "world_size", world, "training", training,
+                     (json_int_t)c->step, "world_size", c->world, "training", training,
                      "optimizer", optim, "data", data, "rng", rng, "units", units, "files",
                      files);
 }
 
 /* Rank 0's part of the commit: manifest, then the directory renamed into
  * place, then `latest`. Shards are durable when this runs. */
-static int commit(const struct trainer *tr, const char *dir, const char *tmp, const char *final,
+static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, const char *final,
                   const uint64_t *all)
 {
-    const int world = tr->zero.world;
+    const int world = c->world;
     char file[JOB_PATH_MAX + 96];
     uint64_t *hashes = calloc((size_t)world, sizeof(uint64_t));
     size_t *sizes = calloc((size_t)world, sizeof(size_t));
@@ -215,7 +221,7 @@ static int commit(const struct trainer *tr, const char *dir, const char *tmp, co
         hashes[r] = all[3 * r + 1];
         sizes[r] = (size_t)all[3 * r + 2];
     }
-    json_t *man = manifest_build(tr, world, hashes, sizes);
+    json_t *man = manifest_build(c, hashes, sizes);
     free(hashes);
     free(sizes);
     snprintf(file, sizeof(file), "%s/manifest.json", tmp);
@@ -235,7 +241,7 @@ static int commit(const struct trainer *tr, const char *dir, const char *tmp, co
         /* Replace an older checkpoint of the same step: move it aside first,
          * because rename() does not replace a non-empty directory. */
         char old[JOB_PATH_MAX + 64];
-        snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, tr->step, (int)getpid());
+        snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, c->step, (int)getpid());
         int had = rename(final, old) == 0;
         if (rename(tmp, final) != 0)
             rc = -errno;
@@ -247,7 +253,7 @@ static int commit(const struct trainer *tr, const char *dir, const char *tmp, co
         rc = out_open(&f, file);
         if (!rc) {
             char line[64];
-            int n = snprintf(line, sizeof(line), "step-%08ld\n", tr->step);
+            int n = snprintf(line, sizeof(line), "step-%08ld\n", c->step);
             out_write(&f, line, (size_t)n);
             rc = out_close(&f);
         }
@@ -272,24 +278,23 @@ static int commit(const struct trainer *tr, const char *dir, const char *tmp, co
  *      then `latest`; all learn the outcome (a third all-gather).
  * A crash or failure anywhere leaves the previous checkpoint as `latest`.
  */
-int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pathlen, char *err,
               size_t errlen)
 {
-    struct zero *z = &tr->zero;
-    const int world = z->world;
+    const int world = c->world;
     char final[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], file[JOB_PATH_MAX + 96];
     uint64_t *all = calloc(3 * (size_t)world, sizeof(uint64_t));
     if (!all) {
         snprintf(err, errlen, "checkpoint: out of memory");
         return -ENOMEM;
     }
-    snprintf(final, sizeof(final), "%s/step-%08ld", dir, tr->step);
+    snprintf(final, sizeof(final), "%s/step-%08ld", dir, c->step);
     /* 1 */
     uint64_t mine[3] = {0, (uint64_t)getpid(), 0};
     int rc = 0;
-    if (z->rank == 0) {
+    if (c->rank == 0) {
         rc = mkdir_p(dir);
-        snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)getpid());
+        snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)getpid());
         if (!rc) {
             remove_tree(tmp);
             if (mkdir(tmp, 0755) != 0)
@@ -297,7 +302,7 @@ int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, c
         }
         mine[0] = (uint64_t)(int64_t)rc;
     }
-    int crc = zero_gather_u64(z, mine, 3, all);
+    int crc = c->gather(c->coll, mine, 3, all);
     if (!crc && (int64_t)all[0]) {
         rc = (int)(int64_t)all[0];
         snprintf(err, errlen, "checkpoint: cannot create a directory under %s: %s", dir,
@@ -305,15 +310,15 @@ int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, c
         free(all);
         return rc;
     }
-    snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, tr->step, (int)all[1]);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)all[1]);
     /* 2 */
     if (!crc) {
-        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, z->rank);
+        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, c->rank);
         size_t bytes = 0;
-        rc = write_shard(tr, file, &mine[1], &bytes);
+        rc = c->local_rc ? c->local_rc : write_shard(c, file, &mine[1], &bytes);
         mine[0] = (uint64_t)(int64_t)rc;
         mine[2] = bytes;
-        crc = zero_gather_u64(z, mine, 3, all);
+        crc = c->gather(c->coll, mine, 3, all);
     }
     int bad = -1, bad_rc = 0; /* first rank whose shard failed */
     for (int r = 0; !crc && r < world && bad < 0; r++)
@@ -321,15 +326,15 @@ int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, c
             bad = r, bad_rc = (int)(int64_t)all[3 * r];
     /* 3 */
     if (!crc) {
-        if (z->rank == 0)
-            rc = bad < 0 ? commit(tr, dir, tmp, final, all) : 0;
-        if (z->rank == 0 && (rc || bad >= 0))
+        if (c->rank == 0)
+            rc = bad < 0 ? commit(c, dir, tmp, final, all) : 0;
+        if (c->rank == 0 && (rc || bad >= 0))
             remove_tree(tmp);
         mine[0] = (uint64_t)(int64_t)rc;
-        crc = zero_gather_u64(z, mine, 1, all);
+        crc = c->gather(c->coll, mine, 1, all);
     }
     if (crc) {
-        snprintf(err, errlen, "checkpoint %s: collective failed: %s", final, comm_strerror(crc));
+        snprintf(err, errlen, "checkpoint %s: collective failed: %s", final, c->why(c->coll, crc));
         free(all);
         return crc;
     }
@@ -345,7 +350,6 @@ int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, c
         snprintf(err, errlen, "checkpoint: writing %s failed: %s", final, strerror(-rc));
         return rc;
     }
-    tr->last_checkpoint_step = tr->step;
     if (path)
         snprintf(path, pathlen, "%s", final);
     return 0;
@@ -379,12 +383,11 @@ static int resolve(const char *path, char *stepdir, size_t len, char *err, size_
     return 0;
 }
 
-static int model_differs(const json_t *model, const struct trainer *tr, char *err, size_t errlen,
-                         const char *where)
+static int model_differs(const json_t *model, const struct ckpt_rank *c, char *err,
+                         size_t errlen, const char *where)
 {
-    const struct gpt_config *c = &tr->model.cfg;
     const char *names[] = {"L", "NH", "C", "T", "V"};
-    int here[] = {c->L, c->NH, c->C, c->T, c->V};
+    int here[] = {c->cfg.L, c->cfg.NH, c->cfg.C, c->cfg.T, c->cfg.V};
     const char *preset = json_string_value(json_object_get(model, "preset"));
     for (int i = 0; i < 5; i++) {
         json_t *v = json_object_get(model, names[i]);
@@ -397,60 +400,98 @@ static int model_differs(const json_t *model, const struct trainer *tr, char *er
                      "checkpoint %s is of another model: %s is %" JSON_INTEGER_FORMAT
                      " there (preset %s), %d here (preset %s)",
                      where, names[i], json_integer_value(v), preset ? preset : "?", here[i],
-                     tr->spec.model);
+                     c->spec->model);
             return 1;
         }
     }
     return 0;
 }
 
-/* The floats [lo, lo + n) of a unit that shard q of a world of N holds. */
-static void held(size_t numel, int world, int q, size_t *lo, size_t *n)
+/* Reads each unit's numel and shard_numel from the manifest into S and checks
+ * them against this model: S must cover the unit over `world` ranks, with no
+ * more padding than MAX_SHARD_PAD. */
+static int units_check(const struct ckpt_rank *c, const json_t *units, int world, size_t *S,
+                       char *err, size_t errlen, const char *where)
 {
-    size_t S = shard_numel(numel, world);
-    *lo = (size_t)q * S;
-    *n = *lo >= numel ? 0 : (numel - *lo < S ? numel - *lo : S);
+    for (int u = 0; u < c->lay.nunits; u++) {
+        const json_t *ue = json_array_get(units, (size_t)u);
+        const size_t numel = c->lay.numel[u], least = (numel + (size_t)world - 1) / (size_t)world;
+        if ((size_t)json_integer_value(json_object_get(ue, "numel")) != numel) {
+            snprintf(err, errlen, "checkpoint %s: unit %d has another size", where, u);
+            return -EINVAL;
+        }
+        json_t *sn = json_object_get(ue, "shard_numel");
+        json_int_t v = json_integer_value(sn);
+        if (!json_is_integer(sn) || v < (json_int_t)least ||
+            v > (json_int_t)(least + MAX_SHARD_PAD)) {
+            snprintf(err, errlen,
+                     "checkpoint %s: unit %d: shard_numel %s%" JSON_INTEGER_FORMAT
+                     " cannot split %zu floats over %d ranks (expected %zu to %zu)",
+                     where, u, json_is_integer(sn) ? "" : "(not an integer) ", v, numel, world,
+                     least, least + MAX_SHARD_PAD);
+            return -EINVAL;
+        }
+        S[u] = (size_t)v;
+    }
+    return 0;
 }
 
-/* Whether file q of a world of N holds any float this rank owns. */
-static int needed(const struct trainer *tr, int q, int world)
+/* Whether file q of a world of N with shard sizes S holds any float this
+ * rank owns. */
+static int needed(const struct ckpt_rank *c, int q, const size_t *S)
 {
-    for (int u = 0; u < tr->model.layout.nunits; u++) {
+    for (int u = 0; u < c->lay.nunits; u++) {
         size_t a, an, b, bn;
-        held(tr->model.layout.numel[u], world, q, &a, &an);
-        zero_owned(&tr->zero, u, &b, &bn);
+        held(c->lay.numel[u], S[u], q, &a, &an);
+        held(c->lay.numel[u], c->shard[u], c->rank, &b, &bn);
         if (a < b + bn && b < a + an)
             return 1;
     }
     return 0;
 }
 
-/* Reads shard file q of a world of N and copies what this rank owns of it
- * into its shards: the re-slicing N -> M. */
-static int read_shard(struct trainer *tr, const char *file, int q, int world, size_t bytes,
-                      const char *hex, char *err, size_t errlen)
+/* Reads shard file q of a world of N with shard sizes S and copies what this
+ * rank owns of it into its shards: the re-slicing N -> M. */
+static int read_shard(struct ckpt_rank *c, const char *file, int q, int world, const size_t *S,
+                      size_t bytes, const char *hex, char *err, size_t errlen)
 {
-    const struct gpt_layout *lay = &tr->model.layout;
-    struct zero *z = &tr->zero;
+    const struct gpt_layout *lay = &c->lay;
     FILE *f = fopen(file, "rb");
-    if (!f) {
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) != 0) {
         int e = errno;
         snprintf(err, errlen, "checkpoint: %s: %s", file, strerror(e));
+        if (f)
+            fclose(f);
         return -e;
+    }
+    if ((size_t)st.st_size != bytes) {
+        fclose(f);
+        snprintf(err, errlen, "checkpoint: %s: size differs from the manifest's %zu bytes", file,
+                 bytes);
+        return -EINVAL;
     }
     uint8_t *buf = malloc(bytes ? bytes : 1);
     int rc = 0;
     size_t got = buf ? fread(buf, 1, bytes, f) : 0;
     int extra = fgetc(f) != EOF;
     fclose(f);
-    if (!buf)
+    if (!buf) {
+        snprintf(err, errlen, "checkpoint: %s: out of memory for %zu bytes", file, bytes);
         return -ENOMEM;
+    }
     char have[32];
     snprintf(have, sizeof(have), "%016" PRIx64, fnv1a(FNV_INIT, buf, got));
     size_t hdr = 8 + 16 + 8 * (size_t)lay->nunits, want = hdr;
     for (int u = 0; u < lay->nunits; u++)
-        want += 3 * sizeof(float) * shard_numel(lay->numel[u], world);
+        want += 3 * sizeof(float) * S[u];
     uint32_t h[4];
+    int same_s = 1;
+    for (int u = 0; u < lay->nunits && got == bytes && bytes >= hdr; u++) {
+        uint64_t fs;
+        memcpy(&fs, buf + 24 + 8 * (size_t)u, sizeof(fs));
+        same_s = same_s && fs == S[u];
+    }
     if (got != bytes || extra) {
         snprintf(err, errlen, "checkpoint: %s: size differs from the manifest's %zu bytes", file,
                  bytes);
@@ -462,7 +503,7 @@ static int read_shard(struct trainer *tr, const char *file, int q, int world, si
     } else if (bytes != want || memcmp(buf, SHARD_MAGIC, 8) != 0 ||
                (memcpy(h, buf + 8, sizeof(h)), h[0] != SHARD_VERSION) ||
                h[1] != (uint32_t)q || h[2] != (uint32_t)world ||
-               h[3] != (uint32_t)lay->nunits) {
+               h[3] != (uint32_t)lay->nunits || !same_s) {
         snprintf(err, errlen, "checkpoint: %s: not the shard of rank %d of %d for this layout",
                  file, q, world);
         rc = -EINVAL;
@@ -472,16 +513,16 @@ static int read_shard(struct trainer *tr, const char *file, int q, int world, si
         return rc;
     }
     const float *src = (const float *)(buf + hdr);
-    float *bufs[3] = {z->params, z->m, z->v};
+    float *bufs[3] = {c->params, c->m, c->v};
     for (int u = 0; u < lay->nunits; u++) {
-        size_t S = shard_numel(lay->numel[u], world), a, an, b, bn;
-        held(lay->numel[u], world, q, &a, &an);
-        zero_owned(z, u, &b, &bn);
+        size_t a, an, b, bn;
+        held(lay->numel[u], S[u], q, &a, &an);
+        held(lay->numel[u], c->shard[u], c->rank, &b, &bn);
         size_t lo = a > b ? a : b, hi = a + an < b + bn ? a + an : b + bn;
         for (int k = 0; k < 3; k++) {
             if (lo < hi)
-                memcpy(bufs[k] + z->off[u] + (lo - b), src + (lo - a), sizeof(float) * (hi - lo));
-            src += S;
+                memcpy(bufs[k] + c->off[u] + (lo - b), src + (lo - a), sizeof(float) * (hi - lo));
+            src += S[u];
         }
     }
     free(buf);
@@ -489,14 +530,13 @@ static int read_shard(struct trainer *tr, const char *file, int q, int world, si
 }
 
 /* Every rank learns whether every rank loaded: all resume, or none. */
-static int agree_loaded(struct trainer *tr, int rc, char *err, size_t errlen)
+static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t errlen)
 {
-    struct zero *z = &tr->zero;
-    uint64_t mine = (uint64_t)(int64_t)rc, *all = calloc((size_t)z->world, sizeof(uint64_t));
+    uint64_t mine = (uint64_t)(int64_t)rc, *all = calloc((size_t)c->world, sizeof(uint64_t));
     if (!all)
         return rc ? rc : -ENOMEM;
-    int crc = zero_gather_u64(z, &mine, 1, all);
-    for (int r = 0; !crc && !rc && r < z->world; r++)
+    int crc = c->gather(c->coll, &mine, 1, all);
+    for (int r = 0; !crc && !rc && r < c->world; r++)
         if ((int64_t)all[r]) {
             rc = (int)(int64_t)all[r];
             snprintf(err, errlen, "checkpoint: rank %d could not load it: %s", r,
@@ -504,13 +544,14 @@ static int agree_loaded(struct trainer *tr, int rc, char *err, size_t errlen)
         }
     free(all);
     if (crc && !rc) {
-        snprintf(err, errlen, "checkpoint: collective failed: %s", comm_strerror(crc));
+        snprintf(err, errlen, "checkpoint: collective failed: %s", c->why(c->coll, crc));
         rc = crc;
     }
     return rc;
 }
 
-int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
+/* This rank's part of ckpt_load: everything but the agreement. */
+static int load_local(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
 {
     char dir[JOB_PATH_MAX + 32], file[JOB_PATH_MAX + 128];
     int rc = resolve(path, dir, sizeof(dir), err, errlen);
@@ -529,31 +570,24 @@ int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
     json_int_t step = json_integer_value(json_object_get(man, "step"));
     json_int_t world = json_integer_value(json_object_get(man, "world_size"));
     json_int_t seed = json_integer_value(json_object_get(json_object_get(man, "data"), "seed"));
+    size_t S[GPT_MAX_UNITS];
     rc = -EINVAL;
     if (!format || strcmp(format, MANIFEST_FORMAT) != 0 ||
         json_integer_value(json_object_get(man, "version")) != MANIFEST_VERSION) {
         snprintf(err, errlen, "checkpoint: %s: not a %s manifest of version %d", file,
                  MANIFEST_FORMAT, MANIFEST_VERSION);
-    } else if (model_differs(json_object_get(man, "model"), tr, err, errlen, dir)) {
-    } else if (!json_is_array(units) ||
-               json_array_size(units) != (size_t)tr->model.layout.nunits) {
+    } else if (model_differs(json_object_get(man, "model"), c, err, errlen, dir)) {
+    } else if (!json_is_array(units) || json_array_size(units) != (size_t)c->lay.nunits) {
         snprintf(err, errlen, "checkpoint %s: expected %d units in the layout", dir,
-                 tr->model.layout.nunits);
-    } else if (world < 1 || !json_is_array(files) || json_array_size(files) != (size_t)world ||
-               step < 0) {
+                 c->lay.nunits);
+    } else if (world < 1 || world > INT32_MAX || !json_is_array(files) ||
+               json_array_size(files) != (size_t)world || step < 0) {
         snprintf(err, errlen, "checkpoint %s: manifest's step, world_size or files are invalid",
                  dir);
     } else {
-        rc = 0;
-        for (int u = 0; u < tr->model.layout.nunits && !rc; u++)
-            if ((size_t)json_integer_value(json_object_get(json_array_get(units, (size_t)u),
-                                                           "numel")) !=
-                tr->model.layout.numel[u]) {
-                snprintf(err, errlen, "checkpoint %s: unit %d has another size", dir, u);
-                rc = -EINVAL;
-            }
+        rc = units_check(c, units, (int)world, S, err, errlen, dir);
         for (json_int_t r = 0; r < world && !rc; r++) {
-            if (!needed(tr, (int)r, (int)world))
+            if (!needed(c, (int)r, S))
                 continue;
             json_t *fe = json_array_get(files, (size_t)r);
             const char *name = json_string_value(json_object_get(fe, "name"));
@@ -566,18 +600,27 @@ int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen)
                 break;
             }
             snprintf(file, sizeof(file), "%s/%s", dir, name);
-            rc = read_shard(tr, file, (int)r, (int)world, (size_t)bytes, hex, err, errlen);
+            rc = read_shard(c, file, (int)r, (int)world, S, (size_t)bytes, hex, err, errlen);
         }
     }
     if (!rc) {
-        if (seed != tr->spec.seed)
+        if (seed != c->spec->seed)
             log_warn("checkpoint %s was trained with seed %" JSON_INTEGER_FORMAT
                      "; continuing with it (this run asked for %" PRId64 ")",
-                     dir, seed, tr->spec.seed);
-        tr->spec.seed = seed;
-        tr->step = (long)step;
-        tr->last_checkpoint_step = (long)step;
+                     dir, seed, c->spec->seed);
+        c->seed = seed;
+        c->step = (long)step;
     }
     json_decref(man);
-    return agree_loaded(tr, rc, err, errlen);
+    return rc;
+}
+
+int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
+{
+    int rc = c->local_rc;
+    if (rc)
+        snprintf(err, errlen, "checkpoint: this rank has no room for it: %s", strerror(-rc));
+    else
+        rc = load_local(c, path, err, errlen);
+    return agree_loaded(c, rc, err, errlen);
 }

@@ -15,34 +15,76 @@
  *   then per unit: float32 params[S], adam_m[S], adam_v[S]
  *
  * (little-endian) where rank r of world N holds floats [r*S, (r+1)*S) of each
- * unit, S = ceil(numel / N), zero-padded past the unit's end. A checkpoint
- * is written into a temporary directory, synced, and renamed into place;
- * `latest` is replaced by rename after that, so a crash leaves the previous
- * checkpoint intact.
+ * unit, zero-padded past the unit's end, and S is that unit's shard_numel
+ * (the same in the manifest and in every file of the checkpoint). The writer
+ * chooses S, any S with N*S >= numel: the CPU path writes ceil(numel / N),
+ * the GPU path that rounded up to 64 floats; a loader honours the S of the
+ * files, so either path loads what the other wrote, at any world size. A
+ * checkpoint is written into a temporary directory, synced, and renamed
+ * into place; `latest` is replaced by rename after that, so a crash leaves
+ * the previous checkpoint intact.
+ *
+ * The functions here know nothing of a trainer: a rank describes what it
+ * holds in a struct ckpt_rank (host arrays of its shards, the numbers the
+ * manifest carries, and an all-gather to agree with the other ranks). The
+ * CPU trainer (trainer_save/trainer_load, train.h) and the GPU trainer
+ * (gpu_trainer_save/gpu_trainer_load, worker/gpu/gpu_train.h) fill one in.
  */
 #ifndef MUSTER_TRAIN_CKPT_H
 #define MUSTER_TRAIN_CKPT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-struct trainer;
+#include "common/jobspec.h"
+#include "worker/train/data.h"
+#include "worker/train/model.h"
 
-/* Writes the trainer's state as step-<step> under dir (created if needed)
- * and points dir/latest at it. Collective: every rank writes its own shard
- * file, and rank 0 commits (manifest, rename, `latest`) only after all of
- * them are durable; the same result on every rank. dir must be one directory
- * that all ranks see. On success tr->last_checkpoint_step = step and path
- * (may be NULL) gets the checkpoint's directory. Returns 0 or a negative
- * errno with the reason in err. */
-int ckpt_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+/* all[r * n + i] = rank r's mine[i], on every rank; a barrier as well.
+ * Returns 0 or a negative code that why() puts in words. */
+typedef int (*ckpt_gather_fn)(void *coll, const uint64_t *mine, size_t n, uint64_t *all);
+
+struct ckpt_rank {
+    /* what the manifest carries */
+    const struct job_spec *spec; /* preset name, hyper-parameters, data path, seed */
+    const struct dataset *data;  /* format and token counts */
+    struct gpt_config cfg;
+    struct gpt_layout lay;
+    float beta1, beta2, eps;
+    long step;                   /* save: optimizer steps done; load: the checkpoint's */
+    int64_t seed;                /* load: the checkpoint's seed (spec->seed if the same) */
+    int rank, world;
+    /* this rank's shards: unit u's floats [rank*shard[u], (rank+1)*shard[u])
+     * start at off[u] of each array, zero past the unit's end */
+    size_t shard[GPT_MAX_UNITS];
+    size_t off[GPT_MAX_UNITS];
+    float *params, *m, *v;
+    /* 0, or why this rank could not provide its shards (save) or a place for
+     * them (load): it still takes part in the collectives, and the
+     * checkpoint fails on every rank */
+    int local_rc;
+    ckpt_gather_fn gather;
+    const char *(*why)(void *coll, int rc);
+    void *coll;
+};
+
+/* Writes the rank's shards as step-<step> under dir (created if needed) and
+ * points dir/latest at it. Collective: every rank writes its own shard file,
+ * and rank 0 commits (manifest, rename, `latest`) only after all of them are
+ * durable; the same result on every rank. dir must be one directory that
+ * all ranks see. path (may be NULL) gets the checkpoint's directory. Returns
+ * 0 or a negative errno with the reason in err. */
+int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pathlen, char *err,
               size_t errlen);
 
-/* Loads a checkpoint: path is a step directory (holding manifest.json) or a
- * checkpoint_dir (its `latest` is followed). Refuses a checkpoint of another
- * model, naming the difference, and any file whose size or checksum does
- * not match the manifest. Shards of any world size N are re-sliced into this
- * trainer's world M: each rank reads only the files that hold floats it
- * owns. Collective: every rank returns an error when one could not load. */
-int ckpt_load(struct trainer *tr, const char *path, char *err, size_t errlen);
+/* Loads a checkpoint into c's arrays: path is a step directory (holding
+ * manifest.json) or a checkpoint_dir (its `latest` is followed). Refuses a
+ * checkpoint of another model, naming the difference, and any file whose
+ * size or checksum does not match the manifest. Shards of any world size N
+ * and any shard size S are re-sliced into c's world and shard sizes: each
+ * rank reads only the files that hold floats it owns and writes only the
+ * real (non-padding) floats it owns. Sets c->step and c->seed. Collective:
+ * every rank returns an error when one could not load. */
+int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen);
 
 #endif

@@ -18,6 +18,35 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+void train_optim_init(struct train_optim *o, const struct job_spec *s)
+{
+    o->sched = (struct lr_schedule){s->lr, s->lr_min, s->warmup_steps, s->steps};
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->eps = 1e-8f;
+    o->weight_decay = (float)s->weight_decay;
+}
+
+struct adamw train_optim_at(const struct train_optim *o, long step, double *lr)
+{
+    *lr = lr_at(&o->sched, (int)step);
+    return (struct adamw){(float)*lr, o->beta1, o->beta2, o->eps, o->weight_decay, step + 1};
+}
+
+void train_step_report(struct train_step_info *info, const struct job_spec *s, long step,
+                       double loss, double lr, double norm, double tokens, double dt,
+                       double comm_s)
+{
+    info->step = step;
+    info->steps = s->steps;
+    info->loss = loss;
+    info->lr = lr;
+    info->grad_norm = norm;
+    info->ms = dt * 1e3;
+    info->tokens_per_s = tokens / (dt > 0 ? dt : 1e-9);
+    info->comm_frac = dt > 0 ? comm_s / dt : 0;
+}
+
 int trainer_check_spec(struct job_spec *s, int world, char *err, size_t errlen)
 {
     struct gpt_config cfg;
@@ -68,10 +97,7 @@ int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int 
         return rc;
     gpt_preset(s->model, &cfg);
     tr->accum = s->batch / (s->micro_batch * tr->world);
-    tr->sched = (struct lr_schedule){s->lr, s->lr_min, s->warmup_steps, s->steps};
-    tr->beta1 = 0.9f;
-    tr->beta2 = 0.95f;
-    tr->eps = 1e-8f;
+    train_optim_init(&tr->optim, s);
 
     rc = dataset_open(&tr->data, s->data, cfg.V, s->val_fraction, s->seq_len, err, errlen);
     if (rc)
@@ -175,72 +201,91 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
         return -ERANGE;
     }
 
-    double lr = lr_at(&tr->sched, (int)tr->step);
-    struct adamw h = {(float)lr, tr->beta1, tr->beta2, tr->eps, (float)s->weight_decay,
-                      tr->step + 1};
+    double lr;
+    struct adamw h = train_optim_at(&tr->optim, tr->step, &lr);
     zero_adamw(z, &h, clip_scale(norm, s->grad_clip));
     tr->step++;
 
     double dt = now_s() - t0;
-    if (info) {
-        info->step = tr->step;
-        info->steps = s->steps;
-        info->loss = loss;
-        info->lr = lr;
-        info->grad_norm = norm;
-        info->ms = dt * 1e3;
-        info->tokens_per_s = (double)tr->accum * B * T / (dt > 0 ? dt : 1e-9);
-        info->comm_frac = dt > 0 ? zero_take_wait(z) / dt : 0;
-    }
+    if (info)
+        train_step_report(info, s, tr->step, loss, lr, norm, (double)tr->accum * B * T, dt,
+                          zero_take_wait(z));
     return 0;
+}
+
+/* ---- the CPU trainer as the shared loop sees it ---- */
+
+static int cpu_step(void *tr, struct train_step_info *info, char *err, size_t errlen)
+{
+    return trainer_step(tr, info, err, errlen);
+}
+
+static int cpu_forward(void *tr, const int *inputs, const int *targets, int B, int T,
+                       double *loss)
+{
+    return zero_forward(&((struct trainer *)tr)->zero, inputs, targets, B, T, loss);
+}
+
+static int cpu_sum(void *tr, double *x) { return zero_sum(&((struct trainer *)tr)->zero, x); }
+
+static int cpu_save(void *tr, const char *dir, char *path, size_t pathlen, char *err,
+                    size_t errlen)
+{
+    return trainer_save(tr, dir, path, pathlen, err, errlen);
+}
+
+static int cpu_failed(void *tr, int rc, const char *what, char *err, size_t errlen)
+{
+    (void)tr;
+    return comm_failed(rc, what, err, errlen);
+}
+
+static const struct train_ops cpu_ops = {cpu_step, cpu_forward, cpu_sum, cpu_save, cpu_failed};
+
+static struct train_loop cpu_loop(struct trainer *tr)
+{
+    return (struct train_loop){.ops = &cpu_ops, .tr = tr, .spec = &tr->spec, .data = &tr->data,
+                               .step = &tr->step, .rank = tr->rank, .world = tr->world,
+                               .inputs = tr->inputs, .targets = tr->targets};
 }
 
 double trainer_eval(struct trainer *tr)
 {
-    const struct job_spec *s = &tr->spec;
-    if (tr->data.ntokens == tr->data.ntrain)
-        return NAN;
-    /* rank r takes batches r, r + world, ...; every rank runs as many
-     * forwards (collectives must match), the ones past the end unused */
-    const int rounds = (s->eval_batches + tr->world - 1) / tr->world;
-    double sum = 0;
-    for (int i = 0; i < rounds; i++) {
-        int k = i * tr->world + tr->rank;
-        double l;
-        dataset_val_batch(&tr->data, tr->inputs, tr->targets, s->micro_batch, s->seq_len,
-                          (uint64_t)s->seed, k);
-        if (zero_forward(&tr->zero, tr->inputs, tr->targets, s->micro_batch, s->seq_len, &l))
-            return NAN;
-        if (k < s->eval_batches)
-            sum += l;
-    }
-    if (zero_sum(&tr->zero, &sum))
-        return NAN;
-    return sum / s->eval_batches;
+    struct train_loop l = cpu_loop(tr);
+    return train_loop_eval(&l);
 }
 
-void trainer_sample(struct trainer *tr, int prompt, int *out, int n)
+int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
+              volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
-    struct gpt *g = &tr->model;
-    const int maxT = tr->spec.seq_len, V = g->cfg.V;
+    struct train_loop l = cpu_loop(tr);
+    return train_loop_run(&l, stop_after, hooks, stop, err, errlen);
+}
+
+/* ---- sampling ---- */
+
+/* The generation behind trainer_sample and train_sample_model: forward runs
+ * the model on ctx (T tokens) and leaves the logits (T, V) in logits. */
+static void sample_with(int (*forward)(void *u, const int *ctx, int T), void *u,
+                        const float *logits, int V, uint64_t seed, long step, int maxT,
+                        int prompt, int *out, int n)
+{
     int *ctx = malloc(sizeof(int) * (size_t)(n + 1));
     if (!ctx)
         return;
     ctx[0] = prompt;
     for (int i = 0; i < n; i++) {
         int len = i + 1, start = len > maxT ? len - maxT : 0, T = len - start;
-        double unused;
-        if (zero_forward(&tr->zero, ctx + start, NULL, 1, T, &unused))
+        if (forward(u, ctx + start, T))
             break;
-        const float *z = g->acts.logits + (size_t)(T - 1) * V;
+        const float *z = logits + (size_t)(T - 1) * V;
         float mx = z[0];
         for (int k = 1; k < V; k++)
             mx = z[k] > mx ? z[k] : mx;
         double sum = 0;
         for (int k = 0; k < V; k++)
             sum += exp((double)(z[k] - mx));
-        double r = rng_uniform(rng_hash((uint64_t)tr->spec.seed, 0x53414d50, (uint64_t)tr->step,
-                                        (uint64_t)i, 0)) * sum;
+        double r = rng_uniform(rng_hash(seed, 0x53414d50, (uint64_t)step, (uint64_t)i, 0)) * sum;
         int next = V - 1;
         for (int k = 0; k < V; k++) {
             r -= exp((double)(z[k] - mx));
@@ -255,57 +300,173 @@ void trainer_sample(struct trainer *tr, int prompt, int *out, int n)
     free(ctx);
 }
 
+static int zero_sample_forward(void *z, const int *ctx, int T)
+{
+    double unused;
+    return zero_forward(z, ctx, NULL, 1, T, &unused);
+}
+
+void trainer_sample(struct trainer *tr, int prompt, int *out, int n)
+{
+    sample_with(zero_sample_forward, &tr->zero, tr->model.acts.logits, tr->model.cfg.V,
+                (uint64_t)tr->spec.seed, tr->step, tr->spec.seq_len, prompt, out, n);
+}
+
+static int gpt_sample_forward(void *g, const int *ctx, int T)
+{
+    gpt_forward(g, ctx, NULL, 1, T);
+    return 0;
+}
+
+void train_sample_model(struct gpt *g, uint64_t seed, long step, int maxT, int prompt, int *out,
+                        int n)
+{
+    sample_with(gpt_sample_forward, g, g->acts.logits, g->cfg.V, seed, step, maxT, prompt, out,
+                n);
+}
+
+/* ---- checkpoints ---- */
+
+static int zero_gather(void *z, const uint64_t *mine, size_t n, uint64_t *all)
+{
+    return zero_gather_u64(z, mine, n, all);
+}
+
+static const char *comm_why(void *z, int rc)
+{
+    (void)z;
+    return comm_strerror(rc);
+}
+
+/* What the checkpoint files see of this trainer. */
+static void ckpt_view(struct trainer *tr, struct ckpt_rank *c)
+{
+    struct zero *z = &tr->zero;
+    memset(c, 0, sizeof(*c));
+    c->spec = &tr->spec;
+    c->data = &tr->data;
+    c->cfg = tr->model.cfg;
+    c->lay = tr->model.layout;
+    c->beta1 = tr->optim.beta1;
+    c->beta2 = tr->optim.beta2;
+    c->eps = tr->optim.eps;
+    c->step = tr->step;
+    c->seed = tr->spec.seed;
+    c->rank = z->rank;
+    c->world = z->world;
+    memcpy(c->shard, z->shard, sizeof(c->shard));
+    memcpy(c->off, z->off, sizeof(c->off));
+    c->params = z->params;
+    c->m = z->m;
+    c->v = z->v;
+    c->gather = zero_gather;
+    c->why = comm_why;
+    c->coll = z;
+}
+
+int trainer_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+                 size_t errlen)
+{
+    struct ckpt_rank c;
+    ckpt_view(tr, &c);
+    int rc = ckpt_save(&c, dir, path, pathlen, err, errlen);
+    if (rc == 0)
+        tr->last_checkpoint_step = tr->step;
+    return rc;
+}
+
+int trainer_load(struct trainer *tr, const char *path, char *err, size_t errlen)
+{
+    struct ckpt_rank c;
+    ckpt_view(tr, &c);
+    int rc = ckpt_load(&c, path, err, errlen);
+    if (rc == 0) {
+        tr->spec.seed = c.seed;
+        tr->step = c.step;
+        tr->last_checkpoint_step = c.step;
+    }
+    return rc;
+}
+
+/* ---- the loop both trainers share ---- */
+
+double train_loop_eval(const struct train_loop *l)
+{
+    const struct job_spec *s = l->spec;
+    if (l->data->ntokens == l->data->ntrain)
+        return NAN;
+    /* rank r takes batches r, r + world, ...; every rank runs as many
+     * forwards (collectives must match), the ones past the end unused */
+    const int rounds = (s->eval_batches + l->world - 1) / l->world;
+    double sum = 0;
+    for (int i = 0; i < rounds; i++) {
+        int k = i * l->world + l->rank;
+        double loss;
+        dataset_val_batch(l->data, l->inputs, l->targets, s->micro_batch, s->seq_len,
+                          (uint64_t)s->seed, k);
+        if (l->ops->forward(l->tr, l->inputs, l->targets, s->micro_batch, s->seq_len, &loss))
+            return NAN;
+        if (k < s->eval_batches)
+            sum += loss;
+    }
+    if (l->ops->sum(l->tr, &sum))
+        return NAN;
+    return sum / s->eval_batches;
+}
+
 /* Whether to stop before the next step. Ranks see a stop request at
  * different moments; they agree (any rank asking is enough) so that all make
  * the same number of steps and the collectives keep matching. */
-static int agree_stop(struct trainer *tr, volatile sig_atomic_t *stop, int *rc)
+static int agree_stop(const struct train_loop *l, volatile sig_atomic_t *stop, int *rc)
 {
     double want = stop && *stop ? 1.0 : 0.0;
-    *rc = zero_sum(&tr->zero, &want);
+    *rc = l->ops->sum(l->tr, &want);
     return *rc || want > 0;
 }
 
 /* Collective: a checkpoint of this step, then the hook with its committed path. */
-static int save_and_tell(struct trainer *tr, const struct train_hooks *hooks, char *err, size_t errlen)
+static int save_and_tell(const struct train_loop *l, const struct train_hooks *hooks, char *err,
+                         size_t errlen)
 {
     char path[JOB_PATH_MAX + 64];
-    int rc = ckpt_save(tr, tr->spec.checkpoint_dir, path, sizeof(path), err, errlen);
+    int rc = l->ops->save(l->tr, l->spec->checkpoint_dir, path, sizeof(path), err, errlen);
     if (rc == 0 && hooks && hooks->on_checkpoint)
-        hooks->on_checkpoint(tr->step, path, hooks->user);
+        hooks->on_checkpoint(*l->step, path, hooks->user);
     return rc;
 }
 
-int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
-              volatile sig_atomic_t *stop, char *err, size_t errlen)
+int train_loop_run(const struct train_loop *l, long stop_after, const struct train_hooks *hooks,
+                   volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
-    const struct job_spec *s = &tr->spec;
+    const struct job_spec *s = l->spec;
     long done = 0;
     int rc = 0;
-    while (tr->step < s->steps && !(stop_after > 0 && done >= stop_after) &&
-           !agree_stop(tr, stop, &rc)) {
+    while (*l->step < s->steps && !(stop_after > 0 && done >= stop_after) &&
+           !agree_stop(l, stop, &rc)) {
         struct train_step_info info;
-        rc = trainer_step(tr, &info, err, errlen);
+        rc = l->ops->step(l->tr, &info, err, errlen);
         if (rc)
             return rc;
         done++;
         if (hooks && hooks->on_step)
             hooks->on_step(&info, hooks->user);
-        int last = tr->step == s->steps;
-        if (s->eval_every > 0 && (tr->step % s->eval_every == 0 || last)) {
-            double val = trainer_eval(tr);
+        const long step = *l->step;
+        const int last = step == s->steps;
+        if (s->eval_every > 0 && (step % s->eval_every == 0 || last)) {
+            double val = train_loop_eval(l);
             if (hooks && hooks->on_eval && !isnan(val))
-                hooks->on_eval(tr->step, val, hooks->user);
+                hooks->on_eval(step, val, hooks->user);
         }
-        if (s->checkpoint_dir[0] && s->checkpoint_every > 0 &&
-            tr->step % s->checkpoint_every == 0 && !last) {
-            rc = save_and_tell(tr, hooks, err, errlen);
+        if (s->checkpoint_dir[0] && s->checkpoint_every > 0 && step % s->checkpoint_every == 0 &&
+            !last) {
+            rc = save_and_tell(l, hooks, err, errlen);
             if (rc)
                 return rc;
         }
     }
     if (rc)
-        return comm_failed(rc, "stop agreement", err, errlen);
+        return l->ops->failed(l->tr, rc, "stop agreement", err, errlen);
     if (s->checkpoint_dir[0] && done > 0)
-        return save_and_tell(tr, hooks, err, errlen);
+        return save_and_tell(l, hooks, err, errlen);
     return 0;
 }

@@ -30,13 +30,24 @@
 
 struct comm;
 
+/* The optimizer recipe both trainers (this one and the GPU one,
+ * worker/gpu/gpu_train.h) follow: the spec's learning-rate schedule, AdamW
+ * with betas 0.9/0.95 and eps 1e-8, the spec's weight decay. */
+struct train_optim {
+    struct lr_schedule sched;
+    float beta1, beta2, eps, weight_decay;
+};
+
+void train_optim_init(struct train_optim *o, const struct job_spec *s);
+/* AdamW's settings for 0-based step `step`; *lr gets its learning rate. */
+struct adamw train_optim_at(const struct train_optim *o, long step, double *lr);
+
 struct trainer {
     struct job_spec spec;       /* resolved: seq_len and micro_batch filled in */
     struct gpt model;           /* a shell: config, layout, activations */
     struct zero zero;           /* this rank's shards of weights, moments, gradients */
     struct dataset data;
-    struct lr_schedule sched;
-    float beta1, beta2, eps;
+    struct train_optim optim;
     long step;                  /* optimizer steps done */
     long last_checkpoint_step;  /* step of the last committed checkpoint (-1: none) */
     int accum;                  /* micro-steps per step */
@@ -56,6 +67,12 @@ struct train_step_info {
     double ms;
     double comm_frac;           /* share of the step spent waiting for collectives */
 };
+
+/* The report of a step after which `step` steps are done, that made
+ * `tokens` tokens in dt seconds, comm_s of them waiting for collectives. */
+void train_step_report(struct train_step_info *info, const struct job_spec *s, long step,
+                       double loss, double lr, double norm, double tokens, double dt,
+                       double comm_s);
 
 /* Checks the training keys of a job spec and resolves seq_len = 0 and
  * micro_batch = 0. Returns 0 or -EINVAL with the reason in err. */
@@ -86,6 +103,23 @@ double trainer_eval(struct trainer *tr);
  * function of (weights, seed, step). out gets n tokens. */
 void trainer_sample(struct trainer *tr, int prompt, int *out, int n);
 
+/* The same generation from a whole model in g->params (gpt_create; its
+ * activations hold one sequence of maxT tokens): the same tokens as
+ * trainer_sample from the same weights, seed and step. The GPU path gathers
+ * its fp32 weights into such a model and samples with this. */
+void train_sample_model(struct gpt *g, uint64_t seed, long step, int maxT, int prompt, int *out,
+                        int n);
+
+/* Checkpoints of this trainer (worker/train/ckpt.h), collective.
+ * trainer_save writes step-<step> under dir (path, may be NULL, gets its
+ * directory) and sets last_checkpoint_step; trainer_load reads a step
+ * directory or a checkpoint_dir's latest, of any world size, and sets step,
+ * last_checkpoint_step and spec.seed from it. 0 or a negative errno with the
+ * reason in err. */
+int trainer_save(struct trainer *tr, const char *dir, char *path, size_t pathlen, char *err,
+                 size_t errlen);
+int trainer_load(struct trainer *tr, const char *path, char *err, size_t errlen);
+
 struct train_hooks {
     void (*on_step)(const struct train_step_info *info, void *user);
     void (*on_eval)(long step, double val_loss, void *user);
@@ -103,5 +137,38 @@ struct train_hooks {
  */
 int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
               volatile sig_atomic_t *stop, char *err, size_t errlen);
+
+/*
+ * The run loop and the validation, for any trainer: train_run and
+ * trainer_eval are these over the CPU trainer, gpu_train_run and
+ * gpu_trainer_eval over the GPU one, so that both stop, validate and
+ * checkpoint alike. The callbacks get `tr`.
+ */
+struct train_ops {
+    /* one optimizer step */
+    int (*step)(void *tr, struct train_step_info *info, char *err, size_t errlen);
+    /* collective forward of one micro-batch; *loss: its mean loss */
+    int (*forward)(void *tr, const int *inputs, const int *targets, int B, int T, double *loss);
+    /* *x summed over ranks: the same double on every rank */
+    int (*sum)(void *tr, double *x);
+    /* collective checkpoint of the current step under dir (checkpoint_dir) */
+    int (*save)(void *tr, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+    /* words for a failed collective (sum), into err; returns rc */
+    int (*failed)(void *tr, int rc, const char *what, char *err, size_t errlen);
+};
+
+struct train_loop {
+    const struct train_ops *ops;
+    void *tr;
+    const struct job_spec *spec;
+    const struct dataset *data;
+    const long *step;           /* the trainer's optimizer steps done */
+    int rank, world;
+    int *inputs, *targets;      /* (micro_batch, seq_len) */
+};
+
+double train_loop_eval(const struct train_loop *l);
+int train_loop_run(const struct train_loop *l, long stop_after, const struct train_hooks *hooks,
+                   volatile sig_atomic_t *stop, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,354 @@
+/*
+ * ckpt over struct ckpt_rank, without a trainer: ranks are threads of this
+ * process whose all-gather goes through shared memory. A rank's shards are
+ * cut either as the CPU path cuts them (S = ceil(numel / N)) or as the GPU
+ * path does (that rounded up to 64 floats, worker/gpu/gpu_zero.cu); a
+ * checkpoint saved with one slicing at N ranks loads with the other at M
+ * ranks bit for bit, and the CPU trainer resumes from a GPU-sliced one.
+ */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "worker/train/ckpt.h"
+#include "worker/train/layers.h"
+#include "worker/train/train.h"
+
+#define MAXW 4
+#define GPU_ALIGN 64
+
+static char tmpdir[] = "/tmp/check-ckpt-XXXXXX";
+static char textpath[sizeof(tmpdir) + 32];
+
+static void setup(void)
+{
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(textpath, sizeof(textpath), "%s/text.txt", tmpdir);
+    FILE *f = fopen(textpath, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 400; i++)
+        fputs("to be or not to be, that is the question\n", f);
+    fclose(f);
+    layers_set_threads(1);
+}
+
+static void teardown(void)
+{
+    char cmd[sizeof(tmpdir) + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    strcpy(tmpdir, "/tmp/check-ckpt-XXXXXX");
+}
+
+static void tiny_spec(struct job_spec *s)
+{
+    job_spec_defaults(s);
+    snprintf(s->model, sizeof(s->model), "tiny");
+    snprintf(s->data, sizeof(s->data), "%s", textpath);
+    s->steps = 20;
+    s->batch = 4;
+    s->micro_batch = 2;
+    s->eval_every = 0;
+}
+
+/* A whole model's state: a distinct float per index and array. */
+struct full {
+    struct gpt_config cfg;
+    struct gpt_layout lay;
+    float *a[3]; /* params, m, v */
+};
+
+static void full_init(struct full *f, int fill)
+{
+    gpt_preset("tiny", &f->cfg);
+    gpt_layout_init(&f->lay, &f->cfg);
+    for (int k = 0; k < 3; k++) {
+        f->a[k] = calloc(f->lay.total, sizeof(float));
+        ck_assert_ptr_nonnull(f->a[k]);
+        for (size_t i = 0; fill && i < f->lay.total; i++)
+            f->a[k][i] = (float)(k + 1) * 1e-3f * (float)((i * 2654435761u) % 10007) - 5.0f;
+    }
+}
+
+static void full_free(struct full *f)
+{
+    for (int k = 0; k < 3; k++)
+        free(f->a[k]);
+}
+
+/* One world of ranks as threads, all-gathering through `slots`. */
+struct world {
+    int n, aligned;
+    pthread_barrier_t bar;
+    uint64_t slots[MAXW * 3];
+    struct job_spec spec;
+    struct dataset data;
+    struct full *full;
+    const char *dir;
+    int save;
+    long step;
+    int rc[MAXW];
+    long got_step[MAXW];
+    char err[MAXW][512];
+};
+
+struct rank_arg {
+    struct world *w;
+    int rank;
+};
+
+static int shared_gather(void *coll, const uint64_t *mine, size_t n, uint64_t *all)
+{
+    struct rank_arg *a = coll;
+    struct world *w = a->w;
+    memcpy(w->slots + (size_t)a->rank * n, mine, sizeof(uint64_t) * n);
+    pthread_barrier_wait(&w->bar);
+    memcpy(all, w->slots, sizeof(uint64_t) * n * (size_t)w->n);
+    pthread_barrier_wait(&w->bar);
+    return 0;
+}
+
+static const char *no_why(void *coll, int rc)
+{
+    (void)coll, (void)rc;
+    return "shared-memory gather cannot fail";
+}
+
+static size_t shard_size(size_t numel, int world, int aligned)
+{
+    size_t s = (numel + (size_t)world - 1) / (size_t)world;
+    return aligned ? (s + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN : s;
+}
+
+static void *rank_main(void *arg)
+{
+    struct rank_arg *a = arg;
+    struct world *w = a->w;
+    struct full *f = w->full;
+    struct ckpt_rank c;
+    memset(&c, 0, sizeof(c));
+    c.spec = &w->spec;
+    c.data = &w->data;
+    c.cfg = f->cfg;
+    c.lay = f->lay;
+    c.beta1 = 0.9f, c.beta2 = 0.95f, c.eps = 1e-8f;
+    c.step = w->step;
+    c.rank = a->rank;
+    c.world = w->n;
+    size_t total = 0;
+    for (int u = 0; u < f->lay.nunits; u++) {
+        c.shard[u] = shard_size(f->lay.numel[u], w->n, w->aligned);
+        c.off[u] = total;
+        total += c.shard[u];
+    }
+    float *bufs[3];
+    for (int k = 0; k < 3; k++)
+        bufs[k] = calloc(total, sizeof(float));
+    c.params = bufs[0], c.m = bufs[1], c.v = bufs[2];
+    c.gather = shared_gather;
+    c.why = no_why;
+    c.coll = a;
+    /* the floats this rank owns, [rank*S, rank*S + n) of each unit */
+    for (int u = 0; u < f->lay.nunits; u++) {
+        size_t lo = (size_t)a->rank * c.shard[u], n = 0;
+        if (lo < f->lay.numel[u])
+            n = f->lay.numel[u] - lo < c.shard[u] ? f->lay.numel[u] - lo : c.shard[u];
+        for (int k = 0; k < 3 && w->save; k++)
+            memcpy(bufs[k] + c.off[u], f->a[k] + f->lay.offset[u] + lo, sizeof(float) * n);
+    }
+    int rc = w->save ? ckpt_save(&c, w->dir, NULL, 0, w->err[a->rank], sizeof(w->err[0]))
+                     : ckpt_load(&c, w->dir, w->err[a->rank], sizeof(w->err[0]));
+    w->rc[a->rank] = rc;
+    w->got_step[a->rank] = c.step;
+    for (int u = 0; u < f->lay.nunits && !rc && !w->save; u++) {
+        size_t lo = (size_t)a->rank * c.shard[u];
+        for (size_t j = 0; j < c.shard[u]; j++) {
+            /* real floats go back into the whole model; padding must stay zero */
+            int real = lo + j < f->lay.numel[u];
+            for (int k = 0; k < 3; k++) {
+                float x = bufs[k][c.off[u] + j];
+                if (real)
+                    f->a[k][f->lay.offset[u] + lo + j] = x;
+                else if (x != 0.0f)
+                    w->rc[a->rank] = -EDOM;
+            }
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        free(bufs[k]);
+    return NULL;
+}
+
+/* Runs n ranks saving (or loading) f at dir, with the CPU or GPU slicing. */
+static void run_world(struct full *f, const char *dir, int n, int aligned, int save)
+{
+    struct world *w = calloc(1, sizeof(*w));
+    ck_assert_ptr_nonnull(w);
+    w->n = n;
+    w->aligned = aligned;
+    w->full = f;
+    w->dir = dir;
+    w->save = save;
+    w->step = 7;
+    tiny_spec(&w->spec);
+    w->data = (struct dataset){.format = DATA_TEXT, .ntokens = 16400, .ntrain = 14760};
+    pthread_barrier_init(&w->bar, NULL, (unsigned)n);
+    pthread_t th[MAXW];
+    struct rank_arg args[MAXW];
+    for (int r = 0; r < n; r++) {
+        args[r] = (struct rank_arg){w, r};
+        ck_assert_int_eq(pthread_create(&th[r], NULL, rank_main, &args[r]), 0);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&w->bar);
+    for (int r = 0; r < n; r++) {
+        ck_assert_msg(w->rc[r] == 0, "%s at world %d (%s slicing), rank %d: %d %s",
+                      save ? "save" : "load", n, aligned ? "GPU" : "CPU", r, w->rc[r], w->err[r]);
+        if (!save)
+            ck_assert_int_eq(w->got_step[r], 7);
+    }
+    free(w);
+}
+
+/* Saved with one slicing at N ranks, loaded with the other at M: the same bits. */
+START_TEST(slicings_and_worlds_load_each_other)
+{
+    static const struct {
+        int n, n_aligned, m, m_aligned;
+    } cases[] = {
+        {3, 1, 2, 0}, {2, 0, 3, 1}, {1, 0, 4, 1}, {4, 1, 1, 0}, {4, 1, 4, 1}, {2, 1, 2, 0},
+    };
+    struct full ref;
+    full_init(&ref, 1);
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char dir[128];
+        snprintf(dir, sizeof(dir), "%s/c%zu", tmpdir, k);
+        run_world(&ref, dir, cases[k].n, cases[k].n_aligned, 1);
+        struct full got;
+        full_init(&got, 0);
+        run_world(&got, dir, cases[k].m, cases[k].m_aligned, 0);
+        for (int a = 0; a < 3; a++)
+            ck_assert_msg(memcmp(got.a[a], ref.a[a], sizeof(float) * ref.lay.total) == 0,
+                          "%d ranks (%s) -> %d ranks (%s): array %d differs", cases[k].n,
+                          cases[k].n_aligned ? "GPU" : "CPU", cases[k].m,
+                          cases[k].m_aligned ? "GPU" : "CPU", a);
+        full_free(&got);
+    }
+    full_free(&ref);
+}
+END_TEST
+
+/* The manifest records the writer's shard sizes, and the files hold them. */
+START_TEST(manifest_records_the_writers_shard_size)
+{
+    struct full ref;
+    full_init(&ref, 1);
+    char dir[128], file[192];
+    snprintf(dir, sizeof(dir), "%s/gpu4", tmpdir);
+    run_world(&ref, dir, 4, 1, 1);
+    snprintf(file, sizeof(file), "%s/step-00000007/manifest.json", dir);
+    json_error_t jerr;
+    json_t *man = json_load_file(file, 0, &jerr);
+    ck_assert_msg(man != NULL, "%s", jerr.text);
+    json_t *units = json_object_get(man, "units");
+    size_t floats = 0;
+    for (int u = 0; u < ref.lay.nunits; u++) {
+        json_int_t S = json_integer_value(json_object_get(json_array_get(units, (size_t)u),
+                                                          "shard_numel"));
+        ck_assert_int_eq(S, (json_int_t)shard_size(ref.lay.numel[u], 4, 1));
+        ck_assert_int_eq(S % GPU_ALIGN, 0);
+        floats += (size_t)S;
+    }
+    json_int_t bytes = json_integer_value(
+        json_object_get(json_array_get(json_object_get(man, "files"), 3), "bytes"));
+    ck_assert_int_eq(bytes, (json_int_t)(8 + 16 + 8 * (size_t)ref.lay.nunits + 12 * floats));
+    json_decref(man);
+    full_free(&ref);
+}
+END_TEST
+
+/* A shard size that cannot cover its unit is refused with what it expected. */
+START_TEST(impossible_shard_size_is_refused)
+{
+    struct full ref;
+    full_init(&ref, 1);
+    char dir[128], file[192], err[512] = "";
+    snprintf(dir, sizeof(dir), "%s/bad", tmpdir);
+    run_world(&ref, dir, 2, 0, 1);
+    snprintf(file, sizeof(file), "%s/step-00000007/manifest.json", dir);
+    json_error_t jerr;
+    json_t *man = json_load_file(file, 0, &jerr);
+    ck_assert_ptr_nonnull(man);
+    json_object_set_new(json_array_get(json_object_get(man, "units"), 1), "shard_numel",
+                        json_integer(1000));
+    ck_assert_int_eq(json_dump_file(man, file, 0), 0);
+    json_decref(man);
+    struct job_spec s;
+    struct trainer tr;
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&tr, &s, 0, 1, NULL, err, sizeof(err)), 0);
+    ck_assert_int_eq(trainer_load(&tr, dir, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "unit 1: shard_numel 1000 cannot split 3280 floats over 2 ranks "
+                              "(expected 1640 to"),
+                  "message was: %s", err);
+    trainer_free(&tr);
+    full_free(&ref);
+}
+END_TEST
+
+/* The CPU trainer resumes from what GPU-sliced ranks wrote, and its own
+ * checkpoint of those weights loads back into the GPU slicing unchanged. */
+START_TEST(cpu_trainer_resumes_from_gpu_slicing)
+{
+    struct full ref;
+    full_init(&ref, 1);
+    char dir[128], back[128], err[512] = "";
+    snprintf(dir, sizeof(dir), "%s/from-gpu", tmpdir);
+    snprintf(back, sizeof(back), "%s/from-cpu", tmpdir);
+    run_world(&ref, dir, 3, 1, 1);
+    struct job_spec s;
+    struct trainer tr;
+    tiny_spec(&s);
+    ck_assert_int_eq(trainer_init(&tr, &s, 0, 1, NULL, err, sizeof(err)), 0);
+    ck_assert_msg(trainer_load(&tr, dir, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(tr.step, 7);
+    ck_assert_int_eq(tr.last_checkpoint_step, 7);
+    const float *mine[3] = {tr.zero.params, tr.zero.m, tr.zero.v};
+    for (int a = 0; a < 3; a++)
+        ck_assert_msg(memcmp(mine[a], ref.a[a], sizeof(float) * ref.lay.total) == 0,
+                      "array %d differs after the CPU trainer loaded it", a);
+    ck_assert_msg(trainer_save(&tr, back, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+    struct train_step_info info;
+    ck_assert_msg(trainer_step(&tr, &info, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(info.step, 8);
+    trainer_free(&tr);
+    struct full got;
+    full_init(&got, 0);
+    run_world(&got, back, 2, 1, 0);
+    for (int a = 0; a < 3; a++)
+        ck_assert_int_eq(memcmp(got.a[a], ref.a[a], sizeof(float) * ref.lay.total), 0);
+    full_free(&got);
+    full_free(&ref);
+}
+END_TEST
+
+Suite *make_ckpt_suite(void)
+{
+    Suite *s = suite_create("ckpt");
+    TCase *tc = tcase_create("slicing");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, slicings_and_worlds_load_each_other);
+    tcase_add_test(tc, manifest_records_the_writers_shard_size);
+    tcase_add_test(tc, impossible_shard_size_is_refused);
+    tcase_add_test(tc, cpu_trainer_resumes_from_gpu_slicing);
+    suite_add_tcase(s, tc);
+    return s;
+}
