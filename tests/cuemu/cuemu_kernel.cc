@@ -239,7 +239,8 @@ static void run_grid(const void *key, block_run *r)
         for (unsigned by = 0; by < r->grid.y; by++)
             for (unsigned bx = 0; bx < r->grid.x; bx++) {
                 r->bid = uint3{bx, by, bz};
-                memset(r->smem.data(), 0xff, r->smem.size());
+                if (!r->smem.empty())
+                    memset(r->smem.data(), 0xff, r->smem.size());
                 if (r->fibers)
                     run_block_fibers();
                 else

@@ -51,10 +51,13 @@ struct world {
     std::vector<part> parts;
     std::vector<bool> present;
     std::vector<unsigned long long> at; /* each rank's next collective */
+    std::vector<cuemu_comm *> comms;     /* not destroyed yet */
 };
 
+/* Worlds live as long as the process: an aborted rank may still be inside
+ * a collective of one (kept reachable, never freed: a few hundred bytes). */
 std::mutex worlds_mu;
-std::map<std::string, world *> worlds;
+std::map<std::string, world *> &worlds = *new std::map<std::string, world *>();
 
 }
 
@@ -298,6 +301,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     cuemu_comm *c = new cuemu_comm();
     c->w = w;
     c->rank = rank;
+    w->comms.push_back(c);
     *comm = c;
     return ncclSuccess;
 }
@@ -315,12 +319,20 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclInvalidArgument;
+    world *w = comm->w;
+    std::lock_guard<std::mutex> g(w->mu);
+    for (size_t i = 0; i < w->comms.size(); i++)
+        if (w->comms[i] == comm) {
+            w->comms.erase(w->comms.begin() + (long)i);
+            break;
+        }
     delete comm;
     return ncclSuccess;
 }
 
-/* Wakes every rank waiting in a collective of this world; the handle stays
- * readable (another thread may still be inside a collective with it). */
+/* Wakes every rank waiting in a collective of this world. The handle is
+ * not freed: another thread may still be inside a collective with it (the
+ * world keeps it). */
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)

@@ -40,3 +40,10 @@ $(BUILD)/cuemu/gpu-check: $(call cuemu_obj,tests/gpu-check.c) $(CUEMU_OBJS)
 	$(Q)$(CUEMU_LINK)
 
 CUEMU_BINS := $(BUILD)/cuemu/muster-train $(BUILD)/cuemu/gpu-check
+
+# ZeRO-3 of the GPU path across ranks that are threads (tests/cuemu/zero-world.c).
+$(BUILD)/cuemu/zero-world: $(call cuemu_obj,tests/cuemu/zero-world.c) $(CUEMU_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CUEMU_LINK)
+
+CUEMU_BINS += $(BUILD)/cuemu/zero-world

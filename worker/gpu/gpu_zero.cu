@@ -700,9 +700,13 @@ extern "C" void gpu_zero_abort(struct gpu_zero *z)
 #endif
 }
 
-/* Host fp32 shards (total floats) -> p. */
+/* Host fp32 shards (total floats) -> p, once queued work that reads p is
+ * done: cudaMemcpy runs on the legacy stream, which does not wait for the
+ * non-blocking cs and ns. */
 static int upload_shards(struct gpu_zero *z, const float *host)
 {
+    CUDA_CK(cudaStreamSynchronize(z->ns));
+    CUDA_CK(cudaStreamSynchronize(z->cs));
     CUDA_CK(cudaMemcpy(z->p, host, z->total * sizeof(float), cudaMemcpyHostToDevice));
     z->stale = 1;
     return 0;

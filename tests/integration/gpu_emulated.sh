@@ -1,0 +1,78 @@
+#!/bin/sh
+# The GPU path's own source (worker/gpu/) run under cuemu, CUDA emulated on
+# the CPU (tests/cuemu/README.md), so that CI checks it without a GPU:
+#   - gpu-check (the check-gpu program): tiny forward/backward against the
+#     CPU reference, NCCL world 1, abort, training that tracks the CPU,
+#     checkpoints between the paths; with every stream lazy and again with
+#     the communication stream eager (the two orders cuemu can force);
+#   - zero-world: ZeRO-3 over 2 and 3 ranks (threads) against world 1;
+#   - muster-train --device gpu: checkpoints on the GPU path, resumed on the
+#     GPU path, on the CPU and back, --sample; a rank of a job under the
+#     local launcher on an emulated gpu:0 device;
+#   - the out-of-memory diagnosis on a small emulated device.
+set -eu
+if [ "${CUEMU:-on}" = off ]; then
+    echo "gpu_emulated: skipped (sanitizer build: cuemu is not built there, see the Makefile)"
+    exit 0
+fi
+. tests/itest-lib.sh
+E=$BUILD/cuemu
+for b in gpu-check zero-world muster-train; do [ -x "$E/$b" ] || fail "$E/$b not built"; done
+
+for i in 1 2 3 4; do cat README.md docs/*.md; done > "$ITEST_DIR/text.txt"
+
+for eager in "" 2; do
+    what=${eager:+communication stream eager}
+    CUEMU_EAGER=$eager timeout 300 "$E/gpu-check" --train-model tiny --train-steps 20 \
+        "$ITEST_DIR/text.txt" > "$ITEST_DIR/check$eager.log" 2>&1 \
+        || fail "gpu-check under cuemu ${what:-all streams lazy}: $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/check$eager.log")"
+    grep -q '^gpu-check: passed' "$ITEST_DIR/check$eager.log" || fail "gpu-check did not pass"
+    CUEMU_EAGER=$eager timeout 120 "$E/zero-world" > "$ITEST_DIR/world$eager.log" 2>&1 \
+        || fail "zero-world under cuemu ${what:-all streams lazy}: $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/world$eager.log")"
+done
+grep -E 'gradients:|world 3: step 1' "$ITEST_DIR/check.log" "$ITEST_DIR/world.log" | sed 's/^[^:]*: */  /'
+
+train() {
+    timeout 120 "$E/muster-train" --standalone --model tiny --data "$ITEST_DIR/text.txt" \
+        --steps 24 --batch 8 --micro-batch 4 --lr 1e-2 --threads 2 --log-level warn "$@"
+}
+latest_is() {
+    [ "$(cat "$1/latest" 2>/dev/null)" = "$2" ] || fail "$1/latest: expected $2"
+}
+CK=$ITEST_DIR/ck
+train --device gpu --stop-after 8 --checkpoint-dir "$CK/gpu" --checkpoint-every 4 \
+    --eval-every 8 --eval-batches 2 > "$ITEST_DIR/t1.log" 2>&1 || fail "GPU training: $(tail -3 "$ITEST_DIR/t1.log")"
+latest_is "$CK/gpu" step-00000008
+grep -q 'val' "$ITEST_DIR/t1.log" || fail "no validation line from the GPU path"
+train --device gpu --stop-after 8 --checkpoint-dir "$CK/gpu" --resume "$CK/gpu" \
+    > "$ITEST_DIR/t2.log" 2>&1 || fail "GPU resume: $(tail -3 "$ITEST_DIR/t2.log")"
+latest_is "$CK/gpu" step-00000016
+train --device cpu --stop-after 4 --checkpoint-dir "$CK/cpu" --resume "$CK/gpu" \
+    > "$ITEST_DIR/t3.log" 2>&1 || fail "CPU resume of a GPU checkpoint: $(tail -3 "$ITEST_DIR/t3.log")"
+latest_is "$CK/cpu" step-00000020
+train --device gpu --resume "$CK/cpu" --sample 32 > "$ITEST_DIR/t4.log" 2>&1 \
+    || fail "GPU resume of a CPU checkpoint: $(tail -3 "$ITEST_DIR/t4.log")"
+grep -q '^sample at step 24:' "$ITEST_DIR/t4.log" || fail "no sample at step 24"
+
+# A GPU rank under musterd: the agent hands it an emulated gpu:0 device.
+cat > "$ITEST_DIR/job.json" <<EOF
+{"name": "gpu-local", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 12,
+ "batch": 4, "micro_batch": 4, "max_restarts": 0}
+EOF
+timeout 120 "$BUILD/muster-worker" --local --job "$ITEST_DIR/job.json" --devices gpu:0 \
+    --rank-cmd "$E/muster-train" > "$ITEST_DIR/local.log" 2>&1 \
+    || fail "a job with a GPU rank under the local launcher failed"
+grep -q 'completed, generation 1, 1 ranks' "$ITEST_DIR/local.log" || fail "no completion in the launcher's log"
+grep -q 'on cuemu (CUDA emulated on the CPU)' "$ITEST_DIR/local.log" || fail "the rank did not take the GPU path"
+
+# Out of memory: what was asked, what was free, what would fit.
+set +e
+CUEMU_DEVICE_MB=256 timeout 60 "$E/muster-train" --standalone --device gpu --model gpt2-124m \
+    --data "$ITEST_DIR/text.txt" --steps 1 --batch 8 --micro-batch 8 --seq-len 1024 \
+    > "$ITEST_DIR/oom.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || fail "out of device memory exited $rc, expected 1"
+grep -q 'out of memory: .* GiB free of 0.250 GiB' "$ITEST_DIR/oom.log" || fail "OOM message: $(cat "$ITEST_DIR/oom.log")"
+grep -q 'would fit: .*micro_batch' "$ITEST_DIR/oom.log" || fail "OOM message names nothing that fits"
+echo "gpu_emulated: passed"
