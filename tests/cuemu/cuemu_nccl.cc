@@ -1,24 +1,37 @@
 /*
- * cuemu_nccl: NCCL collectives between ranks that are threads of one
- * process (see include/nccl.h and tests/cuemu/README.md).
+ * cuemu_nccl: NCCL collectives between ranks that are processes or threads
+ * (see include/nccl.h and tests/cuemu/README.md).
  *
- * A world is found by its unique id. Collective number c of a rank meets
- * collective number c of every other rank: the last to arrive checks that
- * all agree and moves the data for everyone (reductions in rank order, in
- * the element type, bf16 through fp32), then all go on. A rank that waits
- * longer than CUEMU_NCCL_TIMEOUT_S (default 60) seconds is reported with
- * what every rank was doing, and the process stops: real NCCL would hang.
+ * ncclGetUniqueId creates a world: a POSIX shared-memory segment, named in
+ * the id, holding a process-shared mutex and condition, the state of the
+ * collective being gathered and one staging area per rank. For collective
+ * number c every rank waits until the world is at c, copies what it sends
+ * into its staging area and records the call; the last to arrive checks
+ * that the calls agree (operation, count, type, reduction, root) and opens
+ * the reading phase; each rank computes its own result from the staging
+ * areas (reductions in rank order, in the element type, bf16 through fp32)
+ * and leaves; the last to leave moves the world on to c + 1. A rank that
+ * waits longer than CUEMU_NCCL_TIMEOUT_S (default 60) seconds is reported
+ * with what every rank was doing, and the process stops: real NCCL would
+ * hang. ncclCommAbort marks the world aborted and wakes everyone, and so
+ * does a rank that died holding the lock. The segment is unlinked once
+ * every rank has joined; segments left by processes that died before that
+ * are removed by the next ncclGetUniqueId.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,38 +44,43 @@ namespace {
 enum coll_op { ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST };
 const char *op_name[] = {"ncclAllGather", "ncclReduceScatter", "ncclAllReduce", "ncclBroadcast"};
 
+enum { MAX_RANKS = 16 };
+const uint32_t WORLD_MAGIC = 0x6375656d;
+const char SHM_PREFIX[] = "cuemu-nccl-";
+
 struct part {
     coll_op op;
     size_t count; /* sendcount, recvcount or count, as the call takes it */
     ncclDataType_t type;
     ncclRedOp_t red;
     int root;
-    const void *send;
+    const void *send; /* in the caller's address space */
     void *recv;
 };
 
+/* The segment's header; the staging areas follow it, page-aligned. */
 struct world {
-    std::mutex mu;
-    std::condition_variable cv;
-    int n = 0, joined = 0;
-    bool aborted = false;
-    unsigned long long round = 0; /* the collective being gathered */
-    int arrived = 0;
-    std::vector<part> parts;
-    std::vector<bool> present;
-    std::vector<unsigned long long> at; /* each rank's next collective */
-    std::vector<cuemu_comm *> comms;     /* not destroyed yet */
+    uint32_t magic;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, joined, aborted;
+    unsigned long long round; /* the collective being gathered */
+    int reading;              /* all have arrived: the staging areas are read */
+    int arrived, left;
+    part parts[MAX_RANKS];
+    int present[MAX_RANKS];
+    unsigned long long at[MAX_RANKS]; /* each rank's next collective */
+    size_t stage_bytes;       /* per rank */
 };
 
-/* Worlds live as long as the process: an aborted rank may still be inside
- * a collective of one (kept reachable, never freed: a few hundred bytes). */
-std::mutex worlds_mu;
-std::map<std::string, world *> &worlds = *new std::map<std::string, world *>();
+size_t header_bytes() { return (sizeof(world) + 4095) / 4096 * 4096; }
+char *stage_of(world *w, int rank) { return (char *)w + header_bytes() + (size_t)rank * w->stage_bytes; }
 
 }
 
 struct cuemu_comm {
     world *w;
+    size_t map_bytes;
     int rank;
     unsigned long long next;
     bool aborted;
@@ -70,11 +88,44 @@ struct cuemu_comm {
 
 namespace {
 
-std::chrono::seconds timeout()
+long timeout_s()
 {
     const char *s = getenv("CUEMU_NCCL_TIMEOUT_S");
     long v = s ? strtol(s, NULL, 10) : 60;
-    return std::chrono::seconds(v > 0 ? v : 60);
+    return v > 0 ? v : 60;
+}
+
+struct timespec deadline()
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_s();
+    return ts;
+}
+
+/* A lock holder that died counts as an abort. */
+void lock(world *w)
+{
+    int e = pthread_mutex_lock(&w->mu);
+    if (e == EOWNERDEAD) {
+        w->aborted = 1;
+        pthread_mutex_consistent(&w->mu);
+    } else if (e) {
+        cuemu::fatal("NCCL world: pthread_mutex_lock: %s", strerror(e));
+    }
+}
+
+void unlock(world *w) { pthread_mutex_unlock(&w->mu); }
+
+/* false at the deadline */
+bool wait_for(world *w, const struct timespec *dl)
+{
+    int e = pthread_cond_timedwait(&w->cv, &w->mu, dl);
+    if (e == EOWNERDEAD) {
+        w->aborted = 1;
+        pthread_mutex_consistent(&w->mu);
+    }
+    return e != ETIMEDOUT;
 }
 
 size_t type_size(ncclDataType_t t)
@@ -122,25 +173,25 @@ void store(void *p, ncclDataType_t t, size_t i, double v)
     cuemu::fatal("NCCL reduction over type %d is not emulated", (int)t);
 }
 
-/* The reduction of the ranks' element i, in rank order, in the type's own
- * arithmetic (fp32 for float and bf16, as NCCL's kernels). */
-void reduce_into(void *dst, size_t di, const std::vector<std::string> &src, size_t si,
+/* The reduction of the ranks' element si, in rank order, in the type's
+ * own arithmetic (fp32 for float and bf16, as NCCL's kernels). */
+void reduce_into(void *dst, size_t di, const std::vector<const char *> &src, size_t si,
                  ncclDataType_t t, ncclRedOp_t red)
 {
     const int n = (int)src.size();
     if (t == ncclFloat32 || t == ncclBfloat16) {
-        float acc = (float)load(src[0].data(), t, si);
+        float acc = (float)load(src[0], t, si);
         for (int q = 1; q < n; q++) {
-            float x = (float)load(src[q].data(), t, si);
+            float x = (float)load(src[q], t, si);
             acc = red == ncclMax ? (x > acc ? x : acc) : red == ncclMin ? (x < acc ? x : acc)
                   : red == ncclProd ? acc * x : acc + x;
         }
         store(dst, t, di, red == ncclAvg ? acc / (float)n : acc);
         return;
     }
-    double acc = load(src[0].data(), t, si);
+    double acc = load(src[0], t, si);
     for (int q = 1; q < n; q++) {
-        double x = load(src[q].data(), t, si);
+        double x = load(src[q], t, si);
         acc = red == ncclMax ? (x > acc ? x : acc) : red == ncclMin ? (x < acc ? x : acc)
               : red == ncclProd ? acc * x : acc + x;
     }
@@ -155,8 +206,13 @@ std::string describe(const part &p)
     return b;
 }
 
-/* All ranks are in; caller holds w->mu. */
-void perform(world *w, unsigned long long seq)
+size_t send_bytes(const part &p, int n)
+{
+    return type_size(p.type) * (p.op == REDUCE_SCATTER ? p.count * (size_t)n : p.count);
+}
+
+/* The last rank in: do the calls agree? Caller holds the lock. */
+void check_agreement(world *w, unsigned long long seq)
 {
     const part &p0 = w->parts[0];
     for (int r = 1; r < w->n; r++) {
@@ -168,31 +224,32 @@ void perform(world *w, unsigned long long seq)
                          "GPUs this hangs or corrupts data", seq + 1, describe(p0).c_str(), r,
                          describe(p).c_str());
     }
-    const size_t es = type_size(p0.type), c = p0.count;
+}
+
+/* This rank's result, from every rank's staging area. */
+void compute(world *w, int rank, const part &p)
+{
+    const size_t es = type_size(p.type), c = p.count;
     const int n = w->n;
-    size_t send_elems = p0.op == REDUCE_SCATTER ? c * n : c;
-    std::vector<std::string> in((size_t)n);
-    for (int r = 0; r < n; r++)
-        in[r].assign((const char *)w->parts[r].send, send_elems * es);
-    for (int r = 0; r < n; r++) {
-        void *out = w->parts[r].recv;
-        switch (p0.op) {
-        case ALL_GATHER:
-            for (int q = 0; q < n; q++)
-                memcpy((char *)out + (size_t)q * c * es, in[q].data(), c * es);
-            break;
-        case BROADCAST:
-            memcpy(out, in[p0.root].data(), c * es);
-            break;
-        case ALL_REDUCE:
-            for (size_t i = 0; i < c; i++)
-                reduce_into(out, i, in, i, p0.type, p0.red);
-            break;
-        case REDUCE_SCATTER:
-            for (size_t i = 0; i < c; i++)
-                reduce_into(out, i, in, (size_t)r * c + i, p0.type, p0.red);
-            break;
-        }
+    std::vector<const char *> in((size_t)n);
+    for (int q = 0; q < n; q++)
+        in[q] = stage_of(w, q);
+    switch (p.op) {
+    case ALL_GATHER:
+        for (int q = 0; q < n; q++)
+            memcpy((char *)p.recv + (size_t)q * c * es, in[q], c * es);
+        break;
+    case BROADCAST:
+        memcpy(p.recv, in[p.root], c * es);
+        break;
+    case ALL_REDUCE:
+        for (size_t i = 0; i < c; i++)
+            reduce_into(p.recv, i, in, i, p.type, p.red);
+        break;
+    case REDUCE_SCATTER:
+        for (size_t i = 0; i < c; i++)
+            reduce_into(p.recv, i, in, (size_t)rank * c + i, p.type, p.red);
+        break;
     }
 }
 
@@ -200,42 +257,58 @@ void perform(world *w, unsigned long long seq)
 {
     std::string who;
     for (int r = 0; r < w->n; r++) {
-        char b[200];
-        snprintf(b, sizeof(b), "; rank %d %s", r,
-                 w->present[r] ? ("waits in " + describe(w->parts[r])).c_str()
-                               : (w->at[r] > seq ? "is past it" : "has not reached it"));
-        who += b;
+        std::string what = w->present[r] ? "waits in " + describe(w->parts[r])
+                           : w->at[r] > seq ? "is past it" : "has not reached it";
+        who += "; rank " + std::to_string(r) + " " + what;
     }
-    cuemu::fatal("rank %d waited %lld s in NCCL collective #%llu, %s%s", me->rank,
-                 (long long)timeout().count(), seq + 1, describe(p).c_str(), who.c_str());
+    cuemu::fatal("rank %d waited %ld s in NCCL collective #%llu, %s%s", me->rank, timeout_s(),
+                 seq + 1, describe(p).c_str(), who.c_str());
 }
 
 void collective(cuemu_comm *c, const part &p)
 {
     world *w = c->w;
-    std::unique_lock<std::mutex> lk(w->mu);
+    const struct timespec dl = deadline();
+    lock(w);
     const unsigned long long seq = c->next++;
     w->at[c->rank] = c->next;
-    const auto limit = std::chrono::steady_clock::now() + timeout();
-    while (w->round != seq && !w->aborted)
-        if (w->cv.wait_until(lk, limit) == std::cv_status::timeout)
+    while (!w->aborted && (w->round != seq || w->reading))
+        if (!wait_for(w, &dl))
             stuck(w, c, seq, p);
-    if (w->aborted)
-        return;
-    w->parts[c->rank] = p;
-    w->present[c->rank] = true;
-    if (++w->arrived == w->n) {
-        perform(w, seq);
-        w->arrived = 0;
-        for (int r = 0; r < w->n; r++)
-            w->present[r] = false;
-        w->round++;
-        w->cv.notify_all();
+    if (w->aborted) {
+        unlock(w);
         return;
     }
-    while (w->round == seq && !w->aborted)
-        if (w->cv.wait_until(lk, limit) == std::cv_status::timeout)
+    const size_t sb = send_bytes(p, w->n);
+    if (sb > w->stage_bytes)
+        cuemu::fatal("%s of %zu bytes: more than cuemu's staging area of %zu bytes per rank "
+                     "(CUEMU_NCCL_STAGING_MB)", op_name[p.op], sb, w->stage_bytes);
+    memcpy(stage_of(w, c->rank), p.send, sb);
+    w->parts[c->rank] = p;
+    w->present[c->rank] = 1;
+    if (++w->arrived == w->n) {
+        check_agreement(w, seq);
+        w->reading = 1;
+        pthread_cond_broadcast(&w->cv);
+    }
+    while (!w->aborted && !w->reading)
+        if (!wait_for(w, &dl))
             stuck(w, c, seq, p);
+    if (w->aborted) {
+        unlock(w);
+        return;
+    }
+    unlock(w);
+    compute(w, c->rank, p); /* nobody writes the staging areas while reading */
+    lock(w);
+    if (++w->left == w->n) {
+        w->arrived = w->left = w->reading = 0;
+        for (int r = 0; r < w->n; r++)
+            w->present[r] = 0;
+        w->round++;
+        pthread_cond_broadcast(&w->cv);
+    }
+    unlock(w);
 }
 
 ncclResult_t queue(cuemu_comm *c, const part &p, cudaStream_t s)
@@ -244,64 +317,134 @@ ncclResult_t queue(cuemu_comm *c, const part &p, cudaStream_t s)
         return ncclInvalidUsage;
     const size_t es = type_size(p.type);
     const int n = c->w->n;
-    size_t sb = es * (p.op == REDUCE_SCATTER ? p.count * n : p.count);
     size_t rb = es * (p.op == ALL_GATHER ? p.count * n : p.count);
-    if (!es || !cuemu::is_device(p.send, sb) || !cuemu::is_device(p.recv, rb))
+    if (!es || !cuemu::is_device(p.send, send_bytes(p, n)) || !cuemu::is_device(p.recv, rb))
         return ncclInvalidArgument;
     cuemu::enqueue(s, op_name[p.op], [c, p]() { collective(c, p); });
     return ncclSuccess;
+}
+
+/* /dev/shm/cuemu-nccl-PID-* of processes that are gone. */
+void remove_stale_worlds()
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, SHM_PREFIX, sizeof(SHM_PREFIX) - 1) != 0)
+            continue;
+        long pid = strtol(de->d_name + sizeof(SHM_PREFIX) - 1, NULL, 10);
+        if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+            shm_unlink((std::string("/") + de->d_name).c_str());
+    }
+    closedir(d);
+}
+
+size_t world_bytes(size_t stage) { return header_bytes() + (size_t)MAX_RANKS * stage; }
+
+size_t stage_bytes_wanted()
+{
+    const char *s = getenv("CUEMU_NCCL_STAGING_MB");
+    long mb = s ? strtol(s, NULL, 10) : 64;
+    return (size_t)(mb > 0 ? mb : 64) << 20;
 }
 
 }
 
 extern "C" {
 
+/* The id holds "cuemu", the segment's name and its staging size. */
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
+    remove_stale_worlds();
+    unsigned char rnd[8];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        return ncclSystemError;
     memset(id, 0, sizeof(*id));
     memcpy(id->internal, "cuemu", 5);
-    if (getrandom(id->internal + 8, 32, 0) != 32)
+    char *name = id->internal + 8;
+    snprintf(name, 64, "/%s%ld-%02x%02x%02x%02x%02x%02x%02x%02x", SHM_PREFIX, (long)getpid(),
+             rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    const size_t stage = stage_bytes_wanted();
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
         return ncclSystemError;
+    const size_t bytes = world_bytes(stage);
+    void *m = ftruncate(fd, (off_t)bytes) == 0
+                  ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(name);
+        return ncclSystemError;
+    }
+    world *w = (world *)m;
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&w->mu, &ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&w->cv, &ca);
+    w->stage_bytes = stage;
+    __atomic_store_n(&w->magic, WORLD_MAGIC, __ATOMIC_RELEASE);
+    munmap(m, bytes);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
     *comm = NULL;
-    if (nranks < 1 || rank < 0 || rank >= nranks || memcmp(id.internal, "cuemu", 5) != 0)
+    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks ||
+        memcmp(id.internal, "cuemu", 5) != 0)
         return ncclInvalidArgument;
-    std::string key(id.internal, sizeof(id.internal));
-    world *w;
-    {
-        std::lock_guard<std::mutex> g(worlds_mu);
-        auto it = worlds.find(key);
-        if (it == worlds.end()) {
-            w = new world();
-            w->n = nranks;
-            w->parts.resize((size_t)nranks);
-            w->present.assign((size_t)nranks, false);
-            w->at.assign((size_t)nranks, 0);
-            worlds[key] = w;
-        } else {
-            w = it->second;
-        }
+    char name[72];
+    memcpy(name, id.internal + 8, sizeof(name) - 1);
+    name[sizeof(name) - 1] = '\0';
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        fprintf(stderr, "cuemu: ncclCommInitRank: world %s: %s (every rank must join before "
+                "the world is complete)\n", name, strerror(errno));
+        return ncclSystemError;
     }
-    std::unique_lock<std::mutex> lk(w->mu);
-    if (w->n != nranks)
+    struct stat st;
+    void *m = fstat(fd, &st) == 0 && (size_t)st.st_size > header_bytes()
+                  ? mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    close(fd);
+    if (m == MAP_FAILED)
+        return ncclSystemError;
+    world *w = (world *)m;
+    if (__atomic_load_n(&w->magic, __ATOMIC_ACQUIRE) != WORLD_MAGIC) {
+        munmap(m, (size_t)st.st_size);
+        return ncclInvalidArgument;
+    }
+    lock(w);
+    if (w->n == 0)
+        w->n = nranks;
+    if (w->n != nranks) {
+        unlock(w);
+        munmap(m, (size_t)st.st_size);
         return ncclInvalidUsage;
-    w->joined++;
-    w->cv.notify_all();
-    const auto limit = std::chrono::steady_clock::now() + timeout();
+    }
+    if (++w->joined == w->n)
+        shm_unlink(name); /* everyone has it mapped */
+    pthread_cond_broadcast(&w->cv);
+    const struct timespec dl = deadline();
     while (w->joined < w->n && !w->aborted)
-        if (w->cv.wait_until(lk, limit) == std::cv_status::timeout) {
-            fprintf(stderr, "cuemu: ncclCommInitRank: rank %d of %d waited for the others\n",
-                    rank, nranks);
+        if (!wait_for(w, &dl)) {
+            unlock(w);
+            fprintf(stderr, "cuemu: ncclCommInitRank: rank %d of %d waited %ld s for the others\n",
+                    rank, nranks, timeout_s());
             return ncclSystemError;
         }
+    unlock(w);
     cuemu_comm *c = new cuemu_comm();
     c->w = w;
+    c->map_bytes = (size_t)st.st_size;
     c->rank = rank;
-    w->comms.push_back(c);
     *comm = c;
     return ncclSuccess;
 }
@@ -319,28 +462,23 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclInvalidArgument;
-    world *w = comm->w;
-    std::lock_guard<std::mutex> g(w->mu);
-    for (size_t i = 0; i < w->comms.size(); i++)
-        if (w->comms[i] == comm) {
-            w->comms.erase(w->comms.begin() + (long)i);
-            break;
-        }
+    munmap(comm->w, comm->map_bytes);
     delete comm;
     return ncclSuccess;
 }
 
-/* Wakes every rank waiting in a collective of this world. The handle is
- * not freed: another thread may still be inside a collective with it (the
- * world keeps it). */
+/* Wakes every rank waiting in a collective of this world. The handle and
+ * its mapping are kept: another thread may still be inside a collective
+ * with it (a few hundred bytes, for the life of the process). */
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)
         return ncclInvalidArgument;
-    std::lock_guard<std::mutex> g(comm->w->mu);
+    lock(comm->w);
     comm->aborted = true;
-    comm->w->aborted = true;
-    comm->w->cv.notify_all();
+    comm->w->aborted = 1;
+    pthread_cond_broadcast(&comm->w->cv);
+    unlock(comm->w);
     return ncclSuccess;
 }
 
@@ -348,8 +486,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 {
     if (!comm)
         return ncclInvalidArgument;
-    std::lock_guard<std::mutex> g(comm->w->mu);
+    lock(comm->w);
     *err = comm->w->aborted ? ncclRemoteError : ncclSuccess;
+    unlock(comm->w);
     return ncclSuccess;
 }
 
