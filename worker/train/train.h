@@ -1,7 +1,7 @@
 /*
- * train: the training loop of one rank, as a library. muster-train's
- * --standalone mode drives it; the rank mode (issue 4) will drive the same
- * loop and hook heartbeats and collectives onto it.
+ * train: the training loop of one rank, as a library. muster-train drives
+ * it standalone and as a rank of a job (heartbeats and the stop vote hooked
+ * onto the loop; worker/train/rank.h).
  *
  * A step: zero the gradients; for each of `accum` micro-steps draw the
  * micro-batch (seed, step, micro_step, rank, world), forward, backward with
