@@ -208,8 +208,8 @@ static void on_step(const struct train_step_info *in, void *user)
     if (rs->metrics) {
         fprintf(rs->metrics,
                 "{\"step\": %ld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
-                "\"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
-                in->step, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->ms);
+                "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_frac\": %.4f}\n",
+                in->step, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->ms, in->comm_frac);
         fflush(rs->metrics);
     }
 }

@@ -60,6 +60,11 @@ latest_is "$CK/gpu" step-00000016
 ref=$(loss_at "$ITEST_DIR/straight.jsonl" 16); got=$(loss_at "$ITEST_DIR/resumed.jsonl" 16)
 [ -n "$ref" ] && [ "$ref" = "$got" ] || fail "step 16 loss: straight $ref, resumed from step 8 $got"
 echo "GPU path resumed from step 8: step-16 loss $got, as the uninterrupted run"
+python3 - "$ITEST_DIR/straight.jsonl" <<'PY' || fail "comm_frac missing or outside [0, 1] in the GPU path's metrics"
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(steps) == 16 and all(0.0 <= d["comm_frac"] <= 1.0 for d in steps)
+PY
 train --device cpu --stop-after 4 --checkpoint-dir "$CK/cpu" --resume "$CK/gpu" \
     > "$ITEST_DIR/t3.log" 2>&1 || fail "CPU resume of a GPU checkpoint: $(tail -3 "$ITEST_DIR/t3.log")"
 latest_is "$CK/cpu" step-00000020

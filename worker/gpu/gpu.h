@@ -89,6 +89,11 @@ int gpu_zero_backward(struct gpu_zero *z, float scale);
 /* Waits for the step's collectives; *loss_sum: the step's losses summed over
  * micro-steps and ranks; *norm: the global gradient norm. */
 int gpu_zero_step_stats(struct gpu_zero *z, double *loss_sum, double *norm);
+/* Seconds the compute stream stood waiting for communication (gathers not
+ * yet arrived, reductions not yet done) in the steps whose
+ * gpu_zero_step_stats returned since the last call: the communication
+ * that overlap did not hide. */
+double gpu_zero_comm_wait_s(struct gpu_zero *z);
 /* x summed over ranks (identity without NCCL); waits. */
 int gpu_zero_sum(struct gpu_zero *z, double *x);
 /* AdamW on the shards (decay on matrices only, as worker/train/optim.c). */

@@ -104,10 +104,10 @@ int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char 
     if (rc)
         return failed(tr, rc, "AdamW", err, errlen);
     tr->step++;
-    /* comm 0: collectives overlap on their own stream, their waits are not measured */
+    const double comm_s = gpu_zero_comm_wait_s(tr->z);
     if (info)
         train_step_report(info, s, tr->step, loss, lr, norm, (double)tr->accum * B * T,
-                          now_s() - t0, 0);
+                          now_s() - t0, comm_s);
     return 0;
 }
 

@@ -28,6 +28,7 @@
 #define BLAS_WORKSPACE (32u << 20) /* cuBLAS' recommended workspace on Hopper */
 #define NSLOT 3                    /* two block/norm slots and the embedding */
 #define EMBED 2
+#define NSTALL 256                 /* stall measurements in flight */
 
 /* Activations of one micro-batch, carved out of one allocation. */
 struct gpu_acts {
@@ -82,6 +83,11 @@ struct gpu_zero {
     cudaStream_t cs, ns;
     cudaEvent_t ev_gath[NSLOT], ev_free[NSLOT], ev_gready[NSLOT], ev_gfree[NSLOT];
     cudaEvent_t ev_cast, ev_ns, ev_cs, ev_upload;
+    /* compute-stream stalls on communication: a timing event before and
+     * after each wait of cs on ns, a ring of NSTALL pairs */
+    cudaEvent_t stall[NSTALL][2];
+    int stall_first, stall_n;
+    double stall_ms;
     cublasHandle_t blas;
 #ifdef MUSTER_HAVE_NCCL
     ncclComm_t nc;
@@ -403,12 +409,37 @@ static int gather(struct gpu_zero *z, int u, int s)
     return 0;
 }
 
-/* cs: wait for slot s's gather; after the compute, let ns reuse the slot. */
-static int use(struct gpu_zero *z, int s)
+/* Adds the oldest measured stall to stall_ms; waits for it if asked. */
+static int stall_collect(struct gpu_zero *z, int wait)
 {
-    CUDA_CK(cudaStreamWaitEvent(z->cs, z->ev_gath[s], 0));
+    cudaEvent_t *e = z->stall[z->stall_first];
+    if (wait)
+        CUDA_CK(cudaEventSynchronize(e[1]));
+    float ms = 0;
+    CUDA_CK(cudaEventElapsedTime(&ms, e[0], e[1]));
+    z->stall_ms += ms;
+    z->stall_first = (z->stall_first + 1) % NSTALL;
+    z->stall_n--;
     return 0;
 }
+
+/* cs waits for event ev of ns. The time cs spends blocked there (the
+ * communication the compute could not hide) is measured between two
+ * timing events on cs: gpu_zero_comm_wait_s() reports it. */
+static int cs_wait(struct gpu_zero *z, cudaEvent_t ev)
+{
+    if (z->stall_n == NSTALL)
+        TRY(stall_collect(z, 1));
+    cudaEvent_t *e = z->stall[(z->stall_first + z->stall_n) % NSTALL];
+    CUDA_CK(cudaEventRecord(e[0], z->cs));
+    CUDA_CK(cudaStreamWaitEvent(z->cs, ev, 0));
+    CUDA_CK(cudaEventRecord(e[1], z->cs));
+    z->stall_n++;
+    return 0;
+}
+
+/* cs: wait for slot s's gather; after the compute, let ns reuse the slot. */
+static int use(struct gpu_zero *z, int s) { return cs_wait(z, z->ev_gath[s]); }
 
 static int release(struct gpu_zero *z, int s)
 {
@@ -419,7 +450,7 @@ static int release(struct gpu_zero *z, int s)
 /* cs: gradient buffer s, zeroed for unit u once its last reduction is done. */
 static int grad_begin(struct gpu_zero *z, int u, int s)
 {
-    CUDA_CK(cudaStreamWaitEvent(z->cs, z->ev_gfree[s], 0));
+    TRY(cs_wait(z, z->ev_gfree[s]));
     CUDA_CK(cudaMemsetAsync(z->gbuf[s], 0, sizeof(float) * (size_t)z->world * z->shard[u], z->cs));
     return 0;
 }
@@ -448,7 +479,7 @@ static int reduce(struct gpu_zero *z, int u, int s)
 static int join_ns(struct gpu_zero *z)
 {
     CUDA_CK(cudaEventRecord(z->ev_ns, z->ns));
-    CUDA_CK(cudaStreamWaitEvent(z->cs, z->ev_ns, 0));
+    TRY(cs_wait(z, z->ev_ns));
     return 0;
 }
 
@@ -524,6 +555,9 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
         CUDA_CK(cudaEventCreateWithFlags(&z->ev_gfree[s], cudaEventDisableTiming));
         z->holds[s] = -1;
     }
+    for (int i = 0; i < NSTALL; i++)
+        for (int k = 0; k < 2; k++)
+            CUDA_CK(cudaEventCreate(&z->stall[i][k]));
     CUBLAS_CK(cublasCreate(&z->blas));
     CUBLAS_CK(cublasSetStream(z->blas, z->cs));
     TRY(gpu_alloc(z, &z->workspace, BLAS_WORKSPACE, "cuBLAS workspace"));
@@ -680,6 +714,10 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
             if (e4[i])
                 cudaEventDestroy(e4[i]);
     }
+    for (int i = 0; i < NSTALL; i++)
+        for (int k = 0; k < 2; k++)
+            if (z->stall[i][k])
+                cudaEventDestroy(z->stall[i][k]);
     if (z->cs)
         cudaStreamDestroy(z->cs);
     if (z->ns)
@@ -883,6 +921,8 @@ extern "C" int gpu_zero_step_stats(struct gpu_zero *z, double *loss_sum, double 
     CUDA_CK(cudaMemcpyAsync(z->h_stats, z->d_stats, 2 * sizeof(double), cudaMemcpyDeviceToHost,
                             z->cs));
     TRY(sync_cs(z));
+    while (z->stall_n)
+        TRY(stall_collect(z, 0)); /* all complete: cs is synchronised */
     *loss_sum = z->h_stats[0];
     *norm = sqrt(z->h_stats[1]);
     return 0;
@@ -1024,4 +1064,11 @@ extern "C" int gpu_zero_gather_u64(struct gpu_zero *z, const uint64_t *mine, siz
 #endif
     memcpy(all, mine, n * sizeof(uint64_t));
     return 0;
+}
+
+extern "C" double gpu_zero_comm_wait_s(struct gpu_zero *z)
+{
+    double s = z->stall_ms / 1e3;
+    z->stall_ms = 0;
+    return s;
 }
