@@ -12,9 +12,11 @@
  *      gradients, measured on random inputs; fp32 throughout would sit at
  *      1e-5. A layout or indexing bug gives errors of order 1.
  *   2. `small` (or --train-model), 50 steps (or --train-steps) of training
- *      from the same seed on the same data:
- *      the mean loss of the last 10 steps on the GPU within 5% of the CPU's,
- *      and both below the first step's loss by at least 0.5 nats.
+ *      from the same seed on the same data, two micro-steps per step:
+ *      the mean loss of the last 10 steps on the GPU within 5% of the CPU's
+ *      (--curve-bound; under cuemu, with no atomics reordering, 0.5%: an
+ *      input staged too early moved it 1.7%), and both below the first
+ *      step's loss by at least 0.5 nats.
  *   3. NCCL world 1 through the whole ZeRO-3 path (all-gather of bf16 units,
  *      reduce-scatter of fp32 gradients): same loss and gradients as the
  *      path without a communicator, to 1e-5 (atomics reorder fp32 sums).
@@ -183,7 +185,7 @@ out:
     gpt_destroy(&cpu);
 }
 
-static void check_train(const char *data, const char *model, int steps)
+static void check_train(const char *data, const char *model, int steps, double bound)
 {
     printf("%s, %d steps, GPU vs CPU loss curves (%s):\n", model, steps, data);
     struct job_spec spec;
@@ -194,7 +196,7 @@ static void check_train(const char *data, const char *model, int steps)
     gpt_preset(model, &cfg);
     spec.steps = steps;
     spec.batch = 8;
-    spec.micro_batch = 8;
+    spec.micro_batch = 4; /* two micro-steps: accumulation and input staging */
     spec.seq_len = cfg.T < 64 ? cfg.T : 64;
     spec.lr = cfg.C < 64 ? 1e-2 : 1e-3; /* tiny learns slowly at 1e-3 */
     spec.lr_min = 1e-4;
@@ -237,8 +239,8 @@ static void check_train(const char *data, const char *model, int steps)
     CHECK(rc == 0, "%d steps ran on both%s%s", steps, rc ? ": " : "", rc ? err : "");
     if (!rc) {
         double rel = fabs(last_g - last_c) / last_c;
-        CHECK(rel <= 0.05, "mean loss of the last 10 steps GPU %.4f CPU %.4f: %.1f%% apart "
-                           "(bound 5%%)", last_g, last_c, 100 * rel);
+        CHECK(rel <= bound, "mean loss of the last 10 steps GPU %.4f CPU %.4f: %.2f%% apart "
+                            "(bound %.2g%%)", last_g, last_c, 100 * rel, 100 * bound);
         CHECK(first_c - last_c >= 0.5 && first_g - last_g >= 0.5,
               "both learn: CPU %.3f -> %.3f, GPU %.3f -> %.3f", first_c, last_c, first_g, last_g);
     }
@@ -387,24 +389,28 @@ int main(int argc, char **argv)
     }
     const char *model = "small";
     int steps = 50;
+    double bound = 0.05;
     for (; argc > 2 && strncmp(argv[1], "--", 2) == 0; argc -= 2, argv += 2) {
         if (strcmp(argv[1], "--train-model") == 0)
             model = argv[2];
         else if (strcmp(argv[1], "--train-steps") == 0)
             steps = atoi(argv[2]);
+        else if (strcmp(argv[1], "--curve-bound") == 0)
+            bound = atof(argv[2]);
         else
             break;
     }
     struct gpt_config probe;
-    if (argc != 2 || gpt_preset(model, &probe) != 0 || steps < 20) {
-        fprintf(stderr, "usage: gpu-check [--train-model PRESET] [--train-steps N>=20] DATA_FILE\n");
+    if (argc != 2 || gpt_preset(model, &probe) != 0 || steps < 20 || !(bound > 0)) {
+        fprintf(stderr, "usage: gpu-check [--train-model PRESET] [--train-steps N>=20] "
+                        "[--curve-bound FRACTION] DATA_FILE\n");
         return 2;
     }
     char name[128];
     gpu_device_name(name, sizeof(name));
     printf("gpu-check on %s\n", name);
     check_tiny();
-    check_train(argv[1], model, steps);
+    check_train(argv[1], model, steps, bound);
     check_checkpoints(argv[1]);
     printf("gpu-check: %s (%d failure%s)\n", failures ? "FAILED" : "passed", failures,
            failures == 1 ? "" : "s");

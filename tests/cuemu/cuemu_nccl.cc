@@ -3,8 +3,8 @@
  * (see include/nccl.h and tests/cuemu/README.md).
  *
  * ncclGetUniqueId creates a world: a POSIX shared-memory segment, named in
- * the id, holding a process-shared mutex and condition, the state of the
- * collective being gathered and one staging area per rank. For collective
+ * the id, holding a process-shared robust mutex (waiters poll it), the
+ * state of the collective being gathered and one staging area per rank. For collective
  * number c every rank waits until the world is at c, copies what it sends
  * into its staging area and records the call; the last to arrive checks
  * that the calls agree (operation, count, type, reduction, root) and opens
@@ -13,10 +13,11 @@
  * and leaves; the last to leave moves the world on to c + 1. A rank that
  * waits longer than CUEMU_NCCL_TIMEOUT_S (default 60) seconds is reported
  * with what every rank was doing, and the process stops: real NCCL would
- * hang. ncclCommAbort marks the world aborted and wakes everyone, and so
- * does a rank that died holding the lock. The segment is unlinked once
- * every rank has joined; segments left by processes that died before that
- * are removed by the next ncclGetUniqueId.
+ * hang. ncclCommAbort marks the world aborted, and so does a rank that
+ * died holding the lock; collectives of an aborted world leave NaN in
+ * their receive buffers. The segment is unlinked once every rank has
+ * joined; segments left by processes that died before that are removed by
+ * the next ncclGetUniqueId.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -62,7 +63,6 @@ struct part {
 struct world {
     uint32_t magic;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     int n, joined, aborted;
     unsigned long long round; /* the collective being gathered */
     int reading;              /* all have arrived: the staging areas are read */
@@ -117,15 +117,19 @@ void lock(world *w)
 
 void unlock(world *w) { pthread_mutex_unlock(&w->mu); }
 
-/* false at the deadline */
+/* Lets the others move, then looks again (caller holds the lock); false at
+ * the deadline. Polling, not a process-shared condition variable: glibc's
+ * pthread_cond_broadcast can wait for every waiter to let go, and a rank
+ * SIGKILLed while waiting never does. */
 bool wait_for(world *w, const struct timespec *dl)
 {
-    int e = pthread_cond_timedwait(&w->cv, &w->mu, dl);
-    if (e == EOWNERDEAD) {
-        w->aborted = 1;
-        pthread_mutex_consistent(&w->mu);
-    }
-    return e != ETIMEDOUT;
+    unlock(w);
+    const struct timespec nap = {0, 200 * 1000};
+    nanosleep(&nap, NULL);
+    lock(w);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return now.tv_sec < dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec < dl->tv_nsec);
 }
 
 size_t type_size(ncclDataType_t t)
@@ -265,6 +269,13 @@ void compute(world *w, int rank, const part &p)
                  seq + 1, describe(p).c_str(), who.c_str());
 }
 
+/* What a collective of an aborted world leaves: garbage (0xff bytes: NaN),
+ * never a plausible result. */
+void aborted_result(const part &p, int n)
+{
+    memset(p.recv, 0xff, type_size(p.type) * (p.op == ALL_GATHER ? p.count * (size_t)n : p.count));
+}
+
 void collective(cuemu_comm *c, const part &p)
 {
     world *w = c->w;
@@ -277,6 +288,7 @@ void collective(cuemu_comm *c, const part &p)
             stuck(w, c, seq, p);
     if (w->aborted) {
         unlock(w);
+        aborted_result(p, w->n);
         return;
     }
     const size_t sb = send_bytes(p, w->n);
@@ -289,13 +301,13 @@ void collective(cuemu_comm *c, const part &p)
     if (++w->arrived == w->n) {
         check_agreement(w, seq);
         w->reading = 1;
-        pthread_cond_broadcast(&w->cv);
     }
     while (!w->aborted && !w->reading)
         if (!wait_for(w, &dl))
             stuck(w, c, seq, p);
     if (w->aborted) {
         unlock(w);
+        aborted_result(p, w->n);
         return;
     }
     unlock(w);
@@ -306,7 +318,6 @@ void collective(cuemu_comm *c, const part &p)
         for (int r = 0; r < w->n; r++)
             w->present[r] = 0;
         w->round++;
-        pthread_cond_broadcast(&w->cv);
     }
     unlock(w);
 }
@@ -384,10 +395,6 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
     pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
     pthread_mutex_init(&w->mu, &ma);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-    pthread_cond_init(&w->cv, &ca);
     w->stage_bytes = stage;
     __atomic_store_n(&w->magic, WORLD_MAGIC, __ATOMIC_RELEASE);
     munmap(m, bytes);
@@ -431,7 +438,6 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     }
     if (++w->joined == w->n)
         shm_unlink(name); /* everyone has it mapped */
-    pthread_cond_broadcast(&w->cv);
     const struct timespec dl = deadline();
     while (w->joined < w->n && !w->aborted)
         if (!wait_for(w, &dl)) {
@@ -477,7 +483,6 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     lock(comm->w);
     comm->aborted = true;
     comm->w->aborted = 1;
-    pthread_cond_broadcast(&comm->w->cv);
     unlock(comm->w);
     return ncclSuccess;
 }

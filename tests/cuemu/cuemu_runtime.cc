@@ -9,7 +9,10 @@
  *
  * Streams are queues. Work runs when the host waits for it (stream or event
  * synchronisation, a copy to pageable host memory, cudaFree), in queue order
- * per stream; cudaStreamWaitEvent makes a stream run the other stream up to
+ * per stream; the legacy default stream (NULL) is one more such queue per
+ * thread, so cudaMemset and a host-to-device cudaMemcpy are not ordered
+ * before work on the non-blocking streams, as on a device (CUDA's "API
+ * synchronization behavior": they may return before the device is done); cudaStreamWaitEvent makes a stream run the other stream up to
  * the event first. So by default every stream runs as late as CUDA allows,
  * and a missing event shows up as a wrong result. CUEMU_EAGER lists streams
  * (numbered per OS thread in creation order, or "all") that run each
@@ -53,6 +56,20 @@ namespace cuemu {
 static thread_local cudaError_t last_error = cudaSuccess;
 static thread_local int streams_made;
 static thread_local std::vector<cuemu_stream *> my_streams;
+static thread_local cuemu_stream *legacy_stream;
+static bool eager_number(int n);
+
+/* This thread's legacy default stream (number 0). */
+static cuemu_stream *legacy()
+{
+    if (!legacy_stream) {
+        legacy_stream = new cuemu_stream();
+        legacy_stream->number = 0;
+        legacy_stream->eager = eager_number(0);
+        legacy_stream->owner = pthread_self();
+    }
+    return legacy_stream;
+}
 static unsigned long long ops_run; /* under mem_mu */
 
 struct alloc_info {
@@ -149,17 +166,15 @@ static void drain_to(cuemu_stream *s, unsigned long long target)
 
 void drain_stream(cudaStream_t s)
 {
-    if (s)
-        drain_to(s, s->issued);
+    if (!s)
+        s = legacy();
+    drain_to(s, s->issued);
 }
 
 void enqueue(cudaStream_t s, const char *what, std::function<void()> fn)
 {
-    if (!s) {
-        fn();
-        count_op();
-        return;
-    }
+    if (!s)
+        s = legacy();
     s->queue.push_back(std::move(fn));
     s->what.push_back(what);
     s->issued++;
@@ -174,6 +189,8 @@ static bool eager_number(int n)
         return false;
     if (strcmp(e, "all") == 0)
         return true;
+    if (n == 0)
+        return false; /* the legacy stream is eager only with "all" */
     for (const char *p = e; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
@@ -338,14 +355,27 @@ static cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemc
     return cudaErrorInvalidMemcpyDirection;
 }
 
+/* On the legacy stream: into the device it may return before the copy is
+ * done (a pageable source is staged first); into host memory it returns
+ * once the copy and all legacy work before it are done. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
     cudaError_t e = check_copy(dst, src, bytes, kind);
-    if (e == cudaSuccess) {
+    if (e != cudaSuccess)
+        return e;
+    if (!is_device(dst, bytes)) {
+        drain_stream(NULL);
         memmove(dst, src, bytes);
         count_op();
+        return cudaSuccess;
     }
-    return e;
+    if (!is_device(src, bytes)) {
+        std::string staged((const char *)src, bytes);
+        enqueue(NULL, "cudaMemcpy", [dst, staged]() { memcpy(dst, staged.data(), staged.size()); });
+    } else {
+        enqueue(NULL, "cudaMemcpy", [dst, src, bytes]() { memmove(dst, src, bytes); });
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
@@ -368,12 +398,12 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     return cudaSuccess;
 }
 
+/* Asynchronous with respect to the host, on the legacy stream. */
 cudaError_t cudaMemset(void *dst, int value, size_t bytes)
 {
     if (!is_device(dst, bytes))
         return cudaErrorInvalidValue;
-    memset(dst, value, bytes);
-    count_op();
+    enqueue(NULL, "cudaMemset", [dst, value, bytes]() { memset(dst, value, bytes); });
     return cudaSuccess;
 }
 
@@ -413,14 +443,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    drain_stream(s);
+    drain_stream(s); /* NULL: the legacy stream */
     return cudaSuccess;
 }
 
 /* Polling makes progress one operation at a time. */
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    if (!s || s->done == s->issued)
+    if (!s)
+        s = legacy();
+    if (s->done == s->issued)
         return cudaSuccess;
     drain_to(s, s->done + 1);
     return s->done == s->issued ? cudaSuccess : cudaErrorNotReady;
@@ -428,6 +460,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    drain_stream(NULL);
     for (size_t i = 0; i < my_streams.size(); i++)
         drain_stream(my_streams[i]);
     return cudaSuccess;
@@ -452,9 +485,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     if (!e)
         return cudaErrorInvalidResourceHandle;
+    if (!s)
+        s = legacy();
     enqueue(s, "cudaEventRecord", [e]() { e->t_ms = now_ms(); });
     e->stream = s;
-    e->seq = s ? s->issued : 0;
+    e->seq = s->issued;
     return cudaSuccess;
 }
 

@@ -589,10 +589,12 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     TRY(gpu_alloc(z, (void **)&z->g, tf, "gradient shard"));
     TRY(gpu_alloc(z, (void **)&z->pbf, z->total * sizeof(bf16), "bf16 weight shard"));
     TRY(gpu_alloc(z, (void **)&z->decay, z->total, "weight-decay mask"));
-    CUDA_CK(cudaMemset(z->p, 0, tf));
-    CUDA_CK(cudaMemset(z->m, 0, tf));
-    CUDA_CK(cudaMemset(z->v, 0, tf));
-    CUDA_CK(cudaMemset(z->g, 0, tf));
+    /* On cs, not the legacy stream: cudaMemset is asynchronous, and the
+     * legacy stream does not order work on the non-blocking cs and ns. */
+    CUDA_CK(cudaMemsetAsync(z->p, 0, tf, z->cs));
+    CUDA_CK(cudaMemsetAsync(z->m, 0, tf, z->cs));
+    CUDA_CK(cudaMemsetAsync(z->v, 0, tf, z->cs));
+    CUDA_CK(cudaMemsetAsync(z->g, 0, tf, z->cs));
     unsigned char *mask = (unsigned char *)calloc(z->total, 1);
     if (!mask) {
         snprintf(z->err, sizeof(z->err), "out of host memory for the decay mask");
@@ -609,7 +611,9 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
                 mask[z->off[u] + (j - lo)] = 1;
         }
     }
-    cudaError_t e = cudaMemcpy(z->decay, mask, z->total, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpyAsync(z->decay, mask, z->total, cudaMemcpyHostToDevice, z->cs);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(z->cs); /* before the mask is freed */
     free(mask);
     CUDA_CK(e);
 
@@ -629,7 +633,8 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     TRY(gpu_alloc(z, (void **)&z->d_inp, nb, "input tokens"));
     TRY(gpu_alloc(z, (void **)&z->d_tgt, nb, "target tokens"));
     TRY(gpu_alloc(z, (void **)&z->d_stats, 4 * sizeof(double), "loss and norm"));
-    CUDA_CK(cudaMemset(z->d_stats, 0, 4 * sizeof(double)));
+    CUDA_CK(cudaMemsetAsync(z->d_stats, 0, 4 * sizeof(double), z->cs));
+    CUDA_CK(cudaStreamSynchronize(z->cs));
     CUDA_CK(cudaMallocHost((void **)&z->h_inp, nb));
     CUDA_CK(cudaMallocHost((void **)&z->h_tgt, nb));
     CUDA_CK(cudaMallocHost((void **)&z->h_stats, 4 * sizeof(double)));
@@ -738,14 +743,15 @@ extern "C" void gpu_zero_abort(struct gpu_zero *z)
 #endif
 }
 
-/* Host fp32 shards (total floats) -> p, once queued work that reads p is
- * done: cudaMemcpy runs on the legacy stream, which does not wait for the
- * non-blocking cs and ns. */
+/* Host fp32 shards (total floats) -> p, on cs after the queued work that
+ * reads p (the legacy stream's cudaMemcpy would not be ordered with cs and
+ * ns, and may return before the device has the data); waits, so host may
+ * be freed. */
 static int upload_shards(struct gpu_zero *z, const float *host)
 {
-    CUDA_CK(cudaStreamSynchronize(z->ns));
+    TRY(join_ns(z));
+    CUDA_CK(cudaMemcpyAsync(z->p, host, z->total * sizeof(float), cudaMemcpyHostToDevice, z->cs));
     CUDA_CK(cudaStreamSynchronize(z->cs));
-    CUDA_CK(cudaMemcpy(z->p, host, z->total * sizeof(float), cudaMemcpyHostToDevice));
     z->stale = 1;
     return 0;
 }
