@@ -100,6 +100,20 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
         (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || lda < (arows > 1 ? arows : 1) ||
         ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* every element the call touches must lie in one device allocation:
+     * cuBLAS would read or write past the end without a word */
+    if (m && n && batch) {
+        const size_t ea = (size_t)(batch - 1) * (size_t)sA + (size_t)((ta == CUBLAS_OP_N ? k : m) - 1) * lda +
+                          (size_t)arows;
+        const size_t eb = (size_t)(batch - 1) * (size_t)sB + (size_t)((tb == CUBLAS_OP_N ? n : k) - 1) * ldb +
+                          (size_t)brows;
+        const size_t ec = (size_t)(batch - 1) * (size_t)sC + (size_t)(n - 1) * ldc + (size_t)m;
+        if ((k && (!cuemu::is_device(A, ea * 2) || !cuemu::is_device(B, eb * 2))) ||
+            !cuemu::is_device(C, ec * 4))
+            cuemu::fatal("cublasGemmStridedBatchedEx(m %d, n %d, k %d, lda %d, ldb %d, ldc %d, "
+                         "batch %d, strides %lld %lld %lld) reaches past the end of an operand's "
+                         "device allocation", m, n, k, lda, ldb, ldc, batch, sA, sB, sC);
+    }
     /* alpha and beta are host scalars (the default pointer mode) */
     const float al = *(const float *)alpha, be = *(const float *)beta;
     const __nv_bfloat16 *a0 = (const __nv_bfloat16 *)A, *b0 = (const __nv_bfloat16 *)B;

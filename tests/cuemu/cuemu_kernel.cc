@@ -15,6 +15,12 @@
  * plain calls afterwards (no fibers: much faster); reaching a barrier in
  * that mode is reported.
  *
+ * Blocks run one at a time in the whole process (a lock), so that static
+ * __shared__ variables, one linker section, can be refilled with 0xff bytes
+ * before each block, as dynamic shared memory is. CUEMU_ORDER=reverse runs
+ * blocks and threads in descending order: a thread that reads another's
+ * shared or global write without a barrier gets a different answer.
+ *
  * Fibers start on their own stack with makecontext/setcontext and switch
  * with _setjmp/_longjmp, which unlike swapcontext make no system call (the
  * signal mask is not touched): a block switches tens of times per thread.
@@ -27,6 +33,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+
+#include <mutex>
 
 #include <unordered_map>
 #include <vector>
@@ -63,6 +71,25 @@ struct block_run {
 };
 
 static thread_local block_run *run;
+static std::mutex blocks_mu; /* one block at a time in the process */
+
+extern "C" {
+/* The static __shared__ section's bounds, from the linker (absent when no
+ * kernel declares one). */
+extern char __start_cuemu_shared[] __attribute__((weak));
+extern char __stop_cuemu_shared[] __attribute__((weak));
+}
+
+static bool reverse_order()
+{
+    static const bool rev = [] {
+        const char *o = getenv("CUEMU_ORDER");
+        if (o && strcmp(o, "reverse") != 0 && strcmp(o, "forward") != 0)
+            fatal("CUEMU_ORDER: expected forward or reverse, got \"%s\"", o);
+        return o && strcmp(o, "reverse") == 0;
+    }();
+    return rev;
+}
 static thread_local std::vector<char *> stacks;
 static thread_local std::unordered_map<const void *, bool> barrier_free; /* by kernel */
 
@@ -192,9 +219,10 @@ static void run_block_fibers()
     for (size_t i = 0; i < n; i++)
         start(&run->th[i], stack_for(i));
     size_t live = n;
+    const bool rev = reverse_order();
     while (live) {
-        for (size_t i = 0; i < n; i++) {
-            fiber &f = run->th[i];
+        for (size_t k = 0; k < n; k++) {
+            fiber &f = run->th[rev ? n - 1 - k : k];
             if (f.state != READY)
                 continue;
             resume(&f);
@@ -217,8 +245,10 @@ static void run_block_fibers()
 
 static void run_block_plain()
 {
-    for (fiber &f : run->th) {
-        run->tid = f.tid;
+    const size_t n = run->th.size();
+    const bool rev = reverse_order();
+    for (size_t k = 0; k < n; k++) {
+        run->tid = run->th[rev ? n - 1 - k : k].tid;
         (*run->body)();
     }
 }
@@ -235,10 +265,17 @@ static void run_grid(const void *key, block_run *r)
         for (unsigned y = 0; y < r->block.y; y++)
             for (unsigned x = 0; x < r->block.x; x++)
                 r->th[linear(uint3{x, y, z}, r->block)].tid = uint3{x, y, z};
+    std::lock_guard<std::mutex> one_block_at_a_time(blocks_mu);
+    const bool rev = reverse_order();
+    const size_t shared_bytes =
+        __start_cuemu_shared ? (size_t)(__stop_cuemu_shared - __start_cuemu_shared) : 0;
     for (unsigned bz = 0; bz < r->grid.z; bz++)
         for (unsigned by = 0; by < r->grid.y; by++)
             for (unsigned bx = 0; bx < r->grid.x; bx++) {
-                r->bid = uint3{bx, by, bz};
+                r->bid = rev ? uint3{r->grid.x - 1 - bx, r->grid.y - 1 - by, r->grid.z - 1 - bz}
+                             : uint3{bx, by, bz};
+                if (shared_bytes)
+                    memset(__start_cuemu_shared, 0xff, shared_bytes);
                 if (!r->smem.empty())
                     memset(r->smem.data(), 0xff, r->smem.size());
                 if (r->fibers)

@@ -2,9 +2,10 @@
  * cuemu_runtime: memory, streams, events and copies of the CUDA runtime on
  * the CPU (tests/cuemu/README.md).
  *
- * Device memory is host memory from the allocator, filled with 0xff bytes
- * (NaN as float and bf16, -1 as int) so that reading what was never written
- * shows up in the results. It is counted against a device of
+ * Device memory is host memory mapped for it, filled with 0xff bytes (NaN
+ * as float and bf16, -1 as int) so that reading what was never written
+ * shows up in the results, and ending at an inaccessible page so that a
+ * kernel running off its end (past the 256-byte rounding) faults. It is counted against a device of
  * CUEMU_DEVICE_MB (default 4096) MiB, so out-of-memory paths can be tested.
  *
  * Streams are queues. Work runs when the host waits for it (stream or event
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <deque>
@@ -46,9 +48,10 @@ struct cuemu_stream {
 };
 
 struct cuemu_event {
-    cuemu_stream *stream;        /* NULL: never recorded, or on the legacy stream */
+    cuemu_stream *stream;        /* NULL: never recorded */
     unsigned long long seq;      /* complete when stream->done >= seq */
     double t_ms;                 /* host time when the record ran */
+    unsigned flags;              /* cudaEventDisableTiming: no elapsed time */
 };
 
 namespace cuemu {
@@ -75,6 +78,8 @@ static unsigned long long ops_run; /* under mem_mu */
 struct alloc_info {
     size_t bytes;
     bool pinned;
+    char *map;                   /* the mapping: data, then a guard page */
+    size_t map_bytes;
 };
 static std::mutex mem_mu;
 static std::map<const char *, alloc_info> allocs; /* by start address */
@@ -295,11 +300,17 @@ static cudaError_t alloc(void **ptr, size_t bytes, bool pinned)
     std::lock_guard<std::mutex> g(mem_mu);
     if (!pinned && device_used + bytes > device_bytes())
         return cudaErrorMemoryAllocation;
-    void *p = NULL;
-    if (posix_memalign(&p, 256, bytes ? bytes : 1))
+    const size_t page = 4096, data = (bytes + page - 1) / page * page + page;
+    char *map = (char *)mmap(NULL, data + page, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED)
         return cudaErrorMemoryAllocation;
+    mprotect(map + data, page, PROT_NONE);
+    char *p = map + data - (bytes + 255) / 256 * 256; /* 256-aligned, ends near the guard */
+    if (p == map + data)
+        p -= 256;
     memset(p, pinned ? 0 : 0xff, bytes);
-    allocs[(const char *)p] = alloc_info{bytes, pinned};
+    allocs[(const char *)p] = alloc_info{bytes, pinned, map, data + page};
     if (!pinned)
         device_used += bytes;
     *ptr = p;
@@ -316,8 +327,8 @@ static cudaError_t release(void *ptr, bool pinned)
         return pinned ? cudaErrorInvalidValue : cudaErrorInvalidDevicePointer;
     if (!pinned)
         device_used -= it->second.bytes;
+    munmap(it->second.map, it->second.map_bytes);
     allocs.erase(it);
-    free(ptr);
     return cudaSuccess;
 }
 
@@ -470,8 +481,8 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e,
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
-    (void)flags;
     *e = new cuemu_event();
+    (*e)->flags = flags;
     return cudaSuccess;
 }
 
@@ -511,8 +522,9 @@ cudaError_t cudaEventQuery(cudaEvent_t e)
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
-    if (!start || !end)
-        return cudaErrorInvalidResourceHandle;
+    if (!start || !end || !start->stream || !end->stream ||
+        ((start->flags | end->flags) & cudaEventDisableTiming))
+        return cudaErrorInvalidResourceHandle; /* as CUDA: never recorded, or no timing */
     if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess)
         return cudaErrorNotReady;
     *ms = (float)(end->t_ms - start->t_ms);

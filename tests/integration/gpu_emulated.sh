@@ -21,14 +21,17 @@ for b in gpu-check zero-world muster-train; do [ -x "$E/$b" ] || fail "$E/$b not
 
 for i in 1 2 3 4; do cat README.md docs/*.md; done > "$ITEST_DIR/text.txt"
 
+# Two orders: every stream lazy, threads ascending; then the communication
+# stream eager, blocks and threads descending.
 for eager in "" 2; do
-    what=${eager:+communication stream eager}
-    CUEMU_EAGER=$eager timeout 300 "$E/gpu-check" --train-model tiny --train-steps 20 --curve-bound 0.005 \
-        "$ITEST_DIR/text.txt" > "$ITEST_DIR/check$eager.log" 2>&1 \
-        || fail "gpu-check under cuemu ${what:-all streams lazy}: $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/check$eager.log")"
+    order=forward; [ -n "$eager" ] && order=reverse
+    what="${eager:+communication stream eager, }threads $order"
+    CUEMU_EAGER=$eager CUEMU_ORDER=$order timeout 300 "$E/gpu-check" --train-model tiny \
+        --train-steps 20 --curve-bound 0.005 "$ITEST_DIR/text.txt" > "$ITEST_DIR/check$eager.log" 2>&1 \
+        || fail "gpu-check under cuemu ($what): $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/check$eager.log")"
     grep -q '^gpu-check: passed' "$ITEST_DIR/check$eager.log" || fail "gpu-check did not pass"
-    CUEMU_EAGER=$eager timeout 120 "$E/zero-world" > "$ITEST_DIR/world$eager.log" 2>&1 \
-        || fail "zero-world under cuemu ${what:-all streams lazy}: $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/world$eager.log")"
+    CUEMU_EAGER=$eager CUEMU_ORDER=$order timeout 120 "$E/zero-world" > "$ITEST_DIR/world$eager.log" 2>&1 \
+        || fail "zero-world under cuemu ($what): $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/world$eager.log")"
 done
 grep -E 'gradients:|world 3: step 1' "$ITEST_DIR/check.log" "$ITEST_DIR/world.log" | sed 's/^[^:]*: */  /'
 

@@ -25,8 +25,11 @@ struct dim3 {
 #define __device__
 #define __host__
 #define __forceinline__ inline
-/* Blocks run one at a time on an OS thread; ranks may be threads. */
-#define __shared__ static thread_local
+/* Static shared memory: one section that cuemu refills with 0xff bytes
+ * before every block (on a GPU it starts undefined), so a value one block
+ * left behind is never mistaken for this block's. Blocks run one at a time
+ * in the whole process, ranks that are threads included. */
+#define __shared__ static __attribute__((section("cuemu_shared")))
 
 namespace cuemu {
 
