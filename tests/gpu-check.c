@@ -37,51 +37,13 @@
 #include <unistd.h>
 
 #include "common/jobspec.h"
+#include "tests/gpu-check-lib.h"
 #include "worker/gpu/gpu.h"
 #include "worker/gpu/gpu_train.h"
 #include "worker/train/layers.h"
 #include "worker/train/model.h"
 #include "worker/train/rng.h"
 #include "worker/train/train.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                     \
-    do {                                                                                     \
-        if (cond) {                                                                          \
-            printf("  ok    ");                                                              \
-        } else {                                                                             \
-            printf("  FAIL  ");                                                              \
-            failures++;                                                                      \
-        }                                                                                    \
-        printf(__VA_ARGS__);                                                                 \
-        printf("\n");                                                                        \
-    } while (0)
-
-/* Worst normalised L2 error over the model's tensors; names the tensor. */
-static double worst_tensor_error(const struct gpt *m, const float *a, const float *ref,
-                                 char *name, size_t len)
-{
-    double worst = 0;
-    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
-    for (int u = 0; u < m->layout.nunits; u++) {
-        int nt = gpt_unit_tensors(&m->cfg, u, t);
-        for (int i = 0; i < nt; i++) {
-            const size_t o = m->layout.offset[u] + t[i].offset;
-            double d = 0, r = 0;
-            for (size_t j = 0; j < t[i].numel; j++) {
-                d += ((double)a[o + j] - ref[o + j]) * ((double)a[o + j] - ref[o + j]);
-                r += (double)ref[o + j] * ref[o + j];
-            }
-            double e = r > 1e-20 ? sqrt(d / r) : sqrt(d);
-            if (e > worst) {
-                worst = e;
-                snprintf(name, len, "unit %d %s", u, t[i].name);
-            }
-        }
-    }
-    return worst;
-}
 
 /* One forward and backward on the GPU; gradients into grads. */
 static int gpu_fwd_bwd(struct gpu_zero *z, const int *inp, const int *tgt, int B, int T,

@@ -215,6 +215,11 @@ size_t send_bytes(const part &p, int n)
     return type_size(p.type) * (p.op == REDUCE_SCATTER ? p.count * (size_t)n : p.count);
 }
 
+size_t recv_bytes(const part &p, int n)
+{
+    return type_size(p.type) * (p.op == ALL_GATHER ? p.count * (size_t)n : p.count);
+}
+
 /* The last rank in: do the calls agree? Caller holds the lock. */
 void check_agreement(world *w, unsigned long long seq)
 {
@@ -273,7 +278,7 @@ void compute(world *w, int rank, const part &p)
  * never a plausible result. */
 void aborted_result(const part &p, int n)
 {
-    memset(p.recv, 0xff, type_size(p.type) * (p.op == ALL_GATHER ? p.count * (size_t)n : p.count));
+    memset(p.recv, 0xff, recv_bytes(p, n));
 }
 
 void collective(cuemu_comm *c, const part &p)
@@ -326,10 +331,9 @@ ncclResult_t queue(cuemu_comm *c, const part &p, cudaStream_t s)
 {
     if (!c || c->aborted)
         return ncclInvalidUsage;
-    const size_t es = type_size(p.type);
     const int n = c->w->n;
-    size_t rb = es * (p.op == ALL_GATHER ? p.count * n : p.count);
-    if (!es || !cuemu::is_device(p.send, send_bytes(p, n)) || !cuemu::is_device(p.recv, rb))
+    if (!type_size(p.type) || !cuemu::is_device(p.send, send_bytes(p, n)) ||
+        !cuemu::is_device(p.recv, recv_bytes(p, n)))
         return ncclInvalidArgument;
     cuemu::enqueue(s, op_name[p.op], [c, p]() { collective(c, p); });
     return ncclSuccess;

@@ -366,6 +366,14 @@ static cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemc
     return cudaErrorInvalidMemcpyDirection;
 }
 
+/* Queues a copy of host memory taken now (CUDA stages it before returning). */
+static void enqueue_staged(cudaStream_t s, const char *what, void *dst, const void *src,
+                           size_t bytes)
+{
+    std::string staged((const char *)src, bytes);
+    enqueue(s, what, [dst, staged]() { memcpy(dst, staged.data(), staged.size()); });
+}
+
 /* On the legacy stream: into the device it may return before the copy is
  * done (a pageable source is staged first); into host memory it returns
  * once the copy and all legacy work before it are done. */
@@ -380,12 +388,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
         count_op();
         return cudaSuccess;
     }
-    if (!is_device(src, bytes)) {
-        std::string staged((const char *)src, bytes);
-        enqueue(NULL, "cudaMemcpy", [dst, staged]() { memcpy(dst, staged.data(), staged.size()); });
-    } else {
+    if (!is_device(src, bytes))
+        enqueue_staged(NULL, "cudaMemcpy", dst, src, bytes);
+    else
         enqueue(NULL, "cudaMemcpy", [dst, src, bytes]() { memmove(dst, src, bytes); });
-    }
     return cudaSuccess;
 }
 
@@ -397,10 +403,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
         return e;
     const bool host_src = !is_device(src, bytes), host_dst = !is_device(dst, bytes);
     if (host_src && !is_pinned(src, bytes)) {
-        /* pageable source: CUDA stages it before returning */
-        std::string staged((const char *)src, bytes);
-        enqueue(s, "cudaMemcpyAsync (from pageable memory)",
-                [dst, staged]() { memcpy(dst, staged.data(), staged.size()); });
+        enqueue_staged(s, "cudaMemcpyAsync (from pageable memory)", dst, src, bytes);
         return cudaSuccess;
     }
     enqueue(s, "cudaMemcpyAsync", [dst, src, bytes]() { memmove(dst, src, bytes); });

@@ -27,22 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/gpu-check-lib.h"
 #include "worker/gpu/gpu.h"
 #include "worker/train/model.h"
 #include "worker/train/optim.h"
 #include "worker/train/rng.h"
 
 enum { G = 6, STEPS = 4, MAX_WORLD = 3 };
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                     \
-    do {                                                                                     \
-        printf((cond) ? "  ok    " : "  FAIL  ");                                            \
-        failures += !(cond);                                                                 \
-        printf(__VA_ARGS__);                                                                 \
-        printf("\n");                                                                        \
-    } while (0)
 
 struct run {
     struct gpt_config cfg;
@@ -171,31 +162,6 @@ static int train(struct run *r)
     return r->rc;
 }
 
-/* Worst normalised L2 difference over the model's tensors; names it. */
-static double worst_tensor(const struct gpt *m, const float *a, const float *ref, char *name,
-                           size_t len)
-{
-    double worst = 0;
-    struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
-    for (int u = 0; u < m->layout.nunits; u++) {
-        int nt = gpt_unit_tensors(&m->cfg, u, t);
-        for (int i = 0; i < nt; i++) {
-            const size_t o = m->layout.offset[u] + t[i].offset;
-            double d = 0, r = 0;
-            for (size_t j = 0; j < t[i].numel; j++) {
-                d += ((double)a[o + j] - ref[o + j]) * ((double)a[o + j] - ref[o + j]);
-                r += (double)ref[o + j] * ref[o + j];
-            }
-            double e = r > 1e-30 ? sqrt(d / r) : sqrt(d);
-            if (e > worst) {
-                worst = e;
-                snprintf(name, len, "unit %d %s", u, t[i].name);
-            }
-        }
-    }
-    return worst;
-}
-
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1); }
 
 int main(void)
@@ -236,7 +202,7 @@ int main(void)
             if (rel(w.norm[s], base.norm[s]) > wn)
                 wn = rel(w.norm[s], base.norm[s]);
         }
-        double wg = worst_tensor(&cpu, w.grad1, base.grad1, gname, sizeof(gname));
+        double wg = worst_tensor_error(&cpu, w.grad1, base.grad1, gname, sizeof(gname));
         double dd = 0, rr = 0;
         for (size_t i = 0; i < cpu.layout.total; i++) {
             dd += ((double)w.final[i] - base.final[i]) * ((double)w.final[i] - base.final[i]);

@@ -123,7 +123,8 @@ size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[GPT_MAX_UNIT
 /* Copies the fp32 weight shards and both AdamW moments to the host (total
  * floats each; m and v may be NULL) once the queued work is done. */
 int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v);
-/* Replaces them from the host; the bf16 copy follows at the next forward. */
+/* Replaces them from the host (m or v NULL: kept); the bf16 copy follows at
+ * the next forward. */
 int gpu_zero_write_state(struct gpu_zero *z, const float *params, const float *m, const float *v);
 /* all[r * n + i] = rank r's mine[i] on every rank (NCCL all-gather; a copy
  * without NCCL); waits: a barrier as well. */

@@ -750,19 +750,6 @@ extern "C" void gpu_zero_abort(struct gpu_zero *z)
 #endif
 }
 
-/* Host fp32 shards (total floats) -> p, on cs after the queued work that
- * reads p (the legacy stream's cudaMemcpy would not be ordered with cs and
- * ns, and may return before the device has the data); waits, so host may
- * be freed. */
-static int upload_shards(struct gpu_zero *z, const float *host)
-{
-    TRY(join_ns(z));
-    CUDA_CK(cudaMemcpyAsync(z->p, host, z->total * sizeof(float), cudaMemcpyHostToDevice, z->cs));
-    CUDA_CK(cudaStreamSynchronize(z->cs));
-    z->stale = 1;
-    return 0;
-}
-
 extern "C" int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed)
 {
     float *h = (float *)calloc(z->total, sizeof(float));
@@ -778,7 +765,7 @@ extern "C" int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed)
         if (n)
             gpt_init_range(&z->cfg, seed, u, lo, n, h + z->off[u]);
     }
-    int rc = upload_shards(z, h);
+    int rc = gpu_zero_write_state(z, h, NULL, NULL);
     free(h);
     return rc;
 }
@@ -795,7 +782,7 @@ extern "C" int gpu_zero_load_params(struct gpu_zero *z, const float *full)
         for (size_t j = 0; j < z->shard[u] && lo + j < z->lay.numel[u]; j++)
             h[z->off[u] + j] = full[z->lay.offset[u] + lo + j];
     }
-    int rc = upload_shards(z, h);
+    int rc = gpu_zero_write_state(z, h, NULL, NULL);
     free(h);
     return rc;
 }
@@ -1030,13 +1017,16 @@ extern "C" int gpu_zero_write_state(struct gpu_zero *z, const float *params, con
                                     const float *v)
 {
     TRY(alive(z));
-    /* on cs, behind everything that reads or writes the shards */
+    /* on cs, behind everything that reads or writes the shards (the legacy
+     * stream's cudaMemcpy would not be ordered with cs and ns) */
     TRY(join_ns(z));
     const size_t bytes = z->total * sizeof(float);
     CUDA_CK(cudaMemcpyAsync(z->p, params, bytes, cudaMemcpyHostToDevice, z->cs));
-    CUDA_CK(cudaMemcpyAsync(z->m, m, bytes, cudaMemcpyHostToDevice, z->cs));
-    CUDA_CK(cudaMemcpyAsync(z->v, v, bytes, cudaMemcpyHostToDevice, z->cs));
-    TRY(sync_cs(z));
+    if (m)
+        CUDA_CK(cudaMemcpyAsync(z->m, m, bytes, cudaMemcpyHostToDevice, z->cs));
+    if (v)
+        CUDA_CK(cudaMemcpyAsync(z->v, v, bytes, cudaMemcpyHostToDevice, z->cs));
+    TRY(sync_cs(z)); /* the host arrays may go once this returns */
     z->stale = 1;
     return 0;
 }
