@@ -16,7 +16,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
 
-# NCCL backend of comm.h (worker/comm_nccl.c): built when nccl.h is found;
+# NCCL backend of comm.h (worker/train/comm/comm_nccl.c): built when nccl.h is found;
 # otherwise COMM_NCCL answers -ENOTSUP ("built without NCCL"). -isystem:
 # NCCL's header is not -Wstrict-prototypes clean.
 CUDA_HOME ?= /usr/local/cuda
@@ -28,7 +28,7 @@ else ifeq ($(MAKELEVEL),0)
 $(info muster: $(CUDA_HOME)/include/nccl.h not found: building without the NCCL backend)
 endif
 
-# GPU path of muster-train (worker/gpu/): built when nvcc is found. One
+# GPU path of muster-train (worker/train/gpu/): built when nvcc is found. One
 # architecture (Hopper SASS) plus compute_80 PTX that the driver JIT-compiles
 # on Ampere and anything newer than Hopper: one SASS keeps CI builds short.
 NVCC := $(CUDA_HOME)/bin/nvcc
@@ -133,10 +133,10 @@ $(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
 	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(CHECK_LIBS) $(BLAS_LIBS) $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) $(NCCL_LIBS) -lpthread -lm
 
 # Only these two see CUDA headers.
-$(BUILD)/obj/worker/comm_nccl.o $(BUILD)/obj/tests/check_comm.o: ALL_CFLAGS += $(NCCL_CFLAGS)
+$(BUILD)/obj/worker/train/comm/comm_nccl.o $(BUILD)/obj/tests/check_comm.o: ALL_CFLAGS += $(NCCL_CFLAGS)
 
 # Collective bandwidth tool for tests/bench/bench_comm.sh.
-$(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/comm.c worker/comm_ring.c worker/comm_nccl.c)
+$(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/train/comm/comm.c worker/train/comm/comm_ring.c worker/train/comm/comm_nccl.c)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm

@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "worker/agent_join.h"
-#include "worker/devices.h"
-#include "worker/rank_env.h"
+#include "worker/agent/agent_join.h"
+#include "worker/agent/devices.h"
+#include "worker/agent/rank_env.h"
 
 /* ---- --devices --------------------------------------------------------- */
 

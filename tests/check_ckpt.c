@@ -2,7 +2,7 @@
  * ckpt over struct ckpt_rank, without a trainer: ranks are threads of this
  * process whose all-gather goes through shared memory. A rank's shards are
  * cut either as the CPU path cuts them (S = ceil(numel / N)) or as the GPU
- * path does (that rounded up to 64 floats, worker/gpu/gpu_zero.cu); a
+ * path does (that rounded up to 64 floats, worker/train/gpu/gpu_zero.cu); a
  * checkpoint saved with one slicing at N ranks loads with the other at M
  * ranks bit for bit, and the CPU trainer resumes from a GPU-sliced one.
  */

@@ -25,7 +25,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 
 #define MAX_WORLD 8
 

@@ -14,7 +14,7 @@
 #include "common/conf.h"
 #include "common/jobspec.h"
 #include "daemon/musterd_config.h"
-#include "worker/agent_config.h"
+#include "worker/agent/agent_config.h"
 
 static char dir[64], path[128];
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
 #include "worker/train/train.h"

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 
 static double now_s(void)
 {

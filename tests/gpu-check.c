@@ -1,5 +1,5 @@
 /*
- * gpu-check: the GPU path (worker/gpu/) against the CPU reference. Needs a
+ * gpu-check: the GPU path (worker/train/gpu/) against the CPU reference. Needs a
  * CUDA device; without one it says "no GPU: skipped" and exits 0, or 1 when
  * REQUIRE_GPU=1. Usage: gpu-check DATA_FILE (a text file for `small`).
  *
@@ -38,8 +38,8 @@
 
 #include "common/jobspec.h"
 #include "tests/gpu-check-lib.h"
-#include "worker/gpu/gpu.h"
-#include "worker/gpu/gpu_train.h"
+#include "worker/train/gpu/gpu.h"
+#include "worker/train/gpu/gpu_train.h"
 #include "worker/train/layers.h"
 #include "worker/train/model.h"
 #include "worker/train/rng.h"

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 #include "worker/train/layers.h"
 #include "worker/train/train.h"
 

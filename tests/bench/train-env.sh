@@ -1,7 +1,7 @@
 # Sourced by the training benchmarks (POSIX sh). Sets DATA to the corpus
 # (or a generated stand-in when ../shared/data is absent) and T to a temp dir
 # removed on exit, and names the OpenBLAS kernels muster-train picks for
-# itself (worker/train_main.c), so that every side of a comparison runs the
+# itself (worker/train/train_main.c), so that every side of a comparison runs the
 # same ones. NAME must be set first.
 DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
 T=$(mktemp -d "${TMPDIR:-/tmp}/muster-bench-$NAME.XXXXXX")

@@ -1,5 +1,5 @@
 # tests/cuemu: CUDA, cuBLAS and NCCL emulated on the CPU (tests/cuemu/README.md).
-# The GPU path's own source (worker/gpu/*.cu, gpu_train.c, the NCCL backend)
+# The GPU path's own source (worker/train/gpu/*.cu, gpu_train.c, the NCCL backend)
 # is compiled against cuemu's headers by the host compiler and linked with
 # cuemu instead of the CUDA libraries: CI runs it, with or without a CUDA
 # toolkit. Objects go to $(BUILD)/cuemu/ so they never mix with the real ones.
@@ -10,9 +10,9 @@ CUEMU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -I. $(CUEMU_DEFS) $(SAN
 cuemu_obj = $(patsubst %,$(BUILD)/cuemu/obj/%.o,$(basename $(1)))
 
 # C sources that see CUDA or NCCL headers, built again for cuemu.
-CUEMU_C_SRCS := $(GPU_SRCS) worker/comm_nccl.c
+CUEMU_C_SRCS := $(GPU_SRCS) worker/train/comm/comm_nccl.c
 CUEMU_OBJS := $(call cuemu_obj,$(CUEMU_SRCS) $(GPU_CU_SRCS) $(CUEMU_C_SRCS)) \
-	$(call obj,$(filter-out worker/comm_nccl.c,$(TRAIN_SRCS))) $(LIBMUSTER)
+	$(call obj,$(filter-out worker/train/comm/comm_nccl.c,$(TRAIN_SRCS))) $(LIBMUSTER)
 CUEMU_LINK = $(CXX) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
 
 $(BUILD)/cuemu/obj/%.o: %.cc

@@ -1,5 +1,5 @@
 /*
- * zero-world: ZeRO-3 of the GPU path (worker/gpu/gpu_zero.cu) across
+ * zero-world: ZeRO-3 of the GPU path (worker/train/gpu/gpu_zero.cu) across
  * several ranks, each a thread with its own gpu_zero, under cuemu's NCCL
  * (tests/cuemu/README.md). On GPUs this needs one device per rank; under
  * cuemu it runs in CI.
@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "tests/gpu-check-lib.h"
-#include "worker/gpu/gpu.h"
+#include "worker/train/gpu/gpu.h"
 #include "worker/train/model.h"
 #include "worker/train/optim.h"
 #include "worker/train/rng.h"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The GPU path's own source (worker/gpu/) run under cuemu, CUDA emulated on
+# The GPU path's own source (worker/train/gpu/) run under cuemu, CUDA emulated on
 # the CPU (tests/cuemu/README.md), so that CI checks it without a GPU:
 #   - gpu-check (the check-gpu program): tiny forward/backward against the
 #     CPU reference, NCCL world 1, abort, training that tracks the CPU,

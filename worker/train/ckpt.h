@@ -28,7 +28,7 @@
  * holds in a struct ckpt_rank (host arrays of its shards, the numbers the
  * manifest carries, and an all-gather to agree with the other ranks). The
  * CPU trainer (trainer_save/trainer_load, train.h) and the GPU trainer
- * (gpu_trainer_save/gpu_trainer_load, worker/gpu/gpu_train.h) fill one in.
+ * (gpu_trainer_save/gpu_trainer_load, worker/train/gpu/gpu_train.h) fill one in.
  */
 #ifndef MUSTER_TRAIN_CKPT_H
 #define MUSTER_TRAIN_CKPT_H

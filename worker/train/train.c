@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/rng.h"
 

@@ -31,7 +31,7 @@
 struct comm;
 
 /* The optimizer recipe both trainers (this one and the GPU one,
- * worker/gpu/gpu_train.h) follow: the spec's learning-rate schedule, AdamW
+ * worker/train/gpu/gpu_train.h) follow: the spec's learning-rate schedule, AdamW
  * with betas 0.9/0.95 and eps 1e-8, the spec's weight decay. */
 struct train_optim {
     struct lr_schedule sched;

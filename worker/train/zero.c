@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 
 static double now_s(void)
 {

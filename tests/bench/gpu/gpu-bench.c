@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/gpu/gpu.h"
+#include "worker/train/gpu/gpu.h"
 #include "worker/train/rng.h"
 
 static const struct {

@@ -1,5 +1,5 @@
 /*
- * cuemu's cublas_v2.h: the cuBLAS calls worker/gpu/ makes, run on the CPU
+ * cuemu's cublas_v2.h: the cuBLAS calls worker/train/gpu/ makes, run on the CPU
  * (tests/cuemu/cuemu_blas.cc). Arguments are checked as cuBLAS documents
  * them (leading dimensions, types), so a wrong leading dimension fails here
  * as it would on the device.

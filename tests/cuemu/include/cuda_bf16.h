@@ -1,5 +1,5 @@
 /*
- * cuemu's cuda_bf16.h: __nv_bfloat16 and the conversions worker/gpu/ uses.
+ * cuemu's cuda_bf16.h: __nv_bfloat16 and the conversions worker/train/gpu/ uses.
  * float -> bf16 rounds to nearest even and keeps NaN a NaN, as the device
  * conversion does.
  */

@@ -1,6 +1,6 @@
 /*
  * cuemu's cuda_runtime.h: the part of the CUDA runtime API and of the
- * kernel language that worker/gpu/ uses, executed on the CPU
+ * kernel language that worker/train/gpu/ uses, executed on the CPU
  * (tests/cuemu/cuemu.cc; design in tests/cuemu/README.md). Test tooling
  * only: it lets CI run the real kernel and ZeRO-3 source against the CPU
  * reference on a machine without a GPU. Builds against it define
@@ -11,7 +11,7 @@
  * switch only at __syncthreads() and warp shuffles, so barriers and
  * shuffles keep CUDA's meaning. __shared__ variables are per-OS-thread
  * statics (blocks run one at a time). Launches go through the LAUNCH macro
- * of worker/gpu/gpu_kernels.h, which cuemu defines here.
+ * of worker/train/gpu/gpu_kernels.h, which cuemu defines here.
  */
 #ifndef CUEMU_CUDA_RUNTIME_H
 #define CUEMU_CUDA_RUNTIME_H

@@ -80,7 +80,7 @@ Launcher<P...> launcher(void (*k)(P...), const char *name, dim3 grid, dim3 block
 #define gridDim (cuemu::grid_dim())
 #define __syncthreads() cuemu::syncthreads()
 
-/* What worker/gpu/gpu_kernels.h would otherwise define for nvcc. */
+/* What worker/train/gpu/gpu_kernels.h would otherwise define for nvcc. */
 #define LAUNCH(kernel, grid, block, smem, stream)                                              \
     cuemu::launcher(kernel, #kernel, grid, block, smem, stream)
 #define DYN_SHARED(type, name) type *name = static_cast<type *>(cuemu::dyn_smem())

@@ -1,5 +1,5 @@
 /*
- * gpu_err: checks for CUDA, cuBLAS and NCCL calls inside the worker/gpu CUDA files.
+ * gpu_err: checks for CUDA, cuBLAS and NCCL calls inside the worker/train/gpu CUDA files.
  * A failed call is reported with the call as written, the code's name and
  * words, and where it was (file:line); the function returns a gpu.h code.
  * Out-of-memory diagnoses are added where the size is known (gpu_alloc in
@@ -18,7 +18,7 @@
 #include <nccl.h>
 #endif
 
-#include "worker/gpu/gpu.h"
+#include "worker/train/gpu/gpu.h"
 
 static inline int gpu_report_cuda(char *err, size_t len, const char *call, cudaError_t e,
                                   const char *file, int line)

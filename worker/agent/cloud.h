@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/agent.h"
+#include "worker/agent/agent.h"
 
 struct cloud_env {
     int world;                       /* WORLD_SIZE */

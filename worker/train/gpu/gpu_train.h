@@ -1,6 +1,6 @@
 /*
  * gpu_train: the training loop of one rank on the GPU, the counterpart of
- * worker/train/train.h's trainer over worker/gpu/gpu.h. Same job keys, same
+ * worker/train/train.h's trainer over worker/train/gpu/gpu.h. Same job keys, same
  * data order (dataset_train_batch of (seed, step, micro_step, rank, world)),
  * same optimizer recipe (struct train_optim), same step report, hooks and
  * run loop (train_loop_run: stop vote, validation, checkpoint cadence).
@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "common/jobspec.h"
-#include "worker/gpu/gpu.h"
+#include "worker/train/gpu/gpu.h"
 #include "worker/train/data.h"
 #include "worker/train/train.h"
 

@@ -1,5 +1,5 @@
-/* The kernels of worker/gpu/gpu_kernels.h. */
-#include "worker/gpu/gpu_kernels.h"
+/* The kernels of worker/train/gpu/gpu_kernels.h. */
+#include "worker/train/gpu/gpu_kernels.h"
 
 #include <math.h>
 

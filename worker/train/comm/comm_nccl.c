@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "worker/comm_impl.h"
+#include "worker/train/comm/comm_impl.h"
 
 #ifdef MUSTER_HAVE_NCCL
 

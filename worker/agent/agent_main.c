@@ -16,13 +16,13 @@
 #include "common/log.h"
 #include "common/token.h"
 #include "proto/proto.h"
-#include "worker/agent.h"
-#include "worker/agent_config.h"
-#include "worker/agent_join.h"
-#include "worker/cloud.h"
-#include "worker/devices.h"
-#include "worker/local.h"
-#include "worker/rank_env.h"
+#include "worker/agent/agent.h"
+#include "worker/agent/agent_config.h"
+#include "worker/agent/agent_join.h"
+#include "worker/agent/cloud.h"
+#include "worker/agent/devices.h"
+#include "worker/agent/local.h"
+#include "worker/agent/rank_env.h"
 
 static void usage(FILE *out)
 {

@@ -19,8 +19,8 @@
 #include <uv.h>
 
 #include "proto/proto.h"
-#include "worker/frame_conn.h"
-#include "worker/rank_env.h"
+#include "worker/agent/frame_conn.h"
+#include "worker/agent/rank_env.h"
 
 /* Longest output line re-emitted as one; longer lines are split. */
 #define RANK_LINE_MAX 4096

@@ -1,10 +1,10 @@
-#include "worker/agent_config.h"
+#include "worker/agent/agent_config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/token.h"
-#include "worker/devices.h"
+#include "worker/agent/devices.h"
 
 static int valid_daemon(const char *s)
 {

@@ -1,5 +1,5 @@
 /*
- * gpu_zero: the GPT-2 passes on the GPU and ZeRO-3 over NCCL (worker/gpu/gpu.h).
+ * gpu_zero: the GPT-2 passes on the GPU and ZeRO-3 over NCCL (worker/train/gpu/gpu.h).
  *
  * Streams and events:
  *   cs  compute: casts, kernels, cuBLAS (the handle is bound to cs)
@@ -21,8 +21,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "worker/gpu/gpu_err.h"
-#include "worker/gpu/gpu_kernels.h"
+#include "worker/train/gpu/gpu_err.h"
+#include "worker/train/gpu/gpu_kernels.h"
 
 #define ALIGN_FLOATS 64            /* shard sizes are multiples: 256-byte aligned shards */
 #define BLAS_WORKSPACE (32u << 20) /* cuBLAS' recommended workspace on Hopper */

@@ -1,4 +1,4 @@
-#include "worker/agent_join.h"
+#include "worker/agent/agent_join.h"
 
 #include <errno.h>
 #include <stdio.h>

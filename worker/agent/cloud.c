@@ -1,4 +1,4 @@
-#include "worker/cloud.h"
+#include "worker/agent/cloud.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "worker/launch.h"
+#include "worker/agent/launch.h"
 
 /* An integer environment variable in [min, max]. */
 static int env_int(const char *name, long min, long max, long *out, char *err, size_t errlen)

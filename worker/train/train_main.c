@@ -29,10 +29,10 @@
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
 #include "worker/train/rank.h"
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 #include "worker/train/train.h"
 #ifdef MUSTER_HAVE_CUDA
-#include "worker/gpu/gpu_train.h"
+#include "worker/train/gpu/gpu_train.h"
 #endif
 
 #define EXIT_USAGE 2
@@ -291,7 +291,7 @@ static int gpu_path_built(void)
 #ifdef MUSTER_HAVE_CUDA
 static void abort_gpu(void *arg) { gpu_zero_abort(arg); }
 
-/* The GPU path (worker/gpu/): the same loop, hooks, checkpoints and exit
+/* The GPU path (worker/train/gpu/): the same loop, hooks, checkpoints and exit
  * statuses as the CPU path; ranks of a world > 1 form an NCCL communicator
  * whose unique id rank 0 sends up through the agent. resume: a checkpoint
  * to load first (NULL: none). */

@@ -1,10 +1,10 @@
-#include "worker/local.h"
+#include "worker/agent/local.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "worker/launch.h"
+#include "worker/agent/launch.h"
 
 int local_run(const struct local_config *lc, struct agent_config *cfg)
 {

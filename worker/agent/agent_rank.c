@@ -1,4 +1,4 @@
-#include "worker/agent_rank.h"
+#include "worker/agent/agent_rank.h"
 
 #include <errno.h>
 #include <signal.h>

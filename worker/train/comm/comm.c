@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/comm_impl.h"
+#include "worker/train/comm/comm_impl.h"
 
 size_t comm_dtype_size(enum comm_dtype dtype)
 {

@@ -1,4 +1,4 @@
-#include "worker/gpu/gpu_train.h"
+#include "worker/train/gpu/gpu_train.h"
 
 #include <errno.h>
 #include <math.h>

@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #include "proto/proto.h"
-#include "worker/agent_join.h"
-#include "worker/devices.h"
+#include "worker/agent/agent_join.h"
+#include "worker/agent/devices.h"
 
 struct agent_config {
     char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT as given, for messages */

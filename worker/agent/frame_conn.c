@@ -1,4 +1,4 @@
-#include "worker/frame_conn.h"
+#include "worker/agent/frame_conn.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "worker/agent.h"
+#include "worker/agent/agent.h"
 
 #include <inttypes.h>
 #include <netdb.h>
@@ -14,9 +14,9 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/notify.h"
-#include "worker/agent_rank.h"
-#include "worker/frame_conn.h"
-#include "worker/rank_env.h"
+#include "worker/agent/agent_rank.h"
+#include "worker/agent/frame_conn.h"
+#include "worker/agent/rank_env.h"
 
 extern char **environ;
 

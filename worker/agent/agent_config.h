@@ -12,7 +12,7 @@
 
 #include "common/conf.h"
 #include "proto/proto.h"
-#include "worker/agent_join.h"
+#include "worker/agent/agent_join.h"
 
 struct agent_file {
     char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT of musterd's control port */

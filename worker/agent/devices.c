@@ -1,4 +1,4 @@
-#include "worker/devices.h"
+#include "worker/agent/devices.h"
 
 #include <ctype.h>
 #include <dirent.h>

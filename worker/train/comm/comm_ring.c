@@ -46,7 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/comm_impl.h"
+#include "worker/train/comm/comm_impl.h"
 
 #define POLL_MS 100             /* abort and timeout are checked this often */
 #define NONCE_BYTES 32

@@ -1,7 +1,7 @@
 /*
  * gpu: the GPT-2 model of worker/train/model.h on one CUDA device, trained
  * with ZeRO-3 over NCCL. C-callable; the implementation is CUDA
- * (worker/gpu/gpu_zero.cu, gpu_kernels.cu) and is only built when nvcc was
+ * (worker/train/gpu/gpu_zero.cu, gpu_kernels.cu) and is only built when nvcc was
  * found (MUSTER_HAVE_CUDA). See docs/gpu.md.
  *
  * Same units, tensors and layout as the CPU model (unit 0 embedding, units
@@ -112,7 +112,7 @@ size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, in
 const char *gpu_strerror(int code);
 
 /*
- * Checkpoints (worker/train/ckpt.h, through worker/gpu/gpu_train.c): this
+ * Checkpoints (worker/train/ckpt.h, through worker/train/gpu/gpu_train.c): this
  * rank's shards as host arrays. Unit u is cut into shards of shard[u] floats
  * (ceil(numel / world) rounded up to 64); rank r holds floats [r*S_u,
  * (r+1)*S_u) of the unit, zero past its end, at off[u] of arrays of the

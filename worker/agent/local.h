@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "worker/agent.h"
+#include "worker/agent/agent.h"
 
 struct local_config {
     const char *job_path; /* the user's job spec */

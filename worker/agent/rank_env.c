@@ -1,4 +1,4 @@
-#include "worker/rank_env.h"
+#include "worker/agent/rank_env.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
  * embedding rows) use atomicAdd, so the GPU path is not bit-reproducible
  * run to run; the CPU path is the bit-exact reference.
  *
- * C++ linkage: only the worker/gpu CUDA files include this header.
+ * C++ linkage: only the worker/train/gpu CUDA files include this header.
  */
 #ifndef MUSTER_GPU_KERNELS_H
 #define MUSTER_GPU_KERNELS_H

@@ -1,4 +1,4 @@
-#include "worker/launch.h"
+#include "worker/agent/launch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

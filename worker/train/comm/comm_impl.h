@@ -7,7 +7,7 @@
 
 #include <stdatomic.h>
 
-#include "worker/comm.h"
+#include "worker/train/comm/comm.h"
 
 /* A backend's collectives. Arguments are checked, the communicator is known
  * healthy and count/bytes are > 0 when these run; world > 1 too, except for
