@@ -1,4 +1,5 @@
 #include "common/conf.h"
+#include "common/cmdline.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -90,6 +91,15 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
             snprintf(err, errlen, "%s: %s: unknown key (see docs/config.md for the keys)", path, name);
             rc = -EINVAL;
             break;
+        }
+        if (k->type == CONF_CMD) {
+            char why[200];
+            rc = cmdline_from_json(v, (char *)base + k->offset, k->size, why, sizeof(why));
+            if (rc) {
+                snprintf(err, errlen, "%s: %s: %s", path, name, why);
+                break;
+            }
+            continue;
         }
         if (!json_is_string(v)) {
             snprintf(err, errlen, "%s: %s: expected %s as a string, got %s", path, name, k->expect, conf_json_kind(v));

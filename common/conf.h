@@ -6,7 +6,8 @@
  * keys, non-strings and values the check refuses stop start-up with
  * "file: key: expected ..., got ...". docs/config.md documents both tables.
  *
- * Every value is a string. CONF_PATH values that are relative are taken
+ * Every value is a string, except a CONF_CMD's, which may also be an array
+ * of strings (a command's arguments). CONF_PATH values that are relative are taken
  * relative to the directory of the file that names them, so that a config
  * directory can be moved as a whole.
  */
@@ -20,6 +21,7 @@
 enum conf_type {
     CONF_STRING, /* copied as is */
     CONF_PATH,   /* a file or directory; relative = relative to the config file */
+    CONF_CMD,    /* a command: a string or an array of strings, packed (common/cmdline.h) */
 };
 
 struct conf_key {

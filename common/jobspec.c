@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-enum key_type { KEY_INT, KEY_I64, KEY_DOUBLE, KEY_STRING };
+enum key_type { KEY_INT, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD };
 
 struct key_def {
     const char *name;
@@ -44,6 +44,9 @@ static const struct key_def keys[] = {
      "a lost member gets this long to rejoin; then the job shrinks to min_nodes or fails"},
     {"min_nodes", KEY_INT, F(min_nodes), 0, 1024, 0, NULL,
      "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
+    {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
+     "program of every rank: a string split on whitespace (no shell) or an array of strings; empty = the "
+     "agent's (--rank-cmd, worker.json, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
     {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
     {"steps", KEY_INT, F(steps), 1, 100000000, 2000, NULL, "optimizer steps to run"},
@@ -93,6 +96,7 @@ void job_spec_defaults(struct job_spec *spec)
         case KEY_I64: *(int64_t *)p = (int64_t)k->def; break;
         case KEY_DOUBLE: *(double *)p = k->def; break;
         case KEY_STRING: snprintf(p, k->size, "%s", k->sdef); break;
+        case KEY_CMD: p[0] = p[1] = '\0'; break;
         }
     }
 }
@@ -109,6 +113,14 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
                    struct job_spec *spec, char *err, size_t errlen)
 {
     char *p = (char *)spec + k->offset;
+    if (k->type == KEY_CMD) {
+        char why[200];
+        if (cmdline_from_json(v, p, k->size, why, sizeof(why)) != 0) {
+            fail(err, errlen, "%s: %s: %s", origin, k->name, why);
+            return -EINVAL;
+        }
+        return 0;
+    }
     if (k->type == KEY_STRING) {
         if (!json_is_string(v)) {
             fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, conf_json_kind(v));
@@ -152,7 +164,8 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     case KEY_INT: *(int *)p = (int)json_integer_value(v); break;
     case KEY_I64: *(int64_t *)p = (int64_t)json_integer_value(v); break;
     case KEY_DOUBLE: *(double *)p = d; break;
-    case KEY_STRING: break;
+    case KEY_STRING:
+    case KEY_CMD: break;
     }
     return 0;
 }
@@ -237,6 +250,10 @@ void job_spec_print_doc(FILE *out)
         case KEY_DOUBLE:
             fprintf(out, "| `%s` | number | %g | %g to %g | %s |\n", k->name, k->def, k->min, k->max,
                     k->doc);
+            break;
+        case KEY_CMD:
+            fprintf(out, "| `%s` | string or array of strings | unset | at most %d arguments, %d bytes | %s |\n",
+                    k->name, CMDLINE_ARGS, CMDLINE_MAX - 2, k->doc);
             break;
         default:
             fprintf(out, "| `%s` | integer | %.0f | %.0f to %.0f | %s |\n", k->name, k->def, k->min,

@@ -16,6 +16,8 @@
 
 #include <jansson.h>
 
+#include "common/cmdline.h"
+
 #define JOB_NAME_MAX 64
 #define JOB_PATH_MAX 1024
 
@@ -32,6 +34,7 @@ struct job_spec {
     int start_timeout_ms;      /* assigned ranks must all run within this; 0 = off */
     int rejoin_timeout_ms;     /* a lost member gets this long to come back */
     int min_nodes;             /* after rejoin_timeout the job may shrink to this many nodes; 0 = nodes */
+    char rank_cmd[CMDLINE_MAX]; /* the program of every rank, packed (common/cmdline.h); unset = the agent's */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */

@@ -60,6 +60,7 @@ static void event(struct rdv *r, const char *kind, int node, int rank, const cha
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
+    proto_text_sanitize(e->message); /* a rank's words cut short may end mid-character */
 }
 
 void rdv_note(struct rdv *r, const char *kind, const char *message)
@@ -176,7 +177,23 @@ static int build_ranks(struct rdv *r)
     return 0;
 }
 
-static void send_assign(struct rdv *r, uint32_t node)
+/* The member that holds global rank 0. */
+static const struct rdv_node *rank0_node(const struct rdv *r)
+{
+    return r->world_size ? &r->nodes[r->ranks[0].node] : NULL;
+}
+
+/* Index of a member among the members in name order (its torchrun GROUP_RANK). */
+static uint32_t member_index(const struct rdv *r, const struct rdv_node *nd)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member && r->nodes[i].first_rank < nd->first_rank)
+            k++;
+    return k;
+}
+
+static void send_assign(struct rdv *r, uint32_t node, uint32_t master_port)
 {
     const struct rdv_node *nd = &r->nodes[node];
     struct proto_msg m = {.type = PROTO_ASSIGN};
@@ -188,6 +205,11 @@ static void send_assign(struct rdv *r, uint32_t node)
         m.u.assign.ranks[l].local_rank = l;
         m.u.assign.ranks[l].device = nd->devices[l];
     }
+    m.u.assign.node_rank = member_index(r, nd);
+    m.u.assign.nnodes = member_count(r);
+    m.u.assign.restart_count = r->restarts;
+    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", rank0_node(r)->addr);
+    m.u.assign.master_port = master_port;
     m.u.assign.job = r->job;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
@@ -215,9 +237,23 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
+    /* MASTER_PORT: the port rank 0's agent last reported free on its node. */
+    const struct rdv_node *n0 = rank0_node(r);
+    if (n0->free_port == 0) {
+        snprintf(r->reason, sizeof(r->reason),
+                 "waiting for node %s (rank 0) to find a free port for MASTER_PORT: every port of its "
+                 "master_port_range is in use", n0->name);
+        if (!r->port_wait_noted)
+            event(r, "no_master_port", (int)r->ranks[0].node, 0, "%s", r->reason);
+        r->port_wait_noted = 1;
+        changed(r, 0);
+        return;
+    }
+    r->port_wait_noted = 0;
+    uint32_t master_port = n0->free_port;
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member)
-            send_assign(r, i);
+            send_assign(r, i, master_port);
     r->assigned_ms = now_ms;
     event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
           (unsigned long long)r->generation, r->world_size, member_count(r));
@@ -293,6 +329,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     if (spend && r->restarts >= (uint32_t)r->spec->max_restarts) {
         snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
                  r->restarts, r->restarts == 1 ? "" : "s", r->spec->max_restarts);
+        proto_text_sanitize(r->reason);
         fail_job(r, node, rank);
         return;
     }
@@ -494,6 +531,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
 
     struct rdv_node *nd = &r->nodes[idx];
     snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
+    nd->free_port = h->free_port;
     nd->kind = h->kind;
     nd->ndevices = h->ndevices;
     memcpy(nd->devices, h->devices, sizeof(nd->devices));
@@ -539,6 +577,11 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
     ack.u.heartbeat.generation = r->generation;
     ack.u.heartbeat.seq = hb->seq;
     send_to(r, node, &ack);
+    if (hb->free_port != nd->free_port) {
+        nd->free_port = hb->free_port;
+        if (nd->member && nd->free_port && r->port_wait_noted)
+            try_start_generation(r, now_ms);
+    }
     if (hb->generation != r->generation || !nd->member)
         return;
     int all_running = 1;
@@ -567,6 +610,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         rk->loss = b->loss;
         rk->tokens_per_s = b->tokens_per_s;
         rk->comm_frac = b->comm_frac;
+        rk->silent = b->silent;
         rk->last_beat_ms = now_ms;
     }
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
@@ -606,6 +650,18 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
           (unsigned long long)r->generation, member_count(r));
 }
 
+static void record_failure(struct rdv *r, const struct rdv_node *nd, const struct proto_rank_exit *x,
+                           const char *how)
+{
+    struct rdv_failure *f = &r->last_failure;
+    f->generation = x->generation;
+    f->rank = x->rank;
+    snprintf(f->node, sizeof(f->node), "%s", nd->name);
+    snprintf(f->how, sizeof(f->how), "%s", how);
+    snprintf(f->reason, sizeof(f->reason), "%s", x->reason);
+    snprintf(f->detail, sizeof(f->detail), "%s", x->detail);
+}
+
 static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_exit *x, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
@@ -634,8 +690,16 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         return;
     }
     rk->state = RDV_RANK_EXITED;
-    snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
-    event(r, "rank_failed", (int)node, (int)x->rank, "%s at step %llu", what, (unsigned long long)rk->step);
+    record_failure(r, nd, x, how);
+    if (x->reason[0])
+        snprintf(what, sizeof(what), "rank %u on node %s %s: %s", x->rank, nd->name, how, x->reason);
+    else
+        snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
+    proto_text_sanitize(what);
+    if (rk->silent)
+        event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
+    else
+        event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
     fail_generation(r, now_ms, (int)node, (int)x->rank, what);
 }
 
@@ -737,7 +801,7 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
         return;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state == RDV_RANK_RUNNING && now_ms - rk->progress_ms > limit) {
+        if (rk->state == RDV_RANK_RUNNING && !rk->silent && now_ms - rk->progress_ms > limit) {
             char what[PROTO_REASON_MAX];
             snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
                      i, r->nodes[rk->node].name, (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
@@ -920,6 +984,16 @@ uint64_t rdv_job_step(const struct rdv *r)
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+static json_t *failure_json(const struct rdv_failure *f)
+{
+    if (!f->generation)
+        return json_null();
+    return json_pack("{s:I, s:i, s:s, s:s, s:o, s:o}", "generation", (json_int_t)f->generation, "rank",
+                     (int)f->rank, "node", f->node, "how", f->how, "reason",
+                     f->reason[0] ? json_string(f->reason) : json_null(), "detail",
+                     f->detail[0] ? json_string(f->detail) : json_null());
+}
+
 json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
 {
     json_t *nodes = json_array(), *ranks = json_array();
@@ -943,14 +1017,18 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
     }
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
+        const struct rdv_failure *f = &r->last_failure;
+        int failed_here = f->generation && f->rank == i && rk->state == RDV_RANK_EXITED && f->reason[0];
         json_array_append_new(
-            ranks, json_pack("{s:i, s:s, s:i, s:i, s:s, s:I, s:o, s:f, s:f, s:o}", "rank", (int)i, "node",
-                             r->nodes[rk->node].name, "local_rank", (int)rk->local_rank, "device",
+            ranks, json_pack("{s:i, s:s, s:i, s:i, s:s, s:o, s:o, s:f, s:f, s:o, s:b, s:o}", "rank", (int)i,
+                             "node", r->nodes[rk->node].name, "local_rank", (int)rk->local_rank, "device",
                              (int)rk->device, "state", rank_state_names[rk->state], "step",
-                             (json_int_t)rk->step, "loss", num_or_null(rk->loss), "tokens_per_s",
-                             rk->tokens_per_s, "comm_frac", rk->comm_frac, "heartbeat_age_ms",
+                             rk->silent ? json_null() : json_integer((json_int_t)rk->step), "loss",
+                             num_or_null(rk->loss), "tokens_per_s", rk->tokens_per_s, "comm_frac", rk->comm_frac,
+                             "heartbeat_age_ms",
                              rk->last_beat_ms ? json_integer((json_int_t)(now_ms - rk->last_beat_ms))
-                                              : json_null()));
+                                              : json_null(),
+                             "silent", rk->silent, "error", failed_here ? json_string(f->reason) : json_null()));
         if (rk->state == RDV_RANK_RUNNING) {
             nlive++;
             tps += rk->tokens_per_s;
@@ -961,7 +1039,7 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nloss++;
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
@@ -970,7 +1048,8 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
                      "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
-                     "stale_frames", (json_int_t)r->stale_frames, "nodes", nodes, "ranks", ranks);
+                     "stale_frames", (json_int_t)r->stale_frames, "last_failure", failure_json(&r->last_failure),
+                     "nodes", nodes, "ranks", ranks);
 }
 
 json_t *rdv_events_json(const struct rdv *r)

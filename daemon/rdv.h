@@ -78,6 +78,7 @@ struct rdv_node {
     uint64_t last_seen_ms; /* last frame from it (monotonic) */
     uint64_t joined_ms;
     uint64_t reported_generation; /* generation its ranks ran when it joined */
+    uint32_t free_port;    /* latest port it reported free for MASTER_PORT; 0 = none */
 };
 
 struct rdv_rank {
@@ -91,6 +92,17 @@ struct rdv_rank {
     double comm_frac;
     uint64_t last_beat_ms; /* 0 = never */
     uint64_t progress_ms;  /* when step last advanced (or the rank began running) */
+    int silent;            /* alive by its process alone: step unknown, no hang detection */
+};
+
+/* The latest rank failure, with what the rank itself said (error file, stderr). */
+struct rdv_failure {
+    uint64_t generation;   /* 0 = none yet */
+    uint32_t rank;
+    char node[PROTO_NAME_MAX];
+    char how[96];          /* "exited with status 1", "was killed by signal 9 (SIGKILL)" */
+    char reason[PROTO_REASON_MAX]; /* "" = the rank said nothing */
+    char detail[PROTO_DETAIL_MAX];
 };
 
 struct rdv_event {
@@ -156,6 +168,8 @@ struct rdv {
     uint32_t world_size;
 
     int resuming;           /* restored from the state file, members not all back */
+    int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    struct rdv_failure last_failure;
 
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */

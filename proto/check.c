@@ -72,44 +72,63 @@ static int valid_code(const char *s, size_t cap)
     return 1;
 }
 
-/* NUL-terminated within cap and well-formed UTF-8 (no overlong forms, no
- * surrogates, nothing above U+10FFFF): what jansson accepts. */
+/* Length of the well-formed UTF-8 sequence at p[0..n) (no overlong forms,
+ * no surrogates, nothing above U+10FFFF: what jansson accepts), 0 if none. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned int c = p[0], more;
+    uint32_t cp, min;
+
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        more = 1, cp = c & 0x1f, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        more = 2, cp = c & 0x0f, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        more = 3, cp = c & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (n <= more)
+        return 0;
+    for (unsigned int k = 1; k <= more; k++) {
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return more + 1;
+}
+
+/* NUL-terminated within cap and well-formed UTF-8. */
 static int valid_utf8(const char *s, size_t cap)
 {
     const unsigned char *p = (const unsigned char *)s;
-    size_t n = strnlen(s, cap), i = 0;
+    size_t n = strnlen(s, cap);
 
     if (n == cap)
         return 0;
-    while (i < n) {
-        unsigned int c = p[i], more;
-        uint32_t cp, min;
-
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xc2 && c <= 0xdf) {
-            more = 1, cp = c & 0x1f, min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            more = 2, cp = c & 0x0f, min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            more = 3, cp = c & 0x07, min = 0x10000;
-        } else {
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = utf8_seq(p + i, n - i)) == 0)
             return 0;
-        }
-        if (n - i <= more)
-            return 0;
-        for (unsigned int k = 1; k <= more; k++) {
-            if ((p[i + k] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (p[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += more + 1;
-    }
     return 1;
+}
+
+void proto_text_sanitize(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    size_t n = strlen(s);
+
+    for (size_t i = 0, k; i < n; i += k) {
+        k = utf8_seq(p + i, n - i);
+        if (k == 0) {
+            p[i] = '?';
+            k = 1;
+        } else if (k == 1 && p[i] < 0x20 && p[i] != '\n' && p[i] != '\t') {
+            p[i] = ' ';
+        }
+    }
 }
 
 static int check_hello(const struct proto_hello *h)
@@ -119,6 +138,7 @@ static int check_hello(const struct proto_hello *h)
         (unsigned int)h->kind > PROTO_DEV_GPU ||
         h->ndevices < 1 || h->ndevices > PROTO_MAX_LOCAL_RANKS ||
         h->device_mem_mb > PROTO_U64_MAX || h->generation > PROTO_U64_MAX ||
+        h->free_port > 65535 ||
         !valid_ascii(h->agent_version, sizeof(h->agent_version), 0, ' ', '~'))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < h->ndevices; i++)
@@ -150,7 +170,10 @@ static int check_assign(const struct proto_assign *a)
 {
     if (a->generation < 1 || a->generation > PROTO_U64_MAX ||
         a->world_size < 1 || a->nranks < 1 ||
-        a->nranks > PROTO_MAX_LOCAL_RANKS || !json_is_object(a->job))
+        a->nranks > PROTO_MAX_LOCAL_RANKS || !json_is_object(a->job) ||
+        a->nnodes < 1 || a->node_rank >= a->nnodes ||
+        a->master_port < 1 || a->master_port > 65535 ||
+        !valid_ascii(a->master_addr, sizeof(a->master_addr), 1, '!', '~'))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct proto_rank_slot *s = &a->ranks[i];
@@ -168,7 +191,7 @@ static int check_assign(const struct proto_assign *a)
 static int check_heartbeat(const struct proto_heartbeat *h)
 {
     if (h->generation > PROTO_U64_MAX || h->seq > PROTO_U64_MAX ||
-        h->nranks > PROTO_MAX_LOCAL_RANKS)
+        h->free_port > 65535 || h->nranks > PROTO_MAX_LOCAL_RANKS)
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < h->nranks; i++) {
         const struct proto_rank_beat *b = &h->ranks[i];
@@ -190,7 +213,9 @@ static int check_rank_exit(const struct proto_rank_exit *e)
     int exited = e->signal == 0 && e->exit_code >= 0 && e->exit_code <= 255;
     int killed = e->signal >= 1 && e->signal <= 127 && e->exit_code == -1;
 
-    if (e->generation > PROTO_U64_MAX || !(exited || killed))
+    if (e->generation > PROTO_U64_MAX || !(exited || killed) ||
+        !valid_utf8(e->reason, sizeof(e->reason)) ||
+        !valid_utf8(e->detail, sizeof(e->detail)))
         return PROTO_E_RANGE;
     return 0;
 }

@@ -189,7 +189,7 @@ static int get_array(json_t *obj, const char *key, size_t max, json_t **out)
 static int dec_hello(json_t *o, struct proto_hello *h)
 {
     static const char *const keys[] = {"node", "addr", "kind", "devices",
-        "device_mem_mb", "generation", "agent_version", NULL};
+        "device_mem_mb", "generation", "agent_version", "free_port", NULL};
     json_t *devices;
     int kind;
 
@@ -207,6 +207,7 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     }
     TRY(get_u64(o, "device_mem_mb", &h->device_mem_mb));
     TRY(get_u64(o, "generation", &h->generation));
+    TRY(get_u32(o, "free_port", &h->free_port));
     return get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version));
 }
 
@@ -263,6 +264,7 @@ static int dec_slot(json_t *o, struct proto_rank_slot *s)
 static int dec_assign(json_t *o, struct proto_assign *a)
 {
     static const char *const keys[] = {"generation", "world_size", "ranks",
+        "node_rank", "nnodes", "restart_count", "master_addr", "master_port",
         "job", NULL};
     json_t *ranks, *job;
 
@@ -273,6 +275,11 @@ static int dec_assign(json_t *o, struct proto_assign *a)
     a->nranks = (uint32_t)json_array_size(ranks);
     for (uint32_t i = 0; i < a->nranks; i++)
         TRY(dec_slot(json_array_get(ranks, i), &a->ranks[i]));
+    TRY(get_u32(o, "node_rank", &a->node_rank));
+    TRY(get_u32(o, "nnodes", &a->nnodes));
+    TRY(get_u32(o, "restart_count", &a->restart_count));
+    TRY(get_str(o, "master_addr", a->master_addr, sizeof(a->master_addr)));
+    TRY(get_u32(o, "master_port", &a->master_port));
     job = json_object_get(o, "job");
     if (!job)
         return PROTO_E_MISSING;
@@ -294,7 +301,7 @@ static int dec_unique_id(json_t *o, struct proto_unique_id *u)
 static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
-        "tokens_per_s", "comm_frac", "checkpoint_step", NULL};
+        "tokens_per_s", "comm_frac", "checkpoint_step", "silent", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -312,17 +319,28 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
     b->checkpoint_step = 0;
     if (json_object_get(o, "checkpoint_step"))
         TRY(get_u64(o, "checkpoint_step", &b->checkpoint_step));
+    /* Optional (absent = false): only agents send it, and only as true. */
+    b->silent = 0;
+    json_t *silent = json_object_get(o, "silent");
+    if (silent) {
+        if (!json_is_boolean(silent))
+            return PROTO_E_FIELD_TYPE;
+        b->silent = json_is_true(silent);
+    }
     return PROTO_OK;
 }
 
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 {
-    static const char *const keys[] = {"generation", "seq", "ranks", NULL};
+    static const char *const keys[] = {"generation", "seq", "free_port", "ranks", NULL};
     json_t *ranks;
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &h->generation));
     TRY(get_u64(o, "seq", &h->seq));
+    h->free_port = 0; /* optional */
+    if (json_object_get(o, "free_port"))
+        TRY(get_u32(o, "free_port", &h->free_port));
     TRY(get_array(o, "ranks", PROTO_MAX_LOCAL_RANKS, &ranks));
     h->nranks = (uint32_t)json_array_size(ranks);
     for (uint32_t i = 0; i < h->nranks; i++)
@@ -333,13 +351,20 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 static int dec_rank_exit(json_t *o, struct proto_rank_exit *e)
 {
     static const char *const keys[] = {"generation", "rank", "exit_code",
-        "signal", NULL};
+        "signal", "reason", "detail", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &e->generation));
     TRY(get_u32(o, "rank", &e->rank));
     TRY(get_i32(o, "exit_code", &e->exit_code));
-    return get_i32(o, "signal", &e->signal);
+    TRY(get_i32(o, "signal", &e->signal));
+    /* Optional (absent = ""): what the rank said about its failure. */
+    e->reason[0] = e->detail[0] = '\0';
+    if (json_object_get(o, "reason"))
+        TRY(get_str(o, "reason", e->reason, sizeof(e->reason)));
+    if (json_object_get(o, "detail"))
+        TRY(get_str(o, "detail", e->detail, sizeof(e->detail)));
+    return PROTO_OK;
 }
 
 static int dec_command(json_t *o, struct proto_command_msg *c)
@@ -503,6 +528,7 @@ static int enc_hello(json_t *o, const struct proto_hello *h)
             return PROTO_E_NOMEM;
     TRY(put_uint(o, "device_mem_mb", h->device_mem_mb));
     TRY(put_uint(o, "generation", h->generation));
+    TRY(put_uint(o, "free_port", h->free_port));
     return put(o, "agent_version", json_string(h->agent_version));
 }
 
@@ -526,6 +552,11 @@ static int enc_assign(json_t *o, const struct proto_assign *a)
     TRY(put(o, "ranks", ranks));
     for (uint32_t i = 0; i < a->nranks; i++)
         TRY(enc_slot(ranks, &a->ranks[i]));
+    TRY(put_uint(o, "node_rank", a->node_rank));
+    TRY(put_uint(o, "nnodes", a->nnodes));
+    TRY(put_uint(o, "restart_count", a->restart_count));
+    TRY(put(o, "master_addr", json_string(a->master_addr)));
+    TRY(put_uint(o, "master_port", a->master_port));
     /* json_object_set takes its own reference: the caller keeps theirs. */
     return json_object_set(o, "job", a->job) == 0 ? 0 : PROTO_E_NOMEM;
 }
@@ -542,7 +573,9 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
     TRY(put(o, "loss", isfinite(b->loss) ? json_real(b->loss) : json_null()));
     TRY(put(o, "tokens_per_s", json_real(b->tokens_per_s)));
     TRY(put(o, "comm_frac", json_real(b->comm_frac)));
-    return b->checkpoint_step ? put_uint(o, "checkpoint_step", b->checkpoint_step) : PROTO_OK;
+    if (b->checkpoint_step)
+        TRY(put_uint(o, "checkpoint_step", b->checkpoint_step));
+    return b->silent ? put(o, "silent", json_true()) : PROTO_OK;
 }
 
 static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
@@ -551,6 +584,8 @@ static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
 
     TRY(put_uint(o, "generation", h->generation));
     TRY(put_uint(o, "seq", h->seq));
+    if (h->free_port)
+        TRY(put_uint(o, "free_port", h->free_port));
     TRY(put(o, "ranks", ranks));
     for (uint32_t i = 0; i < h->nranks; i++)
         TRY(enc_beat(ranks, &h->ranks[i]));
@@ -586,7 +621,10 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         TRY(put_uint(o, "generation", m->u.rank_exit.generation));
         TRY(put_uint(o, "rank", m->u.rank_exit.rank));
         TRY(put(o, "exit_code", json_integer(m->u.rank_exit.exit_code)));
-        return put(o, "signal", json_integer(m->u.rank_exit.signal));
+        TRY(put(o, "signal", json_integer(m->u.rank_exit.signal)));
+        if (m->u.rank_exit.reason[0])
+            TRY(put(o, "reason", json_string(m->u.rank_exit.reason)));
+        return m->u.rank_exit.detail[0] ? put(o, "detail", json_string(m->u.rank_exit.detail)) : PROTO_OK;
     case PROTO_COMMAND:
         TRY(put_uint(o, "generation", m->u.command.generation));
         return put(o, "action", json_string(proto_command_json[m->u.command.action]));

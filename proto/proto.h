@@ -32,7 +32,8 @@
 #define PROTO_MAX_FRAME (PROTO_HEADER_LEN + PROTO_MAX_PAYLOAD)
 
 #define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
-#define PROTO_REASON_MAX 256     /* reject / error / diagnosis text */
+#define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
+#define PROTO_DETAIL_MAX 4096    /* RANK_EXIT detail: the tail of a traceback or stderr */
 #define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
 #define PROTO_UID_LEN 128        /* communicator unique id, opaque bytes */
@@ -114,6 +115,7 @@ struct proto_hello {
     uint32_t devices[PROTO_MAX_LOCAL_RANKS]; /* device indices (gpu ordinal) */
     uint64_t device_mem_mb;      /* per device; 0 when unknown */
     uint64_t generation;         /* generation its ranks run now, 0 if none */
+    uint32_t free_port;          /* a port free on this node for MASTER_PORT; 0 = none */
     char agent_version[32];
 };
 
@@ -147,6 +149,11 @@ struct proto_assign {
     uint32_t world_size;
     uint32_t nranks; /* this node's ranks (to a rank: all of its node's) */
     struct proto_rank_slot ranks[PROTO_MAX_LOCAL_RANKS];
+    uint32_t node_rank;      /* this node's index among the members, name order */
+    uint32_t nnodes;         /* members of the generation */
+    uint32_t restart_count;  /* restarts spent before this generation */
+    char master_addr[PROTO_NAME_MAX]; /* address of rank 0's node */
+    uint32_t master_port;    /* port free on rank 0's node for this generation */
     json_t *job;     /* job spec object; owned by the message */
 };
 
@@ -164,11 +171,14 @@ struct proto_rank_beat {
     double comm_frac;     /* fraction of step time waiting on communication */
     uint64_t checkpoint_step; /* last committed checkpoint this rank knows; 0 = none
                                * (optional on the wire: omitted when 0) */
+    int silent;           /* alive by its process alone: it never sent a frame, so
+                           * step and loss are unknown (optional: omitted when 0) */
 };
 
 struct proto_heartbeat {
     uint64_t generation;
     uint64_t seq;         /* sender's sequence number, increasing */
+    uint32_t free_port;   /* agent -> daemon: as in HELLO (optional: omitted when 0) */
     uint32_t nranks;
     struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
 };
@@ -178,6 +188,9 @@ struct proto_rank_exit {
     uint32_t rank;
     int32_t exit_code; /* -1 when killed by a signal */
     int32_t signal;    /* 0 when it exited */
+    char reason[PROTO_REASON_MAX]; /* the rank's own words: its exception or last
+                                    * stderr line; "" = none (optional) */
+    char detail[PROTO_DETAIL_MAX]; /* traceback or stderr tail; "" = none (optional) */
 };
 
 struct proto_command_msg {
@@ -268,6 +281,13 @@ int proto_hmac_verify(const uint8_t *token, size_t token_len,
  */
 int proto_hmac_raw(const uint8_t *key, size_t key_len, const uint8_t *data,
                    size_t data_len, uint8_t out[PROTO_HMAC_LEN]);
+
+/*
+ * Makes s well-formed UTF-8 in place (what the encoder accepts for free
+ * text): every byte that starts no valid sequence becomes '?', and control
+ * characters other than newline and tab become spaces.
+ */
+void proto_text_sanitize(char *s);
 
 /* Valid node name: 1..63 bytes of [A-Za-z0-9._-]. */
 int proto_valid_name(const char *s);

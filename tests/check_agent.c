@@ -11,7 +11,9 @@
 
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
+#include "common/cmdline.h"
 #include "worker/agent/rank_env.h"
+#include "worker/agent/rank_failure.h"
 
 /* ---- --devices --------------------------------------------------------- */
 
@@ -234,18 +236,168 @@ START_TEST(rank_env_cpu_hides_gpus)
 }
 END_TEST
 
-START_TEST(rank_argv_split_on_whitespace)
+START_TEST(rank_env_torchrun_names)
 {
-    char **v = rank_argv_split("  build/tests/fake-rank\t--steps 20   --step-ms=5 ");
+    /* A platform's node-level values (--from-env) must never reach a rank. */
+    char *parent[] = {"MASTER_ADDR=platform-master", "MASTER_PORT=29470", "WORLD_SIZE=2", "RANK=1",
+                      "TORCHELASTIC_ERROR_FILE=/elsewhere", "GROUP_RANK=7", NULL};
+    struct rank_identity id = {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4,
+                               .node_rank = 1, .nnodes = 2, .generation = 3, .restart_count = 2,
+                               .max_restarts = 7, .run_id = "shakespeare", .master_addr = "10.0.0.1",
+                               .master_port = 29517, .error_file = "/state/gen-3/rank-5/error.json",
+                               .omp_threads = 3, .node = "b", .kind = PROTO_DEV_CPU};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    ck_assert_str_eq(env_get(env, "MASTER_ADDR"), "10.0.0.1");
+    ck_assert_str_eq(env_get(env, "MASTER_PORT"), "29517");
+    ck_assert_str_eq(env_get(env, "RANK"), "5");
+    ck_assert_str_eq(env_get(env, "WORLD_SIZE"), "8");
+    ck_assert_str_eq(env_get(env, "GROUP_RANK"), "1");
+    ck_assert_str_eq(env_get(env, "GROUP_WORLD_SIZE"), "2");
+    ck_assert_str_eq(env_get(env, "ROLE_NAME"), "default");
+    ck_assert_str_eq(env_get(env, "ROLE_RANK"), "5");
+    ck_assert_str_eq(env_get(env, "ROLE_WORLD_SIZE"), "8");
+    ck_assert_str_eq(env_get(env, "TORCHELASTIC_RESTART_COUNT"), "2");
+    ck_assert_str_eq(env_get(env, "TORCHELASTIC_MAX_RESTARTS"), "7");
+    ck_assert_str_eq(env_get(env, "TORCHELASTIC_RUN_ID"), "shakespeare");
+    ck_assert_str_eq(env_get(env, "TORCHELASTIC_ERROR_FILE"), "/state/gen-3/rank-5/error.json");
+    ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "3");
+    ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    rank_strv_free(env);
+}
+END_TEST
+
+START_TEST(rank_env_user_defaults_win)
+{
+    /* OMP_NUM_THREADS and the NCCL error handling are defaults: the user's value stays. */
+    char *parent[] = {"OMP_NUM_THREADS=16", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0", NULL};
+    struct rank_identity id = {.rank = 0, .world_size = 1, .local_world_size = 1, .nnodes = 1,
+                               .generation = 1, .master_addr = "127.0.0.1", .master_port = 29500,
+                               .omp_threads = 2, .node = "n", .kind = PROTO_DEV_CPU};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "16");
+    ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
+    ck_assert_ptr_null(env_get(env, "TORCHELASTIC_ERROR_FILE")); /* none given: unset */
+    rank_strv_free(env);
+}
+END_TEST
+
+START_TEST(cmdline_string_and_array)
+{
+    char packed[CMDLINE_MAX], why[200];
+    ck_assert_int_eq(cmdline_from_string("  build/tests/fake-rank\t--steps 20   --step-ms=5 ", packed,
+                                         sizeof(packed)), 0);
+    char **v = cmdline_argv(packed);
     ck_assert_ptr_nonnull(v);
     ck_assert_str_eq(v[0], "build/tests/fake-rank");
     ck_assert_str_eq(v[1], "--steps");
     ck_assert_str_eq(v[2], "20");
     ck_assert_str_eq(v[3], "--step-ms=5");
     ck_assert_ptr_null(v[4]);
-    rank_strv_free(v);
-    ck_assert_ptr_null(rank_argv_split(""));
-    ck_assert_ptr_null(rank_argv_split(" \t "));
+    cmdline_free(v);
+    ck_assert_int_ne(cmdline_from_string(" \t ", packed, sizeof(packed)), 0);
+    ck_assert_int_eq(cmdline_set(packed), 0);
+
+    json_t *arr = json_pack("[s, s, s]", "python3", "train.py", "--name=two words");
+    ck_assert_int_eq(cmdline_from_json(arr, packed, sizeof(packed), why, sizeof(why)), 0);
+    json_decref(arr);
+    v = cmdline_argv(packed);
+    ck_assert_str_eq(v[2], "--name=two words");
+    ck_assert_ptr_null(v[3]);
+    cmdline_free(v);
+    char line[200];
+    cmdline_describe(packed, line, sizeof(line));
+    ck_assert_str_eq(line, "python3 train.py '--name=two words'");
+}
+END_TEST
+
+START_TEST(cmdline_bad_forms_are_named)
+{
+    char packed[64], why[200];
+    json_t *v = json_pack("[s, i]", "python3", 3);
+    ck_assert_int_eq(cmdline_from_json(v, packed, sizeof(packed), why, sizeof(why)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "index 1"));
+    json_decref(v);
+    v = json_array();
+    ck_assert_int_eq(cmdline_from_json(v, packed, sizeof(packed), why, sizeof(why)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "got 0"));
+    json_decref(v);
+    v = json_integer(4);
+    ck_assert_int_eq(cmdline_from_json(v, packed, sizeof(packed), why, sizeof(why)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "an integer"));
+    json_decref(v);
+    v = json_pack("[s, s]", "python3", "");
+    ck_assert_int_eq(cmdline_from_json(v, packed, sizeof(packed), why, sizeof(why)), -EINVAL);
+    json_decref(v);
+    /* Longer than the buffer: refused, not cut. */
+    v = json_string("a-program-name-that-is-long another-argument-that-is-long and-a-third-one");
+    ck_assert_int_eq(cmdline_from_json(v, packed, sizeof(packed), why, sizeof(why)), -EINVAL);
+    json_decref(v);
+}
+END_TEST
+
+/* Writes text to a fresh file in a temporary directory; returns its path (static). */
+static const char *temp_file(const char *text, size_t len)
+{
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/check-agent-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
+    close(fd);
+    return path;
+}
+
+START_TEST(failure_from_torch_error_file)
+{
+    const char *json =
+        "{\"message\": {\"message\": \"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\", "
+        "\"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n  File "
+        "\\\"/home/u/train.py\\\", line 120, in step\\n    y = model(x)\\n  File "
+        "\\\"/usr/lib/python3/dist-packages/torch/nn/modules/module.py\\\", line 1190, in _call_impl\\n    "
+        "return forward_call(*input)\\nRuntimeError: CUDA out of memory.\\n\", \"timestamp\": \"1\"}}}";
+    const char *path = temp_file(json, strlen(json));
+    char reason[PROTO_REASON_MAX], detail[PROTO_DETAIL_MAX], why[300];
+    rank_failure_explain(path, "ignored stderr\n", reason, sizeof(reason), detail, sizeof(detail), why,
+                         sizeof(why));
+    unlink(path);
+    /* The user's frame, not the library's, names the location. */
+    ck_assert_str_eq(reason, "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (train.py:120)");
+    ck_assert_ptr_nonnull(strstr(detail, "Traceback (most recent call last)"));
+    ck_assert_str_eq(why, "");
+}
+END_TEST
+
+START_TEST(failure_from_stderr_when_file_is_bad)
+{
+    const char *tail = "step 3 loss 0.5\nTraceback (most recent call last):\n  File \"t.py\", line 9, in <module>\n"
+                       "    f()\nValueError: bad shape \xff\n\n";
+    char reason[PROTO_REASON_MAX], detail[PROTO_DETAIL_MAX], why[300];
+    const char *path = temp_file("not json {", 10);
+    rank_failure_explain(path, tail, reason, sizeof(reason), detail, sizeof(detail), why, sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "is not JSON"));
+    /* Invalid UTF-8 from the rank is made safe for the wire. */
+    ck_assert_str_eq(reason, "ValueError: bad shape ? (t.py:9)");
+    unlink(path);
+
+    /* A huge error file is not read. */
+    size_t big = RANK_ERROR_FILE_MAX + 10;
+    char *junk = malloc(big);
+    memset(junk, ' ', big);
+    path = temp_file(junk, big);
+    free(junk);
+    rank_failure_explain(path, "Segmentation fault\n", reason, sizeof(reason), detail, sizeof(detail), why,
+                         sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "more than the"));
+    ck_assert_str_eq(reason, "Segmentation fault");
+    unlink(path);
+
+    /* No file, nothing on stderr: nothing said. */
+    rank_failure_explain("/nonexistent/error.json", "", reason, sizeof(reason), detail, sizeof(detail), why,
+                         sizeof(why));
+    ck_assert_str_eq(reason, "");
+    ck_assert_str_eq(why, "");
 }
 END_TEST
 
@@ -272,7 +424,12 @@ Suite *make_agent_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, rank_env_gpu);
     tcase_add_test(tc, rank_env_cpu_hides_gpus);
-    tcase_add_test(tc, rank_argv_split_on_whitespace);
+    tcase_add_test(tc, rank_env_torchrun_names);
+    tcase_add_test(tc, rank_env_user_defaults_win);
+    tcase_add_test(tc, cmdline_string_and_array);
+    tcase_add_test(tc, cmdline_bad_forms_are_named);
+    tcase_add_test(tc, failure_from_torch_error_file);
+    tcase_add_test(tc, failure_from_stderr_when_file_is_bad);
     suite_add_tcase(s, tc);
     return s;
 }

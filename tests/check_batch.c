@@ -62,6 +62,7 @@ static void join(struct rdv *r, const char *name, uint32_t ndev)
     memset(&h, 0, sizeof(h));
     snprintf(h.node, sizeof(h.node), "%s", name);
     snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
+    h.free_port = 29500;
     h.ndevices = ndev;
     for (uint32_t i = 0; i < ndev; i++)
         h.devices[i] = i;

@@ -66,7 +66,8 @@ START_TEST(good_worker_file)
     ck_assert_str_eq(f.devices, "gpu:0,1");
     snprintf(tok, sizeof(tok), "%s/token", dir); /* relative to the file's directory */
     ck_assert_str_eq(f.token_file, tok);
-    ck_assert_str_eq(f.rank_cmd, "/opt/train --x");
+    ck_assert_str_eq(f.rank_cmd, "/opt/train"); /* packed: "/opt/train\0--x\0\0" */
+    ck_assert_str_eq(f.rank_cmd + strlen("/opt/train") + 1, "--x");
     ck_assert_str_eq(f.addr, "10.0.0.7");
     ck_assert_str_eq(f.log_level, "debug");
 
@@ -96,7 +97,11 @@ START_TEST(unknown_key_and_bad_values_name_file_key_and_expectation)
     ck_assert_int_eq(load_worker("{\"log_level\": \"loud\"}", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "log_level: expected error, warn, info or debug, got \"loud\"");
     ck_assert_int_eq(load_worker("{\"rank_cmd\": \"\"}", &f, err, sizeof(err)), -EINVAL);
-    expect_err(err, "rank_cmd: expected a command, got \"\"");
+    expect_err(err, "rank_cmd: expected a command of 1..256 words and at most 4094 bytes, got an empty string");
+    ck_assert_int_eq(load_worker("{\"rank_cmd\": [\"python3\", 7]}", &f, err, sizeof(err)), -EINVAL);
+    expect_err(err, "rank_cmd: expected an array of strings, got an integer at index 1");
+    ck_assert_int_eq(load_worker("{\"master_port_range\": \"29600-29500\"}", &f, err, sizeof(err)), -EINVAL);
+    expect_err(err, "master_port_range: expected LO-HI with 1024 <= LO <= HI <= 65535, got \"29600-29500\"");
     ck_assert_int_eq(load_worker("[1, 2]", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "expected a JSON object at the top level, got an array");
     ck_assert_int_eq(load_worker("{\"daemon\": ", &f, err, sizeof(err)), -EINVAL);

@@ -102,6 +102,7 @@ static void sample(int type, struct proto_msg *m)
             h->devices[i] = 7 - i;
         h->device_mem_mb = 81559;
         h->generation = 12;
+        h->free_port = 29501;
         strcpy(h->agent_version, "0.1.0");
         break;
     }
@@ -132,6 +133,11 @@ static void sample(int type, struct proto_msg *m)
             a->ranks[i].local_rank = i;
             a->ranks[i].device = 7 - i;
         }
+        a->node_rank = 1;
+        a->nnodes = 2;
+        a->restart_count = 4;
+        strcpy(a->master_addr, "10.1.2.2");
+        a->master_port = 29500;
         a->job = json_pack("{s:s, s:i, s:[i,i], s:f, s:{s:b}}", "name", "demo",
                            "nodes", 2, "dims", 1, 2, "lr", 3e-4, "opt", "zero", 1);
         ck_assert_ptr_nonnull(a->job);
@@ -147,16 +153,18 @@ static void sample(int type, struct proto_msg *m)
         h->generation = 3;
         h->seq = 42;
         h->nranks = 3;
-        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000};
-        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 0, 0};
-        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0};
+        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0};
+        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1};
+        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0};
         break;
     }
     case PROTO_RANK_EXIT:
         m->u.rank_exit.generation = 3;
         m->u.rank_exit.rank = 9;
         m->u.rank_exit.exit_code = -1;
-        m->u.rank_exit.signal = 9;
+        m->u.rank_exit.signal = 6;
+        strcpy(m->u.rank_exit.reason, "RuntimeError: CUDA error: an illegal memory access (train.py:12) \xe2\x82\xac");
+        strcpy(m->u.rank_exit.detail, "Traceback (most recent call last):\n  File \"train.py\", line 12\n");
         break;
     case PROTO_COMMAND:
         m->u.command.generation = 4;
@@ -190,6 +198,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
             ck_assert_uint_eq(x->devices[i], y->devices[i]);
         ck_assert_uint_eq(x->device_mem_mb, y->device_mem_mb);
         ck_assert_uint_eq(x->generation, y->generation);
+        ck_assert_uint_eq(x->free_port, y->free_port);
         ck_assert_str_eq(x->agent_version, y->agent_version);
         break;
     }
@@ -218,6 +227,11 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
             ck_assert_uint_eq(x->ranks[i].local_rank, y->ranks[i].local_rank);
             ck_assert_uint_eq(x->ranks[i].device, y->ranks[i].device);
         }
+        ck_assert_uint_eq(x->node_rank, y->node_rank);
+        ck_assert_uint_eq(x->nnodes, y->nnodes);
+        ck_assert_uint_eq(x->restart_count, y->restart_count);
+        ck_assert_str_eq(x->master_addr, y->master_addr);
+        ck_assert_uint_eq(x->master_port, y->master_port);
         ck_assert_msg(json_equal(x->job, y->job), "job objects differ");
         break;
     }
@@ -241,7 +255,9 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
             ck_assert_msg(p->comm_frac == q->comm_frac, "comm_frac %.17g != %.17g",
                           p->comm_frac, q->comm_frac);
             ck_assert_int_eq(p->checkpoint_step, q->checkpoint_step);
+            ck_assert_int_eq(p->silent, q->silent);
         }
+        ck_assert_uint_eq(x->free_port, y->free_port);
         break;
     }
     case PROTO_RANK_EXIT:
@@ -249,6 +265,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(a->u.rank_exit.rank, b->u.rank_exit.rank);
         ck_assert_int_eq(a->u.rank_exit.exit_code, b->u.rank_exit.exit_code);
         ck_assert_int_eq(a->u.rank_exit.signal, b->u.rank_exit.signal);
+        ck_assert_str_eq(a->u.rank_exit.reason, b->u.rank_exit.reason);
+        ck_assert_str_eq(a->u.rank_exit.detail, b->u.rank_exit.detail);
         break;
     case PROTO_COMMAND:
         ck_assert_uint_eq(a->u.command.generation, b->u.command.generation);
@@ -330,7 +348,7 @@ START_TEST(roundtrip_edges)
     for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++)
         m.u.heartbeat.ranks[i] = (struct proto_rank_beat){
             UINT32_MAX - i, (enum proto_rank_state)(i % 4), PROTO_U64_MAX - i,
-            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i};
+            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2)};
     roundtrip(&m);
 
     /* The daemon's answer to a heartbeat: no ranks. */
@@ -587,7 +605,7 @@ END_TEST
 /* ---- decoder: payload errors, from hand-written JSON ---- */
 
 #define HELLO_OK "{\"node\":\"n1\",\"addr\":\"10.0.0.1\",\"kind\":\"gpu\",\"devices\":[0,1]," \
-                 "\"device_mem_mb\":81920,\"generation\":0,\"agent_version\":\"0.1.0\"}"
+                 "\"device_mem_mb\":81920,\"generation\":0,\"free_port\":0,\"agent_version\":\"0.1.0\"}"
 #define NONCE_OK "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 START_TEST(hand_written_frames_decode)
@@ -599,7 +617,8 @@ START_TEST(hand_written_frames_decode)
                                                 "\"heartbeat_timeout_ms\":2}"), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_REJECT, "{\"code\":\"auth\",\"reason\":\"\"}"), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,"
-        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"job\":{}}"), PROTO_OK);
+        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"node_rank\":0,\"nnodes\":1,"
+        "\"restart_count\":0,\"master_addr\":\"h\",\"master_port\":29500,\"job\":{}}"), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":0,\"seq\":0,\"ranks\":[]}"),
                      PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_RANK_EXIT, "{\"generation\":1,\"rank\":0,\"exit_code\":0,"
@@ -669,7 +688,8 @@ START_TEST(missing_fields)
 END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
- * one optional field (a rank's checkpoint_step) decodes as 0 instead. */
+ * optional fields (a rank's checkpoint_step and silent, a heartbeat's
+ * free_port, a rank exit's reason and detail) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
 {
     for (int t = PROTO_HELLO; t <= NTYPES; t++) {
@@ -681,7 +701,9 @@ START_TEST(every_field_is_required)
         json_object_foreach(base, key, value) {
             json_t *copy = json_deep_copy(base);
             json_object_del(copy, key);
-            ck_assert_msg(decode_json((uint16_t)t, copy) == PROTO_E_MISSING,
+            int optional = (t == PROTO_RANK_EXIT && (!strcmp(key, "reason") || !strcmp(key, "detail"))) ||
+                           (t == PROTO_HEARTBEAT && !strcmp(key, "free_port"));
+            ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
 
@@ -691,7 +713,8 @@ START_TEST(every_field_is_required)
                 json_object_foreach(json_array_get(value, 0), inner, iv) {
                     copy = json_deep_copy(base);
                     json_object_del(json_array_get(json_object_get(copy, key), 0), inner);
-                    int want = strcmp(inner, "checkpoint_step") == 0 ? PROTO_OK : PROTO_E_MISSING;
+                    int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ? PROTO_OK
+                                                                                                 : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,
                                   "%s %s[0] without %s", proto_type_name((enum proto_type)t),
                                   key, inner);
@@ -784,9 +807,9 @@ START_TEST(field_type_errors)
         "[{\"rank\":0,\"state\":\"running\",\"step\":1,\"loss\":1,\"tokens_per_s\":null,"
         "\"comm_frac\":0}]}"), PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,"
-        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"job\":[]}"), PROTO_E_FIELD_TYPE);
+        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"node_rank\":0,\"nnodes\":1,\"restart_count\":0,\"master_addr\":\"h\",\"master_port\":29500,\"job\":[]}"), PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,"
-        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"job\":\"demo\"}"),
+        "\"ranks\":[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"node_rank\":0,\"nnodes\":1,\"restart_count\":0,\"master_addr\":\"h\",\"master_port\":29500,\"job\":\"demo\"}"),
         PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_CHALLENGE, "{\"nonce\":5}"), PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_WELCOME, "{\"heartbeat_interval_ms\":true,"
@@ -871,9 +894,9 @@ START_TEST(range_errors)
         "\"comm_frac\":0}]}"), PROTO_E_RANGE);
 
     /* Strings that do not fit their buffer; codes that are not tokens. */
-    snprintf(text, sizeof(text), "{\"code\":\"x\",\"reason\":\"%0256d\"}", 0);
+    snprintf(text, sizeof(text), "{\"code\":\"x\",\"reason\":\"%0512d\"}", 0);
     ck_assert_int_eq(decode_text(PROTO_REJECT, text), PROTO_E_RANGE);
-    snprintf(text, sizeof(text), "{\"code\":\"x\",\"reason\":\"%0255d\"}", 0);
+    snprintf(text, sizeof(text), "{\"code\":\"x\",\"reason\":\"%0511d\"}", 0);
     ck_assert_int_eq(decode_text(PROTO_REJECT, text), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_ERROR, "{\"code\":\"\",\"reason\":\"r\"}"), PROTO_E_RANGE);
     ck_assert_int_eq(decode_text(PROTO_ERROR, "{\"code\":\"Auth\",\"reason\":\"r\"}"), PROTO_E_RANGE);
@@ -887,9 +910,30 @@ START_TEST(range_errors)
         "\"heartbeat_timeout_ms\":2,\"lease_ms\":4294967296}"), PROTO_E_RANGE);
 
     /* ASSIGN layout rules. */
-#define ASSIGN(gen, ws, ranks) "{\"generation\":" gen ",\"world_size\":" ws ",\"ranks\":[" ranks \
-                               "],\"job\":{}}"
+#define ASSIGN_MORE(gen, ws, ranks, more) "{\"generation\":" gen ",\"world_size\":" ws ",\"ranks\":[" \
+                               ranks "]," more ",\"job\":{}}"
+#define ASSIGN(gen, ws, ranks) ASSIGN_MORE(gen, ws, ranks, "\"node_rank\":0,\"nnodes\":1,\"restart_count\":0," \
+                                                         "\"master_addr\":\"h\",\"master_port\":29500")
 #define SLOT(r, l, d) "{\"rank\":" r ",\"local_rank\":" l ",\"device\":" d "}"
+    /* MASTER_PORT in 1..65535, a node_rank below nnodes, an address to reach rank 0 at. */
+#define MORE(nr, nn, addr, port) "\"node_rank\":" nr ",\"nnodes\":" nn ",\"restart_count\":0,\"master_addr\":" \
+                                 addr ",\"master_port\":" port
+    ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"), MORE("0", "1", "\"h\"", "0"))),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"),
+                                                           MORE("0", "1", "\"h\"", "65536"))), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"), MORE("2", "2", "\"h\"", "1"))),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"), MORE("0", "1", "\"\"", "1"))),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"), MORE("1", "2", "\"h\"", "1"))),
+                     PROTO_OK);
+    ck_assert_int_eq(hello_with("free_port", "65536"), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"free_port\":70000,\"ranks\":[]}"),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"ranks\":"
+        "[{\"rank\":0,\"state\":\"running\",\"step\":1,\"loss\":1,\"tokens_per_s\":1,"
+        "\"comm_frac\":0,\"silent\":1}]}"), PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN("1", "2", SLOT("1", "0", "0") "," SLOT("0", "1", "1"))),
                      PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN("0", "1", SLOT("0", "0", "0"))), PROTO_E_RANGE);
@@ -930,7 +974,7 @@ START_TEST(unknown_fields)
 {
     ck_assert_int_eq(decode_text(PROTO_HELLO,
         "{\"node\":\"n1\",\"addr\":\"10.0.0.1\",\"kind\":\"gpu\",\"devices\":[0,1],\"gpus\":2,"
-        "\"device_mem_mb\":81920,\"generation\":0,\"agent_version\":\"0.1.0\"}"),
+        "\"device_mem_mb\":81920,\"generation\":0,\"free_port\":0,\"agent_version\":\"0.1.0\"}"),
         PROTO_E_UNKNOWN_FIELD);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,\"ranks\":"
         "[{\"rank\":0,\"local_rank\":0,\"device\":0,\"host\":\"h\"}],\"job\":{}}"),
@@ -942,7 +986,7 @@ START_TEST(unknown_fields)
                      PROTO_E_UNKNOWN_FIELD);
     /* The job spec is the daemon's business: any object passes through. */
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,\"ranks\":"
-        "[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"job\":{\"anything\":[1,{}]}}"), PROTO_OK);
+        "[{\"rank\":0,\"local_rank\":0,\"device\":0}],\"node_rank\":0,\"nnodes\":1,\"restart_count\":0,\"master_addr\":\"h\",\"master_port\":29500,\"job\":{\"anything\":[1,{}]}}"), PROTO_OK);
 
     for (int t = PROTO_HELLO; t <= NTYPES; t++) {
         json_t *obj = sample_payload(t);

@@ -69,6 +69,9 @@ static void send_assign(int gen, int world, int first, int n)
         m.u.assign.ranks[i].local_rank = (uint32_t)i;
         m.u.assign.ranks[i].device = (uint32_t)i;
     }
+    m.u.assign.nnodes = 1;
+    m.u.assign.master_port = 29500;
+    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "127.0.0.1");
     m.u.assign.job = json_pack("{s:s}", "name", "t");
     agent_send(&m);
     json_decref(m.u.assign.job);

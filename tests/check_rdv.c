@@ -28,6 +28,8 @@ static struct rec rec;
 static struct rdv rdv;
 static struct job_spec spec;
 static uint64_t now;
+/* Test nodes report no free port for MASTER_PORT while set. */
+static int no_port;
 
 static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
 {
@@ -49,6 +51,7 @@ static void rec_changed(void *ctx, int persist) { rec.persists += persist; }
 static void setup_spec(int nodes, int max_restarts)
 {
     memset(&rec, 0, sizeof(rec));
+    no_port = 0;
     job_spec_defaults(&spec);
     snprintf(spec.name, sizeof(spec.name), "t");
     spec.nodes = nodes;
@@ -62,6 +65,8 @@ static void setup_spec(int nodes, int max_restarts)
 
 static void teardown(void) { rdv_free(&rdv); }
 
+static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
+
 static int join(const char *name, uint32_t ndev, uint64_t generation)
 {
     struct proto_hello h;
@@ -73,6 +78,7 @@ static int join(const char *name, uint32_t ndev, uint64_t generation)
     for (uint32_t i = 0; i < ndev; i++)
         h.devices[i] = i;
     h.generation = generation;
+    h.free_port = node_port(name);
     int rc = rdv_join(&rdv, &h, now, code, reason);
     if (rc != 0)
         snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code); /* last reject code */
@@ -96,6 +102,7 @@ static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.u.heartbeat.generation = generation;
     m.u.heartbeat.seq = now;
+    m.u.heartbeat.free_port = node_port(node);
     m.u.heartbeat.nranks = n;
     for (uint32_t i = 0; i < n; i++) {
         m.u.heartbeat.ranks[i].rank = first + i;
@@ -103,6 +110,21 @@ static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t
         m.u.heartbeat.ranks[i].step = step;
         m.u.heartbeat.ranks[i].loss = 2.5;
     }
+    rdv_message(&rdv, node, &m, now);
+}
+
+static void rank_exit_said(const char *node, uint64_t generation, uint32_t rank, int code, int sig,
+                           const char *reason, const char *detail)
+{
+    static struct proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_RANK_EXIT;
+    m.u.rank_exit.generation = generation;
+    m.u.rank_exit.rank = rank;
+    m.u.rank_exit.exit_code = code;
+    m.u.rank_exit.signal = sig;
+    snprintf(m.u.rank_exit.reason, sizeof(m.u.rank_exit.reason), "%s", reason);
+    snprintf(m.u.rank_exit.detail, sizeof(m.u.rank_exit.detail), "%s", detail);
     rdv_message(&rdv, node, &m, now);
 }
 
@@ -523,8 +545,8 @@ START_TEST(rank0_reports_committed_checkpoints)
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.u.heartbeat.generation = 1;
     m.u.heartbeat.nranks = 2;
-    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100};
-    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100};
+    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
+    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
     int before = rec.persists;
     rdv_message(&rdv, "a", &m, now);
     ck_assert_int_eq(rdv.last_checkpoint_step, 100);
@@ -549,6 +571,115 @@ START_TEST(admin_stop_and_restart)
     ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);
     ck_assert_int_eq(rdv.state, RDV_STOPPED);
     ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), -EINVAL);
+}
+END_TEST
+
+
+START_TEST(assign_names_rank0_address_port_and_restarts)
+{
+    form_running(3);
+    const struct proto_msg *a = find_sent(0, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_str_eq(a->u.assign.master_addr, "127.0.0.1");
+    ck_assert_uint_eq(a->u.assign.master_port, 29500); /* node a holds rank 0 */
+    ck_assert_uint_eq(a->u.assign.node_rank, 1);
+    ck_assert_uint_eq(a->u.assign.nnodes, 2);
+    ck_assert_uint_eq(a->u.assign.restart_count, 0);
+    int from = rec.nsent;
+    rank_exit("b", 1, 3, 1, 0);
+    a = find_sent(from, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.generation, 2);
+    ck_assert_uint_eq(a->u.assign.node_rank, 0);
+    ck_assert_uint_eq(a->u.assign.restart_count, 1);
+}
+END_TEST
+
+START_TEST(no_free_port_holds_the_generation)
+{
+    setup_spec(2, 3);
+    no_port = 1;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert_ptr_null(find_sent(0, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node a (rank 0) to find a free port for MASTER_PORT"));
+    ck_assert_str_eq(rdv.events[(rdv.nevents - 1) % RDV_EVENTS].kind, "no_master_port");
+    /* b's port does not help: rank 0 is on a. */
+    no_port = 0;
+    beat("b", 0, 0, 0, PROTO_RANK_STARTING, 0);
+    ck_assert_ptr_null(find_sent(0, "b", PROTO_ASSIGN));
+    beat("a", 0, 0, 0, PROTO_RANK_STARTING, 0);
+    const struct proto_msg *a = find_sent(0, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.master_port, 29500);
+}
+END_TEST
+
+START_TEST(silent_rank_is_never_hung)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.u.heartbeat.generation = 1;
+    m.u.heartbeat.free_port = 29501;
+    m.u.heartbeat.nranks = 2;
+    for (uint32_t i = 0; i < 2; i++)
+        m.u.heartbeat.ranks[i] = (struct proto_rank_beat){.rank = 2 + i, .state = PROTO_RANK_RUNNING,
+                                                          .loss = NAN, .silent = 1};
+    for (int i = 0; i < 20; i++) { /* 10 s at step 0 */
+        now += 500;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 2 + (uint64_t)i);
+        rdv_message(&rdv, "b", &m, now);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    json_t *st = rdv_status_json(&rdv, now);
+    json_t *r2 = json_array_get(json_object_get(st, "ranks"), 2);
+    ck_assert(json_is_null(json_object_get(r2, "step")));
+    ck_assert(json_is_true(json_object_get(r2, "silent")));
+    ck_assert(json_is_integer(json_object_get(json_array_get(json_object_get(st, "ranks"), 0), "step")));
+    json_decref(st);
+}
+END_TEST
+
+START_TEST(failure_reason_reaches_status_and_events)
+{
+    form_running(3);
+    rank_exit_said("b", 1, 3, 1, 0, "ValueError: bad batch (train.py:120)", "Traceback ...\nValueError: bad batch\n");
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_str_eq(rdv.reason, "rank 3 on node b exited with status 1: ValueError: bad batch (train.py:120)");
+    json_t *st = rdv_status_json(&rdv, now);
+    json_t *f = json_object_get(st, "last_failure");
+    ck_assert_str_eq(json_string_value(json_object_get(f, "reason")), "ValueError: bad batch (train.py:120)");
+    ck_assert_str_eq(json_string_value(json_object_get(f, "node")), "b");
+    ck_assert_int_eq(json_integer_value(json_object_get(f, "rank")), 3);
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(f, "detail")), "Traceback"));
+    json_decref(st);
+    st = rdv_events_json(&rdv);
+    int found = 0;
+    json_t *e;
+    size_t i;
+    json_array_foreach(json_object_get(st, "events"), i, e)
+        found |= strstr(json_string_value(json_object_get(e, "message")), "ValueError: bad batch") != NULL;
+    ck_assert(found);
+    json_decref(st);
+
+    /* A reason that fills its buffer, cut inside a multi-byte character, stays valid UTF-8. */
+    char big[PROTO_REASON_MAX];
+    size_t n = 0;
+    while (n + 2 < sizeof(big) - 1) {
+        big[n++] = '\xc3';
+        big[n++] = '\xa9'; /* é */
+    }
+    big[n] = '\0';
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    rank_exit_said("a", 2, 0, 1, 0, big, "");
+    st = rdv_status_json(&rdv, now);
+    ck_assert_ptr_nonnull(st); /* json_pack fails on invalid UTF-8 */
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(st, "reason")));
+    json_decref(st);
 }
 END_TEST
 
@@ -579,6 +710,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, stalled_step_is_a_hang);
     tcase_add_test(tc, rank0_reports_committed_checkpoints);
     tcase_add_test(tc, admin_stop_and_restart);
+    tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
+    tcase_add_test(tc, no_free_port_holds_the_generation);
+    tcase_add_test(tc, silent_rank_is_never_hung);
+    tcase_add_test(tc, failure_reason_reaches_status_and_events);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,22 +1,31 @@
 #include "worker/agent/agent.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <uv.h>
 
+#include "common/cmdline.h"
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
+#include "worker/agent/rank_failure.h"
 
 extern char **environ;
 
@@ -24,6 +33,11 @@ extern char **environ;
 #define HANDSHAKE_TIMEOUT_MS 5000
 /* Period of the lease / handshake watchdog. */
 #define TICK_MS 100
+/* A rank that has not spoken on its control socket this long after its start is
+ * running by its process alone ("silent": step unknown, no hang detection). */
+#define RANK_SILENT_GRACE_MS 1000
+/* Generations whose rank directories are kept (error files, logs). */
+#define KEEP_GENERATIONS 5
 
 /* The link to the daemon. */
 enum link_state {
@@ -74,6 +88,9 @@ struct agent {
     struct proto_unique_id uid;
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
+
+    char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
+    uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
 
     /* shutdown */
     bool exiting;
@@ -150,16 +167,21 @@ static void stop_all(struct agent *a, uint64_t generation)
 
 static void send_to_daemon(struct agent *a, const struct proto_msg *m);
 
-static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, int code, int sig)
+static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, int code, int sig,
+                           const char *reason, const char *detail)
 {
     if (a->link != LINK_JOINED)
         return;
-    struct proto_msg m;
+    static struct proto_msg m; /* ~5 KiB of text: not on the loop's stack */
     msg_init(&m, PROTO_RANK_EXIT);
     m.u.rank_exit.generation = generation;
     m.u.rank_exit.rank = rank;
     m.u.rank_exit.exit_code = code;
     m.u.rank_exit.signal = sig;
+    snprintf(m.u.rank_exit.reason, sizeof(m.u.rank_exit.reason), "%s", reason ? reason : "");
+    snprintf(m.u.rank_exit.detail, sizeof(m.u.rank_exit.detail), "%s", detail ? detail : "");
+    proto_text_sanitize(m.u.rank_exit.reason);
+    proto_text_sanitize(m.u.rank_exit.detail);
     send_to_daemon(a, &m);
 }
 
@@ -189,6 +211,7 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 continue;
             enum proto_rank_state st = r->beat.state;
             r->beat = hb->ranks[i];
+            r->beat.silent = 0;
             if (r->stopping || st == PROTO_RANK_EXITED)
                 r->beat.state = st;
             else if (r->beat.state == PROTO_RANK_STARTING || r->beat.state == PROTO_RANK_EXITED)
@@ -216,25 +239,127 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
 
 static void spawn_all(struct agent *a);
 
+/*
+ * What a failed rank said: its error file, else its stderr. A rank killed by
+ * SIGKILL, SIGTERM or SIGINT was stopped from outside: its last stderr line
+ * is ordinary output, not a reason.
+ */
+static void explain_failure(const struct agent_rank *r, int sig, char *reason, size_t rcap, char *detail,
+                            size_t dcap)
+{
+    char why_not[PATH_MAX + 128];
+    int stopped = sig == SIGKILL || sig == SIGTERM || sig == SIGINT;
+    rank_failure_explain(r->error_file, stopped ? NULL : r->err.tail, reason, rcap, detail, dcap, why_not,
+                         sizeof(why_not));
+    if (why_not[0])
+        log_warn("rank %u: %s; its stderr stands in for it", r->rank, why_not);
+}
+
 static void rank_on_exit(struct agent_rank *r, int code, int sig)
 {
     struct agent *a = r->cb.data;
+    static char reason[PROTO_REASON_MAX], detail[PROTO_DETAIL_MAX];
+    reason[0] = detail[0] = '\0';
+    if (sig || code != 0)
+        explain_failure(r, sig, reason, sizeof(reason), detail, sizeof(detail));
     if (sig)
-        log_warn("rank %u (pid %d, generation %" PRIu64 ") was killed by signal %d (%s)", r->rank, r->pid,
-                 r->generation, sig, strsignal(sig));
+        log_warn("rank %u (pid %d, generation %" PRIu64 ") was killed by signal %d (%s)%s%s", r->rank, r->pid,
+                 r->generation, sig, strsignal(sig), reason[0] ? ": " : "", reason);
     else if (code == 0)
         log_info("rank %u (pid %d, generation %" PRIu64 ") exited with status 0", r->rank, r->pid,
                  r->generation);
     else
-        log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d", r->rank, r->pid,
-                 r->generation, code);
-    send_rank_exit(a, r->generation, r->rank, code, sig);
+        log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
+                 r->generation, code, reason[0] ? ": " : "", reason);
+    send_rank_exit(a, r->generation, r->rank, code, sig, reason, detail);
     if (any_running(a))
         return;
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending)
         spawn_all(a);
+}
+
+/* mkdir -p with mode for the directories it creates. */
+static int make_dirs(const char *path, mode_t mode)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+        return -ENAMETOOLONG;
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return -errno;
+        *p = c;
+        if (c == '\0')
+            break;
+    }
+    return access(path, W_OK | X_OK) == 0 ? 0 : -errno;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st, (void)type, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Keeps the rank directories of the last KEEP_GENERATIONS generations up to gen. */
+static void prune_generations(const struct agent *a, uint64_t gen)
+{
+    if (gen <= KEEP_GENERATIONS)
+        return;
+    uv_fs_t req;
+    if (uv_fs_scandir(NULL, &req, a->state_dir, 0, NULL) < 0) {
+        uv_fs_req_cleanup(&req);
+        return;
+    }
+    uv_dirent_t ent;
+    while (uv_fs_scandir_next(&req, &ent) != UV_EOF) {
+        unsigned long long g;
+        int end = 0;
+        if (sscanf(ent.name, "gen-%llu%n", &g, &end) != 1 || ent.name[end] || g + KEEP_GENERATIONS > gen)
+            continue;
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof(path), "%s/%s", a->state_dir, ent.name) < (int)sizeof(path))
+            nftw(path, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    }
+    uv_fs_req_cleanup(&req);
+}
+
+/* <state>/gen-G/rank-R, made fresh; "" when there is no usable state directory. */
+static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (!a->state_dir[0])
+        return;
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof(dir), "%s/gen-%" PRIu64 "/rank-%u", a->state_dir, gen, rank) >= (int)sizeof(dir))
+        return;
+    int rc = make_dirs(dir, 0700);
+    if (rc != 0) {
+        log_warn("cannot create rank directory %s: %s; rank %u gets no error file", dir, strerror(-rc), rank);
+        return;
+    }
+    snprintf(out, cap, "%s", dir);
+}
+
+/* The program of the ranks: the agent's command line, else the job's rank_cmd, else the agent's. */
+static char **rank_command(const struct agent *a, const struct job_spec *spec, bool *from_job)
+{
+    *from_job = !a->cfg->rank_argv_pinned && cmdline_set(spec->rank_cmd);
+    return *from_job ? cmdline_argv(spec->rank_cmd) : a->cfg->rank_argv;
+}
+
+/* Cores for each local rank's OpenMP threads: torchrun's OMP_NUM_THREADS, but from the cores. */
+static uint32_t omp_threads(uint32_t local_ranks)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t t = cores > 0 ? (uint32_t)cores / (local_ranks ? local_ranks : 1) : 1;
+    return t ? t : 1;
 }
 
 static void release_ranks(struct agent *a)
@@ -253,32 +378,64 @@ static void spawn_all(struct agent *a)
     const struct proto_assign *as = &a->assign;
     a->spawn_pending = false;
     release_ranks(a);
-    struct proto_msg assign_msg;
+    struct job_spec spec;
+    char err[300];
+    if (job_spec_from_json(as->job, "ASSIGN job", &spec, err, sizeof(err)) != 0)
+        job_spec_defaults(&spec); /* checked in on_assign; not reached */
+    bool own_argv;
+    char **argv = rank_command(a, &spec, &own_argv);
+    if (a->state_dir[0])
+        prune_generations(a, as->generation);
+    static struct proto_msg assign_msg;
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
     for (uint32_t i = 0; i < as->nranks; i++) {
         const struct proto_rank_slot *slot = &as->ranks[i];
+        char dir[PATH_MAX], error_file[PATH_MAX + 16] = "";
+        rank_dir(a, as->generation, slot->rank, dir, sizeof(dir));
+        if (dir[0]) {
+            snprintf(error_file, sizeof(error_file), "%s/error.json", dir);
+            unlink(error_file);
+        }
         struct rank_identity id = {
             .rank = slot->rank,
             .local_rank = slot->local_rank,
             .world_size = as->world_size,
             .local_world_size = as->nranks,
+            .node_rank = as->node_rank,
+            .nnodes = as->nnodes,
             .generation = as->generation,
+            .restart_count = as->restart_count,
+            .max_restarts = (uint32_t)spec.max_restarts,
+            .run_id = spec.name,
+            .master_addr = as->master_addr,
+            .master_port = as->master_port,
+            .error_file = error_file,
+            .omp_threads = omp_threads(as->nranks),
             .node = a->cfg->node,
             .kind = a->cfg->devices.kind,
             .device = slot->device,
         };
         struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
         char **env = rank_env_build(environ, &id);
-        int err = UV_ENOMEM;
-        struct agent_rank *r = env ? rank_spawn(a->loop, &a->all, a->cfg->rank_argv, env, &id, &cb, &err) : NULL;
+        int err_code = UV_ENOMEM;
+        struct agent_rank *r =
+            env && argv ? rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code) : NULL;
         rank_strv_free(env);
         a->ranks[i] = r;
         if (!r) {
-            log_error("cannot start rank %u: %s: %s", slot->rank, a->cfg->rank_argv[0], uv_strerror(err));
-            send_rank_exit(a, as->generation, slot->rank, 127, 0);
+            char why[PROTO_REASON_MAX], cmd[200] = "";
+            if (argv)
+                cmdline_describe(own_argv ? spec.rank_cmd : "", cmd, sizeof(cmd));
+            snprintf(why, sizeof(why), "cannot run %s%s%s: %s (%s)", argv ? "'" : "the rank command",
+                     argv ? argv[0] : "", argv ? "'" : "", uv_strerror(err_code),
+                     own_argv ? "the job's rank_cmd" : a->cfg->rank_argv_pinned ? "the agent's command line"
+                                                                               : "the agent's rank command");
+            log_error("cannot start rank %u: %s", slot->rank, why);
+            send_rank_exit(a, as->generation, slot->rank, 127, 0, why, cmd);
             continue;
         }
+        snprintf(r->error_file, sizeof(r->error_file), "%s", error_file);
         log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
                  slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
                  as->generation);
@@ -290,7 +447,93 @@ static void spawn_all(struct agent *a)
             rank_send(r, &u);
         }
     }
+    if (own_argv)
+        cmdline_free(argv);
     a->nranks = as->nranks;
+}
+
+/* ---- MASTER_PORT ------------------------------------------------------- */
+
+/* Free: a listener could bind it now, on IPv4 and (where there is IPv6) on IPv6. */
+static bool port_free(uint16_t port)
+{
+    int fams[2] = {AF_INET, AF_INET6};
+    for (int i = 0; i < 2; i++) {
+        int fd = socket(fams[i], SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue; /* no such family here */
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof(ss));
+        socklen_t len;
+        if (fams[i] == AF_INET) {
+            struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+            in->sin_family = AF_INET;
+            in->sin_port = htons(port);
+            len = sizeof(*in);
+        } else {
+            struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+            in6->sin6_family = AF_INET6;
+            in6->sin6_port = htons(port);
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+            len = sizeof(*in6);
+        }
+        int rc = bind(fd, (struct sockaddr *)&ss, len);
+        int e = errno;
+        close(fd);
+        if (rc != 0 && e == EADDRINUSE)
+            return false;
+    }
+    return true;
+}
+
+/*
+ * The first port of master_port_range that is free and is not the current
+ * generation's (whose rank 0 may still hold it while it is being stopped).
+ * Reported in HELLO and every heartbeat; musterd gives the one that rank 0's
+ * node reported last to the next generation as MASTER_PORT.
+ */
+static void refresh_free_port(struct agent *a)
+{
+    uint32_t skip = a->have_assign ? a->assign.master_port : 0, found = 0;
+    for (uint32_t p = a->cfg->port_lo; p && p <= a->cfg->port_hi; p++) {
+        if (p != skip && port_free((uint16_t)p)) {
+            found = p;
+            break;
+        }
+    }
+    if (!found && a->free_port)
+        log_warn("no free port in master_port_range %u-%u (every one is in use%s); this node cannot hold "
+                 "rank 0 until one is free",
+                 a->cfg->port_lo, a->cfg->port_hi, skip ? ", or is the running generation's" : "");
+    else if (found && !a->free_port)
+        log_debug("MASTER_PORT candidate: %u", found);
+    a->free_port = found;
+}
+
+/* The state directory: the configured one, else a system one, else a private one under $TMPDIR. */
+static void choose_state_dir(struct agent *a)
+{
+    const char *tmp = getenv("TMPDIR");
+    char fallback[PATH_MAX];
+    snprintf(fallback, sizeof(fallback), "%s/muster-worker-%s", tmp && tmp[0] ? tmp : "/tmp", a->cfg->node);
+    const char *candidates[3] = {a->cfg->state_dir[0] ? a->cfg->state_dir : NULL,
+                                 a->cfg->state_dir[0] ? NULL : "/var/lib/muster-worker",
+                                 a->cfg->state_dir[0] ? NULL : fallback};
+    for (int i = 0; i < 3; i++) {
+        if (!candidates[i])
+            continue;
+        int rc = make_dirs(candidates[i], 0700);
+        if (rc == 0) {
+            snprintf(a->state_dir, sizeof(a->state_dir), "%s", candidates[i]);
+            log_info("rank directories (error files, logs) under %s", a->state_dir);
+            return;
+        }
+        log_warn("state directory %s: %s", candidates[i], strerror(-rc));
+    }
+    a->state_dir[0] = '\0';
+    log_error("no usable state directory: ranks get no TORCHELASTIC_ERROR_FILE (give --state-dir DIR)");
 }
 
 /* ---- the daemon link --------------------------------------------------- */
@@ -426,6 +669,8 @@ static void send_hello(struct agent *a)
     memcpy(h->devices, a->cfg->devices.ids, sizeof(h->devices));
     h->device_mem_mb = 0;
     h->generation = ranks_live(a) ? a->assign.generation : 0;
+    refresh_free_port(a);
+    h->free_port = a->free_port;
     snprintf(h->agent_version, sizeof(h->agent_version), "%s", MUSTER_VERSION);
     log_debug("HELLO node %s addr %s generation %" PRIu64, h->node, h->addr, h->generation);
     send_to_daemon(a, &m);
@@ -512,6 +757,8 @@ static void on_beat_timer(uv_timer_t *t)
     struct proto_heartbeat *hb = &m.u.heartbeat;
     hb->generation = a->cur_gen;
     hb->seq = ++a->beat_seq;
+    refresh_free_port(a);
+    hb->free_port = a->free_port;
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct agent_rank *r = a->ranks[i];
         if (r && r->generation == a->cur_gen)
@@ -774,12 +1021,33 @@ static void daemon_bad(struct fconn *c, int err)
 
 /* ---- watchdog: lease, handshake deadlines ------------------------------- */
 
+/* Ranks that never spoke are running once their process has lived RANK_SILENT_GRACE_MS. */
+static void settle_silent_ranks(struct agent *a, uint64_t now)
+{
+    bool news = false;
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        struct agent_rank *r = a->ranks[i];
+        if (r && r->running && !r->reaped && !r->stopping && !r->spoke &&
+            r->beat.state == PROTO_RANK_STARTING && now - r->spawned_ms >= RANK_SILENT_GRACE_MS) {
+            r->beat.state = PROTO_RANK_RUNNING;
+            r->beat.silent = 1;
+            r->beat.loss = NAN;
+            news = true;
+            log_info("rank %u (pid %d) is running (alive %d ms, silent: no progress reports)", r->rank, r->pid,
+                     RANK_SILENT_GRACE_MS);
+        }
+    }
+    if (news)
+        on_beat_timer(&a->beat_timer);
+}
+
 static void on_tick(uv_timer_t *t)
 {
     struct agent *a = t->data;
     if (a->exiting)
         return;
     uint64_t now = uv_now(a->loop);
+    settle_silent_ranks(a, now);
     uint64_t silent = now - a->last_rx;
     if (a->link == LINK_CONNECTING && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
         a->last_connect_err = UV_ETIMEDOUT;
@@ -877,6 +1145,7 @@ int agent_run(const struct agent_config *cfg)
     job_spec_defaults(&defaults);
     a->grace_ms = (uint64_t)defaults.stop_grace_ms;
     backoff_init(&a->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
+    choose_state_dir(a);
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

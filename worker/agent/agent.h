@@ -24,7 +24,10 @@ struct agent_config {
     struct device_set devices;
     const uint8_t *token;
     size_t token_len;
-    char **rank_argv; /* NULL-terminated; argv[0] is the program */
+    char **rank_argv;      /* the agent's rank command, NULL-terminated (worker.json, flag or default) */
+    int rank_argv_pinned;  /* given on the command line: it wins over the job's rank_cmd */
+    char state_dir[4096];  /* rank directories live here (error files, logs) */
+    uint16_t port_lo, port_hi; /* master_port_range */
 };
 
 /*

@@ -1,5 +1,6 @@
 #include "worker/agent/agent_config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,6 +23,23 @@ static int valid_devices(const char *s)
     return devices_parse(s, &set, err, sizeof(err));
 }
 
+int agent_port_range_parse(const char *s, uint16_t *lo, uint16_t *hi)
+{
+    unsigned a, b;
+    int end = 0;
+    if (sscanf(s, "%5u-%5u%n", &a, &b, &end) != 2 || s[end] != '\0' || a < 1024 || a > b || b > 65535)
+        return -EINVAL;
+    *lo = (uint16_t)a;
+    *hi = (uint16_t)b;
+    return 0;
+}
+
+static int valid_port_range(const char *s)
+{
+    uint16_t lo, hi;
+    return agent_port_range_parse(s, &lo, &hi);
+}
+
 #define F(field) offsetof(struct agent_file, field), sizeof(((struct agent_file *)0)->field)
 
 /* The one table of worker.json keys. Keep docs/config.md in step. */
@@ -34,8 +52,14 @@ const struct conf_key agent_config_keys[] = {
      "devices this node offers, one rank each; required (no default)"},
     {"token_file", CONF_PATH, F(token_file), NULL, "a file", "/etc/muster/token",
      "cluster token, mode 0600 ($CONFIGURATION_DIRECTORY/token under systemd)"},
-    {"rank_cmd", CONF_STRING, F(rank_cmd), NULL, "a command", "",
-     "command of each rank, split on whitespace, no shell; unset = muster-train next to the agent"},
+    {"rank_cmd", CONF_CMD, F(rank_cmd), NULL, "a command string or an array of strings", "",
+     "command of each rank: a string split on whitespace (no shell) or an array of arguments; unset = the job's "
+     "rank_cmd, else muster-train next to the agent"},
+    {"state_dir", CONF_PATH, F(state_dir), NULL, "a directory", "",
+     "where rank directories (error files, logs) live; unset = $STATE_DIRECTORY, else /var/lib/muster-worker, "
+     "else $TMPDIR/muster-worker-NODE"},
+    {"master_port_range", CONF_STRING, F(master_port_range), valid_port_range, "LO-HI with 1024 <= LO <= HI <= 65535",
+     "29500-29999", "ports this node may give rank 0 as MASTER_PORT (the first free one is chosen per generation)"},
     {"addr", CONF_STRING, F(addr), NULL, "an address of 1..63 bytes", "",
      "address the ranks of this node are reached at; unset = local address of the daemon connection"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",

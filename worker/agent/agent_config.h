@@ -9,7 +9,9 @@
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "common/cmdline.h"
 #include "common/conf.h"
 #include "proto/proto.h"
 #include "worker/agent/agent_join.h"
@@ -19,7 +21,9 @@ struct agent_file {
     char node[PROTO_NAME_MAX];           /* "" = the host name */
     char devices[256];                   /* cpu:N, gpu:all, gpu:I,J,... */
     char token_file[PATH_MAX];           /* cluster token, mode 0600 */
-    char rank_cmd[1024];                 /* "" = muster-train next to the agent */
+    char rank_cmd[CMDLINE_MAX];          /* packed (common/cmdline.h); unset = the job's, else muster-train */
+    char state_dir[PATH_MAX];            /* rank directories: error files, logs */
+    char master_port_range[16];          /* LO-HI: where MASTER_PORT is chosen on this node */
     char addr[PROTO_NAME_MAX];           /* "" = local address of the daemon connection */
     char log_level[8];
 };
@@ -29,6 +33,9 @@ extern const size_t agent_config_nkeys;
 
 /* Table defaults; token_file is $CONFIGURATION_DIRECTORY/token under systemd. */
 void agent_config_defaults(struct agent_file *f);
+
+/* Parses "LO-HI" (1024 <= LO <= HI <= 65535); 0 or -EINVAL. */
+int agent_port_range_parse(const char *s, uint16_t *lo, uint16_t *hi);
 
 /* $CONFIGURATION_DIRECTORY/worker.json, or /etc/muster/worker.json. */
 void agent_config_default_path(char *out, size_t cap);

@@ -8,6 +8,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,12 +23,13 @@
 #include "worker/agent/cloud.h"
 #include "worker/agent/devices.h"
 #include "worker/agent/local.h"
+#include "common/cmdline.h"
 #include "worker/agent/rank_env.h"
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "Usage: muster-worker [--config FILE] [OPTION]...\n"
+            "Usage: muster-worker [--config FILE] [OPTION]... [--] [COMMAND [ARG]...]\n"
             "   or: muster-worker --daemon HOST:PORT --devices SPEC [OPTION]...\n"
             "   or: muster-worker --local --job FILE --devices SPEC [OPTION]...\n"
             "   or: muster-worker --from-env --devices SPEC [--job FILE] [OPTION]...\n"
@@ -48,7 +50,13 @@ static void usage(FILE *out)
             "  --token-file FILE    cluster token, mode 0600 (trailing newlines stripped); default\n"
             "                       $CONFIGURATION_DIRECTORY/token or /etc/muster/token\n"
             "  --rank-cmd CMD       command of each rank, split on whitespace, no shell\n"
-            "                       (default: muster-train next to this program)\n"
+            "                       (default: the job's rank_cmd, else muster-train next to this\n"
+            "                       program); or give the command after the options:\n"
+            "                       muster-worker --local --job J --devices cpu:2 -- python3 train.py\n"
+            "  --state-dir DIR      rank directories: error files, logs (default $STATE_DIRECTORY,\n"
+            "                       else /var/lib/muster-worker, else $TMPDIR/muster-worker-NODE)\n"
+            "  --master-port-range LO-HI  ports this node may give rank 0 as MASTER_PORT\n"
+            "                       (default 29500-29999; the first free one per generation)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
             "                       (default: local address of the connection to the daemon)\n"
             "  --local              one-machine launcher: private daemon, this node only\n"
@@ -86,6 +94,28 @@ static int default_rank_cmd(char *out, size_t cap)
     return 0;
 }
 
+/* prog names a file this user may execute: a path, or a name found on $PATH. */
+static bool program_runnable(const char *prog, char *why, size_t cap)
+{
+    if (strchr(prog, '/')) {
+        if (access(prog, X_OK) == 0)
+            return true;
+        snprintf(why, cap, "cannot run '%s': %s", prog, strerror(errno));
+        return false;
+    }
+    const char *path = getenv("PATH");
+    char dir[PATH_MAX];
+    for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if (snprintf(dir, sizeof(dir), "%.*s/%s", (int)n, n ? p : ".", prog) < (int)sizeof(dir) &&
+            access(dir, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    snprintf(why, cap, "cannot run '%s': not found in PATH (%s)", prog, path ? path : "unset");
+    return false;
+}
+
 /* The first of the candidates that is set and non-empty, else NULL. */
 static const char *first_set(const char *a, const char *b, const char *c)
 {
@@ -99,7 +129,7 @@ static const char *first_set(const char *a, const char *b, const char *c)
 int main(int argc, char **argv)
 {
     enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
-           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV };
+           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV, OPT_STATE_DIR, OPT_PORT_RANGE };
     static const struct option opts[] = {
         {"config", required_argument, NULL, OPT_CONFIG},
         {"daemon", required_argument, NULL, OPT_DAEMON},
@@ -113,6 +143,8 @@ int main(int argc, char **argv)
         {"from-env", no_argument, NULL, OPT_FROM_ENV},
         {"job", required_argument, NULL, OPT_JOB},
         {"http-port", required_argument, NULL, OPT_HTTP_PORT},
+        {"state-dir", required_argument, NULL, OPT_STATE_DIR},
+        {"master-port-range", required_argument, NULL, OPT_PORT_RANGE},
         {"help", no_argument, NULL, OPT_HELP},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -123,13 +155,15 @@ int main(int argc, char **argv)
     static struct agent_file file;
     /* Flags as given (NULL = not given); they override worker.json. */
     const char *config = NULL, *daemon = NULL, *node = NULL, *devices = NULL, *token_file = NULL;
-    const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL;
+    const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL, *state_dir = NULL,
+               *port_range = NULL;
     struct local_config local = {0};
     int is_local = 0, from_env = 0;
     char err[512];
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* "+": options end at the first word that is not one, the rank command (as after --). */
+    while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
         switch (c) {
         case OPT_CONFIG: config = optarg; break;
         case OPT_DAEMON: daemon = optarg; break;
@@ -154,6 +188,17 @@ int main(int argc, char **argv)
         case OPT_LOCAL: is_local = 1; break;
         case OPT_FROM_ENV: from_env = 1; break;
         case OPT_JOB: job = optarg; break;
+        case OPT_STATE_DIR:
+            if (optarg[0] == '\0' || strlen(optarg) >= sizeof(cfg.state_dir))
+                return usage_error("--state-dir: expected a directory, got '%s'", optarg);
+            state_dir = optarg;
+            break;
+        case OPT_PORT_RANGE:
+            if (agent_port_range_parse(optarg, &cfg.port_lo, &cfg.port_hi) != 0)
+                return usage_error("--master-port-range: expected LO-HI with 1024 <= LO <= HI <= 65535, got '%s'",
+                                   optarg);
+            port_range = optarg;
+            break;
         case OPT_HTTP_PORT: {
             char *end;
             long p = strtol(optarg, &end, 10);
@@ -174,8 +219,15 @@ int main(int argc, char **argv)
             return usage_error("unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc)
-        return usage_error("unexpected argument '%s'", argv[optind]);
+    static char cmd_packed[CMDLINE_MAX];
+    if (optind < argc) {
+        if (rank_cmd)
+            return usage_error("%s", "give the rank command once: --rank-cmd CMD or the command after the options");
+        if (cmdline_from_argv(argc - optind, argv + optind, cmd_packed, sizeof(cmd_packed)) != 0)
+            return usage_error("the rank command after the options: expected 1..%d non-empty arguments", "256");
+    } else if (rank_cmd && cmdline_from_string(rank_cmd, cmd_packed, sizeof(cmd_packed)) != 0) {
+        return usage_error("%s", "--rank-cmd: expected a command, got nothing");
+    }
     if (is_local && from_env)
         return usage_error("%s", "--local and --from-env are two different launchers: pick one");
     if ((is_local || from_env) && daemon)
@@ -268,18 +320,37 @@ int main(int argc, char **argv)
     }
     cfg.token = token;
 
-    char default_cmd[PATH_MAX + 16];
-    if (!rank_cmd) {
+    /* The agent's rank command: the command line's, else worker.json's, else muster-train next
+     * to this program. At spawn a job's rank_cmd replaces it unless it came from the command line. */
+    const char *packed = cmd_packed;
+    cfg.rank_argv_pinned = cmdline_set(cmd_packed);
+    if (!cfg.rank_argv_pinned && cmdline_set(file.rank_cmd))
+        packed = file.rank_cmd;
+    if (!cmdline_set(packed)) {
+        char default_cmd[PATH_MAX + 16];
         int rc = default_rank_cmd(default_cmd, sizeof(default_cmd));
         if (rc != 0) {
             log_error("cannot find muster-train next to this program: %s; give --rank-cmd", strerror(-rc));
             return 1;
         }
-        rank_cmd = default_cmd;
+        cmdline_from_argv(1, (char *const[]){default_cmd}, cmd_packed, sizeof(cmd_packed));
+        packed = cmd_packed;
     }
-    cfg.rank_argv = rank_argv_split(rank_cmd);
-    if (!cfg.rank_argv)
-        return usage_error("%s", "--rank-cmd: expected a command, got nothing");
+    cfg.rank_argv = cmdline_argv(packed);
+    if (!cfg.rank_argv) {
+        log_error("out of memory");
+        return 1;
+    }
+    if (!program_runnable(cfg.rank_argv[0], err, sizeof(err))) {
+        log_error("rank command%s: %s", cfg.rank_argv_pinned ? "" : " (rank_cmd of worker.json)", err);
+        cmdline_free(cfg.rank_argv);
+        return cfg.rank_argv_pinned ? 2 : 1;
+    }
+    if (!port_range && agent_port_range_parse(file.master_port_range, &cfg.port_lo, &cfg.port_hi) != 0)
+        return usage_error("master_port_range: expected LO-HI, got '%s'", file.master_port_range);
+    state_dir = first_set(state_dir, file.state_dir, is_local ? NULL : getenv("STATE_DIRECTORY"));
+    if (state_dir)
+        snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", state_dir);
 
     signal(SIGPIPE, SIG_IGN);
     int code;
@@ -289,6 +360,6 @@ int main(int argc, char **argv)
         code = cloud_run(&cloud, job, token_file, local.http_port, &cfg);
     else
         code = agent_run(&cfg);
-    rank_strv_free(cfg.rank_argv);
+    cmdline_free(cfg.rank_argv);
     return code;
 }

@@ -45,9 +45,32 @@ static void close_handle(struct agent_rank *r, uv_handle_t *h)
 
 /* ---- output capture ---------------------------------------------------- */
 
+/* Appends line + newline to the tail, dropping the oldest lines past RANK_TAIL_MAX. */
+static void keep_line(struct rank_output *o, const char *line, size_t len)
+{
+    if (len > RANK_TAIL_MAX - 1) {
+        line += len - (RANK_TAIL_MAX - 1);
+        len = RANK_TAIL_MAX - 1;
+    }
+    size_t need = len + 1;
+    if (o->tail_len + need > RANK_TAIL_MAX) {
+        size_t drop = o->tail_len + need - RANK_TAIL_MAX;
+        char *nl = memchr(o->tail + drop - 1, '\n', o->tail_len - (drop - 1));
+        drop = nl ? (size_t)(nl - o->tail) + 1 : o->tail_len;
+        memmove(o->tail, o->tail + drop, o->tail_len - drop);
+        o->tail_len -= drop;
+    }
+    memcpy(o->tail + o->tail_len, line, len);
+    o->tail_len += len;
+    o->tail[o->tail_len++] = '\n';
+    o->tail[o->tail_len] = '\0';
+}
+
 static void emit_line(struct rank_output *o)
 {
     char buf[RANK_LINE_MAX + 32];
+    if (o->keep_tail)
+        keep_line(o, o->line, o->len);
     int n = snprintf(buf, sizeof(buf), "rank %u: %.*s\n", o->r->rank, (int)o->len, o->line);
     if (n > (int)sizeof(buf))
         n = (int)sizeof(buf);
@@ -64,6 +87,8 @@ static void output_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(o->line + o->len, (unsigned)(RANK_LINE_MAX - o->len));
 }
 
+static void report_exit(struct agent_rank *r);
+
 static void output_close(struct rank_output *o)
 {
     if (!o->open)
@@ -71,6 +96,8 @@ static void output_close(struct rank_output *o)
     o->open = false;
     o->pipe.data = o->r;
     close_handle(o->r, (uv_handle_t *)&o->pipe);
+    if (o->keep_tail && o->r->reaped)
+        report_exit(o->r);
 }
 
 static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -105,6 +132,7 @@ static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void ctl_msg(struct fconn *c, struct proto_msg *msg)
 {
     struct agent_rank *r = c->data;
+    r->spoke = true;
     r->cb.on_msg(r, msg);
 }
 
@@ -135,22 +163,44 @@ static void ctl_closed(struct fconn *c)
 
 /* ---- process ----------------------------------------------------------- */
 
+/* Once: the process has ended and its stderr is read (or the drain timed out). */
+static void report_exit(struct agent_rank *r)
+{
+    if (!r->running)
+        return;
+    r->running = false;
+    uv_timer_stop(&r->kill_timer);
+    close_handle(r, (uv_handle_t *)&r->kill_timer);
+    r->cb.on_exit(r, r->exit_code, r->exit_signal);
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+    struct agent_rank *r = t->data;
+    log_debug("rank %u: stderr still open %d ms after exit; reporting the exit", r->rank, RANK_DRAIN_MS);
+    report_exit(r);
+}
+
 static void on_proc_exit(uv_process_t *p, int64_t exit_status, int term_signal)
 {
     struct agent_rank *r = p->data;
-    r->running = false;
+    r->reaped = true;
     /* The rank is gone; what it started goes with it (its group, see signal_rank). */
     kill(-r->pid, SIGKILL);
     uv_timer_stop(&r->kill_timer);
     close_handle(r, (uv_handle_t *)&r->proc);
-    close_handle(r, (uv_handle_t *)&r->kill_timer);
     if (r->ctl) {
         fconn_close(r->ctl);
         r->ctl = NULL;
     }
     r->beat.state = PROTO_RANK_EXITED;
-    int code = term_signal ? -1 : (int)exit_status;
-    r->cb.on_exit(r, code, term_signal);
+    r->exit_code = term_signal ? -1 : (int)exit_status;
+    r->exit_signal = term_signal;
+    /* Its last words (a traceback) may still sit in the stderr pipe. */
+    if (!r->err.open)
+        report_exit(r);
+    else
+        uv_timer_start(&r->kill_timer, on_drain_timer, RANK_DRAIN_MS, 0);
 }
 
 /*
@@ -167,7 +217,7 @@ static void signal_rank(struct agent_rank *r, int sig)
 static void on_kill_timer(uv_timer_t *t)
 {
     struct agent_rank *r = t->data;
-    if (!r->running)
+    if (r->reaped)
         return;
     log_warn("rank %u (pid %d) did not stop within its grace period; sending SIGKILL", r->rank, r->pid);
     signal_rank(r, SIGKILL);
@@ -209,6 +259,8 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
     r->proc.data = r;
     r->open_handles = 4; /* out, err, kill timer, process */
     r->out.open = r->err.open = true;
+    r->err.keep_tail = true;
+    r->spawned_ms = uv_now(loop);
 
     uv_stdio_container_t stdio[4];
     stdio[0].flags = UV_IGNORE;
@@ -284,7 +336,7 @@ void rank_send(struct agent_rank *r, const struct proto_msg *msg)
 
 void rank_stop(struct agent_rank *r, uint64_t generation, uint64_t grace_ms)
 {
-    if (!r->running || r->stopping)
+    if (!r->running || r->reaped || r->stopping)
         return;
     r->stopping = true;
     r->beat.state = PROTO_RANK_STOPPING;
@@ -300,7 +352,7 @@ void rank_stop(struct agent_rank *r, uint64_t generation, uint64_t grace_ms)
 
 void rank_kill(struct agent_rank *r)
 {
-    if (r->running)
+    if (r->running && !r->reaped)
         signal_rank(r, SIGKILL);
 }
 

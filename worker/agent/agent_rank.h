@@ -24,6 +24,10 @@
 
 /* Longest output line re-emitted as one; longer lines are split. */
 #define RANK_LINE_MAX 4096
+/* Bytes of the latest stderr lines kept to explain a failure. */
+#define RANK_TAIL_MAX 4096
+/* After the process ends, its stderr is read to the end for at most this long. */
+#define RANK_DRAIN_MS 250
 
 struct agent_rank;
 
@@ -31,7 +35,8 @@ struct rank_callbacks {
     void *data;
     /* A frame from the rank's control socket. */
     void (*on_msg)(struct agent_rank *r, struct proto_msg *msg);
-    /* The process ended: exit_code -1 when signalled, signal 0 when exited. */
+    /* The process ended (and its stderr was read to the end, or RANK_DRAIN_MS
+     * passed): exit_code -1 when signalled, signal 0 when exited. */
     void (*on_exit)(struct agent_rank *r, int exit_code, int signal);
 };
 
@@ -39,8 +44,11 @@ struct rank_output {
     uv_pipe_t pipe;
     struct agent_rank *r;
     bool open;
+    bool keep_tail; /* stderr: keep the latest lines in tail */
     size_t len;
     char line[RANK_LINE_MAX];
+    size_t tail_len;
+    char tail[RANK_TAIL_MAX + 1]; /* whole lines, oldest first, NUL-terminated */
 };
 
 struct agent_rank {
@@ -48,14 +56,19 @@ struct agent_rank {
     uint64_t generation; /* of the assignment it was spawned for */
     uint32_t rank, local_rank;
     int pid;
+    uint64_t spawned_ms; /* uv_now at spawn */
+    bool spoke;          /* it has sent a frame on its control socket */
+    char error_file[512]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
 
     uv_process_t proc;
     struct fconn *ctl;
     struct rank_output out, err;
-    uv_timer_t kill_timer;
+    uv_timer_t kill_timer; /* grace after SIGTERM; then the stderr drain after exit */
     int open_handles;
-    bool running;  /* process not yet reaped */
+    int exit_code, exit_signal;
+    bool reaped;   /* process ended; on_exit waits for stderr to drain */
+    bool running;  /* process not yet reaped and reported */
     bool stopping; /* SIGTERM sent */
     bool released; /* owner no longer refers to it */
     struct agent_rank **list; /* every rank object, for shutdown */

@@ -23,5 +23,8 @@ int local_run(const struct local_config *lc, struct agent_config *cfg)
     cfg->port = l.ctl_port;
     cfg->token = (const uint8_t *)l.token_hex;
     cfg->token_len = strlen(l.token_hex);
+    /* Rank directories go with the private daemon's: kept when the job did not complete. */
+    if (!cfg->state_dir[0])
+        snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/worker", l.dir);
     return launch_finish(&l, agent_run(cfg));
 }

@@ -1,24 +1,63 @@
 #include "worker/agent/rank_env.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The variables the agent owns; same order as the values built below. */
+/* The variables the agent owns: a parent entry of the same name is dropped. */
 static const char *const owned[] = {
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MUSTER_GENERATION",
-    "MUSTER_NODE", "MUSTER_CTL_FD", "CUDA_VISIBLE_DEVICES",
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE", "MUSTER_GENERATION", "MUSTER_NODE", "MUSTER_CTL_FD", "CUDA_VISIBLE_DEVICES",
 };
 #define NOWNED (sizeof(owned) / sizeof(owned[0]))
+/* Defaults: set only when the parent has no entry of the name. NCCL_ASYNC_ERROR_HANDLING
+ * is the name PyTorch read before 2.2. */
+static const char *const defaults[] = {"OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                       "NCCL_ASYNC_ERROR_HANDLING"};
+#define NDEFAULTS (sizeof(defaults) / sizeof(defaults[0]))
+
+static int has_name(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
 
 static int is_owned(const char *entry)
 {
-    for (size_t i = 0; i < NOWNED; i++) {
-        size_t n = strlen(owned[i]);
-        if (strncmp(entry, owned[i], n) == 0 && entry[n] == '=')
+    for (size_t i = 0; i < NOWNED; i++)
+        if (has_name(entry, owned[i]))
             return 1;
+    return 0;
+}
+
+const char *rank_env_get(char *const *env, const char *name)
+{
+    for (size_t i = 0; env && env[i]; i++)
+        if (has_name(env[i], name))
+            return env[i] + strlen(name) + 1;
+    return NULL;
+}
+
+/* Appends "name=value" to env at *n. */
+static int put_var(char **env, size_t *n, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int put_var(char **env, size_t *n, const char *name, const char *fmt, ...)
+{
+    char value[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof(value), fmt, ap);
+    va_end(ap);
+    if (asprintf(&env[*n], "%s=%s", name, value) < 0) {
+        env[*n] = NULL;
+        return -1;
     }
+    (*n)++;
     return 0;
 }
 
@@ -27,7 +66,7 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     size_t np = 0;
     while (parent && parent[np])
         np++;
-    char **env = calloc(np + NOWNED + 1, sizeof(char *));
+    char **env = calloc(np + NOWNED + NDEFAULTS + 1, sizeof(char *));
     if (!env)
         return NULL;
     size_t n = 0;
@@ -37,55 +76,40 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         if (!(env[n++] = strdup(parent[i])))
             goto oom;
     }
-    char values[NOWNED][96];
-    snprintf(values[0], sizeof(values[0]), "%" PRIu32, id->rank);
-    snprintf(values[1], sizeof(values[1]), "%" PRIu32, id->local_rank);
-    snprintf(values[2], sizeof(values[2]), "%" PRIu32, id->world_size);
-    snprintf(values[3], sizeof(values[3]), "%" PRIu32, id->local_world_size);
-    snprintf(values[4], sizeof(values[4]), "%" PRIu64, id->generation);
-    snprintf(values[5], sizeof(values[5]), "%s", id->node ? id->node : "");
-    snprintf(values[6], sizeof(values[6]), "%d", RANK_CTL_FD);
-    if (id->kind == PROTO_DEV_GPU)
-        snprintf(values[7], sizeof(values[7]), "%" PRIu32, id->device);
-    else
-        values[7][0] = '\0';
-    for (size_t i = 0; i < NOWNED; i++) {
-        if (asprintf(&env[n], "%s=%s", owned[i], values[i]) < 0) {
-            env[n] = NULL;
+    /* Every name below is in owned[] or defaults[], which size env. */
+    if (put_var(env, &n, "RANK", "%" PRIu32, id->rank) || put_var(env, &n, "LOCAL_RANK", "%" PRIu32, id->local_rank) ||
+        put_var(env, &n, "WORLD_SIZE", "%" PRIu32, id->world_size) ||
+        put_var(env, &n, "LOCAL_WORLD_SIZE", "%" PRIu32, id->local_world_size) ||
+        put_var(env, &n, "GROUP_RANK", "%" PRIu32, id->node_rank) ||
+        put_var(env, &n, "GROUP_WORLD_SIZE", "%" PRIu32, id->nnodes) ||
+        put_var(env, &n, "ROLE_NAME", "%s", "default") || /* torchrun's role when none is named */
+        put_var(env, &n, "ROLE_RANK", "%" PRIu32, id->rank) ||
+        put_var(env, &n, "ROLE_WORLD_SIZE", "%" PRIu32, id->world_size) ||
+        put_var(env, &n, "MASTER_ADDR", "%s", id->master_addr ? id->master_addr : "") ||
+        put_var(env, &n, "MASTER_PORT", "%" PRIu32, id->master_port) ||
+        put_var(env, &n, "TORCHELASTIC_RESTART_COUNT", "%" PRIu32, id->restart_count) ||
+        put_var(env, &n, "TORCHELASTIC_MAX_RESTARTS", "%" PRIu32, id->max_restarts) ||
+        put_var(env, &n, "TORCHELASTIC_RUN_ID", "%s", id->run_id ? id->run_id : "") ||
+        (id->error_file && id->error_file[0] &&
+         put_var(env, &n, "TORCHELASTIC_ERROR_FILE", "%s", id->error_file)) ||
+        put_var(env, &n, "MUSTER_GENERATION", "%" PRIu64, id->generation) ||
+        put_var(env, &n, "MUSTER_NODE", "%s", id->node ? id->node : "") ||
+        put_var(env, &n, "MUSTER_CTL_FD", "%d", RANK_CTL_FD))
+        goto oom;
+    /* One visible device: the ordinal for a gpu, none for a cpu rank. */
+    if (id->kind == PROTO_DEV_GPU ? put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%" PRIu32, id->device)
+                                  : put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%s", ""))
+        goto oom;
+    if (id->omp_threads && !rank_env_get(parent, "OMP_NUM_THREADS") &&
+        put_var(env, &n, "OMP_NUM_THREADS", "%" PRIu32, id->omp_threads))
+        goto oom;
+    for (size_t i = 1; i < NDEFAULTS; i++)
+        if (!rank_env_get(parent, defaults[i]) && put_var(env, &n, defaults[i], "%s", "1"))
             goto oom;
-        }
-        n++;
-    }
     return env;
 oom:
     rank_strv_free(env);
     return NULL;
-}
-
-char **rank_argv_split(const char *cmd)
-{
-    size_t cap = strlen(cmd) / 2 + 2;
-    char **argv = calloc(cap, sizeof(char *));
-    if (!argv)
-        return NULL;
-    size_t n = 0;
-    const char *p = cmd;
-    for (;;) {
-        p += strspn(p, " \t");
-        if (*p == '\0')
-            break;
-        size_t len = strcspn(p, " \t");
-        if (!(argv[n++] = strndup(p, len))) {
-            rank_strv_free(argv);
-            return NULL;
-        }
-        p += len;
-    }
-    if (n == 0) {
-        free(argv);
-        return NULL;
-    }
-    return argv;
 }
 
 void rank_strv_free(char **v)

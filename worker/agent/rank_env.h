@@ -1,8 +1,9 @@
 /*
- * rank_env: what a rank process is started with: its argument vector (the
- * --rank-cmd line split on whitespace, no shell) and its environment (the
- * agent's own plus the rank's identity and its one visible device).
- * Pure functions; the results are malloc'd NULL-terminated arrays.
+ * rank_env: the environment a rank process is started with: the agent's own, plus the rank's identity under
+ * torchrun's names and meanings (so that a PyTorch program runs unmodified,
+ * docs/rank-env.md lists every variable), muster's own variables and its
+ * one visible device. Pure functions; the results are malloc'd
+ * NULL-terminated arrays.
  */
 #ifndef MUSTER_WORKER_RANK_ENV_H
 #define MUSTER_WORKER_RANK_ENV_H
@@ -19,24 +20,34 @@ struct rank_identity {
     uint32_t local_rank;
     uint32_t world_size;
     uint32_t local_world_size;
+    uint32_t node_rank;        /* GROUP_RANK: the node's index among the members */
+    uint32_t nnodes;           /* GROUP_WORLD_SIZE */
     uint64_t generation;
+    uint32_t restart_count;    /* TORCHELASTIC_RESTART_COUNT */
+    uint32_t max_restarts;     /* TORCHELASTIC_MAX_RESTARTS */
+    const char *run_id;        /* TORCHELASTIC_RUN_ID: the job's name */
+    const char *master_addr;   /* rank 0's node, as the ranks reach it */
+    uint32_t master_port;      /* free on that node for this generation */
+    const char *error_file;    /* TORCHELASTIC_ERROR_FILE; NULL or "" = unset */
+    uint32_t omp_threads;      /* OMP_NUM_THREADS unless the parent sets it; 0 = leave */
     const char *node;
     enum proto_device_kind kind;
     uint32_t device; /* gpu ordinal; ignored for cpu */
 };
 
 /*
- * parent (may be NULL) plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
- * MUSTER_GENERATION, MUSTER_NODE, MUSTER_CTL_FD and CUDA_VISIBLE_DEVICES
- * (the ordinal for a gpu, empty for cpu); parent entries of those names are
- * replaced. Returns NULL when out of memory.
+ * parent (may be NULL) plus the rank's variables. Those the agent owns
+ * (RANK, WORLD_SIZE, MASTER_ADDR, ...) replace parent entries of the same
+ * name, so that a platform's node-level values never reach a rank;
+ * OMP_NUM_THREADS and TORCH_NCCL_ASYNC_ERROR_HANDLING are defaults that a
+ * parent entry keeps. Returns NULL when out of memory.
  */
 char **rank_env_build(char *const *parent, const struct rank_identity *id);
 
-/* Splits cmd on spaces and tabs; NULL when empty or out of memory. */
-char **rank_argv_split(const char *cmd);
+/* Looks up name in a NULL-terminated environment; NULL when absent. */
+const char *rank_env_get(char *const *env, const char *name);
 
-/* Frees what either function returned (NULL is fine). */
+/* Frees what rank_env_build returned (NULL is fine). */
 void rank_strv_free(char **v);
 
 #endif

@@ -1,0 +1,103 @@
+"""A plain PyTorch DDP training script, written as for torchrun: gloo,
+init_method="env://", its own checkpoints, torch.distributed.elastic's
+@record for error files. muster's tests and benchmarks run it unmodified
+as a rank program; --muster-client adds the three lines of muster's Python
+rank client (clients/python/muster_rank.py) to report step and loss.
+
+It trains a small MLP on synthetic regression data that is a pure function
+of (seed, step, rank), so a resumed run sees the batches it would have seen.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
+    p.add_argument("--raise-at-step", type=int, default=-1, help="raise ValueError at this step ...")
+    p.add_argument("--raise-rank", type=int, default=0, help="... on this rank")
+    p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
+    p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
+    p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
+    return p.parse_args()
+
+
+def batch(seed, step, rank, n, width):
+    g = torch.Generator().manual_seed(seed * 1000003 + step * 1009 + rank)
+    x = torch.randn(n, width, generator=g)
+    y = torch.sin(x.sum(dim=1, keepdim=True))
+    return x, y
+
+
+@record
+def main():
+    args = parse_args()
+    t_start = time.time()
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    print(f"rank {rank}/{world} restart {restart} master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+          flush=True)
+
+    torch.manual_seed(args.seed)
+    model = DDP(nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    start = 0
+    path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_dir else ""
+    if path:
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+    if path and os.path.exists(path):
+        state = torch.load(path)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+        print(f"rank {rank} resumed at step {start}", flush=True)
+
+    client = None
+    if args.muster_client:
+        import muster_rank
+        client = muster_rank.connect()
+
+    for step in range(start, args.steps):
+        if step == args.raise_at_step and rank == args.raise_rank and restart == args.raise_restart:
+            raise ValueError(f"injected failure at step {step} on rank {rank}")
+        x, y = batch(args.seed, step, rank, args.batch, args.width)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if args.timing and step == start:
+            print(f"rank {rank} first step done at {time.time():.6f} (launched {t_start:.6f})", flush=True)
+        if client:
+            client.beat(step + 1, loss=loss.item())
+        if rank == 0:
+            print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
+        if path and (step + 1) % args.ckpt_every == 0:
+            if rank == 0:
+                tmp = path + ".tmp"
+                torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step + 1}, tmp)
+                os.replace(tmp, path)
+            dist.barrier()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    dist.destroy_process_group()
+    print(f"rank {rank} done", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
