@@ -960,10 +960,21 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
  * runs (recovering, ended), every rank that has reported. */
 static int counts(const struct rdv *r, const struct rdv_rank *rk)
 {
+    if (rk->silent)
+        return 0; /* its step is unknown, not 0 */
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state == RDV_RANK_RUNNING)
             return rk->state == RDV_RANK_RUNNING;
     return rk->last_beat_ms != 0 || rk->step != 0;
+}
+
+/* Some rank reports its step (not every rank is silent). */
+static int step_known(const struct rdv *r)
+{
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (counts(r, &r->ranks[i]))
+            return 1;
+    return 0;
 }
 
 uint64_t rdv_job_step(const struct rdv *r)
@@ -1039,12 +1050,12 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nloss++;
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                      r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                     "step", (json_int_t)step, "steps", (json_int_t)r->spec->steps, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
+                     "step", step_known(r) ? json_integer((json_int_t)step) : json_null(), "steps", (json_int_t)r->spec->steps, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
                      "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),

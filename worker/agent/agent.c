@@ -330,7 +330,7 @@ static void prune_generations(const struct agent *a, uint64_t gen)
     uv_fs_req_cleanup(&req);
 }
 
-/* <state>/gen-G/rank-R, made fresh; "" when there is no usable state directory. */
+/* <state>/<node>/gen-G/rank-R, made if missing; "" when there is no usable state directory. */
 static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *out, size_t cap)
 {
     out[0] = '\0';
@@ -524,9 +524,13 @@ static void choose_state_dir(struct agent *a)
     for (int i = 0; i < 3; i++) {
         if (!candidates[i])
             continue;
-        int rc = make_dirs(candidates[i], 0700);
+        /* One subdirectory per node: agents of several nodes may share a machine and a directory. */
+        char dir[PATH_MAX];
+        int rc = snprintf(dir, sizeof(dir), "%s/%s", candidates[i], a->cfg->node) < (int)sizeof(dir)
+                     ? make_dirs(dir, 0700)
+                     : -ENAMETOOLONG;
         if (rc == 0) {
-            snprintf(a->state_dir, sizeof(a->state_dir), "%s", candidates[i]);
+            snprintf(a->state_dir, sizeof(a->state_dir), "%s", dir);
             log_info("rank directories (error files, logs) under %s", a->state_dir);
             return;
         }
