@@ -91,6 +91,7 @@ struct agent {
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
     uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
+    bool port_warned;         /* "no free port" is in the log */
 
     /* shutdown */
     bool exiting;
@@ -503,12 +504,13 @@ static void refresh_free_port(struct agent *a)
             break;
         }
     }
-    if (!found && a->free_port)
+    if (!found && !a->port_warned)
         log_warn("no free port in master_port_range %u-%u (every one is in use%s); this node cannot hold "
                  "rank 0 until one is free",
                  a->cfg->port_lo, a->cfg->port_hi, skip ? ", or is the running generation's" : "");
-    else if (found && !a->free_port)
-        log_debug("MASTER_PORT candidate: %u", found);
+    else if (found && a->port_warned)
+        log_info("port %u of master_port_range is free again", found);
+    a->port_warned = !found;
     a->free_port = found;
 }
 
