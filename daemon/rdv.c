@@ -592,7 +592,10 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         struct rdv_rank *rk = &r->ranks[b->rank];
         if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
             continue;
-        if (b->state == PROTO_RANK_RUNNING && (rk->state != RDV_RANK_RUNNING || b->step != rk->step))
+        /* Progress: the step moved, the rank began running, or it began reporting at all
+         * (a silent rank's step meant nothing, so its first report starts the clock). */
+        if (b->state == PROTO_RANK_RUNNING &&
+            (rk->state != RDV_RANK_RUNNING || b->step != rk->step || (rk->silent && !b->silent)))
             rk->progress_ms = now_ms;
         switch (b->state) {
         case PROTO_RANK_STARTING: rk->state = RDV_RANK_STARTING; break;
