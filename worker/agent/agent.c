@@ -490,18 +490,27 @@ static bool port_free(uint16_t port)
 }
 
 /*
- * The first port of master_port_range that is free and is not the current
+ * A port of master_port_range that is free and is not the current
  * generation's (whose rank 0 may still hold it while it is being stopped).
  * Reported in HELLO and every heartbeat; musterd gives the one that rank 0's
- * node reported last to the next generation as MASTER_PORT.
+ * node reported last to the next generation as MASTER_PORT. The candidate
+ * stays while it is free; a new one is searched from a random point of the
+ * range, so that jobs sharing a machine (several agents, test clusters) do
+ * not all offer the range's first port: a rank binds it only seconds later,
+ * after its imports, and two jobs on one port would meet in one store.
  */
 static void refresh_free_port(struct agent *a)
 {
     uint32_t skip = a->have_assign ? a->assign.master_port : 0, found = 0;
-    for (uint32_t p = a->cfg->port_lo; p && p <= a->cfg->port_hi; p++) {
-        if (p != skip && port_free((uint16_t)p)) {
-            found = p;
-            break;
+    uint32_t lo = a->cfg->port_lo, span = lo ? (uint32_t)a->cfg->port_hi - lo + 1 : 0;
+    if (a->free_port && a->free_port != skip && port_free((uint16_t)a->free_port)) {
+        found = a->free_port;
+    } else if (span) {
+        uint32_t start = rng_next(a) % span;
+        for (uint32_t k = 0; k < span && !found; k++) {
+            uint32_t p = lo + (start + k) % span;
+            if (p != skip && port_free((uint16_t)p))
+                found = p;
         }
     }
     if (!found && !a->port_warned)
