@@ -26,7 +26,7 @@ make_token "$ITEST_DIR/token"
 # rank_pid R: the pid of the python process of global rank R (newest generation).
 rank_pid() {
     best=""; bestgen=0
-    for p in $(pgrep -f "$SCRIPT" || true); do
+    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/ckpt" || true); do # this test's ranks only
         env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
         printf '%s\n' "$env" | grep -qx "RANK=$1" || continue
         g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
