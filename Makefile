@@ -221,13 +221,16 @@ docs: $(BUILD)/tests/jobspec-doc
 	$(BUILD)/tests/jobspec-doc > docs/jobspec.md
 
 # Installed layout: binaries, systemd units (ExecStart rewritten to PREFIX),
-# example configs and job presets, docs, man pages. DESTDIR for staging.
+# example configs and job presets, docs, man pages, and the rank clients
+# (the C header under include/, the Python module in lib/muster/python/ for
+# PYTHONPATH). DESTDIR for staging.
 MAN1 := docs/man/muster-train.1 docs/man/musterctl.1
 MAN8 := docs/man/musterd.8 docs/man/muster-worker.8
 UNITDIR := $(PREFIX)/lib/systemd/system
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/muster/etc \
-	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8
+	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8 \
+	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python
 	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	for u in systemd/*.service; do \
 	    sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(UNITDIR)/$${u#systemd/} && \
@@ -236,6 +239,8 @@ install: all
 	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(DESTDIR)$(PREFIX)/share/doc/muster/
 	install -m 0644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 clients/python/muster_rank.py $(DESTDIR)$(PREFIX)/lib/muster/python/
 
 uninstall:
 	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(PREFIX)/bin/%,$(BINS))
@@ -243,6 +248,8 @@ uninstall:
 	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man1/%,$(MAN1))
 	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man8/%,$(MAN8))
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/muster
+	rm -f $(DESTDIR)$(PREFIX)/include/muster_rank.h
+	rm -rf $(DESTDIR)$(PREFIX)/lib/muster
 
 clean:
 	rm -rf build build-asan

@@ -239,12 +239,22 @@ void render_summary(FILE *f, const json_t *st)
         fprintf(f, " of %lld wanted", (long long)v);
     fprintf(f, ", restarts %lld of %lld, daemon up %s\n", integer(st, "restarts"),
             integer(st, "max_restarts"), up);
-    fprintf(f, "  step %lld, loss %s, %s tokens/s, %s of step time in communication\n",
-            integer(st, "step"), loss, rate, comm);
+    if (num(st, "step", &v))
+        fprintf(f, "  step %lld, loss %s, %s tokens/s, %s of step time in communication\n", (long long)v, loss,
+                rate, comm);
+    else
+        fputs("  step unknown: the ranks do not report progress (see the rank contract in PROTOCOL.md)\n", f);
     if (num(st, "last_checkpoint_step", &v))
         fprintf(f, "  last committed checkpoint: step %lld\n", (long long)v);
     else
         fputs("  no committed checkpoint yet\n", f);
+    const json_t *fail = json_object_get(st, "last_failure");
+    if (json_is_object(fail)) {
+        const char *said = str(fail, "reason", NULL);
+        fprintf(f, "  last failure: rank %lld on node %s %s in generation %lld%s%s\n", integer(fail, "rank"),
+                str(fail, "node", "?"), str(fail, "how", "ended"), integer(fail, "generation"), said ? ": " : "",
+                said ? said : "");
+    }
 }
 
 void render_event(FILE *f, const json_t *ev)

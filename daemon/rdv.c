@@ -592,7 +592,10 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         struct rdv_rank *rk = &r->ranks[b->rank];
         if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
             continue;
-        if (b->state == PROTO_RANK_RUNNING && (rk->state != RDV_RANK_RUNNING || b->step != rk->step))
+        /* Progress: the step moved, the rank began running, or it began reporting at all
+         * (a silent rank's step meant nothing, so its first report starts the clock). */
+        if (b->state == PROTO_RANK_RUNNING &&
+            (rk->state != RDV_RANK_RUNNING || b->step != rk->step || (rk->silent && !b->silent)))
             rk->progress_ms = now_ms;
         switch (b->state) {
         case PROTO_RANK_STARTING: rk->state = RDV_RANK_STARTING; break;
@@ -675,8 +678,11 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     describe_exit(how, sizeof(how), x->exit_code, x->signal);
     if (x->signal == 0 && x->exit_code == 0) {
         rk->state = RDV_RANK_COMPLETED;
-        event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
-              nd->name, (unsigned long long)rk->step);
+        if (rk->silent)
+            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished", x->rank, nd->name);
+        else
+            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
+                  nd->name, (unsigned long long)rk->step);
         for (uint32_t i = 0; i < r->world_size; i++)
             if (r->ranks[i].state != RDV_RANK_COMPLETED) {
                 changed(r, 0);
@@ -960,10 +966,21 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
  * runs (recovering, ended), every rank that has reported. */
 static int counts(const struct rdv *r, const struct rdv_rank *rk)
 {
+    if (rk->silent)
+        return 0; /* its step is unknown, not 0 */
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state == RDV_RANK_RUNNING)
             return rk->state == RDV_RANK_RUNNING;
     return rk->last_beat_ms != 0 || rk->step != 0;
+}
+
+/* Some rank reports its step (not every rank is silent). */
+static int step_known(const struct rdv *r)
+{
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (counts(r, &r->ranks[i]))
+            return 1;
+    return 0;
 }
 
 uint64_t rdv_job_step(const struct rdv *r)
@@ -998,6 +1015,7 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
 {
     json_t *nodes = json_array(), *ranks = json_array();
     uint64_t step = rdv_job_step(r);
+    int known = step_known(r); /* some rank reports steps; else step and steps mean nothing */
     double loss_sum = 0, tps = 0, comm = 0;
     int nloss = 0, nlive = 0;
 
@@ -1039,12 +1057,13 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nloss++;
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                      r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                     "step", (json_int_t)step, "steps", (json_int_t)r->spec->steps, "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
+                     "step", known ? json_integer((json_int_t)step) : json_null(), "steps",
+                     known ? json_integer(r->spec->steps) : json_null(), "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
                      "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),

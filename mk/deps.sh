@@ -1,13 +1,14 @@
 #!/bin/sh
 # Installs the Debian packages muster needs that are missing, and does
-# nothing when all are there. `deps.sh build` covers building and testing;
-# `deps.sh bench` adds PyTorch for the reference benchmarks.
+# nothing when all are there. `deps.sh build` covers building and testing
+# (PyTorch included: make check runs a real DDP program as ranks);
+# `deps.sh bench` adds what the reference benchmarks need besides.
 set -eu
 
 build_pkgs="gcc make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
 check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev curl \
-python3 procps iproute2"
-bench_pkgs="python3-torch python3-numpy"
+python3 procps iproute2 python3-torch"
+bench_pkgs="python3-numpy"
 
 case "${1:-build}" in
 build) want=$build_pkgs ;;

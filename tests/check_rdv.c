@@ -640,6 +640,23 @@ START_TEST(silent_rank_is_never_hung)
     ck_assert(json_is_true(json_object_get(r2, "silent")));
     ck_assert(json_is_integer(json_object_get(json_array_get(json_object_get(st, "ranks"), 0), "step")));
     json_decref(st);
+
+    /* Its first report, at step 0, starts the hang clock afresh: not hung at once. */
+    now += 500;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 30);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 1500;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 31);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 1000; /* 2.5 s at step 0 since it spoke: hung */
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
 }
 END_TEST
 

@@ -49,7 +49,7 @@ start_agent() {
     name=$1; ndev=$2; shift 2
     mkdir -p "$ITEST_DIR/pids-$name"
     FAKE_RANK_PIDDIR="$ITEST_DIR/pids-$name" "$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" \
-        --node "$name" --devices "cpu:$ndev" "$@" >> "$ITEST_DIR/agent-$name.log" 2>&1 &
+        --node "$name" --devices "cpu:$ndev" --state-dir "$ITEST_DIR/agent-state" "$@" >> "$ITEST_DIR/agent-$name.log" 2>&1 &
     AGENT_PID=$!
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
 }
@@ -84,7 +84,7 @@ import json, sys
 d = json.load(sys.stdin)
 print("state=%s generation=%s world_size=%s restarts=%s reason=%s" % (d["state"], d["generation"], d["world_size"], d["restarts"], d["reason"]))
 for r in d["ranks"]:
-    print("  rank %d node %s local %d %s step %d" % (r["rank"], r["node"], r["local_rank"], r["state"], r["step"]))'
+    print("  rank %d node %s local %d %s step %s" % (r["rank"], r["node"], r["local_rank"], r["state"], r["step"]))'
 }
 
 pid_alive() { kill -0 "$1" 2>/dev/null; }

@@ -37,7 +37,7 @@ def read_frame(s):
 
 def hello(s, node):
     s.sendall(frame("HELLO", {"node": node, "addr": "127.0.0.1", "kind": "cpu", "devices": [0],
-                               "device_mem_mb": 0, "generation": 0, "agent_version": "test"}))
+                               "device_mem_mb": 0, "generation": 0, "free_port": 0, "agent_version": "test"}))
 
 def join(node):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -19,11 +19,21 @@ for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
          share/muster/etc/balanced.json share/muster/etc/aggressive.json \
          share/doc/muster/operator-guide.md share/doc/muster/troubleshooting.md share/doc/muster/config.md \
          share/man/man8/musterd.8 share/man/man8/muster-worker.8 share/man/man1/muster-train.1 \
-         share/man/man1/musterctl.1; do
+         share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank.py; do
     [ -f "$P/$f" ] || fail "make install did not install $f"
 done
 [ -x "$P/bin/musterd" ] || fail "musterd not executable"
 "$P/bin/musterd" --version | grep -q '^musterd ' || fail "installed musterd does not run"
+# The rank clients work from where they are installed.
+printf '#include <muster_rank.h>\nint main(void) { muster_rank_close(muster_rank_open()); return 0; }\n' > "$ITEST_DIR/client.c"
+${CC:-cc} -Wall -Werror -I "$P/include" -o "$ITEST_DIR/client" "$ITEST_DIR/client.c" && "$ITEST_DIR/client" \
+    || fail "a program with the installed muster_rank.h does not build and run"
+if command -v "${CXX:-c++}" > /dev/null; then
+    "${CXX:-c++}" -x c++ -Wall -Werror -I "$P/include" -o "$ITEST_DIR/client++" "$ITEST_DIR/client.c" && "$ITEST_DIR/client++" \
+        || fail "a C++ program with the installed muster_rank.h does not build and run"
+fi
+PYTHONPATH="$P/lib/muster/python" python3 -c 'import muster_rank; assert not muster_rank.connect().active' \
+    || fail "the installed muster_rank.py does not import"
 grep -qx 'ExecStart=/usr/local/bin/musterd' "$P/lib/systemd/system/musterd.service" || fail "musterd ExecStart"
 grep -qx 'ExecStart=/usr/local/bin/muster-worker' "$P/lib/systemd/system/muster-worker.service" \
     || fail "muster-worker ExecStart"

@@ -21,7 +21,7 @@ timeout 60 "$BUILD/muster-worker" --local --job "$ITEST_DIR/job0.json" --devices
 rc=$?
 set -e
 [ "$rc" -eq 1 ] || fail "failed local job exited $rc, expected 1"
-grep -q 'rank 1 on node .* exited with status 3; gave up after 0 restarts' "$ITEST_DIR/fail.log" \
+grep -q 'rank 1 on node .* exited with status 3: fake-rank 1: crashing at step 5 as asked (--crash-at-step); gave up after 0 restarts' "$ITEST_DIR/fail.log" \
     || fail "the failure reason is not in the log"
 kept=$(sed -n 's/.*daemon state kept in \(.*\)$/\1/p' "$ITEST_DIR/fail.log"); case "$kept" in /tmp/muster-launch.*) rm -rf "$kept" ;; esac
 

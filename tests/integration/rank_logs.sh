@@ -1,6 +1,6 @@
 #!/bin/sh
 # Rank logs: every rank's stdout and stderr land in its agent's state
-# directory (gen-G/rank-R/output.log, turned over past log_max_mb), and
+# directory (NODE/gen-G/rank-R/output.log, turned over past log_max_mb), and
 # `musterctl logs` shows them through musterd: the right rank only, --tail,
 # --follow into the next generation after a restart, clear errors.
 set -eu
@@ -62,18 +62,18 @@ for bad in "logs x" "logs" "logs 1 --tail 0" "logs 1 2" "status --tail 5"; do
 done
 
 # The files under the state directories.
-log1=$ITEST_DIR/state-a/gen-1/rank-1/output.log
+log1=$ITEST_DIR/state-a/a/gen-1/rank-1/output.log
 [ -f "$log1" ] || fail "no $log1"
 [ "$(stat -c %a "$log1")" = 600 ] || fail "$log1 has mode $(stat -c %a "$log1")"
 grep -q '^fake-rank 1 generation 1 step 1 line 0$' "$log1" || fail "$log1 lacks rank 1's first line"
 grep -q 'fake-rank 0' "$log1" && fail "$log1 holds rank 0's lines"
-[ -f "$ITEST_DIR/state-a/gen-2/rank-0/output.log" ] || fail "no log of rank 0 in generation 2"
+[ -f "$ITEST_DIR/state-a/a/gen-2/rank-0/output.log" ] || fail "no log of rank 0 in generation 2"
 
 # Node b turns its logs over: two files, each within the cap.
-old=$ITEST_DIR/state-b/gen-2/rank-2/output.log.1
+old=$ITEST_DIR/state-b/b/gen-2/rank-2/output.log.1
 i=0; while [ ! -f "$old" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 [ -f "$old" ] || fail "rank 2's log of generation 2 was not turned over within 10 s"
-for f in "$old" "$ITEST_DIR/state-b/gen-2/rank-2/output.log"; do
+for f in "$old" "$ITEST_DIR/state-b/b/gen-2/rank-2/output.log"; do
     n=$(wc -c < "$f")
     [ "$n" -le "$CAP" ] || fail "$f holds $n bytes, over the cap of $CAP"
 done

@@ -34,7 +34,31 @@ def parse_args():
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
+    p.add_argument("--timing-file", default="",
+                   help="append to this file 'start RANK RESTART PID -1 TIME MAIN CREATED' once init_process_group "
+                        "returns and 'step RANK RESTART PID STEP TIME' after each step (wall times, for benchmarks)")
     return p.parse_args()
+
+
+def timing_line(path, *fields):
+    """One line per write(2) with O_APPEND: the ranks of every node share the file."""
+    line = (" ".join(str(f) for f in fields) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def process_created():
+    """Wall time this process was created (10 ms resolution), or -1 where /proc cannot tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return -1.0
 
 
 def batch(seed, step, rank, n, width):
@@ -53,6 +77,9 @@ def main():
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     print(f"rank {rank}/{world} restart {restart} master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
           flush=True)
+    if args.timing_file:
+        timing_line(args.timing_file, "start", rank, restart, os.getpid(), -1, f"{time.time():.6f}",
+                    f"{t_start:.6f}", f"{process_created():.6f}")
 
     torch.manual_seed(args.seed)
     model = DDP(nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1)))
@@ -83,6 +110,8 @@ def main():
         opt.step()
         if args.timing and step == start:
             print(f"rank {rank} first step done at {time.time():.6f} (launched {t_start:.6f})", flush=True)
+        if args.timing_file:
+            timing_line(args.timing_file, "step", rank, restart, os.getpid(), step + 1, f"{time.time():.6f}")
         if client:
             client.beat(step + 1, loss=loss.item())
         if rank == 0:

@@ -92,6 +92,7 @@ struct agent {
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
     uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
+    bool port_warned;         /* "no free port" is in the log */
 
     /* shutdown */
     bool exiting;
@@ -331,7 +332,7 @@ static void prune_generations(const struct agent *a, uint64_t gen)
     uv_fs_req_cleanup(&req);
 }
 
-/* <state>/gen-G/rank-R, made fresh; "" when there is no usable state directory. */
+/* <state>/<node>/gen-G/rank-R, made if missing; "" when there is no usable state directory. */
 static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *out, size_t cap)
 {
     out[0] = '\0';
@@ -492,26 +493,36 @@ static bool port_free(uint16_t port)
 }
 
 /*
- * The first port of master_port_range that is free and is not the current
+ * A port of master_port_range that is free and is not the current
  * generation's (whose rank 0 may still hold it while it is being stopped).
  * Reported in HELLO and every heartbeat; musterd gives the one that rank 0's
- * node reported last to the next generation as MASTER_PORT.
+ * node reported last to the next generation as MASTER_PORT. The candidate
+ * stays while it is free; a new one is searched from a random point of the
+ * range, so that jobs sharing a machine (several agents, test clusters) do
+ * not all offer the range's first port: a rank binds it only seconds later,
+ * after its imports, and two jobs on one port would meet in one store.
  */
 static void refresh_free_port(struct agent *a)
 {
     uint32_t skip = a->have_assign ? a->assign.master_port : 0, found = 0;
-    for (uint32_t p = a->cfg->port_lo; p && p <= a->cfg->port_hi; p++) {
-        if (p != skip && port_free((uint16_t)p)) {
-            found = p;
-            break;
+    uint32_t lo = a->cfg->port_lo, span = lo ? (uint32_t)a->cfg->port_hi - lo + 1 : 0;
+    if (a->free_port && a->free_port != skip && port_free((uint16_t)a->free_port)) {
+        found = a->free_port;
+    } else if (span) {
+        uint32_t start = rng_next(a) % span;
+        for (uint32_t k = 0; k < span && !found; k++) {
+            uint32_t p = lo + (start + k) % span;
+            if (p != skip && port_free((uint16_t)p))
+                found = p;
         }
     }
-    if (!found && a->free_port)
+    if (!found && !a->port_warned)
         log_warn("no free port in master_port_range %u-%u (every one is in use%s); this node cannot hold "
                  "rank 0 until one is free",
                  a->cfg->port_lo, a->cfg->port_hi, skip ? ", or is the running generation's" : "");
-    else if (found && !a->free_port)
-        log_debug("MASTER_PORT candidate: %u", found);
+    else if (found && a->port_warned)
+        log_info("port %u of master_port_range is free again", found);
+    a->port_warned = !found;
     a->free_port = found;
 }
 
@@ -527,9 +538,13 @@ static void choose_state_dir(struct agent *a)
     for (int i = 0; i < 3; i++) {
         if (!candidates[i])
             continue;
-        int rc = make_dirs(candidates[i], 0700);
+        /* One subdirectory per node: agents of several nodes may share a machine and a directory. */
+        char dir[PATH_MAX];
+        int rc = snprintf(dir, sizeof(dir), "%s/%s", candidates[i], a->cfg->node) < (int)sizeof(dir)
+                     ? make_dirs(dir, 0700)
+                     : -ENAMETOOLONG;
         if (rc == 0) {
-            snprintf(a->state_dir, sizeof(a->state_dir), "%s", candidates[i]);
+            snprintf(a->state_dir, sizeof(a->state_dir), "%s", dir);
             log_info("rank directories (error files, logs) under %s", a->state_dir);
             return;
         }

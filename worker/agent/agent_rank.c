@@ -150,8 +150,9 @@ static void ctl_bad(struct fconn *c, int err)
 static void ctl_fail(struct fconn *c, int err, const char *why)
 {
     struct agent_rank *r = c->data;
-    /* A rank that exits closes its end first; its exit status follows. */
-    if (err == UV_EOF || err == UV_ECONNRESET)
+    /* A rank that exits closes its end first; its exit status follows. A rank
+     * that never reads its socket (any program) may be gone before a write. */
+    if (err == UV_EOF || err == UV_ECONNRESET || err == UV_EPIPE)
         log_debug("rank %u: control socket closed", r->rank);
     else
         log_warn("rank %u: control socket: %s", r->rank, why);

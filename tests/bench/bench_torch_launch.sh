@@ -1,0 +1,299 @@
+#!/bin/sh
+# torchrun vs muster as the launcher of one unmodified PyTorch DDP script
+# (tests/torch/ddp_train.py: gloo, env://, its own checkpoints), same world
+# shape: 2 nodes x 2 ranks on loopback. Per run, one after the other (the
+# order alternates run by run), each system:
+#   (a) launch: the launchers started -> every rank has finished its first step
+#   (b) recovery: SIGKILL of rank 3 (local rank 1 of the second node) once it
+#       has finished step KILL_AFTER -> every rank has finished a step in a
+#       process started after the kill; the script resumes from the checkpoint
+#       it wrote every CKPT_EVERY steps, and the steps redone are reported.
+# torchrun: two `python3 -m torch.distributed.run` (c10d rendezvous,
+# --max_restarts 3). muster: musterd + two muster-worker agents, a job spec
+# with 200 ms heartbeats. Both restart the whole worker group: DDP's gloo
+# group cannot take a new member in place.
+# The times come from the script itself (--timing-file: one line per rank
+# start and per step, wall clock, with the time the process was created),
+# so both systems are read the same way. Medians over RUNS (default 10).
+# Knobs: RUNS, STEP_SLEEP (s per step, default 0.2), KILL_AFTER (default 8),
+# CKPT_EVERY (default 5), TORCHRUN_MONITOR_INTERVAL (default 0.2 s, the
+# counterpart of muster's 200 ms heartbeats; torchrun's own default is 5 s),
+# WAIT_S (bound of every wait, default 90), BENCH_KEEP=1 (keep the logs).
+set -eu
+BUILD=${BUILD:-build}
+RUNS=${RUNS:-10}
+STEP_SLEEP=${STEP_SLEEP:-0.2}
+KILL_AFTER=${KILL_AFTER:-8}
+CKPT_EVERY=${CKPT_EVERY:-5}
+MONITOR=${TORCHRUN_MONITOR_INTERVAL:-0.2}
+WAIT_S=${WAIT_S:-90}
+# Debian's PyTorch; `python3` on PATH may be another interpreter without it.
+PY=${BENCH_PYTHON:-/usr/bin/python3}
+SCRIPT=tests/torch/ddp_train.py
+# Never reached: the job is torn down once recovery is measured.
+STEPS=100000
+
+if ! "$PY" -c 'import torch' 2> /dev/null; then
+    echo "== torch_launch: PyTorch not installed (sh mk/deps.sh bench): skipped"
+    exit 0
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/muster-bench-torch.XXXXXX")
+RUN=""        # directory of the current measurement
+ROOTS=""      # launcher PIDs of the current system (children of this shell)
+JOB='{"name": "bench-torch", "nodes": 2, "batch": 4, "max_restarts": 3, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000, "lease_ms": 4000}'
+
+alive() { # PID: exists and is not a zombie
+    [ -r "/proc/$1/stat" ] && ! awk '{ sub(/.*\) /, ""); exit ($1 == "Z") ? 0 : 1 }' "/proc/$1/stat" 2> /dev/null
+}
+
+# tree_of PID...: the PIDs and all their descendants.
+tree_of() {
+    ps -eo pid=,ppid= | awk -v roots="$*" '
+        BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+        { parent[$1] = $2 }
+        END {
+            do { grown = 0
+                 for (p in parent) if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; grown = 1 }
+            } while (grown)
+            for (p in keep) print p
+        }'
+}
+
+# ours PID: a process of this measurement (its command line names $RUN), not
+# one that took a dead rank's PID.
+ours() { [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -qF -- "$RUN/"; }
+
+# stop_system: SIGKILL the launchers, their descendants, and any rank that
+# wrote a start line and is still ours (an orphan), then wait (bounded) until
+# all are gone. The launchers are stopped first so that none spawns a rank
+# between the listing and the kill.
+stop_system() {
+    [ -n "$ROOTS" ] || return 0
+    for p in $ROOTS; do kill -STOP "$p" 2> /dev/null || true; done
+    # shellcheck disable=SC2086 # one argument per PID
+    pids=$(tree_of $ROOTS)
+    for p in $(awk '$1 == "start" { print $4 }' "$RUN/timing" 2> /dev/null || true); do
+        if ours "$p"; then pids="$pids $p"; fi
+    done
+    for p in $pids; do kill -9 "$p" 2> /dev/null || true; done
+    for p in $ROOTS; do wait "$p" 2> /dev/null || true; done
+    i=0
+    for p in $pids; do
+        while alive "$p" && [ $i -lt 250 ]; do sleep 0.02; i=$((i + 1)); done
+    done
+    ROOTS=""
+}
+
+cleanup() {
+    stop_system
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'exit 1' HUP INT PIPE TERM
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$RUN"/*.log; do
+        [ -e "$f" ] || continue
+        echo "---- tail of $f" >&2
+        tail -n 20 "$f" >&2
+    done
+    exit 1
+}
+
+free_port() {
+    "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# free_range N: "LO-HI", N consecutive ports that are free now, below the
+# ephemeral range (where gloo's own listeners come from).
+free_range() {
+    "$PY" -c '
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(1000):
+    lo = random.randrange(20000, 32768 - n)
+    try:
+        for p in range(lo, lo + n):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); s.close()
+    except OSError:
+        continue
+    print(f"{lo}-{lo + n - 1}")
+    break
+else:
+    sys.exit("no free port range")' "$1"
+}
+
+now() { date +%s.%N; }
+
+# wait_timing SECONDS AWKPROG: polls the timing file every 20 ms until the awk
+# program (run over it with tk = the kill time) exits 0.
+wait_timing() {
+    limit=$(($1 * 50)); prog=$2; i=0
+    while [ $i -lt $limit ]; do
+        [ -f "$RUN/timing" ] && awk -v tk="${tk:-0}" -v K="$KILL_AFTER" "$prog" "$RUN/timing" && return 0
+        sleep 0.02; i=$((i + 1))
+    done
+    return 1
+}
+# Every rank has finished a step (in a process started after tk, when tk > 0).
+# shellcheck disable=SC2016 # awk programs
+ALL_STEPPED='$1 == "start" && $6 > tk { new[$4] = 1 }
+    $1 == "step" && ($4 in new) && !($2 in done) { done[$2] = 1; n++ }
+    END { exit (n == 4) ? 0 : 1 }'
+# shellcheck disable=SC2016
+KILL_POINT='$1 == "step" && $2 == 3 && $5 >= K { found = 1 } END { exit found ? 0 : 1 }'
+
+# ---- the two systems -----------------------------------------------------
+# prepare_SYSTEM picks ports and writes files; start_SYSTEM only starts
+# processes, so that the launch interval holds nothing else. Each launcher
+# gets a session of its own (setsid): a Ctrl-C reaches only this script, whose
+# trap tears everything down. OMP_NUM_THREADS=1 is what torchrun and
+# muster-worker both give ranks by default (torchrun with a warning); set here
+# for the launchers' own processes as well.
+train_args() {
+    echo "$SCRIPT --steps $STEPS --step-sleep $STEP_SLEEP --ckpt-dir $RUN/ckpt --ckpt-every $CKPT_EVERY --timing-file $RUN/timing"
+}
+
+# torchrun, torch 1.13: --rdzv_backend c10d with --node_rank is accepted but
+# the c10d rendezvous assigns group ranks by arrival, so "the second node" is
+# the agent that holds ranks 2..3. Both agents name 127.0.0.1 as the endpoint,
+# so both would think they host the TCP store: is_host says which one does.
+# --redirects 1 --tee 1: Debian's torch 1.13 on Python 3.11 cannot parse the
+# default "0" (Std.from_str returns None for it: IntFlag no longer iterates
+# the zero member) and fails before starting a worker; stdout to a log file
+# and teed to the console works and changes nothing else.
+torchrun_cmd() { # NODE_RANK PORT
+    echo "$PY -m torch.distributed.run --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d" \
+        "--rdzv_endpoint 127.0.0.1:$2 --rdzv_id bench-$run --rdzv_conf is_host=$((1 - $1)) --node_rank $1" \
+        "--max_restarts 3 --monitor_interval $MONITOR --redirects 1 --tee 1 --log_dir $RUN/torchrun-logs-$1" \
+        "$(train_args)"
+}
+prepare_torchrun() {
+    port=$(free_port)
+    TORCHRUN_0=$(torchrun_cmd 0 "$port")
+    TORCHRUN_1=$(torchrun_cmd 1 "$port")
+}
+start_torchrun() {
+    # shellcheck disable=SC2086 # word splitting of the command is intended
+    OMP_NUM_THREADS=1 setsid $TORCHRUN_0 > "$RUN/torchrun-0.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 setsid $TORCHRUN_1 > "$RUN/torchrun-1.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+}
+
+# musterd and both agents start together, as the two torchruns do; an agent
+# that finds no daemon yet retries after 100 ms, and that counts.
+# --master-port-range: a range of this run's own, as torchrun picks a free
+# port of its own. With the default 29500-29999 every muster agent on the
+# machine offers the lowest free port, and a second muster job started at the
+# same time (another test) gets the same MASTER_PORT: one rank 0 fails to bind
+# it, or the ranks of one job join the other's store.
+agent_cmd() { # NODE CONTROL_PORT PORT_RANGE
+    echo "$BUILD/muster-worker --daemon 127.0.0.1:$2 --node $1 --devices cpu:2 --token-file $RUN/token" \
+        "--state-dir $RUN/agent-$1 --master-port-range $3 -- $PY $(train_args)"
+}
+prepare_muster() {
+    ctl=$(free_port); http=$(free_port); range=$(free_range 4)
+    (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$RUN/token")
+    echo "$JOB" > "$RUN/job.json"
+    MUSTERD="$BUILD/musterd --job $RUN/job.json --listen 127.0.0.1:$ctl --http 127.0.0.1:$http"
+    MUSTERD="$MUSTERD --state-dir $RUN/state --token-file $RUN/token"
+    AGENT_a=$(agent_cmd a "$ctl" "$range")
+    AGENT_b=$(agent_cmd b "$ctl" "$range")
+}
+start_muster() {
+    # shellcheck disable=SC2086
+    setsid $MUSTERD > "$RUN/musterd.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 setsid $AGENT_a > "$RUN/agent-a.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 setsid $AGENT_b > "$RUN/agent-b.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+}
+
+# ---- one measurement -----------------------------------------------------
+
+# measure SYSTEM: appends "SYSTEM a a_started b b_restarted redone
+# restart_counts new_processes" (times in seconds) to $T/results and prints
+# the run's line.
+measure() {
+    sys=$1
+    RUN=$T/$sys-$run
+    mkdir -p "$RUN"
+    tk=0
+    "prepare_$sys"
+    t0=$(now)
+    "start_$sys"
+    wait_timing "$WAIT_S" "$ALL_STEPPED" || fail "$sys run $run: not every rank finished a first step within $WAIT_S s"
+    wait_timing "$WAIT_S" "$KILL_POINT" || fail "$sys run $run: rank 3 did not reach step $KILL_AFTER"
+    victim=$(awk '$1 == "start" && $2 == 3 { p = $4 } END { print p }' "$RUN/timing")
+    tk=$(now)
+    kill -9 "$victim" || fail "$sys run $run: rank 3 (pid $victim) was gone before the kill"
+    wait_timing "$WAIT_S" "$ALL_STEPPED" || fail "$sys run $run: no step on every rank within $WAIT_S s of killing rank 3 (pid $victim)"
+    stop_system
+    awk -v sys="$sys" -v t0="$t0" -v tk="$tk" '
+        $1 == "start" { born[$4] = $6; created[$4] = ($8 > 0) ? $8 : $6
+                        if ($6 < tk) { if (created[$4] > spawn0) spawn0 = created[$4] }
+                        else { if (created[$4] > spawn1) spawn1 = created[$4]; restarts[$3] = 1; fresh++ } }
+        $1 == "step" && born[$4] < tk {
+            if (!($2 in first0) || $6 < first0[$2]) first0[$2] = $6
+            if ($6 <= tk && $5 > before) before = $5 }
+        $1 == "step" && born[$4] > tk {
+            if (!($2 in first1) || $6 < first1[$2]) { first1[$2] = $6; from[$2] = $5 - 1 } }
+        END {
+            for (r in first0) if (first0[r] > a) a = first0[r]
+            for (r in first1) { if (first1[r] > b) b = first1[r]; if (resumed == "" || from[r] < resumed) resumed = from[r] }
+            rc = ""; for (c = 0; c <= 100; c++) if (c in restarts) rc = rc (rc == "" ? "" : ",") c
+            printf "%s %.3f %.3f %.3f %.3f %d %s %d\n", sys, a - t0, spawn0 - t0, b - tk, spawn1 - tk, before - resumed, rc, fresh
+        }' "$RUN/timing" >> "$T/results"
+    tail -n 1 "$T/results" | awk -v run="$run" '{
+        printf "run %d %-8s launch %6.2f s (ranks started %5.2f s)  recovery %6.2f s (ranks restarted %5.2f s)  redone %d steps  TORCHELASTIC_RESTART_COUNT %s  new processes %d\n",
+            run, $1, $2, $3, $4, $5, $6, $7, $8 }'
+    [ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
+}
+
+echo "== torch_launch: torchrun vs muster, $SCRIPT, 2 nodes x 2 ranks on loopback, $RUNS runs," \
+    "kill rank 3 after step $KILL_AFTER, checkpoint every $CKPT_EVERY, step sleep $STEP_SLEEP s, torchrun monitor_interval $MONITOR s"
+: > "$T/results"
+run=1
+while [ $run -le "$RUNS" ]; do
+    if [ $((run % 2)) -eq 1 ]; then measure torchrun; measure muster
+    else measure muster; measure torchrun; fi
+    run=$((run + 1))
+done
+
+# ---- the table -----------------------------------------------------------
+
+# summary SYSTEM FIELD: "median min max" of one column of the results.
+summary() {
+    awk -v s="$1" -v f="$2" '$1 == s { print $f }' "$T/results" | sort -g |
+        awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[1], v[NR] }'
+}
+row() { # LABEL FIELD FORMAT
+    t=$(summary torchrun "$2"); m=$(summary muster "$2")
+    echo "$t $m" | awk -v label="$1" -v fmt="$3" '{
+        ratio = ($4 > 0) ? sprintf("%.2f", $1 / $4) : "-"
+        printf "%-46s %-25s %-25s %s\n", label, sprintf(fmt " (" fmt "-" fmt ")", $1, $2, $3),
+            sprintf(fmt " (" fmt "-" fmt ")", $4, $5, $6), ratio }'
+}
+echo
+printf '%-46s %-25s %-25s %s\n' "medians over $RUNS runs (min-max)" torchrun muster torchrun/muster
+row "(a) launch -> first step on every rank [s]" 2 "%.2f"
+row "    of which: launch -> last rank started [s]" 3 "%.2f"
+row "(b) kill -> first step after recovery [s]" 4 "%.2f"
+row "    of which: kill -> last rank restarted [s]" 5 "%.2f"
+row "(b) steps redone" 6 "%.1f"
+echo
+echo "command lines (last run; ports, run id and directories change per run):"
+echo "torchrun (node 0 and node 1):"
+echo "  OMP_NUM_THREADS=1 $TORCHRUN_0"
+echo "  OMP_NUM_THREADS=1 $TORCHRUN_1"
+echo "muster (daemon, agents a and b; job.json: $JOB):"
+echo "  $MUSTERD"
+echo "  OMP_NUM_THREADS=1 $AGENT_a"
+echo "  OMP_NUM_THREADS=1 $AGENT_b"
