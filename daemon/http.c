@@ -209,9 +209,12 @@ static int parse_uint(const char *s, size_t len, uint64_t max, uint64_t *out)
     if (len == 0 || len > 20)
         return -EINVAL;
     for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9' || (uint64_t)(s[i] - '0') > max || v > (max - (uint64_t)(s[i] - '0')) / 10)
+        if (s[i] < '0' || s[i] > '9')
             return -EINVAL;
-        v = v * 10 + (uint64_t)(s[i] - '0');
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (d > max || v > (max - d) / 10)
+            return -EINVAL;
+        v = v * 10 + d;
     }
     *out = v;
     return 0;

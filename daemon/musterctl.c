@@ -355,9 +355,9 @@ struct log_reader {
 };
 
 /*
- * GET /v1/ranks/R/log?QUERY. Returns the answer (2xx) and takes in its
- * position, or NULL with *status the HTTP status (0: musterd unreachable),
- * after saying why unless quiet.
+ * GET /v1/ranks/R/log?QUERY. Returns the answer (a 2xx log piece), or NULL
+ * with *status the HTTP status (0: musterd unreachable or a malformed
+ * answer), after saying why unless quiet.
  */
 static json_t *log_get(struct log_reader *lr, const char *query, long *status, int quiet)
 {
@@ -380,8 +380,6 @@ static json_t *log_get(struct log_reader *lr, const char *query, long *status, i
         json_decref(doc);
         doc = NULL;
         *status = 0;
-    } else if (lr->ctl->json && !quiet) {
-        printf("%s\n", r.body);
     }
     ctl_reply_free(&r);
     return doc;
@@ -401,7 +399,13 @@ static void log_print(struct log_reader *lr, json_t *doc, long long asked)
                 lr->rank, offset - (unsigned long long)asked, doc_uint(doc, "generation"));
     json_t *data = json_object_get(doc, "data");
     size_t len = json_string_length(data);
-    if (!lr->ctl->json && len > 0) {
+    if (lr->ctl->json && (len > 0 || asked < 0)) {
+        /* One object a line; a follower's empty answers are left out. */
+        char *line = json_dumps(doc, JSON_COMPACT);
+        if (line)
+            printf("%s\n", line);
+        free(line);
+    } else if (!lr->ctl->json && len > 0) {
         fwrite(json_string_value(data), 1, len, stdout);
         lr->mid_line = json_string_value(data)[len - 1] != '\n';
     }
@@ -413,13 +417,13 @@ static void log_print(struct log_reader *lr, json_t *doc, long long asked)
 }
 
 /* The next piece from where the reader stands; 0 or the HTTP status (-1: unreachable). */
-static long log_next(struct log_reader *lr, int quiet)
+static long log_next(struct log_reader *lr)
 {
     char query[128];
     long status;
     snprintf(query, sizeof(query), "generation=%llu&offset=%llu&max=65536", lr->generation, lr->next);
     long long asked = (long long)lr->next;
-    json_t *doc = log_get(lr, query, &status, quiet);
+    json_t *doc = log_get(lr, query, &status, 0);
     if (!doc)
         return status ? status : -1;
     log_print(lr, doc, asked);
@@ -452,19 +456,26 @@ static int cmd_logs(struct ctl *ctl, const char *rank, int follow, unsigned long
     log_print(&lr, doc, -1);
     json_decref(doc);
     /* A tail longer than one answer, or one that began in the older file. */
-    while (lr.next < lr.size && !interrupted)
-        if (log_next(&lr, 0) != 0)
+    while (lr.next < lr.size && !interrupted) {
+        unsigned long long before = lr.next;
+        if (log_next(&lr) != 0)
             return EXIT_FAIL;
+        if (lr.next == before)
+            break; /* no progress: what is left is for the follower's next poll */
+    }
 
     /* --follow: poll from where the last answer ended; keep going through
      * restarts of the rank and of musterd. */
     ctl->polling = 1;
+    int more = 0; /* the last answer moved on and left bytes: ask again at once */
     while (follow && !interrupted) {
-        if (lr.next >= lr.size)
+        if (!more)
             nap(LOG_POLL_MS);
         if (interrupted)
             break;
-        status = log_next(&lr, 0);
+        unsigned long long before = lr.next;
+        status = log_next(&lr);
+        more = status == 0 && lr.next > before && lr.next < lr.size;
         if (status == 0 && lr.next >= lr.size && lr.newest > lr.generation) {
             log_switch(&lr, lr.newest); /* caught up with a generation that is over */
         } else if (status == 404) {

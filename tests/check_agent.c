@@ -636,6 +636,16 @@ START_TEST(log_bytes_become_text)
     ck_assert_str_eq(d.data, "??");
     ck_assert_uint_eq(d.next_offset, 9);
     free(d.data);
+
+    /* A log that ends inside a character: sent as it is, so a reader gets to the end. */
+    ck_assert_int_eq(rank_log_open(&l, dir, 0, 1 << 20), 0);
+    rank_log_append(&l, "x\xe2\x82", 3, false);
+    rank_log_close(&l);
+    serve(0, 1, 12, 0, 100, &d);
+    ck_assert_str_eq(d.data, "x??");
+    ck_assert_uint_eq(d.next_offset, 15);
+    ck_assert_uint_eq(d.size, 15);
+    free(d.data);
 }
 END_TEST
 

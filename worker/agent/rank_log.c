@@ -271,9 +271,15 @@ static void fail(struct proto_log_data *d, enum proto_log_error error, const cha
         d->size = d->next_offset;
 }
 
-/* Reads [o, o + n) of the generation's log from the file holding o into a new d->data. */
+/*
+ * Reads [o, o + n) of the generation's log from the file holding o into a
+ * new d->data. at_line: start after the first newline (a tail); cut_short:
+ * more bytes follow in the file, so a character cut at the end waits for the
+ * next read (at the end of the file it is sent as it is: nothing may come to
+ * complete it, and the reader must not be stuck before it).
+ */
 static void read_piece(const char *dir, const struct log_span *s, uint64_t o, size_t n, bool at_line,
-                       struct proto_log_data *d)
+                       bool cut_short, struct proto_log_data *d)
 {
     const char *name = o < s->base ? RANK_LOG_OLD : RANK_LOG_FILE;
     uint64_t file_start = o < s->base ? s->start : s->base;
@@ -309,7 +315,8 @@ static void read_piece(const char *dir, const struct log_span *s, uint64_t o, si
     }
     len -= skip;
     memmove(buf, buf + skip, len);
-    len -= cut_partial_char(buf, len);
+    if (cut_short)
+        len -= cut_partial_char(buf, len);
     proto_log_sanitize(buf, len);
     d->offset = o + (skip - before);
     d->data = buf;
@@ -360,5 +367,5 @@ void rank_log_serve(const char *state_dir, const char *node, bool logs_off, cons
         o = s.start; /* rotated away: serve the oldest kept */
     uint64_t avail = (o < s.base ? s.base : s.end) - o;
     size_t n = (size_t)(avail < q->max ? avail : q->max);
-    read_piece(dir, &s, o, n, q->tail > 0, d);
+    read_piece(dir, &s, o, n, q->tail > 0, n < avail, d);
 }
