@@ -163,6 +163,9 @@ void logfetch_data(struct logfetch *lf, const char *node, const struct proto_log
     case PROTO_LOG_UNREADABLE:
         fail(lf, req, 502, "log unreadable", "node %s: %s", node, d->reason);
         return;
+    case PROTO_LOG_BUSY:
+        fail(lf, req, 503, "node busy", "%s", d->reason);
+        return;
     }
     fail(lf, req, 502, "log unreadable", "node %s answered with an unknown error", node);
 }

@@ -32,6 +32,7 @@ const char *const proto_log_error_json[PROTO_LOG_ERROR_MAX + 1] = {
     [PROTO_LOG_NO_LOG] = "no_log",
     [PROTO_LOG_BEYOND_END] = "beyond_end",
     [PROTO_LOG_UNREADABLE] = "unreadable",
+    [PROTO_LOG_BUSY] = "busy",
 };
 
 int proto_valid_name(const char *s)

@@ -115,7 +115,8 @@ enum proto_log_error {
     PROTO_LOG_NO_LOG = 1,     /* no log of that rank (and generation) on the node */
     PROTO_LOG_BEYOND_END = 2, /* offset is past the end of the log */
     PROTO_LOG_UNREADABLE = 3, /* the log exists but could not be read */
-    PROTO_LOG_ERROR_MAX = 3,
+    PROTO_LOG_BUSY = 4,       /* the node's link to the daemon is backed up: ask again */
+    PROTO_LOG_ERROR_MAX = 4,
 };
 
 enum proto_device_kind {

@@ -186,8 +186,9 @@ START_TEST(each_failure_has_its_status)
         {PROTO_LOG_NO_LOG, 404, "no log"},
         {PROTO_LOG_BEYOND_END, 416, "offset beyond the end"},
         {PROTO_LOG_UNREADABLE, 502, "log unreadable"},
+        {PROTO_LOG_BUSY, 503, "node busy"},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         struct logfetch_req *r = submit(2 + i, 0, 5, 0);
         turn();
         answer(fx.sent[i].id, "a", 0, cases[i].error, "");

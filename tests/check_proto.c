@@ -1150,6 +1150,8 @@ START_TEST(range_errors)
     ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "7", "7", "no_log", "x", "abc")), PROTO_E_RANGE);
     ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("9", "9", "9", "beyond_end", "past 9", "")), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "unreadable", "EIO", "")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "busy", "later", "")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "Busy", "later", "")), PROTO_E_RANGE);
     {
         /* Data one byte over PROTO_LOG_MAX. */
         static char big[PROTO_LOG_MAX + 400];

@@ -37,6 +37,10 @@ extern char **environ;
 /* A rank that has not spoken on its control socket this long after its start is
  * running by its process alone ("silent": step unknown, no hang detection). */
 #define RANK_SILENT_GRACE_MS 1000
+/* A log answer is refused ("busy") while this much waits to go to the daemon:
+ * log pieces (up to ~130 KiB each) must never crowd out heartbeats or fill
+ * the connection's write queue (FCONN_WRITE_QUEUE_MAX), which would drop it. */
+#define LOG_SEND_QUEUE_MAX (1u << 20)
 /* Generations whose rank directories are kept (error files, logs). */
 #define KEEP_GENERATIONS 5
 
@@ -893,6 +897,17 @@ static void on_log_request(struct agent *a, const struct proto_log_request *q)
 {
     struct proto_msg m;
     msg_init(&m, PROTO_LOG_DATA);
+    if (a->conn && a->conn->wq_bytes > LOG_SEND_QUEUE_MAX) {
+        struct proto_log_data *d = &m.u.log_data;
+        d->id = q->id;
+        d->rank = q->rank;
+        d->generation = q->generation;
+        d->error = PROTO_LOG_BUSY;
+        snprintf(d->reason, sizeof(d->reason), "node %s has %zu bytes waiting to go to musterd; ask again",
+                 a->cfg->node, a->conn->wq_bytes);
+        send_to_daemon(a, &m);
+        return;
+    }
     rank_log_serve(a->state_dir, a->cfg->node, a->cfg->log_max_bytes == 0, q, &m.u.log_data);
     log_debug("log of rank %u, generation %" PRIu64 ": %" PRIu64 "..%" PRIu64 " of %" PRIu64 " bytes%s%s", q->rank,
               m.u.log_data.generation, m.u.log_data.offset, m.u.log_data.next_offset, m.u.log_data.size,
