@@ -51,11 +51,20 @@ int cmdline_from_json(const json_t *v, char *packed, size_t cap, char *why, size
 {
     packed[0] = '\0';
     if (json_is_string(v)) {
-        if (memchr(json_string_value(v), '\0', json_string_length(v)) ||
-            cmdline_from_string(json_string_value(v), packed, cap) != 0) {
-            snprintf(why, whylen, "expected a command of 1..%d words and at most %zu bytes, got %s",
-                     CMDLINE_ARGS, cap - 2, json_string_length(v) ? "one that is too long or has a NUL byte"
-                                                                    : "an empty string");
+        const char *str = json_string_value(v);
+        size_t len = json_string_length(v), words = 0;
+        for (const char *p = str + strspn(str, " \t"); *p; p += strspn(p, " \t")) {
+            words++;
+            p += strcspn(p, " \t");
+        }
+        const char *got = memchr(str, '\0', len) ? "a string with a NUL byte"
+                          : words == 0             ? "no word"
+                          : words > CMDLINE_ARGS   ? "too many words"
+                                                   : "too many bytes";
+        if (memchr(str, '\0', len) || cmdline_from_string(str, packed, cap) != 0) {
+            snprintf(why, whylen, "expected a command of 1..%d words and at most %zu bytes, got %s (%zu words, "
+                     "%zu bytes)", CMDLINE_ARGS, cap - 2, got, words, len);
+            packed[0] = '\0';
             return -EINVAL;
         }
         return 0;

@@ -45,8 +45,8 @@ static const struct key_def keys[] = {
     {"min_nodes", KEY_INT, F(min_nodes), 0, 1024, 0, NULL,
      "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
     {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
-     "program of every rank: a string split on whitespace (no shell) or an array of strings; empty = the "
-     "agent's (--rank-cmd, worker.json, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
+     "program of every rank: a string split on whitespace (no shell) or an array of strings; absent = the "
+     "agent's (worker.json's rank_cmd, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
     {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
     {"steps", KEY_INT, F(steps), 1, 100000000, 2000, NULL, "optimizer steps to run"},

@@ -189,6 +189,9 @@ static void publish(struct daemon *d)
     char *ev = events ? json_dumps(events, JSON_COMPACT) : NULL;
     json_decref(status);
     json_decref(events);
+    if (!st || !ev)
+        log_error("internal: cannot render the %s document; REST keeps the previous one",
+                  !st ? "status" : "events");
     if (st)
         snapshot_publish(&d->snap, SNAP_STATUS, st);
     if (ev)

@@ -702,7 +702,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     else
         snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
     proto_text_sanitize(what);
-    if (rk->silent)
+    if (rk->silent || rk->last_beat_ms == 0) /* its step is unknown */
         event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
         event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
@@ -1057,14 +1057,14 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nloss++;
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                      r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
                      "step", known ? json_integer((json_int_t)step) : json_null(), "steps",
-                     known ? json_integer(r->spec->steps) : json_null(), "loss", nloss ? json_real(loss_sum / nloss) : json_null(),
-                     "tokens_per_s", tps, "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
+                     known ? json_integer(r->spec->steps) : json_null(), "loss", nloss ? num_or_null(loss_sum / nloss) : json_null(),
+                     "tokens_per_s", num_or_null(tps), "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
                      "stale_frames", (json_int_t)r->stale_frames, "last_failure", failure_json(&r->last_failure),

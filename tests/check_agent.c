@@ -397,6 +397,25 @@ START_TEST(failure_from_stderr_when_file_is_bad)
     ck_assert_str_eq(reason, "Segmentation fault");
     unlink(path);
 
+    /* Files that could stall the agent or are not the rank's: a FIFO, a symbolic link, procfs. */
+    char dir[] = "/tmp/check-agent-dir-XXXXXX", fifo[64], link_path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    rank_failure_explain(fifo, "from stderr\n", reason, sizeof(reason), detail, sizeof(detail), why, sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "is not a regular file"));
+    ck_assert_str_eq(reason, "from stderr");
+    snprintf(link_path, sizeof(link_path), "%s/link", dir);
+    ck_assert_int_eq(symlink("/dev/zero", link_path), 0);
+    rank_failure_explain(link_path, "x\n", reason, sizeof(reason), detail, sizeof(detail), why, sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "symbolic link"));
+    rank_failure_explain("/proc/self/status", "x\n", reason, sizeof(reason), detail, sizeof(detail), why,
+                         sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "is not a regular file"));
+    unlink(fifo);
+    unlink(link_path);
+    rmdir(dir);
+
     /* No file, nothing on stderr: nothing said. */
     rank_failure_explain("/nonexistent/error.json", "", reason, sizeof(reason), detail, sizeof(detail), why,
                          sizeof(why));

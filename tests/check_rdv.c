@@ -700,6 +700,25 @@ START_TEST(failure_reason_reaches_status_and_events)
 }
 END_TEST
 
+START_TEST(overflowing_sums_keep_status_valid)
+{
+    /* Finite per rank, infinite summed: the document must still render. */
+    form_running(3);
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.u.heartbeat.generation = 1;
+    m.u.heartbeat.nranks = 2;
+    for (uint32_t i = 0; i < 2; i++)
+        m.u.heartbeat.ranks[i] = (struct proto_rank_beat){.rank = i, .state = PROTO_RANK_RUNNING, .step = 5,
+                                                          .loss = 1e308, .tokens_per_s = 1.7e308};
+    rdv_message(&rdv, "a", &m, now);
+    json_t *st = rdv_status_json(&rdv, now);
+    ck_assert_ptr_nonnull(st);
+    ck_assert(json_is_null(json_object_get(st, "loss")));
+    ck_assert(json_is_null(json_object_get(st, "tokens_per_s")));
+    json_decref(st);
+}
+END_TEST
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
@@ -731,6 +750,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, no_free_port_holds_the_generation);
     tcase_add_test(tc, silent_rank_is_never_hung);
     tcase_add_test(tc, failure_reason_reaches_status_and_events);
+    tcase_add_test(tc, overflowing_sums_keep_status_valid);
     suite_add_tcase(s, tc);
     return s;
 }

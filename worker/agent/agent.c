@@ -508,7 +508,8 @@ static bool port_free(uint16_t port)
  */
 static void refresh_free_port(struct agent *a)
 {
-    uint32_t skip = a->have_assign ? a->assign.master_port : 0, found = 0;
+    /* The running generation's port, while any rank (its rank 0 among them) still lives. */
+    uint32_t skip = a->have_assign && any_running(a) ? a->assign.master_port : 0, found = 0;
     uint32_t lo = a->cfg->port_lo, span = lo ? (uint32_t)a->cfg->port_hi - lo + 1 : 0;
     if (a->free_port && a->free_port != skip && port_free((uint16_t)a->free_port)) {
         found = a->free_port;

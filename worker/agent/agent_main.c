@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "common/log.h"
 #include "common/token.h"
 #include "proto/proto.h"
@@ -236,8 +238,14 @@ int main(int argc, char **argv)
             return usage_error("%s", "give the rank command once: --rank-cmd CMD or the command after the options");
         if (cmdline_from_argv(argc - optind, argv + optind, cmd_packed, sizeof(cmd_packed)) != 0)
             return usage_error("the rank command after the options: expected 1..%d non-empty arguments", "256");
-    } else if (rank_cmd && cmdline_from_string(rank_cmd, cmd_packed, sizeof(cmd_packed)) != 0) {
-        return usage_error("%s", "--rank-cmd: expected a command, got nothing");
+    } else if (rank_cmd) {
+        json_t *v = json_string(rank_cmd);
+        char why[200] = "got a string that is not UTF-8";
+        if (!v || cmdline_from_json(v, cmd_packed, sizeof(cmd_packed), why, sizeof(why)) != 0) {
+            json_decref(v);
+            return usage_error("--rank-cmd: %s", why);
+        }
+        json_decref(v);
     }
     if (is_local && from_env)
         return usage_error("%s", "--local and --from-env are two different launchers: pick one");

@@ -61,7 +61,8 @@ static void keep_line(struct rank_output *o, const char *line, size_t len)
         memmove(o->tail, o->tail + drop, o->tail_len - drop);
         o->tail_len -= drop;
     }
-    memcpy(o->tail + o->tail_len, line, len);
+    for (size_t i = 0; i < len; i++) /* a NUL would end the kept text early */
+        o->tail[o->tail_len + i] = line[i] ? line[i] : ' ';
     o->tail_len += len;
     o->tail[o->tail_len++] = '\n';
     o->tail[o->tail_len] = '\0';
@@ -141,10 +142,24 @@ static void ctl_msg(struct fconn *c, struct proto_msg *msg)
     r->cb.on_msg(r, msg);
 }
 
+/* A few bad frames are logged; a rank that keeps sending them loses its socket
+ * (it runs on, silent), so that it cannot flood the agent's log. */
+#define BAD_FRAMES_LOGGED 3
+#define BAD_FRAMES_MAX 100
+
 static void ctl_bad(struct fconn *c, int err)
 {
     struct agent_rank *r = c->data;
-    log_warn("rank %u: ignoring a bad frame on its control socket: %s", r->rank, proto_strerror(err));
+    r->bad_frames++;
+    if (r->bad_frames <= BAD_FRAMES_LOGGED)
+        log_warn("rank %u: ignoring a bad frame on its control socket: %s%s", r->rank, proto_strerror(err),
+                 r->bad_frames == BAD_FRAMES_LOGGED ? " (further ones are counted, not logged)" : "");
+    if (r->bad_frames == BAD_FRAMES_MAX && r->ctl) {
+        log_warn("rank %u: %d bad frames on its control socket; closing it (the rank keeps running)", r->rank,
+                 BAD_FRAMES_MAX);
+        fconn_close(r->ctl);
+        r->ctl = NULL;
+    }
 }
 
 static void ctl_fail(struct fconn *c, int err, const char *why)

@@ -15,6 +15,7 @@
 #ifndef MUSTER_WORKER_AGENT_RANK_H
 #define MUSTER_WORKER_AGENT_RANK_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -61,7 +62,8 @@ struct agent_rank {
     int pid;
     uint64_t spawned_ms; /* uv_now at spawn */
     bool spoke;          /* it has sent a frame on its control socket */
-    char error_file[512]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
+    char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
+    unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
     struct rank_log log; /* its output in <rank dir>/output.log; closed at the end of both streams */
 

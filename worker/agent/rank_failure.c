@@ -1,10 +1,14 @@
 #include "worker/agent/rank_failure.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -100,24 +104,77 @@ static void compose(char *reason, size_t cap, const char *message, const char *t
     proto_text_sanitize(reason);
 }
 
+/*
+ * The error file's bytes, at most RANK_ERROR_FILE_MAX, into a malloc'd buffer.
+ * The rank (or anything it started) controls the path: it is opened without
+ * following a symbolic link and without blocking, and only a regular file
+ * outside procfs and sysfs is read, so that a FIFO, a device or /proc/kmsg
+ * can never stall the agent's event loop. -ENOENT when there is none.
+ */
+static int read_error_file(const char *path, char **out, size_t *len, char *why_not, size_t why_cap)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return -ENOENT;
+        snprintf(why_not, why_cap, "error file %s: %s", path,
+                 errno == ELOOP ? "a symbolic link (not followed)" : strerror(errno));
+        return -EINVAL;
+    }
+    struct stat st;
+    struct statfs fs;
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fstatfs(fd, &fs) != 0 ||
+        fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC) {
+        snprintf(why_not, why_cap, "error file %s is not a regular file", path);
+        rc = -EINVAL;
+    } else if (st.st_size > RANK_ERROR_FILE_MAX) {
+        snprintf(why_not, why_cap, "error file %s holds %lld bytes, more than the %d read", path,
+                 (long long)st.st_size, RANK_ERROR_FILE_MAX);
+        rc = -EFBIG;
+    }
+    char *buf = rc ? NULL : malloc(RANK_ERROR_FILE_MAX + 1);
+    size_t n = 0;
+    while (buf && n <= RANK_ERROR_FILE_MAX) {
+        ssize_t k = read(fd, buf + n, RANK_ERROR_FILE_MAX + 1 - n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    if (rc == 0 && !buf) {
+        snprintf(why_not, why_cap, "error file %s: out of memory", path);
+        return -ENOMEM;
+    }
+    if (rc == 0 && n > RANK_ERROR_FILE_MAX) { /* it grew while being read */
+        snprintf(why_not, why_cap, "error file %s holds more than the %d bytes read", path, RANK_ERROR_FILE_MAX);
+        rc = -EFBIG;
+    }
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 /* 0 when the error file gave a message; else why not (in why_not), or -ENOENT when absent. */
 static int from_error_file(const char *path, char *reason, size_t reason_cap, char *detail, size_t detail_cap,
                            char *why_not, size_t why_cap)
 {
-    struct stat st;
-    if (!path || !path[0] || stat(path, &st) != 0)
+    if (!path || !path[0])
         return -ENOENT;
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(why_not, why_cap, "error file %s is not a regular file", path);
-        return -EINVAL;
-    }
-    if (st.st_size > RANK_ERROR_FILE_MAX) {
-        snprintf(why_not, why_cap, "error file %s holds %lld bytes, more than the %d read", path,
-                 (long long)st.st_size, RANK_ERROR_FILE_MAX);
-        return -EFBIG;
-    }
+    char *bytes;
+    size_t len;
+    int rc = read_error_file(path, &bytes, &len, why_not, why_cap);
+    if (rc)
+        return rc;
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(bytes, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(bytes);
     if (!root) {
         snprintf(why_not, why_cap, "error file %s is not JSON: %s (line %d)", path, jerr.text, jerr.line);
         return -EINVAL;
@@ -128,7 +185,7 @@ static int from_error_file(const char *path, char *reason, size_t reason_cap, ch
         text = json_object_get(msg, "message");
         tb = json_object_get(json_object_get(msg, "extraInfo"), "py_callstack");
     }
-    int rc = 0;
+    rc = 0;
     if (!json_is_string(text) || json_string_length(text) == 0) {
         snprintf(why_not, why_cap, "error file %s has no \"message\" string", path);
         rc = -EINVAL;
