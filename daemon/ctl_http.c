@@ -43,6 +43,12 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *userp)
 int ctl_request(const char *base, const char *method, const char *path, const char *token,
                 struct ctl_reply *out, char *err, size_t errlen)
 {
+    return ctl_request_within(base, method, path, token, CTL_TOTAL_TIMEOUT_MS, out, err, errlen);
+}
+
+int ctl_request_within(const char *base, const char *method, const char *path, const char *token,
+                       long timeout_ms, struct ctl_reply *out, char *err, size_t errlen)
+{
     char url[2048], auth[1024], curl_err[CURL_ERROR_SIZE] = "";
     struct sink sink = {0};
     struct curl_slist *headers = NULL;
@@ -59,7 +65,7 @@ int ctl_request(const char *base, const char *method, const char *path, const ch
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, CTL_CONNECT_TIMEOUT_MS);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, CTL_TOTAL_TIMEOUT_MS);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, curl_err);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &sink);

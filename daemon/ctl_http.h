@@ -1,6 +1,6 @@
 /*
  * ctl_http: musterctl's one way to talk to musterd, a bounded libcurl
- * request (connect 2 s, total 5 s, body at most 16 MiB).
+ * request (connect 2 s, total 5 s unless said otherwise, body at most 16 MiB).
  */
 #ifndef MUSTER_CTL_HTTP_H
 #define MUSTER_CTL_HTTP_H
@@ -20,6 +20,9 @@ struct ctl_reply {
  */
 int ctl_request(const char *base, const char *method, const char *path, const char *token,
                 struct ctl_reply *out, char *err, size_t errlen);
+/* Like ctl_request, with a total timeout of timeout_ms (a request that waits on a node). */
+int ctl_request_within(const char *base, const char *method, const char *path, const char *token,
+                       long timeout_ms, struct ctl_reply *out, char *err, size_t errlen);
 void ctl_reply_free(struct ctl_reply *r);
 
 #endif

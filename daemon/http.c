@@ -35,12 +35,24 @@ struct http_server {
     http_admin_fn admin;
     void *ctx;
     char *admin_token; /* NULL: admin disabled */
+    http_log_fn log;
+    void *log_ctx;
     uint16_t port;
+};
+
+/* A log request's way through the connection (suspended while the loop fetches). */
+enum log_state {
+    LOG_NONE,    /* not a log request, or not yet handed over */
+    LOG_WAITING, /* handed to the loop; the connection is suspended */
+    LOG_DONE,    /* answered (lr.status, lr.body); the connection is resumed */
 };
 
 /* Per-request state, kept in MHD's con_cls from the first call to the last. */
 struct request {
     size_t body_len;
+    struct MHD_Connection *conn;
+    enum log_state log_state; /* set to LOG_DONE by the loop, read after the resume */
+    struct logfetch_req lr;
 };
 
 /* ---- responses ---------------------------------------------------------- */
@@ -183,6 +195,122 @@ static enum MHD_Result get_dashboard(struct http_server *srv, struct MHD_Connect
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+/* ---- rank logs ------------------------------------------------------------ */
+
+#define LOG_PREFIX "/v1/ranks/"
+#define LOG_SUFFIX "/log"
+
+/* Decimal digits only, no sign, at most max; 0 or -EINVAL. */
+static int parse_uint(const char *s, size_t len, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (len == 0 || len > 20)
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -EINVAL;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (d > max || v > (max - d) / 10)
+            return -EINVAL;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The query parameters of a log request, checked one by one. */
+struct log_query {
+    struct logfetch_req *lr;
+    unsigned seen; /* bit per parameter */
+    char error[200];
+};
+
+static const struct {
+    const char *name;
+    uint64_t min, max;
+    const char *expect;
+} log_params[] = {
+    {"offset", 0, PROTO_U64_MAX, "a byte offset 0..9007199254740991"},
+    {"tail", 1, UINT32_MAX, "a number of bytes 1..4294967295"},
+    {"max", 1, PROTO_LOG_MAX, "a number of bytes 1..65536"},
+    {"generation", 0, PROTO_U64_MAX, "a generation (0 = the newest)"},
+};
+
+static enum MHD_Result log_query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct log_query *q = cls;
+    size_t i = 0, n = sizeof(log_params) / sizeof(log_params[0]);
+    while (i < n && strcmp(key, log_params[i].name) != 0)
+        i++;
+    if (i == n) {
+        snprintf(q->error, sizeof(q->error), "unknown parameter '%.40s' (offset, tail, max, generation)", key);
+        return MHD_NO;
+    }
+    if (q->seen & (1u << i)) {
+        snprintf(q->error, sizeof(q->error), "%s: given twice", key);
+        return MHD_NO;
+    }
+    q->seen |= 1u << i;
+    uint64_t v;
+    if (!value || parse_uint(value, strlen(value), log_params[i].max, &v) != 0 || v < log_params[i].min) {
+        snprintf(q->error, sizeof(q->error), "%s: expected %s, got '%.40s'", key, log_params[i].expect,
+                 value ? value : "");
+        return MHD_NO;
+    }
+    switch (i) {
+    case 0: q->lr->offset = v; break;
+    case 1: q->lr->tail = (uint32_t)v; break;
+    case 2: q->lr->max = (uint32_t)v; break;
+    default: q->lr->generation = v; break;
+    }
+    return MHD_YES;
+}
+
+/* The loop's answer is in: let MHD call on_request again (any thread). */
+static void log_done(struct logfetch_req *lr)
+{
+    struct request *rq = lr->data;
+    rq->log_state = LOG_DONE;
+    MHD_resume_connection(rq->conn);
+}
+
+static enum MHD_Result get_rank_log(struct http_server *srv, struct MHD_Connection *c, struct request *rq,
+                                    const char *rank_text, size_t rank_len)
+{
+    if (rq->log_state == LOG_DONE) {
+        char *body = rq->lr.body;
+        rq->lr.body = NULL;
+        return reply(c, rq->lr.status, CT_JSON, body, NULL);
+    }
+    uint64_t rank;
+    if (parse_uint(rank_text, rank_len, UINT32_MAX, &rank) != 0) {
+        char detail[128];
+        snprintf(detail, sizeof(detail), "'%.*s' is not a rank (0..4294967295)", (int)(rank_len > 40 ? 40 : rank_len),
+                 rank_text);
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "invalid rank", detail, NULL);
+    }
+    memset(&rq->lr, 0, sizeof(rq->lr));
+    rq->lr.rank = (uint32_t)rank;
+    rq->lr.max = PROTO_LOG_MAX;
+    struct log_query q = {.lr = &rq->lr};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, log_query_arg, &q);
+    if (!q.error[0] && rq->lr.tail && (q.seen & 1u))
+        snprintf(q.error, sizeof(q.error), "give offset or tail, not both");
+    if (q.error[0])
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "invalid query", q.error, NULL);
+    if (!srv->log)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "logs unavailable",
+                           "this server does not serve rank logs", NULL);
+    rq->conn = c;
+    rq->lr.done = log_done;
+    rq->lr.data = rq;
+    rq->log_state = LOG_WAITING;
+    /* Suspended first: the answer may come (and resume it) before this returns. */
+    MHD_suspend_connection(c);
+    srv->log(srv->log_ctx, &rq->lr);
+    return MHD_YES;
 }
 
 /* ---- admin endpoints ---------------------------------------------------- */
@@ -334,7 +462,7 @@ static const struct {
 #define DRAIN_PREFIX "/v1/nodes/"
 #define DRAIN_SUFFIX "/drain"
 
-static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *c,
+static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *c, struct request *rq,
                                 const char *url, const char *method)
 {
     int is_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
@@ -353,7 +481,17 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
                                      "this endpoint takes POST", "POST");
     }
 
-    size_t len = strlen(url), pre = strlen(DRAIN_PREFIX), suf = strlen(DRAIN_SUFFIX);
+    size_t len = strlen(url), pre = strlen(LOG_PREFIX), suf = strlen(LOG_SUFFIX);
+    if (len > pre + suf && strncmp(url, LOG_PREFIX, pre) == 0 && strcmp(url + len - suf, LOG_SUFFIX) == 0 &&
+        !memchr(url + pre, '/', len - pre - suf)) {
+        if (!is_get)
+            return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
+                               "this endpoint takes GET", "GET, HEAD");
+        return get_rank_log(srv, c, rq, url + pre, len - pre - suf);
+    }
+
+    pre = strlen(DRAIN_PREFIX);
+    suf = strlen(DRAIN_SUFFIX);
     if (len >= pre + suf && strncmp(url, DRAIN_PREFIX, pre) == 0 &&
         strcmp(url + len - suf, DRAIN_SUFFIX) == 0) {
         if (!is_post)
@@ -362,7 +500,8 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
         return admin(srv, c, HTTP_ADMIN_DRAIN, url + pre, len - pre - suf);
     }
     return reply_error(c, MHD_HTTP_NOT_FOUND, "not found",
-                       "see GET /v1/status, /v1/nodes, /v1/ranks, /v1/events, /metrics, /healthz",
+                       "see GET /v1/status, /v1/nodes, /v1/ranks, /v1/ranks/{rank}/log, /v1/events, "
+                       "/metrics, /healthz",
                        NULL);
 }
 
@@ -392,13 +531,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return rq->body_len > HTTP_BODY_LIMIT ? MHD_NO : MHD_YES;
     }
-    return dispatch(srv, c, url, method);
+    return dispatch(srv, c, rq, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    free(*con_cls);
+    struct request *rq = *con_cls;
+    if (rq)
+        free(rq->lr.body); /* an answer never sent: the connection closed first */
+    free(rq);
     *con_cls = NULL;
 }
 
@@ -475,6 +617,8 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
     srv->snap = snap;
     srv->admin = admin_fn;
     srv->ctx = ctx;
+    srv->log = cfg->log;
+    srv->log_ctx = cfg->log_ctx;
     if (cfg->admin_token && !(srv->admin_token = strdup(cfg->admin_token))) {
         free(srv);
         snprintf(err, errlen, "out of memory");
@@ -483,7 +627,9 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
 
     errno = 0;
     srv->mhd = MHD_start_daemon(
-        MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, cfg->port, NULL,
+        MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+            MHD_ALLOW_SUSPEND_RESUME, /* log requests wait for the loop's answer */
+        cfg->port, NULL,
         NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_CONNECTION_TIMEOUT_S,

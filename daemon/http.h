@@ -7,6 +7,9 @@
  *   GET  /v1/nodes             {"nodes": [...]} taken from SNAP_STATUS
  *   GET  /v1/ranks             {"ranks": [...]} taken from SNAP_STATUS
  *   GET  /v1/events            SNAP_EVENTS
+ *   GET  /v1/ranks/{rank}/log  a piece of a rank's output log, fetched from its
+ *                              node by the loop (daemon/logfetch.h): the
+ *                              connection is suspended until the answer comes
  *   GET  /metrics              Prometheus text exposition, from SNAP_STATUS
  *   GET  /                     the dashboard (HTML + JS polling /v1/status)
  *   POST /v1/job/stop          admin: "Authorization: Bearer <admin token>"
@@ -20,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/logfetch.h"
 #include "daemon/snapshot.h"
 
 enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN };
@@ -31,10 +35,18 @@ enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN }
  */
 typedef void (*http_admin_fn)(void *ctx, enum http_admin_action action, const char *node);
 
+/*
+ * Called on the HTTP thread for a valid log request; hands it to the loop
+ * (logfetch_submit) and returns. req->done runs exactly once, on any thread.
+ */
+typedef void (*http_log_fn)(void *ctx, struct logfetch_req *req);
+
 struct http_config {
     const char *addr;        /* IPv4 address to bind, e.g. "127.0.0.1" */
     uint16_t port;           /* 0 = pick a free port (see http_port) */
     const char *admin_token; /* NULL: admin endpoints answer 403 */
+    http_log_fn log;         /* NULL: rank logs answer 503 */
+    void *log_ctx;
 };
 
 struct http_server;

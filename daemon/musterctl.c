@@ -56,6 +56,11 @@ static void usage(FILE *f)
           "  events [--follow]   recent events; --follow keeps printing new ones\n"
           "  watch               redraw the status every second (Ctrl-C stops); into a\n"
           "                      pipe or file, one line per change; ends with the job\n"
+          "  logs RANK [-f|--follow] [--generation G] [--tail BYTES]\n"
+          "                      a rank's output (stdout and stderr) from its node: the\n"
+          "                      last BYTES (default 65536) of the newest generation, or\n"
+          "                      of generation G; --follow prints new lines as they come\n"
+          "                      and goes on into the next generation after a restart\n"
           "  stop                stop the job (admin)\n"
           "  restart             restart the job in a new generation (admin)\n"
           "  drain NODE          take NODE out of the job (admin)\n"
@@ -333,6 +338,159 @@ static int cmd_watch(struct ctl *ctl)
     return rc;
 }
 
+/* ---- logs --------------------------------------------------------------- */
+
+#define LOG_TIMEOUT_MS 8000L /* musterd gives the rank's node 5 s to answer */
+#define LOG_POLL_MS 500
+#define LOG_TAIL_DEFAULT 65536ULL
+
+struct log_reader {
+    struct ctl *ctl;
+    const char *rank;
+    unsigned long long generation; /* being read */
+    unsigned long long next;       /* offset to ask for next */
+    unsigned long long size;       /* bytes in that generation at the last answer */
+    unsigned long long newest;     /* newest generation the rank's node has */
+    int mid_line;                  /* the last byte printed was not a newline */
+};
+
+/*
+ * GET /v1/ranks/R/log?QUERY. Returns the answer (a 2xx log piece), or NULL
+ * with *status the HTTP status (0: musterd unreachable or a malformed
+ * answer), after saying why unless quiet.
+ */
+static json_t *log_get(struct log_reader *lr, const char *query, long *status, int quiet)
+{
+    char path[256], err[1400];
+    struct ctl_reply r;
+    snprintf(path, sizeof(path), "/v1/ranks/%s/log?%s", lr->rank, query);
+    *status = 0;
+    if (ctl_request_within(lr->ctl->server, "GET", path, NULL, LOG_TIMEOUT_MS, &r, err, sizeof(err)) != 0) {
+        if (!quiet)
+            report(lr->ctl, err);
+        return NULL;
+    }
+    *status = r.status;
+    json_t *doc = r.status >= 200 && r.status <= 299 ? json_loads(r.body, 0, NULL) : NULL;
+    if (r.status < 200 || r.status > 299) {
+        if (!quiet)
+            print_http_error(lr->ctl, &r);
+    } else if (!json_is_string(json_object_get(doc, "data"))) {
+        fprintf(stderr, "musterctl: %s%s answered something that is not a log piece\n", lr->ctl->server, path);
+        json_decref(doc);
+        doc = NULL;
+        *status = 0;
+    }
+    ctl_reply_free(&r);
+    return doc;
+}
+
+static unsigned long long doc_uint(const json_t *doc, const char *key)
+{
+    return (unsigned long long)json_integer_value(json_object_get(doc, key));
+}
+
+/* Prints a piece and moves the reader past it. asked: the offset asked for, or -1 for a tail. */
+static void log_print(struct log_reader *lr, json_t *doc, long long asked)
+{
+    unsigned long long offset = doc_uint(doc, "offset");
+    if (asked >= 0 && offset > (unsigned long long)asked)
+        fprintf(stderr, "musterctl: rank %s: %llu bytes of generation %llu were rotated away before they were read\n",
+                lr->rank, offset - (unsigned long long)asked, doc_uint(doc, "generation"));
+    json_t *data = json_object_get(doc, "data");
+    size_t len = json_string_length(data);
+    if (lr->ctl->json && (len > 0 || asked < 0)) {
+        /* One object a line; a follower's empty answers are left out. */
+        char *line = json_dumps(doc, JSON_COMPACT);
+        if (line)
+            printf("%s\n", line);
+        free(line);
+    } else if (!lr->ctl->json && len > 0) {
+        fwrite(json_string_value(data), 1, len, stdout);
+        lr->mid_line = json_string_value(data)[len - 1] != '\n';
+    }
+    fflush(stdout);
+    lr->generation = doc_uint(doc, "generation");
+    lr->next = doc_uint(doc, "next_offset");
+    lr->size = doc_uint(doc, "size");
+    lr->newest = doc_uint(doc, "newest_generation");
+}
+
+/* The next piece from where the reader stands; 0 or the HTTP status (-1: unreachable). */
+static long log_next(struct log_reader *lr)
+{
+    char query[128];
+    long status;
+    snprintf(query, sizeof(query), "generation=%llu&offset=%llu&max=65536", lr->generation, lr->next);
+    long long asked = (long long)lr->next;
+    json_t *doc = log_get(lr, query, &status, 0);
+    if (!doc)
+        return status ? status : -1;
+    log_print(lr, doc, asked);
+    json_decref(doc);
+    return 0;
+}
+
+/* A restart: the newer generation's log, from its start. */
+static void log_switch(struct log_reader *lr, unsigned long long generation)
+{
+    if (!lr->ctl->json) {
+        printf("%s--- rank %s, generation %llu ---\n", lr->mid_line ? "\n" : "", lr->rank, generation);
+        fflush(stdout);
+    }
+    lr->mid_line = 0;
+    lr->generation = generation;
+    lr->next = 0;
+}
+
+static int cmd_logs(struct ctl *ctl, const char *rank, int follow, unsigned long long generation,
+                    unsigned long long tail)
+{
+    struct log_reader lr = {.ctl = ctl, .rank = rank};
+    char query[128];
+    long status;
+    snprintf(query, sizeof(query), "generation=%llu&tail=%llu&max=65536", generation, tail);
+    json_t *doc = log_get(&lr, query, &status, 0);
+    if (!doc)
+        return EXIT_FAIL;
+    log_print(&lr, doc, -1);
+    json_decref(doc);
+    /* A tail longer than one answer, or one that began in the older file. */
+    while (lr.next < lr.size && !interrupted) {
+        unsigned long long before = lr.next;
+        if (log_next(&lr) != 0)
+            return EXIT_FAIL;
+        if (lr.next == before)
+            break; /* no progress: what is left is for the follower's next poll */
+    }
+
+    /* --follow: poll from where the last answer ended; keep going through
+     * restarts of the rank and of musterd. */
+    ctl->polling = 1;
+    int more = 0; /* the last answer moved on and left bytes: ask again at once */
+    while (follow && !interrupted) {
+        if (!more)
+            nap(LOG_POLL_MS);
+        if (interrupted)
+            break;
+        unsigned long long before = lr.next;
+        status = log_next(&lr);
+        more = status == 0 && lr.next > before && lr.next < lr.size;
+        if (status == 0 && lr.next >= lr.size && lr.newest > lr.generation) {
+            log_switch(&lr, lr.newest); /* caught up with a generation that is over */
+        } else if (status == 404) {
+            /* Its node lost that generation's log (pruned, or the rank moved): the newest one. */
+            snprintf(query, sizeof(query), "generation=0&offset=0&max=1");
+            doc = log_get(&lr, query, &status, 1);
+            unsigned long long newest = doc ? doc_uint(doc, "generation") : 0;
+            json_decref(doc);
+            if (newest > lr.generation)
+                log_switch(&lr, newest);
+        }
+    }
+    return EXIT_OK;
+}
+
 /* ---- admin commands ----------------------------------------------------- */
 
 /* Token from --admin-token-file, else $MUSTER_ADMIN_TOKEN; returns an exit code. */
@@ -438,6 +596,22 @@ static int cmd_token_new(const char *path, int force)
 
 /* ---- arguments ---------------------------------------------------------- */
 
+/* Decimal digits only, at most max; 0 or -1. */
+static int parse_count(const char *s, unsigned long long max, unsigned long long *out)
+{
+    unsigned long long v = 0;
+    if (!*s || strlen(s) > 20)
+        return -1;
+    for (; *s; s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (*s < '0' || *s > '9' || v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
 /* Value of "--name VALUE" or "--name=VALUE" at argv[*i]; NULL if not this option. */
 static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
 {
@@ -461,6 +635,7 @@ int main(int argc, char **argv)
     const char *server = getenv("MUSTER_SERVER");
     char *args[8];
     int nargs = 0, follow = 0, force = 0;
+    const char *generation_arg = NULL, *tail_arg = NULL;
 
     /* Options may come before or after the command. */
     for (int i = 1; i < argc; i++) {
@@ -482,6 +657,10 @@ int main(int argc, char **argv)
             server = v;
         } else if ((v = option_value(argc, argv, &i, "--admin-token-file", &missing))) {
             ctl.token_file = v;
+        } else if ((v = option_value(argc, argv, &i, "--generation", &missing))) {
+            generation_arg = v;
+        } else if ((v = option_value(argc, argv, &i, "--tail", &missing))) {
+            tail_arg = v;
         } else if (missing) {
             return usage_error("option '%s' needs a value", argv[i]);
         } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
@@ -510,13 +689,23 @@ int main(int argc, char **argv)
         want_args = 2;
     else if (strcmp(cmd, "token") == 0)
         want_args = 3;
-    if (follow && strcmp(cmd, "events") != 0)
-        return usage_error("--follow only goes with 'events'%s", "");
+    else if (strcmp(cmd, "logs") == 0)
+        want_args = 2;
+    if (follow && strcmp(cmd, "events") != 0 && strcmp(cmd, "logs") != 0)
+        return usage_error("--follow only goes with 'events' and 'logs'%s", "");
+    if ((generation_arg || tail_arg) && strcmp(cmd, "logs") != 0)
+        return usage_error("%s only goes with 'logs'", generation_arg ? "--generation" : "--tail");
+    unsigned long long generation = 0, tail = LOG_TAIL_DEFAULT;
+    if (generation_arg && parse_count(generation_arg, 9007199254740991ULL, &generation) != 0)
+        return usage_error("--generation: expected a generation (1, 2, ...; 0 = the newest), got '%s'",
+                           generation_arg);
+    if (tail_arg && (parse_count(tail_arg, 4294967295ULL, &tail) != 0 || tail == 0))
+        return usage_error("--tail: expected a number of bytes 1..4294967295, got '%s'", tail_arg);
     if (force && strcmp(cmd, "token") != 0)
         return usage_error("--force only goes with 'token new'%s", "");
 
     static const char *const known[] = {"status", "nodes", "ranks", "events", "watch",
-                                        "stop", "restart", "drain", "token"};
+                                        "stop", "restart", "drain", "token", "logs"};
     int is_known = 0;
     for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
         is_known |= strcmp(cmd, known[k]) == 0;
@@ -527,6 +716,8 @@ int main(int argc, char **argv)
             return usage_error("%s", "usage: musterctl drain NODE");
         if (strcmp(cmd, "token") == 0)
             return usage_error("%s", "usage: musterctl token new FILE [--force]");
+        if (strcmp(cmd, "logs") == 0)
+            return usage_error("%s", "usage: musterctl logs RANK [-f] [--generation G] [--tail BYTES]");
         return usage_error("'%s' takes no arguments", cmd);
     }
 
@@ -535,6 +726,9 @@ int main(int argc, char **argv)
             return usage_error("unknown token command '%s' (expected 'new')", args[1]);
         return cmd_token_new(args[2], force);
     }
+    unsigned long long rank;
+    if (strcmp(cmd, "logs") == 0 && parse_count(args[1], 4294967295ULL, &rank) != 0)
+        return usage_error("'%s' is not a rank (0, 1, 2, ...)", args[1]);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -553,6 +747,8 @@ int main(int argc, char **argv)
         rc = cmd_events(&ctl, follow);
     } else if (strcmp(cmd, "watch") == 0) {
         rc = cmd_watch(&ctl);
+    } else if (strcmp(cmd, "logs") == 0) {
+        rc = cmd_logs(&ctl, args[1], follow, generation, tail);
     } else if (strcmp(cmd, "stop") == 0) {
         rc = cmd_admin(&ctl, "/v1/job/stop");
     } else if (strcmp(cmd, "restart") == 0) {

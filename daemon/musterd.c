@@ -1,7 +1,8 @@
 /*
  * musterd: the coordinator. One libuv loop owns all state (rdv + server);
  * the REST thread sees it only through the published snapshot, and admin
- * requests come back into the loop through a locked queue and uv_async.
+ * requests and rank log requests come back into the loop through a locked
+ * queue and uv_async each.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,6 +21,7 @@
 #include "common/notify.h"
 #include "common/token.h"
 #include "daemon/http.h"
+#include "daemon/logfetch.h"
 #include "daemon/musterd_config.h"
 #include "daemon/rdv.h"
 #include "daemon/server.h"
@@ -42,6 +44,7 @@ struct daemon {
     char status_line[160]; /* last STATUS= sent to systemd */
     uv_signal_t sigterm, sigint;
     uv_async_t admin_async;
+    struct logfetch logfetch; /* GET /v1/ranks/{rank}/log */
     struct rdv rdv;
     struct server *server;
     struct http_server *http;
@@ -124,6 +127,48 @@ static void ops_disconnect(void *ctx, const char *node, const char *why)
     server_disconnect(d->server, node, why);
 }
 
+/* ---- rank logs -------------------------------------------------------- */
+
+/* The node holding rank in the current generation's layout. */
+static int locate_rank(void *ctx, uint32_t rank, char node[PROTO_NAME_MAX], bool *connected, char *why,
+                       size_t cap)
+{
+    struct daemon *d = ctx;
+    const struct rdv *r = &d->rdv;
+    if (r->world_size == 0) {
+        snprintf(why, cap, "the job has no ranks yet (it is %s)", rdv_job_state_name(r->state));
+        return -ENOENT;
+    }
+    if (rank >= r->world_size) {
+        snprintf(why, cap, "rank %u is not in generation %llu, which has ranks 0..%u", rank,
+                 (unsigned long long)r->generation, r->world_size - 1);
+        return -ENOENT;
+    }
+    const struct rdv_node *nd = &r->nodes[r->ranks[rank].node];
+    snprintf(node, PROTO_NAME_MAX, "%s", nd->name);
+    *connected = nd->state == RDV_NODE_JOINED;
+    return 0;
+}
+
+static void on_log_data(void *ctx, const char *node, const struct proto_log_data *ld)
+{
+    struct daemon *d = ctx;
+    logfetch_data(&d->logfetch, node, ld);
+}
+
+static void on_node_gone(void *ctx, const char *node)
+{
+    struct daemon *d = ctx;
+    logfetch_node_lost(&d->logfetch, node);
+}
+
+/* HTTP thread: queue only. */
+static void log_from_http(void *ctx, struct logfetch_req *req)
+{
+    struct daemon *d = ctx;
+    logfetch_submit(&d->logfetch, req);
+}
+
 /* ---- loop work ------------------------------------------------------- */
 
 static void persist_state(struct daemon *d)
@@ -192,6 +237,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = uv_now(&d->loop);
     server_tick(d->server);
     rdv_tick(&d->rdv, now);
+    logfetch_tick(&d->logfetch, now);
     flush_changes(d);
     if (d->exit_on_end && rdv_terminal(&d->rdv)) {
         /* The job is over and so is this daemon: agents shut down with it,
@@ -267,6 +313,8 @@ static void begin_shutdown(struct daemon *d)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->admin_async, NULL);
+    /* Before the server: every log request waiting on a node is answered now. */
+    logfetch_close(&d->logfetch);
     server_close(d->server);
 }
 
@@ -418,7 +466,8 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len};
+    struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len,
+                                 .log_data = on_log_data, .node_gone = on_node_gone, .hook_ctx = &d};
     rc = server_start(&d.server, &d.loop, &scfg, &d.rdv, err, sizeof(err));
     if (rc != 0) {
         log_error("%s", err);
@@ -429,17 +478,30 @@ int main(int argc, char **argv)
         }
         return 1;
     }
-    /* Admin requests can arrive as soon as the REST port serves: their way in comes first. */
+    /* Admin and log requests can arrive as soon as the REST port serves: their ways in come first. */
     uv_async_init(&d.loop, &d.admin_async, on_admin);
     d.admin_async.data = &d;
-    struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL};
-    rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
+    struct logfetch_ops lops = {.ctx = &d, .locate = locate_rank, .send = ops_send};
+    rc = logfetch_init(&d.logfetch, &d.loop, &lops);
     if (rc != 0) {
-        log_error("%s", err);
+        log_error("cannot set up rank log requests: %s", uv_strerror(rc));
         uv_close((uv_handle_t *)&d.admin_async, NULL);
         server_close(d.server);
         uv_run(&d.loop, UV_RUN_DEFAULT);
         server_free(d.server);
+        return 1;
+    }
+    struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL,
+                               .log = log_from_http, .log_ctx = &d};
+    rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
+    if (rc != 0) {
+        log_error("%s", err);
+        uv_close((uv_handle_t *)&d.admin_async, NULL);
+        logfetch_close(&d.logfetch);
+        server_close(d.server);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        server_free(d.server);
+        logfetch_destroy(&d.logfetch);
         return 1;
     }
     uv_timer_init(&d.loop, &d.tick);
@@ -464,6 +526,7 @@ int main(int argc, char **argv)
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
     http_stop(d.http);
+    logfetch_destroy(&d.logfetch);
     server_free(d.server);
     rdv_free(&d.rdv);
     snapshot_destroy(&d.snap);

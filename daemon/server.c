@@ -47,6 +47,9 @@ struct server {
     unsigned nconns;
     struct conn *joining; /* during rdv_join: the connection being admitted */
     int closing_all;      /* server_close ran: rdv is no longer told anything */
+    void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
+    void (*node_gone)(void *ctx, const char *node);
+    void *hook_ctx;
 };
 
 struct write_req {
@@ -163,6 +166,8 @@ static void conn_close(struct conn *c, const char *why, int tell_rdv)
     }
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 told:
+    if (joined && c->srv->node_gone)
+        c->srv->node_gone(c->srv->hook_ctx, c->node);
     if (joined && tell_rdv)
         rdv_disconnected(c->srv->rdv, c->node, why, uv_now(c->srv->loop));
 }
@@ -252,6 +257,10 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
         case PROTO_RANK_EXIT:
         case PROTO_ERROR:
             rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
+            return;
+        case PROTO_LOG_DATA:
+            if (c->srv->log_data)
+                c->srv->log_data(c->srv->hook_ctx, c->node, &m->u.log_data);
             return;
         default: {
             struct proto_msg e = {.type = PROTO_ERROR};
@@ -418,6 +427,9 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     }
     memcpy(s->token, cfg->token, cfg->token_len);
     s->token_len = cfg->token_len;
+    s->log_data = cfg->log_data;
+    s->node_gone = cfg->node_gone;
+    s->hook_ctx = cfg->hook_ctx;
     if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
         snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);
         free(s->token);

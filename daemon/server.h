@@ -26,6 +26,12 @@ struct server_config {
     uint16_t port;        /* 0 = any free port (see server_port) */
     const uint8_t *token; /* cluster token (may be empty) */
     size_t token_len;
+    /* Rank logs (daemon/logfetch.h) are none of rdv's business: LOG_DATA
+     * from a joined node goes to log_data, and node_gone hears of every
+     * joined node's connection that closes (NULL: neither). */
+    void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
+    void (*node_gone)(void *ctx, const char *node);
+    void *hook_ctx;
 };
 
 struct server;

@@ -27,6 +27,14 @@ const char *const proto_command_json[PROTO_CMD_MAX + 1] = {
     [PROTO_CMD_CHECKPOINT] = "checkpoint",
 };
 
+const char *const proto_log_error_json[PROTO_LOG_ERROR_MAX + 1] = {
+    [PROTO_LOG_OK] = "",
+    [PROTO_LOG_NO_LOG] = "no_log",
+    [PROTO_LOG_BEYOND_END] = "beyond_end",
+    [PROTO_LOG_UNREADABLE] = "unreadable",
+    [PROTO_LOG_BUSY] = "busy",
+};
+
 int proto_valid_name(const char *s)
 {
     size_t n;
@@ -115,6 +123,24 @@ static int valid_utf8(const char *s, size_t cap)
     return 1;
 }
 
+/* Log text: at most max bytes of UTF-8 with no control character but
+ * newline and tab (what proto_text_sanitize leaves). */
+static int valid_log_text(const char *s, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strnlen(s, max + 1);
+
+    if (n > max)
+        return 0;
+    for (size_t i = 0, k; i < n; i += k) {
+        if ((k = utf8_seq(p + i, n - i)) == 0)
+            return 0;
+        if (k == 1 && p[i] < 0x20 && p[i] != '\n' && p[i] != '\t')
+            return 0;
+    }
+    return 1;
+}
+
 void proto_text_sanitize(char *s)
 {
     unsigned char *p = (unsigned char *)s;
@@ -129,6 +155,15 @@ void proto_text_sanitize(char *s)
             p[i] = ' ';
         }
     }
+}
+
+void proto_log_sanitize(char *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    buf[len] = '\0';
+    proto_text_sanitize(buf);
 }
 
 static int check_hello(const struct proto_hello *h)
@@ -220,6 +255,34 @@ static int check_rank_exit(const struct proto_rank_exit *e)
     return 0;
 }
 
+/* One way to read: from an offset, or the tail. */
+static int check_log_request(const struct proto_log_request *q)
+{
+    if (q->generation > PROTO_U64_MAX || q->offset > PROTO_U64_MAX ||
+        q->max < 1 || q->max > PROTO_LOG_MAX || (q->tail > 0 && q->offset != 0))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+/* next_offset is offset plus the bytes carried, within what was written;
+ * an error carries no bytes and says why. */
+static int check_log_data(const struct proto_log_data *d)
+{
+    const char *data = d->data ? d->data : "";
+
+    if (d->generation > PROTO_U64_MAX || d->newest > PROTO_U64_MAX ||
+        d->offset > PROTO_U64_MAX || d->next_offset > PROTO_U64_MAX ||
+        d->size > PROTO_U64_MAX || (unsigned int)d->error > PROTO_LOG_ERROR_MAX ||
+        !valid_utf8(d->reason, sizeof(d->reason)) || !valid_log_text(data, PROTO_LOG_MAX))
+        return PROTO_E_RANGE;
+    if (d->next_offset < d->offset || d->next_offset - d->offset != strlen(data) ||
+        d->next_offset > d->size)
+        return PROTO_E_RANGE;
+    if (d->error != PROTO_LOG_OK && (data[0] != '\0' || d->reason[0] == '\0'))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
 int proto_check(const struct proto_msg *m)
 {
     switch (m->type) {
@@ -244,6 +307,8 @@ int proto_check(const struct proto_msg *m)
     case PROTO_ERROR:
         return check_code_reason(m->u.error.code, sizeof(m->u.error.code),
                                  m->u.error.reason, sizeof(m->u.error.reason));
+    case PROTO_LOG_REQUEST: return check_log_request(&m->u.log_request);
+    case PROTO_LOG_DATA: return check_log_data(&m->u.log_data);
     }
     return PROTO_E_TYPE;
 }
@@ -277,7 +342,8 @@ const char *proto_type_name(enum proto_type type)
         [PROTO_REJECT] = "REJECT",       [PROTO_ASSIGN] = "ASSIGN",
         [PROTO_UNIQUE_ID] = "UNIQUE_ID", [PROTO_HEARTBEAT] = "HEARTBEAT",
         [PROTO_RANK_EXIT] = "RANK_EXIT", [PROTO_COMMAND] = "COMMAND",
-        [PROTO_ERROR] = "ERROR",
+        [PROTO_ERROR] = "ERROR",         [PROTO_LOG_REQUEST] = "LOG_REQUEST",
+        [PROTO_LOG_DATA] = "LOG_DATA",
     };
 
     if ((unsigned int)type > PROTO_TYPE_MAX || !names[type])
@@ -297,4 +363,11 @@ const char *proto_command_name(enum proto_command cmd)
     if ((unsigned int)cmd > PROTO_CMD_MAX || !proto_command_json[cmd])
         return "unknown";
     return proto_command_json[cmd];
+}
+
+const char *proto_log_error_name(enum proto_log_error err)
+{
+    if ((unsigned int)err > PROTO_LOG_ERROR_MAX)
+        return "unknown";
+    return err == PROTO_LOG_OK ? "ok" : proto_log_error_json[err];
 }

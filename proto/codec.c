@@ -11,6 +11,7 @@
  * then the checks that span fields.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proto/check.h"
@@ -379,6 +380,52 @@ static int dec_command(json_t *o, struct proto_command_msg *c)
     return 0;
 }
 
+static int dec_log_request(json_t *o, struct proto_log_request *q)
+{
+    static const char *const keys[] = {"id", "rank", "generation", "offset", "tail",
+        "max", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_u32(o, "id", &q->id));
+    TRY(get_u32(o, "rank", &q->rank));
+    TRY(get_u64(o, "generation", &q->generation));
+    TRY(get_u64(o, "offset", &q->offset));
+    TRY(get_u32(o, "tail", &q->tail));
+    return get_u32(o, "max", &q->max);
+}
+
+static int dec_log_data(json_t *o, struct proto_log_data *d)
+{
+    static const char *const keys[] = {"id", "rank", "generation", "newest", "offset",
+        "next_offset", "size", "error", "reason", "data", NULL};
+    json_t *data;
+    int error;
+
+    TRY(check_keys(o, keys));
+    TRY(get_u32(o, "id", &d->id));
+    TRY(get_u32(o, "rank", &d->rank));
+    TRY(get_u64(o, "generation", &d->generation));
+    TRY(get_u64(o, "newest", &d->newest));
+    TRY(get_u64(o, "offset", &d->offset));
+    TRY(get_u64(o, "next_offset", &d->next_offset));
+    TRY(get_u64(o, "size", &d->size));
+    TRY(get_enum(o, "error", proto_log_error_json, PROTO_LOG_OK, PROTO_LOG_ERROR_MAX, &error));
+    d->error = (enum proto_log_error)error;
+    TRY(get_str(o, "reason", d->reason, sizeof(d->reason)));
+    data = json_object_get(o, "data");
+    if (!data)
+        return PROTO_E_MISSING;
+    if (!json_is_string(data))
+        return PROTO_E_FIELD_TYPE;
+    if (json_string_length(data) > PROTO_LOG_MAX)
+        return PROTO_E_RANGE;
+    d->data = malloc(json_string_length(data) + 1); /* freed by proto_msg_clear */
+    if (!d->data)
+        return PROTO_E_NOMEM;
+    memcpy(d->data, json_string_value(data), json_string_length(data) + 1);
+    return 0;
+}
+
 static int dec_body(json_t *o, struct proto_msg *m)
 {
     switch (m->type) {
@@ -397,6 +444,8 @@ static int dec_body(json_t *o, struct proto_msg *m)
     case PROTO_ERROR:
         return dec_code_reason(o, m->u.error.code, sizeof(m->u.error.code),
                                m->u.error.reason, sizeof(m->u.error.reason));
+    case PROTO_LOG_REQUEST: return dec_log_request(o, &m->u.log_request);
+    case PROTO_LOG_DATA: return dec_log_data(o, &m->u.log_data);
     }
     return PROTO_E_TYPE;
 }
@@ -486,6 +535,10 @@ void proto_msg_clear(struct proto_msg *msg)
     if (msg && msg->type == PROTO_ASSIGN && msg->u.assign.job) {
         json_decref(msg->u.assign.job);
         msg->u.assign.job = NULL;
+    }
+    if (msg && msg->type == PROTO_LOG_DATA) {
+        free(msg->u.log_data.data);
+        msg->u.log_data.data = NULL;
     }
 }
 
@@ -598,6 +651,30 @@ static int enc_code_reason(json_t *o, const char *code, const char *reason)
     return put(o, "reason", json_string(reason));
 }
 
+static int enc_log_request(json_t *o, const struct proto_log_request *q)
+{
+    TRY(put_uint(o, "id", q->id));
+    TRY(put_uint(o, "rank", q->rank));
+    TRY(put_uint(o, "generation", q->generation));
+    TRY(put_uint(o, "offset", q->offset));
+    TRY(put_uint(o, "tail", q->tail));
+    return put_uint(o, "max", q->max);
+}
+
+static int enc_log_data(json_t *o, const struct proto_log_data *d)
+{
+    TRY(put_uint(o, "id", d->id));
+    TRY(put_uint(o, "rank", d->rank));
+    TRY(put_uint(o, "generation", d->generation));
+    TRY(put_uint(o, "newest", d->newest));
+    TRY(put_uint(o, "offset", d->offset));
+    TRY(put_uint(o, "next_offset", d->next_offset));
+    TRY(put_uint(o, "size", d->size));
+    TRY(put(o, "error", json_string(proto_log_error_json[d->error])));
+    TRY(put(o, "reason", json_string(d->reason)));
+    return put(o, "data", json_string(d->data ? d->data : ""));
+}
+
 static int enc_body(json_t *o, const struct proto_msg *m)
 {
     switch (m->type) {
@@ -630,6 +707,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         return put(o, "action", json_string(proto_command_json[m->u.command.action]));
     case PROTO_ERROR:
         return enc_code_reason(o, m->u.error.code, m->u.error.reason);
+    case PROTO_LOG_REQUEST: return enc_log_request(o, &m->u.log_request);
+    case PROTO_LOG_DATA: return enc_log_data(o, &m->u.log_data);
     }
     return PROTO_E_TYPE;
 }

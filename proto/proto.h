@@ -13,10 +13,11 @@
  * takes bytes and answers a message, PROTO_NEED_MORE, or a distinct
  * negative error code; proto_strerror() turns a code into words.
  *
- * Decoded messages are plain C structs (no JSON left in them) except the
- * job spec carried by ASSIGN, which is kept as a jansson object owned by
- * the message; proto_msg_clear() releases it. Encoders write a complete
- * frame into a caller-supplied buffer.
+ * Decoded messages are plain C structs (no JSON left in them) except two
+ * fields owned by the message: the job spec carried by ASSIGN (a jansson
+ * object) and the log bytes carried by LOG_DATA (a malloc'd string);
+ * proto_msg_clear() releases them. Encoders write a complete frame into a
+ * caller-supplied buffer.
  */
 #ifndef MUSTER_PROTO_H
 #define MUSTER_PROTO_H
@@ -39,6 +40,10 @@
 #define PROTO_UID_LEN 128        /* communicator unique id, opaque bytes */
 #define PROTO_MAX_LOCAL_RANKS 64 /* ranks (devices) per node */
 #define PROTO_U64_MAX ((UINT64_C(1) << 53) - 1) /* largest uint64 on the wire */
+/* LOG_DATA: most bytes of a rank's log in one answer. JSON escaping at most
+ * doubles them (data holds no control characters but newline and tab), so
+ * an answer always fits PROTO_MAX_PAYLOAD. */
+#define PROTO_LOG_MAX 65536
 
 /* Machine-readable REJECT codes (daemon -> agent, then close). */
 #define PROTO_REJECT_AUTH "auth"               /* wrong HMAC response */
@@ -82,7 +87,9 @@ enum proto_type {
     PROTO_RANK_EXIT = 9, /* agent -> daemon: a rank process ended */
     PROTO_COMMAND = 10,  /* daemon -> agent, agent -> rank: do something */
     PROTO_ERROR = 11,    /* either way: the peer sent something wrong */
-    PROTO_TYPE_MAX = 11,
+    PROTO_LOG_REQUEST = 12, /* daemon -> agent: read a rank's output log */
+    PROTO_LOG_DATA = 13, /* agent -> daemon: the bytes asked for, or why not */
+    PROTO_TYPE_MAX = 13,
 };
 
 /* Lifecycle of one rank process as reported in heartbeats. */
@@ -100,6 +107,16 @@ enum proto_command {
     PROTO_CMD_SHUTDOWN = 3,   /* agent: stop ranks and exit */
     PROTO_CMD_CHECKPOINT = 4, /* rank: write a checkpoint now */
     PROTO_CMD_MAX = 4,
+};
+
+/* Why a LOG_DATA carries no bytes. */
+enum proto_log_error {
+    PROTO_LOG_OK = 0,         /* "": data holds the bytes */
+    PROTO_LOG_NO_LOG = 1,     /* no log of that rank (and generation) on the node */
+    PROTO_LOG_BEYOND_END = 2, /* offset is past the end of the log */
+    PROTO_LOG_UNREADABLE = 3, /* the log exists but could not be read */
+    PROTO_LOG_BUSY = 4,       /* the node's link to the daemon is backed up: ask again */
+    PROTO_LOG_ERROR_MAX = 4,
 };
 
 enum proto_device_kind {
@@ -203,6 +220,36 @@ struct proto_error {
     char reason[PROTO_REASON_MAX];
 };
 
+/*
+ * Offsets count the bytes a rank wrote (stdout and stderr, one file) in one
+ * generation, from 0, across the agent's rotations of its log file.
+ */
+struct proto_log_request {
+    uint32_t id;         /* chosen by the daemon, echoed in LOG_DATA */
+    uint32_t rank;       /* global rank */
+    uint64_t generation; /* 0 = the newest this node has a log of for the rank */
+    uint64_t offset;     /* first byte wanted; 0 when tail is given */
+    uint32_t tail;       /* > 0: the last tail bytes instead, from a line start */
+    uint32_t max;        /* 1..PROTO_LOG_MAX bytes at most */
+};
+
+struct proto_log_data {
+    uint32_t id;          /* the request's */
+    uint32_t rank;
+    uint64_t generation;  /* the generation served (asked for, when none is) */
+    uint64_t newest;      /* newest generation with a log of the rank here; 0 = none */
+    uint64_t offset;      /* of data[0]: above the one asked for when those
+                           * bytes were rotated away */
+    uint64_t next_offset; /* offset + strlen(data): where to ask next */
+    uint64_t size;        /* bytes the rank has written in that generation */
+    enum proto_log_error error;
+    char reason[PROTO_REASON_MAX]; /* words for error; "" when OK */
+    char *data; /* malloc'd, owned by the message (NULL reads as ""): at most
+                 * PROTO_LOG_MAX bytes of UTF-8 without control characters
+                 * but newline and tab (see proto_log_sanitize); one byte per
+                 * byte of the log, so offsets stay exact */
+};
+
 struct proto_msg {
     enum proto_type type;
     union {
@@ -217,6 +264,8 @@ struct proto_msg {
         struct proto_rank_exit rank_exit;
         struct proto_command_msg command;
         struct proto_error error;
+        struct proto_log_request log_request;
+        struct proto_log_data log_data;
     } u;
 };
 
@@ -260,6 +309,7 @@ const char *proto_strerror(int err);
 const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);
+const char *proto_log_error_name(enum proto_log_error err);
 
 /*
  * Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare.
@@ -285,9 +335,17 @@ int proto_hmac_raw(const uint8_t *key, size_t key_len, const uint8_t *data,
 /*
  * Makes s well-formed UTF-8 in place (what the encoder accepts for free
  * text): every byte that starts no valid sequence becomes '?', and control
- * characters other than newline and tab become spaces.
+ * characters other than newline and tab become spaces. Each byte stays one
+ * byte, so strlen(s) does not change.
  */
 void proto_text_sanitize(char *s);
+
+/*
+ * Makes the raw bytes buf[0..len) the data of a LOG_DATA: NUL bytes become
+ * spaces, then proto_text_sanitize; buf[len] (which must be writable)
+ * becomes the terminating NUL. The text keeps its len bytes.
+ */
+void proto_log_sanitize(char *buf, size_t len);
 
 /* Valid node name: 1..63 bytes of [A-Za-z0-9._-]. */
 int proto_valid_name(const char *s);

@@ -1,6 +1,7 @@
 /*
  * The node agent's pure parts: --devices parsing and GPU discovery,
- * HOST:PORT parsing, reconnect backoff, a rank's argv and environment.
+ * HOST:PORT parsing, reconnect backoff, a rank's argv and environment, and
+ * the rank logs (written, rotated and read back in a temporary directory).
  */
 #include <check.h>
 #include <errno.h>
@@ -10,11 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "worker/agent/agent_config.h"
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
 #include "common/cmdline.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_failure.h"
+#include "worker/agent/rank_log.h"
 
 /* ---- --devices --------------------------------------------------------- */
 
@@ -421,6 +424,250 @@ START_TEST(failure_from_stderr_when_file_is_bad)
 }
 END_TEST
 
+/* ---- rank logs --------------------------------------------------------- */
+
+static char log_root[64];
+
+static void log_setup(void)
+{
+    snprintf(log_root, sizeof(log_root), "/tmp/check_rank_logXXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(log_root));
+}
+
+static void log_teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", log_root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* <log_root>/gen-G/rank-R, created. */
+static void rank_dir_of(uint64_t gen, uint32_t rank, char *out, size_t cap)
+{
+    char gdir[128];
+    snprintf(gdir, sizeof(gdir), "%s/gen-%llu", log_root, (unsigned long long)gen);
+    mkdir(gdir, 0700);
+    snprintf(out, cap, "%s/rank-%u", gdir, rank);
+    mkdir(out, 0700);
+}
+
+static long long size_of(const char *dir, const char *name)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+/* One LOG_REQUEST answered; the caller frees d->data. */
+static void serve(uint32_t rank, uint64_t gen, uint64_t offset, uint32_t tail, uint32_t max,
+                  struct proto_log_data *d)
+{
+    struct proto_log_request q = {42, rank, gen, offset, tail, max};
+    struct proto_msg m = {.type = PROTO_LOG_DATA};
+    static uint8_t frame[PROTO_MAX_FRAME];
+    rank_log_serve(log_root, "n1", false, &q, d);
+    ck_assert_uint_eq(d->id, 42);
+    ck_assert_uint_eq(d->rank, rank);
+    /* Whatever the agent answers, the protocol accepts. */
+    m.u.log_data = *d;
+    ck_assert_int_gt(proto_encode(&m, frame, sizeof(frame)), 0);
+}
+
+START_TEST(log_rotation_rule)
+{
+    ck_assert(!rank_log_must_rotate(0, 500, 100)); /* an empty file takes any line */
+    ck_assert(!rank_log_must_rotate(90, 10, 100));
+    ck_assert(rank_log_must_rotate(90, 11, 100));
+    ck_assert(rank_log_must_rotate(100, 1, 100));
+    ck_assert(rank_log_must_rotate(150, 1, 100));
+    ck_assert(!rank_log_must_rotate(UINT64_MAX - 1, 0, UINT64_MAX));
+    ck_assert(rank_log_must_rotate(UINT64_MAX - 1, 2, UINT64_MAX));
+}
+END_TEST
+
+START_TEST(log_parse_log_max_mb)
+{
+    uint64_t b = 1;
+    ck_assert_int_eq(agent_log_max_parse("64", &b), 0);
+    ck_assert_uint_eq(b, 64ull << 20);
+    ck_assert_int_eq(agent_log_max_parse("0.5", &b), 0);
+    ck_assert_uint_eq(b, 512ull << 10);
+    ck_assert_int_eq(agent_log_max_parse("0", &b), 0);
+    ck_assert_uint_eq(b, 0);
+    ck_assert_int_eq(agent_log_max_parse("0.001", &b), 0);
+    ck_assert_uint_eq(b, 1049);
+    const char *bad[] = {"", ".", "-1", "+1", "1e3", "0x10", "inf", "nan", "1.2.3", "64M", " 64", "0.0009",
+                         "1048577"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(agent_log_max_parse(bad[i], &b) == -EINVAL, "log_max_mb '%s' accepted", bad[i]);
+}
+END_TEST
+
+/* Lines past the cap turn the file over once; offsets go on across it and a
+ * reader that follows next_offset gets exactly the bytes still kept. */
+START_TEST(log_rotates_and_reads_back)
+{
+    char dir[128], line[32], all[4096] = "";
+    struct rank_log l;
+    rank_dir_of(3, 1, dir, sizeof(dir));
+    ck_assert_int_eq(rank_log_open(&l, dir, 1, 100), 0);
+    for (int i = 0; i < 50; i++) {
+        snprintf(line, sizeof(line), "line %03d", i); /* 8 bytes + newline */
+        rank_log_append(&l, line, strlen(line), true);
+        strcat(all, line);
+        strcat(all, "\n");
+        ck_assert_int_le(size_of(dir, RANK_LOG_FILE), 100);
+    }
+    rank_log_close(&l);
+    size_t total = strlen(all); /* 450 */
+    long long cur = size_of(dir, RANK_LOG_FILE), old = size_of(dir, RANK_LOG_OLD);
+    ck_assert_int_le(old, 100);
+    ck_assert_int_gt(old, 90);
+    ck_assert_int_gt(cur, 0);
+
+    struct proto_log_data d;
+    serve(1, 3, 0, 0, 7, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_OK);
+    ck_assert_uint_eq(d.generation, 3);
+    ck_assert_uint_eq(d.newest, 3);
+    ck_assert_uint_eq(d.size, total);
+    ck_assert_uint_eq(d.offset, total - (size_t)cur - (size_t)old); /* the older bytes were rotated away */
+    ck_assert_str_eq(d.data, "line 03");
+    uint64_t next = d.next_offset, first = d.offset;
+    char got[4096] = "";
+    strcat(got, d.data);
+    free(d.data);
+    while (next < total) {
+        serve(1, 3, next, 0, 7, &d);
+        ck_assert_int_eq(d.error, PROTO_LOG_OK);
+        ck_assert_uint_eq(d.offset, next);
+        ck_assert_uint_gt(d.next_offset, next);
+        strcat(got, d.data);
+        next = d.next_offset;
+        free(d.data);
+    }
+    ck_assert_str_eq(got, all + first);
+
+    /* Caught up: nothing more, no error. Past the end: an error. */
+    serve(1, 0, total, 0, 100, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_OK);
+    ck_assert_str_eq(d.data, "");
+    ck_assert_uint_eq(d.next_offset, total);
+    free(d.data);
+    serve(1, 3, total + 1, 0, 100, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_BEYOND_END);
+    ck_assert_uint_eq(d.next_offset, total);
+    ck_assert_ptr_nonnull(strstr(d.reason, "beyond the end"));
+    free(d.data);
+
+    /* The tail starts at a line. */
+    serve(1, 0, 0, 25, 65536, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_OK);
+    ck_assert_str_eq(d.data, "line 048\nline 049\n");
+    ck_assert_uint_eq(d.next_offset, total);
+    free(d.data);
+
+    /* A generation started again goes on where its log ended. */
+    ck_assert_int_eq(rank_log_open(&l, dir, 1, 100), 0);
+    rank_log_append(&l, "more", 4, false);
+    rank_log_close(&l);
+    serve(1, 3, total, 0, 100, &d);
+    ck_assert_str_eq(d.data, "more");
+    ck_assert_uint_eq(d.size, total + 4);
+    free(d.data);
+}
+END_TEST
+
+START_TEST(log_newest_and_missing)
+{
+    char dir[128];
+    struct rank_log l;
+    struct proto_log_data d;
+    for (uint64_t g = 1; g <= 12; g += 11) {
+        rank_dir_of(g, 2, dir, sizeof(dir));
+        ck_assert_int_eq(rank_log_open(&l, dir, 2, 1 << 20), 0);
+        rank_log_append(&l, g == 1 ? "one" : "twelve", g == 1 ? 3 : 6, true);
+        rank_log_close(&l);
+    }
+    rank_dir_of(13, 2, dir, sizeof(dir)); /* a rank directory with no log yet */
+    ck_assert_uint_eq(rank_log_newest(log_root, 2), 12);
+    ck_assert_uint_eq(rank_log_newest(log_root, 5), 0);
+
+    serve(2, 0, 0, 0, 100, &d);
+    ck_assert_uint_eq(d.generation, 12);
+    ck_assert_str_eq(d.data, "twelve\n");
+    free(d.data);
+    serve(2, 1, 0, 0, 100, &d);
+    ck_assert_uint_eq(d.generation, 1);
+    ck_assert_uint_eq(d.newest, 12);
+    ck_assert_str_eq(d.data, "one\n");
+    free(d.data);
+
+    serve(2, 7, 0, 0, 100, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_NO_LOG);
+    ck_assert_str_eq(d.reason, "no log of rank 2 in generation 7 on node n1");
+    free(d.data);
+    serve(9, 0, 0, 0, 100, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_NO_LOG);
+    ck_assert_str_eq(d.reason, "no log of rank 9 on node n1");
+    ck_assert_uint_eq(d.newest, 0);
+    free(d.data);
+
+    struct proto_log_request q = {1, 2, 0, 0, 0, 100};
+    rank_log_serve("", "n1", false, &q, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_NO_LOG);
+    ck_assert_ptr_nonnull(strstr(d.reason, "no usable state directory"));
+    free(d.data);
+
+    /* No directory, or logs off: no file, and no complaint. */
+    ck_assert_int_eq(rank_log_open(&l, "", 2, 100), 0);
+    ck_assert_int_eq(l.fd, -1);
+    rank_log_append(&l, "x", 1, true);
+    rank_dir_of(14, 3, dir, sizeof(dir));
+    ck_assert_int_eq(rank_log_open(&l, dir, 3, 0), 0);
+    rank_log_append(&l, "x", 1, true);
+    ck_assert_int_eq(size_of(dir, RANK_LOG_FILE), -1);
+}
+END_TEST
+
+/* Raw bytes come back as text of the same length; a character cut by max waits. */
+START_TEST(log_bytes_become_text)
+{
+    char dir[128];
+    struct rank_log l;
+    struct proto_log_data d;
+    rank_dir_of(1, 0, dir, sizeof(dir));
+    ck_assert_int_eq(rank_log_open(&l, dir, 0, 1 << 20), 0);
+    rank_log_append(&l, "a\xff\x00\x1b b", 6, true);
+    rank_log_append(&l, "\xe2\x82\xac!", 4, true);
+    rank_log_close(&l);
+
+    serve(0, 1, 0, 0, 100, &d);
+    ck_assert_str_eq(d.data, "a?   b\n\xe2\x82\xac!\n");
+    ck_assert_uint_eq(d.next_offset, 12);
+    free(d.data);
+    serve(0, 1, 0, 0, 9, &d); /* would end inside the euro sign */
+    ck_assert_str_eq(d.data, "a?   b\n");
+    ck_assert_uint_eq(d.next_offset, 7);
+    free(d.data);
+    serve(0, 1, 7, 0, 2, &d); /* a character longer than max still makes progress */
+    ck_assert_str_eq(d.data, "??");
+    ck_assert_uint_eq(d.next_offset, 9);
+    free(d.data);
+
+    /* A log that ends inside a character: sent as it is, so a reader gets to the end. */
+    ck_assert_int_eq(rank_log_open(&l, dir, 0, 1 << 20), 0);
+    rank_log_append(&l, "x\xe2\x82", 3, false);
+    rank_log_close(&l);
+    serve(0, 1, 12, 0, 100, &d);
+    ck_assert_str_eq(d.data, "x??");
+    ck_assert_uint_eq(d.next_offset, 15);
+    ck_assert_uint_eq(d.size, 15);
+    free(d.data);
+}
+END_TEST
+
 Suite *make_agent_suite(void)
 {
     Suite *s = suite_create("agent");
@@ -450,6 +697,16 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);
     tcase_add_test(tc, failure_from_stderr_when_file_is_bad);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("rank_log");
+    tcase_set_timeout(tc, 10);
+    tcase_add_checked_fixture(tc, log_setup, log_teardown);
+    tcase_add_test(tc, log_rotation_rule);
+    tcase_add_test(tc, log_parse_log_max_mb);
+    tcase_add_test(tc, log_rotates_and_reads_back);
+    tcase_add_test(tc, log_newest_and_missing);
+    tcase_add_test(tc, log_bytes_become_text);
     suite_add_tcase(s, tc);
     return s;
 }

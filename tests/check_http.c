@@ -75,13 +75,66 @@ static int recorded(enum http_admin_action *action, char *node)
     return calls;
 }
 
+/* ---- a stand-in for the loop's side of rank logs ------------------------- */
+
+enum fake_mode {
+    FAKE_LATER,  /* answered 200 from another thread after 100 ms */
+    FAKE_AT_ONCE, /* refused inside the call (503), as logfetch does when full */
+    FAKE_HOLD,   /* kept until the test answers it */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    enum fake_mode mode;
+    int calls;
+    struct logfetch_req query; /* a copy of the last one */
+    struct logfetch_req *held;
+} fake = {PTHREAD_MUTEX_INITIALIZER, FAKE_LATER, 0, {0}, NULL};
+
+static void *answer_later(void *arg)
+{
+    struct logfetch_req *req = arg;
+    usleep(100000);
+    req->status = 200;
+    req->body = strdup("{\"rank\":1,\"data\":\"hello\\n\"}");
+    req->done(req);
+    return NULL;
+}
+
+static void fake_log(void *ctx, struct logfetch_req *req)
+{
+    ck_assert_ptr_eq(ctx, &fake);
+    pthread_mutex_lock(&fake.lock);
+    fake.calls++;
+    fake.query = *req;
+    enum fake_mode mode = fake.mode;
+    if (mode == FAKE_HOLD)
+        fake.held = req;
+    pthread_mutex_unlock(&fake.lock);
+    if (mode == FAKE_LATER) {
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, answer_later, req), 0);
+        pthread_detach(th);
+    } else if (mode == FAKE_AT_ONCE) {
+        req->status = 503;
+        req->body = strdup("{\"error\":\"too many log requests in flight\",\"detail\":\"x\"}");
+        req->done(req);
+    }
+}
+
 static void start_server(const char *token)
 {
-    struct http_config cfg = {"127.0.0.1", 0, token};
+    struct http_config cfg = {.addr = "127.0.0.1", .port = 0, .admin_token = token, .log = fake_log,
+                              .log_ctx = &fake};
     char err[256] = "";
     pthread_mutex_lock(&rec.lock);
     rec.calls = 0;
     pthread_mutex_unlock(&rec.lock);
+    pthread_mutex_lock(&fake.lock);
+    fake.mode = FAKE_LATER;
+    fake.calls = 0;
+    fake.held = NULL;
+    pthread_mutex_unlock(&fake.lock);
     snapshot_init(&snap);
     int rc = http_start(&srv, &cfg, &snap, record, &rec, err, sizeof(err));
     ck_assert_msg(rc == 0, "http_start: %d %s", rc, err);
@@ -433,7 +486,7 @@ START_TEST(test_port_in_use)
     struct snapshot s2;
     char err[256] = "", want[64];
     snapshot_init(&s2);
-    struct http_config cfg = {"127.0.0.1", port, NULL};
+    struct http_config cfg = {.addr = "127.0.0.1", .port = port};
     int rc = http_start(&second, &cfg, &s2, record, &rec, err, sizeof(err));
     ck_assert_int_eq(rc, -EADDRINUSE);
     ck_assert_ptr_null(second);
@@ -441,8 +494,155 @@ START_TEST(test_port_in_use)
     ck_assert_msg(strstr(err, want) != NULL, "message: %s", err);
     ck_assert_msg(strstr(err, "ss -ltnp") != NULL, "message: %s", err);
 
-    struct http_config bad = {"localhost:1", 0, NULL};
+    struct http_config bad = {.addr = "localhost:1"};
     ck_assert_int_eq(http_start(&second, &bad, &s2, record, &rec, err, sizeof(err)), -EINVAL);
+    snapshot_destroy(&s2);
+}
+END_TEST
+
+/* ---- rank logs ------------------------------------------------------------ */
+
+static int fake_calls(struct logfetch_req *query)
+{
+    pthread_mutex_lock(&fake.lock);
+    int n = fake.calls;
+    if (query)
+        *query = fake.query;
+    pthread_mutex_unlock(&fake.lock);
+    return n;
+}
+
+START_TEST(test_log_query_reaches_the_loop)
+{
+    struct logfetch_req q;
+    struct resp *r = get("/v1/ranks/7/log?offset=123&max=100&generation=4");
+    ck_assert_int_eq(r->status, 200); /* answered after the connection was suspended */
+    assert_header(r, "Content-Type: application/json");
+    ck_assert_str_eq(r->body, "{\"rank\":1,\"data\":\"hello\\n\"}");
+    ck_assert_int_eq(fake_calls(&q), 1);
+    ck_assert_uint_eq(q.rank, 7);
+    ck_assert_uint_eq(q.offset, 123);
+    ck_assert_uint_eq(q.max, 100);
+    ck_assert_uint_eq(q.generation, 4);
+    ck_assert_uint_eq(q.tail, 0);
+
+    /* Defaults: from offset 0 of the newest generation, 64 KiB at most. */
+    ck_assert_int_eq(get("/v1/ranks/4294967295/log?tail=10")->status, 200);
+    fake_calls(&q);
+    ck_assert_uint_eq(q.rank, 4294967295u);
+    ck_assert_uint_eq(q.tail, 10);
+    ck_assert_uint_eq(q.offset, 0);
+    ck_assert_uint_eq(q.max, PROTO_LOG_MAX);
+    ck_assert_uint_eq(q.generation, 0);
+    r = request("HEAD", "/v1/ranks/0/log", NULL, NULL);
+    ck_assert_int_eq(r->status, 200);
+    ck_assert_uint_eq(r->len, 0);
+
+    /* Answered inside the call (refused at once). */
+    pthread_mutex_lock(&fake.lock);
+    fake.mode = FAKE_AT_ONCE;
+    pthread_mutex_unlock(&fake.lock);
+    assert_error(get("/v1/ranks/1/log"), 503, "too many log requests in flight");
+    ck_assert_int_eq(fake_calls(NULL), 4);
+}
+END_TEST
+
+START_TEST(test_log_bad_queries)
+{
+    static const struct {
+        const char *path;
+        const char *error, *detail;
+    } bad[] = {
+        {"/v1/ranks/x/log", "invalid rank", "'x' is not a rank (0..4294967295)"},
+        {"/v1/ranks/-1/log", "invalid rank", NULL},
+        {"/v1/ranks/4294967296/log", "invalid rank", NULL},
+        {"/v1/ranks/1/log?offset=abc", "invalid query", "offset: expected a byte offset 0..9007199254740991, got 'abc'"},
+        {"/v1/ranks/1/log?offset=9007199254740992", "invalid query", NULL},
+        {"/v1/ranks/1/log?offset=-5", "invalid query", NULL},
+        {"/v1/ranks/1/log?offset=", "invalid query", NULL},
+        {"/v1/ranks/1/log?tail=0", "invalid query", "tail: expected a number of bytes 1..4294967295, got '0'"},
+        {"/v1/ranks/1/log?max=0", "invalid query", NULL},
+        {"/v1/ranks/1/log?max=65537", "invalid query", "max: expected a number of bytes 1..65536, got '65537'"},
+        {"/v1/ranks/1/log?generation=1.5", "invalid query", NULL},
+        {"/v1/ranks/1/log?offset=1&tail=3", "invalid query", "give offset or tail, not both"},
+        {"/v1/ranks/1/log?offset=1&offset=2", "invalid query", "offset: given twice"},
+        {"/v1/ranks/1/log?lines=10", "invalid query", "unknown parameter 'lines' (offset, tail, max, generation)"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct resp *r = get(bad[i].path);
+        assert_error(r, 400, bad[i].error);
+        if (bad[i].detail) {
+            json_t *doc = json_loads(r->body, 0, NULL);
+            ck_assert_str_eq(json_string_value(json_object_get(doc, "detail")), bad[i].detail);
+            json_decref(doc);
+        }
+    }
+    assert_error(get("/v1/ranks/1/log/"), 404, "not found");
+    assert_error(get("/v1/ranks/1/2/log"), 404, "not found");
+    assert_error(get("/v1/ranks//log"), 404, "not found");
+    struct resp *r = request("POST", "/v1/ranks/1/log", NULL, NULL);
+    assert_error(r, 405, "method not allowed");
+    assert_header(r, "Allow: GET, HEAD");
+    ck_assert_int_eq(fake_calls(NULL), 0);
+}
+END_TEST
+
+static void *get_in_background(void *arg)
+{
+    char url[128];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/v1/ranks/2/log", port);
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 3000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, arg);
+    curl_easy_perform(h); /* the server may close it unanswered: either is fine */
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* A request answered as the server stops (what musterd's shutdown does:
+ * logfetch_close, then http_stop) leaves no connection suspended. */
+START_TEST(test_log_answered_at_shutdown)
+{
+    static struct resp body;
+    pthread_t th;
+    pthread_mutex_lock(&fake.lock);
+    fake.mode = FAKE_HOLD;
+    pthread_mutex_unlock(&fake.lock);
+    ck_assert_int_eq(pthread_create(&th, NULL, get_in_background, &body), 0);
+    struct logfetch_req *held = NULL;
+    for (int i = 0; i < 200 && !held; i++) {
+        usleep(10000);
+        pthread_mutex_lock(&fake.lock);
+        held = fake.held;
+        pthread_mutex_unlock(&fake.lock);
+    }
+    ck_assert_ptr_nonnull(held);
+    held->status = 503;
+    held->body = strdup("{\"error\":\"shutting down\"}");
+    held->done(held);
+    http_stop(srv);
+    srv = NULL;
+    pthread_join(th, NULL);
+}
+END_TEST
+
+START_TEST(test_log_unavailable_without_a_loop)
+{
+    struct http_server *plain = NULL;
+    struct snapshot s2;
+    char err[256] = "", url[128];
+    snapshot_init(&s2);
+    struct http_config cfg = {.addr = "127.0.0.1"};
+    ck_assert_int_eq(http_start(&plain, &cfg, &s2, record, &rec, err, sizeof(err)), 0);
+    uint16_t saved = port;
+    port = http_port(plain);
+    snprintf(url, sizeof(url), "/v1/ranks/0/log");
+    assert_error(get(url), 503, "logs unavailable");
+    port = saved;
+    http_stop(plain);
     snapshot_destroy(&s2);
 }
 END_TEST
@@ -471,6 +671,15 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_admin_auth);
     tcase_add_test(tc, test_drain_bad_names);
     tcase_add_test(tc, test_body_limit);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("logs");
+    tcase_add_checked_fixture(tc, setup_no_admin, teardown);
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_log_query_reaches_the_loop);
+    tcase_add_test(tc, test_log_bad_queries);
+    tcase_add_test(tc, test_log_answered_at_shutdown);
+    tcase_add_test(tc, test_log_unavailable_without_a_loop);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("admin_disabled");

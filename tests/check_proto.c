@@ -174,6 +174,22 @@ static void sample(int type, struct proto_msg *m)
         strcpy(m->u.error.code, "stale_generation");
         strcpy(m->u.error.reason, "generation 2 is older than 3");
         break;
+    case PROTO_LOG_REQUEST:
+        m->u.log_request = (struct proto_log_request){77, 9, 3, 123456, 0, PROTO_LOG_MAX};
+        break;
+    case PROTO_LOG_DATA: {
+        struct proto_log_data *d = &m->u.log_data;
+        d->data = strdup("step 1 loss 2.5\n\tq=\"\\\" \xc3\xbc\xe2\x82\xac ?\n");
+        ck_assert_ptr_nonnull(d->data);
+        d->id = 77;
+        d->rank = 9;
+        d->generation = 3;
+        d->newest = 4;
+        d->offset = 1000;
+        d->next_offset = d->offset + strlen(d->data);
+        d->size = d->next_offset + 50;
+        break;
+    }
     default:
         ck_abort_msg("no sample for type %d", type);
     }
@@ -276,6 +292,30 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_str_eq(a->u.error.code, b->u.error.code);
         ck_assert_str_eq(a->u.error.reason, b->u.error.reason);
         break;
+    case PROTO_LOG_REQUEST: {
+        const struct proto_log_request *x = &a->u.log_request, *y = &b->u.log_request;
+        ck_assert_uint_eq(x->id, y->id);
+        ck_assert_uint_eq(x->rank, y->rank);
+        ck_assert_uint_eq(x->generation, y->generation);
+        ck_assert_uint_eq(x->offset, y->offset);
+        ck_assert_uint_eq(x->tail, y->tail);
+        ck_assert_uint_eq(x->max, y->max);
+        break;
+    }
+    case PROTO_LOG_DATA: {
+        const struct proto_log_data *x = &a->u.log_data, *y = &b->u.log_data;
+        ck_assert_uint_eq(x->id, y->id);
+        ck_assert_uint_eq(x->rank, y->rank);
+        ck_assert_uint_eq(x->generation, y->generation);
+        ck_assert_uint_eq(x->newest, y->newest);
+        ck_assert_uint_eq(x->offset, y->offset);
+        ck_assert_uint_eq(x->next_offset, y->next_offset);
+        ck_assert_uint_eq(x->size, y->size);
+        ck_assert_int_eq(x->error, y->error);
+        ck_assert_str_eq(x->reason, y->reason);
+        ck_assert_str_eq(x->data ? x->data : "", y->data ? y->data : "");
+        break;
+    }
     default:
         ck_abort_msg("unexpected type %d", a->type);
     }
@@ -385,6 +425,69 @@ START_TEST(roundtrip_edges)
     roundtrip(&m);
     m.u.error.reason[0] = '\0';
     roundtrip(&m);
+}
+END_TEST
+
+/* The fullest LOG_DATA (every byte one that JSON escapes) still fits a
+ * frame; the other shapes of both log messages travel too. */
+START_TEST(roundtrip_log_edges)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    struct proto_msg m;
+
+    sample(PROTO_LOG_DATA, &m);
+    free(m.u.log_data.data);
+    m.u.log_data.data = malloc(PROTO_LOG_MAX + 1);
+    ck_assert_ptr_nonnull(m.u.log_data.data);
+    for (size_t i = 0; i < PROTO_LOG_MAX; i++)
+        m.u.log_data.data[i] = "\"\\\n\t"[i % 4];
+    m.u.log_data.data[PROTO_LOG_MAX] = '\0';
+    m.u.log_data.offset = PROTO_U64_MAX - PROTO_LOG_MAX;
+    m.u.log_data.next_offset = m.u.log_data.size = PROTO_U64_MAX;
+    m.u.log_data.generation = m.u.log_data.newest = PROTO_U64_MAX;
+    m.u.log_data.id = m.u.log_data.rank = UINT32_MAX;
+    ck_assert_int_le(proto_encode(&m, buf, sizeof(buf)), (int)PROTO_MAX_FRAME);
+    roundtrip(&m);
+
+    /* A NULL data reads as "" (a hand-built answer with no bytes). */
+    free(m.u.log_data.data);
+    m.u.log_data.data = NULL;
+    m.u.log_data.next_offset = m.u.log_data.offset;
+    m.u.log_data.error = PROTO_LOG_NO_LOG;
+    strcpy(m.u.log_data.reason, "no log of rank 9 on node b");
+    m.u.log_data.newest = 0;
+    roundtrip(&m);
+    proto_msg_clear(&m);
+
+    sample(PROTO_LOG_REQUEST, &m);
+    m.u.log_request.offset = 0;
+    m.u.log_request.tail = UINT32_MAX;
+    m.u.log_request.max = 1;
+    m.u.log_request.generation = 0;
+    roundtrip(&m);
+}
+END_TEST
+
+/* Raw log bytes become LOG_DATA text byte for byte: what it refuses is replaced. */
+START_TEST(log_sanitize_keeps_every_byte)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    char raw[] = "ok \xc3\xbc\n\xff\xfe bad\x00nul\x1b[31mred\r\n\xe2\x82";
+    size_t len = sizeof(raw) - 1;
+    struct proto_msg m;
+
+    proto_log_sanitize(raw, len);
+    ck_assert_uint_eq(strlen(raw), len);
+    ck_assert_str_eq(raw, "ok \xc3\xbc\n?? bad nul [31mred \n??");
+
+    sample(PROTO_LOG_DATA, &m);
+    free(m.u.log_data.data);
+    m.u.log_data.data = strdup(raw);
+    m.u.log_data.next_offset = m.u.log_data.offset + len;
+    m.u.log_data.size = m.u.log_data.next_offset;
+    ck_assert_int_gt(proto_encode(&m, buf, sizeof(buf)), 0);
+    roundtrip(&m);
+    proto_msg_clear(&m);
 }
 END_TEST
 
@@ -523,6 +626,52 @@ START_TEST(encode_refuses_what_would_not_decode)
     strcpy(m.u.reject.code, "Auth");
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
 
+    sample(PROTO_LOG_REQUEST, &m);
+    m.u.log_request.max = 0;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    m.u.log_request.max = PROTO_LOG_MAX + 1;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_LOG_REQUEST, &m);
+    m.u.log_request.tail = 100; /* and offset 123456: which is it? */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+
+    struct {
+        const char *data;
+        int64_t next_delta; /* next_offset - offset - strlen(data) */
+        int64_t size_delta; /* size - next_offset */
+        enum proto_log_error error;
+        const char *reason;
+    } bad_data[] = {
+        {"abc", 1, 0, PROTO_LOG_OK, ""},         /* next_offset is not offset + 3 */
+        {"abc", -1, 0, PROTO_LOG_OK, ""},
+        {"abc", 0, -1, PROTO_LOG_OK, ""},        /* more bytes than were written */
+        {"a\x01", 0, 0, PROTO_LOG_OK, ""},        /* a control character */
+        {"a\r\n", 0, 0, PROTO_LOG_OK, ""},
+        {"cut \xe2\x82", 0, 0, PROTO_LOG_OK, ""}, /* invalid UTF-8 */
+        {"abc", 0, 0, PROTO_LOG_NO_LOG, "none"}, /* an error carries no bytes */
+        {"", 0, 0, PROTO_LOG_NO_LOG, ""},        /* and says why */
+        {"", 0, 0, (enum proto_log_error)(PROTO_LOG_ERROR_MAX + 1), "x"},
+    };
+    for (size_t i = 0; i < sizeof(bad_data) / sizeof(bad_data[0]); i++) {
+        sample(PROTO_LOG_DATA, &m);
+        struct proto_log_data *d = &m.u.log_data;
+        free(d->data);
+        d->data = strdup(bad_data[i].data);
+        d->next_offset = (uint64_t)((int64_t)(d->offset + strlen(d->data)) + bad_data[i].next_delta);
+        d->size = (uint64_t)((int64_t)d->next_offset + bad_data[i].size_delta);
+        d->error = bad_data[i].error;
+        strcpy(d->reason, bad_data[i].reason);
+        ck_assert_msg(proto_encode(&m, buf, sizeof(buf)) == PROTO_E_RANGE, "bad LOG_DATA %zu encoded", i);
+        proto_msg_clear(&m);
+    }
+    sample(PROTO_LOG_DATA, &m);
+    free(m.u.log_data.data);
+    m.u.log_data.data = calloc(1, PROTO_LOG_MAX + 2);
+    memset(m.u.log_data.data, 'x', PROTO_LOG_MAX + 1); /* one byte too many */
+    m.u.log_data.next_offset = m.u.log_data.size = m.u.log_data.offset + PROTO_LOG_MAX + 1;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    proto_msg_clear(&m);
+
     m.type = (enum proto_type)0;
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_TYPE);
     m.type = (enum proto_type)(PROTO_TYPE_MAX + 1);
@@ -625,6 +774,14 @@ START_TEST(hand_written_frames_decode)
                                                   "\"signal\":0}"), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_COMMAND, "{\"generation\":0,\"action\":\"shutdown\"}"),
                      PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, "{\"id\":1,\"rank\":0,\"generation\":0,"
+                                                    "\"offset\":0,\"tail\":4096,\"max\":65536}"), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, "{\"id\":1,\"rank\":0,\"generation\":2,\"newest\":2,"
+        "\"offset\":10,\"next_offset\":15,\"size\":20,\"error\":\"\",\"reason\":\"\",\"data\":\"ab\\n\\u00fc\"}"),
+        PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, "{\"id\":1,\"rank\":0,\"generation\":0,\"newest\":0,"
+        "\"offset\":0,\"next_offset\":0,\"size\":0,\"error\":\"no_log\",\"reason\":\"none\",\"data\":\"\"}"),
+        PROTO_OK);
     /* Whitespace inside the object is fine. */
     ck_assert_int_eq(decode_text(PROTO_COMMAND, "{ \"generation\" : 2 ,\n\"action\":\"start\" }"),
                      PROTO_OK);
@@ -967,6 +1124,46 @@ START_TEST(range_errors)
     ck_assert_int_eq(decode_text(PROTO_RANK_EXIT, EXIT("256", "0")), PROTO_E_RANGE);
     ck_assert_int_eq(decode_text(PROTO_RANK_EXIT, EXIT("-1", "-9")), PROTO_E_RANGE);
     ck_assert_int_eq(decode_text(PROTO_RANK_EXIT, EXIT("-1", "4294967296")), PROTO_E_RANGE);
+
+    /* LOG_REQUEST: max 1..65536, offset or tail. */
+#define LOGREQ(offset, tail, max) "{\"id\":1,\"rank\":0,\"generation\":0,\"offset\":" offset \
+                                  ",\"tail\":" tail ",\"max\":" max "}"
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("9007199254740991", "0", "1")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("9007199254740992", "0", "1")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("0", "0", "0")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("0", "0", "65537")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("5", "5", "10")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_REQUEST, LOGREQ("0", "-1", "10")), PROTO_E_RANGE);
+
+    /* LOG_DATA: offsets that agree with the bytes; known errors; log text only. */
+#define LOGDATA(off, next, size, error, reason, data) "{\"id\":1,\"rank\":0,\"generation\":1,\"newest\":1," \
+    "\"offset\":" off ",\"next_offset\":" next ",\"size\":" size ",\"error\":\"" error "\",\"reason\":\"" \
+    reason "\",\"data\":\"" data "\"}"
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "7", "7", "", "", "abc")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "8", "8", "", "", "abc")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "7", "6", "", "", "abc")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "3", "7", "", "", "")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "6", "7", "", "", "a\\u0007")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "6", "7", "", "", "a\\r")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "4", "7", "gone", "x", "")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "4", "7", "no_log", "", "")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("4", "7", "7", "no_log", "x", "abc")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("9", "9", "9", "beyond_end", "past 9", "")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "unreadable", "EIO", "")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "busy", "later", "")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_LOG_DATA, LOGDATA("0", "0", "0", "Busy", "later", "")), PROTO_E_RANGE);
+    {
+        /* Data one byte over PROTO_LOG_MAX. */
+        static char big[PROTO_LOG_MAX + 400];
+        char num[32];
+        snprintf(num, sizeof(num), "%d", PROTO_LOG_MAX + 1);
+        snprintf(big, sizeof(big), "{\"id\":1,\"rank\":0,\"generation\":1,\"newest\":1,\"offset\":0,"
+                 "\"next_offset\":%s,\"size\":%s,\"error\":\"\",\"reason\":\"\",\"data\":\"", num, num);
+        size_t at = strlen(big);
+        memset(big + at, 'x', PROTO_LOG_MAX + 1);
+        strcpy(big + at + PROTO_LOG_MAX + 1, "\"}");
+        ck_assert_int_eq(decode_text(PROTO_LOG_DATA, big), PROTO_E_RANGE);
+    }
 }
 END_TEST
 
@@ -1171,6 +1368,10 @@ START_TEST(names_are_distinct)
     ck_assert_str_eq(proto_rank_state_name((enum proto_rank_state)9), "unknown");
     ck_assert_str_eq(proto_command_name(PROTO_CMD_CHECKPOINT), "checkpoint");
     ck_assert_str_eq(proto_command_name((enum proto_command)0), "unknown");
+    ck_assert_str_eq(proto_type_name(PROTO_LOG_DATA), "LOG_DATA");
+    ck_assert_str_eq(proto_log_error_name(PROTO_LOG_OK), "ok");
+    ck_assert_str_eq(proto_log_error_name(PROTO_LOG_NO_LOG), "no_log");
+    ck_assert_str_eq(proto_log_error_name((enum proto_log_error)9), "unknown");
     ck_assert_int_eq(proto_valid_name("node-1.rack_2"), 1);
     ck_assert_int_eq(proto_valid_name(""), 0);
     ck_assert_int_eq(proto_valid_name(NULL), 0);
@@ -1373,6 +1574,8 @@ Suite *make_proto_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_loop_test(tc, roundtrip_each_type, PROTO_HELLO, PROTO_TYPE_MAX + 1);
     tcase_add_test(tc, roundtrip_edges);
+    tcase_add_test(tc, roundtrip_log_edges);
+    tcase_add_test(tc, log_sanitize_keeps_every_byte);
     tcase_add_test(tc, non_finite_loss_travels_as_null);
     tcase_add_test(tc, encode_keeps_callers_job_reference);
     tcase_add_test(tc, decoded_job_outlives_the_frame);

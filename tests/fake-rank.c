@@ -3,7 +3,8 @@
  * command). Speaks the rank side of the control socket with blocking I/O:
  * reads ASSIGN, sends UNIQUE_ID when it is rank 0, waits for the unique id,
  * then heartbeats one step every --step-ms. Faults on request: exit 3 at a
- * step (--crash-*), stop heartbeating (--hang-*).
+ * step (--crash-*), stop heartbeating (--hang-*). Output on request:
+ * --lines N prints N numbered lines on stdout per step (for rank logs).
  *
  * Exit: 0 after --steps steps, on COMMAND stop or SIGTERM; 1 when the
  * control socket closes or a wait times out; 2 on a usage error; 3 = crash.
@@ -208,7 +209,7 @@ static long flag_num(const char *flag, const char *v)
 int main(int argc, char **argv)
 {
     long steps = 1000000, step_ms = 100, crash_step = -1, crash_rank = -1, crash_gen = 1, hang_step = -1,
-         hang_rank = -1;
+         hang_rank = -1, lines = 0;
     int child = 0;
     static const struct option opts[] = {
         {"spawn-child", no_argument, NULL, 'C'},
@@ -219,6 +220,7 @@ int main(int argc, char **argv)
         {"crash-generation", required_argument, NULL, 'g'},
         {"hang-at-step", required_argument, NULL, 'h'},
         {"hang-rank", required_argument, NULL, 'H'},
+        {"lines", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -231,10 +233,11 @@ int main(int argc, char **argv)
         case 'g': crash_gen = flag_num("--crash-generation", optarg); break;
         case 'h': hang_step = flag_num("--hang-at-step", optarg); break;
         case 'H': hang_rank = flag_num("--hang-rank", optarg); break;
+        case 'l': lines = flag_num("--lines", optarg); break;
         case 'C': child = 1; break;
         default:
             fprintf(stderr, "usage: fake-rank [--steps N] [--step-ms MS] [--crash-at-step K --crash-rank R "
-                            "[--crash-generation G]] [--hang-at-step K --hang-rank R] [--spawn-child]\n");
+                            "[--crash-generation G]] [--hang-at-step K --hang-rank R] [--spawn-child] [--lines N]\n");
             return 2;
         }
     }
@@ -326,6 +329,11 @@ int main(int argc, char **argv)
         send_msg(&m);
         if (step % 50 == 0)
             say("step %" PRIu64 " loss %.4f", step, b->loss);
+        for (long i = 0; i < lines; i++)
+            printf("fake-rank %u generation %" PRIu64 " step %" PRIu64 " line %ld\n", ctl.rank, ctl.generation,
+                   step, i);
+        if (lines)
+            fflush(stdout);
         if ((long)step >= steps)
             die(0, "completed %" PRIu64 " steps", step);
     }

@@ -26,6 +26,7 @@
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_failure.h"
+#include "worker/agent/rank_log.h"
 
 extern char **environ;
 
@@ -36,6 +37,10 @@ extern char **environ;
 /* A rank that has not spoken on its control socket this long after its start is
  * running by its process alone ("silent": step unknown, no hang detection). */
 #define RANK_SILENT_GRACE_MS 1000
+/* A log answer is refused ("busy") while this much waits to go to the daemon:
+ * log pieces (up to ~130 KiB each) must never crowd out heartbeats or fill
+ * the connection's write queue (FCONN_WRITE_QUEUE_MAX), which would drop it. */
+#define LOG_SEND_QUEUE_MAX (1u << 20)
 /* Generations whose rank directories are kept (error files, logs). */
 #define KEEP_GENERATIONS 5
 
@@ -437,6 +442,8 @@ static void spawn_all(struct agent *a)
             continue;
         }
         snprintf(r->error_file, sizeof(r->error_file), "%s", error_file);
+        /* Its output is read from the next loop iteration on: no line comes before the log is open. */
+        rank_log_open(&r->log, dir, slot->rank, a->cfg->log_max_bytes);
         log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
                  slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
                  as->generation);
@@ -886,6 +893,30 @@ static void on_unique_id(struct agent *a, const struct proto_unique_id *u)
     log_info("unique id of generation %" PRIu64 " handed to %u rank(s)", u->generation, n);
 }
 
+/* Any generation's: logs are what an operator reads after a restart, so they are not fenced. */
+static void on_log_request(struct agent *a, const struct proto_log_request *q)
+{
+    struct proto_msg m;
+    msg_init(&m, PROTO_LOG_DATA);
+    if (a->conn && a->conn->wq_bytes > LOG_SEND_QUEUE_MAX) {
+        struct proto_log_data *d = &m.u.log_data;
+        d->id = q->id;
+        d->rank = q->rank;
+        d->generation = q->generation;
+        d->error = PROTO_LOG_BUSY;
+        snprintf(d->reason, sizeof(d->reason), "node %s has %zu bytes waiting to go to musterd; ask again",
+                 a->cfg->node, a->conn->wq_bytes);
+        send_to_daemon(a, &m);
+        return;
+    }
+    rank_log_serve(a->state_dir, a->cfg->node, a->cfg->log_max_bytes == 0, q, &m.u.log_data);
+    log_debug("log of rank %u, generation %" PRIu64 ": %" PRIu64 "..%" PRIu64 " of %" PRIu64 " bytes%s%s", q->rank,
+              m.u.log_data.generation, m.u.log_data.offset, m.u.log_data.next_offset, m.u.log_data.size,
+              m.u.log_data.error ? ": " : "", m.u.log_data.reason);
+    send_to_daemon(a, &m);
+    proto_msg_clear(&m);
+}
+
 static void agent_exit(struct agent *a, int code);
 
 static void on_command(struct agent *a, const struct proto_command_msg *c)
@@ -1020,6 +1051,9 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         break; /* the echo: last_rx is all it is for */
     case PROTO_COMMAND:
         on_command(a, &msg->u.command);
+        break;
+    case PROTO_LOG_REQUEST:
+        on_log_request(a, &msg->u.log_request);
         break;
     default:
         log_warn("daemon sent %s after joining; ignored", proto_type_name(msg->type));

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/token.h"
 #include "worker/agent/devices.h"
@@ -40,6 +41,27 @@ static int valid_port_range(const char *s)
     return agent_port_range_parse(s, &lo, &hi);
 }
 
+int agent_log_max_parse(const char *s, uint64_t *bytes)
+{
+    /* Digits with at most one '.': no signs, exponents, hex, inf or nan for strtod to take. */
+    size_t digits = strspn(s, "0123456789");
+    if (s[digits] == '.')
+        digits += 1 + strspn(s + digits + 1, "0123456789");
+    if (digits == 0 || s[digits] != '\0' || strcmp(s, ".") == 0)
+        return -EINVAL;
+    double mb = strtod(s, NULL);
+    if (mb != 0 && (mb < AGENT_LOG_MAX_MB_MIN || mb > AGENT_LOG_MAX_MB_MAX))
+        return -EINVAL;
+    *bytes = (uint64_t)(mb * 1048576.0 + 0.5);
+    return 0;
+}
+
+static int valid_log_max(const char *s)
+{
+    uint64_t bytes;
+    return agent_log_max_parse(s, &bytes);
+}
+
 #define F(field) offsetof(struct agent_file, field), sizeof(((struct agent_file *)0)->field)
 
 /* The one table of worker.json keys. Keep docs/config.md in step. */
@@ -60,6 +82,9 @@ const struct conf_key agent_config_keys[] = {
      "else $TMPDIR/muster-worker-NODE"},
     {"master_port_range", CONF_STRING, F(master_port_range), valid_port_range, "LO-HI with 1024 <= LO <= HI <= 65535",
      "29500-29999", "ports this node may give rank 0 as MASTER_PORT (the first free one is chosen per generation)"},
+    {"log_max_mb", CONF_STRING, F(log_max_mb), valid_log_max,
+     "MiB: 0 (no rank logs), or 0.001..1048576 (fractions allowed)", "64",
+     "each rank's output log per generation turns over to output.log.1 past this size (2 files kept)"},
     {"addr", CONF_STRING, F(addr), NULL, "an address of 1..63 bytes", "",
      "address the ranks of this node are reached at; unset = local address of the daemon connection"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",

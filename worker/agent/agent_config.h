@@ -24,6 +24,7 @@ struct agent_file {
     char rank_cmd[CMDLINE_MAX];          /* packed (common/cmdline.h); unset = the job's, else muster-train */
     char state_dir[PATH_MAX];            /* rank directories: error files, logs */
     char master_port_range[16];          /* LO-HI: where MASTER_PORT is chosen on this node */
+    char log_max_mb[24];                 /* per rank log file, MiB; "0" = no rank logs */
     char addr[PROTO_NAME_MAX];           /* "" = local address of the daemon connection */
     char log_level[8];
 };
@@ -33,6 +34,13 @@ extern const size_t agent_config_nkeys;
 
 /* Table defaults; token_file is $CONFIGURATION_DIRECTORY/token under systemd. */
 void agent_config_defaults(struct agent_file *f);
+
+/* log_max_mb bounds: fractions of a MiB are for tests and small disks. */
+#define AGENT_LOG_MAX_MB_MIN 0.001
+#define AGENT_LOG_MAX_MB_MAX 1048576.0
+
+/* Parses log_max_mb ("64", "0.5", "0") into bytes; 0 or -EINVAL. */
+int agent_log_max_parse(const char *s, uint64_t *bytes);
 
 /* Parses "LO-HI" (1024 <= LO <= HI <= 65535); 0 or -EINVAL. */
 int agent_port_range_parse(const char *s, uint16_t *lo, uint16_t *hi);

@@ -57,6 +57,9 @@ static void usage(FILE *out)
             "                       muster-worker --local --job J --devices cpu:2 -- python3 train.py\n"
             "  --state-dir DIR      rank directories: error files, logs (default $STATE_DIRECTORY,\n"
             "                       else /var/lib/muster-worker, else $TMPDIR/muster-worker-NODE)\n"
+            "  --log-max-mb MB      each rank's output log, DIR/NODE/gen-G/rank-R/output.log,\n"
+            "                       turns over to output.log.1 past MB MiB (default 64;\n"
+            "                       fractions allowed; 0 = keep no rank logs)\n"
             "  --master-port-range LO-HI  ports this node may give rank 0 as MASTER_PORT\n"
             "                       (default 29500-29999; the first free one per generation)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
@@ -131,7 +134,8 @@ static const char *first_set(const char *a, const char *b, const char *c)
 int main(int argc, char **argv)
 {
     enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
-           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV, OPT_STATE_DIR, OPT_PORT_RANGE };
+           OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV, OPT_STATE_DIR, OPT_PORT_RANGE,
+           OPT_LOG_MAX };
     static const struct option opts[] = {
         {"config", required_argument, NULL, OPT_CONFIG},
         {"daemon", required_argument, NULL, OPT_DAEMON},
@@ -147,6 +151,7 @@ int main(int argc, char **argv)
         {"http-port", required_argument, NULL, OPT_HTTP_PORT},
         {"state-dir", required_argument, NULL, OPT_STATE_DIR},
         {"master-port-range", required_argument, NULL, OPT_PORT_RANGE},
+        {"log-max-mb", required_argument, NULL, OPT_LOG_MAX},
         {"help", no_argument, NULL, OPT_HELP},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -158,7 +163,7 @@ int main(int argc, char **argv)
     /* Flags as given (NULL = not given); they override worker.json. */
     const char *config = NULL, *daemon = NULL, *node = NULL, *devices = NULL, *token_file = NULL;
     const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL, *state_dir = NULL,
-               *port_range = NULL;
+               *port_range = NULL, *log_max = NULL;
     struct local_config local = {0};
     int is_local = 0, from_env = 0;
     char err[512];
@@ -200,6 +205,12 @@ int main(int argc, char **argv)
                 return usage_error("--master-port-range: expected LO-HI with 1024 <= LO <= HI <= 65535, got '%s'",
                                    optarg);
             port_range = optarg;
+            break;
+        case OPT_LOG_MAX:
+            if (agent_log_max_parse(optarg, &cfg.log_max_bytes) != 0)
+                return usage_error("--log-max-mb: expected 0 (no rank logs) or a number of MiB in 0.001..1048576, "
+                                   "got '%s'", optarg);
+            log_max = optarg;
             break;
         case OPT_HTTP_PORT: {
             char *end;
@@ -356,6 +367,8 @@ int main(int argc, char **argv)
     }
     if (!port_range && agent_port_range_parse(file.master_port_range, &cfg.port_lo, &cfg.port_hi) != 0)
         return usage_error("master_port_range: expected LO-HI, got '%s'", file.master_port_range);
+    if (!log_max && agent_log_max_parse(file.log_max_mb, &cfg.log_max_bytes) != 0)
+        return usage_error("log_max_mb: expected a number of MiB, got '%s'", file.log_max_mb);
     state_dir = first_set(state_dir, file.state_dir, is_local ? NULL : getenv("STATE_DIRECTORY"));
     if (state_dir)
         snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", state_dir);

@@ -24,6 +24,7 @@ static void maybe_free(struct agent_rank *r)
 {
     if (r->open_handles == 0 && r->released) {
         list_remove(r);
+        rank_log_close(&r->log);
         free(r);
     }
 }
@@ -67,9 +68,11 @@ static void keep_line(struct rank_output *o, const char *line, size_t len)
     o->tail[o->tail_len] = '\0';
 }
 
-static void emit_line(struct rank_output *o)
+/* newline: the rank ended the line (not split for length, not cut by EOF). */
+static void emit_line(struct rank_output *o, bool newline)
 {
     char buf[RANK_LINE_MAX + 32];
+    rank_log_append(&o->r->log, o->line, o->len, newline);
     if (o->keep_tail)
         keep_line(o, o->line, o->len);
     int n = snprintf(buf, sizeof(buf), "rank %u: %.*s\n", o->r->rank, (int)o->len, o->line);
@@ -84,7 +87,7 @@ static void output_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     struct rank_output *o = h->data;
     (void)suggested;
     if (o->len == RANK_LINE_MAX)
-        emit_line(o); /* a line longer than the buffer: split it */
+        emit_line(o, false); /* a line longer than the buffer: split it */
     *buf = uv_buf_init(o->line + o->len, (unsigned)(RANK_LINE_MAX - o->len));
 }
 
@@ -97,6 +100,8 @@ static void output_close(struct rank_output *o)
     o->open = false;
     o->pipe.data = o->r;
     close_handle(o->r, (uv_handle_t *)&o->pipe);
+    if (!o->r->out.open && !o->r->err.open)
+        rank_log_close(&o->r->log);
     if (o->keep_tail && o->r->reaped)
         report_exit(o->r);
 }
@@ -107,7 +112,7 @@ static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (nread < 0) {
         if (o->len > 0)
-            emit_line(o);
+            emit_line(o, false);
         output_close(o);
         return;
     }
@@ -120,7 +125,7 @@ static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             break;
         size_t full = o->len, linelen = (size_t)(nl - o->line);
         o->len = linelen;
-        emit_line(o);
+        emit_line(o, true);
         size_t rest = full - linelen - 1;
         memmove(o->line, nl + 1, rest);
         o->len = rest;
@@ -249,6 +254,7 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
         return NULL;
     }
     r->cb = *cb;
+    rank_log_init(&r->log);
     r->generation = id->generation;
     r->rank = id->rank;
     r->local_rank = id->local_rank;

@@ -1,8 +1,10 @@
 /*
  * agent_rank: one rank process supervised by the agent: uv_spawn with the
  * control socketpair as fd 3, stdout/stderr re-emitted line by line on the
- * agent's stderr as "rank N: ...", stop with SIGTERM then SIGKILL after a
- * grace period, exit status reported at once.
+ * agent's stderr as "rank N: ..." and appended to its log (rank_log.h; the
+ * owner opens it right after the spawn, before any output is read), stop
+ * with SIGTERM then SIGKILL after a grace period, exit status reported at
+ * once.
  *
  * Handles: the process, the control connection (frame_conn), two output
  * pipes and the kill timer. Each is closed when it is done with (process and
@@ -22,6 +24,7 @@
 #include "proto/proto.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
+#include "worker/agent/rank_log.h"
 
 /* Longest output line re-emitted as one; longer lines are split. */
 #define RANK_LINE_MAX 4096
@@ -62,6 +65,7 @@ struct agent_rank {
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
+    struct rank_log log; /* its output in <rank dir>/output.log; closed at the end of both streams */
 
     uv_process_t proc;
     struct fconn *ctl;
