@@ -35,6 +35,7 @@ int cmdline_set(const char *packed);
 /* A malloc'd NULL-terminated copy of the arguments (free with cmdline_free);
  * NULL when unset or out of memory. */
 char **cmdline_argv(const char *packed);
+/* Frees a NULL-terminated vector of malloc'd strings (NULL is fine). */
 void cmdline_free(char **argv);
 
 /* The command as one line for messages, arguments with spaces quoted. */

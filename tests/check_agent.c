@@ -218,7 +218,7 @@ START_TEST(rank_env_gpu)
     ck_assert_str_eq(env_get(env, "MUSTER_NODE"), "node-b");
     ck_assert_str_eq(env_get(env, "MUSTER_CTL_FD"), "3");
     ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "5");
-    rank_strv_free(env);
+    cmdline_free(env);
 }
 END_TEST
 
@@ -232,11 +232,11 @@ START_TEST(rank_env_cpu_hides_gpus)
     ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "");
     ck_assert_str_eq(env_get(env, "RANKING"), "kept");
     ck_assert_str_eq(env_get(env, "RANK"), "0");
-    rank_strv_free(env);
+    cmdline_free(env);
     env = rank_env_build(NULL, &id);
     ck_assert_ptr_nonnull(env);
     ck_assert_str_eq(env_get(env, "WORLD_SIZE"), "1");
-    rank_strv_free(env);
+    cmdline_free(env);
 }
 END_TEST
 
@@ -267,7 +267,7 @@ START_TEST(rank_env_torchrun_names)
     ck_assert_str_eq(env_get(env, "TORCHELASTIC_ERROR_FILE"), "/state/gen-3/rank-5/error.json");
     ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "3");
     ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
-    rank_strv_free(env);
+    cmdline_free(env);
 }
 END_TEST
 
@@ -283,7 +283,7 @@ START_TEST(rank_env_user_defaults_win)
     ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "16");
     ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
     ck_assert_ptr_null(env_get(env, "TORCHELASTIC_ERROR_FILE")); /* none given: unset */
-    rank_strv_free(env);
+    cmdline_free(env);
 }
 END_TEST
 

@@ -427,7 +427,7 @@ static void spawn_all(struct agent *a)
         int err_code = UV_ENOMEM;
         struct agent_rank *r =
             env && argv ? rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code) : NULL;
-        rank_strv_free(env);
+        cmdline_free(env);
         a->ranks[i] = r;
         if (!r) {
             char why[PROTO_REASON_MAX], cmd[200] = "";

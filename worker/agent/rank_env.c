@@ -1,5 +1,7 @@
 #include "worker/agent/rank_env.h"
 
+#include "common/cmdline.h"
+
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -108,15 +110,6 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
             goto oom;
     return env;
 oom:
-    rank_strv_free(env);
+    cmdline_free(env);
     return NULL;
-}
-
-void rank_strv_free(char **v)
-{
-    if (!v)
-        return;
-    for (size_t i = 0; v[i]; i++)
-        free(v[i]);
-    free(v);
 }

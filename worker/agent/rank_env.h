@@ -47,7 +47,6 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id);
 /* Looks up name in a NULL-terminated environment; NULL when absent. */
 const char *rank_env_get(char *const *env, const char *name);
 
-/* Frees what rank_env_build returned (NULL is fine). */
-void rank_strv_free(char **v);
+/* What rank_env_build returns is freed with cmdline_free (common/cmdline.h). */
 
 #endif
