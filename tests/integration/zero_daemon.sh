@@ -68,6 +68,10 @@ grep -q 'completed, generation 2' "$ITEST_DIR/musterd.log" || fail "expected com
 got=$(final_loss "$ITEST_DIR/killed.metrics")
 echo "killed and resumed: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+# The survivors were stopped with SIGTERM: none may die of another signal (a handler
+# once wrote into the freed control channel: SIGSEGV).
+! grep -h "killed by signal" "$ITEST_DIR"/agent-*.log | grep -v "signal 9 \|signal 15 " \
+    || fail "a rank died of a signal nobody sent"
 wait_exit "$A" 10 || true; wait_exit "$B" 10 || true
 
 job shrink "$ITEST_DIR/ck-shrink"

@@ -19,7 +19,7 @@ struct rank_ctl {
     int thread_started;
     pthread_mutex_t lock; /* everything below, and writes to fd */
     pthread_cond_t cond;  /* a unique id arrived, or stop */
-    volatile sig_atomic_t stop;
+    volatile sig_atomic_t *stop; /* the caller's flag (see rank_ctl_open) */
     int quit;             /* rank_ctl_close asks the thread to end */
     uint64_t generation;
     int rank;
@@ -117,9 +117,9 @@ static void raise_stop(struct rank_ctl *c, const char *why)
     void (*fn)(void *) = NULL;
     void *arg = NULL;
     pthread_mutex_lock(&c->lock);
-    if (!c->stop) {
+    if (!*c->stop) {
         log_info("rank %d: stopping: %s", c->rank, why);
-        c->stop = 1;
+        *c->stop = 1;
         fn = c->abort_fn;
         arg = c->abort_arg;
     }
@@ -197,7 +197,8 @@ static void *ctl_thread(void *arg)
     return NULL;
 }
 
-int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, int timeout_ms, char *err, size_t errlen)
+int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_atomic_t *stop, int timeout_ms,
+                  char *err, size_t errlen)
 {
     long fd, rank, world, gen;
     struct rank_ctl *c;
@@ -212,6 +213,7 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, int timeout_ms, 
     c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
+    c->stop = stop;
     c->fd = (int)fd;
     c->rank = (int)rank;
     c->generation = (uint64_t)gen;
@@ -306,10 +308,10 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
         memcpy(m.u.unique_id.id, mine, PROTO_UID_LEN);
         rc = send_msg(c, &m);
     }
-    while (rc == 0 && !c->have_uid && !c->stop)
+    while (rc == 0 && !c->have_uid && !*c->stop)
         if (pthread_cond_timedwait(&c->cond, &c->lock, &until) == ETIMEDOUT)
             rc = -ETIMEDOUT;
-    if (rc == 0 && c->stop)
+    if (rc == 0 && *c->stop)
         rc = -ECANCELED;
     if (rc == 0)
         memcpy(out, c->uid, PROTO_UID_LEN);
@@ -337,13 +339,12 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg)
     pthread_mutex_lock(&c->lock);
     c->abort_fn = fn;
     c->abort_arg = arg;
-    int stopped = c->stop;
+    int stopped = *c->stop;
     pthread_mutex_unlock(&c->lock);
     if (stopped && fn)
         fn(arg);
 }
 
-volatile sig_atomic_t *rank_ctl_stop_flag(struct rank_ctl *c) { return &c->stop; }
 
 void rank_ctl_close(struct rank_ctl *c)
 {

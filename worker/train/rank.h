@@ -42,11 +42,14 @@ int rank_ctl_present(void);
 /*
  * Takes over MUSTER_CTL_FD, checks RANK / WORLD_SIZE / MUSTER_GENERATION
  * against the ASSIGN the agent sends (waiting at most timeout_ms), and
- * starts the control thread. Returns 0 or a negative errno with the reason
- * in err.
+ * starts the control thread. stop is the caller's flag, which must outlive
+ * the channel (a static): the control thread raises it on COMMAND stop or
+ * EOF, and the caller's signal handler may raise it too without touching
+ * anything this module frees. Returns 0 or a negative errno with the
+ * reason in err.
  */
-int rank_ctl_open(struct rank_ctl **out, struct rank_assign *assign, int timeout_ms, char *err,
-                  size_t errlen);
+int rank_ctl_open(struct rank_ctl **out, struct rank_assign *assign, volatile sig_atomic_t *stop, int timeout_ms,
+                  char *err, size_t errlen);
 
 /*
  * Unique id of this generation's communicator. Rank 0 passes its own id
@@ -64,8 +67,6 @@ void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens
 /* Called on the control thread when the rank must stop (COMMAND stop, EOF). */
 void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
 
-/* The stop flag, for train_run(); set by COMMAND stop, EOF, SIGTERM is the caller's. */
-volatile sig_atomic_t *rank_ctl_stop_flag(struct rank_ctl *c);
 
 /* Stops the control thread, closes the socket, frees everything. */
 void rank_ctl_close(struct rank_ctl *c);

@@ -37,14 +37,14 @@
 
 #define EXIT_USAGE 2
 
+/* Raised by SIGTERM/SIGINT and, in rank mode, by the control channel (COMMAND stop,
+ * the agent's death): one static flag, so that the handler touches nothing that is freed. */
 static volatile sig_atomic_t stop_flag;
-/* In rank mode the control channel's flag, so that the agent and signals stop the same loop. */
-static volatile sig_atomic_t *stop_target = &stop_flag;
 
 static void on_signal(int sig)
 {
     (void)sig;
-    *stop_target = 1;
+    stop_flag = 1;
 }
 
 static void abort_comm(void *arg) { comm_abort(arg); }
@@ -350,7 +350,6 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
         return 1;
     }
     if (ctl) {
-        stop_target = rank_ctl_stop_flag(ctl);
         rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
     }
     struct sigaction sa = {.sa_handler = on_signal};
@@ -358,16 +357,16 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
     struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
-    int rc = gpu_train_run(&tr, (long)stop_after, &hooks, stop_target, err, sizeof(err));
+    int rc = gpu_train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
     if (rs.metrics)
         fclose(rs.metrics);
     int status = 0;
-    if (rc && !*stop_target) {
+    if (rc && !stop_flag) {
         log_error("%s", err);
         status = 1;
-    } else if (*stop_target) {
+    } else if (stop_flag) {
         log_info("stopped at step %ld", tr.step);
         status = standalone ? 0 : 1; /* a rank stopped before the end has not completed */
     }
@@ -522,7 +521,7 @@ int main(int argc, char **argv)
     struct rank_ctl *ctl = NULL;
     struct rank_assign assign = {0};
     if (!standalone) {
-        int orc = rank_ctl_open(&ctl, &assign, 30000, err, sizeof(err));
+        int orc = rank_ctl_open(&ctl, &assign, &stop_flag, 30000, err, sizeof(err));
         if (orc) {
             log_error("%s", err);
             json_decref(over);
@@ -640,7 +639,6 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (ctl) {
-        stop_target = rank_ctl_stop_flag(ctl);
         rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
     }
     struct sigaction sa = {.sa_handler = on_signal};
@@ -649,16 +647,16 @@ int main(int argc, char **argv)
 
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
     struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
-    rc = train_run(&tr, (long)stop_after, &hooks, stop_target, err, sizeof(err));
+    rc = train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
     if (rs.metrics)
         fclose(rs.metrics);
-    if (rc && !*stop_target) {
+    if (rc && !stop_flag) {
         log_error("%s", err);
         goto fail;
     }
-    if (*stop_target) {
+    if (stop_flag) {
         log_info("stopped at step %ld", tr.step);
         if (!standalone)
             goto fail; /* a rank stopped before the end has not completed */
