@@ -63,7 +63,7 @@ static const struct key_def keys[] = {
     {"val_fraction", KEY_DOUBLE, F(val_fraction), 0, 0.5, 0.1, NULL,
      "fraction at the end of the data held out for validation"},
     {"eval_every", KEY_INT, F(eval_every), 0, 100000000, 100, NULL, "validation every N steps; 0 = off"},
-    {"eval_batches", KEY_INT, F(eval_batches), 1, 100000, 8, NULL, "micro-batches per validation"},
+    {"eval_batches", KEY_INT, F(eval_batches), 1, 100000, 8, NULL, "validation set size in global batches: eval_batches x batch sequences, fixed by the seed, the same at any world size"},
     {"seed", KEY_I64, F(seed), 0, 9007199254740991.0, 1337, NULL, "seed of initialisation and data order"},
     {"checkpoint_dir", KEY_STRING, F(checkpoint_dir), 0, 0, 0, "", "checkpoint directory; empty = none"},
     {"checkpoint_every", KEY_INT, F(checkpoint_every), 0, 100000000, 0, NULL,

@@ -50,7 +50,7 @@ struct job_spec {
     double grad_clip;          /* global grad-norm clip; 0 = off */
     double val_fraction;       /* tail of the data held out for validation */
     int eval_every;            /* validation every N steps; 0 = off */
-    int eval_batches;          /* micro-batches per validation */
+    int eval_batches;          /* validation set: eval_batches x batch sequences */
     int64_t seed;
     char checkpoint_dir[JOB_PATH_MAX]; /* "" = no checkpoints */
     int checkpoint_every;      /* steps between checkpoints; 0 = off */

@@ -165,13 +165,12 @@ void dataset_train_batch(const struct dataset *d, int *inputs, int *targets, int
 }
 
 void dataset_val_batch(const struct dataset *d, int *inputs, int *targets, int B, int T,
-                       uint64_t seed, int k)
+                       uint64_t seed, long first)
 {
     size_t nval = d->ntokens - d->ntrain;
     size_t span = nval - (size_t)T;
     for (int j = 0; j < B; j++) {
-        size_t start = d->ntrain +
-                       rng_hash(seed, 0x56414c, (uint64_t)k, (uint64_t)j, 0) % span;
+        size_t start = d->ntrain + rng_hash(seed, 0x56414c, (uint64_t)(first + j), 0, 0) % span;
         fill_row(d, inputs + (size_t)j * T, targets + (size_t)j * T, start, T);
     }
 }

@@ -49,8 +49,9 @@ void dataset_close(struct dataset *d);
 void dataset_train_batch(const struct dataset *d, int *inputs, int *targets, int B, int T,
                          uint64_t seed, long step, int micro_step, int rank, int world);
 
-/* Validation micro-batch k: the same for every call with the same arguments. */
+/* Validation sequences first .. first+B-1 of the fixed validation set (each
+ * one a function of the seed and its index alone, whatever B is). */
 void dataset_val_batch(const struct dataset *d, int *inputs, int *targets, int B, int T,
-                       uint64_t seed, int k);
+                       uint64_t seed, long first);
 
 #endif

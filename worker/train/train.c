@@ -395,23 +395,26 @@ double train_loop_eval(const struct train_loop *l)
     const struct job_spec *s = l->spec;
     if (l->data->ntokens == l->data->ntrain)
         return NAN;
-    /* rank r takes batches r, r + world, ...; every rank runs as many
-     * forwards (collectives must match), the ones past the end unused */
-    const int rounds = (s->eval_batches + l->world - 1) / l->world;
+    /* The validation set is eval_batches x batch sequences, chosen by the seed
+     * alone; rank r evaluates the r-th of world equal shares, micro_batch
+     * sequences at a time (batch = world x micro_batch x accumulation, so the
+     * shares are whole and every rank runs as many forwards: the collectives
+     * match). The loss is then the same at any world size and micro-batch, up
+     * to the order of floating-point sums. */
+    const long total = (long)s->eval_batches * s->batch, share = total / l->world;
+    const long first = share * l->rank;
     double sum = 0;
-    for (int i = 0; i < rounds; i++) {
-        int k = i * l->world + l->rank;
+    for (long done = 0; done < share; done += s->micro_batch) {
         double loss;
-        dataset_val_batch(l->data, l->inputs, l->targets, s->micro_batch, s->seq_len,
-                          (uint64_t)s->seed, k);
+        dataset_val_batch(l->data, l->inputs, l->targets, s->micro_batch, s->seq_len, (uint64_t)s->seed,
+                          first + done);
         if (l->ops->forward(l->tr, l->inputs, l->targets, s->micro_batch, s->seq_len, &loss))
             return NAN;
-        if (k < s->eval_batches)
-            sum += loss;
+        sum += loss * s->micro_batch; /* the mean over the micro-batch, as a sum over its sequences */
     }
     if (l->ops->sum(l->tr, &sum))
         return NAN;
-    return sum / s->eval_batches;
+    return sum / (double)total;
 }
 
 /* Whether to stop before the next step. Ranks see a stop request at
