@@ -44,6 +44,13 @@ static const struct key_def keys[] = {
      "a lost member gets this long to rejoin; then the job shrinks to min_nodes or fails"},
     {"min_nodes", KEY_INT, F(min_nodes), 0, 1024, 0, NULL,
      "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
+    {"restart_backoff_ms", KEY_INT, F(restart_backoff_ms), 0, 600000, 1000, NULL,
+     "failures in a row back off: the first restart is immediate, the next waits this long, doubling each time "
+     "up to restart_backoff_max_ms (a generation that runs restart_backoff_max_ms ends the streak); 0 = never wait"},
+    {"restart_backoff_max_ms", KEY_INT, F(restart_backoff_max_ms), 0, 3600000, 60000, NULL,
+     "longest wait between restarts; a rank that failed on a full disk or out of memory waits this long at once"},
+    {"restart_window_s", KEY_INT, F(restart_window_s), 0, 31536000, 0, NULL,
+     "only restarts of the last restart_window_s seconds count toward max_restarts; 0 = every restart counts"},
     {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
      "program of every rank: a string split on whitespace (no shell) or an array of strings; absent = the "
      "agent's (worker.json's rank_cmd, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
@@ -194,6 +201,11 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
     if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
         fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
              origin, spec->heartbeat_interval_ms, spec->heartbeat_timeout_ms);
+        return -EINVAL;
+    }
+    if (spec->restart_backoff_max_ms < spec->restart_backoff_ms) {
+        fail(err, errlen, "%s: restart_backoff_max_ms: expected at least restart_backoff_ms (%d), got %d", origin,
+             spec->restart_backoff_ms, spec->restart_backoff_max_ms);
         return -EINVAL;
     }
     if (spec->min_nodes > spec->nodes) {

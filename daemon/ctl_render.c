@@ -251,9 +251,11 @@ void render_summary(FILE *f, const json_t *st)
     const json_t *fail = json_object_get(st, "last_failure");
     if (json_is_object(fail)) {
         const char *said = str(fail, "reason", NULL);
-        fprintf(f, "  last failure: rank %lld on node %s %s in generation %lld%s%s\n", integer(fail, "rank"),
+        const char *cls = str(fail, "class", "exit");
+        int telling = strcmp(cls, "exit") != 0 && strcmp(cls, "signal") != 0; /* how already says those */
+        fprintf(f, "  last failure: rank %lld on node %s %s in generation %lld%s%s%s%s%s\n", integer(fail, "rank"),
                 str(fail, "node", "?"), str(fail, "how", "ended"), integer(fail, "generation"), said ? ": " : "",
-                said ? said : "");
+                said ? said : "", telling ? " [" : "", telling ? cls : "", telling ? "]" : "");
     }
 }
 

@@ -198,7 +198,7 @@ const char dashboard_html[] =
     "  var f = s.last_failure;\n"
     "  $(\"failbox\").hidden = !f;\n"
     "  if (f) {\n"
-    "    txt(\"failure\", \"rank \" + f.rank + \" on node \" + f.node + \" \" + f.how + \" in generation \" + f.generation + (f.reason ? \": \" + f.reason : \"\"));\n"
+    "    txt(\"failure\", \"rank \" + f.rank + \" on node \" + f.node + \" \" + f.how + \" in generation \" + f.generation + (f.reason ? \": \" + f.reason : \"\") + (f[\"class\"] && f[\"class\"] !== \"exit\" && f[\"class\"] !== \"signal\" ? \" [\" + f[\"class\"] + \"]\" : \"\"));\n"
     "    txt(\"faildetail\", f.detail || \"(the rank left no error file and wrote nothing to stderr)\");\n"
     "  }\n"
     "  txt(\"stepk\", last + \"step\");\n"

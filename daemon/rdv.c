@@ -1,4 +1,5 @@
 #include "daemon/rdv.h"
+#include "daemon/failure.h"
 
 #include <errno.h>
 #include <math.h>
@@ -226,6 +227,9 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
 
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
         return;
+    if (r->restart_at_ms && now_ms < r->restart_at_ms)
+        return; /* backing off; rdv_tick starts it when the time comes */
+    r->restart_at_ms = 0;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         if (!r->nodes[i].member)
             continue;
@@ -315,36 +319,92 @@ static void fail_job(struct rdv *r, int node, int rank)
     stop_all(r);
 }
 
+/* Restarts that count toward max_restarts: all, or those of the last restart_window_s. */
+static uint32_t restarts_counted(const struct rdv *r, uint64_t now_ms)
+{
+    if (r->spec->restart_window_s <= 0 || !r->restart_times)
+        return r->restarts;
+    const uint64_t window = (uint64_t)r->spec->restart_window_s * 1000;
+    const uint32_t cap = (uint32_t)r->spec->max_restarts + 1;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->nrestart_times && i < cap; i++)
+        n += now_ms - r->restart_times[i] < window;
+    return n;
+}
+
+static void spend_restart(struct rdv *r, uint64_t now_ms)
+{
+    r->restarts++;
+    if (r->restart_times)
+        r->restart_times[r->nrestart_times++ % ((uint32_t)r->spec->max_restarts + 1)] = now_ms;
+}
+
 /*
  * A failure in the current generation: open the next one (stopping every
- * rank and restarting them once all members are back), or fail the job when
- * the restart budget is spent.
+ * rank and restarting them once all members are back, after the backoff the
+ * failure's class and the streak call for), or fail the job when the restart
+ * budget is spent or retrying cannot help.
  */
 static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
-                                 int spend)
+                                 int spend, enum failure_class cls)
 {
     if (rdv_terminal(r) || r->state == RDV_WAITING)
         return;
     r->resuming = 0;
-    if (spend && r->restarts >= (uint32_t)r->spec->max_restarts) {
-        snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
-                 r->restarts, r->restarts == 1 ? "" : "s", r->spec->max_restarts);
+    if (spend && failure_fatal(cls)) {
+        snprintf(r->reason, sizeof(r->reason), "%s; not retried: the rank's program cannot run as configured "
+                 "(%s failure)", what, failure_class_name(cls));
         proto_text_sanitize(r->reason);
         fail_job(r, node, rank);
         return;
     }
-    r->restarts += spend ? 1 : 0;
+    uint32_t counted = restarts_counted(r, now_ms);
+    if (spend && counted >= (uint32_t)r->spec->max_restarts) {
+        if (r->spec->restart_window_s > 0)
+            snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s in %d s (max_restarts=%d, "
+                     "restart_window_s=%d)", what, counted, counted == 1 ? "" : "s", r->spec->restart_window_s,
+                     r->spec->max_restarts, r->spec->restart_window_s);
+        else
+            snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
+                     counted, counted == 1 ? "" : "s", r->spec->max_restarts);
+        proto_text_sanitize(r->reason);
+        fail_job(r, node, rank);
+        return;
+    }
+    /* A generation that ran restart_backoff_max_ms was healthy: the streak starts over. */
+    if (r->running_since_ms && now_ms - r->running_since_ms >= (uint64_t)r->spec->restart_backoff_max_ms)
+        r->streak = 0;
+    r->running_since_ms = 0;
+    uint64_t wait = 0;
+    if (spend) {
+        spend_restart(r, now_ms);
+        r->streak++;
+        wait = failure_backoff_ms(r->spec, r->streak, cls);
+    }
     r->generation++;
     r->gen_opened_ms = now_ms;
     r->assigned_ms = 0;
+    r->restart_at_ms = wait ? now_ms + wait : 0;
     r->state = RDV_RECOVERING;
-    snprintf(r->reason, sizeof(r->reason), "%s", what);
+    if (wait)
+        snprintf(r->reason, sizeof(r->reason), "%s; generation %llu starts in %.1f s (%s, failure %u in a row)",
+                 what, (unsigned long long)r->generation, (double)wait / 1000.0,
+                 cls == FAILURE_DISK_FULL || cls == FAILURE_OOM ? "the cause will not go away by itself"
+                                                                 : "restart backoff",
+                 r->streak);
+    else
+        snprintf(r->reason, sizeof(r->reason), "%s", what);
+    proto_text_sanitize(r->reason);
     for (uint32_t i = 0; i < r->world_size; i++) {
         r->ranks[i].state = RDV_RANK_PENDING;
         r->ranks[i].last_beat_ms = 0;
     }
-    event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d)",
-          (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts);
+    event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
+          (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts,
+          wait ? ", after a backoff" : "");
+    if (wait)
+        event(r, "restart_backoff", node, rank, "generation %llu waits %.1f s: %s failure %u in a row",
+              (unsigned long long)r->generation, (double)wait / 1000.0, failure_class_name(cls), r->streak);
     /* Persisted before any frame names the new generation (see rdv_ops.changed). */
     changed(r, 1);
     stop_all(r);
@@ -353,7 +413,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
 
 static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
 {
-    open_next_generation(r, now_ms, node, rank, what, 1);
+    open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT);
 }
 
 /* ---- inputs ---------------------------------------------------------- */
@@ -368,6 +428,11 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     r->state = RDV_WAITING;
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
+    if (spec->restart_window_s > 0 &&
+        !(r->restart_times = calloc((size_t)spec->max_restarts + 1, sizeof(*r->restart_times)))) {
+        json_decref(r->job);
+        return -ENOMEM;
+    }
     event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
           spec->nodes == 1 ? "" : "s");
     return 0;
@@ -377,6 +442,8 @@ void rdv_free(struct rdv *r)
 {
     free(r->ranks);
     r->ranks = NULL;
+    free(r->restart_times);
+    r->restart_times = NULL;
     json_decref(r->job);
     r->job = NULL;
 }
@@ -623,6 +690,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
             all_running = 0;
     if (all_running) {
         r->state = RDV_RUNNING;
+        r->running_since_ms = now_ms;
         r->reason[0] = '\0';
         event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
               (unsigned long long)r->generation, r->world_size, member_count(r),
@@ -696,7 +764,9 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         return;
     }
     rk->state = RDV_RANK_EXITED;
+    enum failure_class cls = failure_classify(x);
     record_failure(r, nd, x, how);
+    r->last_failure.cls = (int)cls;
     if (x->reason[0])
         snprintf(what, sizeof(what), "rank %u on node %s %s: %s", x->rank, nd->name, how, x->reason);
     else
@@ -706,7 +776,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
         event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
-    fail_generation(r, now_ms, (int)node, (int)x->rank, what);
+    open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls);
 }
 
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
@@ -909,6 +979,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
             node_lost(r, i, why, now_ms);
         }
     }
+    if (r->restart_at_ms && now_ms >= r->restart_at_ms)
+        try_start_generation(r, now_ms);
     check_progress(r, now_ms);
     check_start(r, now_ms);
     check_rejoin(r, now_ms);
@@ -938,7 +1010,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
             return -EINVAL;
         /* An asked-for restart does not spend the failure budget. */
-        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0);
+        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT);
         return 0;
     case RDV_ADMIN_DRAIN: {
         int idx = name ? find_node(r, name) : -1;
@@ -1005,8 +1077,9 @@ static json_t *failure_json(const struct rdv_failure *f)
 {
     if (!f->generation)
         return json_null();
-    return json_pack("{s:I, s:i, s:s, s:s, s:o, s:o}", "generation", (json_int_t)f->generation, "rank",
-                     (int)f->rank, "node", f->node, "how", f->how, "reason",
+    return json_pack("{s:I, s:i, s:s, s:s, s:s, s:o, s:o}", "generation", (json_int_t)f->generation, "rank",
+                     (int)f->rank, "node", f->node, "how", f->how, "class",
+                     failure_class_name((enum failure_class)f->cls), "reason",
                      f->reason[0] ? json_string(f->reason) : json_null(), "detail",
                      f->detail[0] ? json_string(f->detail) : json_null());
 }

@@ -101,6 +101,7 @@ struct rdv_failure {
     uint32_t rank;
     char node[PROTO_NAME_MAX];
     char how[96];          /* "exited with status 1", "was killed by signal 9 (SIGKILL)" */
+    int cls;               /* enum failure_class (daemon/failure.h) */
     char reason[PROTO_REASON_MAX]; /* "" = the rank said nothing */
     char detail[PROTO_DETAIL_MAX];
 };
@@ -169,6 +170,12 @@ struct rdv {
 
     int resuming;           /* restored from the state file, members not all back */
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    /* restart policy (daemon/failure.h) */
+    uint32_t streak;        /* failures in a row, without a healthy run between */
+    uint64_t running_since_ms; /* when the current generation began running; 0 = not running */
+    uint64_t restart_at_ms; /* the next generation waits until then; 0 = no wait */
+    uint64_t *restart_times; /* when restarts were spent, a ring of max_restarts + 1 (restart_window_s) */
+    uint32_t nrestart_times;
     struct rdv_failure last_failure;
 
     struct rdv_event events[RDV_EVENTS]; /* ring */

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "daemon/failure.h"
 #include "daemon/rdv.h"
 
 #define MAX_SENT 256
@@ -30,6 +31,8 @@ static struct job_spec spec;
 static uint64_t now;
 /* Test nodes report no free port for MASTER_PORT while set. */
 static int no_port;
+/* restart_window_s for the next setup_spec (then back to 0). */
+static int spec_window;
 
 static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
 {
@@ -56,6 +59,8 @@ static void setup_spec(int nodes, int max_restarts)
     snprintf(spec.name, sizeof(spec.name), "t");
     spec.nodes = nodes;
     spec.max_restarts = max_restarts;
+    spec.restart_window_s = spec_window;
+    spec_window = 0;
     now = 1000;
     json_t *job = json_pack("{s:s, s:i}", "name", "t", "nodes", nodes);
     struct rdv_ops ops = {.ctx = NULL, .send = rec_send, .disconnect = rec_disconnect, .changed = rec_changed};
@@ -719,6 +724,118 @@ START_TEST(overflowing_sums_keep_status_valid)
 }
 END_TEST
 
+START_TEST(failure_streaks_back_off)
+{
+    form_running(10);
+    spec.restart_backoff_ms = 1000;
+    spec.restart_backoff_max_ms = 8000;
+    /* 1st failure: the next generation is assigned at once. */
+    int from = rec.nsent;
+    rank_exit("b", 1, 3, 1, 0);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* 2nd in a row: waits restart_backoff_ms, then rdv_tick assigns it. */
+    now += 100;
+    from = rec.nsent;
+    rank_exit("b", 2, 3, 1, 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "generation 3 starts in 1.0 s (restart backoff, failure 2 in a row)"));
+    now += 900;
+    beat("a", 2, 0, 2, PROTO_RANK_STOPPING, 1); /* frames meanwhile do not start it early */
+    rdv_tick(&rdv, now);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    now += 100;
+    rdv_tick(&rdv, now);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 3, 2, 2, PROTO_RANK_RUNNING, 1);
+    /* 3rd in a row: 2 s. */
+    from = rec.nsent;
+    rank_exit("a", 3, 0, 1, 0);
+    now += 1999;
+    rdv_tick(&rdv, now);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    now += 1;
+    rdv_tick(&rdv, now);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 4, 2, 2, PROTO_RANK_RUNNING, 1);
+    /* A generation that runs restart_backoff_max_ms ends the streak: immediate again. */
+    now += 8000;
+    from = rec.nsent;
+    rank_exit("a", 4, 1, 1, 0);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(failures_are_classified)
+{
+    form_running(10);
+    spec.restart_backoff_max_ms = 30000;
+    int from = rec.nsent;
+    rank_exit_said("b", 1, 2, 1, 0, "OSError: [Errno 28] No space left on device: '/ckpt/s100' (ckpt.py:40)", "");
+    /* A full disk does not go away by itself: the longest wait, at once. */
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "starts in 30.0 s (the cause will not go away by itself"));
+    json_t *st = rdv_status_json(&rdv, now);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(st, "last_failure"), "class")), "disk_full");
+    json_decref(st);
+    for (int i = 0; i < 30; i++) { /* the agents heartbeat while the generation waits */
+        ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+        now += 1000;
+        beat("a", 1, 0, 0, PROTO_RANK_EXITED, 0);
+        beat("b", 1, 0, 0, PROTO_RANK_EXITED, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    /* A program that cannot run: the job fails at once, restarts left or not. */
+    rank_exit_said("a", 2, 1, 127, 0, "cannot run 'pyhton3': no such file or directory (the job's rank_cmd)", "");
+    ck_assert_int_eq(rdv.state, RDV_FAILED);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "not retried"));
+    ck_assert_int_eq(rdv.restarts, 1);
+
+    struct proto_rank_exit x = {.exit_code = -1, .signal = 9};
+    ck_assert_int_eq(failure_classify(&x), FAILURE_SIGNAL);
+    x = (struct proto_rank_exit){.exit_code = 1};
+    snprintf(x.reason, sizeof(x.reason), "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB");
+    ck_assert_int_eq(failure_classify(&x), FAILURE_OOM);
+    snprintf(x.reason, sizeof(x.reason), "RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer");
+    ck_assert_int_eq(failure_classify(&x), FAILURE_COMM);
+    snprintf(x.reason, sizeof(x.reason), "ValueError: bad shape");
+    ck_assert_int_eq(failure_classify(&x), FAILURE_EXIT);
+    x.exit_code = 2;
+    snprintf(x.reason, sizeof(x.reason), "train.py: error: unrecognized arguments: --lrr");
+    ck_assert_int_eq(failure_classify(&x), FAILURE_CONFIG);
+}
+END_TEST
+
+START_TEST(restart_window_forgets_old_restarts)
+{
+    spec_window = 10;
+    form_running(1);
+    spec.restart_backoff_ms = 0;
+    rank_exit("b", 1, 3, 1, 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    now += 11000; /* the first restart leaves the 10 s window */
+    rank_exit("b", 2, 3, 1, 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_int_eq(rdv.restarts, 2);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 3, 2, 2, PROTO_RANK_RUNNING, 1);
+    now += 1000; /* the second is still in it */
+    rank_exit("b", 3, 3, 1, 0);
+    ck_assert_int_eq(rdv.state, RDV_FAILED);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "gave up after 1 restart in 10 s (max_restarts=1, restart_window_s=10)"));
+}
+END_TEST
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
@@ -751,6 +868,9 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, silent_rank_is_never_hung);
     tcase_add_test(tc, failure_reason_reaches_status_and_events);
     tcase_add_test(tc, overflowing_sums_keep_status_valid);
+    tcase_add_test(tc, failure_streaks_back_off);
+    tcase_add_test(tc, failures_are_classified);
+    tcase_add_test(tc, restart_window_forgets_old_restarts);
     suite_add_tcase(s, tc);
     return s;
 }

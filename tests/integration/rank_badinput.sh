@@ -80,6 +80,27 @@ run_failing good 'printf "{\"message\": {\"message\": \"KeyError: '"'"'lr'"'"'\"
 [ "$REASON" = "KeyError: 'lr' (cfg.py:7)" ] || fail "good error file: reason '$REASON'"
 echo "error files: not JSON and huge ones fall back to stderr with a warning; a good one is used: ok"
 
+# A full disk does not go away by itself: the next generation waits restart_backoff_max_ms
+# instead of spending max_restarts in a tight loop; the class is in status.
+cat > "$ITEST_DIR/job-enospc.json" <<JSON
+{"name": "bad", "nodes": 1, "max_restarts": 5, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000,
+ "lease_ms": 4000, "restart_backoff_max_ms": 2000,
+ "rank_cmd": ["sh", "-c", "echo 'checkpoint: write /ckpt/step-00000010/rank-0.bin: No space left on device' >&2; exit 1"]}
+JSON
+start_daemon "$ITEST_DIR/job-enospc.json" --token-file "$ITEST_DIR/token"
+start_agent enospc 1 --token-file "$ITEST_DIR/token"
+AGENT=$AGENT_PID
+wait_for 10 '(d["last_failure"] or {}).get("class") == "disk_full" and "starts in 2.0 s (the cause will not go away by itself" in (d["reason"] or "")' \
+    || fail "a full disk is not classified or not backed off: $(status)"
+wait_event 5 'restart_backoff' || fail "no restart_backoff event"
+sleep 2.5
+check 'd["restarts"] <= 2 and d["state"] != "failed"' || fail "the job spent its restarts in a tight loop: $(status)"
+"$BUILD/musterctl" --server "http://127.0.0.1:$HTTP" status | grep -q "No space left on device \[disk_full\]" \
+    || fail "musterctl status does not show the class"
+kill "$DAEMON_PID" "$AGENT"; wait "$DAEMON_PID" "$AGENT" 2>/dev/null || true
+rm -rf "$ITEST_DIR/state"
+echo "disk full: classified, the next generation waits restart_backoff_max_ms: ok"
+
 # No free port for MASTER_PORT: a listener holds the whole (one-port) range.
 HOLD=$(free_port)
 python3 -c 'import socket, sys, time
