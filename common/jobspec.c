@@ -54,7 +54,16 @@ static const struct key_def keys[] = {
     {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
      "program of every rank: a string split on whitespace (no shell) or an array of strings; absent = the "
      "agent's (worker.json's rank_cmd, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
-    {"model", KEY_STRING, F(model), 0, 0, 0, "small", "model preset: tiny, small, gpt2-124m"},
+    {"model", KEY_STRING, F(model), 0, 0, 0, "small",
+     "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
+     "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
+    {"n_layer", KEY_INT, F(n_layer), 0, GPT_MAX_LAYERS, 0, NULL, "transformer blocks; 0 = the preset's"},
+    {"n_head", KEY_INT, F(n_head), 0, 1024, 0, NULL, "attention heads (n_embd must be a multiple); 0 = the preset's"},
+    {"n_embd", KEY_INT, F(n_embd), 0, 65536, 0, NULL, "channels (the model width); 0 = the preset's"},
+    {"context", KEY_INT, F(context), 0, GPT_MAX_CONTEXT, 0, NULL,
+     "positions the model has (the longest seq_len); 0 = the preset's"},
+    {"vocab", KEY_INT, F(vocab), 0, GPT_MAX_VOCAB, 0, NULL,
+     "vocabulary size; every token of the data must be below it (checked when the data is read); 0 = the preset's"},
     {"data", KEY_STRING, F(data), 0, 0, 0, "", "training data: a text file (bytes) or an llm.c token file"},
     {"steps", KEY_INT, F(steps), 1, 100000000, 2000, NULL, "optimizer steps to run"},
     {"batch", KEY_INT, F(batch), 1, 1048576, 16, NULL, "global batch: sequences per optimizer step"},
@@ -203,6 +212,17 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
              origin, spec->heartbeat_interval_ms, spec->heartbeat_timeout_ms);
         return -EINVAL;
     }
+    struct gpt_config model;
+    char why[300];
+    if (job_spec_model(spec, &model, why, sizeof(why)) != 0) {
+        fail(err, errlen, "%s: %s", origin, why);
+        return -EINVAL;
+    }
+    if (spec->seq_len > model.T) {
+        fail(err, errlen, "%s: seq_len: expected at most the model's context (%d), got %d", origin, model.T,
+             spec->seq_len);
+        return -EINVAL;
+    }
     if (spec->restart_backoff_max_ms < spec->restart_backoff_ms) {
         fail(err, errlen, "%s: restart_backoff_max_ms: expected at least restart_backoff_ms (%d), got %d", origin,
              spec->restart_backoff_ms, spec->restart_backoff_max_ms);
@@ -273,4 +293,10 @@ void job_spec_print_doc(FILE *out)
             break;
         }
     }
+}
+
+int job_spec_model(const struct job_spec *spec, struct gpt_config *cfg, char *err, size_t errlen)
+{
+    return gpt_config_resolve(spec->model, spec->n_layer, spec->n_head, spec->n_embd, spec->context, spec->vocab,
+                              cfg, err, errlen);
 }

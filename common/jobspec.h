@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "common/cmdline.h"
+#include "common/gptcfg.h"
 
 #define JOB_NAME_MAX 64
 #define JOB_PATH_MAX 1024
@@ -41,6 +42,7 @@ struct job_spec {
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */
+    int n_layer, n_head, n_embd, context, vocab; /* override the preset's; 0 = the preset's */
     char data[JOB_PATH_MAX];   /* text file or llm.c token file */
     int steps;                 /* optimizer steps to run */
     int batch;                 /* global batch, sequences per step */
@@ -73,6 +75,9 @@ int job_spec_from_json(const json_t *obj, const char *origin,
 /* Reads and validates a file. On success *raw (if not NULL) gets the object. */
 int job_spec_load(const char *path, struct job_spec *spec, json_t **raw,
                   char *err, size_t errlen);
+
+/* The model the spec describes: its preset with the dimension keys applied (checked). */
+int job_spec_model(const struct job_spec *spec, struct gpt_config *cfg, char *err, size_t errlen);
 
 /* Writes the table as Markdown (docs/jobspec.md is generated from it). */
 void job_spec_print_doc(FILE *out);

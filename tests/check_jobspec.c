@@ -64,6 +64,36 @@ START_TEST(cross_field_checks)
 }
 END_TEST
 
+START_TEST(model_dimensions_override_the_preset)
+{
+    struct job_spec s;
+    struct gpt_config g;
+    char err[512] = "";
+    /* A 350M-class shape from the gpt2-124m preset. */
+    ck_assert_int_eq(parse("{\"model\": \"gpt2-124m\", \"n_layer\": 24, \"n_head\": 16, \"n_embd\": 1024}", &s, err,
+                           sizeof(err)), 0);
+    ck_assert_int_eq(job_spec_model(&s, &g, err, sizeof(err)), 0);
+    ck_assert_int_eq(g.L, 24);
+    ck_assert_int_eq(g.NH, 16);
+    ck_assert_int_eq(g.C, 1024);
+    ck_assert_int_eq(g.T, 1024);
+    ck_assert_int_eq(g.V, 50257);
+    ck_assert_uint_eq(gpt_param_count(&g), 354823168u); /* GPT-2 medium with a tied head */
+
+    ck_assert_int_eq(parse("{\"model\": \"small\", \"n_embd\": 100, \"n_head\": 8}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: n_embd (100) must be a positive multiple of n_head (8)"));
+    ck_assert_int_eq(parse("{\"n_layer\": 65}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "n_layer"));
+    ck_assert_int_eq(parse("{\"model\": \"huge\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "model: unknown preset \"huge\" (expected one of tiny, small, gpt2-124m)"));
+    ck_assert_int_eq(parse("{\"model\": \"tiny\", \"seq_len\": 64}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "seq_len: expected at most the model's context (32), got 64"));
+    ck_assert_int_eq(parse("{\"model\": \"tiny\", \"context\": 64, \"seq_len\": 64}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(parse("{\"vocab\": 1}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "vocab: expected 2 to 65536, got 1"));
+}
+END_TEST
+
 Suite *make_jobspec_suite(void)
 {
     Suite *s = suite_create("jobspec");
@@ -73,6 +103,7 @@ Suite *make_jobspec_suite(void)
     tcase_add_test(tc, unknown_key_is_named);
     tcase_add_test(tc, wrong_type_and_bounds_are_named);
     tcase_add_test(tc, cross_field_checks);
+    tcase_add_test(tc, model_dimensions_override_the_preset);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -258,6 +258,10 @@ START_TEST(layout_is_units_back_to_back)
     ck_assert_int_eq(gpt_preset("gpt2-124m", &cfg), 0);
     gpt_layout_init(&lay, &cfg);
     ck_assert_uint_eq(lay.total, 124439808u); /* GPT-2 small, V = 50257 */
+    ck_assert_uint_eq(gpt_param_count(&cfg), lay.total);
+    struct gpt_config odd = {.L = 3, .NH = 3, .C = 48, .T = 40, .V = 300}; /* no preset's shape */
+    gpt_layout_init(&lay, &odd);
+    ck_assert_uint_eq(gpt_param_count(&odd), lay.total);
     ck_assert_int_eq(gpt_preset("huge", &cfg), -ENOENT);
 }
 END_TEST

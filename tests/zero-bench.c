@@ -94,7 +94,7 @@ static int run_dp(struct bench *b, int r, struct comm *c, double *times, char *e
     int rc = trainer_check_spec(&s, b->world, err, errlen);
     if (rc)
         return rc;
-    gpt_preset(s.model, &cfg);
+    job_spec_model(&s, &cfg, err, errlen); /* checked by trainer_check_spec */
     if ((rc = dataset_open(&d, s.data, cfg.V, s.val_fraction, s.seq_len, err, errlen)))
         return rc;
     const int B = s.micro_batch, T = s.seq_len, accum = s.batch / (B * b->world);

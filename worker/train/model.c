@@ -9,42 +9,6 @@
 #include "worker/train/layers.h"
 #include "worker/train/rng.h"
 
-static const struct {
-    const char *name;
-    struct gpt_config cfg;
-} presets[] = {
-    {"tiny", {.L = 2, .NH = 2, .C = 16, .T = 32, .V = 256}},
-    {"small", {.L = 4, .NH = 4, .C = 128, .T = 128, .V = 256}},
-    {"gpt2-124m", {.L = 12, .NH = 12, .C = 768, .T = 1024, .V = 50257}},
-};
-
-int gpt_preset(const char *name, struct gpt_config *cfg)
-{
-    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
-        if (strcmp(presets[i].name, name) == 0) {
-            *cfg = presets[i].cfg;
-            return 0;
-        }
-    return -ENOENT;
-}
-
-const char *gpt_preset_list(void) { return "tiny, small, gpt2-124m"; }
-
-int gpt_config_check(const struct gpt_config *c, char *err, size_t errlen)
-{
-    if (c->L < 1 || c->L > GPT_MAX_LAYERS)
-        snprintf(err, errlen, "L: expected 1 to %d, got %d", GPT_MAX_LAYERS, c->L);
-    else if (c->NH < 1 || c->C < 1 || c->C % c->NH)
-        snprintf(err, errlen, "C (%d) must be a positive multiple of NH (%d)", c->C, c->NH);
-    else if (c->T < 1 || c->T > 65536)
-        snprintf(err, errlen, "T: expected 1 to 65536, got %d", c->T);
-    else if (c->V < 2 || c->V > 65536)
-        snprintf(err, errlen, "V: expected 2 to 65536, got %d", c->V);
-    else
-        return 0;
-    return -EINVAL;
-}
-
 enum gpt_unit_kind gpt_unit_kind(const struct gpt_config *cfg, int unit)
 {
     if (unit == 0)

@@ -25,24 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GPT_MAX_LAYERS 64
+#include "common/gptcfg.h" /* struct gpt_config, presets, gpt_config_check */
+
 #define GPT_MAX_UNITS (GPT_MAX_LAYERS + 2)
 #define GPT_MAX_UNIT_TENSORS 12
-
-struct gpt_config {
-    int L;  /* blocks */
-    int NH; /* heads */
-    int C;  /* channels */
-    int T;  /* maximum sequence length (positions in wpe) */
-    int V;  /* vocabulary */
-};
-
-/* Fills *cfg for "tiny", "small" or "gpt2-124m"; -ENOENT otherwise. */
-int gpt_preset(const char *name, struct gpt_config *cfg);
-/* "tiny, small, gpt2-124m", for messages. */
-const char *gpt_preset_list(void);
-/* 0, or -EINVAL with the reason in err (C % NH, bounds). */
-int gpt_config_check(const struct gpt_config *cfg, char *err, size_t errlen);
 
 struct gpt_tensor {
     const char *name;

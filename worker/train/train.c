@@ -50,11 +50,8 @@ void train_step_report(struct train_step_info *info, const struct job_spec *s, l
 int trainer_check_spec(struct job_spec *s, int world, char *err, size_t errlen)
 {
     struct gpt_config cfg;
-    if (gpt_preset(s->model, &cfg)) {
-        snprintf(err, errlen, "model: unknown preset \"%s\" (expected one of %s)", s->model,
-                 gpt_preset_list());
+    if (job_spec_model(s, &cfg, err, errlen))
         return -EINVAL;
-    }
     if (s->seq_len == 0)
         s->seq_len = cfg.T;
     if (s->seq_len > cfg.T) {
@@ -95,7 +92,7 @@ int trainer_init(struct trainer *tr, const struct job_spec *spec, int rank, int 
     int rc = trainer_check_spec(s, tr->world, err, errlen);
     if (rc)
         return rc;
-    gpt_preset(s->model, &cfg);
+    job_spec_model(s, &cfg, err, errlen); /* checked by trainer_check_spec */
     tr->accum = s->batch / (s->micro_batch * tr->world);
     train_optim_init(&tr->optim, s);
 

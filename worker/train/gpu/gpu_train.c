@@ -33,7 +33,7 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
         snprintf(err, errlen, "--device gpu: %s", why);
         return -ENODEV;
     }
-    gpt_preset(s->model, &tr->cfg);
+    job_spec_model(s, &tr->cfg, err, errlen); /* checked by trainer_check_spec */
     tr->accum = s->batch / (s->micro_batch * world);
     train_optim_init(&tr->optim, s);
     rc = dataset_open(&tr->data, s->data, tr->cfg.V, s->val_fraction, s->seq_len, err, errlen);
