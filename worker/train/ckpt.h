@@ -22,7 +22,8 @@
  * files, so either path loads what the other wrote, at any world size. A
  * checkpoint is written into a temporary directory, synced, and renamed
  * into place; `latest` is replaced by rename after that, so a crash leaves
- * the previous checkpoint intact.
+ * the previous checkpoint intact. After the commit rank 0 prunes old
+ * checkpoints (ckpt_prune below; spec->checkpoint_keep).
  *
  * The functions here know nothing of a trainer: a rank describes what it
  * holds in a struct ckpt_rank (host arrays of its shards, the numbers the
