@@ -84,6 +84,8 @@ static const struct key_def keys[] = {
     {"checkpoint_dir", KEY_STRING, F(checkpoint_dir), 0, 0, 0, "", "checkpoint directory; empty = none"},
     {"checkpoint_every", KEY_INT, F(checkpoint_every), 0, 100000000, 0, NULL,
      "steps between checkpoints; 0 = only at the end"},
+    {"checkpoint_keep", KEY_INT, F(checkpoint_keep), 0, 100000000, 3, NULL,
+     "committed checkpoints kept: older ones are pruned after each commit (the one `latest` names never); 0 = keep all"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

@@ -59,6 +59,7 @@ struct job_spec {
     int64_t seed;
     char checkpoint_dir[JOB_PATH_MAX]; /* "" = no checkpoints */
     int checkpoint_every;      /* steps between checkpoints; 0 = off */
+    int checkpoint_keep;       /* committed checkpoints kept; 0 = all */
 };
 
 /* Fills *spec with every key's default (name and data stay empty). */

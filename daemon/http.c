@@ -35,6 +35,7 @@ struct http_server {
     http_admin_fn admin;
     void *ctx;
     char *admin_token; /* NULL: admin disabled */
+    int checkpoints;   /* the job has a checkpoint_dir */
     http_log_fn log;
     void *log_ctx;
     uint16_t port;
@@ -319,6 +320,7 @@ static const char *const action_names[] = {
     [HTTP_ADMIN_STOP] = "stop",
     [HTTP_ADMIN_RESTART] = "restart",
     [HTTP_ADMIN_DRAIN] = "drain",
+    [HTTP_ADMIN_CHECKPOINT] = "checkpoint",
 };
 
 static void sha256(const char *s, size_t len, unsigned char out[32])
@@ -396,6 +398,40 @@ static int node_known(struct http_server *srv, const char *name)
     return found;
 }
 
+/* The job state of the last published status into state ("" before the first publish). */
+static void job_state(struct http_server *srv, char *state, size_t len)
+{
+    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
+    json_t *status = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    const char *s = json_string_value(json_object_get(status, "state"));
+    snprintf(state, len, "%s", s ? s : "");
+    json_decref(status);
+}
+
+/* Whether a checkpoint can be asked for now; else the answer that says why. */
+static enum MHD_Result checkpoint_refused(struct http_server *srv, struct MHD_Connection *c,
+                                          int *refused)
+{
+    char state[32], detail[160];
+    *refused = 1;
+    if (!srv->checkpoints)
+        return reply_error(c, MHD_HTTP_CONFLICT, "no checkpoint_dir",
+                           "this job has no checkpoint_dir: its ranks have nowhere to write a "
+                           "checkpoint (set checkpoint_dir in the job spec)",
+                           NULL);
+    job_state(srv, state, sizeof(state));
+    if (!state[0])
+        return reply_starting(c);
+    if (strcmp(state, "running") != 0) {
+        snprintf(detail, sizeof(detail),
+                 "the job is %s: a checkpoint is taken by running ranks (state running)", state);
+        return reply_error(c, MHD_HTTP_CONFLICT, "not running", detail, NULL);
+    }
+    *refused = 0;
+    return MHD_YES;
+}
+
 static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
                              enum http_admin_action action, const char *node, size_t node_len)
 {
@@ -411,6 +447,15 @@ static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
                            "send \"Authorization: Bearer <admin token>\"", NULL);
     }
 
+    if (action == HTTP_ADMIN_CHECKPOINT) {
+        int refused;
+        enum MHD_Result r = checkpoint_refused(srv, c, &refused);
+        if (refused) {
+            log_warn("http: refused checkpoint from %s: %s", peer,
+                     srv->checkpoints ? "the job is not running" : "the job has no checkpoint_dir");
+            return r;
+        }
+    }
     json_t *doc = json_pack("{s:s}", "accepted", action_names[action]);
     char name[NODE_NAME_MAX + 1] = "";
     if (action == HTTP_ADMIN_DRAIN) {
@@ -457,6 +502,7 @@ static const struct {
     {"/v1/events", get_events, 0},
     {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
     {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
+    {"/v1/job/checkpoint", NULL, HTTP_ADMIN_CHECKPOINT},
 };
 
 #define DRAIN_PREFIX "/v1/nodes/"
@@ -619,6 +665,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
     srv->ctx = ctx;
     srv->log = cfg->log;
     srv->log_ctx = cfg->log_ctx;
+    srv->checkpoints = cfg->checkpoints;
     if (cfg->admin_token && !(srv->admin_token = strdup(cfg->admin_token))) {
         free(srv);
         snprintf(err, errlen, "out of memory");

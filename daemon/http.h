@@ -14,6 +14,8 @@
  *   GET  /                     the dashboard (HTML + JS polling /v1/status)
  *   POST /v1/job/stop          admin: "Authorization: Bearer <admin token>"
  *   POST /v1/job/restart       admin
+ *   POST /v1/job/checkpoint    admin: 202, or 409 when the job has no
+ *                              checkpoint_dir or is not running
  *   POST /v1/nodes/{name}/drain admin
  * Errors are JSON {"error": "...", "detail": "..."} with a fitting status.
  */
@@ -26,7 +28,7 @@
 #include "daemon/logfetch.h"
 #include "daemon/snapshot.h"
 
-enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN };
+enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN, HTTP_ADMIN_CHECKPOINT };
 
 /*
  * Called on the HTTP thread for an authorised admin request; must only
@@ -46,6 +48,7 @@ struct http_config {
     uint16_t port;           /* 0 = pick a free port (see http_port) */
     const char *admin_token; /* NULL: admin endpoints answer 403 */
     http_log_fn log;         /* NULL: rank logs answer 503 */
+    int checkpoints;         /* the job has a checkpoint_dir: checkpoints can be asked for */
     void *log_ctx;
 };
 

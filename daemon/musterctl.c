@@ -63,6 +63,7 @@ static void usage(FILE *f)
           "                      and goes on into the next generation after a restart\n"
           "  stop                stop the job (admin)\n"
           "  restart             restart the job in a new generation (admin)\n"
+          "  checkpoint          checkpoint the running job at its next step boundary (admin)\n"
           "  drain NODE          take NODE out of the job (admin)\n"
           "  token new FILE [--force]\n"
           "                      write a new random admin token to FILE (mode 0600)\n"
@@ -70,8 +71,8 @@ static void usage(FILE *f)
           "Options:\n"
           "  --server URL              musterd's REST address (default $MUSTER_SERVER,\n"
           "                            else " DEFAULT_SERVER ")\n"
-          "  --admin-token-file FILE   admin token for stop, restart, drain (default\n"
-          "                            $MUSTER_ADMIN_TOKEN)\n"
+          "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain\n"
+          "                            (default $MUSTER_ADMIN_TOKEN)\n"
           "  --json                    print the server's JSON instead of tables\n"
           "  -h, --help                show this help and exit\n"
           "  --version                 show the version and exit\n"
@@ -705,7 +706,7 @@ int main(int argc, char **argv)
         return usage_error("--force only goes with 'token new'%s", "");
 
     static const char *const known[] = {"status", "nodes", "ranks", "events", "watch",
-                                        "stop", "restart", "drain", "token", "logs"};
+                                        "stop", "restart", "checkpoint", "drain", "token", "logs"};
     int is_known = 0;
     for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
         is_known |= strcmp(cmd, known[k]) == 0;
@@ -753,6 +754,8 @@ int main(int argc, char **argv)
         rc = cmd_admin(&ctl, "/v1/job/stop");
     } else if (strcmp(cmd, "restart") == 0) {
         rc = cmd_admin(&ctl, "/v1/job/restart");
+    } else if (strcmp(cmd, "checkpoint") == 0) {
+        rc = cmd_admin(&ctl, "/v1/job/checkpoint");
     } else {
         char path[256];
         const char *node = args[1];

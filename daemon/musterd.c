@@ -273,14 +273,22 @@ static void on_admin(uv_async_t *a)
             [HTTP_ADMIN_STOP] = RDV_ADMIN_STOP,
             [HTTP_ADMIN_RESTART] = RDV_ADMIN_RESTART,
             [HTTP_ADMIN_DRAIN] = RDV_ADMIN_DRAIN,
+            [HTTP_ADMIN_CHECKPOINT] = RDV_ADMIN_CHECKPOINT,
+        };
+        static const char *const names[] = {
+            [HTTP_ADMIN_STOP] = "stop",
+            [HTTP_ADMIN_RESTART] = "restart",
+            [HTTP_ADMIN_DRAIN] = "drain",
+            [HTTP_ADMIN_CHECKPOINT] = "checkpoint",
         };
         int rc = rdv_admin(&d->rdv, map[reqs[i].action], reqs[i].node[0] ? reqs[i].node : NULL,
                            uv_now(&d->loop));
         if (rc != 0)
-            log_warn("admin request %s%s%s not carried out: %s",
-                     reqs[i].action == HTTP_ADMIN_STOP ? "stop" : reqs[i].action == HTTP_ADMIN_RESTART ? "restart" : "drain",
-                     reqs[i].node[0] ? " of " : "",
-                     reqs[i].node, rc == -ENOENT ? "no such node" : "not possible in this job state");
+            log_warn("admin request %s%s%s not carried out: %s", names[reqs[i].action],
+                     reqs[i].node[0] ? " of " : "", reqs[i].node,
+                     rc == -ENOENT    ? "no such node"
+                     : rc == -ENOTSUP ? "the job has no checkpoint_dir"
+                                      : "not possible in this job state");
     }
     flush_changes(d);
 }
@@ -492,7 +500,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL,
-                               .log = log_from_http, .log_ctx = &d};
+                               .log = log_from_http, .log_ctx = &d, .checkpoints = spec.checkpoint_dir[0] != '\0'};
     rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
     if (rc != 0) {
         log_error("%s", err);

@@ -1012,6 +1012,18 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         /* An asked-for restart does not spend the failure budget. */
         open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT);
         return 0;
+    case RDV_ADMIN_CHECKPOINT:
+        if (!r->spec->checkpoint_dir[0])
+            return -ENOTSUP;
+        if (r->state != RDV_RUNNING)
+            return -EINVAL;
+        for (uint32_t i = 0; i < r->nnodes; i++)
+            if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+                send_command(r, i, PROTO_CMD_CHECKPOINT);
+        event(r, "checkpoint_requested", -1, -1,
+              "checkpoint requested by an administrator: taken at the next step boundary");
+        changed(r, 0);
+        return 0;
     case RDV_ADMIN_DRAIN: {
         int idx = name ? find_node(r, name) : -1;
         if (idx < 0)

@@ -211,8 +211,12 @@ void rdv_disconnected(struct rdv *r, const char *node, const char *why,
 /* Time passed: heartbeat deadlines. Call every ~100 ms. */
 void rdv_tick(struct rdv *r, uint64_t now_ms);
 
-enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN };
-/* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now). */
+enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT };
+/* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now) /
+ * -ENOTSUP (checkpoint: the job has no checkpoint_dir). CHECKPOINT sends
+ * COMMAND checkpoint of the current generation to every member node, whose
+ * agent forwards it to its ranks; the checkpoint is then reported as any
+ * other (last_checkpoint_step, event checkpoint_committed). */
 int rdv_admin(struct rdv *r, enum rdv_admin action, const char *node, uint64_t now_ms);
 
 int rdv_terminal(const struct rdv *r);

@@ -8,10 +8,13 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -339,6 +342,112 @@ START_TEST(cpu_trainer_resumes_from_gpu_slicing)
 }
 END_TEST
 
+/* ---- pruning ---- */
+
+static int plan_removes(struct ckpt_entry *e, size_t n, long step)
+{
+    for (size_t i = 0; i < n; i++)
+        if (e[i].step == step)
+            return e[i].remove;
+    ck_abort_msg("no entry of step %ld", step);
+    return 0;
+}
+
+/* keep 2 after committing 30: 25 and 30 stay, older committed ones go, the
+ * one `latest` names stays, nothing past 30 is touched, debris goes, a live
+ * writer's directory stays. */
+START_TEST(prune_plan_keeps_the_newest_and_what_resume_needs)
+{
+    struct ckpt_entry e[] = {
+        {5, CKPT_COMMITTED, 0},  {10, CKPT_COMMITTED, 0}, {15, CKPT_COMMITTED, 0},
+        {20, CKPT_COMMITTED, 0}, {25, CKPT_COMMITTED, 0}, {30, CKPT_COMMITTED, 0},
+        {35, CKPT_COMMITTED, 0}, {12, CKPT_UNCOMMITTED, 0}, {13, CKPT_ABANDONED, 0},
+        {14, CKPT_WRITING, 0},   {16, CKPT_ASIDE, 0},     {31, CKPT_ABANDONED, 0},
+        {40, CKPT_WRITING, 0},
+    };
+    const size_t n = sizeof(e) / sizeof(e[0]);
+    ck_assert_int_eq(ckpt_prune_plan(e, n, 30, 10, 2), 6);
+    const long gone[] = {5, 15, 20, 12, 13, 16}, kept[] = {10, 25, 30, 35, 14, 31, 40};
+    for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++)
+        ck_assert_msg(plan_removes(e, n, gone[i]), "step %ld should go", gone[i]);
+    for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+        ck_assert_msg(!plan_removes(e, n, kept[i]), "step %ld should stay", kept[i]);
+    /* keep 0 keeps every committed checkpoint and still clears debris */
+    ck_assert_int_eq(ckpt_prune_plan(e, n, 30, 30, 0), 3);
+    ck_assert(!plan_removes(e, n, 5));
+    ck_assert(plan_removes(e, n, 12));
+    /* keep 1: only the one just committed, and never that one */
+    struct ckpt_entry one[] = {{7, CKPT_COMMITTED, 0}, {8, CKPT_COMMITTED, 0}};
+    ck_assert_int_eq(ckpt_prune_plan(one, 2, 8, 8, 1), 1);
+    ck_assert(one[0].remove && !one[1].remove);
+    /* the committed one missing (another pruner raced): the newest stays */
+    struct ckpt_entry lone[] = {{7, CKPT_COMMITTED, 0}};
+    ck_assert_int_eq(ckpt_prune_plan(lone, 1, 8, -1, 1), 0);
+}
+END_TEST
+
+static void mkdirs(const char *dir, const char *name, int manifest)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    if (manifest) {
+        snprintf(p, sizeof(p), "%s/%s/manifest.json", dir, name);
+        FILE *f = fopen(p, "w");
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+    }
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* On disk, after a world of 2 commits step 7 with checkpoint_keep 2. */
+START_TEST(save_prunes_old_checkpoints_and_debris_but_not_live_writers)
+{
+    struct full ref;
+    full_init(&ref, 1);
+    char dir[128], p[512];
+    snprintf(dir, sizeof(dir), "%s/pruned", tmpdir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    mkdirs(dir, "step-00000001", 1);
+    mkdirs(dir, "step-00000003", 1);
+    mkdirs(dir, "step-00000005", 1);
+    mkdirs(dir, "step-00000004", 0);          /* uncommitted, left by a crash */
+    mkdirs(dir, ".tmp-step-00000002-999", 0); /* its writer is gone */
+    mkdirs(dir, ".tmp-step-00000006-998", 0); /* its writer holds the lock */
+    mkdirs(dir, "step-00000009", 1);          /* past the commit: another writer's */
+    mkdirs(dir, "notes", 0);                  /* not a checkpoint's */
+    snprintf(p, sizeof(p), "%s/.tmp-step-00000006-998/.writer", dir);
+    int live = open(p, O_RDWR | O_CREAT, 0644);
+    ck_assert_int_ge(live, 0);
+    ck_assert_int_eq(flock(live, LOCK_EX), 0);
+    run_world(&ref, dir, 2, 0, 1); /* step 7, tiny_spec's checkpoint_keep: the default 3 */
+    ck_assert(exists(dir, "step-00000007/manifest.json"));
+    ck_assert(!exists(dir, "step-00000007/.writer"));
+    ck_assert(exists(dir, "step-00000005") && exists(dir, "step-00000003"));
+    ck_assert(!exists(dir, "step-00000001"));
+    ck_assert(!exists(dir, "step-00000004"));
+    ck_assert(!exists(dir, ".tmp-step-00000002-999"));
+    ck_assert(exists(dir, ".tmp-step-00000006-998"));
+    ck_assert(exists(dir, "step-00000009") && exists(dir, "notes"));
+    /* keep 1 on the same directory: 3 and 5 go, 7 stays as latest */
+    char err[256];
+    ck_assert_int_eq(ckpt_prune(dir, 7, 1, err, sizeof(err)), 2);
+    ck_assert(exists(dir, "step-00000007") && !exists(dir, "step-00000005"));
+    ck_assert(exists(dir, ".tmp-step-00000006-998"));
+    close(live); /* the writer dies: its directory is debris now */
+    ck_assert_int_eq(ckpt_prune(dir, 7, 1, err, sizeof(err)), 1);
+    ck_assert(!exists(dir, ".tmp-step-00000006-998"));
+    ck_assert(exists(dir, "step-00000007/manifest.json"));
+    full_free(&ref);
+}
+END_TEST
+
 Suite *make_ckpt_suite(void)
 {
     Suite *s = suite_create("ckpt");
@@ -349,6 +458,12 @@ Suite *make_ckpt_suite(void)
     tcase_add_test(tc, manifest_records_the_writers_shard_size);
     tcase_add_test(tc, impossible_shard_size_is_refused);
     tcase_add_test(tc, cpu_trainer_resumes_from_gpu_slicing);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("prune");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, prune_plan_keeps_the_newest_and_what_resume_needs);
+    tcase_add_test(tc, save_prunes_old_checkpoints_and_debris_but_not_live_writers);
     suite_add_tcase(s, tc);
     return s;
 }

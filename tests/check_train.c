@@ -7,6 +7,8 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,6 +329,148 @@ START_TEST(bad_batch_split_is_refused)
 }
 END_TEST
 
+/* ---- the stop and checkpoint vote ---- */
+
+START_TEST(vote_counts_both_questions_from_one_sum)
+{
+    for (int world = 1; world <= 9; world++)
+        for (int nstop = 0; nstop <= world; nstop++)
+            for (int nckpt = 0; nckpt <= world; nckpt++) {
+                /* the first nstop ranks ask to stop, the last nckpt for a checkpoint */
+                double sum = 0;
+                for (int r = 0; r < world; r++)
+                    sum += train_vote_share(r < nstop, r >= world - nckpt, world);
+                struct train_vote v = train_vote_count(sum, world);
+                ck_assert_msg(v.stop == nstop && v.checkpoint == nckpt,
+                              "world %d, %d stop and %d checkpoint votes read as %d and %d", world,
+                              nstop, nckpt, v.stop, v.checkpoint);
+            }
+}
+END_TEST
+
+/* Ranks as threads over a fake trainer whose steps only count and whose sum
+ * goes through shared memory: the vote, the loop and nothing else. */
+#define VOTE_WORLD 3
+#define VOTE_STEPS 8
+
+struct vote_world {
+    pthread_barrier_t bar;
+    double slot[VOTE_WORLD];
+    struct job_spec spec;
+};
+
+struct vote_rank {
+    struct vote_world *w;
+    int rank;
+    long step, last_checkpoint;
+    long saved[VOTE_STEPS + 2];
+    int nsaved;
+    int ask_at[2];                  /* steps after which this rank's control thread
+                                     * "receives" a request (-1: none) */
+    volatile sig_atomic_t requests; /* what the control thread raises */
+};
+
+static int vote_step(void *tr, struct train_step_info *info, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    struct vote_rank *r = tr;
+    r->step++;
+    for (int i = 0; i < 2; i++)
+        if (r->ask_at[i] == r->step)
+            r->requests = r->requests + 1;
+    memset(info, 0, sizeof(*info));
+    info->step = r->step;
+    return 0;
+}
+
+static int vote_sum(void *tr, double *x)
+{
+    struct vote_rank *r = tr;
+    r->w->slot[r->rank] = *x;
+    pthread_barrier_wait(&r->w->bar);
+    double s = 0;
+    for (int i = 0; i < VOTE_WORLD; i++)
+        s += r->w->slot[i];
+    pthread_barrier_wait(&r->w->bar);
+    *x = s;
+    return 0;
+}
+
+static int vote_save(void *tr, const char *dir, char *path, size_t pathlen, char *err,
+                     size_t errlen)
+{
+    (void)dir, (void)err, (void)errlen;
+    struct vote_rank *r = tr;
+    double x = 0;
+    vote_sum(tr, &x); /* a checkpoint is collective: a mismatch would hang here */
+    r->saved[r->nsaved++] = r->step;
+    r->last_checkpoint = r->step;
+    snprintf(path, pathlen, "step-%ld", r->step);
+    return 0;
+}
+
+static int vote_failed(void *tr, int rc, const char *what, char *err, size_t errlen)
+{
+    (void)tr;
+    snprintf(err, errlen, "%s failed", what);
+    return rc;
+}
+
+static const struct train_ops vote_ops = {vote_step, NULL, vote_sum, vote_save, vote_failed};
+
+static void *vote_rank_main(void *arg)
+{
+    struct vote_rank *r = arg;
+    struct train_loop l = {.ops = &vote_ops, .tr = r, .spec = &r->w->spec, .step = &r->step,
+                           .last_checkpoint = &r->last_checkpoint, .rank = r->rank,
+                           .world = VOTE_WORLD};
+    struct train_hooks hooks = {.checkpoint_requests = &r->requests};
+    char err[128];
+    long rc = train_loop_run(&l, 0, &hooks, NULL, err, sizeof(err));
+    return (void *)rc;
+}
+
+/* One request reaches the ranks after steps 2, 3 and 4; a second reaches
+ * rank 2 after step 5 and the others after step 6. Every rank checkpoints
+ * at step 2 (the first to ask carries the vote) and at step 5, never twice
+ * for one request, and at the end. */
+START_TEST(requested_checkpoint_is_taken_by_every_rank_at_one_step)
+{
+    struct vote_world w;
+    memset(&w, 0, sizeof(w));
+    job_spec_defaults(&w.spec);
+    w.spec.steps = VOTE_STEPS;
+    w.spec.eval_every = 0;
+    w.spec.checkpoint_every = 0;
+    snprintf(w.spec.checkpoint_dir, sizeof(w.spec.checkpoint_dir), "unused");
+    pthread_barrier_init(&w.bar, NULL, VOTE_WORLD);
+    static struct vote_rank r[VOTE_WORLD];
+    const int first[VOTE_WORLD] = {2, 3, 4}, second[VOTE_WORLD] = {6, 6, 5};
+    pthread_t th[VOTE_WORLD];
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        memset(&r[i], 0, sizeof(r[i]));
+        r[i] = (struct vote_rank){.w = &w, .rank = i, .last_checkpoint = -1,
+                                  .ask_at = {first[i], second[i]}};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, vote_rank_main, &r[i]), 0);
+    }
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        void *rc;
+        pthread_join(th[i], &rc);
+        ck_assert_int_eq((long)rc, 0);
+    }
+    pthread_barrier_destroy(&w.bar);
+    const long want[] = {2, 5, VOTE_STEPS};
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        ck_assert_int_eq(r[i].step, VOTE_STEPS);
+        ck_assert_msg(r[i].nsaved == 3, "rank %d took %d checkpoints, expected 3", i,
+                      r[i].nsaved);
+        for (int k = 0; k < 3; k++)
+            ck_assert_msg(r[i].saved[k] == want[k], "rank %d: checkpoint %d at step %ld, expected %ld",
+                          i, k, r[i].saved[k], want[k]);
+    }
+}
+END_TEST
+
 Suite *make_train_suite(void)
 {
     Suite *s = suite_create("train");
@@ -347,6 +491,11 @@ Suite *make_train_suite(void)
     tcase_add_test(tc, sampling_a_whole_model_matches_the_trainer);
     tcase_add_test(tc, nan_loss_names_the_step);
     tcase_add_test(tc, bad_batch_split_is_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("vote");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, vote_counts_both_questions_from_one_sum);
+    tcase_add_test(tc, requested_checkpoint_is_taken_by_every_rank_at_one_step);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,6 +129,71 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/*
+ * Two kinds of flock(2) keep writers and pruners of one checkpoint_dir apart,
+ * even across processes that race (a restarted generation, two jobs):
+ *   <dir>/.lock            held briefly by rank 0 around every change of
+ *                          the directory's names: creating a temporary
+ *                          directory, renaming one into place and `latest`,
+ *                          pruning;
+ *   <dir>/.tmp-step-N-PID/.writer
+ *                          held by the rank 0 writing that temporary
+ *                          directory until it is committed or given up: a
+ *                          pruner that can take it knows the writer is gone.
+ */
+static int lock_dir(const char *dir)
+{
+    char p[JOB_PATH_MAX + 16];
+    snprintf(p, sizeof(p), "%s/.lock", dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    while (flock(fd, LOCK_EX) != 0)
+        if (errno != EINTR) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+    return fd;
+}
+
+static void unlock_dir(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* closing releases the flock */
+}
+
+/* The writer's lock of a temporary directory: an fd holding it, or < 0. */
+static int writer_lock(const char *tmp)
+{
+    char p[JOB_PATH_MAX + 96];
+    snprintf(p, sizeof(p), "%s/.writer", tmp);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+/* Whether a temporary directory's writer still holds it: 1, or 0 when its
+ * .writer is gone or free (the writer died). An error taking the lock (a
+ * file system without flock) counts as held: nothing is removed on doubt. */
+static int writer_alive(const char *tmp)
+{
+    char p[JOB_PATH_MAX + 96];
+    snprintf(p, sizeof(p), "%s/.writer", tmp);
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : 1;
+    int alive = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    close(fd);
+    return alive;
+}
+
 /* Writes this rank's shards of weights and moments (padding included). */
 static int write_shard(const struct ckpt_rank *c, const char *path, uint64_t *hash, size_t *bytes)
 {
@@ -237,11 +303,18 @@ static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, c
     free(text);
     if (!rc)
         rc = sync_dir(tmp);
+    int lock = -1;
+    if (!rc && (lock = lock_dir(dir)) < 0)
+        rc = lock;
     if (!rc) {
         /* Replace an older checkpoint of the same step: move it aside first,
-         * because rename() does not replace a non-empty directory. */
+         * because rename() does not replace a non-empty directory. The
+         * writer's lock file goes before the rename: a committed directory
+         * holds the manifest and the shards only. */
         char old[JOB_PATH_MAX + 64];
         snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, c->step, (int)getpid());
+        snprintf(file, sizeof(file), "%s/.writer", tmp);
+        unlink(file);
         int had = rename(final, old) == 0;
         if (rename(tmp, final) != 0)
             rc = -errno;
@@ -264,6 +337,7 @@ static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, c
         if (!rc)
             rc = sync_dir(dir);
     }
+    unlock_dir(lock);
     return rc;
 }
 
@@ -292,14 +366,21 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
     /* 1 */
     uint64_t mine[3] = {0, (uint64_t)getpid(), 0};
     int rc = 0;
+    int writer = -1; /* rank 0: the temporary directory's writer lock */
     if (c->rank == 0) {
         rc = mkdir_p(dir);
         snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)getpid());
+        int lock = rc ? -1 : lock_dir(dir);
+        if (lock < 0 && !rc)
+            rc = lock;
         if (!rc) {
             remove_tree(tmp);
             if (mkdir(tmp, 0755) != 0)
                 rc = -errno;
+            else if ((writer = writer_lock(tmp)) < 0)
+                rc = writer;
         }
+        unlock_dir(lock);
         mine[0] = (uint64_t)(int64_t)rc;
     }
     int crc = c->gather(c->coll, mine, 3, all);
@@ -307,6 +388,9 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
         rc = (int)(int64_t)all[0];
         snprintf(err, errlen, "checkpoint: cannot create a directory under %s: %s", dir,
                  strerror(-rc));
+        if (c->rank == 0)
+            remove_tree(tmp);
+        unlock_dir(writer);
         free(all);
         return rc;
     }
@@ -333,6 +417,7 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
         mine[0] = (uint64_t)(int64_t)rc;
         crc = c->gather(c->coll, mine, 1, all);
     }
+    unlock_dir(writer);
     if (crc) {
         snprintf(err, errlen, "checkpoint %s: collective failed: %s", final, c->why(c->coll, crc));
         free(all);
@@ -349,6 +434,17 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
     if (rc) {
         snprintf(err, errlen, "checkpoint: writing %s failed: %s", final, strerror(-rc));
         return rc;
+    }
+    /* Committed: rank 0 prunes while the others go on (a failed prune
+     * costs disk space, never the checkpoint). */
+    if (c->rank == 0) {
+        char perr[JOB_PATH_MAX + 128];
+        int pruned = ckpt_prune(dir, c->step, c->spec->checkpoint_keep, perr, sizeof(perr));
+        if (pruned < 0)
+            log_warn("%s", perr);
+        else if (pruned > 0)
+            log_debug("checkpoint: pruned %d director%s under %s", pruned,
+                      pruned == 1 ? "y" : "ies", dir);
     }
     if (path)
         snprintf(path, pathlen, "%s", final);
@@ -623,4 +719,149 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
     else
         rc = load_local(c, path, err, errlen);
     return agree_loaded(c, rc, err, errlen);
+}
+
+/* ---- pruning ---- */
+
+int ckpt_prune_plan(struct ckpt_entry *e, size_t n, long committed, long latest, int keep)
+{
+    int removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        e[i].remove = 0;
+        /* at or past the commit: this one, or a racing writer's */
+        if (e[i].step >= committed || e[i].step == latest)
+            continue;
+        switch (e[i].kind) {
+        case CKPT_COMMITTED: {
+            if (keep <= 0)
+                break;
+            int newer = 0; /* committed ones in (step, committed] */
+            for (size_t j = 0; j < n; j++)
+                newer += e[j].kind == CKPT_COMMITTED && e[j].step > e[i].step &&
+                         e[j].step <= committed;
+            e[i].remove = newer >= keep;
+            break;
+        }
+        case CKPT_UNCOMMITTED:
+        case CKPT_ABANDONED:
+        case CKPT_ASIDE:
+            e[i].remove = 1;
+            break;
+        case CKPT_WRITING:
+            break;
+        }
+        removed += e[i].remove;
+    }
+    return removed;
+}
+
+/* "<prefix><digits>" then the end, or "-<digits>" and the end when pid is
+ * set: the step, or -1. */
+static long parse_step(const char *name, const char *prefix, int pid)
+{
+    size_t len = strlen(prefix);
+    if (strncmp(name, prefix, len) != 0)
+        return -1;
+    const char *p = name + len;
+    char *end;
+    if (*p < '0' || *p > '9')
+        return -1;
+    errno = 0;
+    long step = strtol(p, &end, 10);
+    if (errno || step < 0)
+        return -1;
+    if (pid) {
+        if (*end != '-' || end[1] < '0' || end[1] > '9')
+            return -1;
+        strtol(end + 1, &end, 10);
+    }
+    return *end ? -1 : step;
+}
+
+/* The step `latest` names, or -1. */
+static long latest_step(const char *dir)
+{
+    char p[JOB_PATH_MAX + 16], name[64] = "";
+    snprintf(p, sizeof(p), "%s/latest", dir);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    int ok = fgets(name, sizeof(name), f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    return ok ? parse_step(name, "step-", 0) : -1;
+}
+
+int ckpt_prune(const char *dir, long committed, int keep, char *err, size_t errlen)
+{
+    int lock = lock_dir(dir);
+    if (lock < 0) {
+        snprintf(err, errlen, "checkpoint: cannot lock %s/.lock to prune: %s", dir,
+                 strerror(-lock));
+        return lock;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        unlock_dir(lock);
+        snprintf(err, errlen, "checkpoint: cannot list %s to prune: %s", dir, strerror(e));
+        return -e;
+    }
+    size_t n = 0, cap = 0;
+    struct ckpt_entry *ents = NULL;
+    char (*names)[256] = NULL;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+        struct ckpt_entry en = {.step = -1};
+        char p[JOB_PATH_MAX + 300];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        if (lstat(p, &st) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if ((en.step = parse_step(de->d_name, "step-", 0)) >= 0) {
+            snprintf(p, sizeof(p), "%s/%s/manifest.json", dir, de->d_name);
+            en.kind = access(p, F_OK) == 0 ? CKPT_COMMITTED : CKPT_UNCOMMITTED;
+        } else if ((en.step = parse_step(de->d_name, ".tmp-step-", 1)) >= 0) {
+            en.kind = writer_alive(p) ? CKPT_WRITING : CKPT_ABANDONED;
+        } else if ((en.step = parse_step(de->d_name, ".old-step-", 1)) >= 0) {
+            en.kind = CKPT_ASIDE;
+        } else {
+            continue; /* not ours: never touched */
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            struct ckpt_entry *ne = realloc(ents, cap * sizeof(*ents));
+            char(*nn)[256] = ne ? realloc(names, cap * sizeof(*names)) : NULL;
+            if (ne)
+                ents = ne;
+            if (nn)
+                names = nn;
+            if (!ne || !nn) {
+                rc = -ENOMEM;
+                break;
+            }
+        }
+        ents[n] = en;
+        snprintf(names[n], sizeof(names[n]), "%s", de->d_name);
+        n++;
+    }
+    closedir(d);
+    if (rc) {
+        snprintf(err, errlen, "checkpoint: out of memory listing %s to prune", dir);
+    } else {
+        rc = ckpt_prune_plan(ents, n, committed, latest_step(dir), keep);
+        for (size_t i = 0; i < n; i++)
+            if (ents[i].remove) {
+                char p[JOB_PATH_MAX + 300];
+                snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+                remove_tree(p);
+            }
+        if (rc)
+            sync_dir(dir);
+    }
+    unlock_dir(lock);
+    free(ents);
+    free(names);
+    return rc;
 }

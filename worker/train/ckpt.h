@@ -22,7 +22,8 @@
  * files, so either path loads what the other wrote, at any world size. A
  * checkpoint is written into a temporary directory, synced, and renamed
  * into place; `latest` is replaced by rename after that, so a crash leaves
- * the previous checkpoint intact.
+ * the previous checkpoint intact. After the commit rank 0 prunes old
+ * checkpoints (ckpt_prune below; spec->checkpoint_keep).
  *
  * The functions here know nothing of a trainer: a rank describes what it
  * holds in a struct ckpt_rank (host arrays of its shards, the numbers the
@@ -86,5 +87,42 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
  * real (non-padding) floats it owns. Sets c->step and c->seed. Collective:
  * every rank returns an error when one could not load. */
 int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen);
+
+/*
+ * Pruning: after step `committed` is committed, rank 0 of the save calls
+ * ckpt_prune (ckpt_save does it). The rule, as a pure function over the
+ * directories found:
+ *   - nothing at or past `committed` is touched (this checkpoint, or one a
+ *     racing process writes or wrote), nor the step `latest` names (what a
+ *     resume loads);
+ *   - a committed checkpoint is removed when `keep` (> 0; 0 = keep all)
+ *     committed ones newer than it, up to `committed`, exist;
+ *   - debris of a crash is removed: a step directory without a manifest, a
+ *     temporary directory whose writer is gone (its lock is free), a
+ *     directory moved aside while replacing one of the same step;
+ *   - a temporary directory whose writer still holds its lock never is.
+ */
+enum ckpt_entry_kind {
+    CKPT_COMMITTED,   /* step-N holding manifest.json */
+    CKPT_UNCOMMITTED, /* step-N without one */
+    CKPT_WRITING,     /* .tmp-step-N-PID, its writer alive */
+    CKPT_ABANDONED,   /* .tmp-step-N-PID, its writer gone */
+    CKPT_ASIDE,       /* .old-step-N-PID */
+};
+
+struct ckpt_entry {
+    long step;
+    enum ckpt_entry_kind kind;
+    int remove; /* out */
+};
+
+/* Sets each entry's `remove` by the rule above (latest: the step `latest`
+ * names, -1 for none) and returns how many are to go. */
+int ckpt_prune_plan(struct ckpt_entry *e, size_t n, long committed, long latest, int keep);
+
+/* Applies the rule to dir under its lock (<dir>/.lock, which the commit
+ * also holds while it renames, so a prune never sees half a commit): the
+ * number of directories removed, or a negative errno with the reason in err. */
+int ckpt_prune(const char *dir, long committed, int keep, char *err, size_t errlen);
 
 #endif

@@ -20,6 +20,7 @@ struct rank_ctl {
     pthread_mutex_t lock; /* everything below, and writes to fd */
     pthread_cond_t cond;  /* a unique id arrived, or stop */
     volatile sig_atomic_t *stop; /* the caller's flag (see rank_ctl_open) */
+    volatile sig_atomic_t *checkpoints; /* the caller's request count, or NULL */
     int quit;             /* rank_ctl_close asks the thread to end */
     uint64_t generation;
     int rank;
@@ -144,7 +145,16 @@ static void handle(struct rank_ctl *c, const struct proto_msg *m)
     case PROTO_COMMAND:
         if (m->u.command.action == PROTO_CMD_STOP || m->u.command.action == PROTO_CMD_SHUTDOWN)
             raise_stop(c, "the agent said stop");
-        else
+        else if (m->u.command.action == PROTO_CMD_CHECKPOINT && m->u.command.generation != c->generation)
+            log_warn("rank %d: checkpoint request of generation %llu ignored: this rank is of generation %llu",
+                     c->rank, (unsigned long long)m->u.command.generation,
+                     (unsigned long long)c->generation);
+        else if (m->u.command.action == PROTO_CMD_CHECKPOINT && c->checkpoints) {
+            pthread_mutex_lock(&c->lock);
+            *c->checkpoints = *c->checkpoints + 1;
+            pthread_mutex_unlock(&c->lock);
+            log_info("rank %d: checkpoint requested; taken at the next step boundary", c->rank);
+        } else
             log_warn("rank %d: command %s is not supported by muster-train; ignored", c->rank,
                      proto_command_name(m->u.command.action));
         break;
@@ -343,6 +353,13 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg)
     pthread_mutex_unlock(&c->lock);
     if (stopped && fn)
         fn(arg);
+}
+
+void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests)
+{
+    pthread_mutex_lock(&c->lock);
+    c->checkpoints = requests;
+    pthread_mutex_unlock(&c->lock);
 }
 
 

@@ -9,7 +9,8 @@
  * A control thread owns the reading side: it answers COMMAND stop (and the
  * agent's death, seen as EOF) by raising the stop flag and calling the abort
  * hook (e.g. comm_abort, so a rank stuck in a collective returns at once);
- * other commands are logged and ignored. It also
+ * COMMAND checkpoint by raising the caller's request count
+ * (rank_ctl_on_checkpoint); other commands are logged and ignored. It also
  * sends the latest heartbeat every RANK_BEAT_MS, and at once when the first
  * step is reported. The training thread only calls rank_ctl_beat().
  */
@@ -66,6 +67,12 @@ void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens
 
 /* Called on the control thread when the rank must stop (COMMAND stop, EOF). */
 void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
+
+/* COMMAND checkpoint of this generation raises *requests by one, on the
+ * control thread (its only writer); the caller's training loop answers it at
+ * the next step boundary. requests must outlive the channel (a static).
+ * Without this call the command is logged and ignored. */
+void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests);
 
 
 /* Stops the control thread, closes the socket, frees everything. */

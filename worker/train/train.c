@@ -242,7 +242,8 @@ static const struct train_ops cpu_ops = {cpu_step, cpu_forward, cpu_sum, cpu_sav
 static struct train_loop cpu_loop(struct trainer *tr)
 {
     return (struct train_loop){.ops = &cpu_ops, .tr = tr, .spec = &tr->spec, .data = &tr->data,
-                               .step = &tr->step, .rank = tr->rank, .world = tr->world,
+                               .step = &tr->step, .last_checkpoint = &tr->last_checkpoint_step,
+                               .rank = tr->rank, .world = tr->world,
                                .inputs = tr->inputs, .targets = tr->targets};
 }
 
@@ -414,14 +415,28 @@ double train_loop_eval(const struct train_loop *l)
     return sum / (double)total;
 }
 
-/* Whether to stop before the next step. Ranks see a stop request at
- * different moments; they agree (any rank asking is enough) so that all make
- * the same number of steps and the collectives keep matching. */
-static int agree_stop(const struct train_loop *l, volatile sig_atomic_t *stop, int *rc)
+double train_vote_share(int stop, int checkpoint, int world)
 {
-    double want = stop && *stop ? 1.0 : 0.0;
-    *rc = l->ops->sum(l->tr, &want);
-    return *rc || want > 0;
+    return (stop ? 1.0 : 0.0) + (checkpoint ? (double)world + 1.0 : 0.0);
+}
+
+struct train_vote train_vote_count(double sum, int world)
+{
+    const long long base = (long long)world + 1, n = llround(sum);
+    return (struct train_vote){.stop = (int)(n % base), .checkpoint = (int)(n / base)};
+}
+
+/* The vote before the next step (see train_vote in train.h): whether any
+ * rank wants to stop, and whether any has a checkpoint request that the
+ * loop has not answered yet (answered: requests answered so far). */
+static int agree(const struct train_loop *l, volatile sig_atomic_t *stop,
+                 const struct train_hooks *hooks, long answered, struct train_vote *v)
+{
+    const long asked = hooks && hooks->checkpoint_requests ? *hooks->checkpoint_requests : 0;
+    double x = train_vote_share(stop && *stop, asked > answered, l->world);
+    int rc = l->ops->sum(l->tr, &x);
+    *v = rc ? (struct train_vote){0, 0} : train_vote_count(x, l->world);
+    return rc;
 }
 
 /* Collective: a checkpoint of this step, then the hook with its committed path. */
@@ -439,10 +454,21 @@ int train_loop_run(const struct train_loop *l, long stop_after, const struct tra
                    volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
     const struct job_spec *s = l->spec;
-    long done = 0;
+    const int can_save = s->checkpoint_dir[0] != '\0';
+    long done = 0, answered = 0;
     int rc = 0;
-    while (*l->step < s->steps && !(stop_after > 0 && done >= stop_after) &&
-           !agree_stop(l, stop, &rc)) {
+    while (*l->step < s->steps && !(stop_after > 0 && done >= stop_after)) {
+        struct train_vote v;
+        if ((rc = agree(l, stop, hooks, answered, &v)) != 0)
+            break;
+        if (v.checkpoint) {
+            answered++; /* on every rank alike: they all saw this sum */
+            if (can_save && *l->last_checkpoint != *l->step &&
+                (rc = save_and_tell(l, hooks, err, errlen)) != 0)
+                return rc;
+        }
+        if (v.stop)
+            break;
         struct train_step_info info;
         rc = l->ops->step(l->tr, &info, err, errlen);
         if (rc)
@@ -457,16 +483,15 @@ int train_loop_run(const struct train_loop *l, long stop_after, const struct tra
             if (hooks && hooks->on_eval && !isnan(val))
                 hooks->on_eval(step, val, hooks->user);
         }
-        if (s->checkpoint_dir[0] && s->checkpoint_every > 0 && step % s->checkpoint_every == 0 &&
-            !last) {
+        if (can_save && s->checkpoint_every > 0 && step % s->checkpoint_every == 0 && !last) {
             rc = save_and_tell(l, hooks, err, errlen);
             if (rc)
                 return rc;
         }
     }
     if (rc)
-        return l->ops->failed(l->tr, rc, "stop agreement", err, errlen);
-    if (s->checkpoint_dir[0] && done > 0)
+        return l->ops->failed(l->tr, rc, "stop and checkpoint vote", err, errlen);
+    if (can_save && done > 0 && *l->last_checkpoint != *l->step)
         return save_and_tell(l, hooks, err, errlen);
     return 0;
 }

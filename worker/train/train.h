@@ -126,13 +126,41 @@ struct train_hooks {
     /* after the commit, on every rank, with the committed step */
     void (*on_checkpoint)(long step, const char *path, void *user);
     void *user;
+    /* Requested checkpoints: a count that another thread (the control
+     * channel's, on COMMAND checkpoint) raises by one per request; NULL:
+     * none. Read only between steps. */
+    volatile sig_atomic_t *checkpoint_requests;
 };
+
+/*
+ * The vote at every step boundary: one all-reduce (sum) of one double per
+ * rank that carries both questions, "stop?" and "checkpoint now?". Ranks see
+ * a request at different moments; any rank asking is enough, and all of them
+ * learn it from the same sum, so all stop, or checkpoint, at the same step.
+ * A rank's share is stop + (world + 1) * checkpoint (each 0 or 1): the sum's
+ * remainder by world + 1 counts the stop votes, its quotient the checkpoint
+ * votes, exact in a double for any world below 2^26.
+ */
+struct train_vote {
+    int stop;        /* ranks asking to stop */
+    int checkpoint;  /* ranks asking for a checkpoint */
+};
+
+double train_vote_share(int stop, int checkpoint, int world);
+struct train_vote train_vote_count(double sum, int world);
 
 /*
  * Runs steps until spec.steps, until stop_after steps of this call were made
  * (<= 0: no limit), or until *stop becomes non-zero (checked between steps).
  * Validates every eval_every steps and at the end; checkpoints every
- * checkpoint_every steps and at the end when checkpoint_dir is set.
+ * checkpoint_every steps, at the end, and at the first step boundary after
+ * a request (hooks->checkpoint_requests, agreed by the vote above) when
+ * checkpoint_dir is set. Each request is answered by one checkpoint, taken
+ * by every rank at the same step: the loop counts the requests it answered
+ * (the same count on every rank), and a rank votes while its own count of
+ * requests is ahead of that, so a rank that sees a request after the others
+ * acted on it does not ask again. A request at a step that is already
+ * checkpointed is answered by that checkpoint.
  * Returns 0 or a negative errno with the reason in err.
  */
 int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
@@ -163,6 +191,7 @@ struct train_loop {
     const struct job_spec *spec;
     const struct dataset *data;
     const long *step;           /* the trainer's optimizer steps done */
+    const long *last_checkpoint; /* the trainer's last committed checkpoint (-1: none) */
     int rank, world;
     int *inputs, *targets;      /* (micro_batch, seq_len) */
 };

@@ -41,6 +41,10 @@
  * the agent's death): one static flag, so that the handler touches nothing that is freed. */
 static volatile sig_atomic_t stop_flag;
 
+/* Raised by one for each COMMAND checkpoint the control channel receives;
+ * the training loop answers each at the next step boundary (train.h). */
+static volatile sig_atomic_t checkpoint_requests;
+
 static void on_signal(int sig)
 {
     (void)sig;
@@ -356,7 +360,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
     int rc = gpu_train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
@@ -527,6 +531,7 @@ int main(int argc, char **argv)
             json_decref(over);
             return 1;
         }
+        rank_ctl_on_checkpoint(ctl, &checkpoint_requests);
         char prog[32];
         snprintf(prog, sizeof(prog), "muster-train[%d]", assign.rank);
         log_set_prog(strdup(prog));
@@ -646,7 +651,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
     rc = train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);

@@ -142,7 +142,8 @@ static const struct train_ops gpu_ops = {gpu_step, gpu_forward, gpu_sum, gpu_sav
 static struct train_loop gpu_loop(struct gpu_trainer *tr)
 {
     return (struct train_loop){.ops = &gpu_ops, .tr = tr, .spec = &tr->spec, .data = &tr->data,
-                               .step = &tr->step, .rank = tr->rank, .world = tr->world,
+                               .step = &tr->step, .last_checkpoint = &tr->last_checkpoint_step,
+                               .rank = tr->rank, .world = tr->world,
                                .inputs = tr->inputs, .targets = tr->targets};
 }
 
