@@ -76,13 +76,24 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 # muster-train's loops outside sgemm run on OpenMP threads.
 $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)): ALL_CFLAGS += -fopenmp
 
-# Named in --device gpu's message when this build has no GPU path.
-$(call obj,$(TRAIN_MAIN)): ALL_CFLAGS += -DMUSTER_CUDA_HOME='"$(CUDA_HOME)"'
-# With CUDA, muster-train (and the GPU check) carry the GPU path.
+# Named in --device gpu's messages: where the CUDA libraries were (or nvcc was not).
+$(call obj,worker/train/gpu/gpu_load.c): ALL_CFLAGS += -DMUSTER_CUDA_HOME='"$(CUDA_HOME)"' \
+	$(if $(HAVE_CUDA),-DMUSTER_HAVE_CUDA)
+# With CUDA, the GPU path and comm.h's NCCL backend form muster-train-gpu.so
+# (worker/train/gpu/gpu_module.h), which muster-train loads only for a GPU or
+# NCCL: a CPU rank never maps CUDA. The module takes the trainer's CPU code
+# (data, checkpoints, run loop) from the executable, which exports it
+# (--export-dynamic), so there is one copy of it. The GPU check and benchmark
+# link the same objects statically.
+# Its objects are position-independent, in their own tree ($(BUILD)/pic/).
+pic_obj = $(patsubst %,$(BUILD)/pic/%.o,$(basename $(1)))
 ifeq ($(HAVE_CUDA),1)
-GPU_OBJS := $(call obj,$(GPU_SRCS)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(GPU_CU_SRCS))
-$(call obj,$(GPU_SRCS) $(TRAIN_MAIN) tests/gpu-check.c tests/bench/gpu/gpu-bench.c): ALL_CFLAGS += $(CUDA_CFLAGS) -fopenmp
+GPU_OBJS := $(call pic_obj,$(GPU_SRCS) $(COMM_NCCL_SRC) $(GPU_CU_SRCS))
+$(call obj,tests/gpu-check.c tests/bench/gpu/gpu-bench.c) $(call pic_obj,$(GPU_SRCS)): ALL_CFLAGS += $(CUDA_CFLAGS) -fopenmp
+$(call pic_obj,$(COMM_NCCL_SRC)): ALL_CFLAGS += $(NCCL_CFLAGS)
 GPU_LIBS := $(CUDA_LIBS)
+GPU_MODULE := $(BUILD)/muster-train-gpu.so
+TRAIN_EXPORT := -Wl,--export-dynamic
 endif
 
 LIB_OBJS := $(call obj,$(COMMON_SRCS) $(PROTO_SRCS))
@@ -91,17 +102,22 @@ LIBMUSTER := $(BUILD)/libmuster.a
 BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
 
 .PHONY: all deps check check-run demo demo-run bench bench-run asan install uninstall clean tests docs
-all: $(BINS)
+all: $(BINS) $(GPU_MODULE)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+	@$(if $(Q),echo "  CC      $< (PIC)")
+	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -MMD -MP -c -o $@ $<
+
+$(BUILD)/pic/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $< (PIC)")
+	$(Q)$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 $(LIBMUSTER): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -120,13 +136,20 @@ $(BUILD)/muster-worker: $(call obj,$(AGENT_SRCS) $(AGENT_MAIN)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_JSON) $(LIBS_CRYPTO)
 
-$(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)) $(GPU_OBJS) $(LIBMUSTER)
+$(BUILD)/muster-train: $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN) $(TRAIN_LOAD_SRCS)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) $(GPU_LIBS) -lpthread -lm
+	$(Q)$(CC) $(ALL_LDFLAGS) $(TRAIN_EXPORT) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
+
+# Undefined symbols are the trainer's, resolved against muster-train at dlopen.
+ifeq ($(HAVE_CUDA),1)
+$(GPU_MODULE): $(GPU_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -shared -fopenmp -o $@ $^ $(NCCL_LIBS) $(GPU_LIBS) -lm
+endif
 
 # Unit tests: one Check runner over every suite, linked with the modules'
 # non-main objects so that suites drive the real code.
-TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS))
+TEST_OBJS := $(call obj,$(CHECK_SRCS) $(DAEMON_SRCS) $(AGENT_SRCS) $(TRAIN_SRCS) $(COMM_NCCL_SRC))
 $(BUILD)/tests/check_muster: $(TEST_OBJS) $(LIBMUSTER)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -142,7 +165,7 @@ $(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/train/comm/comm.
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
 
 # ZeRO-3 vs plain data-parallel step times for tests/bench/bench_zero.sh.
-$(BUILD)/tests/zero-bench: $(call obj,tests/zero-bench.c $(TRAIN_SRCS)) $(LIBMUSTER)
+$(BUILD)/tests/zero-bench: $(call obj,tests/zero-bench.c $(TRAIN_SRCS) $(COMM_NCCL_SRC)) $(LIBMUSTER)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) $(NCCL_LIBS) -lpthread -lm
@@ -167,7 +190,7 @@ $(BUILD)/tests/gpu-bench: $(call obj,tests/bench/gpu/gpu-bench.c) $(GPU_TOOL_OBJ
 
 .PHONY: check-gpu bench-gpu
 ifeq ($(HAVE_CUDA),1)
-check-gpu: $(BUILD)/tests/gpu-check $(BUILD)/muster-train
+check-gpu: $(BUILD)/tests/gpu-check $(BUILD)/muster-train $(GPU_MODULE)
 	@BUILD=$(BUILD) REQUIRE_GPU=$(REQUIRE_GPU) sh tests/gpu-check.sh
 
 bench-gpu: $(BUILD)/tests/gpu-bench
@@ -187,7 +210,7 @@ TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TO
 ifeq ($(HAVE_CUDA),1)
 TEST_BINS += $(BUILD)/tests/gpu-check $(BUILD)/tests/gpu-bench
 endif
-tests: $(BINS) $(TEST_BINS)
+tests: $(BINS) $(GPU_MODULE) $(TEST_BINS)
 
 deps:
 	@sh mk/deps.sh build
@@ -223,7 +246,8 @@ docs: $(BUILD)/tests/jobspec-doc
 # Installed layout: binaries, systemd units (ExecStart rewritten to PREFIX),
 # example configs and job presets, docs, man pages, and the rank clients
 # (the C header under include/, the Python module in lib/muster/python/ for
-# PYTHONPATH). DESTDIR for staging.
+# PYTHONPATH), and with CUDA muster-train's GPU module in lib/muster/, where
+# muster-train looks for it (../lib/muster/ from bin/). DESTDIR for staging.
 MAN1 := docs/man/muster-train.1 docs/man/musterctl.1
 MAN8 := docs/man/musterd.8 docs/man/muster-worker.8
 UNITDIR := $(PREFIX)/lib/systemd/system
@@ -241,6 +265,7 @@ install: all
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 clients/python/muster_rank.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	$(if $(GPU_MODULE),install -m 0755 $(GPU_MODULE) $(DESTDIR)$(PREFIX)/lib/muster/)
 
 uninstall:
 	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(PREFIX)/bin/%,$(BINS))
@@ -254,4 +279,4 @@ uninstall:
 clean:
 	rm -rf build build-asan
 
--include $(shell find $(BUILD)/obj $(BUILD)/cuemu -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/pic $(BUILD)/cuemu -name '*.d' 2>/dev/null)

@@ -8,7 +8,7 @@ set -eu
 build_pkgs="gcc make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
 check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev curl \
 python3 procps iproute2 python3-torch"
-bench_pkgs="python3-numpy"
+bench_pkgs="python3-numpy time"
 
 case "${1:-build}" in
 build) want=$build_pkgs ;;

@@ -14,6 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
+#include "worker/train/blas_core.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
 #include "worker/train/train.h"
@@ -471,6 +474,59 @@ START_TEST(requested_checkpoint_is_taken_by_every_rank_at_one_step)
 }
 END_TEST
 
+/* OpenBLAS's own choice, as the library makes it when it loads. */
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+static void blas_choose(const char *coretype)
+{
+    setenv("OPENBLAS_CORETYPE", coretype, 1);
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
+/* The generic kernels OpenBLAS falls back to on a CPU it does not know are
+ * replaced in this process, and matrix products still compute. */
+START_TEST(blas_generic_kernels_are_replaced_in_place)
+{
+    if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit)
+        return; /* an OpenBLAS built for one CPU: nothing to choose */
+    __builtin_cpu_init();
+    blas_choose("Prescott");
+    ck_assert_str_eq(openblas_get_corename(), "Prescott");
+    const char *got = blas_core_fix();
+    if (!__builtin_cpu_supports("avx2")) {
+        ck_assert_ptr_null(got);
+        return;
+    }
+    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
+    ck_assert_ptr_nonnull(got);
+    ck_assert_str_eq(got, want);
+    ck_assert_str_eq(openblas_get_corename(), want);
+    ck_assert_ptr_null(getenv("OPENBLAS_CORETYPE"));
+    float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[4] = {0};
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    ck_assert_float_eq(c[0], 19);
+    ck_assert_float_eq(c[3], 50);
+    /* Kernels the library chose by itself are left as they are. */
+    ck_assert_ptr_null(blas_core_fix());
+}
+END_TEST
+
+/* A user's OPENBLAS_CORETYPE wins, even when it names the generic kernels. */
+START_TEST(blas_users_coretype_is_left_alone)
+{
+    if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit)
+        return;
+    blas_choose("Prescott");
+    setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+    ck_assert_ptr_null(blas_core_fix());
+    ck_assert_str_eq(openblas_get_corename(), "Prescott");
+    ck_assert_str_eq(getenv("OPENBLAS_CORETYPE"), "Prescott");
+}
+END_TEST
+
 Suite *make_train_suite(void)
 {
     Suite *s = suite_create("train");
@@ -491,6 +547,8 @@ Suite *make_train_suite(void)
     tcase_add_test(tc, sampling_a_whole_model_matches_the_trainer);
     tcase_add_test(tc, nan_loss_names_the_step);
     tcase_add_test(tc, bad_batch_split_is_refused);
+    tcase_add_test(tc, blas_generic_kernels_are_replaced_in_place);
+    tcase_add_test(tc, blas_users_coretype_is_left_alone);
     suite_add_tcase(s, tc);
     tc = tcase_create("vote");
     tcase_set_timeout(tc, 30);

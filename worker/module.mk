@@ -3,9 +3,15 @@ AGENT_SRCS := worker/agent/agent.c worker/agent/agent_config.c worker/agent/laun
 AGENT_MAIN := worker/agent/agent_main.c
 TRAIN_SRCS := worker/train/layers.c worker/train/model.c worker/train/optim.c \
 	worker/train/data.c worker/train/ckpt.c worker/train/train.c worker/train/zero.c worker/train/rank.c \
-	worker/train/comm/comm.c worker/train/comm/comm_ring.c worker/train/comm/comm_nccl.c
+	worker/train/blas_core.c worker/train/comm/comm.c worker/train/comm/comm_ring.c
 TRAIN_MAIN := worker/train/train_main.c
-# The GPU path of muster-train (worker/train/gpu/): CUDA sources and the C loop
-# over them; built only when nvcc is found (HAVE_CUDA in the Makefile).
+# comm.h's NCCL backend: linked into the test programs as it is; muster-train
+# has it in its GPU module and reaches it through TRAIN_LOAD_SRCS.
+COMM_NCCL_SRC := worker/train/comm/comm_nccl.c
+# muster-train's side of the GPU module: finding it, and COMM_NCCL through it.
+TRAIN_LOAD_SRCS := worker/train/gpu/gpu_load.c worker/train/comm/comm_nccl_load.c
+# The GPU path of muster-train (worker/train/gpu/): CUDA sources, the C loop
+# over them and the module's entry table; built only when nvcc is found
+# (HAVE_CUDA in the Makefile), into muster-train-gpu.so with COMM_NCCL_SRC.
 GPU_CU_SRCS := worker/train/gpu/gpu_kernels.cu worker/train/gpu/gpu_zero.cu
-GPU_SRCS := worker/train/gpu/gpu_train.c
+GPU_SRCS := worker/train/gpu/gpu_train.c worker/train/gpu/gpu_module.c

@@ -10,9 +10,9 @@ CUEMU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -I. $(CUEMU_DEFS) $(SAN
 cuemu_obj = $(patsubst %,$(BUILD)/cuemu/obj/%.o,$(basename $(1)))
 
 # C sources that see CUDA or NCCL headers, built again for cuemu.
-CUEMU_C_SRCS := $(GPU_SRCS) worker/train/comm/comm_nccl.c
+CUEMU_C_SRCS := $(GPU_SRCS) $(COMM_NCCL_SRC)
 CUEMU_OBJS := $(call cuemu_obj,$(CUEMU_SRCS) $(GPU_CU_SRCS) $(CUEMU_C_SRCS)) \
-	$(call obj,$(filter-out worker/train/comm/comm_nccl.c,$(TRAIN_SRCS))) $(LIBMUSTER)
+	$(call obj,$(TRAIN_SRCS)) $(LIBMUSTER)
 CUEMU_LINK = $(CXX) $(ALL_LDFLAGS) -fopenmp -o $@ $^ $(BLAS_LIBS) $(LIBS_JSON) -lpthread -lm
 
 $(BUILD)/cuemu/obj/%.o: %.cc
@@ -30,8 +30,11 @@ $(BUILD)/cuemu/obj/%.o: %.c
 	@$(if $(Q),echo "  CC      $< (cuemu)")
 	$(Q)$(CC) $(ALL_CFLAGS) -fopenmp $(CUEMU_DEFS) -MMD -MP -c -o $@ $<
 
-# muster-train whose --device gpu runs on cuemu; the GPU check on cuemu.
-$(BUILD)/cuemu/muster-train: $(call cuemu_obj,$(TRAIN_MAIN)) $(CUEMU_OBJS)
+# muster-train whose --device gpu runs on cuemu; the GPU check on cuemu. Its
+# GPU path is linked in (MUSTER_GPU_STATIC), not a module: the same entry
+# table, without dlopen.
+$(call cuemu_obj,worker/train/gpu/gpu_load.c): CUEMU_DEFS += -DMUSTER_GPU_STATIC
+$(BUILD)/cuemu/muster-train: $(call cuemu_obj,$(TRAIN_MAIN) worker/train/gpu/gpu_load.c) $(CUEMU_OBJS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CUEMU_LINK)
 

@@ -22,6 +22,14 @@ for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
          share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank.py; do
     [ -f "$P/$f" ] || fail "make install did not install $f"
 done
+# With CUDA, muster-train's GPU module, where the installed muster-train finds it.
+if [ -e "$BUILD/muster-train-gpu.so" ]; then
+    [ -f "$P/lib/muster/muster-train-gpu.so" ] || fail "make install did not install lib/muster/muster-train-gpu.so"
+    "$P/bin/muster-train" --standalone --device gpu --model tiny --data README.md --steps 1 \
+        > "$ITEST_DIR/gpu.log" 2>&1 || true
+    ! grep -Eq 'not installed|cannot load' "$ITEST_DIR/gpu.log" \
+        || fail "the installed muster-train does not load its GPU module: $(cat "$ITEST_DIR/gpu.log")"
+fi
 [ -x "$P/bin/musterd" ] || fail "musterd not executable"
 "$P/bin/musterd" --version | grep -q '^musterd ' || fail "installed musterd does not run"
 # The rank clients work from where they are installed.

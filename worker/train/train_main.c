@@ -17,23 +17,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cblas.h>
 #include <jansson.h>
 
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "worker/train/blas_core.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
 #include "worker/train/rank.h"
 #include "worker/train/comm/comm.h"
 #include "worker/train/train.h"
-#ifdef MUSTER_HAVE_CUDA
-#include "worker/train/gpu/gpu_train.h"
-#endif
+#include "worker/train/gpu/gpu_module.h"
 
 #define EXIT_USAGE 2
 
@@ -242,28 +239,6 @@ static void on_checkpoint(long step, const char *path, void *user)
     log_info("step %ld: checkpoint %s committed", step, path);
 }
 
-/*
- * OpenBLAS 0.3.21 does not know recent Xeons and falls back to its generic
- * SSE3 kernels ("Prescott"), several times slower. It reads
- * OPENBLAS_CORETYPE only when it loads, so when that happened on a CPU with
- * AVX2 we name the right kernels and run ourselves again, once. A user's
- * own OPENBLAS_CORETYPE is left alone.
- */
-static void pick_blas_kernels(char **argv)
-{
-    const char *core = openblas_get_corename();
-    if (getenv("OPENBLAS_CORETYPE") || !core || strcasecmp(core, "prescott") != 0)
-        return;
-    __builtin_cpu_init();
-    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
-    if (!want)
-        return;
-    setenv("OPENBLAS_CORETYPE", want, 1);
-    execv("/proc/self/exe", argv);
-    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: go on with the generic kernels */
-}
-
 /* Prints n sampled tokens: bytes as text (escaped when not printable) for the
  * byte vocabulary, token ids otherwise. */
 static void print_sample(const int *out, long long n, int V, long step)
@@ -283,27 +258,24 @@ static void print_sample(const int *out, long long n, int V, long step)
 /* The prompt a sample starts from: a newline for bytes, the data's first token otherwise. */
 static int sample_prompt(const struct dataset *d, int V) { return V == 256 ? '\n' : d->tokens[0]; }
 
-static int gpu_path_built(void)
-{
-#ifdef MUSTER_HAVE_CUDA
-    return 1;
-#else
-    return 0;
-#endif
-}
+/* The GPU module's table, once run_gpu has loaded it. */
+static const struct gpu_module *gpu;
 
-#ifdef MUSTER_HAVE_CUDA
-static void abort_gpu(void *arg) { gpu_zero_abort(arg); }
+static void abort_gpu(void *arg) { gpu->zero_abort(arg); }
 
-/* The GPU path (worker/train/gpu/): the same loop, hooks, checkpoints and exit
- * statuses as the CPU path; ranks of a world > 1 form an NCCL communicator
- * whose unique id rank 0 sends up through the agent. resume: a checkpoint
- * to load first (NULL: none). */
+/* The GPU path (worker/train/gpu/, in the GPU module): the same loop, hooks,
+ * checkpoints and exit statuses as the CPU path; ranks of a world > 1 form an
+ * NCCL communicator whose unique id rank 0 sends up through the agent.
+ * resume: a checkpoint to load first (NULL: none). */
 static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
                    int world, const char *resume, long long sample, long long stop_after,
                    const char *metrics_path)
 {
-    char err[1024];
+    char err[2048];
+    if (!(gpu = gpu_module_load(err, sizeof(err)))) {
+        log_error("--device gpu: %s", err);
+        return 1;
+    }
     if (sample > 0 && world > 1) {
         log_error("--sample with --device gpu gathers the weights of one rank: world 1 only (this "
                   "job has %d ranks); sample from its checkpoint with --standalone --resume DIR",
@@ -312,9 +284,9 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     }
     uint8_t mine[GPU_ID_BYTES], id[GPU_ID_BYTES];
     if (world > 1) {
-        int rc = rank == 0 ? gpu_unique_id(mine) : 0;
+        int rc = rank == 0 ? gpu->unique_id(mine) : 0;
         if (rc) {
-            log_error("cannot create the NCCL unique id: %s", gpu_strerror(rc));
+            log_error("cannot create the NCCL unique id: %s", gpu->strerror(rc));
             return 1;
         }
         rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
@@ -325,32 +297,32 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
         }
     }
     struct gpu_trainer tr;
-    if (gpu_trainer_init(&tr, spec, rank, world, world > 1 ? id : NULL, err, sizeof(err))) {
+    if (gpu->trainer_init(&tr, spec, rank, world, world > 1 ? id : NULL, err, sizeof(err))) {
         log_error("%s", err);
         return 1;
     }
     if (ctl)
         rank_ctl_on_abort(ctl, abort_gpu, tr.z);
     if (resume) {
-        if (gpu_trainer_load(&tr, resume, err, sizeof(err))) {
+        if (gpu->trainer_load(&tr, resume, err, sizeof(err))) {
             log_error("%s", err);
-            gpu_trainer_free(&tr);
+            gpu->trainer_free(&tr);
             return 1;
         }
         log_info("resumed from %s at step %ld", resume, tr.step);
     }
     char name[128];
-    gpu_device_name(name, sizeof(name));
+    gpu->device_name(name, sizeof(name));
     if (rank == 0)
         log_info("model %s on %s: L=%d NH=%d C=%d T=%d V=%d; batch %d = %d ranks x %d x %d micro-steps, "
                  "seq_len %d; bf16 compute, fp32 master weights; %.3f GiB of model state per rank",
                  spec->model, name, tr.cfg.L, tr.cfg.NH, tr.cfg.C, tr.cfg.T, tr.cfg.V, spec->batch, world,
-                 tr.spec.micro_batch, tr.accum, tr.spec.seq_len, gpu_zero_state_bytes(tr.z) / 1073741824.0);
+                 tr.spec.micro_batch, tr.accum, tr.spec.seq_len, gpu->zero_state_bytes(tr.z) / 1073741824.0);
     struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec->steps, .ctl = ctl,
                            .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
     if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
-        gpu_trainer_free(&tr);
+        gpu->trainer_free(&tr);
         return 1;
     }
     if (ctl) {
@@ -361,7 +333,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
     struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
-    int rc = gpu_train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
+    int rc = gpu->train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
     if (rs.metrics)
@@ -376,7 +348,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     }
     if (status == 0 && sample > 0) {
         int *out = malloc(sizeof(int) * (size_t)sample);
-        if (!out || gpu_trainer_sample(&tr, sample_prompt(&tr.data, tr.cfg.V), out, (int)sample,
+        if (!out || gpu->trainer_sample(&tr, sample_prompt(&tr.data, tr.cfg.V), out, (int)sample,
                                        err, sizeof(err))) {
             log_error("--sample: %s", out ? err : "out of memory");
             status = 1;
@@ -385,22 +357,9 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
         }
         free(out);
     }
-    gpu_trainer_free(&tr);
+    gpu->trainer_free(&tr);
     return status;
 }
-#else
-static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
-                   int world, const char *resume, long long sample, long long stop_after,
-                   const char *metrics_path)
-{
-    (void)spec, (void)standalone, (void)ctl, (void)rank, (void)world, (void)resume, (void)sample;
-    (void)stop_after, (void)metrics_path;
-    fprintf(stderr, "muster-train: --device gpu: this muster-train was built without CUDA (nvcc not "
-                    "found at %s); rebuild where nvcc is installed, or use --device cpu\n",
-            MUSTER_CUDA_HOME);
-    return 1;
-}
-#endif
 
 int main(int argc, char **argv)
 {
@@ -444,7 +403,7 @@ int main(int argc, char **argv)
     int c;
 
     log_set_prog("muster-train");
-    pick_blas_kernels(argv);
+    const char *blas_core = blas_core_fix();
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         long long iv;
         double dv;
@@ -512,6 +471,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "muster-train: unexpected argument \"%s\"\n", argv[optind]);
         goto usage_error;
     }
+    if (blas_core)
+        log_debug("OpenBLAS chose its generic Prescott kernels on a CPU with AVX2: switched to %s "
+                  "(set OPENBLAS_CORETYPE to choose yourself)", blas_core);
     if (!standalone && !rank_ctl_present()) {
         fprintf(stderr, "muster-train: not started by muster-worker (no MUSTER_CTL_FD): run it with "
                         "--standalone, or let muster-worker start it\n");
@@ -590,7 +552,7 @@ int main(int argc, char **argv)
     /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (!device)
-        device = !standalone && cvd && cvd[0] && gpu_path_built() ? "gpu" : "cpu";
+        device = !standalone && cvd && cvd[0] && gpu_module_built() ? "gpu" : "cpu";
     if (strcmp(device, "gpu") == 0) {
         rc = run_gpu(&spec, standalone, ctl, rank, world, resume, sample, stop_after, metrics_path);
         rank_ctl_close(ctl);
