@@ -29,7 +29,14 @@
 #include "daemon/state.h"
 
 #define TICK_MS 100
-#define PUBLISH_EVERY_MS 500
+/* The status snapshot is rebuilt (O(ranks)) only when something changed:
+ * a state change at the next tick; heartbeat figures (steps, losses) at
+ * most every PUBLISH_FIGURES_MS while someone reads the status, and every
+ * PUBLISH_IDLE_MS when nobody does (so a first reader sees figures at most
+ * that old, and the next one fresh ones); ages and uptime at least every
+ * PUBLISH_IDLE_MS when nothing else moves. */
+#define PUBLISH_FIGURES_MS 1000
+#define PUBLISH_IDLE_MS 5000
 #define ADMIN_QUEUE 32
 
 struct admin_req {
@@ -50,7 +57,7 @@ struct daemon {
     struct http_server *http;
     struct snapshot snap;
     const char *state_dir;
-    int dirty;            /* snapshot out of date */
+    int dirty;            /* snapshot out of date: the job's state changed */
     uint64_t last_publish;
     int exit_on_end;
     int exit_code;
@@ -197,6 +204,7 @@ static void publish(struct daemon *d)
     if (ev)
         snapshot_publish(&d->snap, SNAP_EVENTS, ev);
     d->dirty = 0;
+    d->rdv.figures_changed = 0;
     d->last_publish = now;
 
     /* systemd's STATUS=, e.g. "running gen 3, 16 ranks, step 1200". */
@@ -227,7 +235,9 @@ static void flush_changes(struct daemon *d)
         last_state = d->rdv.state;
         last_gen = d->rdv.generation;
     }
-    if (d->dirty || uv_now(&d->loop) - d->last_publish >= PUBLISH_EVERY_MS)
+    uint64_t since = uv_now(&d->loop) - d->last_publish;
+    if (d->dirty || since >= PUBLISH_IDLE_MS ||
+        (d->rdv.figures_changed && since >= PUBLISH_FIGURES_MS && snapshot_was_read(&d->snap, SNAP_STATUS)))
         publish(d);
 }
 

@@ -2,11 +2,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/namemap.h"
 
 /* A connection's life; conn_set_state() checks and logs every transition. */
 enum conn_state {
@@ -45,6 +47,7 @@ struct server {
     uint16_t port;
     struct conn *conns;
     unsigned nconns;
+    struct namemap joined; /* node name -> its CONN_JOINED connection */
     struct conn *joining; /* during rdv_join: the connection being admitted */
     int closing_all;      /* server_close ran: rdv is no longer told anything */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
@@ -76,6 +79,11 @@ static void conn_set_state(struct conn *c, enum conn_state to)
     }
     log_debug("connection %s%s%s: %s -> %s", c->peer, c->node[0] ? " " : "", c->node,
               conn_state_names[c->state], conn_state_names[to]);
+    /* rdv refuses a second connection under a joined name, so names are unique here. */
+    if (to == CONN_JOINED)
+        namemap_put(&c->srv->joined, c->node, (uintptr_t)c);
+    else if (c->state == CONN_JOINED)
+        namemap_del(&c->srv->joined, c->node);
     c->state = to;
 }
 
@@ -375,12 +383,10 @@ static void on_connection(uv_stream_t *listener, int status)
 
 static struct conn *find_joined(struct server *s, const char *node)
 {
+    uintptr_t c;
     if (s->joining && strcmp(s->joining->node, node) == 0)
         return s->joining;
-    for (struct conn *c = s->conns; c; c = c->next)
-        if (c->state == CONN_JOINED && strcmp(c->node, node) == 0)
-            return c;
-    return NULL;
+    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
 }
 
 void server_send(void *ctx, const char *node, const struct proto_msg *msg)
@@ -427,11 +433,17 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     }
     memcpy(s->token, cfg->token, cfg->token_len);
     s->token_len = cfg->token_len;
+    if (namemap_init(&s->joined, SERVER_MAX_CONNS + 1) != 0) {
+        free(s->token);
+        free(s);
+        return -ENOMEM;
+    }
     s->log_data = cfg->log_data;
     s->node_gone = cfg->node_gone;
     s->hook_ctx = cfg->hook_ctx;
     if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
         snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);
+        namemap_free(&s->joined);
         free(s->token);
         free(s);
         return -EINVAL;
@@ -482,6 +494,7 @@ void server_free(struct server *s)
 {
     if (!s)
         return;
+    namemap_free(&s->joined);
     free(s->token);
     free(s);
 }
