@@ -65,7 +65,7 @@ enum rdv_rank_state {
 };
 #define RDV_RANK_NSTATES (RDV_RANK_COMPLETED + 1)
 
-#define RDV_MAX_NODES 1024
+#define RDV_MAX_NODES 4096 /* = the job spec's largest "nodes" */
 #define RDV_EVENTS 256
 
 struct rdv_node {
