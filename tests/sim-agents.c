@@ -637,9 +637,15 @@ int main(int argc, char **argv)
     }
 
     if (opt.rank_exit) {
-        struct agent *victim = &agents[opt.nagents / 2];
-        if (victim->link != LINK_JOINED || !victim->generation)
-            die("%s holds no running ranks to fail", victim->name);
+        /* The middle agent, or the next one that holds ranks (more agents than nodes: some hold none). */
+        struct agent *victim = NULL;
+        for (int k = 0; k < opt.nagents && !victim; k++) {
+            struct agent *a = &agents[(opt.nagents / 2 + k) % opt.nagents];
+            if (a->link == LINK_JOINED && a->generation)
+                victim = a;
+        }
+        if (!victim)
+            die("no agent holds running ranks to fail");
         uint64_t gen = victim->generation;
         int64_t t2 = wall_ms();
         send_rank_exit(victim);
