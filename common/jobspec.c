@@ -25,7 +25,7 @@ struct key_def {
 /* The one table of job keys. Keep docs/jobspec.md in step (make docs). */
 static const struct key_def keys[] = {
     {"name", KEY_STRING, F(name), 0, 0, 0, "job", "job name shown in status and events"},
-    {"nodes", KEY_INT, F(nodes), 1, 1024, 1, NULL, "agents (nodes) needed to form a generation"},
+    {"nodes", KEY_INT, F(nodes), 1, 4096, 1, NULL, "agents (nodes) needed to form a generation"},
     {"max_restarts", KEY_INT, F(max_restarts), 0, 100000, 3, NULL,
      "restarts (new generations after a failure) before the job is failed"},
     {"heartbeat_interval_ms", KEY_INT, F(heartbeat_interval_ms), 50, 60000, 1000, NULL,
@@ -42,7 +42,7 @@ static const struct key_def keys[] = {
      "assigned ranks that do not all heartbeat running within this are a failure; 0 = off"},
     {"rejoin_timeout_ms", KEY_INT, F(rejoin_timeout_ms), 1000, 86400000, 300000, NULL,
      "a lost member gets this long to rejoin; then the job shrinks to min_nodes or fails"},
-    {"min_nodes", KEY_INT, F(min_nodes), 0, 1024, 0, NULL,
+    {"min_nodes", KEY_INT, F(min_nodes), 0, 4096, 0, NULL,
      "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
     {"restart_backoff_ms", KEY_INT, F(restart_backoff_ms), 0, 600000, 1000, NULL,
      "failures in a row back off: the first restart is immediate, the next waits this long, doubling each time "

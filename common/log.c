@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 enum log_level log_threshold = LOG_INFO;
 static const char *log_prog = "muster";
@@ -38,4 +39,24 @@ void log_write(enum log_level level, const char *fmt, ...)
         line[len] = '\0';
     }
     fputs(line, stderr);
+}
+
+int log_limit_pass(struct log_limit *lim, enum log_level level, const char *fmt)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
+    if (lim->passed == 0 || now - lim->window_start_ms >= LOG_LIMIT_WINDOW_MS) {
+        if (lim->suppressed)
+            log_write(level, "%lu similar lines suppressed (\"%s\")", lim->suppressed, fmt);
+        lim->window_start_ms = now;
+        lim->passed = 0;
+        lim->suppressed = 0;
+    }
+    if (lim->passed >= LOG_LIMIT_BURST) {
+        lim->suppressed++;
+        return 0;
+    }
+    lim->passed++;
+    return 1;
 }

@@ -24,9 +24,37 @@ void log_write(enum log_level level, const char *fmt, ...)
             log_write((level), __VA_ARGS__);                                   \
     } while (0)
 
+/*
+ * A line that can repeat without bound (one per refused connection, say):
+ * each call site lets LOG_LIMIT_BURST lines through per LOG_LIMIT_WINDOW_MS
+ * and counts the rest; the first line through after a window with losses
+ * is preceded by "N similar lines suppressed (FORMAT)". For the thread that
+ * owns the call site (state is per site, unlocked).
+ */
+#define LOG_LIMIT_BURST 5
+#define LOG_LIMIT_WINDOW_MS 1000
+
+struct log_limit {
+    unsigned long long window_start_ms;
+    unsigned passed;
+    unsigned long suppressed;
+};
+
+/* 1 when this line may be written (after reporting what was held back). */
+int log_limit_pass(struct log_limit *lim, enum log_level level, const char *fmt);
+
+#define LOG_LIMITED(level, fmt, ...)                                           \
+    do {                                                                       \
+        static struct log_limit log_limit_;                                    \
+        if ((level) <= log_threshold && log_limit_pass(&log_limit_, (level), fmt)) \
+            log_write((level), fmt, ##__VA_ARGS__);                            \
+    } while (0)
+
 #define log_error(...) LOG(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) LOG(LOG_WARN, __VA_ARGS__)
 #define log_info(...) LOG(LOG_INFO, __VA_ARGS__)
 #define log_debug(...) LOG(LOG_DEBUG, __VA_ARGS__)
+#define log_warn_limited(...) LOG_LIMITED(LOG_WARN, __VA_ARGS__)
+#define log_info_limited(...) LOG_LIMITED(LOG_INFO, __VA_ARGS__)
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,8 +30,18 @@
 #include "daemon/state.h"
 
 #define TICK_MS 100
-#define PUBLISH_EVERY_MS 500
+/* The status snapshot is rebuilt (O(ranks)) only when something changed:
+ * a state change at the next tick; heartbeat figures (steps, losses) at
+ * most every PUBLISH_FIGURES_MS while someone reads the status, and every
+ * PUBLISH_IDLE_MS when nobody does (so a first reader sees figures at most
+ * that old, and the next one fresh ones); ages and uptime at least every
+ * PUBLISH_IDLE_MS when nothing else moves. */
+#define PUBLISH_FIGURES_MS 1000
+#define PUBLISH_IDLE_MS 5000
 #define ADMIN_QUEUE 32
+/* Open files musterd needs besides agent connections: REST connections
+ * (HTTP_CONNECTION_LIMIT), the state file, logs, libuv's own. */
+#define FD_RESERVE 128
 
 struct admin_req {
     enum http_admin_action action;
@@ -50,7 +61,7 @@ struct daemon {
     struct http_server *http;
     struct snapshot snap;
     const char *state_dir;
-    int dirty;            /* snapshot out of date */
+    int dirty;            /* snapshot out of date: the job's state changed */
     uint64_t last_publish;
     int exit_on_end;
     int exit_code;
@@ -197,6 +208,7 @@ static void publish(struct daemon *d)
     if (ev)
         snapshot_publish(&d->snap, SNAP_EVENTS, ev);
     d->dirty = 0;
+    d->rdv.figures_changed = 0;
     d->last_publish = now;
 
     /* systemd's STATUS=, e.g. "running gen 3, 16 ranks, step 1200". */
@@ -216,6 +228,33 @@ static void publish(struct daemon *d)
 
 static void begin_shutdown(struct daemon *d);
 
+/*
+ * The open-file soft limit raised to the hard one (a unit sets the hard one
+ * with LimitNOFILE=), and the connection limit the job needs checked
+ * against it. Returns the connection limit to use.
+ */
+static unsigned fit_connection_limit(const struct job_spec *spec)
+{
+    unsigned want = server_conn_limit(spec->nodes);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t before = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = before;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)want + FD_RESERVE) {
+        unsigned fit = rl.rlim_cur > FD_RESERVE ? (unsigned)(rl.rlim_cur - FD_RESERVE) : 1;
+        log_warn("the open-file limit (%llu) allows %u agent connections; job %s needs %u (%d nodes + margin): "
+                 "raise it (LimitNOFILE= in musterd.service, or ulimit -n)",
+                 (unsigned long long)rl.rlim_cur, fit, spec->name, want, spec->nodes);
+        return fit;
+    }
+    return want;
+}
+
 static void flush_changes(struct daemon *d)
 {
     static enum rdv_job_state last_state = RDV_WAITING;
@@ -227,7 +266,9 @@ static void flush_changes(struct daemon *d)
         last_state = d->rdv.state;
         last_gen = d->rdv.generation;
     }
-    if (d->dirty || uv_now(&d->loop) - d->last_publish >= PUBLISH_EVERY_MS)
+    uint64_t since = uv_now(&d->loop) - d->last_publish;
+    if (d->dirty || since >= PUBLISH_IDLE_MS ||
+        (d->rdv.figures_changed && since >= PUBLISH_FIGURES_MS && snapshot_was_read(&d->snap, SNAP_STATUS)))
         publish(d);
 }
 
@@ -475,7 +516,8 @@ int main(int argc, char **argv)
     }
 
     struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len,
-                                 .log_data = on_log_data, .node_gone = on_node_gone, .hook_ctx = &d};
+                                 .max_conns = fit_connection_limit(&spec), .log_data = on_log_data,
+                                 .node_gone = on_node_gone, .hook_ctx = &d};
     rc = server_start(&d.server, &d.loop, &scfg, &d.rdv, err, sizeof(err));
     if (rc != 0) {
         log_error("%s", err);

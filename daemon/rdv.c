@@ -74,10 +74,27 @@ void rdv_note(struct rdv *r, const char *kind, const char *message)
 
 static int find_node(const struct rdv *r, const char *name)
 {
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (strcmp(r->nodes[i].name, name) == 0)
-            return (int)i;
-    return -1;
+    uintptr_t idx;
+    return namemap_get(&r->byname, name, &idx) == 0 ? (int)idx : -1;
+}
+
+/* Forgets nodes[idx] (before formation: no rank refers to nodes by index). */
+static void remove_node(struct rdv *r, uint32_t idx)
+{
+    namemap_del(&r->byname, r->nodes[idx].name);
+    r->nodes[idx] = r->nodes[--r->nnodes];
+    if (idx < r->nnodes)
+        namemap_put(&r->byname, r->nodes[idx].name, idx);
+}
+
+/* ---- rank counters ---------------------------------------------------- */
+
+/* Every change of a rank's state goes through here, so nranks_in stays exact. */
+static void set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to)
+{
+    r->nranks_in[rk->state]--;
+    r->nranks_in[to]++;
+    rk->state = to;
 }
 
 static void send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
@@ -175,6 +192,8 @@ static int build_ranks(struct rdv *r)
     free(r->ranks);
     r->ranks = ranks;
     r->world_size = world;
+    memset(r->nranks_in, 0, sizeof(r->nranks_in));
+    r->nranks_in[RDV_RANK_PENDING] = world;
     return 0;
 }
 
@@ -214,7 +233,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t master_port)
     m.u.assign.job = r->job;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
-        r->ranks[nd->first_rank + l].state = RDV_RANK_STARTING;
+        set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
 }
 
 /*
@@ -299,7 +318,7 @@ static void settle_ranks(struct rdv *r)
 {
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state != RDV_RANK_COMPLETED && r->ranks[i].state != RDV_RANK_EXITED)
-            r->ranks[i].state = r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING;
+            set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
 }
 
 static void stop_all(struct rdv *r)
@@ -396,7 +415,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
         snprintf(r->reason, sizeof(r->reason), "%s", what);
     proto_text_sanitize(r->reason);
     for (uint32_t i = 0; i < r->world_size; i++) {
-        r->ranks[i].state = RDV_RANK_PENDING;
+        set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
         r->ranks[i].last_beat_ms = 0;
     }
     event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
@@ -428,8 +447,11 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     r->state = RDV_WAITING;
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
+    if (namemap_init(&r->byname, RDV_MAX_NODES) != 0)
+        return -ENOMEM;
     if (spec->restart_window_s > 0 &&
         !(r->restart_times = calloc((size_t)spec->max_restarts + 1, sizeof(*r->restart_times)))) {
+        namemap_free(&r->byname);
         json_decref(r->job);
         return -ENOMEM;
     }
@@ -444,6 +466,7 @@ void rdv_free(struct rdv *r)
     r->ranks = NULL;
     free(r->restart_times);
     r->restart_times = NULL;
+    namemap_free(&r->byname);
     json_decref(r->job);
     r->job = NULL;
 }
@@ -485,8 +508,11 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     r->restarts = s->restarts;
     r->last_checkpoint_step = s->last_checkpoint_step;
     r->nnodes = 0;
+    namemap_clear(&r->byname);
     uint32_t world = 0;
     for (uint32_t i = 0; i < s->nmembers; i++) {
+        if (find_node(r, s->members[i].name) >= 0)
+            return -EINVAL; /* a member named twice */
         struct rdv_node *nd = &r->nodes[r->nnodes++];
         memset(nd, 0, sizeof(*nd));
         snprintf(nd->name, sizeof(nd->name), "%s", s->members[i].name);
@@ -500,6 +526,8 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
         nd->state = RDV_NODE_LOST;
         nd->last_seen_ms = now_ms;
         world += nd->ndevices;
+        if (namemap_put(&r->byname, nd->name, r->nnodes - 1) != 0)
+            return -EINVAL;
     }
     if (world != s->world_size)
         return -EINVAL;
@@ -519,7 +547,7 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     if (r->state == RDV_FORMING || r->state == RDV_RUNNING) {
         /* Ranks keep their generation until members tell us otherwise. */
         for (uint32_t i = 0; i < r->world_size; i++)
-            r->ranks[i].state = RDV_RANK_STARTING;
+            set_rank_state(r, &r->ranks[i], RDV_RANK_STARTING);
         r->state = RDV_RECOVERING;
         r->resuming = 1;
         snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
@@ -594,6 +622,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         idx = (int)r->nnodes++;
         memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
         snprintf(r->nodes[idx].name, sizeof(r->nodes[idx].name), "%s", h->node);
+        namemap_put(&r->byname, r->nodes[idx].name, (uintptr_t)idx);
     }
 
     struct rdv_node *nd = &r->nodes[idx];
@@ -651,7 +680,6 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
     }
     if (hb->generation != r->generation || !nd->member)
         return;
-    int all_running = 1;
     for (uint32_t i = 0; i < hb->nranks; i++) {
         const struct proto_rank_beat *b = &hb->ranks[i];
         if (b->rank < nd->first_rank || b->rank >= nd->first_rank + nd->ndevices)
@@ -665,9 +693,9 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
             (rk->state != RDV_RANK_RUNNING || b->step != rk->step || (rk->silent && !b->silent)))
             rk->progress_ms = now_ms;
         switch (b->state) {
-        case PROTO_RANK_STARTING: rk->state = RDV_RANK_STARTING; break;
-        case PROTO_RANK_RUNNING: rk->state = RDV_RANK_RUNNING; break;
-        case PROTO_RANK_STOPPING: rk->state = RDV_RANK_STOPPING; break;
+        case PROTO_RANK_STARTING: set_rank_state(r, rk, RDV_RANK_STARTING); break;
+        case PROTO_RANK_RUNNING: set_rank_state(r, rk, RDV_RANK_RUNNING); break;
+        case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
         case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
         }
         if (b->rank == 0 && b->checkpoint_step && (int64_t)b->checkpoint_step > r->last_checkpoint_step) {
@@ -676,19 +704,17 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
                   (unsigned long long)b->checkpoint_step);
             changed(r, 1);
         }
-        rk->step = b->step;
         rk->loss = b->loss;
         rk->tokens_per_s = b->tokens_per_s;
         rk->comm_frac = b->comm_frac;
+        rk->step = b->step;
         rk->silent = b->silent;
         rk->last_beat_ms = now_ms;
+        r->figures_changed = 1;
     }
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
         return;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state != RDV_RANK_RUNNING && r->ranks[i].state != RDV_RANK_COMPLETED)
-            all_running = 0;
-    if (all_running) {
+    if (r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] == r->world_size) {
         r->state = RDV_RUNNING;
         r->running_since_ms = now_ms;
         r->reason[0] = '\0';
@@ -745,17 +771,16 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         return; /* a rank of the generation before, reported late */
     describe_exit(how, sizeof(how), x->exit_code, x->signal);
     if (x->signal == 0 && x->exit_code == 0) {
-        rk->state = RDV_RANK_COMPLETED;
+        set_rank_state(r, rk, RDV_RANK_COMPLETED);
         if (rk->silent)
             event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished", x->rank, nd->name);
         else
             event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
                   nd->name, (unsigned long long)rk->step);
-        for (uint32_t i = 0; i < r->world_size; i++)
-            if (r->ranks[i].state != RDV_RANK_COMPLETED) {
-                changed(r, 0);
-                return;
-            }
+        if (r->nranks_in[RDV_RANK_COMPLETED] != r->world_size) {
+            changed(r, 0);
+            return;
+        }
         r->state = RDV_COMPLETED;
         r->reason[0] = '\0';
         event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
@@ -763,7 +788,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         changed(r, 1);
         return;
     }
-    rk->state = RDV_RANK_EXITED;
+    set_rank_state(r, rk, RDV_RANK_EXITED);
     enum failure_class cls = failure_classify(x);
     record_failure(r, nd, x, how);
     r->last_failure.cls = (int)cls;
@@ -804,7 +829,7 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         const struct rdv_node *nd = &r->nodes[idx];
         if (nd->member && x->rank >= nd->first_rank && x->rank < nd->first_rank + nd->ndevices &&
             r->ranks[x->rank].state != RDV_RANK_COMPLETED) {
-            r->ranks[x->rank].state = RDV_RANK_EXITED;
+            set_rank_state(r, &r->ranks[x->rank], RDV_RANK_EXITED);
             changed(r, 0);
         }
         return;
@@ -837,9 +862,8 @@ static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now
     nd->state = RDV_NODE_LOST;
     event(r, "node_lost", (int)idx, -1, "node %s lost: %s", nd->name, why);
     if (!nd->member) {
-        if (r->state == RDV_WAITING) {
-            r->nodes[idx] = r->nodes[--r->nnodes];
-        }
+        if (r->state == RDV_WAITING)
+            remove_node(r, idx);
         changed(r, 0);
         return;
     }
@@ -1038,7 +1062,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         nd->state = RDV_NODE_LEFT;
         event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
         if (r->state == RDV_WAITING)
-            r->nodes[idx] = r->nodes[--r->nnodes];
+            remove_node(r, (uint32_t)idx);
         changed(r, 1);
         return 0;
     }
@@ -1052,9 +1076,8 @@ static int counts(const struct rdv *r, const struct rdv_rank *rk)
 {
     if (rk->silent)
         return 0; /* its step is unknown, not 0 */
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state == RDV_RANK_RUNNING)
-            return rk->state == RDV_RANK_RUNNING;
+    if (r->nranks_in[RDV_RANK_RUNNING])
+        return rk->state == RDV_RANK_RUNNING;
     return rk->last_beat_ms != 0 || rk->step != 0;
 }
 

@@ -35,6 +35,7 @@
 #include <jansson.h>
 
 #include "common/jobspec.h"
+#include "common/namemap.h"
 #include "proto/proto.h"
 
 enum rdv_job_state {
@@ -62,8 +63,9 @@ enum rdv_rank_state {
     RDV_RANK_EXITED,    /* ended abnormally (or with the job) */
     RDV_RANK_COMPLETED, /* exited 0: finished its work */
 };
+#define RDV_RANK_NSTATES (RDV_RANK_COMPLETED + 1)
 
-#define RDV_MAX_NODES 1024
+#define RDV_MAX_NODES 4096 /* = the job spec's largest "nodes" */
 #define RDV_EVENTS 256
 
 struct rdv_node {
@@ -164,9 +166,15 @@ struct rdv {
 
     struct rdv_node nodes[RDV_MAX_NODES];
     uint32_t nnodes;
+    struct namemap byname;  /* node name -> index into nodes */
 
     struct rdv_rank *ranks; /* world_size entries */
     uint32_t world_size;
+    /* Ranks in each state, kept as states change (one helper in rdv.c), so
+     * that no message and no figure scans every rank to learn them. */
+    uint32_t nranks_in[RDV_RANK_NSTATES];
+    int figures_changed;    /* a heartbeat moved a rank's figures since musterd
+                             * last published them; musterd clears it */
 
     int resuming;           /* restored from the state file, members not all back */
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */

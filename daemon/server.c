@@ -2,11 +2,14 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/namemap.h"
 
 /* A connection's life; conn_set_state() checks and logs every transition. */
 enum conn_state {
@@ -45,6 +48,8 @@ struct server {
     uint16_t port;
     struct conn *conns;
     unsigned nconns;
+    unsigned max_conns;
+    struct namemap joined; /* node name -> its CONN_JOINED connection */
     struct conn *joining; /* during rdv_join: the connection being admitted */
     int closing_all;      /* server_close ran: rdv is no longer told anything */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
@@ -76,6 +81,11 @@ static void conn_set_state(struct conn *c, enum conn_state to)
     }
     log_debug("connection %s%s%s: %s -> %s", c->peer, c->node[0] ? " " : "", c->node,
               conn_state_names[c->state], conn_state_names[to]);
+    /* rdv refuses a second connection under a joined name, so names are unique here. */
+    if (to == CONN_JOINED)
+        namemap_put(&c->srv->joined, c->node, (uintptr_t)c);
+    else if (c->state == CONN_JOINED)
+        namemap_del(&c->srv->joined, c->node);
     c->state = to;
 }
 
@@ -153,9 +163,9 @@ static void conn_close(struct conn *c, const char *why, int tell_rdv)
     conn_set_state(c, CONN_CLOSING);
     c->closing_ms = uv_now(c->srv->loop);
     if (c->node[0])
-        log_info("connection %s (node %s) closed: %s", c->peer, c->node, why);
+        log_info_limited("connection %s (node %s) closed: %s", c->peer, c->node, why);
     else
-        log_info("connection %s closed: %s", c->peer, why);
+        log_info_limited("connection %s closed: %s", c->peer, why);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_shutdown_t *req = malloc(sizeof(*req));
     if (req) {
@@ -217,7 +227,7 @@ static void on_response(struct conn *c, const struct proto_msg *m)
     if (!proto_hmac_verify(s->token, s->token_len, c->nonce, m->u.response.hmac)) {
         snprintf(note, sizeof(note), "node %s from %s failed authentication: wrong cluster token", c->node,
                  c->peer);
-        log_warn("%s", note);
+        log_warn_limited("%s", note);
         rdv_note(s->rdv, "auth_failed", note);
         send_reject(c, "auth", "wrong cluster token (the HMAC of the challenge does not match)");
         return;
@@ -226,7 +236,7 @@ static void on_response(struct conn *c, const struct proto_msg *m)
     int rc = rdv_join(s->rdv, &c->hello, uv_now(s->loop), code, reason);
     s->joining = NULL;
     if (rc != 0) {
-        log_warn("node %s from %s refused: %s: %s", c->node, c->peer, code, reason);
+        log_warn_limited("node %s from %s refused: %s: %s", c->node, c->peer, code, reason);
         send_reject(c, code, reason);
         return;
     }
@@ -310,7 +320,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
                 struct proto_msg e = {.type = PROTO_ERROR};
                 snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_request");
                 snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s (frame skipped)", why);
-                log_warn("node %s sent a %s", c->node, e.u.error.reason);
+                log_warn_limited("node %s sent a %s", c->node, e.u.error.reason);
                 conn_send(c, &e);
                 memmove(c->rbuf, c->rbuf + used, c->rlen - used);
                 c->rlen -= used;
@@ -338,7 +348,7 @@ static void on_connection(uv_stream_t *listener, int status)
     char ip[INET6_ADDRSTRLEN] = "?";
 
     if (status < 0) {
-        log_warn("accept failed: %s", uv_strerror(status));
+        log_warn_limited("accept failed: %s", uv_strerror(status));
         return;
     }
     struct conn *c = calloc(1, sizeof(*c));
@@ -365,22 +375,41 @@ static void on_connection(uv_stream_t *listener, int status)
         snprintf(c->peer, sizeof(c->peer), "?");
     }
     c->accepted_ms = uv_now(s->loop);
-    if (s->nconns > SERVER_MAX_CONNS) {
-        conn_close(c, "too many connections", 0);
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (s->nconns > s->max_conns) {
+        char why[PROTO_REASON_MAX];
+        snprintf(why, sizeof(why),
+                 "musterd is at its limit of %u connections (job %s: %d node%s + %d spare); retry later, "
+                 "or check for agents that are not part of this job",
+                 s->max_conns, s->rdv->spec->name, s->rdv->spec->nodes, s->rdv->spec->nodes == 1 ? "" : "s",
+                 (int)s->max_conns - s->rdv->spec->nodes);
+        LOG_LIMITED(LOG_WARN, "connection %s refused: %s", c->peer, why);
+        /* The REJECT needs no HELLO first: an agent reads it in any state. */
+        struct proto_msg m = {.type = PROTO_REJECT};
+        snprintf(m.u.reject.code, sizeof(m.u.reject.code), "%s", PROTO_REJECT_FULL);
+        snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", why);
+        conn_send(c, &m);
+        conn_set_state(c, CONN_CLOSING); /* without conn_close's line: the warning said it */
+        c->closing_ms = c->accepted_ms;
+        uv_shutdown_t *req = malloc(sizeof(*req));
+        if (req) {
+            req->data = c;
+            if (uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) == 0)
+                return;
+            free(req);
+        }
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
         return;
     }
-    uv_tcp_nodelay(&c->tcp, 1);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
 static struct conn *find_joined(struct server *s, const char *node)
 {
+    uintptr_t c;
     if (s->joining && strcmp(s->joining->node, node) == 0)
         return s->joining;
-    for (struct conn *c = s->conns; c; c = c->next)
-        if (c->state == CONN_JOINED && strcmp(c->node, node) == 0)
-            return c;
-    return NULL;
+    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
 }
 
 void server_send(void *ctx, const char *node, const struct proto_msg *msg)
@@ -409,6 +438,21 @@ void server_tick(struct server *s)
     }
 }
 
+unsigned server_conn_limit(int nodes) { return (unsigned)nodes + (unsigned)nodes / 4 + SERVER_CONN_MARGIN; }
+
+/* The system's largest listen backlog: listen() caps what it is given at it. */
+static int listen_backlog(void)
+{
+    int n = 0;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    if (f) {
+        if (fscanf(f, "%d", &n) != 1)
+            n = 0;
+        fclose(f);
+    }
+    return n > SOMAXCONN ? n : SOMAXCONN;
+}
+
 int server_start(struct server **out, uv_loop_t *loop, const struct server_config *cfg, struct rdv *rdv,
                  char *err, size_t errlen)
 {
@@ -427,11 +471,18 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     }
     memcpy(s->token, cfg->token, cfg->token_len);
     s->token_len = cfg->token_len;
+    s->max_conns = cfg->max_conns ? cfg->max_conns : server_conn_limit(rdv->spec->nodes);
+    if (namemap_init(&s->joined, s->max_conns + 1) != 0) {
+        free(s->token);
+        free(s);
+        return -ENOMEM;
+    }
     s->log_data = cfg->log_data;
     s->node_gone = cfg->node_gone;
     s->hook_ctx = cfg->hook_ctx;
     if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
         snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);
+        namemap_free(&s->joined);
         free(s->token);
         free(s);
         return -EINVAL;
@@ -441,7 +492,7 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     s->listener_open = 1;
     rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&sin, 0);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
+        rc = uv_listen((uv_stream_t *)&s->listener, listen_backlog(), on_connection);
     if (rc != 0) {
         if (rc == UV_EADDRINUSE)
             snprintf(err, errlen,
@@ -482,6 +533,7 @@ void server_free(struct server *s)
 {
     if (!s)
         return;
+    namemap_free(&s->joined);
     free(s->token);
     free(s);
 }

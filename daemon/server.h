@@ -2,8 +2,11 @@
  * server: musterd's control port. Accepts agent connections on the libuv
  * loop, runs each through the join handshake (HELLO, CHALLENGE, RESPONSE),
  * then hands its frames to rdv and sends what rdv asks for. Limits: a
- * connection count, a per-connection write queue, and a deadline for the
- * handshake.
+ * connection count that follows the job's size (server_conn_limit), a
+ * per-connection write queue, and a deadline for the handshake. An agent
+ * over the connection limit gets REJECT "full" naming the limit. The
+ * listen backlog is the system's maximum (net.core.somaxconn), so that
+ * thousands of agents starting together are not dropped at SYN time.
  */
 #ifndef MUSTER_SERVER_H
 #define MUSTER_SERVER_H
@@ -16,7 +19,9 @@
 #include "daemon/rdv.h"
 #include "proto/proto.h"
 
-#define SERVER_MAX_CONNS 256
+/* Connections beyond the job's nodes: rejoining members whose old
+ * connection is not yet known dead, refused non-members, handshakes. */
+#define SERVER_CONN_MARGIN 64
 #define SERVER_HANDSHAKE_MS 5000
 #define SERVER_MAX_WRITE_QUEUE (4u * 1024u * 1024u)
 #define SERVER_CLOSE_MS 2000 /* a closing connection's queued frames get this long to go out */
@@ -26,6 +31,7 @@ struct server_config {
     uint16_t port;        /* 0 = any free port (see server_port) */
     const uint8_t *token; /* cluster token (may be empty) */
     size_t token_len;
+    unsigned max_conns;   /* connections accepted at once (server_conn_limit) */
     /* Rank logs (daemon/logfetch.h) are none of rdv's business: LOG_DATA
      * from a joined node goes to log_data, and node_gone hears of every
      * joined node's connection that closes (NULL: neither). */
@@ -39,6 +45,8 @@ struct server;
 int server_start(struct server **out, uv_loop_t *loop, const struct server_config *cfg, struct rdv *rdv,
                  char *err, size_t errlen);
 uint16_t server_port(const struct server *srv);
+/* Connections a job of `nodes` nodes needs: nodes + nodes/4 + SERVER_CONN_MARGIN. */
+unsigned server_conn_limit(int nodes);
 /* Closes pending handshakes that ran past SERVER_HANDSHAKE_MS. */
 void server_tick(struct server *srv);
 /* Closes the listener and every connection; memory goes in close callbacks. */

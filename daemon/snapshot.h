@@ -35,6 +35,7 @@ struct snapshot {
     pthread_mutex_t lock;
     char *doc[SNAP_NDOCS]; /* NUL-terminated JSON text, or NULL before first publish */
     unsigned long version; /* bumped on every publish */
+    int read[SNAP_NDOCS];  /* copied since it was last published */
 };
 
 void snapshot_init(struct snapshot *s);
@@ -43,5 +44,8 @@ void snapshot_destroy(struct snapshot *s);
 void snapshot_publish(struct snapshot *s, enum snap_doc which, char *text);
 /* Any thread: a malloc'd copy of a document, or NULL if none yet. */
 char *snapshot_copy(struct snapshot *s, enum snap_doc which);
+/* Loop thread: 1 when someone copied the document since it was published,
+ * so that a refresh that changes only figures can wait for a reader. */
+int snapshot_was_read(struct snapshot *s, enum snap_doc which);
 
 #endif

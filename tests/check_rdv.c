@@ -836,6 +836,190 @@ START_TEST(restart_window_forgets_old_restarts)
 }
 END_TEST
 
+/* rdv's per-state rank counters against a count of the rank table. */
+static void assert_counters_exact(void)
+{
+    uint32_t n[RDV_RANK_NSTATES] = {0};
+    for (uint32_t i = 0; i < rdv.world_size; i++)
+        n[rdv.ranks[i].state]++;
+    for (int s = 0; s < RDV_RANK_NSTATES; s++)
+        ck_assert_msg(rdv.nranks_in[s] == n[s], "ranks %s: counter says %u, the table holds %u",
+                      rdv_rank_state_name((enum rdv_rank_state)s), rdv.nranks_in[s], n[s]);
+}
+
+START_TEST(rank_counters_follow_every_state_change)
+{
+    setup_spec(2, 3);
+    spec.restart_backoff_ms = 0; /* two failures in a row below: no wait between them */
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    assert_counters_exact();
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    assert_counters_exact();
+    ck_assert_uint_eq(rdv.nranks_in[RDV_RANK_STARTING], 4);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    assert_counters_exact();
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 3, 1, PROTO_RANK_STARTING, 0);
+    assert_counters_exact();
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_uint_eq(rdv.nranks_in[RDV_RANK_RUNNING], 4);
+    assert_counters_exact();
+    /* An exit opens generation 2: every rank pending, then starting once assigned. */
+    rank_exit("b", 1, 3, 1, 0);
+    ck_assert_uint_eq(rdv.generation, 2);
+    assert_counters_exact();
+    ck_assert_uint_eq(rdv.nranks_in[RDV_RANK_STARTING], 4);
+    /* A lost node during recovery, then its return. */
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    assert_counters_exact();
+    ck_assert_int_eq(join("a", 2, 2), 0);
+    assert_counters_exact();
+    beat("a", rdv.generation, 0, 2, PROTO_RANK_RUNNING, 2);
+    beat("b", rdv.generation, 2, 2, PROTO_RANK_RUNNING, 2);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    assert_counters_exact();
+    /* Ranks finish one by one; the job completes when the counter says all did. */
+    for (uint32_t r = 0; r < 4; r++) {
+        ck_assert_int_eq(rdv.state, RDV_RUNNING);
+        rank_exit(r < 2 ? "a" : "b", rdv.generation, r, 0, 0);
+        assert_counters_exact();
+    }
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+    ck_assert_uint_eq(rdv.nranks_in[RDV_RANK_COMPLETED], 4);
+}
+END_TEST
+
+START_TEST(rank_counters_survive_stop_restore_and_shrink)
+{
+    form_running(3);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_RESTART, NULL, now), 0);
+    assert_counters_exact();
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);
+    assert_counters_exact();
+    rank_exit("a", rdv.generation, 0, -1, 15);
+    assert_counters_exact();
+
+    /* A restored job: every rank starting until members say otherwise. */
+    static struct rdv_saved saved;
+    form_running(3);
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    assert_counters_exact();
+    ck_assert_uint_eq(rdv.nranks_in[RDV_RANK_STARTING], 4);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 3);
+    assert_counters_exact();
+
+    /* A member that stays away: the job shrinks and the table is rebuilt. */
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    spec.min_nodes = 1;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    now += (uint64_t)spec.rejoin_timeout_ms + 1;
+    beat("a", rdv.generation, 0, 2, PROTO_RANK_RUNNING, 1);
+    rdv_tick(&rdv, now);
+    ck_assert_uint_eq(rdv.world_size, 2);
+    assert_counters_exact();
+}
+END_TEST
+
+static int find_index(const char *name)
+{
+    uintptr_t idx;
+    return namemap_get(&rdv.byname, name, &idx) == 0 ? (int)idx : -1;
+}
+
+/* The node table is found by name through a hash: joins, losses before
+ * formation (entries move) and drains keep every name findable. */
+START_TEST(node_lookup_by_name_survives_removals)
+{
+    char name[16];
+    setup_spec(300, 3);
+    for (int i = 0; i < 200; i++) {
+        snprintf(name, sizeof(name), "n%03d", i);
+        ck_assert_int_eq(join(name, 1, 0), 0);
+    }
+    ck_assert_uint_eq(rdv.byname.count, 200);
+    /* Lose every third node while waiting: the last entry moves into each hole. */
+    for (int i = 0; i < 200; i += 3) {
+        snprintf(name, sizeof(name), "n%03d", i);
+        rdv_disconnected(&rdv, name, "connection closed", now);
+    }
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_DRAIN, "n001", now), 0);
+    ck_assert_uint_eq(rdv.byname.count, rdv.nnodes);
+    for (uint32_t i = 0; i < rdv.nnodes; i++) {
+        uintptr_t idx = 99999;
+        ck_assert_int_eq(namemap_get(&rdv.byname, rdv.nodes[i].name, &idx), 0);
+        ck_assert_uint_eq(idx, i);
+    }
+    for (int i = 0; i < 200; i++) {
+        uintptr_t idx;
+        snprintf(name, sizeof(name), "n%03d", i);
+        ck_assert_int_eq(namemap_get(&rdv.byname, name, &idx), (i % 3 == 0 || i == 1) ? -ENOENT : 0);
+    }
+    /* Lost names may join again; a connected name is still refused as a duplicate. */
+    ck_assert_int_eq(join("n000", 1, 0), 0);
+    ck_assert_int_ne(join("n002", 1, 0), 0);
+    ck_assert_str_eq(last_reject_code(), "duplicate");
+    /* Frames reach the right node after the moves: a heartbeat refreshes its own entry only. */
+    uint32_t k = (uint32_t)find_index("n199");
+    now += 50;
+    beat("n199", 0, 0, 0, PROTO_RANK_RUNNING, 0);
+    ck_assert_uint_eq(rdv.nodes[k].last_seen_ms, now);
+}
+END_TEST
+
+START_TEST(namemap_deletes_without_losing_colliding_names)
+{
+    /* A small table (64 entries in 128 slots) churned until clusters wrap:
+     * after every step it holds exactly what a plain array says it should. */
+    struct namemap m;
+    char name[16];
+    uintptr_t v;
+    int want[97];
+    memset(want, 0, sizeof(want));
+    ck_assert_int_eq(namemap_init(&m, 64), 0);
+    for (int round = 0; round < 200; round++) {
+        int k = (round * 31 + 7) % 97;
+        snprintf(name, sizeof(name), "x%d", k);
+        if (want[k] || m.count < 64) {
+            ck_assert_int_eq(namemap_put(&m, name, (uintptr_t)round), 0);
+            want[k] = round + 1;
+        } else {
+            ck_assert_int_eq(namemap_put(&m, name, 1), -ENOSPC);
+        }
+        int d = (round * 13) % 97;
+        if (round % 3 == 2) {
+            snprintf(name, sizeof(name), "x%d", d);
+            ck_assert_int_eq(namemap_del(&m, name), want[d] ? 0 : -ENOENT);
+            want[d] = 0;
+        }
+        for (int i = 0; i < 97; i++) {
+            snprintf(name, sizeof(name), "x%d", i);
+            int rc = namemap_get(&m, name, &v);
+            ck_assert_msg(rc == (want[i] ? 0 : -ENOENT), "round %d: x%d %s", round, i, want[i] ? "lost" : "ghost");
+            if (want[i])
+                ck_assert_uint_eq(v, (uintptr_t)(want[i] - 1));
+        }
+    }
+    char longname[NAMEMAP_KEY_MAX + 1];
+    memset(longname, 'y', sizeof(longname) - 1);
+    longname[NAMEMAP_KEY_MAX] = '\0';
+    ck_assert_int_eq(namemap_put(&m, longname, 1), -ENAMETOOLONG);
+    namemap_free(&m);
+}
+END_TEST
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
@@ -871,6 +1055,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, failure_streaks_back_off);
     tcase_add_test(tc, failures_are_classified);
     tcase_add_test(tc, restart_window_forgets_old_restarts);
+    tcase_add_test(tc, rank_counters_follow_every_state_change);
+    tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
+    tcase_add_test(tc, node_lookup_by_name_survives_removals);
+    tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
     suite_add_tcase(s, tc);
     return s;
 }
