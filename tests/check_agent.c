@@ -628,6 +628,33 @@ START_TEST(log_newest_and_missing)
     ck_assert_int_eq(rank_log_open(&l, dir, 3, 0), 0);
     rank_log_append(&l, "x", 1, true);
     ck_assert_int_eq(size_of(dir, RANK_LOG_FILE), -1);
+
+    /* A rank may plant anything in its directory: a FIFO must not stop the agent
+     * (this test would hang), a symbolic link must not be served (a token, say),
+     * and neither may be written through. */
+    char path[256];
+    rank_dir_of(20, 4, dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_FILE);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    serve(4, 20, 0, 0, 100, &d);
+    ck_assert_int_ne(d.error, 0);
+    free(d.data);
+    ck_assert_int_ne(rank_log_open(&l, dir, 4, 1 << 20), 0);
+    rank_log_close(&l);
+    unlink(path);
+    char secret[256];
+    snprintf(secret, sizeof(secret), "%s/secret", log_root);
+    FILE *f = fopen(secret, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("cluster-token\n", f);
+    fclose(f);
+    ck_assert_int_eq(symlink(secret, path), 0);
+    serve(4, 20, 0, 0, 100, &d);
+    ck_assert_int_ne(d.error, 0);
+    ck_assert_ptr_null(d.data ? strstr(d.data, "cluster-token") : NULL);
+    free(d.data);
+    ck_assert_int_ne(rank_log_open(&l, dir, 4, 1 << 20), 0);
+    rank_log_close(&l);
 }
 END_TEST
 

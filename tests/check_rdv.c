@@ -904,6 +904,7 @@ START_TEST(rank_counters_survive_stop_restore_and_shrink)
 
     /* A restored job: every rank starting until members say otherwise. */
     static struct rdv_saved saved;
+    rdv_free(&rdv); /* the job above; form_running sets up a new one */
     form_running(3);
     rdv_save(&rdv, &saved);
     rdv_free(&rdv);

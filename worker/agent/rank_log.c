@@ -21,13 +21,34 @@ static int path_in(char *out, size_t cap, const char *dir, const char *name)
     return snprintf(out, cap, "%s/%s", dir, name) < (int)cap ? 0 : -ENAMETOOLONG;
 }
 
+/*
+ * open(2) for the files of a rank directory, which the rank itself (user
+ * code, the agent's user) can replace: never through a symbolic link (a log
+ * request would serve the file it points at, the cluster token say), never
+ * blocking on a FIFO (the agent's loop would stop), and only a regular file.
+ * -1 with errno set otherwise.
+ */
+static int open_regular(const char *path, int flags, mode_t mode)
+{
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
 /* The offset recorded in dir/output.log.offset; 0 when there is none. */
 static uint64_t read_base(const char *dir)
 {
     char path[PATH_MAX + 32], text[32];
     if (path_in(path, sizeof(path), dir, RANK_LOG_OFFSET) != 0)
         return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open_regular(path, O_RDONLY, 0);
     if (fd < 0)
         return 0;
     ssize_t n = read(fd, text, sizeof(text) - 1);
@@ -48,7 +69,7 @@ static int write_base(const char *dir, uint64_t base)
     if (path_in(path, sizeof(path), dir, RANK_LOG_OFFSET) != 0 ||
         path_in(tmp, sizeof(tmp), dir, RANK_LOG_OFFSET ".tmp") != 0)
         return -ENAMETOOLONG;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0)
         return -errno;
     int len = snprintf(text, sizeof(text), "%" PRIu64 "\n", base);
@@ -67,7 +88,7 @@ static int open_current(struct rank_log *l, int extra_flags)
     char path[PATH_MAX + 32];
     if (path_in(path, sizeof(path), l->dir, RANK_LOG_FILE) != 0)
         return -ENAMETOOLONG;
-    l->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | extra_flags, 0600);
+    l->fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND | extra_flags, 0600);
     return l->fd < 0 ? -errno : 0;
 }
 
@@ -175,8 +196,10 @@ void rank_log_close(struct rank_log *l)
 static int file_size(const char *path, uint64_t *size)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
+    if (lstat(path, &st) != 0)
         return -errno;
+    if (!S_ISREG(st.st_mode))
+        return -EINVAL; /* a link, a FIFO: not a log this agent wrote */
     *size = (uint64_t)st.st_size;
     return 0;
 }
@@ -290,7 +313,7 @@ static void read_piece(const char *dir, const struct log_span *s, uint64_t o, si
     char *buf = malloc(n + before + 1);
     ssize_t got = -1;
     int err = buf ? 0 : ENOMEM;
-    int fd = buf ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    int fd = buf ? open_regular(path, O_RDONLY, 0) : -1;
     if (buf && fd < 0)
         err = errno;
     while (fd >= 0 && (got = pread(fd, buf, n + before, (off_t)(o - file_start - before))) < 0 && errno == EINTR)
