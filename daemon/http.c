@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ struct http_server {
     http_log_fn log;
     void *log_ctx;
     uint16_t port;
+    atomic_int logs_open; /* log requests handed to the loop and not yet completed */
 };
 
 /* A log request's way through the connection (suspended while the loop fetches). */
@@ -52,6 +54,7 @@ enum log_state {
 struct request {
     size_t body_len;
     struct MHD_Connection *conn;
+    struct http_server *srv; /* set when a log request is handed to the loop */
     enum log_state log_state; /* set to LOG_DONE by the loop, read after the resume */
     struct logfetch_req lr;
 };
@@ -308,6 +311,8 @@ static enum MHD_Result get_rank_log(struct http_server *srv, struct MHD_Connecti
     rq->lr.done = log_done;
     rq->lr.data = rq;
     rq->log_state = LOG_WAITING;
+    rq->srv = srv;
+    atomic_fetch_add(&srv->logs_open, 1);
     /* Suspended first: the answer may come (and resume it) before this returns. */
     MHD_suspend_connection(c);
     srv->log(srv->log_ctx, &rq->lr);
@@ -584,6 +589,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct request *rq = *con_cls;
+    if (rq && rq->log_state != LOG_NONE)
+        atomic_fetch_sub(&rq->srv->logs_open, 1);
     if (rq)
         free(rq->lr.body); /* an answer never sent: the connection closed first */
     free(rq);
@@ -701,10 +708,16 @@ uint16_t http_port(const struct http_server *srv)
     return srv->port;
 }
 
+/* Log requests the loop answered at shutdown are resumed but not yet written:
+ * MHD's thread gets a bounded moment to send them before it is stopped. */
+#define HTTP_STOP_DRAIN_MS 1000
+
 void http_stop(struct http_server *srv)
 {
     if (!srv)
         return;
+    for (int waited = 0; atomic_load(&srv->logs_open) > 0 && waited < HTTP_STOP_DRAIN_MS; waited += 10)
+        usleep(10 * 1000);
     MHD_stop_daemon(srv->mhd);
     if (srv->admin_token)
         OPENSSL_cleanse(srv->admin_token, strlen(srv->admin_token));
