@@ -203,17 +203,8 @@ static const struct rdv_node *rank0_node(const struct rdv *r)
     return r->world_size ? &r->nodes[r->ranks[0].node] : NULL;
 }
 
-/* Index of a member among the members in name order (its torchrun GROUP_RANK). */
-static uint32_t member_index(const struct rdv *r, const struct rdv_node *nd)
-{
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].first_rank < nd->first_rank)
-            k++;
-    return k;
-}
-
-static void send_assign(struct rdv *r, uint32_t node, uint32_t master_port)
+/* node_rank: the member's index in name order (torchrun's GROUP_RANK), of nnodes. */
+static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32_t nnodes, uint32_t master_port)
 {
     const struct rdv_node *nd = &r->nodes[node];
     struct proto_msg m = {.type = PROTO_ASSIGN};
@@ -225,8 +216,8 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t master_port)
         m.u.assign.ranks[l].local_rank = l;
         m.u.assign.ranks[l].device = nd->devices[l];
     }
-    m.u.assign.node_rank = member_index(r, nd);
-    m.u.assign.nnodes = member_count(r);
+    m.u.assign.node_rank = node_rank;
+    m.u.assign.nnodes = nnodes;
     m.u.assign.restart_count = r->restarts;
     snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", rank0_node(r)->addr);
     m.u.assign.master_port = master_port;
@@ -273,13 +264,19 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         return;
     }
     r->port_wait_noted = 0;
-    uint32_t master_port = n0->free_port;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member)
-            send_assign(r, i, master_port);
+    /* Rank blocks are contiguous in name order: walking them block by block visits the
+     * members in that order, which numbers them. */
+    const uint32_t nnodes = member_count(r);
+    uint32_t node_rank = 0;
+    for (uint32_t rank = 0; rank < r->world_size;) {
+        const uint32_t node = r->ranks[rank].node;
+        send_assign(r, node, node_rank++, nnodes, n0->free_port);
+        while (rank < r->world_size && r->ranks[rank].node == node)
+            rank++;
+    }
     r->assigned_ms = now_ms;
     event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
-          (unsigned long long)r->generation, r->world_size, member_count(r));
+          (unsigned long long)r->generation, r->world_size, nnodes);
     changed(r, 1);
 }
 
@@ -748,9 +745,10 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
 }
 
 static void record_failure(struct rdv *r, const struct rdv_node *nd, const struct proto_rank_exit *x,
-                           const char *how)
+                           const char *how, enum failure_class cls)
 {
     struct rdv_failure *f = &r->last_failure;
+    f->cls = (int)cls;
     f->generation = x->generation;
     f->rank = x->rank;
     snprintf(f->node, sizeof(f->node), "%s", nd->name);
@@ -790,8 +788,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     }
     set_rank_state(r, rk, RDV_RANK_EXITED);
     enum failure_class cls = failure_classify(x);
-    record_failure(r, nd, x, how);
-    r->last_failure.cls = (int)cls;
+    record_failure(r, nd, x, how, cls);
     if (x->reason[0])
         snprintf(what, sizeof(what), "rank %u on node %s %s: %s", x->rank, nd->name, how, x->reason);
     else

@@ -21,6 +21,7 @@
 #include "common/cmdline.h"
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "common/mkdirs.h"
 #include "common/notify.h"
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/frame_conn.h"
@@ -84,7 +85,7 @@ struct agent {
     uint64_t cur_gen; /* newest generation heard of; older messages are ignored */
     bool have_assign;
     struct proto_assign assign; /* holds a reference to assign.job */
-    uint64_t grace_ms;          /* stop_grace_ms of the held job */
+    struct job_spec spec;       /* the held job, parsed (defaults before any) */
     bool spawn_pending;         /* spawn the held assignment once no rank runs */
     struct agent_rank *ranks[PROTO_MAX_LOCAL_RANKS]; /* by slot of the held assignment */
     uint32_t nranks;
@@ -168,7 +169,7 @@ static bool ranks_live(const struct agent *a)
 static void stop_all(struct agent *a, uint64_t generation)
 {
     for (struct agent_rank *r = a->all; r; r = r->next)
-        rank_stop(r, generation, a->grace_ms);
+        rank_stop(r, generation, (uint64_t)a->spec.stop_grace_ms);
 }
 
 static void send_to_daemon(struct agent *a, const struct proto_msg *m);
@@ -286,23 +287,12 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         spawn_all(a);
 }
 
-/* mkdir -p with mode for the directories it creates. */
+/* mkdir -p, then the directory must be ours to write. */
 static int make_dirs(const char *path, mode_t mode)
 {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
-        return -ENAMETOOLONG;
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char c = *p;
-        *p = '\0';
-        if (mkdir(buf, mode) != 0 && errno != EEXIST)
-            return -errno;
-        *p = c;
-        if (c == '\0')
-            break;
-    }
+    int rc = mkdirs(path, mode);
+    if (rc)
+        return rc;
     return access(path, W_OK | X_OK) == 0 ? 0 : -errno;
 }
 
@@ -325,9 +315,8 @@ static void prune_generations(const struct agent *a, uint64_t gen)
     }
     uv_dirent_t ent;
     while (uv_fs_scandir_next(&req, &ent) != UV_EOF) {
-        unsigned long long g;
-        int end = 0;
-        if (sscanf(ent.name, "gen-%llu%n", &g, &end) != 1 || ent.name[end] || g + KEEP_GENERATIONS > gen)
+        uint64_t g;
+        if (!rank_log_generation(ent.name, &g) || g + KEEP_GENERATIONS > gen)
             continue;
         char path[PATH_MAX];
         if (snprintf(path, sizeof(path), "%s/%s", a->state_dir, ent.name) < (int)sizeof(path))
@@ -343,7 +332,7 @@ static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
     if (!a->state_dir[0])
         return;
     char dir[PATH_MAX];
-    if (snprintf(dir, sizeof(dir), "%s/gen-%" PRIu64 "/rank-%u", a->state_dir, gen, rank) >= (int)sizeof(dir))
+    if (rank_log_dir(dir, sizeof(dir), a->state_dir, gen, rank) != 0)
         return;
     int rc = make_dirs(dir, 0700);
     if (rc != 0) {
@@ -384,12 +373,9 @@ static void spawn_all(struct agent *a)
     const struct proto_assign *as = &a->assign;
     a->spawn_pending = false;
     release_ranks(a);
-    struct job_spec spec;
-    char err[300];
-    if (job_spec_from_json(as->job, "ASSIGN job", &spec, err, sizeof(err)) != 0)
-        job_spec_defaults(&spec); /* checked in on_assign; not reached */
+    const struct job_spec *spec = &a->spec;
     bool own_argv;
-    char **argv = rank_command(a, &spec, &own_argv);
+    char **argv = rank_command(a, spec, &own_argv);
     if (a->state_dir[0])
         prune_generations(a, as->generation);
     static struct proto_msg assign_msg;
@@ -412,8 +398,8 @@ static void spawn_all(struct agent *a)
             .nnodes = as->nnodes,
             .generation = as->generation,
             .restart_count = as->restart_count,
-            .max_restarts = (uint32_t)spec.max_restarts,
-            .run_id = spec.name,
+            .max_restarts = (uint32_t)spec->max_restarts,
+            .run_id = spec->name,
             .master_addr = as->master_addr,
             .master_port = as->master_port,
             .error_file = error_file,
@@ -432,7 +418,7 @@ static void spawn_all(struct agent *a)
         if (!r) {
             char why[PROTO_REASON_MAX], cmd[200] = "";
             if (argv)
-                cmdline_describe(own_argv ? spec.rank_cmd : "", cmd, sizeof(cmd));
+                cmdline_describe(own_argv ? spec->rank_cmd : "", cmd, sizeof(cmd));
             snprintf(why, sizeof(why), "cannot run %s%s%s: %s (%s)", argv ? "'" : "the rank command",
                      argv ? argv[0] : "", argv ? "'" : "", uv_strerror(err_code),
                      own_argv ? "the job's rank_cmd" : a->cfg->rank_argv_pinned ? "the agent's command line"
@@ -863,7 +849,7 @@ static void on_assign(struct agent *a, struct proto_assign *as)
     a->assign = *as;
     json_incref(a->assign.job);
     a->have_assign = true;
-    a->grace_ms = (uint64_t)spec.stop_grace_ms;
+    a->spec = spec;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank);
     stop_all(a, as->generation);
@@ -1153,7 +1139,7 @@ static void agent_exit(struct agent *a, int code)
     uv_timer_stop(&a->retry_timer);
     link_set_state(a, LINK_CLOSED);
     if (any_running(a))
-        log_info("stopping ranks (grace %" PRIu64 " ms)", a->grace_ms);
+        log_info("stopping ranks (grace %" PRIu64 " ms)", (uint64_t)a->spec.stop_grace_ms);
     stop_all(a, a->cur_gen);
     maybe_finish(a);
 }
@@ -1191,9 +1177,7 @@ int agent_run(const struct agent_config *cfg)
     a->heartbeat_interval_ms = 1000;
     a->lease_ms = 10000;
     a->gai.data = a;
-    struct job_spec defaults;
-    job_spec_defaults(&defaults);
-    a->grace_ms = (uint64_t)defaults.stop_grace_ms;
+    job_spec_defaults(&a->spec);
     backoff_init(&a->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
     choose_state_dir(a);
 

@@ -1,12 +1,12 @@
 #include "worker/agent/rank_env.h"
 
-#include "common/cmdline.h"
-
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/cmdline.h"
 
 /* The variables the agent owns: a parent entry of the same name is dropped. */
 static const char *const owned[] = {
@@ -16,11 +16,10 @@ static const char *const owned[] = {
     "TORCHELASTIC_ERROR_FILE", "MUSTER_GENERATION", "MUSTER_NODE", "MUSTER_CTL_FD", "CUDA_VISIBLE_DEVICES",
 };
 #define NOWNED (sizeof(owned) / sizeof(owned[0]))
-/* Defaults: set only when the parent has no entry of the name. NCCL_ASYNC_ERROR_HANDLING
- * is the name PyTorch read before 2.2. */
-static const char *const defaults[] = {"OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                       "NCCL_ASYNC_ERROR_HANDLING"};
-#define NDEFAULTS (sizeof(defaults) / sizeof(defaults[0]))
+/* Set to 1 unless the parent has an entry of the name: a collective whose peer died
+ * fails instead of hanging. NCCL_ASYNC_ERROR_HANDLING is the name PyTorch read before 2.2. */
+static const char *const nccl_error_handling[] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"};
+#define NNCCL (sizeof(nccl_error_handling) / sizeof(nccl_error_handling[0]))
 
 static int has_name(const char *entry, const char *name)
 {
@@ -68,7 +67,7 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     size_t np = 0;
     while (parent && parent[np])
         np++;
-    char **env = calloc(np + NOWNED + NDEFAULTS + 1, sizeof(char *));
+    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + NNCCL + 1, sizeof(char *));
     if (!env)
         return NULL;
     size_t n = 0;
@@ -78,7 +77,7 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         if (!(env[n++] = strdup(parent[i])))
             goto oom;
     }
-    /* Every name below is in owned[] or defaults[], which size env. */
+    /* Every name below is in owned[], OMP_NUM_THREADS or nccl_error_handling[], which size env. */
     if (put_var(env, &n, "RANK", "%" PRIu32, id->rank) || put_var(env, &n, "LOCAL_RANK", "%" PRIu32, id->local_rank) ||
         put_var(env, &n, "WORLD_SIZE", "%" PRIu32, id->world_size) ||
         put_var(env, &n, "LOCAL_WORLD_SIZE", "%" PRIu32, id->local_world_size) ||
@@ -105,8 +104,8 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     if (id->omp_threads && !rank_env_get(parent, "OMP_NUM_THREADS") &&
         put_var(env, &n, "OMP_NUM_THREADS", "%" PRIu32, id->omp_threads))
         goto oom;
-    for (size_t i = 1; i < NDEFAULTS; i++)
-        if (!rank_env_get(parent, defaults[i]) && put_var(env, &n, defaults[i], "%s", "1"))
+    for (size_t i = 0; i < NNCCL; i++)
+        if (!rank_env_get(parent, nccl_error_handling[i]) && put_var(env, &n, nccl_error_handling[i], "%s", "1"))
             goto oom;
     return env;
 oom:

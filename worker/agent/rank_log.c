@@ -204,17 +204,26 @@ static int file_size(const char *path, uint64_t *size)
     return 0;
 }
 
-/* gen-G/rank-R under state_dir. */
-static int rank_path(char *out, size_t cap, const char *state_dir, uint64_t gen, uint32_t rank)
+int rank_log_dir(char *out, size_t cap, const char *state_dir, uint64_t gen, uint32_t rank)
 {
     return snprintf(out, cap, "%s/gen-%" PRIu64 "/rank-%u", state_dir, gen, rank) < (int)cap ? 0 : -ENAMETOOLONG;
+}
+
+int rank_log_generation(const char *name, uint64_t *gen)
+{
+    unsigned long long g;
+    int end = 0;
+    if (sscanf(name, "gen-%llu%n", &g, &end) != 1 || name[end])
+        return 0;
+    *gen = g;
+    return 1;
 }
 
 static bool has_log(const char *state_dir, uint64_t gen, uint32_t rank)
 {
     char dir[PATH_MAX], path[PATH_MAX + 32];
     uint64_t size;
-    if (rank_path(dir, sizeof(dir), state_dir, gen, rank) != 0)
+    if (rank_log_dir(dir, sizeof(dir), state_dir, gen, rank) != 0)
         return false;
     return (path_in(path, sizeof(path), dir, RANK_LOG_FILE) == 0 && file_size(path, &size) == 0) ||
            (path_in(path, sizeof(path), dir, RANK_LOG_OLD) == 0 && file_size(path, &size) == 0);
@@ -230,10 +239,8 @@ uint64_t rank_log_newest(const char *state_dir, uint32_t rank)
         return 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        unsigned long long g;
-        int end = 0;
-        if (sscanf(e->d_name, "gen-%llu%n", &g, &end) == 1 && !e->d_name[end] && g > newest &&
-            has_log(state_dir, g, rank))
+        uint64_t g;
+        if (rank_log_generation(e->d_name, &g) && g > newest && has_log(state_dir, g, rank))
             newest = g;
     }
     closedir(d);
@@ -370,7 +377,7 @@ void rank_log_serve(const char *state_dir, const char *node, bool logs_off, cons
     }
     char dir[PATH_MAX];
     struct log_span s;
-    rank_path(dir, sizeof(dir), state_dir, d->generation, q->rank);
+    rank_log_dir(dir, sizeof(dir), state_dir, d->generation, q->rank);
     int rc = log_span(dir, &s);
     if (rc != 0) {
         fail(d, PROTO_LOG_UNREADABLE, "cannot read the log in %s: %s", dir, strerror(-rc));

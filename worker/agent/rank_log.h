@@ -39,6 +39,11 @@ struct rank_log {
 };
 
 /* No file yet: fd -1. */
+/* The layout of a node's state directory: <state_dir>/gen-G/rank-R. */
+int rank_log_dir(char *out, size_t cap, const char *state_dir, uint64_t gen, uint32_t rank);
+/* 1 with *gen when name is a generation directory's ("gen-G"), else 0. */
+int rank_log_generation(const char *name, uint64_t *gen);
+
 void rank_log_init(struct rank_log *l);
 
 /*

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "common/log.h"
+#include "common/mkdirs.h"
 
 #define SHARD_MAGIC "MUSTSHRD"
 #define SHARD_VERSION 1
@@ -94,23 +95,6 @@ static int sync_dir(const char *dir)
     int rc = fsync(fd) ? -errno : 0;
     close(fd);
     return rc;
-}
-
-static int mkdir_p(const char *dir)
-{
-    char tmp[JOB_PATH_MAX];
-    snprintf(tmp, sizeof(tmp), "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return -errno;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return -errno;
-    return 0;
 }
 
 static void remove_tree(const char *dir)
@@ -368,7 +352,7 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
     int rc = 0;
     int writer = -1; /* rank 0: the temporary directory's writer lock */
     if (c->rank == 0) {
-        rc = mkdir_p(dir);
+        rc = mkdirs(dir, 0755);
         snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)getpid());
         int lock = rc ? -1 : lock_dir(dir);
         if (lock < 0 && !rc)
