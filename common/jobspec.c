@@ -86,6 +86,9 @@ static const struct key_def keys[] = {
      "steps between checkpoints; 0 = only at the end"},
     {"checkpoint_keep", KEY_INT, F(checkpoint_keep), 0, 100000000, 3, NULL,
      "committed checkpoints kept: older ones are pruned after each commit (the one `latest` names never); 0 = keep all"},
+    {"replicate_every", KEY_INT, F(replicate_every), 0, 100000000, 1, NULL,
+     "muster-train: mirror each rank's shard (weights, both moments) into a peer's memory, on another node where "
+     "the layout allows, every N steps, so that a replaced rank resumes from it; 0 = off (docs/training.md)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

@@ -60,6 +60,7 @@ struct job_spec {
     char checkpoint_dir[JOB_PATH_MAX]; /* "" = no checkpoints */
     int checkpoint_every;      /* steps between checkpoints; 0 = off */
     int checkpoint_keep;       /* committed checkpoints kept; 0 = all */
+    int replicate_every;       /* steps between in-memory peer replicas; 0 = off */
 };
 
 /* Fills *spec with every key's default (name and data stay empty). */

@@ -318,12 +318,14 @@ static void settle_ranks(struct rdv *r)
             set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
 }
 
-static void stop_all(struct rdv *r)
+static void command_all(struct rdv *r, enum proto_command action)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_command(r, i, PROTO_CMD_STOP);
+            send_command(r, i, action);
 }
+
+static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
 
 /* The job is failed for r->reason: persisted first, then every rank stopped. */
 static void fail_job(struct rdv *r, int node, int rank)
@@ -356,13 +358,15 @@ static void spend_restart(struct rdv *r, uint64_t now_ms)
 }
 
 /*
- * A failure in the current generation: open the next one (stopping every
- * rank and restarting them once all members are back, after the backoff the
+ * A failure in the current generation: open the next one (parking every
+ * rank, which stops those that cannot rejoin in place, and assigning the
+ * next generation once all members are back, after the backoff the
  * failure's class and the streak call for), or fail the job when the restart
- * budget is spent or retrying cannot help.
+ * budget is spent or retrying cannot help. An administrator's restart
+ * (park 0) stops every rank instead: it asks for fresh processes.
  */
 static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
-                                 int spend, enum failure_class cls)
+                                 int spend, enum failure_class cls, int park)
 {
     if (rdv_terminal(r) || r->state == RDV_WAITING)
         return;
@@ -421,15 +425,16 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     if (wait)
         event(r, "restart_backoff", node, rank, "generation %llu waits %.1f s: %s failure %u in a row",
               (unsigned long long)r->generation, (double)wait / 1000.0, failure_class_name(cls), r->streak);
+    r->restore_noted = 0;
     /* Persisted before any frame names the new generation (see rdv_ops.changed). */
     changed(r, 1);
-    stop_all(r);
+    command_all(r, park ? PROTO_CMD_PARK : PROTO_CMD_STOP);
     try_start_generation(r, now_ms);
 }
 
 static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
 {
-    open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT);
+    open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT, 1);
 }
 
 /* ---- inputs ---------------------------------------------------------- */
@@ -662,6 +667,38 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     return 0;
 }
 
+/* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
+static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_beat *b)
+{
+    const unsigned long long g = (unsigned long long)r->generation, step = (unsigned long long)b->restore_step;
+    r->restore_noted = 1;
+    r->restore_from = b->restore_from;
+    r->restore_step = b->restore_step;
+    switch (b->restore_from) {
+    case PROTO_RESTORE_MEMORY:
+        event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving ranks "
+              "kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
+        break;
+    case PROTO_RESTORE_DISK:
+        if (g > 1)
+            event(r, "state_from_checkpoint", (int)node, 0, "generation %llu resumed at step %llu from the last "
+                  "committed checkpoint: no step was held in memory for every rank (a rank and the peer holding its "
+                  "replica were both lost, or replicate_every is 0)", g, step);
+        else
+            event(r, "state_from_checkpoint", (int)node, 0, "generation 1 resumed at step %llu from the last "
+                  "committed checkpoint", step);
+        break;
+    case PROTO_RESTORE_SEED:
+        if (g > 1)
+            event(r, "state_from_seed", (int)node, 0, "generation %llu started over from step 0: no step was held "
+                  "in memory for every rank and there is no committed checkpoint", g);
+        break;
+    default:
+        break;
+    }
+    changed(r, 0);
+}
+
 static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
@@ -701,6 +738,8 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
                   (unsigned long long)b->checkpoint_step);
             changed(r, 1);
         }
+        if (b->rank == 0 && b->restore_from != PROTO_RESTORE_NONE && !r->restore_noted)
+            note_restore(r, node, b);
         rk->loss = b->loss;
         rk->tokens_per_s = b->tokens_per_s;
         rk->comm_frac = b->comm_frac;
@@ -798,7 +837,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
         event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
-    open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls);
+    open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
 }
 
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
@@ -1031,7 +1070,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
             return -EINVAL;
         /* An asked-for restart does not spend the failure budget. */
-        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT);
+        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT, 0);
         return 0;
     case RDV_ADMIN_CHECKPOINT:
         if (!r->spec->checkpoint_dir[0])
@@ -1162,7 +1201,10 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
             nloss++;
         }
     }
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:I, s:o, s:o, s:o}",
+    json_t *restored = r->restore_noted ? json_pack("{s:s, s:I}", "from", proto_restore_name(r->restore_from), "step",
+                                                     (json_int_t)r->restore_step)
+                                         : json_null();
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o, s:o, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
@@ -1172,7 +1214,7 @@ json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
                      "tokens_per_s", num_or_null(tps), "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
-                     "stale_frames", (json_int_t)r->stale_frames, "last_failure", failure_json(&r->last_failure),
+                     "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure", failure_json(&r->last_failure),
                      "nodes", nodes, "ranks", ranks);
 }
 

@@ -178,6 +178,9 @@ struct rdv {
 
     int resuming;           /* restored from the state file, members not all back */
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    int restore_noted;      /* rank 0 said where this generation's state came from */
+    enum proto_restore restore_from;
+    uint64_t restore_step;
     /* restart policy (daemon/failure.h) */
     uint32_t streak;        /* failures in a row, without a healthy run between */
     uint64_t running_since_ms; /* when the current generation began running; 0 = not running */

@@ -25,6 +25,14 @@ const char *const proto_command_json[PROTO_CMD_MAX + 1] = {
     [PROTO_CMD_START] = "start",
     [PROTO_CMD_SHUTDOWN] = "shutdown",
     [PROTO_CMD_CHECKPOINT] = "checkpoint",
+    [PROTO_CMD_PARK] = "park",
+};
+
+const char *const proto_restore_json[PROTO_RESTORE_MAX + 1] = {
+    [PROTO_RESTORE_NONE] = "",
+    [PROTO_RESTORE_MEMORY] = "memory",
+    [PROTO_RESTORE_DISK] = "disk",
+    [PROTO_RESTORE_SEED] = "seed",
 };
 
 const char *const proto_log_error_json[PROTO_LOG_ERROR_MAX + 1] = {
@@ -233,7 +241,8 @@ static int check_heartbeat(const struct proto_heartbeat *h)
         if ((unsigned int)b->state > PROTO_RANK_STATE_MAX ||
             b->step > PROTO_U64_MAX ||
             !isfinite(b->tokens_per_s) || b->tokens_per_s < 0 ||
-            !isfinite(b->comm_frac) || b->comm_frac < 0 || b->comm_frac > 1)
+            !isfinite(b->comm_frac) || b->comm_frac < 0 || b->comm_frac > 1 ||
+            (unsigned int)b->restore_from > PROTO_RESTORE_MAX || b->restore_step > PROTO_U64_MAX)
             return PROTO_E_RANGE;
         for (uint32_t j = 0; j < i; j++)
             if (b->rank == h->ranks[j].rank)
@@ -363,6 +372,13 @@ const char *proto_command_name(enum proto_command cmd)
     if ((unsigned int)cmd > PROTO_CMD_MAX || !proto_command_json[cmd])
         return "unknown";
     return proto_command_json[cmd];
+}
+
+const char *proto_restore_name(enum proto_restore from)
+{
+    if ((unsigned int)from > PROTO_RESTORE_MAX)
+        return "unknown";
+    return proto_restore_json[from];
 }
 
 const char *proto_log_error_name(enum proto_log_error err)

@@ -12,6 +12,7 @@
 extern const char *const proto_device_kind_json[PROTO_DEV_GPU + 1];
 extern const char *const proto_rank_state_json[PROTO_RANK_STATE_MAX + 1];
 extern const char *const proto_command_json[PROTO_CMD_MAX + 1];
+extern const char *const proto_restore_json[PROTO_RESTORE_MAX + 1];
 extern const char *const proto_log_error_json[PROTO_LOG_ERROR_MAX + 1];
 
 /*

@@ -302,7 +302,8 @@ static int dec_unique_id(json_t *o, struct proto_unique_id *u)
 static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
-        "tokens_per_s", "comm_frac", "checkpoint_step", "silent", NULL};
+        "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "rejoin", "restore_from",
+        "restore_step", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -328,6 +329,24 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
             return PROTO_E_FIELD_TYPE;
         b->silent = json_is_true(silent);
     }
+    /* Optional (absent = false): ranks that can join the next generation in place. */
+    b->rejoin = 0;
+    json_t *rejoin = json_object_get(o, "rejoin");
+    if (rejoin) {
+        if (!json_is_boolean(rejoin))
+            return PROTO_E_FIELD_TYPE;
+        b->rejoin = json_is_true(rejoin);
+    }
+    /* Optional pair: how this generation's state was restored, and at which step. */
+    int from = PROTO_RESTORE_NONE;
+    b->restore_step = 0;
+    if (json_object_get(o, "restore_from")) {
+        TRY(get_enum(o, "restore_from", proto_restore_json, 1, PROTO_RESTORE_MAX, &from));
+        TRY(get_u64(o, "restore_step", &b->restore_step));
+    } else if (json_object_get(o, "restore_step")) {
+        return PROTO_E_MISSING;
+    }
+    b->restore_from = (enum proto_restore)from;
     return PROTO_OK;
 }
 
@@ -628,6 +647,12 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
     TRY(put(o, "comm_frac", json_real(b->comm_frac)));
     if (b->checkpoint_step)
         TRY(put_uint(o, "checkpoint_step", b->checkpoint_step));
+    if (b->rejoin)
+        TRY(put(o, "rejoin", json_true()));
+    if (b->restore_from != PROTO_RESTORE_NONE) {
+        TRY(put(o, "restore_from", json_string(proto_restore_json[b->restore_from])));
+        TRY(put_uint(o, "restore_step", b->restore_step));
+    }
     return b->silent ? put(o, "silent", json_true()) : PROTO_OK;
 }
 

@@ -101,12 +101,21 @@ enum proto_rank_state {
     PROTO_RANK_STATE_MAX = 3,
 };
 
+/* Where a rank that can rejoin took its model state from in this generation. */
+enum proto_restore {
+    PROTO_RESTORE_NONE = 0,   /* not reported (yet) */
+    PROTO_RESTORE_MEMORY = 1, /* survivors' own state and peers' in-memory replicas */
+    PROTO_RESTORE_DISK = 2,   /* the last committed checkpoint */
+    PROTO_RESTORE_SEED = 3,   /* nothing to restore: initialised from the seed */
+    PROTO_RESTORE_MAX = 3,
+};
 enum proto_command {
     PROTO_CMD_STOP = 1,       /* stop ranks (generation given is the new one) */
     PROTO_CMD_START = 2,      /* start ranks of the held assignment */
     PROTO_CMD_SHUTDOWN = 3,   /* agent: stop ranks and exit */
     PROTO_CMD_CHECKPOINT = 4, /* rank: write a checkpoint now */
-    PROTO_CMD_MAX = 4,
+    PROTO_CMD_PARK = 5,       /* generation over by a failure: rejoining ranks wait, others stop */
+    PROTO_CMD_MAX = 5,
 };
 
 /* Why a LOG_DATA carries no bytes. */
@@ -190,6 +199,11 @@ struct proto_rank_beat {
                                * (optional on the wire: omitted when 0) */
     int silent;           /* alive by its process alone: it never sent a frame, so
                            * step and loss are unknown (optional: omitted when 0) */
+    int rejoin;           /* the rank joins the next generation in place (parks on
+                           * COMMAND park, takes a new ASSIGN of its slot) (optional) */
+    enum proto_restore restore_from; /* where this generation's state came from
+                                      * (optional: omitted when PROTO_RESTORE_NONE) */
+    uint64_t restore_step; /* the step it resumed at (with restore_from) */
 };
 
 struct proto_heartbeat {
@@ -310,6 +324,7 @@ const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);
 const char *proto_log_error_name(enum proto_log_error err);
+const char *proto_restore_name(enum proto_restore from); /* "" for none */
 
 /*
  * Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare.

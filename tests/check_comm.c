@@ -293,6 +293,61 @@ START_TEST(test_ring_bf16)
 }
 END_TEST
 
+/* shift: every rank sends its own pattern (rank r sends 1000 + r bytes, large
+ * enough for several ring chunks at the last size) to its successor; then one
+ * rank alone sends (the others pass 0 bytes), as a replica restore does. */
+static int shift_body(struct rank *rk, struct comm *c)
+{
+    const int n = rk->world, me = rk->rank, prev = (me + n - 1) % n;
+    const size_t sizes[] = {1, 1000, 3u << 20};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t mine = sizes[k] + (size_t)me, theirs = sizes[k] + (size_t)prev;
+        uint8_t *out = malloc(mine), *in = malloc(theirs);
+        if (!out || !in) {
+            free(out);
+            free(in);
+            return failf(rk, -ENOMEM, "shift: malloc");
+        }
+        for (size_t i = 0; i < mine; i++)
+            out[i] = (uint8_t)(i * 7 + (size_t)me);
+        int rc = comm_shift(c, out, mine, in, theirs);
+        for (size_t i = 0; rc == 0 && i < theirs; i++)
+            if (in[i] != (uint8_t)(i * 7 + (size_t)prev))
+                rc = failf(rk, -1, "shift of %zu bytes: byte %zu from rank %d", theirs, i, prev);
+        free(out);
+        free(in);
+        if (rc)
+            return rc < 0 && rc != -1 ? failf(rk, rc, "shift of %zu bytes", mine) : rc;
+    }
+    /* one sender, rank world - 1, to rank 0 */
+    uint32_t word = 0xC0FFEE00u + (uint32_t)n, got = 0;
+    int rc = comm_shift(c, &word, me == n - 1 ? sizeof(word) : 0, &got, me == 0 ? sizeof(got) : 0);
+    if (rc)
+        return failf(rk, rc, "lone shift");
+    if (me == 0 && got != word)
+        return failf(rk, -1, "lone shift: got %#x", got);
+    /* backwards: every rank to its predecessor, then rank 0 alone to rank world - 1 */
+    uint64_t mine64 = 0xAB00u + (uint64_t)me, theirs64 = 0;
+    if ((rc = comm_shift_back(c, &mine64, sizeof(mine64), &theirs64, sizeof(theirs64))) != 0)
+        return failf(rk, rc, "shift back");
+    if (theirs64 != 0xAB00u + (uint64_t)((me + 1) % n))
+        return failf(rk, -1, "shift back: got %#llx from rank %d", (unsigned long long)theirs64, (me + 1) % n);
+    got = 0;
+    rc = comm_shift_back(c, &word, me == 0 ? sizeof(word) : 0, &got, me == n - 1 ? sizeof(got) : 0);
+    if (rc)
+        return failf(rk, rc, "lone shift back");
+    if (me == n - 1 && got != word)
+        return failf(rk, -1, "lone shift back: got %#x", got);
+    return comm_barrier(c) ? failf(rk, -1, "barrier after shift") : 0;
+}
+
+START_TEST(test_ring_shift)
+{
+    struct rank rks[4];
+    run_world(_i, shift_body, rks);
+}
+END_TEST
+
 /* ---- abort ----------------------------------------------------------- */
 
 struct abort_rank {
@@ -564,6 +619,7 @@ Suite *make_comm_suite(void)
     tcase_set_timeout(tc, 20);
     tcase_add_loop_test(tc, test_ring_collectives, 1, 6);
     tcase_add_test(tc, test_ring_bf16);
+    tcase_add_loop_test(tc, test_ring_shift, 2, 5);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("failure");

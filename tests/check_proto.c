@@ -153,9 +153,10 @@ static void sample(int type, struct proto_msg *m)
         h->generation = 3;
         h->seq = 42;
         h->nranks = 3;
-        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0};
-        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1};
-        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0};
+        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0,
+                                               1, PROTO_RESTORE_MEMORY, 1100};
+        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, PROTO_RESTORE_NONE, 0};
+        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -272,6 +273,9 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
                           p->comm_frac, q->comm_frac);
             ck_assert_int_eq(p->checkpoint_step, q->checkpoint_step);
             ck_assert_int_eq(p->silent, q->silent);
+            ck_assert_int_eq(p->rejoin, q->rejoin);
+            ck_assert_int_eq(p->restore_from, q->restore_from);
+            ck_assert_uint_eq(p->restore_step, q->restore_step);
         }
         ck_assert_uint_eq(x->free_port, y->free_port);
         break;
@@ -388,7 +392,9 @@ START_TEST(roundtrip_edges)
     for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++)
         m.u.heartbeat.ranks[i] = (struct proto_rank_beat){
             UINT32_MAX - i, (enum proto_rank_state)(i % 4), PROTO_U64_MAX - i,
-            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2)};
+            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2), (int)(i % 3 == 0),
+            (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
+            i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0}; /* a step only with a source */
     roundtrip(&m);
 
     /* The daemon's answer to a heartbeat: no ranks. */
@@ -845,7 +851,7 @@ START_TEST(missing_fields)
 END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
- * optional fields (a rank's checkpoint_step and silent, a heartbeat's
+ * optional fields (a rank's checkpoint_step, silent and rejoin, a heartbeat's
  * free_port, a rank exit's reason and detail) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
 {
@@ -870,8 +876,11 @@ START_TEST(every_field_is_required)
                 json_object_foreach(json_array_get(value, 0), inner, iv) {
                     copy = json_deep_copy(base);
                     json_object_del(json_array_get(json_object_get(copy, key), 0), inner);
-                    int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ? PROTO_OK
-                                                                                                 : PROTO_E_MISSING;
+                    /* restore_from and restore_step go together: one without the other is missing */
+                    int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
+                                       !strcmp(inner, "rejoin")
+                                   ? PROTO_OK
+                                   : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,
                                   "%s %s[0] without %s", proto_type_name((enum proto_type)t),
                                   key, inner);
@@ -1091,6 +1100,13 @@ START_TEST(range_errors)
     ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"ranks\":"
         "[{\"rank\":0,\"state\":\"running\",\"step\":1,\"loss\":1,\"tokens_per_s\":1,"
         "\"comm_frac\":0,\"silent\":1}]}"), PROTO_E_FIELD_TYPE);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"ranks\":"
+        "[{\"rank\":0,\"state\":\"running\",\"step\":1,\"loss\":1,\"tokens_per_s\":1,"
+        "\"comm_frac\":0,\"restore_from\":\"tape\",\"restore_step\":3}]}"), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"ranks\":"
+        "[{\"rank\":0,\"state\":\"running\",\"step\":1,\"loss\":1,\"tokens_per_s\":1,"
+        "\"comm_frac\":0,\"restore_step\":3}]}"), PROTO_E_MISSING);
+    ck_assert_int_eq(decode_text(PROTO_COMMAND, "{\"generation\":2,\"action\":\"park\"}"), PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN("1", "2", SLOT("1", "0", "0") "," SLOT("0", "1", "1"))),
                      PROTO_OK);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN("0", "1", SLOT("0", "0", "0"))), PROTO_E_RANGE);

@@ -218,10 +218,11 @@ START_TEST(crashed_rank_opens_next_generation)
     ck_assert_int_eq(rdv.restarts, 1);
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b was killed by signal 9 (SIGKILL)"));
-    const struct proto_msg *stop = find_sent(mark, "a", PROTO_COMMAND);
-    ck_assert_ptr_nonnull(stop);
-    ck_assert_int_eq(stop->u.command.action, PROTO_CMD_STOP);
-    ck_assert_int_eq(stop->u.command.generation, 2);
+    /* A failure parks the ranks (those that cannot rejoin in place stop). */
+    const struct proto_msg *park = find_sent(mark, "a", PROTO_COMMAND);
+    ck_assert_ptr_nonnull(park);
+    ck_assert_int_eq(park->u.command.action, PROTO_CMD_PARK);
+    ck_assert_int_eq(park->u.command.generation, 2);
     const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(as);
     ck_assert_int_eq(as->u.assign.generation, 2);
@@ -550,8 +551,8 @@ START_TEST(rank0_reports_committed_checkpoints)
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.u.heartbeat.generation = 1;
     m.u.heartbeat.nranks = 2;
-    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
-    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
+    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){.rank = 0, .state = PROTO_RANK_RUNNING, .step = 120, .loss = 2.0, .tokens_per_s = 1, .checkpoint_step = 100};
+    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){.rank = 1, .state = PROTO_RANK_RUNNING, .step = 120, .loss = 2.0, .tokens_per_s = 1, .checkpoint_step = 100};
     int before = rec.persists;
     rdv_message(&rdv, "a", &m, now);
     ck_assert_int_eq(rdv.last_checkpoint_step, 100);
@@ -569,8 +570,13 @@ END_TEST
 START_TEST(admin_stop_and_restart)
 {
     form_running(0);
+    int mark = rec.nsent;
     ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_RESTART, NULL, now), 0);
     ck_assert_int_eq(rdv.generation, 2);
+    /* An asked-for restart means fresh processes: stop, not park. */
+    const struct proto_msg *stop = find_sent(mark, "a", PROTO_COMMAND);
+    ck_assert_ptr_nonnull(stop);
+    ck_assert_int_eq(stop->u.command.action, PROTO_CMD_STOP);
     ck_assert_int_eq(rdv.restarts, 0); /* asked-for restarts are free */
     ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_DRAIN, "zz", now), -ENOENT);
     ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);

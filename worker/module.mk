@@ -3,7 +3,7 @@ AGENT_SRCS := worker/agent/agent.c worker/agent/agent_config.c worker/agent/laun
 AGENT_MAIN := worker/agent/agent_main.c
 TRAIN_SRCS := worker/train/layers.c worker/train/model.c worker/train/optim.c \
 	worker/train/data.c worker/train/ckpt.c worker/train/train.c worker/train/zero.c worker/train/rank.c \
-	worker/train/blas_core.c worker/train/comm/comm.c worker/train/comm/comm_ring.c
+	worker/train/blas_core.c worker/train/replica.c worker/train/comm/comm.c worker/train/comm/comm_ring.c
 TRAIN_MAIN := worker/train/train_main.c
 # comm.h's NCCL backend: linked into the test programs as it is; muster-train
 # has it in its GPU module and reaches it through TRAIN_LOAD_SRCS.

@@ -146,6 +146,16 @@ static bool any_running(const struct agent *a)
     return false;
 }
 
+/* Some rank runs that the held assignment does not keep: it is being stopped,
+ * and its slot is started again once it is gone. */
+static bool any_outgoing(const struct agent *a)
+{
+    for (const struct agent_rank *r = a->all; r; r = r->next)
+        if (r->running && (!a->have_assign || r->generation != a->assign.generation))
+            return true;
+    return false;
+}
+
 /* Some rank runs and has not been told to stop. */
 static bool any_unstopped(const struct agent *a)
 {
@@ -279,11 +289,9 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
     send_rank_exit(a, r->generation, r->rank, code, sig, reason, detail);
-    if (any_running(a))
-        return;
     if (a->exiting)
         maybe_finish(a);
-    else if (a->spawn_pending)
+    else if (a->spawn_pending && !any_outgoing(a))
         spawn_all(a);
 }
 
@@ -367,12 +375,25 @@ static void release_ranks(struct agent *a)
     a->nranks = 0;
 }
 
-/* Spawns one rank per slot of the held assignment; no rank may be running. */
+/* A rank of the held assignment's slot i that rejoined it in place. */
+static bool kept(const struct agent *a, uint32_t i)
+{
+    const struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
+    return r && r->running && !r->stopping && r->generation == a->assign.generation;
+}
+
+/* Spawns one rank per slot of the held assignment that has none (a rank that
+ * rejoined in place keeps its slot); no other rank may be running. */
 static void spawn_all(struct agent *a)
 {
     const struct proto_assign *as = &a->assign;
     a->spawn_pending = false;
-    release_ranks(a);
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        if (!kept(a, i) && a->ranks[i]) {
+            rank_release(a->ranks[i]);
+            a->ranks[i] = NULL;
+        }
+    }
     const struct job_spec *spec = &a->spec;
     bool own_argv;
     char **argv = rank_command(a, spec, &own_argv);
@@ -383,6 +404,8 @@ static void spawn_all(struct agent *a)
     assign_msg.u.assign = *as;
     for (uint32_t i = 0; i < as->nranks; i++) {
         const struct proto_rank_slot *slot = &as->ranks[i];
+        if (kept(a, i))
+            continue;
         char dir[PATH_MAX], error_file[PATH_MAX + 16] = "";
         rank_dir(a, as->generation, slot->rank, dir, sizeof(dir));
         if (dir[0]) {
@@ -826,6 +849,41 @@ static bool same_layout(const struct proto_assign *x, const struct proto_assign 
            memcmp(x->ranks, y->ranks, x->nranks * sizeof(x->ranks[0])) == 0;
 }
 
+/*
+ * The held assignment is a new generation of the same slots: each rank that
+ * said it can rejoin (heartbeat "rejoin") and runs on gets the new ASSIGN
+ * and becomes that generation's, its output going to the new generation's
+ * log from now on. Returns how many did.
+ */
+static uint32_t rejoin_ranks(struct agent *a)
+{
+    const struct proto_assign *as = &a->assign;
+    static struct proto_msg assign_msg;
+    uint32_t n = 0;
+    msg_init(&assign_msg, PROTO_ASSIGN);
+    assign_msg.u.assign = *as;
+    for (uint32_t i = 0; i < as->nranks; i++) {
+        struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
+        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank)
+            continue;
+        r->generation = as->generation;
+        char dir[PATH_MAX];
+        rank_dir(a, as->generation, r->rank, dir, sizeof(dir));
+        rank_log_close(&r->log);
+        rank_log_open(&r->log, dir, r->rank, a->cfg->log_max_bytes);
+        rank_send(r, &assign_msg);
+        if (a->have_uid && a->uid.generation == as->generation) {
+            struct proto_msg u;
+            msg_init(&u, PROTO_UNIQUE_ID);
+            u.u.unique_id = a->uid;
+            rank_send(r, &u);
+        }
+        log_info("rank %u (pid %d) rejoins in place for generation %" PRIu64, r->rank, r->pid, as->generation);
+        n++;
+    }
+    return n;
+}
+
 static void on_assign(struct agent *a, struct proto_assign *as)
 {
     if (stale(a, "ASSIGN", as->generation))
@@ -844,17 +902,24 @@ static void on_assign(struct agent *a, struct proto_assign *as)
         log_info("generation %" PRIu64 ": ranks already running; keeping them", as->generation);
         return;
     }
+    /* Ranks that can rejoin keep their process when their slot stays as it was. */
+    bool same_slots = a->have_assign && a->assign.world_size == as->world_size && a->assign.nranks == as->nranks &&
+                      memcmp(a->assign.ranks, as->ranks, as->nranks * sizeof(as->ranks[0])) == 0;
     if (a->have_assign)
         json_decref(a->assign.job);
     a->assign = *as;
     json_incref(a->assign.job);
     a->have_assign = true;
     a->spec = spec;
-    log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)", as->generation,
-             as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank);
-    stop_all(a, as->generation);
+    uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
+    log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
+             as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,
+             rejoined == as->nranks ? ", every one rejoining in place" : rejoined ? ", some rejoining in place" : "");
+    for (struct agent_rank *r = a->all; r; r = r->next)
+        if (r->generation != as->generation)
+            rank_stop(r, as->generation, (uint64_t)a->spec.stop_grace_ms);
     a->spawn_pending = true;
-    if (!any_running(a))
+    if (!any_outgoing(a))
         spawn_all(a);
     notify_joined(a);
 }
@@ -916,6 +981,23 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         a->spawn_pending = false;
         stop_all(a, c->generation);
         break;
+    case PROTO_CMD_PARK: {
+        log_info("daemon: generation over, park (generation %" PRIu64 " is next)", c->generation);
+        a->cur_gen = c->generation;
+        a->spawn_pending = false;
+        struct proto_msg m;
+        msg_init(&m, PROTO_COMMAND);
+        m.u.command = *c;
+        for (struct agent_rank *r = a->all; r; r = r->next) {
+            if (!r->running || r->stopping)
+                continue;
+            if (r->beat.rejoin && r->ctl)
+                rank_send(r, &m); /* it aborts its communicator and waits for the next ASSIGN */
+            else
+                rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
+        }
+        break;
+    }
     case PROTO_CMD_START:
         if (!a->have_assign || a->assign.generation != c->generation) {
             log_warn("daemon: start for generation %" PRIu64 " but the held assignment is of generation %" PRIu64

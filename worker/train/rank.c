@@ -22,9 +22,11 @@ struct rank_ctl {
     volatile sig_atomic_t *stop; /* the caller's flag (see rank_ctl_open) */
     volatile sig_atomic_t *checkpoints; /* the caller's request count, or NULL */
     int quit;             /* rank_ctl_close asks the thread to end */
-    uint64_t generation;
+    uint64_t generation;  /* the newest this rank was given (ASSIGN) */
+    uint64_t joined;      /* the one the training thread works in (rank_ctl_next_generation) */
     int rank;
     uint64_t seq;
+    int world;
     int have_uid;
     uint8_t uid[PROTO_UID_LEN];
     int have_beat, beat_sent_once;
@@ -113,21 +115,60 @@ static int read_frame(struct rank_ctl *c, struct proto_msg *m, int wait_ms)
     return rc < 0 ? 0 : 1;
 }
 
+/* Caller holds the lock. The hook runs under it, so that rank_ctl_on_abort
+ * (which takes it) returns only once no call of the old hook is under way. */
+static void abort_locked(struct rank_ctl *c)
+{
+    if (c->abort_fn)
+        c->abort_fn(c->abort_arg);
+}
+
 static void raise_stop(struct rank_ctl *c, const char *why)
 {
-    void (*fn)(void *) = NULL;
-    void *arg = NULL;
     pthread_mutex_lock(&c->lock);
     if (!*c->stop) {
         log_info("rank %d: stopping: %s", c->rank, why);
         *c->stop = 1;
-        fn = c->abort_fn;
-        arg = c->abort_arg;
+        abort_locked(c);
     }
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
-    if (fn)
-        fn(arg);
+}
+
+/*
+ * A newer generation's ASSIGN after the first one. A rank that rejoins
+ * takes it when it holds this rank in a world of the same size: the
+ * generation is switched at once (its unique id may follow right behind),
+ * the communicator aborted, and the training thread finds the generation in
+ * rank_ctl_next_generation. Any other reassignment stops the rank: its
+ * agent starts a fresh process for it.
+ */
+static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
+{
+    int holds = 0;
+    for (uint32_t i = 0; i < as->nranks; i++)
+        holds |= as->ranks[i].rank == (uint32_t)c->rank;
+    pthread_mutex_lock(&c->lock);
+    int rejoin = c->beat.rejoin;
+    if (as->generation <= c->generation) {
+        pthread_mutex_unlock(&c->lock);
+        log_debug("rank %d: ASSIGN of generation %llu ignored (this rank is in %llu)", c->rank,
+                  (unsigned long long)as->generation, (unsigned long long)c->generation);
+        return;
+    }
+    if (rejoin && holds && as->world_size == (uint32_t)c->world) {
+        log_info("rank %d: generation %llu: rejoining in place", c->rank, (unsigned long long)as->generation);
+        c->generation = as->generation;
+        c->have_uid = 0;
+        c->beat.restore_from = PROTO_RESTORE_NONE;
+        c->beat.restore_step = 0;
+        abort_locked(c);
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    pthread_mutex_unlock(&c->lock);
+    raise_stop(c, rejoin ? "the new generation gives this rank another place" : "a new generation was assigned");
 }
 
 static void handle(struct rank_ctl *c, const struct proto_msg *m)
@@ -142,9 +183,24 @@ static void handle(struct rank_ctl *c, const struct proto_msg *m)
         }
         pthread_mutex_unlock(&c->lock);
         break;
+    case PROTO_ASSIGN:
+        on_new_assign(c, &m->u.assign);
+        break;
     case PROTO_COMMAND:
         if (m->u.command.action == PROTO_CMD_STOP || m->u.command.action == PROTO_CMD_SHUTDOWN)
             raise_stop(c, "the agent said stop");
+        else if (m->u.command.action == PROTO_CMD_PARK) {
+            pthread_mutex_lock(&c->lock);
+            if (c->beat.rejoin) {
+                log_info("rank %d: generation %llu is over; waiting for the next one", c->rank,
+                         (unsigned long long)c->joined);
+                abort_locked(c);
+            }
+            int rejoin = c->beat.rejoin;
+            pthread_mutex_unlock(&c->lock);
+            if (!rejoin)
+                raise_stop(c, "the generation is over and this rank cannot rejoin");
+        }
         else if (m->u.command.action == PROTO_CMD_CHECKPOINT && m->u.command.generation != c->generation)
             log_warn("rank %d: checkpoint request of generation %llu ignored: this rank is of generation %llu",
                      c->rank, (unsigned long long)m->u.command.generation,
@@ -226,7 +282,8 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_ato
     c->stop = stop;
     c->fd = (int)fd;
     c->rank = (int)rank;
-    c->generation = (uint64_t)gen;
+    c->generation = c->joined = (uint64_t)gen;
+    c->world = (int)world;
     c->beat.rank = (uint32_t)rank;
     c->beat.state = PROTO_RANK_RUNNING;
     c->beat.loss = NAN;
@@ -277,6 +334,8 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_ato
         a->world = (int)world;
         a->local_rank = (int)as->ranks[slot].local_rank;
         a->local_world = (int)as->nranks;
+        a->node_rank = (int)as->node_rank;
+        a->nnodes = (int)as->nnodes;
         a->device = (int)as->ranks[slot].device;
         a->job = json_incref(as->job);
         proto_msg_clear(&m);
@@ -312,17 +371,19 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
         until.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&c->lock);
-    if (mine) {
+    if (mine && c->generation == c->joined) {
         struct proto_msg m = {.type = PROTO_UNIQUE_ID};
-        m.u.unique_id.generation = c->generation;
+        m.u.unique_id.generation = c->joined;
         memcpy(m.u.unique_id.id, mine, PROTO_UID_LEN);
         rc = send_msg(c, &m);
     }
-    while (rc == 0 && !c->have_uid && !*c->stop)
+    while (rc == 0 && !c->have_uid && !*c->stop && c->generation == c->joined)
         if (pthread_cond_timedwait(&c->cond, &c->lock, &until) == ETIMEDOUT)
             rc = -ETIMEDOUT;
     if (rc == 0 && *c->stop)
         rc = -ECANCELED;
+    else if (rc == 0 && c->generation != c->joined)
+        rc = -EAGAIN; /* a newer generation came: rank_ctl_next_generation */
     if (rc == 0)
         memcpy(out, c->uid, PROTO_UID_LEN);
     pthread_mutex_unlock(&c->lock);
@@ -349,10 +410,40 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg)
     pthread_mutex_lock(&c->lock);
     c->abort_fn = fn;
     c->abort_arg = arg;
-    int stopped = *c->stop;
+    if (*c->stop || c->generation != c->joined)
+        abort_locked(c); /* already stopped, or already a newer generation's */
     pthread_mutex_unlock(&c->lock);
-    if (stopped && fn)
-        fn(arg);
+}
+
+void rank_ctl_set_rejoin(struct rank_ctl *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->beat.rejoin = 1;
+    pthread_mutex_unlock(&c->lock);
+}
+
+int rank_ctl_next_generation(struct rank_ctl *c, uint64_t *generation)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    while (!*c->stop && c->generation == c->joined)
+        pthread_cond_wait(&c->cond, &c->lock);
+    if (*c->stop)
+        rc = -ECANCELED;
+    else
+        *generation = c->joined = c->generation;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void rank_ctl_restored(struct rank_ctl *c, enum proto_restore from, uint64_t step)
+{
+    pthread_mutex_lock(&c->lock);
+    c->beat.restore_from = from;
+    c->beat.restore_step = step;
+    c->beat.step = step;
+    send_beat_locked(c); /* news: the daemon reports where the state came from */
+    pthread_mutex_unlock(&c->lock);
 }
 
 void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests)

@@ -31,6 +31,7 @@ struct rank_assign {
     uint64_t generation;
     int rank, world;             /* global */
     int local_rank, local_world; /* on this node */
+    int node_rank, nnodes;       /* this node among the generation's */
     int device;                  /* device index the agent gave this rank */
     json_t *job;                 /* job spec object (a reference; rank_ctl_close drops it) */
 };
@@ -56,7 +57,8 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *assign, volatile si
  * Unique id of this generation's communicator. Rank 0 passes its own id
  * (mine != NULL), which is sent up; every rank then waits (at most
  * timeout_ms, or until stopped) for the id the daemon hands back and gets
- * it in out. Returns 0, -ETIMEDOUT, or -ECANCELED when stopped.
+ * it in out. Returns 0, -ETIMEDOUT, -ECANCELED when stopped, or -EAGAIN when
+ * a newer generation came meanwhile (see rank_ctl_next_generation).
  */
 int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], uint8_t out[PROTO_UID_LEN],
                        int timeout_ms);
@@ -65,7 +67,10 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
 void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens_per_s, double comm_frac,
                    uint64_t checkpoint_step);
 
-/* Called on the control thread when the rank must stop (COMMAND stop, EOF). */
+/* Called on the control thread, under its lock, when the communicator must
+ * be aborted: the rank must stop (COMMAND stop, EOF) or a newer generation
+ * came. Returns once no call of the previous hook is under way; fn NULL
+ * removes it. */
 void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
 
 /* COMMAND checkpoint of this generation raises *requests by one, on the
@@ -74,6 +79,22 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
  * Without this call the command is logged and ignored. */
 void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests);
 
+
+/*
+ * Rejoining in place (docs/training.md, "Healing in place"). After
+ * rank_ctl_set_rejoin the rank's heartbeats say it can join the next
+ * generation without a restart: COMMAND park and a newer ASSIGN that keeps
+ * its rank and world size abort the communicator (the abort hook) instead of
+ * stopping the rank; an ASSIGN that moves it elsewhere stops it.
+ * rank_ctl_next_generation waits (until stopped) for such a generation and
+ * makes it the one this rank works in: its unique id, heartbeats and
+ * checkpoint commands are that generation's from then on. Returns 0 or
+ * -ECANCELED when stopped. rank_ctl_restored reports where the generation's
+ * state came from, and its step, in the heartbeat (sent at once).
+ */
+void rank_ctl_set_rejoin(struct rank_ctl *c);
+int rank_ctl_next_generation(struct rank_ctl *c, uint64_t *generation);
+void rank_ctl_restored(struct rank_ctl *c, enum proto_restore from, uint64_t step);
 
 /* Stops the control thread, closes the socket, frees everything. */
 void rank_ctl_close(struct rank_ctl *c);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "worker/train/comm/comm.h"
+#include "worker/train/replica.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/rng.h"
 
@@ -161,6 +162,8 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     const int B = s->micro_batch, T = s->seq_len;
     double t0 = now_s();
     zero_take_wait(z);
+    /* The state of tr->step steps goes to this rank's holder while the step computes. */
+    replica_begin(tr->replica, tr->step);
 
     /* unit 0's first float is rank 0's */
     if (tr->step == tr->fault_nan_step && tr->rank == 0)
@@ -179,6 +182,9 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     }
     loss /= tr->accum;
     double norm = 0;
+    /* No update before every rank's replica of the last round is held (replica.h). */
+    if (!rc)
+        rc = replica_wait(tr->replica);
     if (!rc)
         rc = zero_sum(z, &loss);
     loss /= tr->world;

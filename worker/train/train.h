@@ -29,6 +29,7 @@
 #include "worker/train/zero.h"
 
 struct comm;
+struct replica;
 
 /* The optimizer recipe both trainers (this one and the GPU one,
  * worker/train/gpu/gpu_train.h) follow: the spec's learning-rate schedule, AdamW
@@ -55,6 +56,7 @@ struct trainer {
     int *inputs, *targets;      /* (micro_batch, seq_len) */
     long fault_nan_step;        /* fault injection: poison a weight before the step that
                                  * follows this many steps (-1: off) */
+    struct replica *replica;    /* peer replicas (worker/train/replica.h), or NULL */
 };
 
 struct train_step_info {

@@ -28,6 +28,7 @@
 #include "worker/train/ckpt.h"
 #include "worker/train/layers.h"
 #include "worker/train/rank.h"
+#include "worker/train/replica.h"
 #include "worker/train/comm/comm.h"
 #include "worker/train/train.h"
 #include "worker/train/gpu/gpu_module.h"
@@ -48,7 +49,17 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
-static void abort_comm(void *arg) { comm_abort(arg); }
+/* A generation's communicators: the training ring and the replica ring. */
+struct gen_comms {
+    struct comm *train, *replica;
+};
+
+static void abort_comms(void *arg)
+{
+    struct gen_comms *g = arg;
+    comm_abort(g->train);
+    comm_abort(g->replica);
+}
 
 /*
  * The ring communicator of this generation: rank 0 creates the unique id and
@@ -65,7 +76,7 @@ static int open_comm(struct rank_ctl *ctl, int rank, int world, struct comm **ou
     rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
     if (rc != 0) {
         snprintf(err, errlen, "no unique id for this generation from the daemon: %s",
-                 rc == -ECANCELED ? "stopped while waiting" : strerror(-rc));
+                 rc == -ECANCELED ? "stopped while waiting" : rc == -EAGAIN ? "a newer generation came" : strerror(-rc));
         return rc;
     }
     rc = comm_init(out, COMM_RING, rank, world, id, 120000);
@@ -73,7 +84,6 @@ static int open_comm(struct rank_ctl *ctl, int rank, int world, struct comm **ou
         snprintf(err, errlen, "ring communicator (rank %d of %d) did not form: %s", rank, world, comm_strerror(rc));
         return rc;
     }
-    rank_ctl_on_abort(ctl, abort_comm, *out);
     return 0;
 }
 
@@ -361,6 +371,348 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     return status;
 }
 
+/* ---- the CPU path ---- */
+
+static void log_model(const struct trainer *tr, long threads, int standalone)
+{
+    const struct gpt_config *g = &tr->model.cfg;
+    const struct job_spec *spec = &tr->spec;
+    if (tr->rank != 0)
+        return;
+    log_info("model %s: L=%d NH=%d C=%d T=%d V=%d, %.3fM parameters; data %s (%s, %zu tokens, "
+             "%zu for validation); batch %d = %d ranks x %d x %d micro-steps, seq_len %d; %ld threads%s",
+             spec->model, g->L, g->NH, g->C, g->T, g->V, tr->model.layout.total / 1e6, spec->data,
+             tr->data.format == DATA_TEXT ? "text" : "tokens", tr->data.ntokens,
+             tr->data.ntokens - tr->data.ntrain, spec->batch, tr->world, spec->micro_batch, tr->accum,
+             spec->seq_len, threads, standalone ? "" : " per rank");
+}
+
+/* Fault injection for tests: the loss of step N (1-based) becomes NaN. */
+static void inject_faults(struct trainer *tr)
+{
+    const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
+    if (fault && atol(fault) > 0)
+        tr->fault_nan_step = atol(fault) - 1;
+}
+
+/* Trains from tr's current step with this process's hooks (only rank 0
+ * prints progress; every rank heartbeats it). train_run's result, err set. */
+static int run_loop(struct trainer *tr, struct rank_ctl *ctl, long long stop_after, const char *metrics_path,
+                    char *err, size_t errlen)
+{
+    struct run_state rs = {.tty = tr->rank == 0 && isatty(STDOUT_FILENO), .steps = tr->spec.steps, .ctl = ctl,
+                           .quiet = tr->rank != 0, .ckpt_step = &tr->last_checkpoint_step};
+    if (metrics_path && tr->rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
+        snprintf(err, errlen, "--metrics: %s: %s", metrics_path, strerror(errno));
+        return -EINVAL;
+    }
+    if (ctl)
+        rank_ctl_beat(ctl, (uint64_t)tr->step, NAN, 0, 0, beat_ckpt(tr->last_checkpoint_step));
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
+    int rc = train_run(tr, (long)stop_after, &hooks, &stop_flag, err, errlen);
+    clear_bar(&rs);
+    fflush(stdout);
+    if (rs.metrics)
+        fclose(rs.metrics);
+    return rc;
+}
+
+static void maybe_sample(struct trainer *tr, long long sample)
+{
+    if (sample <= 0)
+        return;
+    int *out = malloc(sizeof(int) * (size_t)sample);
+    if (out) {
+        trainer_sample(tr, sample_prompt(&tr->data, tr->model.cfg.V), out, (int)sample);
+        print_sample(out, sample, tr->model.cfg.V, tr->step);
+        free(out);
+    }
+}
+
+/* One process: --standalone, or a rank of a world of 1. */
+static int run_single(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, const char *resume,
+                      long long sample, long long stop_after, const char *metrics_path, long threads)
+{
+    char err[2048];
+    struct trainer tr;
+    if (trainer_init(&tr, spec, 0, 1, NULL, err, sizeof(err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    inject_faults(&tr);
+    if (resume) {
+        if (trainer_load(&tr, resume, err, sizeof(err))) {
+            log_error("%s", err);
+            trainer_free(&tr);
+            return 1;
+        }
+        log_info("resumed from %s at step %ld", resume, tr.step);
+    }
+    log_model(&tr, threads, standalone);
+    int rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err)), status = 0;
+    if (rc && !stop_flag) {
+        log_error("%s", err);
+        status = 1;
+    } else if (stop_flag) {
+        log_info("stopped at step %ld", tr.step);
+        status = standalone ? 0 : 1; /* a rank stopped before the end has not completed */
+    }
+    if (status == 0)
+        maybe_sample(&tr, sample);
+    trainer_free(&tr);
+    return status;
+}
+
+/*
+ * The replica ring of this generation (replica.h): rank 0 makes its id, the
+ * training ring carries it to every rank, each joins at its position.
+ */
+static int open_replica_ring(struct trainer *tr, int pos, struct comm **out, char *err, size_t errlen)
+{
+    enum { WORDS = COMM_ID_BYTES / 8 };
+    uint64_t id[WORDS] = {0};
+    uint64_t *all = malloc(sizeof(id) * (size_t)tr->world);
+    if (!all) {
+        snprintf(err, errlen, "out of memory for the replica ring's id");
+        return -ENOMEM;
+    }
+    int rc = tr->rank == 0 ? comm_unique_id(COMM_RING, (uint8_t *)id) : 0;
+    if (rc)
+        log_error("cannot create the replica ring's unique id: %s", comm_strerror(rc));
+    int grc = zero_gather_u64(&tr->zero, id, WORDS, all); /* every rank takes part, even so */
+    if (grc == 0 && rc == 0)
+        rc = comm_init(out, COMM_RING, pos, tr->world, (const uint8_t *)all, 60000);
+    if (grc)
+        rc = grc;
+    if (rc)
+        snprintf(err, errlen, "replica ring (position %d of %d) did not form: %s", pos, tr->world,
+                 comm_strerror(rc));
+    free(all);
+    return rc;
+}
+
+/* Where this generation's state came from, for the log. */
+static const char *const restore_words[] = {"", "peers' memory", "the last committed checkpoint", "the seed"};
+
+/*
+ * Collective, at the start of every generation of a world > 1 (replica.h):
+ * the ranks' offers gathered, the replica ring formed, then the state of
+ * the latest step every rank has in memory, else the last committed
+ * checkpoint, else the seed. *valid: this rank's state is whole at tr->step
+ * (it is not while a replica or checkpoint is half received). 0, a comm
+ * error (the generation broke), or another error with err set.
+ */
+static int restore_state(struct trainer *tr, struct replica *rep, struct gen_comms *gc, int survivor,
+                         const struct rank_assign *as, enum proto_restore *from, int *valid, int *broke,
+                         char *err, size_t errlen)
+{
+    const int world = tr->world;
+    uint64_t mine[REPLICA_OFFER];
+    replica_offer(rep, survivor, tr->step, as->node_rank, as->local_rank, (uint64_t)tr->spec.seed,
+                  tr->last_checkpoint_step, mine);
+    uint64_t *all = malloc(sizeof(mine) * (size_t)world);
+    int *pos = malloc(sizeof(int) * (size_t)world);
+    enum replica_source *src = malloc(sizeof(*src) * (size_t)world);
+    struct replica_plan plan;
+    int rc = all && pos && src ? 0 : -ENOMEM;
+    if (rc == 0 && (rc = zero_gather_u64(&tr->zero, mine, REPLICA_OFFER, all)) != 0) {
+        snprintf(err, errlen, "gathering what each rank holds: %s", comm_strerror(rc));
+        *broke = 1;
+    }
+    if (rc == 0 && tr->rank == 0 && LOG_DEBUG <= log_threshold)
+        for (int r = 0; r < world; r++) {
+            const uint64_t *o = all + (size_t)r * REPLICA_OFFER;
+            log_debug("offer of rank %d: state %llu step %llu snapshot %lld, holds rank %lld's replicas of steps "
+                      "%lld and %lld", r, (unsigned long long)o[OFFER_HAS_STATE], (unsigned long long)o[OFFER_STEP],
+                      (long long)o[OFFER_SNAP] - 1, (long long)o[OFFER_PARTNER] - 1, (long long)o[OFFER_SLOT0] - 1,
+                      (long long)o[OFFER_SLOT1] - 1);
+        }
+    if (rc == 0)
+        rc = replica_positions(all, world, pos);
+    if (rc == 0 && (rc = replica_plan(all, world, pos, &plan, src)) == -EINVAL)
+        snprintf(err, errlen, "the ranks' shard sizes differ: not the same model");
+    if (rc == 0 && rep) {
+        rc = open_replica_ring(tr, pos[tr->rank], &gc->replica, err, errlen);
+        if (rc == 0)
+            replica_attach(rep, gc->replica);
+        *broke = rc != 0;
+    }
+    if (rc == -ENOMEM)
+        snprintf(err, errlen, "out of memory while choosing the state of this generation");
+    if (rc)
+        goto out;
+    if (plan.step >= 0 && rep) {
+        const int me = tr->rank;
+        *valid = src[me] != SRC_HOLDER;
+        tr->step = plan.step;
+        tr->spec.seed = (int64_t)plan.seed;
+        tr->last_checkpoint_step = plan.last_checkpoint;
+        rc = replica_restore(rep, &plan, src, pos, world);
+        if (rc) {
+            snprintf(err, errlen, "restoring from the peers' replicas: %s", comm_strerror(rc));
+            *broke = 1;
+            goto out;
+        }
+        *valid = 1;
+        *from = PROTO_RESTORE_MEMORY;
+        if (me == 0) {
+            int back = 0, shipped = 0;
+            for (int r = 0; r < world; r++) {
+                back += src[r] == SRC_SNAP;
+                shipped += src[r] == SRC_HOLDER;
+            }
+            log_info("state of step %ld from peers' memory: %d rank(s) kept theirs (%d went back to their "
+                     "snapshot), %d restored from their holders' replicas", plan.step, plan.survivors, back, shipped);
+        }
+        goto out;
+    }
+    if (plan.survivors > 0 && tr->rank == 0)
+        log_warn("no step is held in memory for every rank (%s%d%s): every rank falls back to %s",
+                 rep ? "rank " : "", rep ? plan.lost : 0, rep ? " and the rank holding its replica were lost" :
+                 "replicate_every is 0", tr->spec.checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
+    char latest[JOB_PATH_MAX + 16];
+    snprintf(latest, sizeof(latest), "%s/latest", tr->spec.checkpoint_dir);
+    *valid = 0;
+    if (tr->spec.checkpoint_dir[0] && access(latest, F_OK) == 0) {
+        rc = trainer_load(tr, tr->spec.checkpoint_dir, err, errlen);
+        *broke = rc && zero_failed(&tr->zero);
+        if (rc)
+            goto out;
+        *from = PROTO_RESTORE_DISK;
+        if (tr->rank == 0)
+            log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step);
+    } else {
+        if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
+            zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
+            memset(tr->zero.m, 0, sizeof(float) * tr->zero.total);
+            memset(tr->zero.v, 0, sizeof(float) * tr->zero.total);
+            tr->step = 0;
+            tr->last_checkpoint_step = -1;
+        }
+        *from = PROTO_RESTORE_SEED;
+    }
+    *valid = 1;
+    if (rep) /* what the replicas held belongs to the abandoned run */
+        replica_forget(rep, -1);
+out:
+    free(all);
+    free(pos);
+    free(src);
+    return rc;
+}
+
+/* Whether the generation broke (a collective of either ring failed), as
+ * opposed to this rank failing on its own. */
+static int broken(struct trainer *tr, struct replica *rep)
+{
+    return zero_failed(&tr->zero) || (rep && replica_failed(rep));
+}
+
+/*
+ * A rank of a world > 1 (docs/training.md, "Healing in place"): the process
+ * lives across generations. When a generation breaks (a peer died, the
+ * agent parked it, a newer ASSIGN came), the rank aborts both rings, keeps
+ * its trainer (model state, data, threads), waits for the next generation
+ * of its slot, forms the rings anew and restores (restore_state). It exits
+ * when the job is done, when stopped, and when it fails on its own.
+ */
+static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const struct rank_assign *as,
+                    long long sample, long long stop_after, const char *metrics_path, long threads)
+{
+    const int rank = as->rank, world = as->world;
+    struct gen_comms gc = {0};
+    struct trainer tr;
+    struct replica rep;
+    int have_tr = 0, have_rep = 0, survivor = 0, status = 1;
+    uint64_t gen = as->generation;
+    char err[2048];
+    rank_ctl_set_rejoin(ctl);
+    for (;;) {
+        int valid = survivor, broke = 1; /* a ring that does not form: the generation broke */
+        int rc = open_comm(ctl, rank, world, &gc.train, err, sizeof(err));
+        if (rc == 0) {
+            rank_ctl_on_abort(ctl, abort_comms, &gc);
+            if (!have_tr) {
+                if ((rc = trainer_init(&tr, spec, rank, world, gc.train, err, sizeof(err))) != 0) {
+                    log_error("%s", err);
+                    break;
+                }
+                have_tr = 1;
+                inject_faults(&tr);
+                if (spec->replicate_every > 0) {
+                    if (replica_init(&rep, &tr.zero, spec->replicate_every, rank) != 0) {
+                        log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): "
+                                  "set replicate_every to 0", 3.0 * 12 * tr.zero.total / 1048576.0);
+                        break;
+                    }
+                    have_rep = 1;
+                    tr.replica = &rep;
+                }
+                log_model(&tr, threads, 0);
+            } else {
+                zero_set_comm(&tr.zero, gc.train);
+            }
+            enum proto_restore from = PROTO_RESTORE_NONE;
+            broke = 0;
+            rc = restore_state(&tr, have_rep ? &rep : NULL, &gc, survivor, as, &from, &valid, &broke, err,
+                               sizeof(err));
+            if (rc == 0) {
+                if (rank == 0)
+                    log_info("generation %llu: training from step %ld (state from %s)", (unsigned long long)gen,
+                             tr.step, restore_words[from]);
+                rank_ctl_restored(ctl, from, (uint64_t)tr.step);
+                rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err));
+                if (rc == 0 && !stop_flag) {
+                    status = 0;
+                    break;
+                }
+                broke = rc && broken(&tr, have_rep ? &rep : NULL);
+            }
+            if (!stop_flag && !broke) {
+                log_error("%s", err);
+                break;
+            }
+        }
+        if (stop_flag) {
+            if (have_tr)
+                log_info("stopped at step %ld", tr.step);
+            break;
+        }
+        /* The generation broke: keep the state, drop the rings, wait for the next one. */
+        log_warn("generation %llu broke at step %ld: %s; waiting for the next generation", (unsigned long long)gen,
+                 have_tr ? tr.step : 0L, err);
+        rank_ctl_on_abort(ctl, NULL, NULL);
+        comm_abort(gc.train);
+        comm_abort(gc.replica);
+        if (have_rep)
+            replica_detach(&rep);
+        if (have_tr)
+            zero_set_comm(&tr.zero, NULL);
+        comm_destroy(gc.train);
+        comm_destroy(gc.replica);
+        gc = (struct gen_comms){0};
+        survivor = have_tr && valid;
+        if (rank_ctl_next_generation(ctl, &gen) != 0)
+            break; /* stopped while waiting */
+        log_info("generation %llu: rejoining in place%s", (unsigned long long)gen,
+                 survivor ? "" : " (this rank's state was not whole: it is restored like a new rank's)");
+    }
+    rank_ctl_on_abort(ctl, NULL, NULL);
+    if (status == 0)
+        maybe_sample(&tr, sample);
+    if (have_rep)
+        replica_free(&rep);
+    if (have_tr)
+        trainer_free(&tr);
+    comm_destroy(gc.train);
+    comm_destroy(gc.replica);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -560,94 +912,13 @@ int main(int argc, char **argv)
         return rc;
     }
 
-    struct comm *comm = NULL;
-    if (world > 1 && open_comm(ctl, rank, world, &comm, err, sizeof(err)) != 0) {
-        log_error("%s", err);
-        rank_ctl_close(ctl);
-        json_decref(assign.job);
-        return 1;
-    }
-
-    struct trainer tr;
-    rc = trainer_init(&tr, &spec, rank, world, comm, err, sizeof(err));
-    if (rc) {
-        log_error("%s", err);
-        comm_destroy(comm);
-        rank_ctl_close(ctl);
-        json_decref(assign.job);
-        return 1;
-    }
-    /* Fault injection for tests: the loss of step N (1-based) becomes NaN. */
-    const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
-    if (fault && atol(fault) > 0)
-        tr.fault_nan_step = atol(fault) - 1;
-    if (resume) {
-        rc = trainer_load(&tr, resume, err, sizeof(err));
-        if (rc) {
-            log_error("%s", err);
-            goto fail;
-        }
-        log_info("resumed from %s at step %ld", resume, tr.step);
-    }
-    const struct gpt_config *g = &tr.model.cfg;
-    if (rank == 0)
-        log_info("model %s: L=%d NH=%d C=%d T=%d V=%d, %.3fM parameters; data %s (%s, %zu tokens, "
-                 "%zu for validation); batch %d = %d ranks x %d x %d micro-steps, seq_len %d; %lld threads%s",
-                 spec.model, g->L, g->NH, g->C, g->T, g->V, tr.model.layout.total / 1e6, spec.data,
-                 tr.data.format == DATA_TEXT ? "text" : "tokens", tr.data.ntokens,
-                 tr.data.ntokens - tr.data.ntrain, spec.batch, world, tr.spec.micro_batch, tr.accum,
-                 tr.spec.seq_len, threads, standalone ? "" : " per rank");
-
-    /* In rank mode only rank 0 prints progress; every rank heartbeats it. */
-    struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec.steps, .ctl = ctl,
-                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
-    if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
-        log_error("--metrics: %s: %s", metrics_path, strerror(errno));
-        goto fail;
-    }
-    if (ctl) {
-        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-
-    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
-    rc = train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
-    clear_bar(&rs);
-    fflush(stdout);
-    if (rs.metrics)
-        fclose(rs.metrics);
-    if (rc && !stop_flag) {
-        log_error("%s", err);
-        goto fail;
-    }
-    if (stop_flag) {
-        log_info("stopped at step %ld", tr.step);
-        if (!standalone)
-            goto fail; /* a rank stopped before the end has not completed */
-    }
-    if (sample > 0) {
-        int *out = malloc(sizeof(int) * (size_t)sample);
-        if (out) {
-            trainer_sample(&tr, sample_prompt(&tr.data, g->V), out, (int)sample);
-            print_sample(out, sample, g->V, tr.step);
-            free(out);
-        }
-    }
-    trainer_free(&tr);
-    comm_destroy(comm);
+    if (world > 1)
+        rc = run_rank(&spec, ctl, &assign, sample, stop_after, metrics_path, (long)threads);
+    else
+        rc = run_single(&spec, standalone, ctl, resume, sample, stop_after, metrics_path, (long)threads);
     rank_ctl_close(ctl);
     json_decref(assign.job);
-    return 0;
-
-fail:
-    trainer_free(&tr);
-    comm_destroy(comm);
-    rank_ctl_close(ctl);
-    json_decref(assign.job);
-    return 1;
+    return rc;
 
 usage_error:
     json_decref(over);

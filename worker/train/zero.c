@@ -102,6 +102,28 @@ static unsigned long reduce(struct zero *z, int unit, float *buf)
 
 /* ---- set-up ---- */
 
+int zero_failed(struct zero *z)
+{
+    if (!z->running)
+        return 0;
+    pthread_mutex_lock(&z->mu);
+    int rc = z->rc;
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+void zero_set_comm(struct zero *z, struct comm *comm)
+{
+    if (!z->running)
+        return; /* world 1: no communicator */
+    pthread_mutex_lock(&z->mu);
+    while (z->done != z->submitted)
+        pthread_cond_wait(&z->cv, &z->mu);
+    z->comm = comm;
+    z->rc = 0;
+    pthread_mutex_unlock(&z->mu);
+}
+
 int zero_init(struct zero *z, struct gpt *g, struct comm *comm)
 {
     memset(z, 0, sizeof(*z));

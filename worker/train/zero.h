@@ -83,6 +83,14 @@ int zero_init(struct zero *z, struct gpt *g, struct comm *comm);
 /* Stops the comm thread and frees everything (not comm, not g). */
 void zero_free(struct zero *z);
 
+/* The first collective error since the communicator was set (0: none). */
+int zero_failed(struct zero *z);
+/* Swaps in another communicator of the same rank and world (a new
+ * generation's, after the old one failed): waits for the jobs already
+ * queued (skipped after an error) and clears the error. The caller then
+ * destroys the old one. */
+void zero_set_comm(struct zero *z, struct comm *comm);
+
 /* Bytes allocated for what persists across steps: weights, moments, gradients. */
 size_t zero_model_state_bytes(const struct zero *z);
 /* Bytes of the gathered-unit and full-gradient buffers (0 at world 1). */

@@ -179,6 +179,33 @@ int comm_barrier(struct comm *c)
     return leave(c, c->ops->barrier(c), t0);
 }
 
+static int shift(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes, int back)
+{
+    if (!c || (sbytes && !send) || (rbytes && !recv) || (single(c) && sbytes != rbytes))
+        return -EINVAL;
+    if (!c->ops->shift)
+        return -ENOTSUP;
+    int rc = enter(c);
+    if (rc < 0 || (sbytes == 0 && rbytes == 0))
+        return rc;
+    uint64_t t0 = now_ns();
+    if (single(c)) {
+        copy_block(recv, send, sbytes);
+        return leave(c, 0, t0);
+    }
+    return leave(c, c->ops->shift(c, send, sbytes, recv, rbytes, back), t0);
+}
+
+int comm_shift(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes)
+{
+    return shift(c, send, sbytes, recv, rbytes, 0);
+}
+
+int comm_shift_back(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes)
+{
+    return shift(c, send, sbytes, recv, rbytes, 1);
+}
+
 void comm_abort(struct comm *c)
 {
     if (!c)

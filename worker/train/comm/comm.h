@@ -102,6 +102,15 @@ int comm_broadcast(struct comm *c, void *buf, size_t bytes, int root);
 /* Returns once every rank has entered it. */
 int comm_barrier(struct comm *c);
 
+/* Point to point along the ring: sbytes of send to rank + 1 while rbytes
+ * arrive into recv from rank - 1 (indices mod world). Either may be 0; each
+ * rank's sbytes must equal its successor's rbytes. Returns when both are
+ * done: the successor may not have read the last bytes yet (a barrier after
+ * it says that everyone has). Ring only (-ENOTSUP on NCCL); world 1 copies
+ * send to recv. comm_shift_back: the other way, to rank - 1 from rank + 1. */
+int comm_shift(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes);
+int comm_shift_back(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes);
+
 /* Makes the pending collective (if any) and every later one return
  * -ECANCELED within a second; peers see -ECONNRESET. Thread-safe and
  * idempotent. */

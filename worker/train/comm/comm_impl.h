@@ -21,6 +21,8 @@ struct comm_ops {
                       enum comm_op op);
     int (*broadcast)(struct comm *c, void *buf, size_t bytes, int root);
     int (*barrier)(struct comm *c);
+    /* NULL: not offered by the backend (comm_shift answers -ENOTSUP) */
+    int (*shift)(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes, int back);
     void (*abort)(struct comm *c);   /* after c->aborted is set; any thread */
     void (*destroy)(struct comm *c); /* frees c->be */
 };

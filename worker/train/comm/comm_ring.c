@@ -27,6 +27,8 @@
  *                   count/N elements (the first count%N one longer).
  *   broadcast       a pipelined chain root -> root+1 -> ... -> root-1.
  *   barrier         an all-gather of one byte per rank.
+ *   shift           one step: bytes to the successor, others from the predecessor;
+ *                   backwards, the same over the same two sockets the other way.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -595,6 +597,7 @@ struct step {
     uint8_t *rbuf;
     size_t rlen;
     int forward;
+    int back;             /* against the ring: send to the predecessor, receive from the successor */
     const uint8_t *local; /* NULL: no reduction */
     uint8_t *out;
     enum comm_dtype dtype;
@@ -662,16 +665,19 @@ static int run_step(struct comm *c, const struct step *st)
     size_t es = comm_dtype_size(st->dtype);
     size_t sdone = 0, rdone = 0, reduced = 0;
     float world = (float)c->world;
+    const int out_fd = st->back ? r->recv_fd : r->send_fd, in_fd = st->back ? r->send_fd : r->recv_fd;
     uint64_t last = now_ms();
     while (sdone < st->slen || rdone < st->rlen) {
         if (atomic_load(&c->aborted))
             return -ECANCELED;
         size_t sendable = st->forward && rdone < st->slen ? rdone : st->slen;
         struct pollfd p[2] = {{.fd = -1}, {.fd = -1}};
-        if (sdone < sendable) /* the successor never writes: POLLIN is its EOF */
-            p[0] = (struct pollfd){.fd = r->send_fd, .events = POLLOUT | POLLIN};
+        /* The peer written to is not writing to us in this step (nor, before
+         * it has read all we send, in a later one): POLLIN on it is its EOF. */
+        if (sdone < sendable)
+            p[0] = (struct pollfd){.fd = out_fd, .events = POLLOUT | POLLIN};
         if (rdone < st->rlen)
-            p[1] = (struct pollfd){.fd = r->recv_fd, .events = POLLIN};
+            p[1] = (struct pollfd){.fd = in_fd, .events = POLLIN};
         int n = poll(p, 2, POLL_MS);
         if (n < 0 && errno != EINTR)
             return -errno;
@@ -680,7 +686,7 @@ static int run_step(struct comm *c, const struct step *st)
             if (p[0].revents & (POLLIN | POLLERR | POLLHUP))
                 return -ECONNRESET;
             size_t len = sendable - sdone;
-            ssize_t k = send(r->send_fd, st->sbuf + sdone, len > IO_CHUNK ? IO_CHUNK : len,
+            ssize_t k = send(out_fd, st->sbuf + sdone, len > IO_CHUNK ? IO_CHUNK : len,
                              MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k > 0) {
                 sdone += (size_t)k;
@@ -692,7 +698,7 @@ static int run_step(struct comm *c, const struct step *st)
         }
         if (n > 0 && p[1].revents) {
             size_t len = st->rlen - rdone;
-            ssize_t k = recv(r->recv_fd, st->rbuf + rdone, len > IO_CHUNK ? IO_CHUNK : len,
+            ssize_t k = recv(in_fd, st->rbuf + rdone, len > IO_CHUNK ? IO_CHUNK : len,
                              MSG_DONTWAIT);
             if (k == 0)
                 return -ECONNRESET;
@@ -881,6 +887,12 @@ static int ring_barrier(struct comm *c)
     return fail(c, rc);
 }
 
+static int ring_shift(struct comm *c, const void *send, size_t sbytes, void *recv, size_t rbytes, int back)
+{
+    struct step st = {.sbuf = send, .slen = sbytes, .rbuf = recv, .rlen = rbytes, .back = back, .dtype = COMM_F32};
+    return fail(c, run_step(c, &st));
+}
+
 static void ring_abort(struct comm *c)
 {
     fail(c, -ECANCELED);
@@ -905,6 +917,7 @@ static const struct comm_ops ring_ops = {
     .all_reduce = ring_all_reduce,
     .broadcast = ring_broadcast,
     .barrier = ring_barrier,
+    .shift = ring_shift,
     .abort = ring_abort,
     .destroy = ring_destroy,
 };

@@ -1,0 +1,146 @@
+/* replica.h's pure parts: ring positions and the plan a generation restores by. */
+#include <check.h>
+#include <errno.h>
+#include <string.h>
+
+#include "worker/train/replica.h"
+
+#define W 4
+
+static uint64_t all[W * REPLICA_OFFER];
+static int pos[W];
+static enum replica_source src[W];
+
+/* 2 nodes x 2 ranks: ranks 0,1 on node 0, ranks 2,3 on node 1. */
+static void layout(void)
+{
+    memset(all, 0, sizeof(all));
+    for (int r = 0; r < W; r++) {
+        uint64_t *o = all + r * REPLICA_OFFER;
+        o[OFFER_NODE] = (uint64_t)(r / 2);
+        o[OFFER_LOCAL] = (uint64_t)(r % 2);
+        o[OFFER_FLOATS] = 1000;
+        o[OFFER_SEED] = 7;
+    }
+    ck_assert_int_eq(replica_positions(all, W, pos), 0);
+}
+
+/* A survivor at step, with its snapshot and the two replicas it holds of partner. */
+static void survivor(int r, long step, long snap, int partner, long s0, long s1)
+{
+    uint64_t *o = all + r * REPLICA_OFFER;
+    o[OFFER_HAS_STATE] = 1;
+    o[OFFER_STEP] = (uint64_t)step;
+    o[OFFER_SNAP] = (uint64_t)(snap + 1);
+    o[OFFER_PARTNER] = (uint64_t)(partner + 1);
+    o[OFFER_SLOT0] = (uint64_t)(s0 + 1);
+    o[OFFER_SLOT1] = (uint64_t)(s1 + 1);
+}
+
+/* The rank whose replicas rank r holds: its predecessor on the ring. */
+static int partner_of(int r)
+{
+    for (int q = 0; q < W; q++)
+        if (pos[q] == (pos[r] + W - 1) % W)
+            return q;
+    return -1;
+}
+
+START_TEST(positions_interleave_nodes)
+{
+    layout();
+    /* (local, node) order: 0 (0,0), 2 (0,1), 1 (1,0), 3 (1,1) */
+    ck_assert_int_eq(pos[0], 0);
+    ck_assert_int_eq(pos[2], 1);
+    ck_assert_int_eq(pos[1], 2);
+    ck_assert_int_eq(pos[3], 3);
+    for (int r = 0; r < W; r++) /* every holder is on the other node */
+        ck_assert_int_ne(partner_of(r) / 2, r / 2);
+}
+END_TEST
+
+START_TEST(fresh_start_has_nothing_in_memory)
+{
+    layout();
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, -1);
+    ck_assert_int_eq(p.survivors, 0);
+}
+END_TEST
+
+START_TEST(replaced_rank_from_its_holder)
+{
+    layout();
+    /* rank 3 died; the others finished update 26, their snapshots are 25; the
+     * holder of 3 (its successor, rank 0) has 24 and 25. */
+    for (int r = 0; r < 3; r++)
+        survivor(r, 26, 25, partner_of(r), 24, 25);
+    all[2 * REPLICA_OFFER + OFFER_SEED] = 9; /* a checkpoint's seed */
+    all[0 * REPLICA_OFFER + OFFER_SEED] = 9;
+    all[1 * REPLICA_OFFER + OFFER_SEED] = 9;
+    all[1 * REPLICA_OFFER + OFFER_CKPT] = 21;
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 25);
+    ck_assert_int_eq(p.survivors, 3);
+    ck_assert_int_eq(p.seed, 9);
+    ck_assert_int_eq(p.last_checkpoint, 20);
+    ck_assert_int_eq(src[0], SRC_SNAP);
+    ck_assert_int_eq(src[3], SRC_HOLDER);
+    /* The holder has 26 too: nobody goes back. */
+    all[0 * REPLICA_OFFER + OFFER_SLOT0] = 27;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 26);
+    ck_assert_int_eq(src[1], SRC_OWN);
+    /* Survivors one step apart: the common step is the lower one. */
+    survivor(1, 25, 24, partner_of(1), 24, 25);
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 25);
+    ck_assert_int_eq(src[1], SRC_OWN);
+    ck_assert_int_eq(src[2], SRC_SNAP);
+}
+END_TEST
+
+START_TEST(rank_and_holder_lost_falls_back)
+{
+    layout();
+    /* ranks 3 and 0 (3's holder) died */
+    survivor(1, 26, 25, partner_of(1), 24, 25);
+    survivor(2, 26, 25, partner_of(2), 24, 25);
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, -1);
+    ck_assert_int_eq(p.lost, 3);
+    ck_assert_int_eq(p.survivors, 2);
+    /* A holder of someone else's replicas does not count. */
+    layout();
+    for (int r = 0; r < 3; r++)
+        survivor(r, 26, 25, r == 0 ? 1 : partner_of(r), 24, 25);
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, -1);
+}
+END_TEST
+
+START_TEST(offers_of_another_model_are_refused)
+{
+    layout();
+    survivor(0, 3, 2, partner_of(0), 1, 2);
+    all[2 * REPLICA_OFFER + OFFER_FLOATS] = 999;
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), -EINVAL);
+}
+END_TEST
+
+Suite *make_replica_suite(void)
+{
+    Suite *s = suite_create("replica");
+    TCase *tc = tcase_create("plan");
+    tcase_add_test(tc, positions_interleave_nodes);
+    tcase_add_test(tc, fresh_start_has_nothing_in_memory);
+    tcase_add_test(tc, replaced_rank_from_its_holder);
+    tcase_add_test(tc, rank_and_holder_lost_falls_back);
+    tcase_add_test(tc, offers_of_another_model_are_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,135 @@
+#!/bin/sh
+# Healing in place (docs/training.md): 2 agents x 2 muster-train ranks train
+# the small model under musterd. Against an uninterrupted run's final loss,
+# bit for bit:
+#   1. one rank SIGKILLed: the three survivors keep their processes (same
+#      PIDs to the end), only the dead rank is started again, its shard comes
+#      from its holder's memory (event state_restored), no rank dies of a
+#      signal nobody sent;
+#   2. a whole agent SIGKILLed with its ranks and started again (as systemd
+#      would): both of its ranks' shards come back from the other node;
+#   3. a rank and the rank holding its replica SIGKILLed together: the job
+#      falls back to the last committed checkpoint, and the event says so.
+set -eu
+. tests/itest-lib.sh
+
+DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
+[ -r "$DATA" ] || fail "no training text at $DATA (set MUSTER_DATA)"
+DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
+make_token "$ITEST_DIR/token"
+STEPS=40
+
+job() { # NAME
+    cat > "$ITEST_DIR/$1.json" <<JSON
+{"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA",
+ "steps": $STEPS, "batch": 8, "lr": 0.003, "warmup_steps": 5, "eval_every": 0, "seed": 7,
+ "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
+ "checkpoint_dir": "$ITEST_DIR/ck-$1", "checkpoint_every": 5}
+JSON
+}
+
+RANK_ARGS="--threads 1 ${HEAL_RANK_ARGS:-}"
+agent() { # NAME METRICS
+    start_agent "$1" 2 --token-file "$ITEST_DIR/token" --rank-cmd "$BUILD/muster-train $RANK_ARGS --metrics $2"
+}
+
+run() { # NAME: musterd + agents a, b; sets A, B
+    rm -rf "$ITEST_DIR/state"
+    job "$1"
+    start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token" --exit-on-end
+    agent a "$ITEST_DIR/$1.metrics"
+    A=$AGENT_PID
+    agent b "$ITEST_DIR/$1.metrics"
+    B=$AGENT_PID
+}
+
+final_loss() { # METRICS: the loss of the last step, full precision
+    grep "\"step\": $STEPS, \"loss\"" "$1" | tail -n 1 |
+        python3 -c 'import json,sys; print(repr(json.loads(sys.stdin.read())["loss"]))'
+}
+
+wait_exit() { # PID SECONDS
+    i=0
+    while pid_alive "$1" && [ $i -lt $(( $2 * 20 )) ]; do sleep 0.05; i=$((i + 1)); done
+    ! pid_alive "$1"
+}
+
+finish() { # NAME: waits for the job's end; prints its final loss
+    wait_exit "$DAEMON_PID" 240 || fail "$1: did not finish in 240 s"
+    wait "$DAEMON_PID" || fail "$1: did not complete"
+    wait_exit "$A" 10 || true
+    wait_exit "$B" 10 || true
+}
+
+ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
+
+no_stray_signal() { # only the SIGKILLs the test sent (and SIGTERMs of stopped ranks)
+    ! grep -h "killed by signal" "$ITEST_DIR"/agent-*.log | grep -v "signal 9 \|signal 15 " \
+        || fail "a rank died of a signal nobody sent"
+}
+
+job_step() { status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"] or 0)'; }
+
+# ---- the reference
+run straight
+finish straight
+ref=$(final_loss "$ITEST_DIR/straight.metrics")
+[ -n "$ref" ] || fail "no step-$STEPS loss in the uninterrupted run"
+echo "uninterrupted: final loss $ref"
+
+# ---- 1. one rank
+run rank
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 12' || fail "rank run: not at step 12 in 120 s"
+before_a=$(ranks_of "$A"); before_b=$(ranks_of "$B")
+victim=$(echo "$before_b" | cut -d' ' -f2)
+[ -n "$victim" ] || fail "no second rank under agent b (ranks: $before_b)"
+at=$(job_step)
+kill -9 "$victim"
+echo "SIGKILLed a rank of node b (pid $victim) at step $at"
+wait_event 60 '"state_restored"' || fail "no state_restored event after the kill"
+wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "generation 2 not running"
+after_a=$(ranks_of "$A"); after_b=$(ranks_of "$B")
+[ "$after_a" = "$before_a" ] || fail "node a's ranks were restarted: $before_a -> $after_a"
+survivor_b=$(echo "$before_b" | cut -d' ' -f1)
+echo "$after_b" | grep -qw "$survivor_b" || fail "node b's surviving rank $survivor_b was restarted: $after_b"
+finish rank
+got=$(final_loss "$ITEST_DIR/rank.metrics")
+echo "rank killed at step $at, healed in place: final loss $got; survivors $before_a$survivor_b kept"
+[ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+grep -q 'completed, generation 2' "$ITEST_DIR/musterd.log" || fail "expected completion in generation 2"
+grep -q 'state of step [0-9]* from peers. memory: 3 rank(s) kept theirs' "$ITEST_DIR"/agent-*.log \
+    || fail "rank 0 did not log a memory restore with 3 survivors"
+no_stray_signal
+
+# ---- 2. a whole node, back at once
+run node
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 12' || fail "node run: not at step 12 in 120 s"
+before_a=$(ranks_of "$A")
+kill -9 "$B"
+pkill -9 -P "$B" -f muster-train 2>/dev/null || true
+echo "SIGKILLed agent b and its ranks at step $(job_step); starting it again"
+agent b "$ITEST_DIR/node.metrics"
+B=$AGENT_PID
+wait_event 60 '"state_restored"' || fail "no state_restored event after the node came back"
+[ "$(ranks_of "$A")" = "$before_a" ] || fail "node a's ranks were restarted"
+finish node
+got=$(final_loss "$ITEST_DIR/node.metrics")
+echo "node killed and back: final loss $got"
+[ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+
+# ---- 3. a rank and its holder: rank 0 is held by rank 2 (its successor on the replica ring)
+run pair
+wait_for 120 'd["state"] == "running" and d["last_checkpoint_step"] is not None and d["last_checkpoint_step"] >= 10' \
+    || fail "pair run: no checkpoint at step 10 in 120 s"
+r0=$(ranks_of "$A" | cut -d' ' -f1); r2=$(ranks_of "$B" | cut -d' ' -f1)
+kill -9 "$r0" "$r2"
+echo "SIGKILLed rank 0 (pid $r0) and rank 2 (pid $r2) together at step $(job_step)"
+wait_event 60 '"state_from_checkpoint"' || fail "no state_from_checkpoint event"
+curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q 'no step was held in memory for every rank' \
+    || fail "the fallback event does not say why"
+finish pair
+got=$(final_loss "$ITEST_DIR/pair.metrics")
+echo "rank and holder killed, resumed from disk: final loss $got"
+[ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+no_stray_signal
+echo "heal in place: ok"

@@ -1,0 +1,155 @@
+/*
+ * replica: a rank's shard state mirrored in a peer's memory, and the choice
+ * of where a generation's state comes from (docs/training.md, "Healing in
+ * place").
+ *
+ * The replica ring. Besides the training communicator, the ranks of a
+ * generation form a second ring whose order interleaves the nodes: ranks
+ * sorted by (local rank, node rank), so that a rank's successor on it is,
+ * where the layout allows, on another node. That successor is the rank's
+ * holder: it keeps the rank's replicas, and sends one back against the ring
+ * (comm_shift_back) to a rank that replaces the one it held them for. The
+ * same layout gives the same ring in every generation.
+ *
+ * A round, every `replicate_every` steps, at the start of the step after
+ * step s: this rank's replica thread sends its state S_s (fp32 weights and
+ * both AdamW moments, straight from the shard buffers: nothing writes them
+ * before the next update) to its holder while it receives its predecessor's
+ * into one of two slots (the one not holding the newest complete replica),
+ * then joins a barrier on the replica ring, then copies S_s into its own
+ * snapshot. The trainer waits for the round before the first collective
+ * that ends the step (replica_wait), so that:
+ *   - no rank applies update s+1 before every S_s is held by its holder;
+ *   - a rank's snapshot is S_s only once every rank has done update s: until
+ *     then it is S_(s-replicate_every), the step it may have to go back to.
+ * Ranks are at most one step apart when a generation breaks (a step ends
+ * with collectives every rank must enter), so each survivor offers its
+ * current state and its snapshot, each holder its two slots, and some step
+ * is offered for every rank unless a rank and its holder were both lost.
+ *
+ * The plan (replica_plan, a pure function of what every rank offers): the
+ * latest step t for which every rank's state exists, its own (current or
+ * snapshot) or, for a replaced rank, a live holder's slot; ranks then go
+ * back to t where they must, and holders ship replicas to replaced ranks
+ * along the replica ring. No such step: every rank loads the last committed
+ * checkpoint, or starts from the seed when there is none.
+ */
+#ifndef MUSTER_TRAIN_REPLICA_H
+#define MUSTER_TRAIN_REPLICA_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct comm;
+struct zero;
+
+/* What one rank offers when a generation forms: REPLICA_OFFER u64s, gathered. */
+enum {
+    OFFER_HAS_STATE,   /* 1: a survivor, with its state */
+    OFFER_STEP,        /* its current step */
+    OFFER_SNAP,        /* its snapshot's step + 1; 0 = none */
+    OFFER_PARTNER,     /* global rank + 1 whose replicas it holds; 0 = none */
+    OFFER_SLOT0,       /* step + 1 of the replica in slot 0; 0 = none */
+    OFFER_SLOT1,
+    OFFER_NODE,        /* its node's rank (ASSIGN node_rank) */
+    OFFER_LOCAL,       /* its local rank */
+    OFFER_FLOATS,      /* shard floats (zero total): must agree */
+    OFFER_SEED,        /* the seed it trains with (a checkpoint may have set it) */
+    OFFER_CKPT,        /* last committed checkpoint step + 1; 0 = none */
+    REPLICA_OFFER
+};
+
+enum replica_source {
+    SRC_OWN,      /* keeps its current state */
+    SRC_SNAP,     /* goes back to its snapshot */
+    SRC_HOLDER,   /* receives its holder's replica */
+};
+
+#define REPLICA_MAX_WORLD 65536
+
+struct replica_plan {
+    long step;                 /* t; -1: no step in memory for every rank */
+    int lost;                  /* when step is -1: a rank no one holds (-1: none) */
+    uint64_t seed;             /* a survivor's seed (replaced ranks adopt it) */
+    long last_checkpoint;      /* highest committed checkpoint any survivor knows; -1 */
+    int survivors;
+};
+
+/* Replica-ring position of every rank: sorted by (local rank, node rank). pos[r]
+ * for global rank r; all holds REPLICA_OFFER u64s per rank. 0 or -ENOMEM. */
+int replica_positions(const uint64_t *all, int world, int *pos);
+
+/*
+ * The plan from every rank's offer (all: world x REPLICA_OFFER). pos: as
+ * replica_positions. For rank r, *src_of gets (when plan->step >= 0) where
+ * its state comes from; a SRC_HOLDER rank's holder is the rank at pos[r]+1.
+ * Returns 0, -EINVAL when the offers disagree (shard sizes), or -ENOMEM.
+ */
+int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan,
+                 enum replica_source *src_of);
+
+struct replica {
+    struct zero *z;
+    int every;                 /* steps between rounds */
+    size_t floats;             /* per buffer: the zero's total */
+    /* this rank's snapshot: weights, m, v back to back (3 x floats) */
+    float *snap;
+    long snap_step;            /* -1: none */
+    /* the predecessor's replicas: two slots of 3 x floats */
+    float *slot[2];
+    long slot_step[2];         /* -1: empty or being written */
+    int partner;               /* global rank whose replicas the slots hold; -1 */
+    /* the replica ring of this generation */
+    struct comm *comm;
+    int rank;                  /* global */
+    /* the replica thread */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long want;                 /* step whose round is asked for; -1: none */
+    int busy;                  /* a round is under way or asked for */
+    int quit;
+    int rc;                    /* the last round's error; sticky until replica_attach */
+    double wait_s;             /* the trainer waited for rounds, in total */
+    long rounds;               /* completed */
+};
+
+/* Buffers for z's shards (every > 0) and the thread. 0 or -ENOMEM. */
+int replica_init(struct replica *r, struct zero *z, int every, int rank);
+void replica_free(struct replica *r);
+
+/* The replica ring of a new generation (NULL: no rounds). */
+void replica_attach(struct replica *r, struct comm *comm);
+/* Waits until no round is under way (abort the ring first to cut one short)
+ * and lets go of the ring; returns it for the caller to destroy. */
+struct comm *replica_detach(struct replica *r);
+
+/* Start of a step, with the state of `step` steps complete: starts the
+ * round of this step when one is due. */
+void replica_begin(struct replica *r, long step);
+/* Before the collective that ends the step: waits for the round under way.
+ * 0, or the ring's error. */
+int replica_wait(struct replica *r);
+/* The round's error, if the last one failed (the generation is over). */
+int replica_failed(struct replica *r);
+
+/* Drops the snapshot, and the replicas of steps after `keep` (all: -1): what
+ * they held belongs to a run that was abandoned. */
+void replica_forget(struct replica *r, long keep);
+
+/* This rank's offer (survivor: 1 when its state is kept from the generation before). */
+void replica_offer(const struct replica *r, int survivor, long step, int node_rank, int local_rank,
+                   uint64_t seed, long last_checkpoint, uint64_t offer[REPLICA_OFFER]);
+
+/*
+ * Carries out plan on this rank (collective on the replica ring): a
+ * survivor going back copies its snapshot into the shards; a holder of a
+ * replaced rank sends it the slot of plan->step back along the ring; a
+ * replaced rank receives its state. src: every rank's source; pos as above. 0 or a comm error.
+ */
+int replica_restore(struct replica *r, const struct replica_plan *plan, const enum replica_source *src,
+                    const int *pos, int world);
+
+#endif
