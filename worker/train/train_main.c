@@ -39,6 +39,21 @@
  * the agent's death): one static flag, so that the handler touches nothing that is freed. */
 static volatile sig_atomic_t stop_flag;
 
+/* The phases of the last heal of this rank (CLOCK_REALTIME seconds, so that
+ * a benchmark can set them against the moment it killed a rank): rank 0
+ * logs them with its first step after the heal. */
+static struct {
+    int pending;
+    double seen, generation, ring, restored;
+} heal;
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
@@ -201,6 +216,14 @@ static uint64_t beat_ckpt(long last_checkpoint_step)
 static void on_step(const struct train_step_info *in, void *user)
 {
     struct run_state *rs = user;
+    if (heal.pending && !rs->quiet) {
+        double now = wall_s();
+        log_info("healed: step %ld done %.0f ms after the generation broke (next generation %.0f ms, training ring "
+                 "%.0f ms, state restored %.0f ms, first step %.0f ms); broke at %.6f, step at %.6f", in->step,
+                 1e3 * (now - heal.seen), 1e3 * (heal.generation - heal.seen), 1e3 * (heal.ring - heal.generation),
+                 1e3 * (heal.restored - heal.ring), 1e3 * (now - heal.restored), heal.seen, now);
+    }
+    heal.pending = 0;
     if (rs->ctl)
         rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
                       beat_ckpt(*rs->ckpt_step));
@@ -634,6 +657,7 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
     for (;;) {
         int valid = survivor, broke = 1; /* a ring that does not form: the generation broke */
         int rc = open_comm(ctl, rank, world, &gc.train, err, sizeof(err));
+        heal.ring = wall_s();
         if (rc == 0) {
             rank_ctl_on_abort(ctl, abort_comms, &gc);
             if (!have_tr) {
@@ -660,6 +684,7 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
             broke = 0;
             rc = restore_state(&tr, have_rep ? &rep : NULL, &gc, survivor, as, &from, &valid, &broke, err,
                                sizeof(err));
+            heal.restored = wall_s();
             if (rc == 0) {
                 if (rank == 0)
                     log_info("generation %llu: training from step %ld (state from %s)", (unsigned long long)gen,
@@ -683,6 +708,7 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
             break;
         }
         /* The generation broke: keep the state, drop the rings, wait for the next one. */
+        heal.seen = wall_s();
         log_warn("generation %llu broke at step %ld: %s; waiting for the next generation", (unsigned long long)gen,
                  have_tr ? tr.step : 0L, err);
         rank_ctl_on_abort(ctl, NULL, NULL);
@@ -698,6 +724,8 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
         survivor = have_tr && valid;
         if (rank_ctl_next_generation(ctl, &gen) != 0)
             break; /* stopped while waiting */
+        heal.generation = wall_s();
+        heal.pending = 1;
         log_info("generation %llu: rejoining in place%s", (unsigned long long)gen,
                  survivor ? "" : " (this rank's state was not whole: it is restored like a new rank's)");
     }
