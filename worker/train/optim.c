@@ -2,8 +2,8 @@
 
 #include <math.h>
 
-void adamw_update(float *p, const float *g, float *m, float *v, size_t n,
-                  const struct adamw *h, int decay, float gscale)
+void adamw_update_into(const float *p, const float *g, const float *m, const float *v, float *p_out,
+                       float *m_out, float *v_out, size_t n, const struct adamw *h, int decay, float gscale)
 {
     /* Scalars in double like PyTorch computes them, then rounded once. */
     const double bc1 = 1.0 - pow(h->beta1, (double)h->t);
@@ -18,11 +18,17 @@ void adamw_update(float *p, const float *g, float *m, float *v, size_t n,
         float w = p[i] * shrink;
         float mi = m[i] * b1 + gi * (1.0f - b1);
         float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
+        m_out[i] = mi;
+        v_out[i] = vi;
         w -= step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
-        p[i] = w;
+        p_out[i] = w;
     }
+}
+
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                  const struct adamw *h, int decay, float gscale)
+{
+    adamw_update_into(p, g, m, v, p, m, v, n, h, decay, gscale);
 }
 
 double lr_at(const struct lr_schedule *s, int step)

@@ -25,6 +25,10 @@ struct adamw {
  */
 void adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                   const struct adamw *h, int decay, float gscale);
+/* The same update read from p, m, v and written to p_out, m_out, v_out
+ * (the same arithmetic: in place when they are the same arrays). */
+void adamw_update_into(const float *p, const float *g, const float *m, const float *v, float *p_out,
+                       float *m_out, float *v_out, size_t n, const struct adamw *h, int decay, float gscale);
 
 struct lr_schedule {
     double lr;      /* peak */

@@ -146,17 +146,6 @@ int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_
 
 /* ---- the replica thread ---- */
 
-static int shift_state(struct replica *r, float *const out[3], float *const in[3])
-{
-    size_t bytes = r->floats * sizeof(float);
-    for (int k = 0; k < 3; k++) {
-        int rc = comm_shift(r->comm, out ? out[k] : NULL, out ? bytes : 0, in ? in[k] : NULL, in ? bytes : 0);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
 /* The slot to receive into: the one not holding the newest complete replica. */
 static int older_slot(const struct replica *r)
 {
@@ -187,20 +176,13 @@ static int run_round(struct replica *r, long step)
     }
     r->slot_step[k] = -1; /* being overwritten */
     pthread_mutex_unlock(&r->mu);
-    float *out[3] = {z->params, z->m, z->v};
-    float *in[3] = {r->slot[k], r->slot[k] + r->floats, r->slot[k] + 2 * r->floats};
-    rc = shift_state(r, out, in);
-    if (rc == 0)
-        rc = comm_barrier(r->comm); /* every replica of this step is held */
+    /* weights and moments are one block (zero.h), not written before the step's update, which waits for this */
+    const size_t bytes = 3 * r->floats * sizeof(float);
+    rc = comm_shift(r->comm, z->params, bytes, r->slot[k], bytes);
     if (rc)
         return rc;
-    /* Every rank has done update `step`: the snapshot may move on to it. */
-    memcpy(r->snap, z->params, r->floats * sizeof(float));
-    memcpy(r->snap + r->floats, z->m, r->floats * sizeof(float));
-    memcpy(r->snap + 2 * r->floats, z->v, r->floats * sizeof(float));
     pthread_mutex_lock(&r->mu);
     r->slot_step[k] = step;
-    r->snap_step = step;
     pthread_mutex_unlock(&r->mu);
     return 0;
 }
@@ -239,13 +221,12 @@ int replica_init(struct replica *r, struct zero *z, int every, int rank)
     r->every = every;
     r->rank = rank;
     r->floats = z->total;
-    r->snap_step = r->slot_step[0] = r->slot_step[1] = -1;
+    r->snap_step = r->snap_pending = r->slot_step[0] = r->slot_step[1] = -1;
     r->partner = -1;
     r->want = -1;
-    r->snap = malloc(3 * r->floats * sizeof(float));
     r->slot[0] = malloc(3 * r->floats * sizeof(float));
     r->slot[1] = malloc(3 * r->floats * sizeof(float));
-    if (!r->snap || !r->slot[0] || !r->slot[1]) {
+    if (zero_keep_previous(z) != 0 || !r->slot[0] || !r->slot[1]) {
         replica_free(r);
         return -ENOMEM;
     }
@@ -273,10 +254,9 @@ void replica_free(struct replica *r)
         pthread_cond_destroy(&r->cv);
         r->started = 0;
     }
-    free(r->snap);
     free(r->slot[0]);
     free(r->slot[1]);
-    r->snap = r->slot[0] = r->slot[1] = NULL;
+    r->slot[0] = r->slot[1] = NULL;
 }
 
 void replica_attach(struct replica *r, struct comm *comm)
@@ -307,8 +287,19 @@ void replica_begin(struct replica *r, long step)
         r->busy = 1;
         r->want = step;
         pthread_cond_broadcast(&r->cv);
+        /* This step's update keeps the state the round sends: the snapshot. */
+        r->z->keep_next = 1;
+        r->snap_pending = step;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+void replica_updated(struct replica *r)
+{
+    if (!r || r->snap_pending < 0)
+        return;
+    r->snap_step = r->snap_pending;
+    r->snap_pending = -1;
 }
 
 int replica_wait(struct replica *r)
@@ -338,7 +329,8 @@ int replica_failed(struct replica *r)
 void replica_forget(struct replica *r, long keep)
 {
     pthread_mutex_lock(&r->mu);
-    r->snap_step = -1;
+    r->snap_step = r->snap_pending = -1;
+    r->z->keep_next = 0;
     for (int k = 0; k < 2; k++)
         if (keep < 0 || r->slot_step[k] > keep)
             r->slot_step[k] = -1;
@@ -373,34 +365,22 @@ int replica_restore(struct replica *r, const struct replica_plan *plan, const en
 {
     struct zero *z = r->z;
     const int me = r->rank;
-    const size_t bytes = r->floats * sizeof(float);
-    float *shards[3] = {z->params, z->m, z->v};
     if (src[me] == SRC_SNAP)
-        for (int k = 0; k < 3; k++)
-            memcpy(shards[k], r->snap + (size_t)k * r->floats, bytes);
+        zero_revert(z); /* the snapshot is the state of plan->step */
     int prev = -1; /* the rank whose replicas this one holds */
     for (int q = 0; q < world && prev < 0; q++)
         if (pos[q] == (pos[me] + world - 1) % world)
             prev = q;
     int sends = plan->step >= 0 && prev >= 0 && prev != me && src[prev] == SRC_HOLDER;
     int gets = src[me] == SRC_HOLDER;
-    float *out[3] = {NULL, NULL, NULL};
-    if (sends) {
-        int k = r->slot_step[0] == plan->step ? 0 : 1;
-        for (int i = 0; i < 3; i++)
-            out[i] = r->slot[k] + (size_t)i * r->floats;
-    }
-    int rc = 0;
-    if (world > 1)
-        for (int k = 0; k < 3 && !rc; k++)
-            rc = comm_shift_back(r->comm, out[k], sends ? bytes : 0, shards[k], gets ? bytes : 0);
+    const float *out = NULL;
+    if (sends)
+        out = r->slot[r->slot_step[0] == plan->step ? 0 : 1];
+    const size_t bytes = 3 * r->floats * sizeof(float); /* weights and moments: one block */
+    int rc = world > 1 ? comm_shift_back(r->comm, out, sends ? bytes : 0, z->params, gets ? bytes : 0) : 0;
     if (rc)
         return rc;
-    /* The snapshot is the state of plan->step on every rank now; a replaced
-     * rank holds no replica of anyone yet. */
-    for (int k = 0; k < 3; k++)
-        memcpy(r->snap + (size_t)k * r->floats, shards[k], bytes);
+    /* Every rank is at plan->step: no snapshot until the next round's update. */
     replica_forget(r, gets ? -1 : plan->step);
-    r->snap_step = plan->step;
     return 0;
 }

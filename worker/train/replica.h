@@ -13,19 +13,22 @@
  *
  * A round, every `replicate_every` steps, at the start of the step after
  * step s: this rank's replica thread sends its state S_s (fp32 weights and
- * both AdamW moments, straight from the shard buffers: nothing writes them
- * before the next update) to its holder while it receives its predecessor's
- * into one of two slots (the one not holding the newest complete replica),
- * then joins a barrier on the replica ring, then copies S_s into its own
- * snapshot. The trainer waits for the round before the first collective
- * that ends the step (replica_wait), so that:
- *   - no rank applies update s+1 before every S_s is held by its holder;
- *   - a rank's snapshot is S_s only once every rank has done update s: until
- *     then it is S_(s-replicate_every), the step it may have to go back to.
- * Ranks are at most one step apart when a generation breaks (a step ends
- * with collectives every rank must enter), so each survivor offers its
- * current state and its snapshot, each holder its two slots, and some step
- * is offered for every rank unless a rank and its holder were both lost.
+ * both AdamW moments, straight from the shard buffers) to its holder while
+ * it receives its predecessor's into one of two slots (the one not holding
+ * the newest complete replica). The trainer waits for its own round (sent,
+ * and received in full) before the first collective that ends the step
+ * (replica_wait), and the step's update is written into the other buffers
+ * (zero_adamw's keep_next), so that S_s stays whole as this rank's snapshot
+ * until the next round's update, at no copy. Hence:
+ *   - a rank that finished update s+1 passed that step's closing
+ *     collectives, which every rank entered after its round: every S_s is
+ *     held by its holder;
+ *   - ranks are at most one step apart (a step ends with collectives every
+ *     rank must enter), and each survivor still has the state of the last
+ *     round step before its current one.
+ * So each survivor offers its current state and its snapshot, each holder
+ * its two slots, and some step is offered for every rank unless a rank and
+ * its holder were both lost.
  *
  * The plan (replica_plan, a pure function of what every rank offers): the
  * latest step t for which every rank's state exists, its own (current or
@@ -93,9 +96,9 @@ struct replica {
     struct zero *z;
     int every;                 /* steps between rounds */
     size_t floats;             /* per buffer: the zero's total */
-    /* this rank's snapshot: weights, m, v back to back (3 x floats) */
-    float *snap;
-    long snap_step;            /* -1: none */
+    /* this rank's snapshot: the zero's alt buffers (zero_keep_previous) */
+    long snap_step;            /* their step; -1: none */
+    long snap_pending;         /* the step whose update will keep it; -1 */
     /* the predecessor's replicas: two slots of 3 x floats */
     float *slot[2];
     long slot_step[2];         /* -1: empty or being written */
@@ -116,7 +119,8 @@ struct replica {
     long rounds;               /* completed */
 };
 
-/* Buffers for z's shards (every > 0) and the thread. 0 or -ENOMEM. */
+/* Buffers for z's shards (every > 0: two replica slots, and the zero's
+ * second buffers for the snapshot) and the thread. 0 or -ENOMEM. */
 int replica_init(struct replica *r, struct zero *z, int every, int rank);
 void replica_free(struct replica *r);
 
@@ -132,6 +136,8 @@ void replica_begin(struct replica *r, long step);
 /* Before the collective that ends the step: waits for the round under way.
  * 0, or the ring's error. */
 int replica_wait(struct replica *r);
+/* After the step's update: a kept update made the snapshot. */
+void replica_updated(struct replica *r);
 /* The round's error, if the last one failed (the generation is over). */
 int replica_failed(struct replica *r);
 
@@ -145,7 +151,7 @@ void replica_offer(const struct replica *r, int survivor, long step, int node_ra
 
 /*
  * Carries out plan on this rank (collective on the replica ring): a
- * survivor going back copies its snapshot into the shards; a holder of a
+ * survivor going back makes its snapshot current (zero_revert); a holder of a
  * replaced rank sends it the slot of plan->step back along the ring; a
  * replaced rank receives its state. src: every rank's source; pos as above. 0 or a comm error.
  */

@@ -182,9 +182,13 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     }
     loss /= tr->accum;
     double norm = 0;
-    /* No update before every rank's replica of the last round is held (replica.h). */
-    if (!rc)
+    /* No update before every rank's replica of the last round is held (replica.h);
+     * the wait counts as time spent on communication. */
+    if (!rc && tr->replica) {
+        double w0 = now_s();
         rc = replica_wait(tr->replica);
+        z->wait_s += now_s() - w0;
+    }
     if (!rc)
         rc = zero_sum(z, &loss);
     loss /= tr->world;
@@ -207,6 +211,7 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     double lr;
     struct adamw h = train_optim_at(&tr->optim, tr->step, &lr);
     zero_adamw(z, &h, clip_scale(norm, s->grad_clip));
+    replica_updated(tr->replica);
     tr->step++;
 
     double dt = now_s() - t0;

@@ -142,9 +142,10 @@ int zero_init(struct zero *z, struct gpt *g, struct comm *comm)
         if (u > 0 && z->shard[u] * (size_t)z->world > big)
             big = z->shard[u] * (size_t)z->world;
     }
-    z->params = calloc(z->total, sizeof(float));
-    z->m = calloc(z->total, sizeof(float));
-    z->v = calloc(z->total, sizeof(float));
+    /* weights and both moments back to back: one block that a replica round sends at once */
+    z->params = calloc(3 * z->total, sizeof(float));
+    z->m = z->params ? z->params + z->total : NULL;
+    z->v = z->params ? z->params + 2 * z->total : NULL;
     z->grads = calloc(z->total, sizeof(float));
     int ok = z->params && z->m && z->v && z->grads;
     if (ok && z->comm) {
@@ -187,8 +188,7 @@ void zero_free(struct zero *z)
         pthread_cond_destroy(&z->cv);
     }
     free(z->params);
-    free(z->m);
-    free(z->v);
+    free(z->alt_params);
     free(z->grads);
     free(z->embed);
     free(z->gembed);
@@ -307,8 +307,42 @@ int zero_grad_norm(struct zero *z, double *norm)
     return rc;
 }
 
+int zero_keep_previous(struct zero *z)
+{
+    if (z->alt_params)
+        return 0;
+    z->alt_params = calloc(3 * z->total, sizeof(float));
+    if (!z->alt_params)
+        return -ENOMEM;
+    z->alt_m = z->alt_params + z->total;
+    z->alt_v = z->alt_params + 2 * z->total;
+    return 0;
+}
+
+static void swap_state(struct zero *z)
+{
+    float *p = z->params, *m = z->m, *v = z->v;
+    z->params = z->alt_params;
+    z->m = z->alt_m;
+    z->v = z->alt_v;
+    z->alt_params = p;
+    z->alt_m = m;
+    z->alt_v = v;
+}
+
+void zero_revert(struct zero *z)
+{
+    if (z->alt_params)
+        swap_state(z);
+}
+
 void zero_adamw(struct zero *z, const struct adamw *h, float gscale)
 {
+    /* Kept: written into the other buffers, which become the current ones,
+     * and the state before this update stays whole where it was. */
+    const int keep = z->keep_next && z->alt_params;
+    float *p_out = keep ? z->alt_params : z->params, *m_out = keep ? z->alt_m : z->m;
+    float *v_out = keep ? z->alt_v : z->v;
     struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
     for (int u = 0; u < z->g->layout.nunits; u++) {
         size_t lo, n;
@@ -320,10 +354,13 @@ void zero_adamw(struct zero *z, const struct adamw *h, float gscale)
             if (a >= b)
                 continue;
             size_t o = z->off[u] + (a - lo);
-            adamw_update(z->params + o, z->grads + o, z->m + o, z->v + o, b - a, h, t[i].decay,
-                         gscale);
+            adamw_update_into(z->params + o, z->grads + o, z->m + o, z->v + o, p_out + o, m_out + o, v_out + o,
+                              b - a, h, t[i].decay, gscale);
         }
     }
+    if (keep)
+        swap_state(z);
+    z->keep_next = 0;
 }
 
 /* ---- small collectives ---- */

@@ -57,8 +57,12 @@ struct zero {
     size_t shard[GPT_MAX_UNITS];   /* S_u */
     size_t off[GPT_MAX_UNITS];     /* where unit u's shard starts in the shard buffers */
     size_t total;                  /* sum of S_u */
-    /* model state: total floats each */
+    /* model state: total floats each; params, m and v are one block of 3 x total */
     float *params, *m, *v, *grads;
+    /* the other block of weights and moments (zero_keep_previous), and
+     * whether the next update writes into them (then they swap places) */
+    float *alt_params, *alt_m, *alt_v;
+    int keep_next;
     /* transient (world > 1) */
     float *embed, *gembed;         /* unit 0 gathered, and its full gradient */
     float *slot[2], *gslot[2];     /* blocks / norm: gathered, full gradient */
@@ -114,8 +118,17 @@ void zero_zero_grad(struct zero *z);
 
 /* Global gradient norm: the shards' sums of squares, summed over ranks. */
 int zero_grad_norm(struct zero *z, double *norm);
-/* AdamW on the shards; weight decay on the parts of matrices each shard holds. */
+/* AdamW on the shards; weight decay on the parts of matrices each shard holds.
+ * With keep_next set (and zero_keep_previous done) the update is written into
+ * the other buffers, which become the current ones: the weights and moments
+ * before it stay whole in alt_params, alt_m, alt_v (until the next kept
+ * update), at no copy. keep_next is cleared. */
 void zero_adamw(struct zero *z, const struct adamw *h, float gscale);
+/* A second buffer of weights and both moments, for zero_adamw's keep_next
+ * (worker/train/replica.h: the snapshot). 0 or -ENOMEM. */
+int zero_keep_previous(struct zero *z);
+/* The state kept by the last kept update becomes the current one again. */
+void zero_revert(struct zero *z);
 
 /* x summed over ranks in rank order (the same double on every rank). */
 int zero_sum(struct zero *z, double *x);
