@@ -588,6 +588,8 @@ static void send_welcome(struct rdv *r, uint32_t node)
     send_to(r, node, &m);
 }
 
+static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
+
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
              char reason[PROTO_REASON_MAX])
 {
@@ -608,7 +610,10 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
-    if (idx < 0 && (r->generation > 0 || r->nnodes >= (uint32_t)r->spec->nodes)) {
+    /* Before generation 1, the first spec->nodes names; after it, a new name
+     * only while the job runs below its wanted size (it grows: maybe_grow). */
+    if (idx < 0 && (r->generation > 0 ? member_count(r) >= (uint32_t)r->spec->nodes || rdv_terminal(r)
+                                      : r->nnodes >= (uint32_t)r->spec->nodes)) {
         snprintf(code, 32, "full");
         snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
                  r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
@@ -662,9 +667,54 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         if (h->generation != r->generation || r->state == RDV_RECOVERING || r->state == RDV_FORMING) {
             try_start_generation(r, now_ms);
         }
+    } else if (!nd->member) {
+        maybe_grow(r, (uint32_t)idx, now_ms);
     }
     changed(r, 1);
     return 0;
+}
+
+/*
+ * A node that is not a member joined (a new one, or one that was dropped
+ * when the job shrank): while the job runs below spec->nodes it is admitted
+ * in a new generation. The members' ranks are parked (those that rejoin in
+ * place keep their state and re-slice it for the larger world; others are
+ * restarted from the last checkpoint); no restart is spent. A job that is
+ * forming or recovering takes the node at its next generation instead.
+ */
+static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[idx];
+    if (r->state != RDV_RUNNING || member_count(r) >= (uint32_t)r->spec->nodes)
+        return;
+    uint32_t before = r->world_size, world = before + nd->ndevices;
+    struct batch_plan plan;
+    char why[PROTO_REASON_MAX];
+    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
+        event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
+              world, why);
+        return;
+    }
+    nd->member = 1;
+    layout_members(r);
+    if (build_ranks(r) != 0) {
+        nd->member = 0;
+        layout_members(r);
+        return;
+    }
+    r->generation++;
+    r->gen_opened_ms = now_ms;
+    r->assigned_ms = 0;
+    r->running_since_ms = 0;
+    r->restore_noted = 0;
+    r->state = RDV_RECOVERING;
+    snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
+             before, r->world_size, member_count(r));
+    event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
+    /* Persisted before any frame names the new generation (see rdv_ops.changed). */
+    changed(r, 1);
+    command_all(r, PROTO_CMD_PARK);
+    try_start_generation(r, now_ms);
 }
 
 /* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
@@ -758,6 +808,10 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
               (unsigned long long)r->generation, r->world_size, member_count(r),
               (unsigned long long)(now_ms - r->gen_opened_ms));
         changed(r, 1);
+        /* A node that joined while the job was forming or recovering is taken now. */
+        for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
+            if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+                maybe_grow(r, i, now_ms);
     }
 }
 

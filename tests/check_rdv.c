@@ -442,6 +442,59 @@ START_TEST(absent_member_shrinks_the_job_to_min_nodes)
     ck_assert_int_eq(as->u.assign.ranks[1].rank, 1);
     beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
+
+    /* b comes back: the job grows to its wanted size in generation 4, the
+     * ranks are parked (not stopped: they rejoin in place), no restart spent. */
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node b joined: growing from 2 to 4 ranks on 2 nodes"));
+    const struct proto_msg *park = find_sent(mark, "a", PROTO_COMMAND);
+    ck_assert_ptr_nonnull(park);
+    ck_assert_int_eq(park->u.command.action, PROTO_CMD_PARK);
+    as = find_sent(mark, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.world_size, 4);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 4, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* a stranger is still refused: the job has its nodes */
+    ck_assert_int_eq(join("c", 2, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+}
+END_TEST
+
+/* A job below its size takes a new node too, and one that joins while the
+ * job recovers is taken once it runs again; a batch that cannot be split
+ * over the larger world leaves the node idle. */
+START_TEST(new_node_grows_a_job_below_its_size)
+{
+    form_running(3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 1000;
+    spec.batch = 8;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    now += 2000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.world_size, 2);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(join("c", 2, 0), 0); /* while generation 3 forms: taken when it runs */
+    ck_assert_int_eq(rdv.generation, 3);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("c", 4, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* b returns to a full job: it stays idle */
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(rdv.generation, 4);
 }
 END_TEST
 
@@ -1047,6 +1100,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
     tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
+    tcase_add_test(tc, new_node_grows_a_job_below_its_size);
     tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);

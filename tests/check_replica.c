@@ -9,7 +9,7 @@
 
 static uint64_t all[W * REPLICA_OFFER];
 static int pos[W];
-static enum replica_source src[W];
+static struct replica_src src[W];
 
 /* 2 nodes x 2 ranks: ranks 0,1 on node 0, ranks 2,3 on node 1. */
 static void layout(void)
@@ -19,7 +19,6 @@ static void layout(void)
         uint64_t *o = all + r * REPLICA_OFFER;
         o[OFFER_NODE] = (uint64_t)(r / 2);
         o[OFFER_LOCAL] = (uint64_t)(r % 2);
-        o[OFFER_FLOATS] = 1000;
         o[OFFER_SEED] = 7;
     }
     ck_assert_int_eq(replica_positions(all, W, pos), 0);
@@ -29,7 +28,10 @@ static void layout(void)
 static void survivor(int r, long step, long snap, int partner, long s0, long s1)
 {
     uint64_t *o = all + r * REPLICA_OFFER;
+    o[OFFER_FLOATS] = 1000;
     o[OFFER_HAS_STATE] = 1;
+    o[OFFER_OLD_RANK] = (uint64_t)r + 1;
+    o[OFFER_OLD_WORLD] = W;
     o[OFFER_STEP] = (uint64_t)step;
     o[OFFER_SNAP] = (uint64_t)(snap + 1);
     o[OFFER_PARTNER] = (uint64_t)(partner + 1);
@@ -86,19 +88,23 @@ START_TEST(replaced_rank_from_its_holder)
     ck_assert_int_eq(p.survivors, 3);
     ck_assert_int_eq(p.seed, 9);
     ck_assert_int_eq(p.last_checkpoint, 20);
-    ck_assert_int_eq(src[0], SRC_SNAP);
-    ck_assert_int_eq(src[3], SRC_HOLDER);
+    ck_assert_int_eq(src[0].kind, SRC_SNAP);
+    ck_assert_int_eq(src[0].rank, 0);
+    ck_assert_int_eq(src[3].kind, SRC_HOLDER);
+    ck_assert_int_eq(src[3].rank, 0); /* its successor on the ring: (local 1, node 1) -> (local 0, node 0) */
+    ck_assert_int_eq(src[3].slot, 1);
+    ck_assert(p.in_place);
     /* The holder has 26 too: nobody goes back. */
     all[0 * REPLICA_OFFER + OFFER_SLOT0] = 27;
     ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
     ck_assert_int_eq(p.step, 26);
-    ck_assert_int_eq(src[1], SRC_OWN);
+    ck_assert_int_eq(src[1].kind, SRC_OWN);
     /* Survivors one step apart: the common step is the lower one. */
     survivor(1, 25, 24, partner_of(1), 24, 25);
     ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
     ck_assert_int_eq(p.step, 25);
-    ck_assert_int_eq(src[1], SRC_OWN);
-    ck_assert_int_eq(src[2], SRC_SNAP);
+    ck_assert_int_eq(src[1].kind, SRC_OWN);
+    ck_assert_int_eq(src[2].kind, SRC_SNAP);
 }
 END_TEST
 
@@ -122,10 +128,48 @@ START_TEST(rank_and_holder_lost_falls_back)
 }
 END_TEST
 
+/* The world changed: old world 2 (ranks 0, 1 on nodes 0, 1), new world 3. */
+START_TEST(world_change_reslices)
+{
+    layout();
+    /* grow: both old ranks survive as new ranks 0 and 2; new rank 1 is new */
+    survivor(0, 9, 8, 1, 7, 8);
+    survivor(2, 9, 8, 0, 7, 8);
+    all[0 * REPLICA_OFFER + OFFER_OLD_WORLD] = 2;
+    all[2 * REPLICA_OFFER + OFFER_OLD_WORLD] = 2;
+    all[2 * REPLICA_OFFER + OFFER_OLD_RANK] = 2; /* old rank 1 */
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, 3, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 9);
+    ck_assert_int_eq(p.old_world, 2);
+    ck_assert(!p.in_place);
+    ck_assert_int_eq(src[0].rank, 0);
+    ck_assert_int_eq(src[1].rank, 2);
+    ck_assert_int_eq(src[1].kind, SRC_OWN);
+    /* shrink: old rank 1 is gone; new rank 0 (old rank 0) holds its replicas of 7 and 8 */
+    layout();
+    survivor(0, 9, 8, 1, 7, 8);
+    all[0 * REPLICA_OFFER + OFFER_OLD_WORLD] = 2;
+    ck_assert_int_eq(replica_plan(all, 1, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 8);
+    ck_assert_int_eq(src[0].kind, SRC_SNAP);
+    ck_assert_int_eq(src[1].kind, SRC_HOLDER);
+    ck_assert_int_eq(src[1].rank, 0);
+    ck_assert_int_eq(src[1].slot, 1);
+    /* survivors of different worlds: not restored from memory */
+    layout();
+    survivor(0, 9, 8, 1, 7, 8);
+    survivor(1, 9, 8, 0, 7, 8);
+    all[1 * REPLICA_OFFER + OFFER_OLD_WORLD] = 2;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), -EINVAL);
+}
+END_TEST
+
 START_TEST(offers_of_another_model_are_refused)
 {
     layout();
     survivor(0, 3, 2, partner_of(0), 1, 2);
+    survivor(2, 3, 2, partner_of(2), 1, 2);
     all[2 * REPLICA_OFFER + OFFER_FLOATS] = 999;
     struct replica_plan p;
     ck_assert_int_eq(replica_plan(all, W, pos, &p, src), -EINVAL);
@@ -140,6 +184,7 @@ Suite *make_replica_suite(void)
     tcase_add_test(tc, fresh_start_has_nothing_in_memory);
     tcase_add_test(tc, replaced_rank_from_its_holder);
     tcase_add_test(tc, rank_and_holder_lost_falls_back);
+    tcase_add_test(tc, world_change_reslices);
     tcase_add_test(tc, offers_of_another_model_are_refused);
     suite_add_tcase(s, tc);
     return s;

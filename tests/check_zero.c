@@ -79,6 +79,7 @@ struct run {
     int world, steps;
     int micro_batch;                 /* 0: 24 / (2 * world) */
     const char *load, *save;
+    const struct run *reslice;       /* instead of load: zero_reslice from this run's state */
     double losses[MAXW][STEPS];      /* per rank: the global losses it reported */
     size_t state_bytes[MAXW], transient_bytes[MAXW];
     float *params, *m, *v;           /* full layout, each rank fills what it owns */
@@ -106,6 +107,47 @@ static int rank_failed(struct run *run, int r, int rc, const char *what, const c
     return run->rc[r];
 }
 
+/*
+ * zero_reslice as a world change uses it: the old world's shards, each in
+ * the block layout struct zero holds (weights, m, v), rebuilt from `old`'s
+ * full arrays; old rank o is contributed by new rank o % world as its
+ * (o / world)-th block, so that a rank may bring several (its own and a
+ * replica).
+ */
+static int reslice_from(struct trainer *tr, const struct run *old, int r, int world)
+{
+    const int n = old->world, ncontrib = (n + world - 1) / world;
+    const struct gpt_layout *lay = &tr->model.layout;
+    size_t S[GPT_MAX_UNITS], off[GPT_MAX_UNITS], total = 0;
+    for (int u = 0; u < lay->nunits; u++) {
+        S[u] = (lay->numel[u] + (size_t)n - 1) / (size_t)n;
+        off[u] = total;
+        total += S[u];
+    }
+    const float *mine[MAXW];
+    float *blocks[MAXW];
+    int from_rank[MAXW], from_index[MAXW], nmine = 0;
+    for (int o = 0; o < n; o++) {
+        from_rank[o] = o % world;
+        from_index[o] = o / world;
+        if (o % world != r)
+            continue;
+        float *b = calloc(3 * total, sizeof(float));
+        ck_assert_ptr_nonnull(b);
+        const float *full[3] = {old->params, old->m, old->v};
+        for (int u = 0; u < lay->nunits; u++)
+            for (size_t i = 0; i < S[u] && (size_t)o * S[u] + i < lay->numel[u]; i++)
+                for (int k = 0; k < 3; k++)
+                    b[(size_t)k * total + off[u] + i] = full[k][lay->offset[u] + (size_t)o * S[u] + i];
+        blocks[nmine] = b;
+        mine[nmine++] = b;
+    }
+    int rc = zero_reslice(&tr->zero, n, ncontrib, mine, nmine, from_rank, from_index);
+    for (int i = 0; i < nmine; i++)
+        free(blocks[i]);
+    return rc;
+}
+
 static void rank_body(struct run *run, int r, struct comm *c)
 {
     struct job_spec s;
@@ -123,6 +165,10 @@ static void rank_body(struct run *run, int r, struct comm *c)
     run->transient_bytes[r] = zero_transient_bytes(&tr.zero);
     if (run->load && (rc = trainer_load(&tr, run->load, err, sizeof(err)))) {
         rank_failed(run, r, rc, "trainer_load", err);
+        goto out;
+    }
+    if (run->reslice && (rc = reslice_from(&tr, run->reslice, r, run->world)) != 0) {
+        rank_failed(run, r, rc, "zero_reslice", comm_strerror(rc));
         goto out;
     }
     for (int i = 0; i < run->steps; i++) {
@@ -182,11 +228,12 @@ static void *rank_main(void *arg)
 }
 
 /* Runs world ranks as threads; asserts that every rank succeeded. */
-static struct run *run_world_mb(int world, int micro_batch, int steps, const char *load,
-                               const char *save)
+static struct run *run_world_from(int world, int micro_batch, int steps, const char *load, const char *save,
+                                  const struct run *reslice)
 {
     struct run *run = calloc(1, sizeof(*run));
     ck_assert_ptr_nonnull(run);
+    run->reslice = reslice;
     run->world = world;
     run->micro_batch = micro_batch;
     run->steps = steps;
@@ -222,9 +269,19 @@ static struct run *run_world_mb(int world, int micro_batch, int steps, const cha
     return run;
 }
 
+static struct run *run_world_mb(int world, int micro_batch, int steps, const char *load, const char *save)
+{
+    return run_world_from(world, micro_batch, steps, load, save, NULL);
+}
+
 static struct run *run_world(int world, int steps, const char *load, const char *save)
 {
     return run_world_mb(world, 0, steps, load, save);
+}
+
+static struct run *run_resliced(int world, const struct run *from)
+{
+    return run_world_from(world, 0, 0, NULL, NULL, from);
 }
 
 static void run_free(struct run *run)
@@ -377,6 +434,26 @@ START_TEST(shards_reslice_between_world_sizes)
 }
 END_TEST
 
+/* The same from memory: zero_reslice (a job that grew or shrank in place)
+ * gives the weights and moments unchanged, ranks bringing one or more blocks. */
+START_TEST(shards_reslice_in_memory)
+{
+    static const int pairs[][2] = {{2, 4}, {4, 2}, {3, 1}, {1, 3}, {4, 3}};
+    size_t P = tiny_total();
+    for (size_t k = 0; k < sizeof(pairs) / sizeof(pairs[0]); k++) {
+        int n = pairs[k][0], m = pairs[k][1];
+        struct run *before = run_world(n, 2, NULL, NULL);
+        struct run *after = run_resliced(m, before);
+        ck_assert_msg(memcmp(before->params, after->params, sizeof(float) * P) == 0, "%d -> %d: weights differ", n, m);
+        ck_assert_msg(memcmp(before->m, after->m, sizeof(float) * P) == 0 &&
+                          memcmp(before->v, after->v, sizeof(float) * P) == 0,
+                      "%d -> %d: moments differ", n, m);
+        run_free(before);
+        run_free(after);
+    }
+}
+END_TEST
+
 Suite *make_zero_suite(void)
 {
     Suite *s = suite_create("zero");
@@ -388,6 +465,7 @@ Suite *make_zero_suite(void)
     tcase_add_test(tc, model_state_shrinks_with_the_world);
     tcase_add_test(tc, resume_at_four_is_bit_exact_and_at_two_within_tolerance);
     tcase_add_test(tc, shards_reslice_between_world_sizes);
+    tcase_add_test(tc, shards_reslice_in_memory);
     suite_add_tcase(s, tc);
     return s;
 }

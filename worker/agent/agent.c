@@ -850,10 +850,11 @@ static bool same_layout(const struct proto_assign *x, const struct proto_assign 
 }
 
 /*
- * The held assignment is a new generation of the same slots: each rank that
- * said it can rejoin (heartbeat "rejoin") and runs on gets the new ASSIGN
- * and becomes that generation's, its output going to the new generation's
- * log from now on. Returns how many did.
+ * The held assignment is a new generation of the same slots (local ranks and
+ * devices): each rank that said it can rejoin (heartbeat "rejoin") and runs
+ * on gets the new ASSIGN and becomes that generation's rank of its slot (its
+ * global rank may change), its output going to the new generation's log
+ * from now on. Returns how many did.
  */
 static uint32_t rejoin_ranks(struct agent *a)
 {
@@ -864,9 +865,13 @@ static uint32_t rejoin_ranks(struct agent *a)
     assign_msg.u.assign = *as;
     for (uint32_t i = 0; i < as->nranks; i++) {
         struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
-        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank)
+        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->local_rank != as->ranks[i].local_rank)
             continue;
+        if (r->rank != as->ranks[i].rank)
+            log_info("rank %u (pid %d) becomes rank %u of %u", r->rank, r->pid, as->ranks[i].rank, as->world_size);
         r->generation = as->generation;
+        r->rank = as->ranks[i].rank;
+        r->beat.rank = r->rank;
         char dir[PATH_MAX];
         rank_dir(a, as->generation, r->rank, dir, sizeof(dir));
         rank_log_close(&r->log);
@@ -902,9 +907,13 @@ static void on_assign(struct agent *a, struct proto_assign *as)
         log_info("generation %" PRIu64 ": ranks already running; keeping them", as->generation);
         return;
     }
-    /* Ranks that can rejoin keep their process when their slot stays as it was. */
-    bool same_slots = a->have_assign && a->assign.world_size == as->world_size && a->assign.nranks == as->nranks &&
-                      memcmp(a->assign.ranks, as->ranks, as->nranks * sizeof(as->ranks[0])) == 0;
+    /* Ranks that can rejoin keep their process when their slot (local rank and
+     * device) stays; the global rank and world size may change (the job grew
+     * or shrank: the rank re-slices its state). */
+    bool same_slots = a->have_assign && a->assign.nranks == as->nranks;
+    for (uint32_t i = 0; same_slots && i < as->nranks; i++)
+        same_slots = a->assign.ranks[i].local_rank == as->ranks[i].local_rank &&
+                     a->assign.ranks[i].device == as->ranks[i].device;
     if (a->have_assign)
         json_decref(a->assign.job);
     a->assign = *as;

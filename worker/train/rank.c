@@ -27,6 +27,7 @@ struct rank_ctl {
     int rank;
     uint64_t seq;
     int world;
+    struct rank_assign next; /* the newest generation's place of this rank (job: NULL) */
     int have_uid;
     uint8_t uid[PROTO_UID_LEN];
     int have_beat, beat_sent_once;
@@ -145,9 +146,10 @@ static void raise_stop(struct rank_ctl *c, const char *why)
  */
 static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
 {
-    int holds = 0;
+    int slot = -1;
     for (uint32_t i = 0; i < as->nranks; i++)
-        holds |= as->ranks[i].rank == (uint32_t)c->rank;
+        if (as->ranks[i].local_rank == (uint32_t)c->next.local_rank)
+            slot = (int)i;
     pthread_mutex_lock(&c->lock);
     int rejoin = c->beat.rejoin;
     if (as->generation <= c->generation) {
@@ -156,9 +158,20 @@ static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
                   (unsigned long long)as->generation, (unsigned long long)c->generation);
         return;
     }
-    if (rejoin && holds && as->world_size == (uint32_t)c->world) {
-        log_info("rank %d: generation %llu: rejoining in place", c->rank, (unsigned long long)as->generation);
+    if (rejoin && slot >= 0) {
+        const struct proto_rank_slot *sl = &as->ranks[slot];
+        log_info("rank %d: generation %llu: rejoining in place as rank %u of %u", c->rank,
+                 (unsigned long long)as->generation, sl->rank, as->world_size);
         c->generation = as->generation;
+        c->next.generation = as->generation;
+        c->next.rank = (int)sl->rank;
+        c->next.world = (int)as->world_size;
+        c->next.local_world = (int)as->nranks;
+        c->next.node_rank = (int)as->node_rank;
+        c->next.nnodes = (int)as->nnodes;
+        c->next.device = (int)sl->device;
+        c->rank = (int)sl->rank;
+        c->beat.rank = sl->rank;
         c->have_uid = 0;
         c->beat.restore_from = PROTO_RESTORE_NONE;
         c->beat.restore_step = 0;
@@ -168,7 +181,7 @@ static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
         return;
     }
     pthread_mutex_unlock(&c->lock);
-    raise_stop(c, rejoin ? "the new generation gives this rank another place" : "a new generation was assigned");
+    raise_stop(c, rejoin ? "the new generation has no slot for this rank's device" : "a new generation was assigned");
 }
 
 static void handle(struct rank_ctl *c, const struct proto_msg *m)
@@ -336,6 +349,8 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_ato
         a->local_world = (int)as->nranks;
         a->node_rank = (int)as->node_rank;
         a->nnodes = (int)as->nnodes;
+        c->next = *a;
+        c->next.job = NULL;
         a->device = (int)as->ranks[slot].device;
         a->job = json_incref(as->job);
         proto_msg_clear(&m);
@@ -422,16 +437,20 @@ void rank_ctl_set_rejoin(struct rank_ctl *c)
     pthread_mutex_unlock(&c->lock);
 }
 
-int rank_ctl_next_generation(struct rank_ctl *c, uint64_t *generation)
+int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a)
 {
     int rc = 0;
     pthread_mutex_lock(&c->lock);
     while (!*c->stop && c->generation == c->joined)
         pthread_cond_wait(&c->cond, &c->lock);
-    if (*c->stop)
+    if (*c->stop) {
         rc = -ECANCELED;
-    else
-        *generation = c->joined = c->generation;
+    } else {
+        c->joined = c->generation;
+        c->world = c->next.world;
+        *a = c->next;
+        a->job = NULL;
+    }
     pthread_mutex_unlock(&c->lock);
     return rc;
 }

@@ -83,17 +83,19 @@ void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests)
 /*
  * Rejoining in place (docs/training.md, "Healing in place"). After
  * rank_ctl_set_rejoin the rank's heartbeats say it can join the next
- * generation without a restart: COMMAND park and a newer ASSIGN that keeps
- * its rank and world size abort the communicator (the abort hook) instead of
- * stopping the rank; an ASSIGN that moves it elsewhere stops it.
- * rank_ctl_next_generation waits (until stopped) for such a generation and
- * makes it the one this rank works in: its unique id, heartbeats and
- * checkpoint commands are that generation's from then on. Returns 0 or
- * -ECANCELED when stopped. rank_ctl_restored reports where the generation's
- * state came from, and its step, in the heartbeat (sent at once).
+ * generation without a restart: COMMAND park and a newer ASSIGN that has a
+ * slot for its local rank (device) abort the communicator (the abort hook)
+ * instead of stopping the rank; its global rank and the world size may
+ * change (the job grew or shrank). An ASSIGN without its slot stops it.
+ * rank_ctl_next_generation waits (until stopped) for such a generation,
+ * makes it the one this rank works in (its unique id, heartbeats and
+ * checkpoint commands are that generation's from then on) and gives its
+ * place in a (job NULL). Returns 0 or -ECANCELED when stopped.
+ * rank_ctl_restored reports where the generation's state came from, and its
+ * step, in the heartbeat (sent at once).
  */
 void rank_ctl_set_rejoin(struct rank_ctl *c);
-int rank_ctl_next_generation(struct rank_ctl *c, uint64_t *generation);
+int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a);
 void rank_ctl_restored(struct rank_ctl *c, enum proto_restore from, uint64_t step);
 
 /* Stops the control thread, closes the socket, frees everything. */

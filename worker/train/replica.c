@@ -59,88 +59,127 @@ int replica_positions(const uint64_t *all, int world, int *pos)
     return 0;
 }
 
-/* Steps rank r can have its own state at (survivors): its current one and its snapshot's. */
+/* Steps a survivor has its own state at: its current one and its snapshot's. */
 static int own_has(const uint64_t *o, long t)
 {
     return o[OFFER_HAS_STATE] && ((long)o[OFFER_STEP] == t || (o[OFFER_SNAP] && (long)o[OFFER_SNAP] - 1 == t));
 }
 
-/* A live holder of rank r's replica of step t: the survivor just after r on the ring. */
-static int holder_has(const uint64_t *all, const int *pos, const int *at, int world, int r, long t)
+/* The slot of a holder's offer with the replica of step t: 0, 1, or -1. */
+static int slot_with(const uint64_t *o, long t)
 {
-    int h = at[(pos[r] + 1) % world];
-    if (h == r)
+    if (o[OFFER_SLOT0] && (long)o[OFFER_SLOT0] - 1 == t)
         return 0;
-    const uint64_t *o = offer_of(all, h);
-    return o[OFFER_HAS_STATE] && o[OFFER_PARTNER] == (uint64_t)r + 1 &&
-           ((o[OFFER_SLOT0] && (long)o[OFFER_SLOT0] - 1 == t) || (o[OFFER_SLOT1] && (long)o[OFFER_SLOT1] - 1 == t));
+    if (o[OFFER_SLOT1] && (long)o[OFFER_SLOT1] - 1 == t)
+        return 1;
+    return -1;
 }
 
-int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan,
-                 enum replica_source *src_of)
+int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan, struct replica_src *src)
 {
     memset(plan, 0, sizeof(*plan));
     plan->step = -1;
     plan->lost = -1;
     plan->last_checkpoint = -1;
-    long hi = -1;
+    long hi = -1, lo = -1;
+    int w0 = 0, first = -1;
     for (int r = 0; r < world; r++) {
         const uint64_t *o = offer_of(all, r);
-        if (o[OFFER_FLOATS] != offer_of(all, 0)[OFFER_FLOATS])
-            return -EINVAL;
         if (o[OFFER_CKPT] && (long)o[OFFER_CKPT] - 1 > plan->last_checkpoint)
             plan->last_checkpoint = (long)o[OFFER_CKPT] - 1;
         if (!o[OFFER_HAS_STATE])
             continue;
-        if (!plan->survivors++)
+        if (first < 0) {
+            first = r;
             plan->seed = o[OFFER_SEED];
-        if ((long)o[OFFER_STEP] > hi)
-            hi = (long)o[OFFER_STEP];
+            w0 = (int)o[OFFER_OLD_WORLD];
+        }
+        /* every survivor held a shard of the same model in the same world */
+        if (o[OFFER_FLOATS] != offer_of(all, first)[OFFER_FLOATS] || (int)o[OFFER_OLD_WORLD] != w0 ||
+            o[OFFER_OLD_RANK] < 1 || (int)o[OFFER_OLD_RANK] > w0)
+            return -EINVAL;
+        plan->survivors++;
+        long step = (long)o[OFFER_STEP], snap = o[OFFER_SNAP] ? (long)o[OFFER_SNAP] - 1 : step;
+        hi = step > hi ? step : hi;
+        lo = lo < 0 || snap < lo ? snap : lo;
+        lo = step < lo ? step : lo;
     }
     if (plan->survivors == 0)
         return 0; /* a fresh start: nothing in memory */
-    int *at = malloc(sizeof(int) * (size_t)world); /* the rank at each position */
-    if (!at)
+    if (w0 < 1 || w0 > REPLICA_MAX_WORLD)
+        return -EINVAL;
+    plan->old_world = w0;
+    /* For each old rank: the survivor that was it, and a survivor holding its replicas. */
+    int *own = malloc(sizeof(int) * (size_t)w0), *hold = malloc(sizeof(int) * (size_t)w0);
+    if (!own || !hold) {
+        free(own);
+        free(hold);
         return -ENOMEM;
-    for (int r = 0; r < world; r++)
-        at[pos[r]] = r;
-    /* Candidates: each survivor's current step and the one before its snapshot's;
-     * the ranks are within one round of each other, so trying every step from
-     * the highest down over a short range finds the latest common one. */
-    long lo = hi;
+    }
+    for (int o = 0; o < w0; o++)
+        own[o] = hold[o] = -1;
     for (int r = 0; r < world; r++) {
         const uint64_t *o = offer_of(all, r);
-        if (o[OFFER_HAS_STATE] && o[OFFER_SNAP] && (long)o[OFFER_SNAP] - 1 < lo)
-            lo = (long)o[OFFER_SNAP] - 1;
-        if (o[OFFER_HAS_STATE] && (long)o[OFFER_STEP] < lo)
-            lo = (long)o[OFFER_STEP];
+        if (!o[OFFER_HAS_STATE])
+            continue;
+        own[o[OFFER_OLD_RANK] - 1] = r;
+        if (o[OFFER_PARTNER] >= 1 && (int)o[OFFER_PARTNER] <= w0)
+            hold[o[OFFER_PARTNER] - 1] = r;
     }
+    /* The ranks are within one round of each other: trying every step from the
+     * highest down to the lowest any survivor still has finds the latest common one. */
     for (long t = hi; t >= lo && t >= 0; t--) {
         int ok = 1, missing = -1;
-        for (int r = 0; r < world && ok; r++) {
-            if (own_has(offer_of(all, r), t))
+        for (int o = 0; o < w0 && ok; o++) {
+            if (own[o] >= 0 && own_has(offer_of(all, own[o]), t))
                 continue;
-            if (!offer_of(all, r)[OFFER_HAS_STATE] && holder_has(all, pos, at, world, r, t))
+            if (hold[o] >= 0 && slot_with(offer_of(all, hold[o]), t) >= 0)
                 continue;
             ok = 0;
-            missing = r;
+            missing = o;
         }
         if (!ok) {
-            if (plan->lost < 0 || !offer_of(all, missing)[OFFER_HAS_STATE])
+            if (plan->lost < 0 || own[missing] < 0)
                 plan->lost = missing;
             continue;
         }
         plan->step = t;
         plan->lost = -1;
-        for (int r = 0; r < world; r++) {
-            const uint64_t *o = offer_of(all, r);
-            src_of[r] = !o[OFFER_HAS_STATE]            ? SRC_HOLDER
-                        : (long)o[OFFER_STEP] == t      ? SRC_OWN
-                                                        : SRC_SNAP;
+        for (int o = 0; o < w0; o++) {
+            if (own[o] >= 0 && own_has(offer_of(all, own[o]), t)) {
+                src[o].rank = own[o];
+                src[o].kind = (long)offer_of(all, own[o])[OFFER_STEP] == t ? SRC_OWN : SRC_SNAP;
+                src[o].slot = -1;
+            } else {
+                src[o].rank = hold[o];
+                src[o].kind = SRC_HOLDER;
+                src[o].slot = slot_with(offer_of(all, hold[o]), t);
+            }
         }
         break;
     }
-    free(at);
+    free(own);
+    free(hold);
+    if (plan->step < 0)
+        return 0;
+    /* In place: the same world, every survivor at its old rank, and each
+     * replaced rank's holder just after it on the ring (a shift back reaches
+     * it); else the state is re-sliced (replica_reslice). */
+    plan->in_place = w0 == world;
+    for (int r = 0; r < world && plan->in_place; r++) {
+        const uint64_t *o = offer_of(all, r);
+        if (o[OFFER_HAS_STATE] && (int)o[OFFER_OLD_RANK] - 1 != r)
+            plan->in_place = 0;
+    }
+    for (int o = 0; o < w0 && plan->in_place; o++) {
+        if (src[o].kind != SRC_HOLDER)
+            continue;
+        int next = -1;
+        for (int r = 0; r < world; r++)
+            if (pos[r] == (pos[o] + 1) % world)
+                next = r;
+        plan->in_place = next == src[o].rank;
+    }
     return 0;
 }
 
@@ -339,20 +378,22 @@ void replica_forget(struct replica *r, long keep)
     pthread_mutex_unlock(&r->mu);
 }
 
-void replica_offer(const struct replica *r, int survivor, long step, int node_rank, int local_rank,
-                   uint64_t seed, long last_checkpoint, uint64_t offer[REPLICA_OFFER])
+void replica_offer(const struct replica *r, int survivor, int old_rank, int old_world, size_t floats, long step,
+                   int node_rank, int local_rank, uint64_t seed, long last_checkpoint, uint64_t offer[REPLICA_OFFER])
 {
     memset(offer, 0, sizeof(uint64_t) * REPLICA_OFFER);
-    offer[OFFER_HAS_STATE] = survivor != 0;
-    offer[OFFER_STEP] = survivor ? (uint64_t)step : 0;
     offer[OFFER_NODE] = (uint64_t)node_rank;
     offer[OFFER_LOCAL] = (uint64_t)local_rank;
     offer[OFFER_SEED] = seed;
     offer[OFFER_CKPT] = last_checkpoint >= 0 ? (uint64_t)last_checkpoint + 1 : 0;
-    if (!r)
-        return;
-    offer[OFFER_FLOATS] = r->floats;
     if (!survivor)
+        return;
+    offer[OFFER_HAS_STATE] = 1;
+    offer[OFFER_STEP] = (uint64_t)step;
+    offer[OFFER_OLD_RANK] = (uint64_t)old_rank + 1;
+    offer[OFFER_OLD_WORLD] = (uint64_t)old_world;
+    offer[OFFER_FLOATS] = floats;
+    if (!r)
         return;
     offer[OFFER_SNAP] = r->snap_step >= 0 ? (uint64_t)r->snap_step + 1 : 0;
     offer[OFFER_PARTNER] = r->partner >= 0 ? (uint64_t)r->partner + 1 : 0;
@@ -360,22 +401,20 @@ void replica_offer(const struct replica *r, int survivor, long step, int node_ra
     offer[OFFER_SLOT1] = r->slot_step[1] >= 0 ? (uint64_t)r->slot_step[1] + 1 : 0;
 }
 
-int replica_restore(struct replica *r, const struct replica_plan *plan, const enum replica_source *src,
+int replica_restore(struct replica *r, const struct replica_plan *plan, const struct replica_src *src,
                     const int *pos, int world)
 {
     struct zero *z = r->z;
     const int me = r->rank;
-    if (src[me] == SRC_SNAP)
+    if (src[me].kind == SRC_SNAP && src[me].rank == me)
         zero_revert(z); /* the snapshot is the state of plan->step */
     int prev = -1; /* the rank whose replicas this one holds */
     for (int q = 0; q < world && prev < 0; q++)
         if (pos[q] == (pos[me] + world - 1) % world)
             prev = q;
-    int sends = plan->step >= 0 && prev >= 0 && prev != me && src[prev] == SRC_HOLDER;
-    int gets = src[me] == SRC_HOLDER;
-    const float *out = NULL;
-    if (sends)
-        out = r->slot[r->slot_step[0] == plan->step ? 0 : 1];
+    int sends = prev >= 0 && prev != me && src[prev].kind == SRC_HOLDER && src[prev].rank == me;
+    int gets = src[me].kind == SRC_HOLDER;
+    const float *out = sends ? r->slot[src[prev].slot] : NULL;
     const size_t bytes = 3 * r->floats * sizeof(float); /* weights and moments: one block */
     int rc = world > 1 ? comm_shift_back(r->comm, out, sends ? bytes : 0, z->params, gets ? bytes : 0) : 0;
     if (rc)

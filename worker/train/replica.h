@@ -60,19 +60,30 @@ enum {
     OFFER_FLOATS,      /* shard floats (zero total): must agree */
     OFFER_SEED,        /* the seed it trains with (a checkpoint may have set it) */
     OFFER_CKPT,        /* last committed checkpoint step + 1; 0 = none */
+    OFFER_OLD_RANK,    /* survivors: its rank + 1 in the generation its state is of */
+    OFFER_OLD_WORLD,   /* survivors: that generation's world size */
     REPLICA_OFFER
 };
 
 enum replica_source {
-    SRC_OWN,      /* keeps its current state */
-    SRC_SNAP,     /* goes back to its snapshot */
-    SRC_HOLDER,   /* receives its holder's replica */
+    SRC_OWN,      /* the survivor that was the rank: its current state */
+    SRC_SNAP,     /* the survivor that was the rank: its snapshot */
+    SRC_HOLDER,   /* a survivor holding the rank's replica */
+};
+
+/* Where the state of one rank of the old generation comes from. */
+struct replica_src {
+    enum replica_source kind;
+    int rank;     /* the survivor (a rank of the new generation) that has it */
+    int slot;     /* SRC_HOLDER: its slot */
 };
 
 #define REPLICA_MAX_WORLD 65536
 
 struct replica_plan {
     long step;                 /* t; -1: no step in memory for every rank */
+    int old_world;             /* the survivors' generation's world size */
+    int in_place;              /* same ranks: replica_restore; else replica_reslice */
     int lost;                  /* when step is -1: a rank no one holds (-1: none) */
     uint64_t seed;             /* a survivor's seed (replaced ranks adopt it) */
     long last_checkpoint;      /* highest committed checkpoint any survivor knows; -1 */
@@ -84,13 +95,15 @@ struct replica_plan {
 int replica_positions(const uint64_t *all, int world, int *pos);
 
 /*
- * The plan from every rank's offer (all: world x REPLICA_OFFER). pos: as
- * replica_positions. For rank r, *src_of gets (when plan->step >= 0) where
- * its state comes from; a SRC_HOLDER rank's holder is the rank at pos[r]+1.
- * Returns 0, -EINVAL when the offers disagree (shard sizes), or -ENOMEM.
+ * The plan from every rank's offer (all: world x REPLICA_OFFER, the new
+ * generation's ranks). The state to assemble is that of the survivors'
+ * generation, old_world ranks: for each old rank o, src[o] (old_world
+ * entries; at most REPLICA_MAX_WORLD) says which new rank has it at the
+ * plan's step, its own or a replica. pos: the new generation's replica-ring
+ * positions (for in_place). Returns 0 (plan->step -1: none), -EINVAL when
+ * the survivors disagree (another model, another world), or -ENOMEM.
  */
-int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan,
-                 enum replica_source *src_of);
+int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan, struct replica_src *src);
 
 struct replica {
     struct zero *z;
@@ -145,17 +158,19 @@ int replica_failed(struct replica *r);
  * they held belongs to a run that was abandoned. */
 void replica_forget(struct replica *r, long keep);
 
-/* This rank's offer (survivor: 1 when its state is kept from the generation before). */
-void replica_offer(const struct replica *r, int survivor, long step, int node_rank, int local_rank,
-                   uint64_t seed, long last_checkpoint, uint64_t offer[REPLICA_OFFER]);
+/* This rank's offer. survivor: it brings the state of old_rank of a world of
+ * old_world (floats per shard) at `step` from the generation before; r: its
+ * replicas then (NULL: none); node_rank and local_rank: its new place. */
+void replica_offer(const struct replica *r, int survivor, int old_rank, int old_world, size_t floats, long step,
+                   int node_rank, int local_rank, uint64_t seed, long last_checkpoint, uint64_t offer[REPLICA_OFFER]);
 
 /*
- * Carries out plan on this rank (collective on the replica ring): a
- * survivor going back makes its snapshot current (zero_revert); a holder of a
- * replaced rank sends it the slot of plan->step back along the ring; a
- * replaced rank receives its state. src: every rank's source; pos as above. 0 or a comm error.
+ * Carries out an in_place plan on this rank (collective on the replica
+ * ring): a survivor going back makes its snapshot current (zero_revert); a
+ * holder of a replaced rank sends it the slot of plan->step back along the
+ * ring; a replaced rank receives its state. 0 or a comm error.
  */
-int replica_restore(struct replica *r, const struct replica_plan *plan, const enum replica_source *src,
+int replica_restore(struct replica *r, const struct replica_plan *plan, const struct replica_src *src,
                     const int *pos, int world);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "worker/train/comm/comm.h"
 #include "worker/train/replica.h"
+#include "common/log.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/rng.h"
 
@@ -213,12 +214,21 @@ int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, si
     zero_adamw(z, &h, clip_scale(norm, s->grad_clip));
     replica_updated(tr->replica);
     tr->step++;
+    if (tr->fingerprint)
+        trainer_log_fingerprint(tr, "after step");
 
     double dt = now_s() - t0;
     if (info)
         train_step_report(info, s, tr->step, loss, lr, norm, (double)tr->accum * B * T, dt,
                           zero_take_wait(z));
     return 0;
+}
+
+void trainer_log_fingerprint(struct trainer *tr, const char *when)
+{
+    uint64_t f = 0;
+    if (zero_fingerprint(&tr->zero, &f) == 0 && tr->rank == 0)
+        log_info("fingerprint %s %ld: %016llx (world %d)", when, tr->step, (unsigned long long)f, tr->world);
 }
 
 /* ---- the CPU trainer as the shared loop sees it ---- */

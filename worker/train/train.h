@@ -57,6 +57,7 @@ struct trainer {
     long fault_nan_step;        /* fault injection: poison a weight before the step that
                                  * follows this many steps (-1: off) */
     struct replica *replica;    /* peer replicas (worker/train/replica.h), or NULL */
+    int fingerprint;            /* test hook: rank 0 logs zero_fingerprint after every step */
 };
 
 struct train_step_info {
@@ -95,6 +96,11 @@ void trainer_free(struct trainer *tr);
 /* One optimizer step. -ERANGE with a diagnosis in err on a non-finite loss;
  * a comm error code when a collective failed. */
 int trainer_step(struct trainer *tr, struct train_step_info *info, char *err, size_t errlen);
+
+/* Collective test hook: rank 0 logs "fingerprint <when> <step>: <hex> (world
+ * N)", zero_fingerprint of the whole state (equal for equal states at any
+ * world size). */
+void trainer_log_fingerprint(struct trainer *tr, const char *when);
 
 /* Mean loss over spec.eval_batches validation micro-batches, shared out over
  * the ranks (NAN when the job holds out no validation data or a collective

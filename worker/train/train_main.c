@@ -416,6 +416,8 @@ static void inject_faults(struct trainer *tr)
     const char *fault = getenv("MUSTER_FAULT_NAN_STEP");
     if (fault && atol(fault) > 0)
         tr->fault_nan_step = atol(fault) - 1;
+    /* Test hook: rank 0 logs the state's fingerprint after every step and restore. */
+    tr->fingerprint = getenv("MUSTER_FINGERPRINT") != NULL;
 }
 
 /* Trains from tr's current step with this process's hooks (only rank 0
@@ -521,43 +523,104 @@ static int open_replica_ring(struct trainer *tr, int pos, struct comm **out, cha
 /* Where this generation's state came from, for the log. */
 static const char *const restore_words[] = {"", "peers' memory", "the last committed checkpoint", "the seed"};
 
+/* The state each rank brings into a generation: the trainer (and replicas)
+ * of the generation before, when it survived it. */
+struct held_state {
+    struct trainer *tr;   /* NULL: a new process */
+    struct replica *rep;  /* its replicas, or NULL */
+    int valid;            /* whole at tr->step (not half received) */
+};
+
+/* Memory, the same ranks: survivors keep or go back, holders ship replicas back along the ring. */
+static int restore_in_place(struct trainer *tr, struct replica *rep, const struct replica_plan *plan,
+                            const struct replica_src *src, const int *pos, char *err, size_t errlen)
+{
+    int rc = rep ? replica_restore(rep, plan, src, pos, tr->world) : 0;
+    if (rc)
+        snprintf(err, errlen, "restoring from the peers' replicas: %s", comm_strerror(rc));
+    return rc;
+}
+
+/* Memory, another world or other ranks: every old rank's block, from the rank
+ * that has it, re-sliced into tr's shards by one gather per unit. */
+static int restore_resliced(struct trainer *tr, const struct held_state *held, const struct replica_plan *plan,
+                            const struct replica_src *src, char *err, size_t errlen)
+{
+    const int w0 = plan->old_world, world = tr->world, me = tr->rank;
+    int *count = calloc((size_t)world, sizeof(int)), *from_rank = malloc(sizeof(int) * (size_t)w0);
+    int *from_index = malloc(sizeof(int) * (size_t)w0);
+    const float **mine = calloc((size_t)w0, sizeof(*mine));
+    int rc = count && from_rank && from_index && mine ? 0 : -ENOMEM, ncontrib = 0, nmine = 0;
+    if (rc == 0 && held->tr && held->rep && src[held->tr->rank].rank == me && src[held->tr->rank].kind == SRC_SNAP)
+        zero_revert(&held->tr->zero); /* its own state of plan->step is the snapshot */
+    for (int o = 0; rc == 0 && o < w0; o++) {
+        from_rank[o] = src[o].rank;
+        from_index[o] = count[src[o].rank]++;
+        ncontrib = count[src[o].rank] > ncontrib ? count[src[o].rank] : ncontrib;
+        if (src[o].rank == me)
+            mine[nmine++] = src[o].kind == SRC_HOLDER ? held->rep->slot[src[o].slot] : held->tr->zero.params;
+    }
+    if (rc == 0)
+        rc = zero_reslice(&tr->zero, w0, ncontrib, mine, nmine, from_rank, from_index);
+    if (rc)
+        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: %s", w0, world, comm_strerror(rc));
+    free(count);
+    free(from_rank);
+    free(from_index);
+    free(mine);
+    return rc;
+}
+
 /*
  * Collective, at the start of every generation of a world > 1 (replica.h):
  * the ranks' offers gathered, the replica ring formed, then the state of
- * the latest step every rank has in memory, else the last committed
- * checkpoint, else the seed. *valid: this rank's state is whole at tr->step
- * (it is not while a replica or checkpoint is half received). 0, a comm
- * error (the generation broke), or another error with err set.
+ * the latest step every rank of the generation before has in memory (kept
+ * in place, or re-sliced when the world or the ranks changed), else the last
+ * committed checkpoint, else the seed, into tr. held: what this rank
+ * brings (held->tr may be tr itself). *valid: tr's state is whole at
+ * tr->step (not while a replica or checkpoint is half received); *broke:
+ * the failure was the generation's (a collective failed). 0 or an error
+ * with err set.
  */
-static int restore_state(struct trainer *tr, struct replica *rep, struct gen_comms *gc, int survivor,
-                         const struct rank_assign *as, enum proto_restore *from, int *valid, int *broke,
-                         char *err, size_t errlen)
+static int restore_state(struct trainer *tr, struct replica *rep, const struct held_state *held,
+                         struct gen_comms *gc, const struct rank_assign *as, enum proto_restore *from, int *valid,
+                         int *broke, char *err, size_t errlen)
 {
     const int world = tr->world;
+    const struct trainer *ht = held->tr && held->valid ? held->tr : NULL;
     uint64_t mine[REPLICA_OFFER];
-    replica_offer(rep, survivor, tr->step, as->node_rank, as->local_rank, (uint64_t)tr->spec.seed,
-                  tr->last_checkpoint_step, mine);
+    replica_offer(ht ? held->rep : NULL, ht != NULL, ht ? ht->rank : 0, ht ? ht->world : 0,
+                  ht ? ht->zero.total : 0, ht ? ht->step : 0, as->node_rank, as->local_rank,
+                  (uint64_t)(ht ? ht->spec.seed : tr->spec.seed), ht ? ht->last_checkpoint_step : -1, mine);
     uint64_t *all = malloc(sizeof(mine) * (size_t)world);
     int *pos = malloc(sizeof(int) * (size_t)world);
-    enum replica_source *src = malloc(sizeof(*src) * (size_t)world);
+    struct replica_src *src = malloc(sizeof(*src) * REPLICA_MAX_WORLD);
     struct replica_plan plan;
     int rc = all && pos && src ? 0 : -ENOMEM;
     if (rc == 0 && (rc = zero_gather_u64(&tr->zero, mine, REPLICA_OFFER, all)) != 0) {
         snprintf(err, errlen, "gathering what each rank holds: %s", comm_strerror(rc));
         *broke = 1;
+        goto out;
     }
     if (rc == 0 && tr->rank == 0 && LOG_DEBUG <= log_threshold)
         for (int r = 0; r < world; r++) {
             const uint64_t *o = all + (size_t)r * REPLICA_OFFER;
-            log_debug("offer of rank %d: state %llu step %llu snapshot %lld, holds rank %lld's replicas of steps "
-                      "%lld and %lld", r, (unsigned long long)o[OFFER_HAS_STATE], (unsigned long long)o[OFFER_STEP],
-                      (long long)o[OFFER_SNAP] - 1, (long long)o[OFFER_PARTNER] - 1, (long long)o[OFFER_SLOT0] - 1,
-                      (long long)o[OFFER_SLOT1] - 1);
+            log_debug("offer of rank %d: state %llu (rank %lld of %llu) step %llu snapshot %lld, holds rank %lld's "
+                      "replicas of steps %lld and %lld", r, (unsigned long long)o[OFFER_HAS_STATE],
+                      (long long)o[OFFER_OLD_RANK] - 1, (unsigned long long)o[OFFER_OLD_WORLD],
+                      (unsigned long long)o[OFFER_STEP], (long long)o[OFFER_SNAP] - 1, (long long)o[OFFER_PARTNER] - 1,
+                      (long long)o[OFFER_SLOT0] - 1, (long long)o[OFFER_SLOT1] - 1);
         }
     if (rc == 0)
         rc = replica_positions(all, world, pos);
-    if (rc == 0 && (rc = replica_plan(all, world, pos, &plan, src)) == -EINVAL)
-        snprintf(err, errlen, "the ranks' shard sizes differ: not the same model");
+    if (rc == 0 && (rc = replica_plan(all, world, pos, &plan, src)) == -EINVAL) {
+        if (tr->rank == 0)
+            log_warn("the survivors' states disagree (another model or world size): not restored from memory");
+        memset(&plan, 0, sizeof(plan));
+        plan.step = -1;
+        plan.last_checkpoint = -1;
+        rc = 0;
+    }
     if (rc == 0 && rep) {
         rc = open_replica_ring(tr, pos[tr->rank], &gc->replica, err, errlen);
         if (rc == 0)
@@ -568,28 +631,32 @@ static int restore_state(struct trainer *tr, struct replica *rep, struct gen_com
         snprintf(err, errlen, "out of memory while choosing the state of this generation");
     if (rc)
         goto out;
-    if (plan.step >= 0 && rep) {
-        const int me = tr->rank;
-        *valid = src[me] != SRC_HOLDER;
-        tr->step = plan.step;
-        tr->spec.seed = (int64_t)plan.seed;
-        tr->last_checkpoint_step = plan.last_checkpoint;
-        rc = replica_restore(rep, &plan, src, pos, world);
+    if (plan.step >= 0) {
+        const int in_place = plan.in_place; /* the same on every rank: a function of the offers */
+        *valid = in_place && (src[tr->rank].rank == tr->rank && src[tr->rank].kind != SRC_HOLDER);
+        rc = in_place ? restore_in_place(tr, rep, &plan, src, pos, err, errlen)
+                      : restore_resliced(tr, held, &plan, src, err, errlen);
         if (rc) {
-            snprintf(err, errlen, "restoring from the peers' replicas: %s", comm_strerror(rc));
             *broke = 1;
             goto out;
         }
+        tr->step = plan.step;
+        tr->spec.seed = (int64_t)plan.seed;
+        tr->last_checkpoint_step = plan.last_checkpoint;
+        if (rep && !in_place)
+            replica_forget(rep, -1);
         *valid = 1;
         *from = PROTO_RESTORE_MEMORY;
-        if (me == 0) {
+        if (tr->rank == 0) {
             int back = 0, shipped = 0;
-            for (int r = 0; r < world; r++) {
-                back += src[r] == SRC_SNAP;
-                shipped += src[r] == SRC_HOLDER;
+            for (int o = 0; o < plan.old_world; o++) {
+                back += src[o].kind == SRC_SNAP;
+                shipped += src[o].kind == SRC_HOLDER;
             }
-            log_info("state of step %ld from peers' memory: %d rank(s) kept theirs (%d went back to their "
-                     "snapshot), %d restored from their holders' replicas", plan.step, plan.survivors, back, shipped);
+            log_info("state of step %ld from peers' memory%s: %d rank(s) kept theirs (%d went back to their "
+                     "snapshot), %d restored from their holders' replicas%s", plan.step,
+                     in_place ? "" : ", re-sliced", plan.survivors, back, shipped,
+                     in_place ? "" : (plan.old_world == world ? " (ranks renumbered)" : " for another world size"));
         }
         goto out;
     }
@@ -635,67 +702,107 @@ static int broken(struct trainer *tr, struct replica *rep)
     return zero_failed(&tr->zero) || (rep && replica_failed(rep));
 }
 
+/* A trainer (and its replicas) for this rank's place in a generation. */
+static int new_trainer(const struct job_spec *spec, const struct rank_assign *at, struct comm *comm, long threads,
+                       struct trainer **tr_out, struct replica **rep_out)
+{
+    char err[1024];
+    struct trainer *tr = calloc(1, sizeof(*tr));
+    struct replica *rep = NULL;
+    if (!tr || trainer_init(tr, spec, at->rank, at->world, comm, err, sizeof(err)) != 0) {
+        log_error("%s", tr ? err : "out of memory");
+        free(tr);
+        return -1;
+    }
+    inject_faults(tr);
+    if (spec->replicate_every > 0) {
+        rep = calloc(1, sizeof(*rep));
+        if (!rep || replica_init(rep, &tr->zero, spec->replicate_every, at->rank) != 0) {
+            log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): set "
+                      "replicate_every to 0", 3.0 * 12 * tr->zero.total / 1048576.0);
+            free(rep);
+            trainer_free(tr);
+            free(tr);
+            return -1;
+        }
+        tr->replica = rep;
+    }
+    log_model(tr, threads, 0);
+    *tr_out = tr;
+    *rep_out = rep;
+    return 0;
+}
+
+static void free_trainer(struct trainer *tr, struct replica *rep)
+{
+    if (rep) {
+        replica_free(rep);
+        free(rep);
+    }
+    if (tr) {
+        trainer_free(tr);
+        free(tr);
+    }
+}
+
 /*
  * A rank of a world > 1 (docs/training.md, "Healing in place"): the process
  * lives across generations. When a generation breaks (a peer died, the
  * agent parked it, a newer ASSIGN came), the rank aborts both rings, keeps
  * its trainer (model state, data, threads), waits for the next generation
- * of its slot, forms the rings anew and restores (restore_state). It exits
- * when the job is done, when stopped, and when it fails on its own.
+ * of its slot, forms the rings anew and restores (restore_state); when its
+ * rank or the world size changed it builds the trainer of its new place and
+ * re-slices the state into it. It exits when the job is done, when stopped,
+ * and when it fails on its own.
  */
 static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const struct rank_assign *as,
                     long long sample, long long stop_after, const char *metrics_path, long threads)
 {
-    const int rank = as->rank, world = as->world;
     struct gen_comms gc = {0};
-    struct trainer tr;
-    struct replica rep;
-    int have_tr = 0, have_rep = 0, survivor = 0, status = 1;
-    uint64_t gen = as->generation;
+    struct trainer *tr = NULL;
+    struct replica *rep = NULL;
+    int valid = 0, status = 1;
+    struct rank_assign at = *as;
     char err[2048];
+    at.job = NULL;
     rank_ctl_set_rejoin(ctl);
     for (;;) {
-        int valid = survivor, broke = 1; /* a ring that does not form: the generation broke */
-        int rc = open_comm(ctl, rank, world, &gc.train, err, sizeof(err));
+        int broke = 1; /* a ring that does not form: the generation broke */
+        int rc = open_comm(ctl, at.rank, at.world, &gc.train, err, sizeof(err));
         heal.ring = wall_s();
         if (rc == 0) {
             rank_ctl_on_abort(ctl, abort_comms, &gc);
-            if (!have_tr) {
-                if ((rc = trainer_init(&tr, spec, rank, world, gc.train, err, sizeof(err))) != 0) {
-                    log_error("%s", err);
+            struct held_state held = {tr, rep, valid};
+            struct trainer *ntr = tr;
+            struct replica *nrep = rep;
+            if (!tr || tr->rank != at.rank || tr->world != at.world) {
+                if (new_trainer(spec, &at, gc.train, threads, &ntr, &nrep) != 0)
                     break;
-                }
-                have_tr = 1;
-                inject_faults(&tr);
-                if (spec->replicate_every > 0) {
-                    if (replica_init(&rep, &tr.zero, spec->replicate_every, rank) != 0) {
-                        log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): "
-                                  "set replicate_every to 0", 3.0 * 12 * tr.zero.total / 1048576.0);
-                        break;
-                    }
-                    have_rep = 1;
-                    tr.replica = &rep;
-                }
-                log_model(&tr, threads, 0);
             } else {
-                zero_set_comm(&tr.zero, gc.train);
+                zero_set_comm(&tr->zero, gc.train);
             }
             enum proto_restore from = PROTO_RESTORE_NONE;
             broke = 0;
-            rc = restore_state(&tr, have_rep ? &rep : NULL, &gc, survivor, as, &from, &valid, &broke, err,
-                               sizeof(err));
+            rc = restore_state(ntr, nrep, &held, &gc, &at, &from, &valid, &broke, err, sizeof(err));
+            if (ntr != tr) { /* the new place's trainer takes over, whatever came of it */
+                free_trainer(tr, rep);
+                tr = ntr;
+                rep = nrep;
+            }
             heal.restored = wall_s();
+            if (rc == 0 && tr->fingerprint)
+                trainer_log_fingerprint(tr, "restored at");
             if (rc == 0) {
-                if (rank == 0)
-                    log_info("generation %llu: training from step %ld (state from %s)", (unsigned long long)gen,
-                             tr.step, restore_words[from]);
-                rank_ctl_restored(ctl, from, (uint64_t)tr.step);
-                rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err));
+                if (at.rank == 0)
+                    log_info("generation %llu: training from step %ld (state from %s)",
+                             (unsigned long long)at.generation, tr->step, restore_words[from]);
+                rank_ctl_restored(ctl, from, (uint64_t)tr->step);
+                rc = run_loop(tr, ctl, stop_after, metrics_path, err, sizeof(err));
                 if (rc == 0 && !stop_flag) {
                     status = 0;
                     break;
                 }
-                broke = rc && broken(&tr, have_rep ? &rep : NULL);
+                broke = rc && broken(tr, rep);
             }
             if (!stop_flag && !broke) {
                 log_error("%s", err);
@@ -703,39 +810,36 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
             }
         }
         if (stop_flag) {
-            if (have_tr)
-                log_info("stopped at step %ld", tr.step);
+            if (tr)
+                log_info("stopped at step %ld", tr->step);
             break;
         }
         /* The generation broke: keep the state, drop the rings, wait for the next one. */
         heal.seen = wall_s();
-        log_warn("generation %llu broke at step %ld: %s; waiting for the next generation", (unsigned long long)gen,
-                 have_tr ? tr.step : 0L, err);
+        log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
+                 (unsigned long long)at.generation, tr ? tr->step : 0L, err);
         rank_ctl_on_abort(ctl, NULL, NULL);
         comm_abort(gc.train);
         comm_abort(gc.replica);
-        if (have_rep)
-            replica_detach(&rep);
-        if (have_tr)
-            zero_set_comm(&tr.zero, NULL);
+        if (rep)
+            replica_detach(rep);
+        if (tr)
+            zero_set_comm(&tr->zero, NULL);
         comm_destroy(gc.train);
         comm_destroy(gc.replica);
         gc = (struct gen_comms){0};
-        survivor = have_tr && valid;
-        if (rank_ctl_next_generation(ctl, &gen) != 0)
+        valid = tr && valid;
+        if (rank_ctl_next_generation(ctl, &at) != 0)
             break; /* stopped while waiting */
         heal.generation = wall_s();
         heal.pending = 1;
-        log_info("generation %llu: rejoining in place%s", (unsigned long long)gen,
-                 survivor ? "" : " (this rank's state was not whole: it is restored like a new rank's)");
+        log_info("generation %llu: rejoining in place as rank %d of %d%s", (unsigned long long)at.generation, at.rank,
+                 at.world, valid ? "" : " (this rank's state was not whole: it is restored like a new rank's)");
     }
     rank_ctl_on_abort(ctl, NULL, NULL);
     if (status == 0)
-        maybe_sample(&tr, sample);
-    if (have_rep)
-        replica_free(&rep);
-    if (have_tr)
-        trainer_free(&tr);
+        maybe_sample(tr, sample);
+    free_trainer(tr, rep);
     comm_destroy(gc.train);
     comm_destroy(gc.replica);
     return status;

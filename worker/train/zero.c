@@ -371,6 +371,49 @@ static int raw_gather(struct zero *z, const void *send, void *recv, size_t float
                                                     .buf = recv, .count = floats}));
 }
 
+int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const *mine, int nmine,
+                 const int *from_rank, const int *from_index)
+{
+    const struct gpt_layout *lay = &z->g->layout;
+    size_t old_total = 0, old_off[GPT_MAX_UNITS], old_shard[GPT_MAX_UNITS], big = 0;
+    for (int u = 0; u < lay->nunits; u++) {
+        old_shard[u] = (lay->numel[u] + (size_t)old_world - 1) / (size_t)old_world;
+        old_off[u] = old_total;
+        old_total += old_shard[u];
+        big = old_shard[u] > big ? old_shard[u] : big;
+    }
+    const size_t per = (size_t)ncontrib * 3 * big; /* one rank's contribution, at most */
+    float *send = calloc(per, sizeof(float));
+    float *all = calloc(per * (size_t)z->world, sizeof(float));
+    int rc = send && all ? 0 : -ENOMEM;
+    float *dst[3] = {z->params, z->m, z->v};
+    for (int u = 0; u < lay->nunits && rc == 0; u++) {
+        const size_t S = old_shard[u], n = (size_t)ncontrib * 3 * S;
+        memset(send, 0, n * sizeof(float));
+        for (int c = 0; c < nmine; c++)
+            for (int k = 0; k < 3; k++)
+                memcpy(send + ((size_t)c * 3 + (size_t)k) * S, mine[c] + (size_t)k * old_total + old_off[u],
+                       S * sizeof(float));
+        if (z->comm)
+            rc = raw_gather(z, send, all, n);
+        else
+            memcpy(all, send, n * sizeof(float));
+        if (rc)
+            break;
+        size_t lo, cnt;
+        zero_owned(z, u, &lo, &cnt);
+        for (size_t i = 0; i < cnt; i++) {
+            size_t g = lo + i, o = g / S, w = g % S;
+            size_t base = ((size_t)from_rank[o] * (size_t)ncontrib + (size_t)from_index[o]) * 3 * S;
+            for (int k = 0; k < 3; k++)
+                dst[k][z->off[u] + i] = all[base + (size_t)k * S + w];
+        }
+    }
+    free(send);
+    free(all);
+    return rc;
+}
+
 int zero_sum(struct zero *z, double *x)
 {
     if (!z->comm)
@@ -396,6 +439,44 @@ int zero_gather_u64(struct zero *z, const uint64_t *mine, size_t n, uint64_t *al
         return 0;
     }
     return raw_gather(z, mine, all, n * (sizeof(uint64_t) / sizeof(float)));
+}
+
+/* A 64-bit mix of a global index (splitmix64's finaliser). */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int zero_fingerprint(struct zero *z, uint64_t *out)
+{
+    const struct gpt_layout *lay = &z->g->layout;
+    const float *src[3] = {z->params, z->m, z->v};
+    uint64_t mine = 0;
+    for (int u = 0; u < lay->nunits; u++) {
+        size_t lo, n;
+        zero_owned(z, u, &lo, &n);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t g = (uint64_t)(lay->offset[u] + lo + i);
+            for (int k = 0; k < 3; k++) {
+                uint32_t bits;
+                memcpy(&bits, &src[k][z->off[u] + i], sizeof(bits));
+                mine += mix64(3 * g + (uint64_t)k) * ((uint64_t)bits + 1);
+            }
+        }
+    }
+    uint64_t *all = calloc((size_t)z->world, sizeof(uint64_t));
+    if (!all)
+        return -ENOMEM;
+    int rc = zero_gather_u64(z, &mine, 1, all);
+    uint64_t sum = 0;
+    for (int r = 0; rc == 0 && r < z->world; r++)
+        sum += all[r];
+    free(all);
+    *out = sum;
+    return rc;
 }
 
 double zero_take_wait(struct zero *z)

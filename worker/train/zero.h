@@ -130,10 +130,29 @@ int zero_keep_previous(struct zero *z);
 /* The state kept by the last kept update becomes the current one again. */
 void zero_revert(struct zero *z);
 
+/*
+ * Collective: z's shards get the weights and both moments of the same model
+ * as it was sharded over old_world ranks (the job grew or shrank). Each rank
+ * contributes nmine <= ncontrib blocks (mine[c]: weights, m, v back to back,
+ * 3 x the old layout's total floats, as struct zero holds them); old rank o
+ * is the block from_index[o] of new rank from_rank[o] (the same tables on
+ * every rank; ncontrib the same everywhere). An exact copy: no arithmetic.
+ * Transient: world x ncontrib x 3 x the largest old unit shard. 0, a comm
+ * error or -ENOMEM.
+ */
+int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const *mine, int nmine,
+                 const int *from_rank, const int *from_index);
+
 /* x summed over ranks in rank order (the same double on every rank). */
 int zero_sum(struct zero *z, double *x);
 /* all[r * n + i] = rank r's mine[i]; a barrier as well. */
 int zero_gather_u64(struct zero *z, const uint64_t *mine, size_t n, uint64_t *all);
+
+/* Collective: a 64-bit fingerprint of the whole model state (weights and
+ * both moments, bit for bit, with their places in the model), the same for
+ * the same state at any world size: a sum over every float of a hash of its
+ * global index times its bits. For tests of re-slicing. */
+int zero_fingerprint(struct zero *z, uint64_t *out);
 
 /* Seconds the training thread waited for collectives since the last call. */
 double zero_take_wait(struct zero *z);
