@@ -22,6 +22,13 @@ fail() {
     exit 1
 }
 
+# need_data: DATA, the training text as an absolute path (MUSTER_DATA or the shared corpus), or fail.
+need_data() {
+    DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
+    [ -r "$DATA" ] || fail "no training text at $DATA (set MUSTER_DATA)"
+    DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

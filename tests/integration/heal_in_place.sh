@@ -13,9 +13,7 @@
 set -eu
 . tests/itest-lib.sh
 
-DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
-[ -r "$DATA" ] || fail "no training text at $DATA (set MUSTER_DATA)"
-DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
+need_data
 make_token "$ITEST_DIR/token"
 STEPS=80
 

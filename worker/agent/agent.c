@@ -382,6 +382,18 @@ static bool kept(const struct agent *a, uint32_t i)
     return r && r->running && !r->stopping && r->generation == a->assign.generation;
 }
 
+/* A rank's ASSIGN, then its generation's unique id when it came already. */
+static void hand_assignment(struct agent *a, struct agent_rank *r, const struct proto_msg *assign_msg)
+{
+    rank_send(r, assign_msg);
+    if (a->have_uid && a->uid.generation == assign_msg->u.assign.generation) {
+        struct proto_msg u;
+        msg_init(&u, PROTO_UNIQUE_ID);
+        u.u.unique_id = a->uid;
+        rank_send(r, &u);
+    }
+}
+
 /* Spawns one rank per slot of the held assignment that has none (a rank that
  * rejoined in place keeps its slot); no other rank may be running. */
 static void spawn_all(struct agent *a)
@@ -456,13 +468,7 @@ static void spawn_all(struct agent *a)
         log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
                  slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
                  as->generation);
-        rank_send(r, &assign_msg);
-        if (a->have_uid && a->uid.generation == as->generation) {
-            struct proto_msg u;
-            msg_init(&u, PROTO_UNIQUE_ID);
-            u.u.unique_id = a->uid;
-            rank_send(r, &u);
-        }
+        hand_assignment(a, r, &assign_msg);
     }
     if (own_argv)
         cmdline_free(argv);
@@ -872,17 +878,15 @@ static uint32_t rejoin_ranks(struct agent *a)
         r->generation = as->generation;
         r->rank = as->ranks[i].rank;
         r->beat.rank = r->rank;
+        /* Until the rank's own heartbeat of this generation: nothing restored yet (its last
+         * report was of the generation before, and the daemon takes rank 0's as this one's). */
+        r->beat.restore_from = PROTO_RESTORE_NONE;
+        r->beat.restore_step = 0;
         char dir[PATH_MAX];
         rank_dir(a, as->generation, r->rank, dir, sizeof(dir));
         rank_log_close(&r->log);
         rank_log_open(&r->log, dir, r->rank, a->cfg->log_max_bytes);
-        rank_send(r, &assign_msg);
-        if (a->have_uid && a->uid.generation == as->generation) {
-            struct proto_msg u;
-            msg_init(&u, PROTO_UNIQUE_ID);
-            u.u.unique_id = a->uid;
-            rank_send(r, &u);
-        }
+        hand_assignment(a, r, &assign_msg);
         log_info("rank %u (pid %d) rejoins in place for generation %" PRIu64, r->rank, r->pid, as->generation);
         n++;
     }
