@@ -178,24 +178,31 @@ static enum MHD_Result reply_bad_query(struct MHD_Connection *c, const char *det
 
 /* ---- read endpoints ----------------------------------------------------- */
 
-/* A whole document of the current view, taking no query. */
-static enum MHD_Result get_doc(struct http_server *srv, struct MHD_Connection *c, const char *path,
-                               enum snap_doc which)
+/* The current view for a request whose query w accepts; NULL after answering
+ * (400 for the query, 503 before the first publish) with *ret. */
+static struct snap_view *view_for(struct http_server *srv, struct MHD_Connection *c, struct query_walk *w,
+                                  enum MHD_Result *ret)
 {
-    struct query_walk w = {no_param, (void *)path, ""};
-    if (walk_query(c, &w) != 0)
-        return reply_bad_query(c, w.err);
+    if (walk_query(c, w) != 0) {
+        *ret = reply_bad_query(c, w->err);
+        return NULL;
+    }
     struct snap_view *v = snapshot_acquire(srv->snap);
     if (!v)
-        return reply_starting(c);
-    size_t len = 0;
-    const char *text = restdoc_get(v, which, &len);
-    return reply_view(c, v, text, len, which == SNAP_DOC_METRICS || which == SNAP_DOC_METRICS_RANKS ? CT_METRICS : CT_JSON);
+        *ret = reply_starting(c);
+    return v;
 }
 
 static enum MHD_Result get_status(struct http_server *srv, struct MHD_Connection *c)
 {
-    return get_doc(srv, c, "/v1/status", SNAP_DOC_STATUS);
+    struct query_walk w = {no_param, "/v1/status", ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    size_t len = 0;
+    const char *text = restdoc_get(v, SNAP_DOC_STATUS, &len);
+    return reply_view(c, v, text, len, CT_JSON);
 }
 
 /* Events and history: JSON text the loop rendered into the view. */
@@ -203,11 +210,10 @@ static enum MHD_Result get_loop_doc(struct http_server *srv, struct MHD_Connecti
                                     int history)
 {
     struct query_walk w = {no_param, (void *)path, ""};
-    if (walk_query(c, &w) != 0)
-        return reply_bad_query(c, w.err);
-    struct snap_view *v = snapshot_acquire(srv->snap);
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
     if (!v)
-        return reply_starting(c);
+        return ret;
     const char *text = history ? v->history : v->events;
     if (!text) {
         snap_view_unref(v);
@@ -243,11 +249,10 @@ static enum MHD_Result get_list(struct http_server *srv, struct MHD_Connection *
 {
     struct list_params lp = {.list = list};
     struct query_walk w = {list_param, &lp, ""};
-    if (walk_query(c, &w) != 0)
-        return reply_bad_query(c, w.err);
-    struct snap_view *v = snapshot_acquire(srv->snap);
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
     if (!v)
-        return reply_starting(c);
+        return ret;
     size_t len = 0;
     if (!lp.q.any) {
         const char *text = restdoc_get(v, list == RESTDOC_RANKS ? SNAP_DOC_RANKS : SNAP_DOC_NODES, &len);
@@ -287,11 +292,10 @@ static enum MHD_Result get_metrics(struct http_server *srv, struct MHD_Connectio
 {
     int ranks = 0;
     struct query_walk w = {metrics_param, &ranks, ""};
-    if (walk_query(c, &w) != 0)
-        return reply_bad_query(c, w.err);
-    struct snap_view *v = snapshot_acquire(srv->snap);
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
     if (!v)
-        return reply_starting(c);
+        return ret;
     size_t len = 0;
     const char *text = restdoc_get(v, ranks ? SNAP_DOC_METRICS_RANKS : SNAP_DOC_METRICS, &len);
     return reply_view(c, v, text, len, CT_METRICS);

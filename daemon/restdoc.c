@@ -123,6 +123,19 @@ static void sb_age(struct sbuf *b, int64_t ms)
         sb_printf(b, "%lld", (long long)ms);
 }
 
+/* ,"key":number and ,"key":age (milliseconds, null when negative) */
+static void field_num(struct sbuf *b, const char *key, double v)
+{
+    sb_printf(b, ",\"%s\":", key);
+    sb_num(b, v);
+}
+
+static void field_age(struct sbuf *b, const char *key, int64_t ms)
+{
+    sb_printf(b, ",\"%s\":", key);
+    sb_age(b, ms);
+}
+
 /* ---- records ---------------------------------------------------------------- */
 
 static void rank_json(struct sbuf *b, const struct snap_view *v, const struct snap_rank *rk)
@@ -136,14 +149,10 @@ static void rank_json(struct sbuf *b, const struct snap_view *v, const struct sn
         sb_put(b, "null", 4);
     else
         sb_printf(b, "%llu", (unsigned long long)rk->step);
-    sb_put(b, ",\"loss\":", 8);
-    sb_num(b, rk->loss);
-    sb_put(b, ",\"tokens_per_s\":", 16);
-    sb_num(b, rk->tokens_per_s);
-    sb_put(b, ",\"comm_frac\":", 13);
-    sb_num(b, rk->comm_frac);
-    sb_put(b, ",\"heartbeat_age_ms\":", 20);
-    sb_age(b, rk->heartbeat_age_ms);
+    field_num(b, "loss", rk->loss);
+    field_num(b, "tokens_per_s", rk->tokens_per_s);
+    field_num(b, "comm_frac", rk->comm_frac);
+    field_age(b, "heartbeat_age_ms", rk->heartbeat_age_ms);
     sb_printf(b, ",\"stale\":%s,\"silent\":%s,\"error\":", rk->stale ? "true" : "false",
               rk->silent ? "true" : "false");
     if (rk->failed)
@@ -163,8 +172,8 @@ static void node_json(struct sbuf *b, const struct snap_node *nd)
     sb_printf(b, ",\"devices\":%u,\"kind\":\"%s\",\"ranks\":[", nd->ndevices, nd->gpu ? "gpu" : "cpu");
     for (uint32_t i = 0; i < nd->nranks; i++)
         sb_printf(b, "%s%u", i ? "," : "", nd->first_rank + i);
-    sb_put(b, "],\"heartbeat_age_ms\":", 21);
-    sb_age(b, nd->heartbeat_age_ms);
+    sb_put(b, "]", 1);
+    field_age(b, "heartbeat_age_ms", nd->heartbeat_age_ms);
     sb_put(b, ",\"rank_states\":{", 16);
     int first = 1;
     for (int s = 0; s < SNAP_RANK_NSTATES; s++) {
@@ -178,14 +187,10 @@ static void node_json(struct sbuf *b, const struct snap_node *nd)
         sb_printf(b, "%llu,\"step_max\":%llu", (unsigned long long)nd->step_min, (unsigned long long)nd->step_max);
     else
         sb_put(b, "null,\"step_max\":null", 20);
-    sb_put(b, ",\"loss\":", 8);
-    sb_num(b, nd->loss);
-    sb_put(b, ",\"tokens_per_s\":", 16);
-    sb_num(b, nd->tokens_per_s);
-    sb_put(b, ",\"comm_frac\":", 13);
-    sb_num(b, nd->comm_frac);
-    sb_put(b, ",\"rank_heartbeat_age_max_ms\":", 29);
-    sb_age(b, nd->rank_heartbeat_age_max);
+    field_num(b, "loss", nd->loss);
+    field_num(b, "tokens_per_s", nd->tokens_per_s);
+    field_num(b, "comm_frac", nd->comm_frac);
+    field_age(b, "rank_heartbeat_age_max_ms", nd->rank_heartbeat_age_max);
     sb_put(b, "}", 1);
 }
 

@@ -583,37 +583,52 @@ START_TEST(test_list_bad_queries)
 }
 END_TEST
 
+static void assert_has_lines(const char *text, const char *const *lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_has_line(text, lines[i]);
+}
+
 START_TEST(test_metrics)
 {
+    static const char *const job_and_nodes[] = {
+        "# TYPE muster_generation gauge",
+        "muster_generation 3",
+        "muster_world_size 4",
+        "# TYPE muster_restarts_total counter",
+        "muster_restarts_total 1",
+        "muster_step 120",
+        "muster_loss 2.5",
+        "muster_tokens_per_second 1000.5",
+        "muster_comm_fraction 0.25",
+        "muster_job_state{state=\"running\"} 1",
+        "muster_job_state{state=\"waiting\"} 0",
+        "muster_job_state{state=\"failed\"} 0",
+        "muster_nodes{state=\"joined\"} 1",
+        "muster_nodes{state=\"lost\"} 1",
+        "muster_nodes{state=\"left\"} 0",
+        "muster_ranks{state=\"running\"} 2",
+        "muster_ranks{state=\"exited\"} 2",
+        "muster_nodes_health{health=\"lost\"} 1",
+        "muster_node_up{node=\"a\"} 1",
+        "muster_node_up{node=\"b\"} 0",
+        "muster_node_healthy{node=\"b\"} 0",
+        "muster_node_step{node=\"a\"} 120",
+        "muster_node_tokens_per_second{node=\"a\"} 1000.5",
+        "muster_node_heartbeat_age_seconds{node=\"a\"} 0.25",
+        "muster_node_ranks_running{node=\"b\"} 0",
+    };
+    static const char *const per_rank[] = {
+        "muster_rank_step{rank=\"0\",node=\"a\"} 120",
+        "muster_rank_loss{rank=\"0\",node=\"a\"} 2.5",
+        "muster_rank_heartbeat_age_seconds{rank=\"0\",node=\"a\"} 1.5",
+        "muster_rank_step{rank=\"3\",node=\"b\"} 100",
+    };
     publish_all();
     struct resp *r = get("/metrics");
     ck_assert_int_eq(r->status, 200);
     assert_header(r, "Content-Type: text/plain; version=0.0.4");
-    assert_has_line(r->body, "# TYPE muster_generation gauge");
-    assert_has_line(r->body, "muster_generation 3");
-    assert_has_line(r->body, "muster_world_size 4");
-    assert_has_line(r->body, "# TYPE muster_restarts_total counter");
-    assert_has_line(r->body, "muster_restarts_total 1");
-    assert_has_line(r->body, "muster_step 120");
-    assert_has_line(r->body, "muster_loss 2.5");
-    assert_has_line(r->body, "muster_tokens_per_second 1000.5");
-    assert_has_line(r->body, "muster_comm_fraction 0.25");
-    assert_has_line(r->body, "muster_job_state{state=\"running\"} 1");
-    assert_has_line(r->body, "muster_job_state{state=\"waiting\"} 0");
-    assert_has_line(r->body, "muster_job_state{state=\"failed\"} 0");
-    assert_has_line(r->body, "muster_nodes{state=\"joined\"} 1");
-    assert_has_line(r->body, "muster_nodes{state=\"lost\"} 1");
-    assert_has_line(r->body, "muster_nodes{state=\"left\"} 0");
-    assert_has_line(r->body, "muster_ranks{state=\"running\"} 2");
-    assert_has_line(r->body, "muster_ranks{state=\"exited\"} 2");
-    assert_has_line(r->body, "muster_nodes_health{health=\"lost\"} 1");
-    assert_has_line(r->body, "muster_node_up{node=\"a\"} 1");
-    assert_has_line(r->body, "muster_node_up{node=\"b\"} 0");
-    assert_has_line(r->body, "muster_node_healthy{node=\"b\"} 0");
-    assert_has_line(r->body, "muster_node_step{node=\"a\"} 120");
-    assert_has_line(r->body, "muster_node_tokens_per_second{node=\"a\"} 1000.5");
-    assert_has_line(r->body, "muster_node_heartbeat_age_seconds{node=\"a\"} 0.25");
-    assert_has_line(r->body, "muster_node_ranks_running{node=\"b\"} 0");
+    assert_has_lines(r->body, job_and_nodes, sizeof(job_and_nodes) / sizeof(job_and_nodes[0]));
     /* null values leave their sample out; no per-rank series unless asked */
     ck_assert_ptr_null(strstr(r->body, "muster_node_heartbeat_age_seconds{node=\"b\""));
     ck_assert_ptr_null(strstr(r->body, "muster_rank_"));
@@ -625,12 +640,8 @@ START_TEST(test_metrics)
 
     r = get("/metrics?ranks=1");
     ck_assert_int_eq(r->status, 200);
-    assert_has_line(r->body, "muster_generation 3");
-    assert_has_line(r->body, "muster_node_up{node=\"a\"} 1");
-    assert_has_line(r->body, "muster_rank_step{rank=\"0\",node=\"a\"} 120");
-    assert_has_line(r->body, "muster_rank_loss{rank=\"0\",node=\"a\"} 2.5");
-    assert_has_line(r->body, "muster_rank_heartbeat_age_seconds{rank=\"0\",node=\"a\"} 1.5");
-    assert_has_line(r->body, "muster_rank_step{rank=\"3\",node=\"b\"} 100");
+    assert_has_lines(r->body, job_and_nodes, sizeof(job_and_nodes) / sizeof(job_and_nodes[0]));
+    assert_has_lines(r->body, per_rank, sizeof(per_rank) / sizeof(per_rank[0]));
     ck_assert_ptr_null(strstr(r->body, "muster_rank_loss{rank=\"1\""));
     ck_assert_ptr_null(strstr(r->body, "muster_rank_heartbeat_age_seconds{rank=\"1\""));
     ck_assert_ptr_null(strstr(get("/metrics?ranks=0")->body, "muster_rank_"));
