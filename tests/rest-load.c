@@ -7,8 +7,10 @@
  * slow server cannot hide its stalls by slowing the generator down.
  *
  * Prints one "key=value" line each: requests, errors (non-2xx or a broken
- * connection), p50_ms, p99_ms, max_ms, bytes (of the last answer), rate
- * (requests answered per second). Exit 0, or 1 when some request failed,
+ * connection), p50_ms, p99_ms, max_ms (from when each request was due),
+ * sent_p99_ms (from when it was actually sent: what is left when the
+ * generator itself ran late), bytes (of the last answer), rate (requests
+ * answered per second). Exit 0, or 1 when some request failed,
  * 2 on a usage error.
  *
  * Several --path options are taken in turn (e.g. pages of /v1/ranks).
@@ -34,6 +36,7 @@ struct conn {
     int fd;
     int busy;
     double due;       /* when the request in flight was due */
+    double sent;      /* when it was sent */
     char *buf;        /* the answer so far */
     size_t len, cap;
 };
@@ -135,8 +138,8 @@ int main(int argc, char **argv)
     static struct conn conns[MAX_CONNS];
     static struct pollfd pfd[MAX_CONNS];
     size_t total = (size_t)(rate * seconds);
-    double *lat = calloc(total, sizeof(double));
-    if (!lat)
+    double *lat = calloc(total, sizeof(double)), *slat = calloc(total, sizeof(double));
+    if (!lat || !slat)
         return 1;
     for (int i = 0; i < nconns; i++) {
         conns[i].fd = dial();
@@ -176,6 +179,7 @@ int main(int argc, char **argv)
             }
             c->busy = 1;
             c->len = 0;
+            c->sent = now_s();
         }
         for (int i = 0; i < nconns; i++) {
             pfd[i].fd = conns[i].busy ? conns[i].fd : -1;
@@ -217,16 +221,18 @@ int main(int argc, char **argv)
                 c->fd = -1;
                 continue;
             }
+            slat[done] = (now_s() - c->sent) * 1000.0;
             lat[done++] = (now_s() - c->due) * 1000.0;
             last_bytes = body;
         }
     }
     double elapsed = now_s() - start;
     qsort(lat, done, sizeof(double), cmp_double);
+    qsort(slat, done, sizeof(double), cmp_double);
     printf("requests=%zu\nerrors=%zu\n", done, errors + (total - done - errors));
     if (done) {
-        printf("p50_ms=%.3f\np99_ms=%.3f\nmax_ms=%.3f\n", lat[done / 2], lat[(size_t)((double)done * 0.99)],
-               lat[done - 1]);
+        printf("p50_ms=%.3f\np99_ms=%.3f\nmax_ms=%.3f\nsent_p99_ms=%.3f\n", lat[done / 2],
+               lat[(size_t)((double)done * 0.99)], lat[done - 1], slat[(size_t)((double)done * 0.99)]);
         printf("bytes=%zu\nrate=%.0f\n", last_bytes, (double)done / elapsed);
     }
     for (int i = 0; i < nconns; i++) {
@@ -235,5 +241,6 @@ int main(int argc, char **argv)
         free(conns[i].buf);
     }
     free(lat);
+    free(slat);
     return done == total ? 0 : 1;
 }
