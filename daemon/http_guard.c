@@ -73,7 +73,7 @@ static struct guard_conn *oldest_receiving(struct http_guard *g, uint32_t addr, 
 {
     struct guard_conn *best = NULL;
     for (struct guard_conn *c = g->head; c; c = c->next)
-        if (c != not && c->receiving && !c->closing && (!addr || c->addr == addr) &&
+        if (c != not && c->fd >= 0 && c->receiving && !c->closing && (!addr || c->addr == addr) &&
             (!best || c->since_ms <= best->since_ms))
             best = c;
     return best;

@@ -119,13 +119,12 @@ static void node_rollup(struct snap_view *v, struct snap_node *nd)
         nd->health = SNAP_HEALTH_OK;
 }
 
-/* qsort has no context argument: the view being ordered (loop thread only). */
-static const struct snap_view *ordering;
-
-static int by_health(const void *a, const void *b)
+/* qsort_r order of node indices: health, worst first, then name */
+static int by_health(const void *a, const void *b, void *ctx)
 {
-    const struct snap_node *na = &ordering->nodes[*(const uint32_t *)a];
-    const struct snap_node *nb = &ordering->nodes[*(const uint32_t *)b];
+    const struct snap_view *v = ctx;
+    const struct snap_node *na = &v->nodes[*(const uint32_t *)a];
+    const struct snap_node *nb = &v->nodes[*(const uint32_t *)b];
     if (na->health != nb->health)
         return na->health < nb->health ? -1 : 1;
     return strcmp(na->name, nb->name);
@@ -155,9 +154,7 @@ void view_derive(struct snap_view *v)
         v->nodes_health[nd->health]++;
         v->node_order[i] = i;
     }
-    ordering = v;
-    qsort(v->node_order, v->nnodes, sizeof(v->node_order[0]), by_health);
-    ordering = NULL;
+    qsort_r(v->node_order, v->nnodes, sizeof(v->node_order[0]), by_health, v);
 }
 
 struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events, char *history)
