@@ -11,12 +11,13 @@
 #   /v1/nodes?order=health&limit=100  the dashboard's tiles, 100 req/s
 #   /v1/ranks, /metrics         whole documents (rendered once per version), 10 req/s
 # and musterd's CPU (% of one core) while /v1/status is under load.
-# MUSTERD=path measures another build.
+# MUSTERD=path measures another build; TIMEOUT_S (default 120) bounds the formation.
 set -eu
 AGENTS=${AGENTS:-4096}
 RANKS=${RANKS:-8}
 RATE=${RATE:-1000}
 SECONDS_=${SECONDS_:-10}
+TIMEOUT_S=${TIMEOUT_S:-120}
 . tests/itest-lib.sh
 MUSTERD=${MUSTERD:-$BUILD/musterd}
 SIM=$BUILD/tests/sim-agents
@@ -34,10 +35,10 @@ DAEMON_PID=$!
 ITEST_PIDS="$ITEST_PIDS $DAEMON_PID"
 wait_for 10 'True' || fail "musterd did not serve /v1/status"
 "$SIM" --daemon "127.0.0.1:$CTL" --http "$HTTP" --token-file "$ITEST_DIR/token" --agents "$AGENTS" \
-    --ranks "$RANKS" --steady-s 600 --timeout-s 60 > "$ITEST_DIR/sim.out" 2> "$ITEST_DIR/sim.log" &
+    --ranks "$RANKS" --steady-s 600 --timeout-s "$TIMEOUT_S" > "$ITEST_DIR/sim.out" 2> "$ITEST_DIR/sim.log" &
 SIM_PID=$!
 ITEST_PIDS="$ITEST_PIDS $SIM_PID"
-i=0; while ! grep -q '^form_ms=' "$ITEST_DIR/sim.out" && [ $i -lt 700 ]; do sleep 0.1; i=$((i + 1)); done
+i=0; while ! grep -q "^form_ms=" "$ITEST_DIR/sim.out" && [ $i -lt $((TIMEOUT_S * 10 + 100)) ]; do sleep 0.1; i=$((i + 1)); done
 grep -q '^form_ms=[0-9]' "$ITEST_DIR/sim.out" || fail "the job did not form: $(cat "$ITEST_DIR/sim.out")"
 sleep 3 # the formation's bursts settle; heartbeats at 1 Hz from here on
 
