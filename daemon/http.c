@@ -792,6 +792,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
         .max_conns = cfg->max_conns ? cfg->max_conns : HTTP_CONNECTION_LIMIT,
         .max_per_addr = cfg->max_per_addr ? cfg->max_per_addr : HTTP_ADDR_LIMIT,
         .request_ms = cfg->request_ms ? cfg->request_ms : HTTP_REQUEST_MS,
+        .slow_answer_ms = cfg->slow_answer_ms ? cfg->slow_answer_ms : HTTP_SLOW_ANSWER_MS,
     };
     int grc = http_guard_start(&srv->guard, &lim);
     if (grc != 0) {

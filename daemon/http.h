@@ -62,6 +62,7 @@ typedef void (*http_log_fn)(void *ctx, struct logfetch_req *req);
 #define HTTP_CONNECTION_LIMIT 512 /* REST connections in all (musterd keeps open files for them) */
 #define HTTP_ADDR_LIMIT 64        /* from one client address */
 #define HTTP_REQUEST_MS 5000      /* headers and body of a request arrive within this */
+#define HTTP_SLOW_ANSWER_MS 10000 /* an answer sent longer may be evicted for a new connection */
 
 struct http_config {
     const char *addr;        /* IPv4 address to bind, e.g. "127.0.0.1" */
@@ -73,6 +74,7 @@ struct http_config {
     unsigned max_conns;      /* 0 = HTTP_CONNECTION_LIMIT */
     unsigned max_per_addr;   /* 0 = HTTP_ADDR_LIMIT */
     unsigned request_ms;     /* 0 = HTTP_REQUEST_MS */
+    unsigned slow_answer_ms; /* 0 = HTTP_SLOW_ANSWER_MS */
 };
 
 struct http_server;

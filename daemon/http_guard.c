@@ -21,7 +21,8 @@ struct guard_conn {
     struct http_guard *g;
     int fd;
     uint32_t addr;     /* IPv4, network order; 0 when unknown */
-    uint64_t since_ms; /* when the request now awaited began to be awaited */
+    uint64_t since_ms; /* receiving: when the request began to be awaited;
+                        * else when its answer began */
     int receiving;     /* a request is awaited: the deadline runs */
     int closing;       /* shut down by the guard, not yet closed by libmicrohttpd */
 };
@@ -79,6 +80,19 @@ static struct guard_conn *oldest_receiving(struct http_guard *g, uint32_t addr, 
     return best;
 }
 
+/* The connection from addr (0 = any), other than not, whose answer has been
+ * going out longest, if for over slow_answer_ms: a reader too slow for it. */
+static struct guard_conn *slowest_answer(struct http_guard *g, uint32_t addr, const struct guard_conn *not)
+{
+    struct guard_conn *best = NULL;
+    uint64_t now = mono_ms();
+    for (struct guard_conn *c = g->head; c; c = c->next)
+        if (c != not && c->fd >= 0 && !c->receiving && !c->closing && (!addr || c->addr == addr) &&
+            now - c->since_ms > g->lim.slow_answer_ms && (!best || c->since_ms <= best->since_ms))
+            best = c;
+    return best;
+}
+
 /* Called with the lock held, c just linked: evict or refuse over a limit. */
 static void admit(struct http_guard *g, struct guard_conn *c)
 {
@@ -108,6 +122,16 @@ static void admit(struct http_guard *g, struct guard_conn *c)
         g->stats.evicted++;
         log_info_limited("http: %s over the limit of %u connections%s: closed the slowest request, from %s", who,
                          scope ? g->lim.max_per_addr : g->lim.max_conns, scope ? " per address" : "", vwho);
+        return;
+    }
+    victim = slowest_answer(g, scope, c);
+    if (victim) {
+        /* mid-answer: nothing more may be written, the stream just ends */
+        shutdown(victim->fd, SHUT_RDWR);
+        victim->closing = 1;
+        g->stats.evicted++;
+        log_info_limited("http: %s over the limit of %u connections%s: closed the slowest reader", who,
+                         scope ? g->lim.max_per_addr : g->lim.max_conns, scope ? " per address" : "");
         return;
     }
     shut(c, 503, "too many connections", "every REST connection is busy answering a request: try again");
@@ -183,6 +207,8 @@ void http_guard_received(struct MHD_Connection *mc)
     if (!c)
         return;
     pthread_mutex_lock(&c->g->lock);
+    if (c->receiving)
+        c->since_ms = mono_ms();
     c->receiving = 0;
     pthread_mutex_unlock(&c->g->lock);
 }

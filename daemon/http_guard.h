@@ -12,10 +12,12 @@
  *   - a per-address limit and a total limit, enforced by eviction: a new
  *     connection over either limit closes the oldest connection that is
  *     still sending its request (from the same address for the per-address
- *     limit, from any address for the total), with a 408. Only when every
- *     connection concerned is busy being answered is the new one refused,
- *     with a 503. So slow clients crowd out slow clients, never a quick
- *     request for /v1/status or an admin action.
+ *     limit, from any address for the total), with a 408; failing that, the
+ *     oldest whose answer has been going out for over slow_answer_ms (a
+ *     reader too slow to drain it). Only when every connection concerned is
+ *     busy with a recent answer is the new one refused, with a 503. So slow
+ *     clients crowd out slow clients, never a quick request for /v1/status
+ *     or an admin action.
  *
  * A connection is closed with shutdown(2) on its socket; libmicrohttpd then
  * sees the end of the stream and closes it the usual way. The table is
@@ -31,6 +33,7 @@ struct http_guard_limits {
     unsigned max_conns;    /* REST connections in all */
     unsigned max_per_addr; /* from one client address */
     unsigned request_ms;   /* a request's headers and body arrive within this */
+    unsigned slow_answer_ms; /* an answer still being sent after this may be evicted */
 };
 
 struct http_guard_stats {

@@ -190,14 +190,15 @@ static void fake_log(void *ctx, struct logfetch_req *req)
 
 /* Limits of the guard for the next server (0 = musterd's defaults). */
 static struct {
-    unsigned max_conns, max_per_addr, request_ms;
+    unsigned max_conns, max_per_addr, request_ms, slow_answer_ms;
 } limits;
 
 static void start_server(const char *token)
 {
     struct http_config cfg = {.addr = "127.0.0.1", .port = 0, .admin_token = token, .log = fake_log,
                               .log_ctx = &fake, .max_conns = limits.max_conns,
-                              .max_per_addr = limits.max_per_addr, .request_ms = limits.request_ms};
+                              .max_per_addr = limits.max_per_addr, .request_ms = limits.request_ms,
+                              .slow_answer_ms = limits.slow_answer_ms};
     char err[256] = "";
     pthread_mutex_lock(&rec.lock);
     rec.calls = 0;
@@ -225,6 +226,12 @@ static void setup_guarded(void)
     limits.max_per_addr = 4;
     limits.request_ms = 400;
     start_server(NULL);
+}
+/* and answers going out for over 300 ms count as slow */
+static void setup_slow_readers(void)
+{
+    limits.slow_answer_ms = 300;
+    setup_guarded();
 }
 
 static void teardown(void)
@@ -420,13 +427,11 @@ START_TEST(test_status_summary)
 }
 END_TEST
 
-/* The summary stays small however many ranks the job has; the lists do not. */
-START_TEST(test_status_size_does_not_grow)
+enum { NODES = 4096, PER = 8 };
+
+/* 4096 nodes x 8 ranks, running but for node gpu-0077, lost with its ranks exited. */
+static struct snap_view *big_view(void)
 {
-    size_t small_len, big_len, ranks_len;
-    struct snap_view *small = test_view("a");
-    char *small_status = strdup(restdoc_get(small, SNAP_DOC_STATUS, &small_len));
-    enum { NODES = 4096, PER = 8 };
     struct snap_view *big = snap_view_new(NODES, NODES * PER);
     ck_assert_ptr_nonnull(big);
     big->head = json_loads(head_doc, 0, NULL);
@@ -440,6 +445,16 @@ START_TEST(test_status_size_does_not_grow)
                      2.0, 900, 300);
     }
     view_derive(big);
+    return big;
+}
+
+/* The summary stays small however many ranks the job has; the lists do not. */
+START_TEST(test_status_size_does_not_grow)
+{
+    size_t small_len, big_len, ranks_len;
+    struct snap_view *small = test_view("a");
+    char *small_status = strdup(restdoc_get(small, SNAP_DOC_STATUS, &small_len));
+    struct snap_view *big = big_view();
     const char *status = restdoc_get(big, SNAP_DOC_STATUS, &big_len);
     restdoc_get(big, SNAP_DOC_RANKS, &ranks_len);
     ck_assert_ptr_nonnull(status);
@@ -1095,6 +1110,41 @@ START_TEST(test_refused_when_all_answering)
 }
 END_TEST
 
+/* Readers too slow to drain a big answer make room for a quick request. */
+START_TEST(test_slow_readers_evicted)
+{
+    snapshot_publish(&snap, big_view());
+    int slow[4];
+    for (int i = 0; i < 4; i++) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        slow[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int small = 4096; /* a 6 MB list cannot fit in the socket buffers */
+        setsockopt(slow[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+        ck_assert_int_eq(connect(slow[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        const char *req = "GET /v1/ranks HTTP/1.1\r\nHost: x\r\n\r\n";
+        ck_assert_int_eq(send(slow[i], req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    }
+    for (int i = 0; i < 4; i++) { /* each answer is going out (at most 5 s) */
+        char byte;
+        for (int k = 0; k < 500 && recv(slow[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 1; k++)
+            usleep(10000);
+        ck_assert_int_eq(recv(slow[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT), 1);
+    }
+    usleep(500000); /* and has been for longer than 300 ms */
+    uint64_t t0 = now_ms();
+    struct resp *r = get("/v1/status");
+    ck_assert_int_eq(r->status, 200);
+    ck_assert_msg(now_ms() - t0 < 500, "status took %llu ms", (unsigned long long)(now_ms() - t0));
+    struct http_guard_stats st;
+    http_guard_counts(srv, &st);
+    ck_assert_uint_eq(st.evicted, 1);
+    ck_assert_uint_eq(st.refused, 0);
+    for (int i = 0; i < 4; i++)
+        close(slow[i]);
+}
+END_TEST
+
 Suite *make_http_suite(void)
 {
     Suite *s = suite_create("http");
@@ -1138,6 +1188,12 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_request_deadline);
     tcase_add_test(tc, test_per_address_eviction);
     tcase_add_test(tc, test_refused_when_all_answering);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("guard_slow_readers");
+    tcase_add_checked_fixture(tc, setup_slow_readers, teardown);
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_slow_readers_evicted);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("admin_disabled");
