@@ -231,7 +231,7 @@ bench: deps
 	@sh mk/deps.sh bench
 	@$(MAKE) --no-print-directory bench-run
 
-bench-run: all $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents
+bench-run: all $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents $(BUILD)/tests/rest-load
 	@BUILD=$(BUILD) sh tests/bench/run.sh
 
 # AddressSanitizer + UBSan build of everything, then the whole test suite.

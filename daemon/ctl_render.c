@@ -165,23 +165,26 @@ static void node_row(char (*row)[CELL], const json_t *n)
 {
     snprintf(row[0], CELL, "%s", str(n, "name", "?"));
     snprintf(row[1], CELL, "%s", str(n, "state", "?"));
-    snprintf(row[2], CELL, "%s", str(n, "addr", "-"));
-    snprintf(row[3], CELL, "%s", str(n, "kind", "-"));
-    fmt_int(row[4], n, "devices");
-    fmt_ranges(row[5], json_object_get(n, "ranks"));
-    fmt_age(row[6], n, "heartbeat_age_ms");
+    snprintf(row[2], CELL, "%s", str(n, "health", "-"));
+    snprintf(row[3], CELL, "%s", str(n, "addr", "-"));
+    snprintf(row[4], CELL, "%s", str(n, "kind", "-"));
+    fmt_int(row[5], n, "devices");
+    fmt_ranges(row[6], json_object_get(n, "ranks"));
+    fmt_int(row[7], n, "step_min");
+    fmt_rate(row[8], n, "tokens_per_s");
+    fmt_age(row[9], n, "heartbeat_age_ms");
 }
 
 void render_nodes(FILE *f, const json_t *nodes)
 {
-    static const char *const titles[] = {"NODE", "STATE", "ADDRESS", "KIND",
-                                         "DEVICES", "RANKS", "HEARTBEAT"};
-    static const int right[] = {0, 0, 0, 0, 1, 0, 1};
+    static const char *const titles[] = {"NODE", "STATE", "HEALTH", "ADDRESS", "KIND",
+                                         "DEVICES", "RANKS", "STEP", "TOKENS/S", "HEARTBEAT"};
+    static const int right[] = {0, 0, 0, 0, 0, 1, 0, 1, 1, 1};
     if (json_array_size(nodes) == 0) {
-        fputs("no nodes have joined\n", f);
+        fputs("no nodes\n", f);
         return;
     }
-    table_render(f, nodes, 7, titles, right, node_row);
+    table_render(f, nodes, 10, titles, right, node_row);
 }
 
 static void rank_row(char (*row)[CELL], const json_t *r)
@@ -204,13 +207,31 @@ void render_ranks(FILE *f, const json_t *ranks)
                                          "STEP", "LOSS", "TOKENS/S", "COMM", "HEARTBEAT"};
     static const int right[] = {1, 0, 1, 1, 0, 1, 1, 1, 1, 1};
     if (json_array_size(ranks) == 0) {
-        fputs("no ranks assigned\n", f);
+        fputs("no ranks\n", f);
         return;
     }
     table_render(f, ranks, 10, titles, right, rank_row);
 }
 
 /* ---- summary, events, progress ------------------------------------------ */
+
+/* "  what: 30 running, 2 exited": the non-zero counts of an object of counts. */
+static void counts_line(FILE *f, const char *what, const json_t *counts)
+{
+    const char *key;
+    json_t *n;
+    int any = 0;
+    json_object_foreach((json_t *)counts, key, n) {
+        if (!json_integer_value(n))
+            continue;
+        if (!any)
+            fprintf(f, "  %s: ", what);
+        fprintf(f, "%s%lld %s", any ? ", " : "", (long long)json_integer_value(n), key);
+        any = 1;
+    }
+    if (any)
+        fputc('\n', f);
+}
 
 void render_summary(FILE *f, const json_t *st)
 {
@@ -228,17 +249,14 @@ void render_summary(FILE *f, const json_t *st)
 
     fprintf(f, "job %s: %s%s%s%s\n", str(st, "job", "?"), str(st, "state", "?"),
             reason ? " (" : "", reason ? reason : "", reason ? ")" : "");
-    size_t i, joined = 0;
-    json_t *n;
-    json_array_foreach(json_object_get(st, "nodes"), i, n) {
-        joined += strcmp(str(n, "state", ""), "joined") == 0;
-    }
-    fprintf(f, "  generation %lld, world size %lld, nodes %zu joined", integer(st, "generation"),
-            integer(st, "world_size"), joined);
+    fprintf(f, "  generation %lld, world size %lld, nodes %lld joined", integer(st, "generation"),
+            integer(st, "world_size"), integer(json_object_get(st, "nodes_by_state"), "joined"));
     if (num(st, "nodes_wanted", &v))
         fprintf(f, " of %lld wanted", (long long)v);
     fprintf(f, ", restarts %lld of %lld, daemon up %s\n", integer(st, "restarts"),
             integer(st, "max_restarts"), up);
+    counts_line(f, "ranks", json_object_get(st, "ranks_by_state"));
+    counts_line(f, "node health", json_object_get(st, "nodes_by_health"));
     if (num(st, "step", &v))
         fprintf(f, "  step %lld, loss %s, %s tokens/s, %s of step time in communication\n", (long long)v, loss,
                 rate, comm);

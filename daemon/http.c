@@ -18,10 +18,14 @@
 
 #include "common/log.h"
 #include "daemon/dashboard.h"
-#include "daemon/metrics.h"
+#include "daemon/restdoc.h"
 
-#define HTTP_CONNECTION_LIMIT 64
-#define HTTP_CONNECTION_TIMEOUT_S 10
+/* Threads serving REST: a document rendered for the first time (tens of ms at
+ * 32k ranks) or a slow reader holds up only the connections of its thread. */
+#define HTTP_THREADS 4
+/* libmicrohttpd's own limit per thread, above the guard's (which binds). */
+#define HTTP_MHD_SLACK 64
+#define HTTP_IDLE_TIMEOUT_S 10 /* an answer that stops draining */
 #define HTTP_BODY_LIMIT 4096 /* admin bodies are ignored; anything bigger is refused */
 #define NODE_NAME_MAX 63
 
@@ -41,6 +45,7 @@ struct http_server {
     void *log_ctx;
     uint16_t port;
     atomic_int logs_open; /* log requests handed to the loop and not yet completed */
+    struct http_guard *guard;
 };
 
 /* A log request's way through the connection (suspended while the loop fetches). */
@@ -61,18 +66,13 @@ struct request {
 
 /* ---- responses ---------------------------------------------------------- */
 
-/* Queues body (malloc'd, taken over) with status and content type. */
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
-                             char *body, const char *allow)
+/* Adds the common headers to r and queues it; the request's deadline ends. */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r,
+                             const char *ctype, const char *allow)
 {
-    if (!body)
+    if (!r)
         return MHD_NO; /* out of memory: MHD closes the connection */
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
+    http_guard_received(c);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
@@ -83,6 +83,39 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+/* Queues body (malloc'd, taken over) with status and content type. */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             char *body, const char *allow)
+{
+    if (!body)
+        return MHD_NO;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r)
+        free(body);
+    return queue(c, status, r, ctype, allow);
+}
+
+static void release_view(void *cls)
+{
+    snap_view_unref(cls);
+}
+
+/* Queues text that lives in v; the response holds v's reference (taken over). */
+static enum MHD_Result reply_view(struct MHD_Connection *c, struct snap_view *v, const char *text,
+                                  size_t len, const char *ctype)
+{
+    if (!text) {
+        snap_view_unref(v);
+        return MHD_NO;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)text, release_view, v);
+    if (!r)
+        snap_view_unref(v);
+    return queue(c, MHD_HTTP_OK, r, ctype, NULL);
 }
 
 static char *dump(json_t *doc)
@@ -109,73 +142,163 @@ static enum MHD_Result reply_starting(struct MHD_Connection *c)
                        "musterd has not published its state yet", NULL);
 }
 
+/* ---- query parameters ----------------------------------------------------- */
+
+/* Calls param(ctx, key, value) for each query parameter until one fails (its
+ * error in err). Returns 0 or -EINVAL. */
+struct query_walk {
+    int (*param)(void *ctx, const char *key, const char *value, char *err, size_t errlen);
+    void *ctx;
+    char err[256];
+};
+
+static enum MHD_Result query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct query_walk *w = cls;
+    return w->param(w->ctx, key, value, w->err, sizeof(w->err)) == 0 ? MHD_YES : MHD_NO;
+}
+
+static int walk_query(struct MHD_Connection *c, struct query_walk *w)
+{
+    w->err[0] = '\0';
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, w);
+    return w->err[0] ? -EINVAL : 0;
+}
+
+static int no_param(void *ctx, const char *key, const char *value, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "unknown parameter '%.40s' (%s takes none)", key, (const char *)ctx);
+    return -EINVAL;
+}
+
+static enum MHD_Result reply_bad_query(struct MHD_Connection *c, const char *detail)
+{
+    return reply_error(c, MHD_HTTP_BAD_REQUEST, "invalid query", detail, NULL);
+}
+
 /* ---- read endpoints ----------------------------------------------------- */
 
-static enum MHD_Result get_doc(struct http_server *srv, struct MHD_Connection *c,
-                               enum snap_doc which)
+/* The current view for a request whose query w accepts; NULL after answering
+ * (400 for the query, 503 before the first publish) with *ret. */
+static struct snap_view *view_for(struct http_server *srv, struct MHD_Connection *c, struct query_walk *w,
+                                  enum MHD_Result *ret)
 {
-    char *text = snapshot_copy(srv->snap, which);
-    if (!text)
-        return reply_starting(c);
-    return reply(c, MHD_HTTP_OK, CT_JSON, text, NULL);
+    if (walk_query(c, w) != 0) {
+        *ret = reply_bad_query(c, w->err);
+        return NULL;
+    }
+    struct snap_view *v = snapshot_acquire(srv->snap);
+    if (!v)
+        *ret = reply_starting(c);
+    return v;
 }
 
 static enum MHD_Result get_status(struct http_server *srv, struct MHD_Connection *c)
 {
-    return get_doc(srv, c, SNAP_STATUS);
+    struct query_walk w = {no_param, "/v1/status", ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    size_t len = 0;
+    const char *text = restdoc_get(v, SNAP_DOC_STATUS, &len);
+    return reply_view(c, v, text, len, CT_JSON);
+}
+
+/* Events and history: JSON text the loop rendered into the view. */
+static enum MHD_Result get_loop_doc(struct http_server *srv, struct MHD_Connection *c, const char *path,
+                                    int history)
+{
+    struct query_walk w = {no_param, (void *)path, ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    const char *text = history ? v->history : v->events;
+    if (!text) {
+        snap_view_unref(v);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error",
+                           history ? "no history was published" : "no events were published", NULL);
+    }
+    return reply_view(c, v, text, history ? v->history_len : v->events_len, CT_JSON);
 }
 
 static enum MHD_Result get_events(struct http_server *srv, struct MHD_Connection *c)
 {
-    return get_doc(srv, c, SNAP_EVENTS);
+    return get_loop_doc(srv, c, "/v1/events", 0);
 }
 
-/* {"<key>": status[key]} for /v1/nodes and /v1/ranks. */
-static enum MHD_Result get_member(struct http_server *srv, struct MHD_Connection *c,
-                                  const char *key)
+static enum MHD_Result get_history(struct http_server *srv, struct MHD_Connection *c)
 {
-    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
-    if (!text)
-        return reply_starting(c);
-    json_t *status = json_loads(text, 0, NULL);
-    free(text);
-    json_t *arr = json_object_get(status, key);
-    if (!json_is_array(arr)) {
-        json_decref(status);
-        log_error("http: the status document has no \"%s\" array", key);
-        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error",
-                           "the status document is malformed", NULL);
+    return get_loop_doc(srv, c, "/v1/history", 1);
+}
+
+struct list_params {
+    enum restdoc_list list;
+    struct restdoc_query q;
+};
+
+static int list_param(void *ctx, const char *key, const char *value, char *err, size_t errlen)
+{
+    struct list_params *lp = ctx;
+    return restdoc_query_param(&lp->q, lp->list, key, value, err, errlen);
+}
+
+/* /v1/ranks and /v1/nodes: the cached whole list, or a page rendered for the query. */
+static enum MHD_Result get_list(struct http_server *srv, struct MHD_Connection *c, enum restdoc_list list)
+{
+    struct list_params lp = {.list = list};
+    struct query_walk w = {list_param, &lp, ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    size_t len = 0;
+    if (!lp.q.any) {
+        const char *text = restdoc_get(v, list == RESTDOC_RANKS ? SNAP_DOC_RANKS : SNAP_DOC_NODES, &len);
+        return reply_view(c, v, text, len, CT_JSON);
     }
-    json_t *doc = json_pack("{s:O}", key, arr);
-    json_decref(status);
-    return reply(c, MHD_HTTP_OK, CT_JSON, dump(doc), NULL);
+    char *page = restdoc_list(v, list, &lp.q, &len);
+    snap_view_unref(v);
+    return reply(c, MHD_HTTP_OK, CT_JSON, page, NULL);
 }
 
 static enum MHD_Result get_nodes(struct http_server *srv, struct MHD_Connection *c)
 {
-    return get_member(srv, c, "nodes");
+    return get_list(srv, c, RESTDOC_NODES);
 }
 
 static enum MHD_Result get_ranks(struct http_server *srv, struct MHD_Connection *c)
 {
-    return get_member(srv, c, "ranks");
+    return get_list(srv, c, RESTDOC_RANKS);
+}
+
+static int metrics_param(void *ctx, const char *key, const char *value, char *err, size_t errlen)
+{
+    int *ranks = ctx;
+    if (strcmp(key, "ranks") != 0) {
+        snprintf(err, errlen, "unknown parameter '%.40s' (ranks)", key);
+        return -EINVAL;
+    }
+    if (!value || (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)) {
+        snprintf(err, errlen, "ranks: expected 0 or 1, got '%.40s'", value ? value : "");
+        return -EINVAL;
+    }
+    *ranks = value[0] == '1';
+    return 0;
 }
 
 static enum MHD_Result get_metrics(struct http_server *srv, struct MHD_Connection *c)
 {
-    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
-    if (!text)
-        return reply_starting(c);
-    char *out = NULL, err[256];
-    int rc = metrics_render(text, &out, err, sizeof(err));
-    free(text);
-    if (rc == -EINVAL) {
-        log_error("http: /metrics: %s", err);
-        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error", err, NULL);
-    }
-    if (rc < 0)
-        return MHD_NO;
-    return reply(c, MHD_HTTP_OK, CT_METRICS, out, NULL);
+    int ranks = 0;
+    struct query_walk w = {metrics_param, &ranks, ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    size_t len = 0;
+    const char *text = restdoc_get(v, ranks ? SNAP_DOC_METRICS_RANKS : SNAP_DOC_METRICS, &len);
+    return reply_view(c, v, text, len, CT_METRICS);
 }
 
 static enum MHD_Result get_healthz(struct http_server *srv, struct MHD_Connection *c)
@@ -187,18 +310,12 @@ static enum MHD_Result get_dashboard(struct http_server *srv, struct MHD_Connect
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(
         strlen(dashboard_html), (void *)dashboard_html, MHD_RESPMEM_PERSISTENT);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, CT_HTML);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    /* The page is self-contained: inline script and style, fetches to itself only. */
-    MHD_add_response_header(r, "Content-Security-Policy",
-                            "default-src 'none'; script-src 'unsafe-inline'; "
-                            "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    return ret;
+    if (r)
+        /* The page is self-contained: inline script and style, fetches to itself only. */
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'none'; script-src 'unsafe-inline'; "
+                                "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:");
+    return queue(c, MHD_HTTP_OK, r, CT_HTML, NULL);
 }
 
 /* ---- rank logs ------------------------------------------------------------ */
@@ -314,6 +431,7 @@ static enum MHD_Result get_rank_log(struct http_server *srv, struct MHD_Connecti
     rq->srv = srv;
     atomic_fetch_add(&srv->logs_open, 1);
     /* Suspended first: the answer may come (and resume it) before this returns. */
+    http_guard_received(c);
     MHD_suspend_connection(c);
     srv->log(srv->log_ctx, &rq->lr);
     return MHD_YES;
@@ -384,34 +502,23 @@ static int node_name_valid(const char *s, size_t len)
     return 1;
 }
 
-/* Whether the last published status lists the node: 1, 0, or -1 before the first publish. */
+/* Whether the current view lists the node: 1, 0, or -1 before the first publish. */
 static int node_known(struct http_server *srv, const char *name)
 {
-    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
-    if (!text)
+    struct snap_view *v = snapshot_acquire(srv->snap);
+    if (!v)
         return -1;
-    json_t *status = json_loads(text, 0, NULL);
-    free(text);
-    size_t i;
-    json_t *n;
-    int found = 0;
-    json_array_foreach(json_object_get(status, "nodes"), i, n) {
-        const char *s = json_string_value(json_object_get(n, "name"));
-        found |= s && strcmp(s, name) == 0;
-    }
-    json_decref(status);
+    int found = restdoc_find_node(v, name) >= 0;
+    snap_view_unref(v);
     return found;
 }
 
-/* The job state of the last published status into state ("" before the first publish). */
+/* The job state of the current view into state ("" before the first publish). */
 static void job_state(struct http_server *srv, char *state, size_t len)
 {
-    char *text = snapshot_copy(srv->snap, SNAP_STATUS);
-    json_t *status = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    const char *s = json_string_value(json_object_get(status, "state"));
-    snprintf(state, len, "%s", s ? s : "");
-    json_decref(status);
+    struct snap_view *v = snapshot_acquire(srv->snap);
+    snprintf(state, len, "%s", v ? v->state : "");
+    snap_view_unref(v);
 }
 
 /* Whether a checkpoint can be asked for now; else the answer that says why. */
@@ -505,6 +612,7 @@ static const struct {
     {"/v1/nodes", get_nodes, 0},
     {"/v1/ranks", get_ranks, 0},
     {"/v1/events", get_events, 0},
+    {"/v1/history", get_history, 0},
     {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
     {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
     {"/v1/job/checkpoint", NULL, HTTP_ADMIN_CHECKPOINT},
@@ -552,7 +660,7 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     }
     return reply_error(c, MHD_HTTP_NOT_FOUND, "not found",
                        "see GET /v1/status, /v1/nodes, /v1/ranks, /v1/ranks/{rank}/log, /v1/events, "
-                       "/metrics, /healthz",
+                       "/v1/history, /metrics, /healthz",
                        NULL);
 }
 
@@ -589,6 +697,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct request *rq = *con_cls;
+    http_guard_completed(c);
     if (rq && rq->log_state != LOG_NONE)
         atomic_fetch_sub(&rq->srv->logs_open, 1);
     if (rq)
@@ -679,19 +788,37 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
         return -ENOMEM;
     }
 
+    struct http_guard_limits lim = {
+        .max_conns = cfg->max_conns ? cfg->max_conns : HTTP_CONNECTION_LIMIT,
+        .max_per_addr = cfg->max_per_addr ? cfg->max_per_addr : HTTP_ADDR_LIMIT,
+        .request_ms = cfg->request_ms ? cfg->request_ms : HTTP_REQUEST_MS,
+        .slow_answer_ms = cfg->slow_answer_ms ? cfg->slow_answer_ms : HTTP_SLOW_ANSWER_MS,
+    };
+    int grc = http_guard_start(&srv->guard, &lim);
+    if (grc != 0) {
+        snprintf(err, errlen, "cannot start the REST connection guard: %s", strerror(-grc));
+        free(srv->admin_token);
+        free(srv);
+        return grc;
+    }
     errno = 0;
+    /* libmicrohttpd shares its connection limit out among its threads: each
+     * gets room for all, so that the guard's limits are the ones that bind. */
     srv->mhd = MHD_start_daemon(
         MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
             MHD_ALLOW_SUSPEND_RESUME, /* log requests wait for the loop's answer */
         cfg->port, NULL,
         NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_CONNECTION_TIMEOUT_S,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)HTTP_THREADS,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)((lim.max_conns + HTTP_MHD_SLACK) * HTTP_THREADS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_IDLE_TIMEOUT_S,
+        MHD_OPTION_NOTIFY_CONNECTION, http_guard_notify, srv->guard,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
         NULL, MHD_OPTION_END);
     if (!srv->mhd) {
         int rc = errno ? -errno : -EIO;
         bind_error(err, errlen, addr, cfg->port, rc);
+        http_guard_stop(srv->guard);
         free(srv->admin_token);
         free(srv);
         return rc;
@@ -708,6 +835,11 @@ uint16_t http_port(const struct http_server *srv)
     return srv->port;
 }
 
+void http_guard_counts(struct http_server *srv, struct http_guard_stats *out)
+{
+    http_guard_stats(srv->guard, out);
+}
+
 /* Log requests the loop answered at shutdown are resumed but not yet written:
  * MHD's thread gets a bounded moment to send them before it is stopped. */
 #define HTTP_STOP_DRAIN_MS 1000
@@ -719,6 +851,7 @@ void http_stop(struct http_server *srv)
     for (int waited = 0; atomic_load(&srv->logs_open) > 0 && waited < HTTP_STOP_DRAIN_MS; waited += 10)
         usleep(10 * 1000);
     MHD_stop_daemon(srv->mhd);
+    http_guard_stop(srv->guard);
     if (srv->admin_token)
         OPENSSL_cleanse(srv->admin_token, strlen(srv->admin_token));
     free(srv->admin_token);

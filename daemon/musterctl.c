@@ -50,9 +50,12 @@ static void usage(FILE *f)
           "Show and steer a muster training job through musterd's REST API.\n"
           "\n"
           "Commands:\n"
-          "  status              job summary, nodes and ranks\n"
-          "  nodes               the nodes table\n"
-          "  ranks               the ranks table\n"
+          "  status              job summary, the nodes (unhealthy first) and the ranks\n"
+          "                      (for a large job: the failing and the slowest ones)\n"
+          "  nodes [FILTER]...   the nodes table, with each node's health and rollup\n"
+          "  ranks [FILTER]...   the ranks table\n"
+          "      filters: --state S[,S...]  --node NAME  --offset N  --limit N, and for\n"
+          "      nodes --health H[,H...]  --order name|health (docs/rest.md)\n"
           "  events [--follow]   recent events; --follow keeps printing new ones\n"
           "  watch               redraw the status every second (Ctrl-C stops); into a\n"
           "                      pipe or file, one line per change; ends with the job\n"
@@ -156,10 +159,56 @@ static json_t *fetch(const struct ctl *ctl, const char *method, const char *path
 
 /* ---- read commands ------------------------------------------------------ */
 
-static int cmd_show(const struct ctl *ctl, const char *what)
+/* Tables of `status` and `watch` stay this long; the lists have the rest. */
+#define STATUS_NODES 32
+#define STATUS_RANKS 64
+
+/* "(shown of matched WHAT ...)" under a table that does not hold everything. */
+static void note_more(const json_t *doc, const char *what, const char *hint)
 {
-    char path[32], *raw = NULL;
-    snprintf(path, sizeof(path), "/v1/%s", what);
+    long long matched = json_integer_value(json_object_get(doc, "matched"));
+    size_t shown = json_array_size(json_object_get(doc, what));
+    if (matched > (long long)shown)
+        printf("(%zu of %lld %s shown%s)\n", shown, matched, what, hint);
+}
+
+/* The tables under a status summary: nodes unhealthy first, then the ranks,
+ * or for a large job the failing and the slowest ranks the summary names. */
+static void show_tables(const struct ctl *ctl, const json_t *st)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/v1/nodes?order=health&limit=%d", STATUS_NODES);
+    json_t *nodes = fetch(ctl, "GET", path, NULL, NULL);
+    fputc('\n', stdout);
+    if (nodes) {
+        render_nodes(stdout, json_object_get(nodes, "nodes"));
+        note_more(nodes, "nodes", ", unhealthy first: `musterctl nodes` lists them all");
+    }
+    json_decref(nodes);
+    fputc('\n', stdout);
+    if (json_integer_value(json_object_get(st, "world_size")) <= STATUS_RANKS) {
+        snprintf(path, sizeof(path), "/v1/ranks?limit=%d", STATUS_RANKS);
+        json_t *ranks = fetch(ctl, "GET", path, NULL, NULL);
+        if (ranks)
+            render_ranks(stdout, json_object_get(ranks, "ranks"));
+        json_decref(ranks);
+        return;
+    }
+    const json_t *failing = json_object_get(st, "failing_ranks");
+    if (json_array_size(failing)) {
+        printf("ranks needing attention (%lld in all, worst first):\n",
+               json_integer_value(json_object_get(st, "failing_ranks_total")));
+        render_ranks(stdout, failing);
+        fputc('\n', stdout);
+    }
+    puts("slowest ranks:");
+    render_ranks(stdout, json_object_get(st, "slowest_ranks"));
+}
+
+static int cmd_show(const struct ctl *ctl, const char *what, const char *query)
+{
+    char path[600], *raw = NULL;
+    snprintf(path, sizeof(path), "/v1/%s%s%s", what, query[0] ? "?" : "", query);
     json_t *doc = fetch(ctl, "GET", path, NULL, &raw);
     if (!doc)
         return EXIT_FAIL;
@@ -167,14 +216,14 @@ static int cmd_show(const struct ctl *ctl, const char *what)
         printf("%s\n", raw);
     } else if (strcmp(what, "status") == 0) {
         render_summary(stdout, doc);
-        fputc('\n', stdout);
-        render_nodes(stdout, json_object_get(doc, "nodes"));
-        fputc('\n', stdout);
-        render_ranks(stdout, json_object_get(doc, "ranks"));
-    } else if (strcmp(what, "nodes") == 0) {
-        render_nodes(stdout, json_object_get(doc, "nodes"));
+        show_tables(ctl, doc);
     } else {
-        render_ranks(stdout, json_object_get(doc, "ranks"));
+        int nodes = strcmp(what, "nodes") == 0;
+        if (nodes)
+            render_nodes(stdout, json_object_get(doc, "nodes"));
+        else
+            render_ranks(stdout, json_object_get(doc, "ranks"));
+        note_more(doc, what, ": --offset and --limit page through them");
     }
     free(raw);
     json_decref(doc);
@@ -305,10 +354,7 @@ static int cmd_watch(struct ctl *ctl)
                 fputs("\033[H\033[2J", stdout);
                 render_summary(stdout, st);
                 render_progress(stdout, st, rate);
-                fputc('\n', stdout);
-                render_nodes(stdout, json_object_get(st, "nodes"));
-                fputc('\n', stdout);
-                render_ranks(stdout, json_object_get(st, "ranks"));
+                show_tables(ctl, st);
                 printf("\n%s  %s  (Ctrl-C to quit)\n", ctl->server, stamp);
             } else {
                 char *key = change_key(st);
@@ -630,6 +676,46 @@ static const char *option_value(int argc, char **argv, int *i, const char *name,
     return argv[++*i];
 }
 
+/* "--FILTER VALUE" or "--FILTER=VALUE" for one of names: its value into values. */
+static int filter_option(int argc, char **argv, int *i, const char *const *names, const char **values, int *missing)
+{
+    char opt[16];
+    for (int k = 0; k < 6; k++) {
+        snprintf(opt, sizeof(opt), "--%s", names[k]);
+        const char *v = option_value(argc, argv, i, opt, missing);
+        if (v) {
+            values[k] = v;
+            return 1;
+        }
+        if (*missing)
+            return 0;
+    }
+    return 0;
+}
+
+/* The filters given, as a query string for cmd's list; the server checks the values. */
+static int filter_query(const char *cmd, const char *const *names, const char **values, char *query, size_t cap)
+{
+    int nodes = strcmp(cmd, "nodes") == 0, ranks = strcmp(cmd, "ranks") == 0;
+    size_t used = 0;
+    for (int k = 0; k < 6; k++) {
+        if (!values[k])
+            continue;
+        if (!nodes && !ranks)
+            return usage_error("--%s only goes with 'nodes' and 'ranks'", names[k]);
+        if (ranks && (strcmp(names[k], "health") == 0 || strcmp(names[k], "order") == 0))
+            return usage_error("--%s only goes with 'nodes'", names[k]);
+        const char *v = values[k];
+        if (!*v || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._,-") != strlen(v))
+            return usage_error("'%s' is not a filter value (letters, digits and . _ , -)", v);
+        int n = snprintf(query + used, cap - used, "%s%s=%s", used ? "&" : "", names[k], v);
+        if (n < 0 || (size_t)n >= cap - used)
+            return usage_error("filter '%s' is too long", v);
+        used += (size_t)n;
+    }
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     struct ctl ctl = {0};
@@ -637,6 +723,10 @@ int main(int argc, char **argv)
     char *args[8];
     int nargs = 0, follow = 0, force = 0;
     const char *generation_arg = NULL, *tail_arg = NULL;
+    /* list filters, passed on as the query of /v1/nodes or /v1/ranks */
+    static const char *const filters[] = {"state", "node", "health", "order", "offset", "limit"};
+    const char *filter_arg[6] = {NULL};
+    char query[512] = "";
 
     /* Options may come before or after the command. */
     for (int i = 1; i < argc; i++) {
@@ -662,6 +752,8 @@ int main(int argc, char **argv)
             generation_arg = v;
         } else if ((v = option_value(argc, argv, &i, "--tail", &missing))) {
             tail_arg = v;
+        } else if (filter_option(argc, argv, &i, filters, filter_arg, &missing)) {
+            continue;
         } else if (missing) {
             return usage_error("option '%s' needs a value", argv[i]);
         } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
@@ -704,6 +796,9 @@ int main(int argc, char **argv)
         return usage_error("--tail: expected a number of bytes 1..4294967295, got '%s'", tail_arg);
     if (force && strcmp(cmd, "token") != 0)
         return usage_error("--force only goes with 'token new'%s", "");
+    int rc = filter_query(cmd, filters, filter_arg, query, sizeof(query));
+    if (rc != EXIT_OK)
+        return rc;
 
     static const char *const known[] = {"status", "nodes", "ranks", "events", "watch",
                                         "stop", "restart", "checkpoint", "drain", "token", "logs"};
@@ -741,9 +836,8 @@ int main(int argc, char **argv)
         return EXIT_FAIL;
     }
 
-    int rc;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "nodes") == 0 || strcmp(cmd, "ranks") == 0) {
-        rc = cmd_show(&ctl, cmd);
+        rc = cmd_show(&ctl, cmd, query);
     } else if (strcmp(cmd, "events") == 0) {
         rc = cmd_events(&ctl, follow);
     } else if (strcmp(cmd, "watch") == 0) {

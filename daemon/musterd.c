@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/notify.h"
 #include "common/token.h"
+#include "daemon/history.h"
 #include "daemon/http.h"
 #include "daemon/logfetch.h"
 #include "daemon/musterd_config.h"
@@ -28,6 +29,7 @@
 #include "daemon/server.h"
 #include "daemon/snapshot.h"
 #include "daemon/state.h"
+#include "daemon/view_build.h"
 
 #define TICK_MS 100
 /* The status snapshot is rebuilt (O(ranks)) only when something changed:
@@ -41,7 +43,11 @@
 #define ADMIN_QUEUE 32
 /* Open files musterd needs besides agent connections: REST connections
  * (HTTP_CONNECTION_LIMIT), the state file, logs, libuv's own. */
-#define FD_RESERVE 128
+#define FD_RESERVE (HTTP_CONNECTION_LIMIT + 128)
+/* The run's curve (GET /v1/history): a sample a second while the step moves,
+ * at most HISTORY_POINTS points over the whole run. */
+#define HISTORY_SAMPLE_MS 1000
+#define HISTORY_POINTS 1024
 
 struct admin_req {
     enum http_admin_action action;
@@ -60,6 +66,10 @@ struct daemon {
     struct server *server;
     struct http_server *http;
     struct snapshot snap;
+    struct history history;
+    char *history_text;    /* its JSON as last rendered */
+    uint64_t history_at;   /* when it was last sampled */
+    uint64_t history_step; /* the step of that sample */
     const char *state_dir;
     int dirty;            /* snapshot out of date: the job's state changed */
     uint64_t last_publish;
@@ -191,22 +201,39 @@ static void persist_state(struct daemon *d)
         log_error("state file not written: %s", err);
 }
 
+/* JSON text of doc (a new reference, taken), or NULL after saying so. */
+static char *render(json_t *doc, const char *what)
+{
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    if (!text)
+        log_error("internal: cannot render the %s document", what);
+    return text;
+}
+
 static void publish(struct daemon *d)
 {
     uint64_t now = uv_now(&d->loop);
-    json_t *status = rdv_status_json(&d->rdv, now);
-    json_t *events = rdv_events_json(&d->rdv);
-    char *st = status ? json_dumps(status, JSON_COMPACT) : NULL;
-    char *ev = events ? json_dumps(events, JSON_COMPACT) : NULL;
-    json_decref(status);
-    json_decref(events);
-    if (!st || !ev)
-        log_error("internal: cannot render the %s document; REST keeps the previous one",
-                  !st ? "status" : "events");
-    if (st)
-        snapshot_publish(&d->snap, SNAP_STATUS, st);
-    if (ev)
-        snapshot_publish(&d->snap, SNAP_EVENTS, ev);
+    if (d->history.changed || !d->history_text) {
+        char *h = render(history_json(&d->history), "history");
+        if (h) {
+            free(d->history_text);
+            d->history_text = h;
+        }
+    }
+    char *events = render(rdv_events_json(&d->rdv), "events");
+    char *history = d->history_text ? strdup(d->history_text) : NULL;
+    struct snap_view *v = NULL;
+    if (events && history) {
+        v = view_build(&d->rdv, now, events, history); /* takes both */
+    } else {
+        free(events);
+        free(history);
+    }
+    if (v)
+        snapshot_publish(&d->snap, v);
+    else
+        log_error("internal: out of memory for the REST snapshot; REST keeps the previous one");
     d->dirty = 0;
     d->rdv.figures_changed = 0;
     d->last_publish = now;
@@ -268,8 +295,23 @@ static void flush_changes(struct daemon *d)
     }
     uint64_t since = uv_now(&d->loop) - d->last_publish;
     if (d->dirty || since >= PUBLISH_IDLE_MS ||
-        (d->rdv.figures_changed && since >= PUBLISH_FIGURES_MS && snapshot_was_read(&d->snap, SNAP_STATUS)))
+        (d->rdv.figures_changed && since >= PUBLISH_FIGURES_MS && snapshot_was_read(&d->snap)))
         publish(d);
+}
+
+/* A history sample once a second while some rank reports a step that moved. */
+static void sample_history(struct daemon *d, uint64_t now)
+{
+    if (now - d->history_at < HISTORY_SAMPLE_MS)
+        return;
+    d->history_at = now;
+    struct rdv_figures fig;
+    rdv_figures(&d->rdv, &fig);
+    if (!fig.step_known || !fig.nrunning || (d->history.samples && fig.step == d->history_step))
+        return;
+    d->history_step = fig.step;
+    history_add(&d->history, fig.step, fig.loss, fig.tokens_per_s, (double)(now - d->rdv.started_ms) / 1000.0,
+                d->rdv.generation);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -279,6 +321,7 @@ static void on_tick(uv_timer_t *t)
     server_tick(d->server);
     rdv_tick(&d->rdv, now);
     logfetch_tick(&d->logfetch, now);
+    sample_history(d, now);
     flush_changes(d);
     if (d->exit_on_end && rdv_terminal(&d->rdv)) {
         /* The job is over and so is this daemon: agents shut down with it,
@@ -495,6 +538,10 @@ int main(int argc, char **argv)
     uv_loop_init(&d.loop);
     pthread_mutex_init(&d.admin_lock, NULL);
     snapshot_init(&d.snap);
+    if (history_init(&d.history, HISTORY_POINTS) != 0) {
+        log_error("out of memory for the run's history");
+        return 1;
+    }
     struct rdv_ops ops = {.ctx = &d, .send = ops_send, .disconnect = ops_disconnect, .changed = on_changed};
     rdv_init(&d.rdv, &spec, job, &ops, uv_now(&d.loop));
     json_decref(job);
@@ -580,6 +627,8 @@ int main(int argc, char **argv)
     server_free(d.server);
     rdv_free(&d.rdv);
     snapshot_destroy(&d.snap);
+    history_free(&d.history);
+    free(d.history_text);
     pthread_mutex_destroy(&d.admin_lock);
     rc = uv_loop_close(&d.loop);
     if (rc != 0) {

@@ -1209,67 +1209,50 @@ static json_t *failure_json(const struct rdv_failure *f)
                      f->detail[0] ? json_string(f->detail) : json_null());
 }
 
-json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms)
+void rdv_figures(const struct rdv *r, struct rdv_figures *out)
 {
-    json_t *nodes = json_array(), *ranks = json_array();
-    uint64_t step = rdv_job_step(r);
-    int known = step_known(r); /* some rank reports steps; else step and steps mean nothing */
-    double loss_sum = 0, tps = 0, comm = 0;
-    int nloss = 0, nlive = 0;
-
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        json_t *rl = json_array();
-        if (nd->member)
-            for (uint32_t l = 0; l < nd->ndevices; l++)
-                json_array_append_new(rl, json_integer(nd->first_rank + l));
-        json_array_append_new(
-            nodes, json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o}", "name", nd->name, "state",
-                             node_state_names[nd->state], "addr", nd->addr, "devices", (int)nd->ndevices,
-                             "kind", nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", "ranks", rl,
-                             "heartbeat_age_ms",
-                             nd->state == RDV_NODE_JOINED ? json_integer((json_int_t)(now_ms - nd->last_seen_ms))
-                                                          : json_null()));
-    }
+    double loss_sum = 0;
+    uint32_t nloss = 0;
+    memset(out, 0, sizeof(*out));
+    out->step_known = step_known(r);
+    out->step = rdv_job_step(r);
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
-        const struct rdv_failure *f = &r->last_failure;
-        int failed_here = f->generation && f->rank == i && rk->state == RDV_RANK_EXITED && f->reason[0];
-        json_array_append_new(
-            ranks, json_pack("{s:i, s:s, s:i, s:i, s:s, s:o, s:o, s:f, s:f, s:o, s:b, s:o}", "rank", (int)i,
-                             "node", r->nodes[rk->node].name, "local_rank", (int)rk->local_rank, "device",
-                             (int)rk->device, "state", rank_state_names[rk->state], "step",
-                             rk->silent ? json_null() : json_integer((json_int_t)rk->step), "loss",
-                             num_or_null(rk->loss), "tokens_per_s", rk->tokens_per_s, "comm_frac", rk->comm_frac,
-                             "heartbeat_age_ms",
-                             rk->last_beat_ms ? json_integer((json_int_t)(now_ms - rk->last_beat_ms))
-                                              : json_null(),
-                             "silent", rk->silent, "error", failed_here ? json_string(f->reason) : json_null()));
         if (rk->state == RDV_RANK_RUNNING) {
-            nlive++;
-            tps += rk->tokens_per_s;
-            comm += rk->comm_frac;
+            out->nrunning++;
+            out->tokens_per_s += rk->tokens_per_s;
+            out->comm_frac += rk->comm_frac;
         }
         if (counts(r, rk) && isfinite(rk->loss)) {
             loss_sum += rk->loss;
             nloss++;
         }
     }
+    out->loss = nloss ? loss_sum / nloss : NAN;
+    if (out->nrunning)
+        out->comm_frac /= out->nrunning;
+}
+
+json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
+{
+    struct rdv_figures fig;
+    rdv_figures(r, &fig);
+    int known = fig.step_known; /* some rank reports steps; else step and steps mean nothing */
     json_t *restored = r->restore_noted ? json_pack("{s:s, s:I}", "from", proto_restore_name(r->restore_from), "step",
                                                      (json_int_t)r->restore_step)
                                          : json_null();
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o, s:o, s:o}",
+    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o}",
                      "job", r->spec->name, "state", job_state_names[r->state], "reason",
                      r->reason[0] ? json_string(r->reason) : json_null(), "generation",
                      (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                      r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                     "step", known ? json_integer((json_int_t)step) : json_null(), "steps",
-                     known ? json_integer(r->spec->steps) : json_null(), "loss", nloss ? num_or_null(loss_sum / nloss) : json_null(),
-                     "tokens_per_s", num_or_null(tps), "comm_frac", nlive ? comm / nlive : 0.0, "uptime_s",
+                     "step", known ? json_integer((json_int_t)fig.step) : json_null(), "steps",
+                     known ? json_integer(r->spec->steps) : json_null(), "loss", num_or_null(fig.loss),
+                     "tokens_per_s", num_or_null(fig.tokens_per_s), "comm_frac", fig.comm_frac, "uptime_s",
                      (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                      r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
-                     "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure", failure_json(&r->last_failure),
-                     "nodes", nodes, "ranks", ranks);
+                     "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
+                     failure_json(&r->last_failure));
 }
 
 json_t *rdv_events_json(const struct rdv *r)

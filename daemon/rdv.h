@@ -239,8 +239,21 @@ uint64_t rdv_job_step(const struct rdv *r);
 /* Records an event seen outside rdv (e.g. a failed authentication). */
 void rdv_note(struct rdv *r, const char *kind, const char *message);
 
-/* Documents for the REST snapshot (see daemon/snapshot.h); new references. */
-json_t *rdv_status_json(const struct rdv *r, uint64_t now_ms);
+/* The job's figures, as /v1/status and the history report them. */
+struct rdv_figures {
+    int step_known;      /* some rank reports its step (not every rank is silent) */
+    uint64_t step;       /* rdv_job_step */
+    double loss;         /* mean over the ranks that count (rdv_job_step's); NaN = none */
+    double tokens_per_s; /* sum over running ranks */
+    double comm_frac;    /* mean over running ranks; 0 when none runs */
+    uint32_t nrunning;
+};
+/* O(world size): for a snapshot or a history sample, not for every message. */
+void rdv_figures(const struct rdv *r, struct rdv_figures *out);
+
+/* The job-level fields of GET /v1/status (docs/rest.md), without its node and
+ * rank tables (daemon/view_build.h adds those); new references. */
+json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
 json_t *rdv_events_json(const struct rdv *r);
 
 const char *rdv_job_state_name(enum rdv_job_state s);

@@ -1,7 +1,72 @@
 #include "daemon/snapshot.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+static const char *const health_names[] = {"lost", "failed", "stale", "waiting", "ok", "left"};
+
+const char *snap_health_name(enum snap_health h)
+{
+    return (unsigned)h < SNAP_NHEALTH ? health_names[h] : "?";
+}
+
+int snap_health_parse(const char *name, size_t len, enum snap_health *out)
+{
+    for (int i = 0; i < SNAP_NHEALTH; i++)
+        if (strlen(health_names[i]) == len && memcmp(health_names[i], name, len) == 0) {
+            *out = (enum snap_health)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+struct snap_view *snap_view_new(uint32_t nnodes, uint32_t nranks)
+{
+    struct snap_view *v = calloc(1, sizeof(*v));
+    if (!v)
+        return NULL;
+    v->nodes = calloc(nnodes ? nnodes : 1, sizeof(*v->nodes));
+    v->node_order = calloc(nnodes ? nnodes : 1, sizeof(*v->node_order));
+    v->ranks = calloc(nranks ? nranks : 1, sizeof(*v->ranks));
+    if (!v->nodes || !v->node_order || !v->ranks) {
+        free(v->nodes);
+        free(v->node_order);
+        free(v->ranks);
+        free(v);
+        return NULL;
+    }
+    v->nnodes = nnodes;
+    v->nranks = nranks;
+    for (int i = 0; i < SNAP_NDOCS; i++)
+        pthread_mutex_init(&v->doc[i].lock, NULL);
+    pthread_mutex_init(&v->head_lock, NULL);
+    atomic_init(&v->refs, 1);
+    return v;
+}
+
+void snap_view_ref(struct snap_view *v)
+{
+    atomic_fetch_add(&v->refs, 1);
+}
+
+void snap_view_unref(struct snap_view *v)
+{
+    if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
+        return;
+    for (int i = 0; i < SNAP_NDOCS; i++) {
+        free(v->doc[i].text);
+        pthread_mutex_destroy(&v->doc[i].lock);
+    }
+    json_decref(v->head);
+    pthread_mutex_destroy(&v->head_lock);
+    free(v->events);
+    free(v->history);
+    free(v->nodes);
+    free(v->node_order);
+    free(v->ranks);
+    free(v);
+}
 
 void snapshot_init(struct snapshot *s)
 {
@@ -11,35 +76,37 @@ void snapshot_init(struct snapshot *s)
 
 void snapshot_destroy(struct snapshot *s)
 {
-    for (int i = 0; i < SNAP_NDOCS; i++)
-        free(s->doc[i]);
+    snap_view_unref(s->view);
     pthread_mutex_destroy(&s->lock);
 }
 
-void snapshot_publish(struct snapshot *s, enum snap_doc which, char *text)
+void snapshot_publish(struct snapshot *s, struct snap_view *v)
 {
     pthread_mutex_lock(&s->lock);
-    char *old = s->doc[which];
-    s->doc[which] = text;
-    s->read[which] = 0;
-    s->version++;
+    struct snap_view *old = s->view;
+    v->version = ++s->version;
+    s->view = v;
+    s->read = 0;
     pthread_mutex_unlock(&s->lock);
-    free(old);
+    snap_view_unref(old);
 }
 
-char *snapshot_copy(struct snapshot *s, enum snap_doc which)
+struct snap_view *snapshot_acquire(struct snapshot *s)
 {
     pthread_mutex_lock(&s->lock);
-    char *copy = s->doc[which] ? strdup(s->doc[which]) : NULL;
-    s->read[which] = 1;
+    struct snap_view *v = s->view;
+    if (v) {
+        snap_view_ref(v);
+        s->read = 1;
+    }
     pthread_mutex_unlock(&s->lock);
-    return copy;
+    return v;
 }
 
-int snapshot_was_read(struct snapshot *s, enum snap_doc which)
+int snapshot_was_read(struct snapshot *s)
 {
     pthread_mutex_lock(&s->lock);
-    int read = s->read[which];
+    int read = s->read;
     pthread_mutex_unlock(&s->lock);
     return read;
 }

@@ -7,11 +7,14 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -19,26 +22,84 @@
 
 #include "daemon/http.h"
 #include "daemon/metrics.h"
+#include "daemon/rdv.h"
+#include "daemon/restdoc.h"
 #include "daemon/snapshot.h"
+#include "daemon/view_build.h"
 
 #define TOKEN "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-static const char status_doc[] =
+/* The job-level fields of the test job (what rdv_summary_json gives). */
+static const char head_doc[] =
     "{\"job\":\"demo\",\"state\":\"running\",\"reason\":null,\"generation\":3,"
     "\"world_size\":4,\"restarts\":1,\"max_restarts\":5,\"step\":120,\"loss\":2.5,"
-    "\"tokens_per_s\":1000.5,\"comm_frac\":0.25,\"uptime_s\":61.5,\"last_checkpoint_step\":100,"
-    "\"nodes\":[{\"name\":\"a\",\"state\":\"joined\",\"addr\":\"10.0.0.1\",\"devices\":2,"
-    "\"kind\":\"cpu\",\"ranks\":[0,1],\"heartbeat_age_ms\":250},"
-    "{\"name\":\"b\",\"state\":\"lost\",\"addr\":\"10.0.0.2\",\"devices\":2,"
-    "\"kind\":\"cpu\",\"ranks\":[2,3],\"heartbeat_age_ms\":null}],"
-    "\"ranks\":[{\"rank\":0,\"node\":\"a\",\"local_rank\":0,\"device\":0,\"state\":\"running\","
-    "\"step\":120,\"loss\":2.5,\"tokens_per_s\":500,\"comm_frac\":0.2,\"heartbeat_age_ms\":1500},"
-    "{\"rank\":1,\"node\":\"a\",\"local_rank\":1,\"device\":1,\"state\":\"running\","
-    "\"step\":120,\"loss\":null,\"tokens_per_s\":500.5,\"comm_frac\":0.3,\"heartbeat_age_ms\":null}]}";
+    "\"tokens_per_s\":1000.5,\"comm_frac\":0.25,\"uptime_s\":61.5,\"last_checkpoint_step\":100}";
 
 static const char events_doc[] =
     "{\"events\":[{\"seq\":1,\"time\":\"2024-01-01T00:00:00Z\",\"generation\":1,"
     "\"kind\":\"node_joined\",\"node\":\"a\",\"rank\":null,\"message\":\"a joined\"}]}";
+
+static const char history_doc[] = "{\"stride\":1,\"samples\":2,\"capacity\":1024,\"step\":[1,2],"
+                                  "\"loss\":[3.0,2.5],\"tokens_per_s\":[10.0,11.0],\"time_s\":[1.0,2.0],"
+                                  "\"generation\":[1,1]}";
+
+static void set_node(struct snap_view *v, uint32_t i, const char *name, int state, uint32_t first, uint32_t n,
+                     int64_t age)
+{
+    struct snap_node *nd = &v->nodes[i];
+    snprintf(nd->name, sizeof(nd->name), "%s", name);
+    snprintf(nd->addr, sizeof(nd->addr), "10.0.0.%u", i + 1);
+    nd->state = (uint8_t)state;
+    nd->ndevices = n;
+    nd->first_rank = first;
+    nd->nranks = n;
+    nd->heartbeat_age_ms = age;
+}
+
+static void set_rank(struct snap_view *v, uint32_t i, uint32_t node, int state, uint64_t step, double loss,
+                     double tps, int64_t age)
+{
+    struct snap_rank *rk = &v->ranks[i];
+    rk->rank = i;
+    rk->node = node;
+    rk->local_rank = i - v->nodes[node].first_rank;
+    rk->device = rk->local_rank;
+    rk->state = (uint8_t)state;
+    rk->step = step;
+    rk->loss = loss;
+    rk->tokens_per_s = tps;
+    rk->comm_frac = 0.25;
+    rk->heartbeat_age_ms = age;
+}
+
+/*
+ * A view as the loop would publish it: job demo, running, generation 3; node
+ * a joined with ranks 0-1 running, node b lost with ranks 2-3 exited (rank 2
+ * the failed one). node_a names node a (escaping tests give odd names).
+ */
+static struct snap_view *test_view(const char *node_a)
+{
+    struct snap_view *v = snap_view_new(2, 4);
+    ck_assert_ptr_nonnull(v);
+    v->head = json_loads(head_doc, 0, NULL);
+    ck_assert_ptr_nonnull(v->head);
+    snprintf(v->state, sizeof(v->state), "running");
+    v->events = strdup(events_doc);
+    v->events_len = strlen(events_doc);
+    v->history = strdup(history_doc);
+    v->history_len = strlen(history_doc);
+    v->stale_after_ms = 5000;
+    set_node(v, 0, node_a, RDV_NODE_JOINED, 0, 2, 250);
+    set_node(v, 1, "b", RDV_NODE_LOST, 2, 2, -1);
+    set_rank(v, 0, 0, RDV_RANK_RUNNING, 120, 2.5, 500, 1500);
+    set_rank(v, 1, 0, RDV_RANK_RUNNING, 121, NAN, 500.5, -1);
+    set_rank(v, 2, 1, RDV_RANK_EXITED, 100, 3.0, 0, 9000);
+    set_rank(v, 3, 1, RDV_RANK_EXITED, 100, NAN, 0, 9000);
+    v->ranks[2].failed = 1;
+    snprintf(v->failure_reason, sizeof(v->failure_reason), "CUDA error: out of memory \"x\"");
+    view_derive(v);
+    return v;
+}
 
 /* ---- fixture ------------------------------------------------------------ */
 
@@ -88,8 +149,10 @@ static struct {
     enum fake_mode mode;
     int calls;
     struct logfetch_req query; /* a copy of the last one */
-    struct logfetch_req *held;
-} fake = {PTHREAD_MUTEX_INITIALIZER, FAKE_LATER, 0, {0}, NULL};
+    struct logfetch_req *held; /* the last one held */
+    struct logfetch_req *all_held[8];
+    int nheld;
+} fake = {PTHREAD_MUTEX_INITIALIZER, FAKE_LATER, 0, {0}, NULL, {NULL}, 0};
 
 static void *answer_later(void *arg)
 {
@@ -108,8 +171,11 @@ static void fake_log(void *ctx, struct logfetch_req *req)
     fake.calls++;
     fake.query = *req;
     enum fake_mode mode = fake.mode;
-    if (mode == FAKE_HOLD)
+    if (mode == FAKE_HOLD) {
         fake.held = req;
+        if (fake.nheld < 8)
+            fake.all_held[fake.nheld++] = req;
+    }
     pthread_mutex_unlock(&fake.lock);
     if (mode == FAKE_LATER) {
         pthread_t th;
@@ -122,10 +188,17 @@ static void fake_log(void *ctx, struct logfetch_req *req)
     }
 }
 
+/* Limits of the guard for the next server (0 = musterd's defaults). */
+static struct {
+    unsigned max_conns, max_per_addr, request_ms, slow_answer_ms;
+} limits;
+
 static void start_server(const char *token)
 {
     struct http_config cfg = {.addr = "127.0.0.1", .port = 0, .admin_token = token, .log = fake_log,
-                              .log_ctx = &fake};
+                              .log_ctx = &fake, .max_conns = limits.max_conns,
+                              .max_per_addr = limits.max_per_addr, .request_ms = limits.request_ms,
+                              .slow_answer_ms = limits.slow_answer_ms};
     char err[256] = "";
     pthread_mutex_lock(&rec.lock);
     rec.calls = 0;
@@ -134,6 +207,7 @@ static void start_server(const char *token)
     fake.mode = FAKE_LATER;
     fake.calls = 0;
     fake.held = NULL;
+    fake.nheld = 0;
     pthread_mutex_unlock(&fake.lock);
     snapshot_init(&snap);
     int rc = http_start(&srv, &cfg, &snap, record, &rec, err, sizeof(err));
@@ -145,6 +219,20 @@ static void start_server(const char *token)
 
 static void setup_admin(void) { start_server(TOKEN); }
 static void setup_no_admin(void) { start_server(NULL); }
+/* Small limits, so that the guard's work shows in a fraction of a second. */
+static void setup_guarded(void)
+{
+    limits.max_conns = 6;
+    limits.max_per_addr = 4;
+    limits.request_ms = 400;
+    start_server(NULL);
+}
+/* and answers going out for over 300 ms count as slow */
+static void setup_slow_readers(void)
+{
+    limits.slow_answer_ms = 300;
+    setup_guarded();
+}
 
 static void teardown(void)
 {
@@ -156,8 +244,7 @@ static void teardown(void)
 
 static void publish_all(void)
 {
-    snapshot_publish(&snap, SNAP_STATUS, strdup(status_doc));
-    snapshot_publish(&snap, SNAP_EVENTS, strdup(events_doc));
+    snapshot_publish(&snap, test_view("a"));
 }
 
 /* ---- client ------------------------------------------------------------- */
@@ -259,108 +346,340 @@ static void assert_has_line(const char *text, const char *line)
 
 START_TEST(test_starting)
 {
-    assert_error(get("/v1/status"), 503, "starting");
-    assert_error(get("/v1/nodes"), 503, "starting");
-    assert_error(get("/v1/events"), 503, "starting");
-    assert_error(get("/metrics"), 503, "starting");
+    const char *paths[] = {"/v1/status", "/v1/nodes", "/v1/ranks", "/v1/ranks?state=running", "/v1/events",
+                           "/v1/history", "/metrics"};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+        assert_error(get(paths[i]), 503, "starting");
     struct resp *r = get("/healthz");
     ck_assert_int_eq(r->status, 200);
     ck_assert_str_eq(r->body, "ok\n");
 }
 END_TEST
 
-START_TEST(test_status_as_published)
+static json_t *get_json(const char *path)
 {
-    publish_all();
-    struct resp *r = get("/v1/status");
-    ck_assert_int_eq(r->status, 200);
+    struct resp *r = get(path);
+    ck_assert_msg(r->status == 200, "%s: %ld %s", path, r->status, r->body);
     assert_header(r, "Content-Type: application/json");
     assert_header(r, "Cache-Control: no-store");
-    ck_assert_str_eq(r->body, status_doc);
-    r = get("/v1/events");
-    ck_assert_int_eq(r->status, 200);
-    ck_assert_str_eq(r->body, events_doc);
-
-    /* a later publish is what the next request sees */
-    snapshot_publish(&snap, SNAP_STATUS, strdup("{\"state\":\"stopped\",\"nodes\":[],\"ranks\":[]}"));
-    ck_assert_str_eq(get("/v1/status")->body, "{\"state\":\"stopped\",\"nodes\":[],\"ranks\":[]}");
+    json_t *doc = json_loads(r->body, 0, NULL);
+    ck_assert_msg(json_is_object(doc), "%s: not a JSON object: %s", path, r->body);
+    return doc;
 }
-END_TEST
 
-START_TEST(test_nodes_and_ranks)
+static long long int_at(const json_t *obj, const char *key)
+{
+    json_t *j = json_object_get(obj, key);
+    ck_assert_msg(json_is_integer(j), "\"%s\" is not an integer", key);
+    return json_integer_value(j);
+}
+
+START_TEST(test_status_summary)
 {
     publish_all();
-    json_t *status = json_loads(status_doc, 0, NULL);
-    const char *keys[] = {"nodes", "ranks"};
-    for (int i = 0; i < 2; i++) {
-        char path[32];
-        snprintf(path, sizeof(path), "/v1/%s", keys[i]);
-        struct resp *r = get(path);
-        ck_assert_int_eq(r->status, 200);
-        json_t *doc = json_loads(r->body, 0, NULL);
-        ck_assert_msg(json_is_object(doc) && json_object_size(doc) == 1, "%s: %s", path, r->body);
-        ck_assert_msg(json_equal(json_object_get(doc, keys[i]), json_object_get(status, keys[i])),
-                      "%s: %s", path, r->body);
-        json_decref(doc);
-    }
-    json_decref(status);
+    json_t *st = get_json("/v1/status");
+    ck_assert_str_eq(json_string_value(json_object_get(st, "job")), "demo");
+    ck_assert_str_eq(json_string_value(json_object_get(st, "state")), "running");
+    ck_assert_int_eq(int_at(st, "generation"), 3);
+    ck_assert_int_eq(int_at(st, "step"), 120);
+    ck_assert_int_eq(int_at(st, "version"), 1);
+    /* the per-rank and per-node tables live in /v1/ranks and /v1/nodes */
+    ck_assert_ptr_null(json_object_get(st, "ranks"));
+    ck_assert_ptr_null(json_object_get(st, "nodes"));
+    json_t *rs = json_object_get(st, "ranks_by_state");
+    ck_assert_int_eq(int_at(rs, "running"), 2);
+    ck_assert_int_eq(int_at(rs, "exited"), 2);
+    ck_assert_int_eq(int_at(rs, "pending"), 0);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_state"), "joined"), 1);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_state"), "lost"), 1);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "lost"), 1);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "ok"), 1);
+    ck_assert_int_eq(int_at(st, "unhealthy_nodes_total"), 1);
+    json_t *un = json_object_get(st, "unhealthy_nodes");
+    ck_assert_int_eq(json_array_size(un), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(un, 0), "name")), "b");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(un, 0), "health")), "lost");
+    /* failing: the exited ranks, the one that failed with its error */
+    ck_assert_int_eq(int_at(st, "failing_ranks_total"), 2);
+    json_t *fr = json_object_get(st, "failing_ranks");
+    ck_assert_int_eq(json_array_size(fr), 2);
+    ck_assert_int_eq(int_at(json_array_get(fr, 0), "rank"), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(fr, 0), "error")),
+                     "CUDA error: out of memory \"x\"");
+    ck_assert(json_is_null(json_object_get(json_array_get(fr, 1), "error")));
+    /* slowest: running ranks, lowest step first */
+    json_t *sr = json_object_get(st, "slowest_ranks");
+    ck_assert_int_eq(json_array_size(sr), 2);
+    ck_assert_int_eq(int_at(json_array_get(sr, 0), "rank"), 0);
+    ck_assert_int_eq(int_at(json_array_get(sr, 1), "rank"), 1);
+    json_decref(st);
+
+    /* a later publish is what the next request sees */
+    struct snap_view *v = test_view("a");
+    json_object_set_new(v->head, "state", json_string("stopped"));
+    snapshot_publish(&snap, v);
+    st = get_json("/v1/status");
+    ck_assert_str_eq(json_string_value(json_object_get(st, "state")), "stopped");
+    ck_assert_int_eq(int_at(st, "version"), 2);
+    json_decref(st);
+    ck_assert_str_eq(get("/v1/events")->body, events_doc);
+    ck_assert_str_eq(get("/v1/history")->body, history_doc);
 }
 END_TEST
 
-START_TEST(test_malformed_status)
+enum { NODES = 4096, PER = 8 };
+
+/* 4096 nodes x 8 ranks, running but for node gpu-0077, lost with its ranks exited. */
+static struct snap_view *big_view(void)
 {
-    snapshot_publish(&snap, SNAP_STATUS, strdup("{\"state\":\"running\"}"));
-    assert_error(get("/v1/nodes"), 500, "internal error");
-    ck_assert_int_eq(get("/v1/status")->status, 200);
+    struct snap_view *big = snap_view_new(NODES, NODES * PER);
+    ck_assert_ptr_nonnull(big);
+    big->head = json_loads(head_doc, 0, NULL);
+    big->stale_after_ms = 5000;
+    for (uint32_t n = 0; n < NODES; n++) {
+        char name[32];
+        snprintf(name, sizeof(name), "gpu-%04u", n);
+        set_node(big, n, name, n == 77 ? RDV_NODE_LOST : RDV_NODE_JOINED, n * PER, PER, n == 77 ? -1 : 300);
+        for (uint32_t l = 0; l < PER; l++)
+            set_rank(big, n * PER + l, n, n == 77 ? RDV_RANK_EXITED : RDV_RANK_RUNNING, 1000 + (n * PER + l) % 7,
+                     2.0, 900, 300);
+    }
+    view_derive(big);
+    return big;
+}
+
+/* The summary stays small however many ranks the job has; the lists do not. */
+START_TEST(test_status_size_does_not_grow)
+{
+    size_t small_len, big_len, ranks_len;
+    struct snap_view *small = test_view("a");
+    char *small_status = strdup(restdoc_get(small, SNAP_DOC_STATUS, &small_len));
+    struct snap_view *big = big_view();
+    const char *status = restdoc_get(big, SNAP_DOC_STATUS, &big_len);
+    restdoc_get(big, SNAP_DOC_RANKS, &ranks_len);
+    ck_assert_ptr_nonnull(status);
+    ck_assert_msg(big_len < 4 * small_len + 16384, "status: %zu bytes at 32768 ranks, %zu at 4", big_len, small_len);
+    ck_assert_msg(ranks_len > 100 * big_len, "ranks list %zu bytes, status %zu", ranks_len, big_len);
+    json_t *st = json_loads(status, 0, NULL);
+    ck_assert_int_eq(int_at(json_object_get(st, "ranks_by_state"), "running"), (NODES - 1) * PER);
+    ck_assert_int_eq(int_at(st, "failing_ranks_total"), PER);
+    ck_assert_int_eq(int_at(json_array_get(json_object_get(st, "failing_ranks"), 0), "rank"), 77 * PER);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(st, "unhealthy_nodes"), 0),
+                                                       "name")),
+                     "gpu-0077");
+    ck_assert_int_eq(json_array_size(json_object_get(st, "slowest_ranks")), SNAP_TOP_RANKS);
+    ck_assert_int_eq(int_at(json_array_get(json_object_get(st, "slowest_ranks"), 0), "step"), 1000);
+    json_decref(st);
+    free(small_status);
+    snap_view_unref(small);
+    snap_view_unref(big);
 }
 END_TEST
+
+/* A whole document is rendered once per view and then served as it is. */
+START_TEST(test_documents_cached_per_version)
+{
+    publish_all();
+    struct snap_view *v = snapshot_acquire(&snap);
+    ck_assert_ptr_null(v->doc[SNAP_DOC_RANKS].text);
+    struct resp *r = get("/v1/ranks");
+    ck_assert_int_eq(r->status, 200);
+    char *first = strdup(r->body);
+    const char *cached = v->doc[SNAP_DOC_RANKS].text;
+    ck_assert_ptr_nonnull(cached);
+    ck_assert_str_eq(cached, first);
+    ck_assert_str_eq(get("/v1/ranks")->body, first);
+    ck_assert_ptr_eq(v->doc[SNAP_DOC_RANKS].text, cached); /* not rendered again */
+    ck_assert_ptr_null(v->doc[SNAP_DOC_METRICS_RANKS].text);
+    get("/metrics");
+    ck_assert_ptr_nonnull(v->doc[SNAP_DOC_METRICS].text);
+    ck_assert_ptr_null(v->doc[SNAP_DOC_METRICS_RANKS].text);
+    snap_view_unref(v);
+    free(first);
+}
+END_TEST
+
+static void assert_ranks(json_t *doc, const char *key, const int *want, size_t n)
+{
+    json_t *arr = json_object_get(doc, key);
+    ck_assert_int_eq(json_array_size(arr), n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *item = json_array_get(arr, i);
+        if (strcmp(key, "ranks") == 0)
+            ck_assert_int_eq(int_at(item, "rank"), want[i]);
+        else
+            ck_assert_str_eq(json_string_value(json_object_get(item, "name")), want[i] ? "b" : "a");
+    }
+    json_decref(doc);
+}
+
+START_TEST(test_lists_filter_and_paginate)
+{
+    publish_all();
+    json_t *d = get_json("/v1/ranks");
+    ck_assert_int_eq(int_at(d, "total"), 4);
+    ck_assert_int_eq(int_at(d, "matched"), 4);
+    ck_assert(json_is_null(json_object_get(d, "next_offset")));
+    json_t *r0 = json_array_get(json_object_get(d, "ranks"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(r0, "node")), "a");
+    ck_assert_str_eq(json_string_value(json_object_get(r0, "state")), "running");
+    ck_assert_int_eq(int_at(r0, "heartbeat_age_ms"), 1500);
+    ck_assert(json_real_value(json_object_get(r0, "loss")) == 2.5);
+    ck_assert(json_is_null(json_object_get(json_array_get(json_object_get(d, "ranks"), 1), "loss")));
+    assert_ranks(d, "ranks", (int[]){0, 1, 2, 3}, 4);
+
+    assert_ranks(get_json("/v1/ranks?state=exited"), "ranks", (int[]){2, 3}, 2);
+    assert_ranks(get_json("/v1/ranks?node=a"), "ranks", (int[]){0, 1}, 2);
+    assert_ranks(get_json("/v1/ranks?node=b&state=running,exited"), "ranks", (int[]){2, 3}, 2);
+    assert_ranks(get_json("/v1/ranks?node=zz"), "ranks", NULL, 0);
+    d = get_json("/v1/ranks?offset=1&limit=2");
+    ck_assert_int_eq(int_at(d, "next_offset"), 3);
+    ck_assert_int_eq(int_at(d, "matched"), 4);
+    assert_ranks(d, "ranks", (int[]){1, 2}, 2);
+    d = get_json("/v1/ranks?offset=3&limit=2");
+    ck_assert(json_is_null(json_object_get(d, "next_offset")));
+    assert_ranks(d, "ranks", (int[]){3}, 1);
+    assert_ranks(get_json("/v1/ranks?offset=9"), "ranks", NULL, 0);
+
+    d = get_json("/v1/nodes");
+    json_t *b = json_array_get(json_object_get(d, "nodes"), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(b, "health")), "lost");
+    ck_assert_int_eq(int_at(json_object_get(b, "rank_states"), "exited"), 2);
+    ck_assert_int_eq(json_array_size(json_object_get(b, "ranks")), 2);
+    json_t *a = json_array_get(json_object_get(d, "nodes"), 0);
+    ck_assert_int_eq(int_at(a, "step_min"), 120);
+    ck_assert_int_eq(int_at(a, "step_max"), 121);
+    ck_assert(json_real_value(json_object_get(a, "tokens_per_s")) == 1000.5);
+    assert_ranks(d, "nodes", (int[]){0, 1}, 2);
+    assert_ranks(get_json("/v1/nodes?order=health"), "nodes", (int[]){1, 0}, 2);
+    assert_ranks(get_json("/v1/nodes?order=health&limit=1"), "nodes", (int[]){1}, 1);
+    assert_ranks(get_json("/v1/nodes?health=ok"), "nodes", (int[]){0}, 1);
+    assert_ranks(get_json("/v1/nodes?state=lost,left"), "nodes", (int[]){1}, 1);
+    assert_ranks(get_json("/v1/nodes?node=a"), "nodes", (int[]){0}, 1);
+}
+END_TEST
+
+START_TEST(test_list_bad_queries)
+{
+    publish_all();
+    static const struct {
+        const char *path, *names;
+    } bad[] = {
+        {"/v1/ranks?state=bogus", "state"},
+        {"/v1/ranks?state=", "state"},
+        {"/v1/ranks?state=running,", "state"},
+        {"/v1/ranks?state=joined", "state"},
+        {"/v1/ranks?limit=0", "limit"},
+        {"/v1/ranks?limit=x", "limit"},
+        {"/v1/ranks?limit=100001", "limit"},
+        {"/v1/ranks?offset=-1", "offset"},
+        {"/v1/ranks?offset=99999999999", "offset"},
+        {"/v1/ranks?node=a;b", "node"},
+        {"/v1/ranks?health=ok", "health"},
+        {"/v1/ranks?state=running&state=exited", "state"},
+        {"/v1/nodes?order=size", "order"},
+        {"/v1/nodes?health=sick", "health"},
+        {"/v1/nodes?state=running", "state"},
+        {"/v1/nodes?frobnicate=1", "frobnicate"},
+        {"/v1/status?verbose=1", "verbose"},
+        {"/v1/events?since=3", "since"},
+        {"/metrics?ranks=2", "ranks"},
+        {"/metrics?rank=1", "rank"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct resp *r = get(bad[i].path);
+        assert_error(r, 400, "invalid query");
+        json_t *doc = json_loads(r->body, 0, NULL);
+        const char *detail = json_string_value(json_object_get(doc, "detail"));
+        ck_assert_msg(detail && strstr(detail, bad[i].names), "%s: detail '%s' does not name %s", bad[i].path,
+                      detail ? detail : "(none)", bad[i].names);
+        json_decref(doc);
+    }
+}
+END_TEST
+
+static void assert_has_lines(const char *text, const char *const *lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_has_line(text, lines[i]);
+}
 
 START_TEST(test_metrics)
 {
+    static const char *const job_and_nodes[] = {
+        "# TYPE muster_generation gauge",
+        "muster_generation 3",
+        "muster_world_size 4",
+        "# TYPE muster_restarts_total counter",
+        "muster_restarts_total 1",
+        "muster_step 120",
+        "muster_loss 2.5",
+        "muster_tokens_per_second 1000.5",
+        "muster_comm_fraction 0.25",
+        "muster_job_state{state=\"running\"} 1",
+        "muster_job_state{state=\"waiting\"} 0",
+        "muster_job_state{state=\"failed\"} 0",
+        "muster_nodes{state=\"joined\"} 1",
+        "muster_nodes{state=\"lost\"} 1",
+        "muster_nodes{state=\"left\"} 0",
+        "muster_ranks{state=\"running\"} 2",
+        "muster_ranks{state=\"exited\"} 2",
+        "muster_nodes_health{health=\"lost\"} 1",
+        "muster_node_up{node=\"a\"} 1",
+        "muster_node_up{node=\"b\"} 0",
+        "muster_node_healthy{node=\"b\"} 0",
+        "muster_node_step{node=\"a\"} 120",
+        "muster_node_tokens_per_second{node=\"a\"} 1000.5",
+        "muster_node_heartbeat_age_seconds{node=\"a\"} 0.25",
+        "muster_node_ranks_running{node=\"b\"} 0",
+    };
+    static const char *const per_rank[] = {
+        "muster_rank_step{rank=\"0\",node=\"a\"} 120",
+        "muster_rank_loss{rank=\"0\",node=\"a\"} 2.5",
+        "muster_rank_heartbeat_age_seconds{rank=\"0\",node=\"a\"} 1.5",
+        "muster_rank_step{rank=\"3\",node=\"b\"} 100",
+    };
     publish_all();
     struct resp *r = get("/metrics");
     ck_assert_int_eq(r->status, 200);
     assert_header(r, "Content-Type: text/plain; version=0.0.4");
-    assert_has_line(r->body, "# TYPE muster_generation gauge");
-    assert_has_line(r->body, "muster_generation 3");
-    assert_has_line(r->body, "muster_world_size 4");
-    assert_has_line(r->body, "# TYPE muster_restarts_total counter");
-    assert_has_line(r->body, "muster_restarts_total 1");
-    assert_has_line(r->body, "muster_step 120");
-    assert_has_line(r->body, "muster_loss 2.5");
-    assert_has_line(r->body, "muster_tokens_per_second 1000.5");
-    assert_has_line(r->body, "muster_comm_fraction 0.25");
-    assert_has_line(r->body, "muster_job_state{state=\"running\"} 1");
-    assert_has_line(r->body, "muster_job_state{state=\"waiting\"} 0");
-    assert_has_line(r->body, "muster_job_state{state=\"failed\"} 0");
-    assert_has_line(r->body, "muster_nodes{state=\"joined\"} 1");
-    assert_has_line(r->body, "muster_nodes{state=\"lost\"} 1");
-    assert_has_line(r->body, "muster_nodes{state=\"left\"} 0");
-    assert_has_line(r->body, "muster_rank_step{rank=\"0\",node=\"a\"} 120");
-    assert_has_line(r->body, "muster_rank_loss{rank=\"0\",node=\"a\"} 2.5");
-    assert_has_line(r->body, "muster_rank_heartbeat_age_seconds{rank=\"0\",node=\"a\"} 1.5");
-    /* null values leave their sample out */
-    ck_assert_ptr_null(strstr(r->body, "muster_rank_loss{rank=\"1\""));
-    ck_assert_ptr_null(strstr(r->body, "muster_rank_heartbeat_age_seconds{rank=\"1\""));
+    assert_has_lines(r->body, job_and_nodes, sizeof(job_and_nodes) / sizeof(job_and_nodes[0]));
+    /* null values leave their sample out; no per-rank series unless asked */
+    ck_assert_ptr_null(strstr(r->body, "muster_node_heartbeat_age_seconds{node=\"b\""));
+    ck_assert_ptr_null(strstr(r->body, "muster_rank_"));
     /* exactly one job state is 1 */
     int ones = 0;
     for (const char *p = r->body; (p = strstr(p, "muster_job_state{")); p++)
         ones += strncmp(strchr(p, '}'), "} 1\n", 4) == 0;
     ck_assert_int_eq(ones, 1);
+
+    r = get("/metrics?ranks=1");
+    ck_assert_int_eq(r->status, 200);
+    assert_has_lines(r->body, job_and_nodes, sizeof(job_and_nodes) / sizeof(job_and_nodes[0]));
+    assert_has_lines(r->body, per_rank, sizeof(per_rank) / sizeof(per_rank[0]));
+    ck_assert_ptr_null(strstr(r->body, "muster_rank_loss{rank=\"1\""));
+    ck_assert_ptr_null(strstr(r->body, "muster_rank_heartbeat_age_seconds{rank=\"1\""));
+    ck_assert_ptr_null(strstr(get("/metrics?ranks=0")->body, "muster_rank_"));
 }
 END_TEST
 
-START_TEST(test_metrics_escaping)
+START_TEST(test_odd_names_escaped)
 {
-    char *out = NULL, err[128];
-    const char *doc = "{\"state\":\"forming\",\"nodes\":[],\"ranks\":[{\"rank\":7,"
-                      "\"node\":\"x\\\"y\\\\z\\nw\",\"step\":5}]}";
-    ck_assert_int_eq(metrics_render(doc, &out, err, sizeof(err)), 0);
-    assert_has_line(out, "muster_rank_step{rank=\"7\",node=\"x\\\"y\\\\z\\nw\"} 5");
-    assert_has_line(out, "muster_job_state{state=\"forming\"} 1");
-    free(out);
-    ck_assert_int_eq(metrics_render("[1]", &out, err, sizeof(err)), -EINVAL);
-    ck_assert_int_eq(metrics_render("{", &out, err, sizeof(err)), -EINVAL);
+    struct snap_view *v = test_view("x\"y\\z\nw");
+    size_t len;
+    const char *m = restdoc_get(v, SNAP_DOC_METRICS_RANKS, &len);
+    assert_has_line(m, "muster_rank_step{rank=\"0\",node=\"x\\\"y\\\\z\\nw\"} 120");
+    assert_has_line(m, "muster_node_up{node=\"x\\\"y\\\\z\\nw\"} 1");
+    json_t *nodes = json_loads(restdoc_get(v, SNAP_DOC_NODES, &len), 0, NULL);
+    ck_assert_ptr_nonnull(nodes);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(nodes, "nodes"), 0), "name")),
+                     "x\"y\\z\nw");
+    json_decref(nodes);
+    json_t *ranks = json_loads(restdoc_get(v, SNAP_DOC_RANKS, &len), 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(ranks, "ranks"), 2), "error")),
+                     "CUDA error: out of memory \"x\"");
+    json_decref(ranks);
+    snap_view_unref(v);
 }
 END_TEST
 
@@ -405,12 +724,11 @@ START_TEST(test_admin_auth)
     ck_assert_int_eq(recorded(&action, node), 2);
     ck_assert_int_eq(action, HTTP_ADMIN_RESTART);
 
-    /* drain checks the node against the published status */
+    /* drain checks the node against the published view */
     assert_error(request("POST", "/v1/nodes/gpu-node_07.rack2/drain",
                          "Authorization: Bearer " TOKEN, NULL),
                  503, "starting");
-    snapshot_publish(&snap, SNAP_STATUS,
-                     strdup("{\"nodes\":[{\"name\":\"a\"},{\"name\":\"gpu-node_07.rack2\"}]}"));
+    snapshot_publish(&snap, test_view("gpu-node_07.rack2"));
     r = request("POST", "/v1/nodes/gpu-node_07.rack2/drain", "Authorization: Bearer " TOKEN, NULL);
     ck_assert_int_eq(r->status, 202);
     ck_assert_str_eq(r->body, "{\"accepted\":\"drain\",\"node\":\"gpu-node_07.rack2\"}");
@@ -647,6 +965,186 @@ START_TEST(test_log_unavailable_without_a_loop)
 }
 END_TEST
 
+/* ---- hostile clients ------------------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A raw connection to the server that has sent text (no request yet if partial). */
+static int raw_connect(const char *text)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    if (text)
+        ck_assert_int_eq(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
+    return fd;
+}
+
+/* Reads what comes on fd until the server closes it or ms pass; returns the
+ * bytes read (into buf) and whether it was closed in *closed. */
+static size_t raw_read(int fd, char *buf, size_t cap, int ms, int *closed)
+{
+    size_t len = 0;
+    uint64_t until = now_ms() + (uint64_t)ms;
+    *closed = 0;
+    while (now_ms() < until && len + 1 < cap) {
+        struct timeval tv = {0, 20000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ssize_t n = recv(fd, buf + len, cap - 1 - len, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            *closed = 1;
+            break;
+        }
+        if (n > 0)
+            len += (size_t)n;
+    }
+    buf[len] = '\0';
+    return len;
+}
+
+/* A client that trickles a header byte every 100 ms is cut off at the deadline, with a 408. */
+START_TEST(test_request_deadline)
+{
+    publish_all();
+    int fd = raw_connect("GET /v1/status HTTP/1.1\r\nHost: x\r\n");
+    uint64_t t0 = now_ms(), closed_at = 0;
+    char buf[1024];
+    size_t have = 0;
+    for (int i = 0; i < 30 && !closed_at; i++) { /* at most 3 s */
+        send(fd, "X", 1, MSG_NOSIGNAL);
+        int closed;
+        have += raw_read(fd, buf + have, sizeof(buf) - have, 100, &closed);
+        if (closed)
+            closed_at = now_ms();
+    }
+    close(fd);
+    ck_assert_msg(closed_at, "a trickling request was not cut off within 3 s");
+    ck_assert_msg(closed_at - t0 >= 350 && closed_at - t0 < 1500, "cut off after %llu ms (deadline 400 ms)",
+                  (unsigned long long)(closed_at - t0));
+    ck_assert_msg(strncmp(buf, "HTTP/1.1 408", 12) == 0, "answer: %s", buf);
+    struct http_guard_stats st;
+    http_guard_counts(srv, &st);
+    ck_assert_uint_eq(st.timed_out, 1);
+
+    /* a quick request on a kept-alive connection is answered, and the idle
+     * connection after it is closed at the deadline too */
+    fd = raw_connect("GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n");
+    int closed;
+    raw_read(fd, buf, sizeof(buf), 200, &closed);
+    ck_assert_msg(strncmp(buf, "HTTP/1.1 200", 12) == 0 && !closed, "answer: %.80s", buf);
+    raw_read(fd, buf, sizeof(buf), 1500, &closed);
+    ck_assert_msg(closed, "an idle kept-alive connection outlived the deadline");
+    close(fd);
+}
+END_TEST
+
+/* Slow connections from one address make room for a quick request from it. */
+START_TEST(test_per_address_eviction)
+{
+    publish_all();
+    int slow[4];
+    for (int i = 0; i < 4; i++) {
+        slow[i] = raw_connect("GET /v1/status HTTP/1.1\r\n");
+        usleep(20000);
+    }
+    uint64_t t0 = now_ms();
+    struct resp *r = get("/v1/status");
+    ck_assert_int_eq(r->status, 200);
+    ck_assert_msg(now_ms() - t0 < 300, "status took %llu ms", (unsigned long long)(now_ms() - t0));
+    char buf[512];
+    int closed;
+    raw_read(slow[0], buf, sizeof(buf), 300, &closed);
+    ck_assert_msg(closed && strncmp(buf, "HTTP/1.1 408", 12) == 0, "the oldest slow connection: closed %d, '%s'",
+                  closed, buf);
+    raw_read(slow[3], buf, sizeof(buf), 50, &closed);
+    ck_assert_msg(!closed, "the newest slow connection was closed too");
+    struct http_guard_stats st;
+    http_guard_counts(srv, &st);
+    ck_assert_uint_ge(st.evicted, 1);
+    ck_assert_uint_eq(st.refused, 0);
+    for (int i = 0; i < 4; i++)
+        close(slow[i]);
+}
+END_TEST
+
+/* When every connection is busy answering, a new one is refused with a 503. */
+START_TEST(test_refused_when_all_answering)
+{
+    pthread_mutex_lock(&fake.lock);
+    fake.mode = FAKE_HOLD;
+    pthread_mutex_unlock(&fake.lock);
+    int held[4]; /* suspended log requests: being answered, as far as the guard knows */
+    for (int i = 0; i < 4; i++)
+        held[i] = raw_connect("GET /v1/ranks/1/log HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (int i = 0; i < 100 && fake_calls(NULL) < 4; i++)
+        usleep(10000);
+    ck_assert_int_eq(fake_calls(NULL), 4);
+    int fd = raw_connect(NULL);
+    char buf[512];
+    int closed;
+    raw_read(fd, buf, sizeof(buf), 1000, &closed);
+    ck_assert_msg(closed && strncmp(buf, "HTTP/1.1 503", 12) == 0, "closed %d, answer '%s'", closed, buf);
+    ck_assert_ptr_nonnull(strstr(buf, "too many connections"));
+    close(fd);
+    struct http_guard_stats st;
+    http_guard_counts(srv, &st);
+    ck_assert_uint_eq(st.refused, 1);
+    pthread_mutex_lock(&fake.lock);
+    ck_assert_int_eq(fake.nheld, 4);
+    for (int i = 0; i < fake.nheld; i++) {
+        struct logfetch_req *req = fake.all_held[i];
+        req->status = 503;
+        req->body = strdup("{\"error\":\"shutting down\"}");
+        req->done(req);
+    }
+    pthread_mutex_unlock(&fake.lock);
+    for (int i = 0; i < 4; i++)
+        close(held[i]);
+}
+END_TEST
+
+/* Readers too slow to drain a big answer make room for a quick request. */
+START_TEST(test_slow_readers_evicted)
+{
+    snapshot_publish(&snap, big_view());
+    int slow[4];
+    for (int i = 0; i < 4; i++) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        slow[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int small = 4096; /* a 6 MB list cannot fit in the socket buffers */
+        setsockopt(slow[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+        ck_assert_int_eq(connect(slow[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        const char *req = "GET /v1/ranks HTTP/1.1\r\nHost: x\r\n\r\n";
+        ck_assert_int_eq(send(slow[i], req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    }
+    for (int i = 0; i < 4; i++) { /* each answer is going out (at most 5 s) */
+        char byte;
+        for (int k = 0; k < 500 && recv(slow[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 1; k++)
+            usleep(10000);
+        ck_assert_int_eq(recv(slow[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT), 1);
+    }
+    usleep(500000); /* and has been for longer than 300 ms */
+    uint64_t t0 = now_ms();
+    struct resp *r = get("/v1/status");
+    ck_assert_int_eq(r->status, 200);
+    ck_assert_msg(now_ms() - t0 < 500, "status took %llu ms", (unsigned long long)(now_ms() - t0));
+    struct http_guard_stats st;
+    http_guard_counts(srv, &st);
+    ck_assert_uint_eq(st.evicted, 1);
+    ck_assert_uint_eq(st.refused, 0);
+    for (int i = 0; i < 4; i++)
+        close(slow[i]);
+}
+END_TEST
+
 Suite *make_http_suite(void)
 {
     Suite *s = suite_create("http");
@@ -655,11 +1153,13 @@ Suite *make_http_suite(void)
     tcase_add_checked_fixture(tc, setup_admin, teardown);
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_starting);
-    tcase_add_test(tc, test_status_as_published);
-    tcase_add_test(tc, test_nodes_and_ranks);
-    tcase_add_test(tc, test_malformed_status);
+    tcase_add_test(tc, test_status_summary);
+    tcase_add_test(tc, test_status_size_does_not_grow);
+    tcase_add_test(tc, test_documents_cached_per_version);
+    tcase_add_test(tc, test_lists_filter_and_paginate);
+    tcase_add_test(tc, test_list_bad_queries);
     tcase_add_test(tc, test_metrics);
-    tcase_add_test(tc, test_metrics_escaping);
+    tcase_add_test(tc, test_odd_names_escaped);
     tcase_add_test(tc, test_dashboard);
     tcase_add_test(tc, test_routing_errors);
     tcase_add_test(tc, test_port_in_use);
@@ -680,6 +1180,20 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_log_bad_queries);
     tcase_add_test(tc, test_log_answered_at_shutdown);
     tcase_add_test(tc, test_log_unavailable_without_a_loop);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("guard");
+    tcase_add_checked_fixture(tc, setup_guarded, teardown);
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_request_deadline);
+    tcase_add_test(tc, test_per_address_eviction);
+    tcase_add_test(tc, test_refused_when_all_answering);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("guard_slow_readers");
+    tcase_add_checked_fixture(tc, setup_slow_readers, teardown);
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_slow_readers_evicted);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("admin_disabled");

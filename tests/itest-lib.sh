@@ -63,17 +63,23 @@ start_agent() {
 
 status() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status"; }
 
-# check PYEXPR: true when the Python expression holds for d = /v1/status.
+# check PYEXPR: true when the Python expression holds for d = /v1/status with
+# d["ranks"] and d["nodes"] the lists of /v1/ranks and /v1/nodes (the summary
+# leaves them out; the three are read one after the other).
 check() {
-    status 2>/dev/null | python3 -c '
-import json, sys
+    python3 -c '
+import json, sys, urllib.request
+base = "http://127.0.0.1:%s" % sys.argv[2]
 try:
-    d = json.load(sys.stdin)
+    get = lambda p: json.load(urllib.request.urlopen(base + p, timeout=2))
+    d = get("/v1/status")
+    d["ranks"] = get("/v1/ranks")["ranks"]
+    d["nodes"] = get("/v1/nodes")["nodes"]
 except Exception:
     sys.exit(1)
 running = sum(1 for r in d["ranks"] if r["state"] == "running")
 node = {n["name"]: n for n in d["nodes"]}
-sys.exit(0 if eval(sys.argv[1]) else 1)' "$1"
+sys.exit(0 if eval(sys.argv[1]) else 1)' "$1" "$HTTP" 2>/dev/null
 }
 
 # wait_for SECONDS PYEXPR: polls every 50 ms.
@@ -86,12 +92,13 @@ wait_for() {
     return 1
 }
 
-show_status() { status | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
+show_status() { python3 -c '
+import json, sys, urllib.request
+base = "http://127.0.0.1:%s" % sys.argv[1]
+d = json.load(urllib.request.urlopen(base + "/v1/status", timeout=2))
 print("state=%s generation=%s world_size=%s restarts=%s reason=%s" % (d["state"], d["generation"], d["world_size"], d["restarts"], d["reason"]))
-for r in d["ranks"]:
-    print("  rank %d node %s local %d %s step %s" % (r["rank"], r["node"], r["local_rank"], r["state"], r["step"]))'
+for r in json.load(urllib.request.urlopen(base + "/v1/ranks", timeout=2))["ranks"]:
+    print("  rank %d node %s local %d %s step %s" % (r["rank"], r["node"], r["local_rank"], r["state"], r["step"]))' "$HTTP"
 }
 
 pid_alive() { kill -0 "$1" 2>/dev/null; }

@@ -26,16 +26,41 @@ wait_for 20 'd["state"] == "running" and running == 2' || fail "job not running"
 
 "$M" $S status > "$ITEST_DIR/out" || fail "status"
 grep -q "job ctltest: running" "$ITEST_DIR/out" || fail "status: $(cat "$ITEST_DIR/out")"
-grep -Eq "^NODE +STATE +ADDRESS" "$ITEST_DIR/out" || fail "no nodes table: $(cat "$ITEST_DIR/out")"
+grep -Eq "^NODE +STATE +HEALTH +ADDRESS" "$ITEST_DIR/out" || fail "no nodes table: $(cat "$ITEST_DIR/out")"
 grep -Eq "^ +1 +b +0 +0 +running" "$ITEST_DIR/out" || fail "no rank 1 row: $(cat "$ITEST_DIR/out")"
 "$M" $S nodes | grep -Eq "^a +joined" || fail "nodes table lacks node a"
 "$M" $S ranks --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d["ranks"]) == 2' \
     || fail "ranks --json"
 "$M" $S events | grep -q "daemon_started" || fail "events lack daemon_started"
 
-curl -sf "http://127.0.0.1:$HTTP/metrics" > "$ITEST_DIR/metrics" || fail "GET /metrics"
+curl -sf "http://127.0.0.1:$HTTP/metrics?ranks=1" > "$ITEST_DIR/metrics" || fail "GET /metrics?ranks=1"
 grep -qx 'muster_job_state{state="running"} 1' "$ITEST_DIR/metrics" || fail "metrics: job state"
 grep -q '^muster_rank_step{rank="1",node="b"} ' "$ITEST_DIR/metrics" || fail "metrics: rank 1"
+curl -sf "http://127.0.0.1:$HTTP/metrics" > "$ITEST_DIR/metrics" || fail "GET /metrics"
+grep -qx 'muster_node_up{node="b"} 1' "$ITEST_DIR/metrics" || fail "metrics: node b up"
+if grep -q '^muster_rank_' "$ITEST_DIR/metrics"; then fail "per-rank series without ?ranks=1"; fi
+
+# Lists: filters and pages through musterctl; a bad filter names itself.
+"$M" $S ranks --state running --limit 1 --offset 1 > "$ITEST_DIR/out" || fail "ranks --state --limit"
+grep -Eq "^ +1 +b +0 +0 +running" "$ITEST_DIR/out" && grep -q "(1 of 2 ranks shown" "$ITEST_DIR/out" \
+    || fail "ranks page: $(cat "$ITEST_DIR/out")"
+"$M" $S nodes --health ok --order health --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert [n["name"] for n in d["nodes"]] == ["a", "b"] and d["matched"] == 2, d' || fail "nodes --health ok --json"
+rc=0; "$M" $S ranks --state sleeping 2> "$ITEST_DIR/err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "invalid query: state: expected" "$ITEST_DIR/err" || fail "bad state: rc $rc, $(cat "$ITEST_DIR/err")"
+rc=0; "$M" $S status --limit 3 2> "$ITEST_DIR/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "status --limit: rc $rc"
+# The run's history fills in while the ranks step (one sample a second).
+i=0; while [ $i -lt 50 ]; do
+    curl -sf "http://127.0.0.1:$HTTP/v1/history" | python3 -c '
+import json, sys
+h = json.load(sys.stdin)
+sys.exit(0 if len(h["step"]) >= 2 and h["step"] == sorted(h["step"]) and len(h["loss"]) == len(h["step"]) else 1)' && break
+    sleep 0.1; i=$((i + 1))
+done
+[ $i -lt 50 ] || fail "/v1/history: $(curl -s "http://127.0.0.1:$HTTP/v1/history")"
 curl -s "http://127.0.0.1:$HTTP/" | grep -q "<canvas" || fail "dashboard"
 
 # Admin: no token is a usage error, a wrong one is refused, the job goes on.
