@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -475,7 +476,8 @@ void rdv_free(struct rdv *r)
 
 void rdv_save(const struct rdv *r, struct rdv_saved *out)
 {
-    memset(out, 0, sizeof(*out));
+    /* Only the members in use are written: the table is large and this runs at every state change. */
+    memset(out, 0, offsetof(struct rdv_saved, members));
     snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
     out->state = r->state;
     snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
@@ -663,7 +665,8 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
             try_start_generation(r, now_ms);
         }
     }
-    changed(r, 1);
+    /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
+    changed(r, 0);
     return 0;
 }
 

@@ -124,10 +124,12 @@ struct rdv_ops {
     void (*send)(void *ctx, const char *node, const struct proto_msg *msg);
     /* Close the node's connection (after sending whatever was queued). */
     void (*disconnect)(void *ctx, const char *node, const char *why);
-    /* Something changed; persist != 0 when the state file must be rewritten,
-     * which must happen before this returns: rdv calls it before sending any
-     * frame that names a new generation, so a crashed daemon never comes
-     * back with a generation older than one its agents have seen. */
+    /* Something changed; persist != 0 when what the state file keeps
+     * (struct rdv_saved) may have changed. rdv calls it before sending any
+     * frame that names a new generation, and every frame rdv sends after it
+     * must reach no agent before the state file holding that change is
+     * durable (musterd: daemon/persist.h, server_hold), so a crashed daemon
+     * never comes back with a generation older than one its agents have seen. */
     void (*changed)(void *ctx, int persist);
 };
 
