@@ -434,12 +434,19 @@ static void on_connection(uv_stream_t *listener, int status)
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
-static struct conn *find_joined(struct server *s, const char *node)
+/* The node's established connection. */
+static struct conn *find_established(struct server *s, const char *node)
 {
     uintptr_t c;
+    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
+}
+
+/* Where frames to the node go: during rdv_join, the connection being admitted. */
+static struct conn *find_joined(struct server *s, const char *node)
+{
     if (s->joining && strcmp(s->joining->node, node) == 0)
         return s->joining;
-    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
+    return find_established(s, node);
 }
 
 void server_send(void *ctx, const char *node, const struct proto_msg *msg)
@@ -475,9 +482,11 @@ void server_release(struct server *s, uint64_t seq)
     }
 }
 
+/* Never the connection being admitted: rdv refuses that one by its answer; a
+ * node resuming its session on it has its old connection closed here. */
 void server_disconnect(void *ctx, const char *node, const char *why)
 {
-    struct conn *c = find_joined(ctx, node);
+    struct conn *c = find_established(ctx, node);
     if (c)
         conn_close(c, why, 0);
 }
