@@ -72,23 +72,23 @@ static void after_write(uv_work_t *w, int status)
         p->failures++;
         log_error("state file not written: %s; retrying every %d ms", status ? uv_strerror(status) : p->err,
                   PERSIST_RETRY_MS);
-        if (!p->pending && !p->closing) {
-            /* Nothing newer: what failed is what must still be written. */
-            struct rdv_saved *t = p->next;
-            p->next = p->inflight;
-            p->inflight = t;
-            p->pending = 1;
-        }
-        p->have_last = 0; /* the next request with equal content writes again */
+        p->have_last = 0;           /* the next write goes to disk whatever its content */
+        if (!p->closing)
+            p->pending = 1;         /* retried with the state as it is then */
         p->last_start_ms = uv_now(p->loop) + PERSIST_RETRY_MS - PERSIST_SPACING_MS;
     }
     /* Frames held for this write go out either way: see persist.h. */
-    p->durable = p->writing;
+    if (p->writing > p->durable)
+        p->durable = p->writing;
     p->on_durable(p->ctx, p->durable);
     kick(p);
 }
 
-/* Starts the pending write now if none is in flight and the spacing allows; else arms the timer. */
+/*
+ * Starts the pending write if none is in flight and the spacing allows (else
+ * arms the timer). The state is copied from rdv only now, so that any number
+ * of requests between two writes cost one copy.
+ */
 static void kick(struct persist *p)
 {
     if (!p->pending || p->busy)
@@ -98,12 +98,19 @@ static void kick(struct persist *p)
         uv_timer_start(&p->timer, on_timer, due - now, 0);
         return;
     }
+    rdv_save(p->rdv, p->next);
+    p->pending = 0;
+    if (p->have_last && saved_equal(p->next, p->last)) {
+        /* What the last write (done: nothing is in flight) put on disk. */
+        p->durable = p->seq;
+        p->on_durable(p->ctx, p->durable);
+        goto idle;
+    }
     struct rdv_saved *t = p->inflight;
     p->inflight = p->next;
     p->next = t;
     saved_copy(p->last, p->inflight);
     p->have_last = 1;
-    p->pending = 0;
     p->writing = p->seq;
     p->last_start_ms = now;
     int rc = uv_queue_work(p->loop, &p->work, do_write, after_write);
@@ -122,15 +129,10 @@ idle:
 
 uint64_t persist_request(struct persist *p, const struct rdv *r)
 {
+    p->rdv = r;
     if (!p->pending) {
-        rdv_save(r, p->next);
-        /* Equal to the newest write started: durable once that one is. */
-        if (p->have_last && saved_equal(p->next, p->last))
-            return p->busy ? p->writing : p->durable;
         p->pending = 1;
         p->seq++;
-    } else {
-        rdv_save(r, p->next); /* folded into the pending write */
     }
     kick(p);
     return p->seq;

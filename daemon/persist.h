@@ -6,9 +6,10 @@
  *
  * Coalescing: at most one write is in flight, and one starts at most every
  * PERSIST_SPACING_MS. Requests that come meanwhile are folded into the next
- * write, which carries the newest state; a request whose content equals
- * what is durable or being written costs no write at all. N agents joining
- * at once cost a bounded number of writes, not 2N.
+ * write, which copies the state from rdv when it starts (one O(members) copy
+ * per write, none per request); a write whose content equals the last one's
+ * is not made. N agents joining, or lost, at once cost a bounded number of
+ * writes, not 2N.
  *
  * Ordering: each request that changes the content gets a sequence number,
  * and on_durable(seq) says that the file on disk holds the state of every
@@ -40,8 +41,9 @@ struct persist {
     uv_timer_t timer;       /* spacing and retries */
     void (*on_durable)(void *ctx, uint64_t seq);
     void *ctx;
+    const struct rdv *rdv;      /* copied from when a write starts */
 
-    struct rdv_saved *next;     /* newest content asked for (loop's) */
+    struct rdv_saved *next;     /* scratch for the next write's content (loop's) */
     struct rdv_saved *inflight; /* the thread pool's while busy */
     struct rdv_saved *last;     /* content of the newest write started */
     uint64_t seq;           /* last sequence number given out */
@@ -49,7 +51,7 @@ struct persist {
     uint64_t durable;       /* newest sequence number on disk (or given up on) */
     uint64_t last_start_ms;
     int have_last;          /* last holds something */
-    int pending;            /* next holds content not yet handed to a write */
+    int pending;            /* requests since the last write started */
     int busy;               /* a write is in flight */
     int closing;            /* persist_close ran: write what is pending, then close */
     int rc;                 /* result of the write in flight (the pool thread's) */
@@ -64,9 +66,9 @@ int persist_init(struct persist *p, uv_loop_t *loop, const char *dir,
                  void (*on_durable)(void *ctx, uint64_t seq), void *ctx);
 
 /*
- * rdv's state is to be made durable. Returns the sequence number whose
- * durability covers it: 0 or at most the last on_durable's seq when it
- * already is durable, else a number on_durable will report.
+ * rdv's state is to be made durable (r must outlive p). Returns the
+ * sequence number whose durability covers it; on_durable reports it, or
+ * already has when nothing changed since the last write.
  */
 uint64_t persist_request(struct persist *p, const struct rdv *r);
 
