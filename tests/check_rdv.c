@@ -72,7 +72,8 @@ static void teardown(void) { rdv_free(&rdv); }
 
 static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
 
-static int join(const char *name, uint32_t ndev, uint64_t generation)
+/* An agent's HELLO; session 0 = none (a first join). */
+static int join_session(const char *name, uint32_t ndev, uint64_t generation, uint64_t session)
 {
     struct proto_hello h;
     char code[32], reason[PROTO_REASON_MAX];
@@ -84,11 +85,14 @@ static int join(const char *name, uint32_t ndev, uint64_t generation)
         h.devices[i] = i;
     h.generation = generation;
     h.free_port = node_port(name);
+    h.session = session;
     int rc = rdv_join(&rdv, &h, now, code, reason);
     if (rc != 0)
         snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code); /* last reject code */
     return rc;
 }
+
+static int join(const char *name, uint32_t ndev, uint64_t generation) { return join_session(name, ndev, generation, 0); }
 
 static const char *last_reject_code(void) { return rec.sent[MAX_SENT - 1].node; }
 
@@ -151,26 +155,6 @@ static uint64_t session_of(const char *node)
         if (strcmp(rec.sent[i].node, node) == 0 && rec.sent[i].msg.type == PROTO_WELCOME)
             return rec.sent[i].msg.u.welcome.session;
     return 0;
-}
-
-/* A connected node's agent on a new connection, naming a session. */
-static int rejoin_session(const char *name, uint32_t ndev, uint64_t generation, uint64_t session)
-{
-    struct proto_hello h;
-    char code[32], reason[PROTO_REASON_MAX];
-    memset(&h, 0, sizeof(h));
-    snprintf(h.node, sizeof(h.node), "%s", name);
-    snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
-    h.ndevices = ndev;
-    for (uint32_t i = 0; i < ndev; i++)
-        h.devices[i] = i;
-    h.generation = generation;
-    h.free_port = node_port(name);
-    h.session = session;
-    int rc = rdv_join(&rdv, &h, now, code, reason);
-    if (rc != 0)
-        snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code);
-    return rc;
 }
 
 static int has_event(const char *kind)
@@ -1075,7 +1059,7 @@ START_TEST(resumed_session_keeps_the_generation)
     rdv_tick(&rdv, now);
     ck_assert_int_eq(rec.ndisconnected, 0);
     int mark = rec.nsent;
-    ck_assert_int_eq(rejoin_session("a", 2, 1, session), 0);
+    ck_assert_int_eq(join_session("a", 2, 1, session), 0);
     ck_assert_int_eq(rec.ndisconnected, 1); /* the old connection, replaced */
     ck_assert_str_eq(rec.disconnected[0], "a");
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
@@ -1100,9 +1084,9 @@ START_TEST(another_session_is_a_duplicate)
 {
     form_running(3);
     uint64_t session = session_of("a");
-    ck_assert_int_eq(rejoin_session("a", 2, 1, session ^ 1), -1);
+    ck_assert_int_eq(join_session("a", 2, 1, session ^ 1), -1);
     ck_assert_str_eq(last_reject_code(), "duplicate");
-    ck_assert_int_eq(rejoin_session("a", 2, 1, 0), -1);
+    ck_assert_int_eq(join_session("a", 2, 1, 0), -1);
     ck_assert_str_eq(last_reject_code(), "duplicate");
     ck_assert_int_eq(rec.ndisconnected, 0);
     ck_assert_int_eq(rdv.generation, 1);
@@ -1121,7 +1105,7 @@ START_TEST(resume_while_forming_gives_back_what_was_missed)
     rdv_message(&rdv, "a", &u, now);
     /* b's link stalled before its ASSIGN and the unique id got through: its ranks never started. */
     int mark = rec.nsent;
-    ck_assert_int_eq(rejoin_session("b", 2, 0, session_of("b")), 0);
+    ck_assert_int_eq(join_session("b", 2, 0, session_of("b")), 0);
     const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(as);
     ck_assert_int_eq(as->u.assign.generation, 1);
@@ -1144,7 +1128,7 @@ END_TEST
 START_TEST(resume_without_its_ranks_fails_the_generation)
 {
     form_running(3);
-    ck_assert_int_eq(rejoin_session("a", 2, 0, session_of("a")), 0); /* its ranks died meanwhile */
+    ck_assert_int_eq(join_session("a", 2, 0, session_of("a")), 0); /* its ranks died meanwhile */
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_int_eq(rdv.restarts, 1);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "node a came back without its ranks of generation 1"));
