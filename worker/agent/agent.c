@@ -643,8 +643,8 @@ static uint64_t stall_ms(const struct agent *a)
 
 /*
  * A heartbeat went unanswered for stall_ms: the connection is set aside
- * (not closed: see STALL_MIN_MS) and a new one resumes the session, while
- * the daemon's deadline for this node has not passed.
+ * (kept open, unread: see "Link stalls" at the top) and a new one resumes
+ * the session while the daemon's deadline for this node has not passed.
  */
 static void link_stalled(struct agent *a, uint64_t now)
 {
@@ -1285,8 +1285,9 @@ static void on_tick(uv_timer_t *t)
         char why[160];
         snprintf(why, sizeof(why), "no frame from the daemon for %" PRIu64 " ms (lease %u ms)", silent, a->lease_ms);
         link_lost(a, why);
-    } else if (a->link == LINK_JOINED && a->unanswered_since && now - a->unanswered_since >= stall_ms(a)) {
-        link_stalled(a, now);
+    } else if (a->link == LINK_JOINED && a->session && a->unanswered_since &&
+               now - a->unanswered_since >= stall_ms(a)) {
+        link_stalled(a, now); /* a daemon that gave no session cannot take it back: wait on TCP then */
     }
     if (a->link != LINK_JOINED && silent >= a->lease_ms && any_unstopped(a)) {
         log_error("SELF-FENCING: daemon at %s unreachable for %" PRIu64 " ms, longer than the lease (%u ms); "
