@@ -25,6 +25,7 @@
 #include "daemon/http.h"
 #include "daemon/logfetch.h"
 #include "daemon/musterd_config.h"
+#include "daemon/persist.h"
 #include "daemon/rdv.h"
 #include "daemon/server.h"
 #include "daemon/snapshot.h"
@@ -71,6 +72,7 @@ struct daemon {
     uint64_t history_at;   /* when it was last sampled */
     uint64_t history_step; /* the step of that sample */
     const char *state_dir;
+    struct persist persist; /* the state file, written off the loop (group commit) */
     int dirty;            /* snapshot out of date: the job's state changed */
     uint64_t last_publish;
     int exit_on_end;
@@ -133,7 +135,7 @@ static void on_changed(void *ctx, int persist)
     struct daemon *d = ctx;
     d->dirty = 1;
     if (persist)
-        persist_state(d); /* at once: frames naming a new generation follow */
+        persist_state(d); /* frames naming a new generation may follow: they wait for the write */
 }
 
 static void ops_send(void *ctx, const char *node, const struct proto_msg *m)
@@ -194,11 +196,16 @@ static void log_from_http(void *ctx, struct logfetch_req *req)
 
 static void persist_state(struct daemon *d)
 {
-    static struct rdv_saved saved; /* large; the loop thread is the only user */
-    char err[512];
-    rdv_save(&d->rdv, &saved);
-    if (state_write(d->state_dir, &saved, err, sizeof(err)) != 0)
-        log_error("state file not written: %s", err);
+    uint64_t seq = persist_request(&d->persist, &d->rdv);
+    if (d->server)
+        server_hold(d->server, seq);
+}
+
+static void on_durable(void *ctx, uint64_t seq)
+{
+    struct daemon *d = ctx;
+    if (d->server)
+        server_release(d->server, seq);
 }
 
 /* JSON text of doc (a new reference, taken), or NULL after saying so. */
@@ -399,6 +406,7 @@ static void begin_shutdown(struct daemon *d)
     notify_send("STOPPING=1");
     flush_changes(d);
     persist_state(d);
+    persist_close(&d->persist); /* the loop runs until the last write is done */
     uv_timer_stop(&d->tick);
     uv_close((uv_handle_t *)&d->tick, NULL);
     uv_close((uv_handle_t *)&d->watchdog, NULL);
@@ -536,6 +544,10 @@ int main(int argc, char **argv)
     }
 
     uv_loop_init(&d.loop);
+    if (persist_init(&d.persist, &d.loop, d.state_dir, on_durable, &d) != 0) {
+        log_error("out of memory");
+        return 1;
+    }
     pthread_mutex_init(&d.admin_lock, NULL);
     snapshot_init(&d.snap);
     if (history_init(&d.history, HISTORY_POINTS) != 0) {
@@ -629,6 +641,7 @@ int main(int argc, char **argv)
     snapshot_destroy(&d.snap);
     history_free(&d.history);
     free(d.history_text);
+    persist_free(&d.persist);
     pthread_mutex_destroy(&d.admin_lock);
     rc = uv_loop_close(&d.loop);
     if (rc != 0) {

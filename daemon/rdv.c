@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,13 +265,14 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         return;
     }
     r->port_wait_noted = 0;
+    r->master_port = n0->free_port;
     /* Rank blocks are contiguous in name order: walking them block by block visits the
      * members in that order, which numbers them. */
     const uint32_t nnodes = member_count(r);
     uint32_t node_rank = 0;
     for (uint32_t rank = 0; rank < r->world_size;) {
         const uint32_t node = r->ranks[rank].node;
-        send_assign(r, node, node_rank++, nnodes, n0->free_port);
+        send_assign(r, node, node_rank++, nnodes, r->master_port);
         while (rank < r->world_size && r->ranks[rank].node == node)
             rank++;
     }
@@ -475,7 +477,8 @@ void rdv_free(struct rdv *r)
 
 void rdv_save(const struct rdv *r, struct rdv_saved *out)
 {
-    memset(out, 0, sizeof(*out));
+    /* Only the members in use are written: the table is large and this runs at every state change. */
+    memset(out, 0, offsetof(struct rdv_saved, members));
     snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
     out->state = r->state;
     snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
@@ -579,23 +582,93 @@ static void check_resumed(struct rdv *r, uint64_t now_ms)
     changed(r, 1);
 }
 
+/* A fresh session for a join: random, so that only the agent it was given to can resume it. */
+static uint64_t new_session(void)
+{
+    uint8_t bytes[PROTO_NONCE_LEN];
+    uint64_t s = 0;
+    if (proto_nonce(bytes) == 0)
+        memcpy(&s, bytes, sizeof(s));
+    return s & PROTO_U64_MAX; /* 0 (no randomness to be had): this join cannot be resumed */
+}
+
 static void send_welcome(struct rdv *r, uint32_t node)
 {
     struct proto_msg m = {.type = PROTO_WELCOME};
     m.u.welcome.heartbeat_interval_ms = (uint32_t)r->spec->heartbeat_interval_ms;
     m.u.welcome.heartbeat_timeout_ms = (uint32_t)r->spec->heartbeat_timeout_ms;
     m.u.welcome.lease_ms = (uint32_t)r->spec->lease_ms;
+    m.u.welcome.session = r->nodes[node].session;
     send_to(r, node, &m);
 }
 
 static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
+/* The current generation's unique id, to a node that may have missed it. */
+static void send_unique_id(struct rdv *r, uint32_t node)
+{
+    if (r->generation == 0 || r->uid.generation != r->generation)
+        return;
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id = r->uid;
+    send_to(r, node, &m);
+}
+
+/* The current generation's ASSIGN again, to a member that may have missed it. */
+static void resend_assign(struct rdv *r, uint32_t node)
+{
+    uint32_t node_rank = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        node_rank += r->nodes[i].member && r->nodes[i].first_rank < r->nodes[node].first_rank;
+    send_assign(r, node, node_rank, member_count(r), r->master_port);
+}
+
+/*
+ * A member is back on a new connection: rejoining after it was lost, or
+ * resuming its session after a stalled link. It is given what it may have
+ * missed; when its ranks of a running generation are gone, that generation
+ * has failed.
+ */
+static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, uint64_t now_ms)
+{
+    const struct rdv_node *nd = &r->nodes[idx];
+    int pending = 0, expected = 0;
+    for (uint32_t l = 0; l < nd->ndevices; l++) {
+        enum rdv_rank_state st = r->ranks[nd->first_rank + l].state;
+        pending |= st == RDV_RANK_PENDING;
+        expected |= st == RDV_RANK_STARTING || st == RDV_RANK_RUNNING;
+    }
+    if (pending) {
+        try_start_generation(r, now_ms);
+        return;
+    }
+    if (!expected)
+        return; /* its ranks are over (completed, exited, being stopped) */
+    const int starting = r->state == RDV_FORMING || r->state == RDV_RECOVERING;
+    if (its_generation == r->generation) {
+        if (starting)
+            send_unique_id(r, idx);
+        return;
+    }
+    if (starting) {
+        resend_assign(r, idx);
+        send_unique_id(r, idx);
+        return;
+    }
+    char what[PROTO_REASON_MAX];
+    snprintf(what, sizeof(what), "node %s came back without its ranks of generation %llu", nd->name,
+             (unsigned long long)r->generation);
+    fail_generation(r, now_ms, (int)idx, -1, what);
+}
 
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
              char reason[PROTO_REASON_MAX])
 {
     int idx = find_node(r, h->node);
+    /* A connected node whose agent names its session: the same agent on a new connection. */
+    const int resumes = idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED && h->session &&
+                        h->session == r->nodes[idx].session;
 
-    if (idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED) {
+    if (idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED && !resumes) {
         snprintf(code, 32, "duplicate");
         snprintf(reason, PROTO_REASON_MAX, "a node named %s is already connected (from %s)", h->node,
                  r->nodes[idx].addr);
@@ -633,6 +706,10 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     }
 
     struct rdv_node *nd = &r->nodes[idx];
+    const uint64_t silence_ms = now_ms - nd->last_seen_ms;
+    if (resumes)
+        r->ops.disconnect(r->ops.ctx, nd->name, "replaced by the agent's new connection (session resumed)");
+    nd->session = new_session();
     snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
     nd->free_port = h->free_port;
     nd->kind = h->kind;
@@ -647,9 +724,13 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         for (uint32_t l = 0; l < nd->ndevices && r->ranks; l++)
             r->ranks[nd->first_rank + l].device = nd->devices[l];
     }
-    event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
-          nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
-          nd->member ? " (rejoined its rank block)" : "");
+    if (resumes)
+        event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s after its "
+              "last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
+    else
+        event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
+              nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
+              nd->member ? " (rejoined its rank block)" : "");
     send_welcome(r, (uint32_t)idx);
 
     if (r->state == RDV_WAITING) {
@@ -664,13 +745,12 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
             fail_generation(r, now_ms, idx, -1, what);
         }
     } else if (nd->member && !rdv_terminal(r)) {
-        if (h->generation != r->generation || r->state == RDV_RECOVERING || r->state == RDV_FORMING) {
-            try_start_generation(r, now_ms);
-        }
+        member_back(r, (uint32_t)idx, h->generation, now_ms);
     } else if (!nd->member) {
         maybe_grow(r, (uint32_t)idx, now_ms);
     }
-    changed(r, 1);
+    /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
+    changed(r, 0);
     return 0;
 }
 
@@ -827,12 +907,11 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
         send_to(r, node, &e);
         return;
     }
-    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
-    m.u.unique_id.generation = r->generation;
-    memcpy(m.u.unique_id.id, u->id, PROTO_UID_LEN);
+    r->uid.generation = r->generation;
+    memcpy(r->uid.id, u->id, PROTO_UID_LEN);
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_to(r, i, &m);
+            send_unique_id(r, i);
     event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
           (unsigned long long)r->generation, member_count(r));
 }

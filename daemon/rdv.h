@@ -23,6 +23,14 @@
  * name order, local rank = index into the node's device list. A member that
  * returns keeps its rank block; a name that is not a member is refused.
  *
+ * Sessions: every join is given a session (WELCOME.session). An agent whose
+ * link stalls reconnects and names it in HELLO; when it is the session of
+ * the node's current connection, the node is handed to the new connection
+ * (the old one closed) without a loss, and whatever the node missed meanwhile
+ * (ASSIGN, the unique id) is sent again. The node's heartbeat deadline counts
+ * from the last frame heard, on either connection: a link that comes back
+ * within heartbeat_timeout_ms costs nothing.
+ *
  * Generations fence everything: each failure opens a new one, and frames
  * carrying an older generation are dropped (UNIQUE_ID is answered with an
  * ERROR "stale_generation").
@@ -81,6 +89,7 @@ struct rdv_node {
     uint64_t joined_ms;
     uint64_t reported_generation; /* generation its ranks ran when it joined */
     uint32_t free_port;    /* latest port it reported free for MASTER_PORT; 0 = none */
+    uint64_t session;      /* given in WELCOME at its last join; HELLO.session resumes it */
 };
 
 struct rdv_rank {
@@ -124,10 +133,12 @@ struct rdv_ops {
     void (*send)(void *ctx, const char *node, const struct proto_msg *msg);
     /* Close the node's connection (after sending whatever was queued). */
     void (*disconnect)(void *ctx, const char *node, const char *why);
-    /* Something changed; persist != 0 when the state file must be rewritten,
-     * which must happen before this returns: rdv calls it before sending any
-     * frame that names a new generation, so a crashed daemon never comes
-     * back with a generation older than one its agents have seen. */
+    /* Something changed; persist != 0 when what the state file keeps
+     * (struct rdv_saved) may have changed. rdv calls it before sending any
+     * frame that names a new generation, and every frame rdv sends after it
+     * must reach no agent before the state file holding that change is
+     * durable (musterd: daemon/persist.h, server_hold), so a crashed daemon
+     * never comes back with a generation older than one its agents have seen. */
     void (*changed)(void *ctx, int persist);
 };
 
@@ -163,6 +174,8 @@ struct rdv {
     uint64_t started_ms;
     uint64_t gen_opened_ms; /* when the current generation was opened */
     uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
+    uint32_t master_port;   /* MASTER_PORT of the current generation's ASSIGN */
+    struct proto_unique_id uid; /* rank 0's unique id; valid when uid.generation == generation */
 
     struct rdv_node nodes[RDV_MAX_NODES];
     uint32_t nnodes;
@@ -206,7 +219,9 @@ void rdv_save(const struct rdv *r, struct rdv_saved *out);
 /*
  * An authenticated agent says HELLO. Returns 0 (rdv has sent WELCOME and,
  * if a generation is open or now opens, ASSIGN) or -1 with a reject code
- * and reason filled in; the server then sends REJECT and closes.
+ * and reason filled in; the server then sends REJECT and closes. A HELLO
+ * that resumes the session of a connected node has rdv disconnect the
+ * node's old connection (rdv_ops.disconnect) before it answers.
  */
 int rdv_join(struct rdv *r, const struct proto_hello *hello, uint64_t now_ms,
              char code[32], char reason[PROTO_REASON_MAX]);

@@ -33,6 +33,8 @@ struct conn {
     uint64_t closing_ms;           /* when CLOSING began: a stalled shutdown is cut short */
     char lost_why[PROTO_REASON_MAX]; /* rdv hears of the loss from on_closed, not re-entrantly */
     int tell_rdv_later;
+    struct write_req *held, *held_tail; /* rdv's frames waiting for the state file (server_hold) */
+    size_t held_bytes;
     size_t rlen;
     uint8_t rbuf[PROTO_MAX_FRAME];
     struct conn *prev, *next;
@@ -52,6 +54,8 @@ struct server {
     struct namemap joined; /* node name -> its CONN_JOINED connection */
     struct conn *joining; /* during rdv_join: the connection being admitted */
     int closing_all;      /* server_close ran: rdv is no longer told anything */
+    uint64_t gate;        /* rdv's frames wait until the state write of this number is durable */
+    uint64_t durable;     /* newest state write number durable (server_release) */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
     void (*node_gone)(void *ctx, const char *node);
     void *hook_ctx;
@@ -59,6 +63,8 @@ struct server {
 
 struct write_req {
     uv_write_t req;
+    struct write_req *next; /* while held */
+    uint64_t after;         /* while held: the state write it waits for */
     size_t len;
     uint8_t data[];
 };
@@ -97,12 +103,23 @@ static void on_write(uv_write_t *req, int status)
     free(w);
 }
 
-static void conn_send(struct conn *c, const struct proto_msg *m)
+static void conn_submit(struct conn *c, struct write_req *w)
+{
+    uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
+    if (rc < 0) {
+        free(w);
+        conn_lost_later(c, uv_strerror(rc));
+    }
+}
+
+/* after != 0: the frame waits until state write `after` is durable (server_hold). */
+static void conn_write(struct conn *c, const struct proto_msg *m, uint64_t after)
 {
     if (c->state == CONN_CLOSING)
         return;
     /* Called from inside rdv: a failure closes now but tells rdv later (on_closed). */
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > SERVER_MAX_WRITE_QUEUE) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->held_bytes > SERVER_MAX_WRITE_QUEUE) {
         conn_lost_later(c, "peer does not read its frames (write queue full)");
         return;
     }
@@ -119,13 +136,21 @@ static void conn_send(struct conn *c, const struct proto_msg *m)
     }
     memcpy(w->data, scratch, (size_t)n);
     w->len = (size_t)n;
-    uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
-    if (rc < 0) {
-        free(w);
-        conn_lost_later(c, uv_strerror(rc));
+    if (!after) {
+        conn_submit(c, w);
+        return;
     }
+    w->after = after;
+    w->next = NULL;
+    if (c->held_tail)
+        c->held_tail->next = w;
+    else
+        c->held = w;
+    c->held_tail = w;
+    c->held_bytes += w->len;
 }
+
+static void conn_send(struct conn *c, const struct proto_msg *m) { conn_write(c, m, 0); }
 
 static void on_closed(uv_handle_t *h)
 {
@@ -133,6 +158,11 @@ static void on_closed(uv_handle_t *h)
     struct server *s = c->srv;
     if (c->tell_rdv_later && !s->closing_all)
         rdv_disconnected(s->rdv, c->node, c->lost_why, uv_now(s->loop));
+    while (c->held) {
+        struct write_req *w = c->held;
+        c->held = w->next;
+        free(w);
+    }
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -404,24 +434,59 @@ static void on_connection(uv_stream_t *listener, int status)
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
-static struct conn *find_joined(struct server *s, const char *node)
+/* The node's established connection. */
+static struct conn *find_established(struct server *s, const char *node)
 {
     uintptr_t c;
+    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
+}
+
+/* Where frames to the node go: during rdv_join, the connection being admitted. */
+static struct conn *find_joined(struct server *s, const char *node)
+{
     if (s->joining && strcmp(s->joining->node, node) == 0)
         return s->joining;
-    return namemap_get(&s->joined, node, &c) == 0 ? (struct conn *)c : NULL;
+    return find_established(s, node);
 }
 
 void server_send(void *ctx, const char *node, const struct proto_msg *msg)
 {
-    struct conn *c = find_joined(ctx, node);
+    struct server *s = ctx;
+    struct conn *c = find_joined(s, node);
     if (c)
-        conn_send(c, msg);
+        conn_write(c, msg, s->gate > s->durable ? s->gate : 0);
 }
 
+void server_hold(struct server *s, uint64_t seq)
+{
+    if (seq > s->gate)
+        s->gate = seq;
+}
+
+void server_release(struct server *s, uint64_t seq)
+{
+    if (seq > s->durable)
+        s->durable = seq;
+    for (struct conn *c = s->conns; c; c = c->next) {
+        while (c->held && c->held->after <= s->durable) {
+            struct write_req *w = c->held;
+            c->held = w->next;
+            if (!c->held)
+                c->held_tail = NULL;
+            c->held_bytes -= w->len;
+            if (c->state == CONN_CLOSING)
+                free(w);
+            else
+                conn_submit(c, w);
+        }
+    }
+}
+
+/* Never the connection being admitted: rdv refuses that one by its answer; a
+ * node resuming its session on it has its old connection closed here. */
 void server_disconnect(void *ctx, const char *node, const char *why)
 {
-    struct conn *c = find_joined(ctx, node);
+    struct conn *c = find_established(ctx, node);
     if (c)
         conn_close(c, why, 0);
 }

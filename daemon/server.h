@@ -54,6 +54,15 @@ void server_close(struct server *srv);
 /* Frees what is left once the loop has run the close callbacks. */
 void server_free(struct server *srv);
 
+/*
+ * The state-file rule (rdv_ops.changed): frames rdv sends after
+ * server_hold(seq) wait, in order per connection, until
+ * server_release(seq') with seq' >= seq says that state write seq is
+ * durable. Frames the server sends itself (CHALLENGE, REJECT) never wait.
+ */
+void server_hold(struct server *srv, uint64_t seq);
+void server_release(struct server *srv, uint64_t seq);
+
 /* rdv_ops for a server (ctx = the server). */
 void server_send(void *ctx, const char *node, const struct proto_msg *msg);
 void server_disconnect(void *ctx, const char *node, const char *why);

@@ -181,7 +181,7 @@ static int check_hello(const struct proto_hello *h)
         (unsigned int)h->kind > PROTO_DEV_GPU ||
         h->ndevices < 1 || h->ndevices > PROTO_MAX_LOCAL_RANKS ||
         h->device_mem_mb > PROTO_U64_MAX || h->generation > PROTO_U64_MAX ||
-        h->free_port > 65535 ||
+        h->free_port > 65535 || h->session > PROTO_U64_MAX ||
         !valid_ascii(h->agent_version, sizeof(h->agent_version), 0, ' ', '~'))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < h->ndevices; i++)
@@ -194,7 +194,7 @@ static int check_hello(const struct proto_hello *h)
 static int check_welcome(const struct proto_welcome *w)
 {
     if (w->heartbeat_interval_ms == 0 || w->heartbeat_timeout_ms == 0 ||
-        w->lease_ms == 0)
+        w->lease_ms == 0 || w->session > PROTO_U64_MAX)
         return PROTO_E_RANGE;
     return 0;
 }

@@ -190,7 +190,7 @@ static int get_array(json_t *obj, const char *key, size_t max, json_t **out)
 static int dec_hello(json_t *o, struct proto_hello *h)
 {
     static const char *const keys[] = {"node", "addr", "kind", "devices",
-        "device_mem_mb", "generation", "agent_version", "free_port", NULL};
+        "device_mem_mb", "generation", "agent_version", "free_port", "session", NULL};
     json_t *devices;
     int kind;
 
@@ -209,7 +209,9 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     TRY(get_u64(o, "device_mem_mb", &h->device_mem_mb));
     TRY(get_u64(o, "generation", &h->generation));
     TRY(get_u32(o, "free_port", &h->free_port));
-    return get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version));
+    TRY(get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version)));
+    h->session = 0; /* optional */
+    return json_object_get(o, "session") ? get_u64(o, "session", &h->session) : 0;
 }
 
 static int dec_challenge(json_t *o, struct proto_challenge *c)
@@ -231,12 +233,14 @@ static int dec_response(json_t *o, struct proto_response *r)
 static int dec_welcome(json_t *o, struct proto_welcome *w)
 {
     static const char *const keys[] = {"heartbeat_interval_ms",
-        "heartbeat_timeout_ms", "lease_ms", NULL};
+        "heartbeat_timeout_ms", "lease_ms", "session", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u32(o, "heartbeat_interval_ms", &w->heartbeat_interval_ms));
     TRY(get_u32(o, "heartbeat_timeout_ms", &w->heartbeat_timeout_ms));
-    return get_u32(o, "lease_ms", &w->lease_ms);
+    TRY(get_u32(o, "lease_ms", &w->lease_ms));
+    w->session = 0; /* optional */
+    return json_object_get(o, "session") ? get_u64(o, "session", &w->session) : 0;
 }
 
 /* REJECT and ERROR share their shape. */
@@ -601,7 +605,8 @@ static int enc_hello(json_t *o, const struct proto_hello *h)
     TRY(put_uint(o, "device_mem_mb", h->device_mem_mb));
     TRY(put_uint(o, "generation", h->generation));
     TRY(put_uint(o, "free_port", h->free_port));
-    return put(o, "agent_version", json_string(h->agent_version));
+    TRY(put(o, "agent_version", json_string(h->agent_version)));
+    return h->session ? put_uint(o, "session", h->session) : PROTO_OK;
 }
 
 static int enc_slot(json_t *ranks, const struct proto_rank_slot *s)
@@ -711,7 +716,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     case PROTO_WELCOME:
         TRY(put_uint(o, "heartbeat_interval_ms", m->u.welcome.heartbeat_interval_ms));
         TRY(put_uint(o, "heartbeat_timeout_ms", m->u.welcome.heartbeat_timeout_ms));
-        return put_uint(o, "lease_ms", m->u.welcome.lease_ms);
+        TRY(put_uint(o, "lease_ms", m->u.welcome.lease_ms));
+        return m->u.welcome.session ? put_uint(o, "session", m->u.welcome.session) : PROTO_OK;
     case PROTO_REJECT:
         return enc_code_reason(o, m->u.reject.code, m->u.reject.reason);
     case PROTO_ASSIGN: return enc_assign(o, &m->u.assign);

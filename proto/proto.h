@@ -143,6 +143,8 @@ struct proto_hello {
     uint64_t generation;         /* generation its ranks run now, 0 if none */
     uint32_t free_port;          /* a port free on this node for MASTER_PORT; 0 = none */
     char agent_version[32];
+    uint64_t session;            /* the session WELCOME gave this agent, to resume it on a new
+                                  * connection; 0 = none (optional on the wire: omitted when 0) */
 };
 
 struct proto_challenge {
@@ -157,6 +159,8 @@ struct proto_welcome {
     uint32_t heartbeat_interval_ms;
     uint32_t heartbeat_timeout_ms;
     uint32_t lease_ms;
+    uint64_t session;      /* this join's session (HELLO.session resumes it); 0 = none
+                            * (optional on the wire: omitted when 0) */
 };
 
 struct proto_reject {

@@ -104,6 +104,7 @@ static void sample(int type, struct proto_msg *m)
         h->generation = 12;
         h->free_port = 29501;
         strcpy(h->agent_version, "0.1.0");
+        h->session = 0x1234567890abcULL;
         break;
     }
     case PROTO_CHALLENGE:
@@ -118,6 +119,7 @@ static void sample(int type, struct proto_msg *m)
         m->u.welcome.heartbeat_interval_ms = 1000;
         m->u.welcome.heartbeat_timeout_ms = 5000;
         m->u.welcome.lease_ms = 10000;
+        m->u.welcome.session = 0x1234567890abcULL;
         break;
     case PROTO_REJECT:
         strcpy(m->u.reject.code, "duplicate");
@@ -217,6 +219,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(x->generation, y->generation);
         ck_assert_uint_eq(x->free_port, y->free_port);
         ck_assert_str_eq(x->agent_version, y->agent_version);
+        ck_assert_uint_eq(x->session, y->session);
         break;
     }
     case PROTO_CHALLENGE:
@@ -229,6 +232,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(a->u.welcome.heartbeat_interval_ms, b->u.welcome.heartbeat_interval_ms);
         ck_assert_uint_eq(a->u.welcome.heartbeat_timeout_ms, b->u.welcome.heartbeat_timeout_ms);
         ck_assert_uint_eq(a->u.welcome.lease_ms, b->u.welcome.lease_ms);
+        ck_assert_uint_eq(a->u.welcome.session, b->u.welcome.session);
         break;
     case PROTO_REJECT:
         ck_assert_str_eq(a->u.reject.code, b->u.reject.code);
@@ -431,6 +435,27 @@ START_TEST(roundtrip_edges)
     roundtrip(&m);
     m.u.error.reason[0] = '\0';
     roundtrip(&m);
+}
+END_TEST
+
+/* The session of WELCOME and HELLO: optional (absent = 0), at most 2^53 - 1. */
+START_TEST(session_is_optional_and_bounded)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    struct proto_msg m;
+    for (int type = PROTO_HELLO; type <= PROTO_WELCOME; type += PROTO_WELCOME - PROTO_HELLO) {
+        sample(type, &m);
+        uint64_t *session = type == PROTO_HELLO ? &m.u.hello.session : &m.u.welcome.session;
+        *session = 0;
+        int n = proto_encode(&m, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_ptr_null(memmem(buf, (size_t)n, "session", 7)); /* absent on the wire */
+        roundtrip(&m);
+        *session = PROTO_U64_MAX;
+        roundtrip(&m);
+        *session = PROTO_U64_MAX + 1;
+        ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    }
 }
 END_TEST
 
@@ -852,7 +877,8 @@ END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
  * optional fields (a rank's checkpoint_step, silent and rejoin, a heartbeat's
- * free_port, a rank exit's reason and detail) decode as 0 or "" instead. */
+ * free_port, a rank exit's reason and detail, the session of HELLO and
+ * WELCOME) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
 {
     for (int t = PROTO_HELLO; t <= NTYPES; t++) {
@@ -865,7 +891,8 @@ START_TEST(every_field_is_required)
             json_t *copy = json_deep_copy(base);
             json_object_del(copy, key);
             int optional = (t == PROTO_RANK_EXIT && (!strcmp(key, "reason") || !strcmp(key, "detail"))) ||
-                           (t == PROTO_HEARTBEAT && !strcmp(key, "free_port"));
+                           (t == PROTO_HEARTBEAT && !strcmp(key, "free_port")) ||
+                           ((t == PROTO_HELLO || t == PROTO_WELCOME) && !strcmp(key, "session"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
@@ -1095,6 +1122,8 @@ START_TEST(range_errors)
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, ASSIGN_MORE("1", "1", SLOT("0", "0", "0"), MORE("1", "2", "\"h\"", "1"))),
                      PROTO_OK);
     ck_assert_int_eq(hello_with("free_port", "65536"), PROTO_E_RANGE);
+    ck_assert_int_eq(hello_with("session", "9007199254740992"), PROTO_E_RANGE);
+    ck_assert_int_eq(hello_with("session", "\"1\""), PROTO_E_FIELD_TYPE);
     ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"free_port\":70000,\"ranks\":[]}"),
                      PROTO_E_RANGE);
     ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, "{\"generation\":1,\"seq\":1,\"ranks\":"
@@ -1590,6 +1619,7 @@ Suite *make_proto_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_loop_test(tc, roundtrip_each_type, PROTO_HELLO, PROTO_TYPE_MAX + 1);
     tcase_add_test(tc, roundtrip_edges);
+    tcase_add_test(tc, session_is_optional_and_bounded);
     tcase_add_test(tc, roundtrip_log_edges);
     tcase_add_test(tc, log_sanitize_keeps_every_byte);
     tcase_add_test(tc, non_finite_loss_travels_as_null);

@@ -75,7 +75,8 @@ static void teardown(void) { rdv_free(&rdv); }
 
 static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
 
-static int join(const char *name, uint32_t ndev, uint64_t generation)
+/* An agent's HELLO; session 0 = none (a first join). */
+static int join_session(const char *name, uint32_t ndev, uint64_t generation, uint64_t session)
 {
     struct proto_hello h;
     char code[32], reason[PROTO_REASON_MAX];
@@ -87,11 +88,14 @@ static int join(const char *name, uint32_t ndev, uint64_t generation)
         h.devices[i] = i;
     h.generation = generation;
     h.free_port = node_port(name);
+    h.session = session;
     int rc = rdv_join(&rdv, &h, now, code, reason);
     if (rc != 0)
         snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code); /* last reject code */
     return rc;
 }
+
+static int join(const char *name, uint32_t ndev, uint64_t generation) { return join_session(name, ndev, generation, 0); }
 
 static const char *last_reject_code(void) { return rec.sent[MAX_SENT - 1].node; }
 
@@ -164,6 +168,21 @@ static json_t *rest_status(uint64_t at)
     json_decref(nodes);
     snap_view_unref(v);
     return st;
+/* The session of the last WELCOME sent to node. */
+static uint64_t session_of(const char *node)
+{
+    for (int i = rec.nsent - 1; i >= 0; i--)
+        if (strcmp(rec.sent[i].node, node) == 0 && rec.sent[i].msg.type == PROTO_WELCOME)
+            return rec.sent[i].msg.u.welcome.session;
+    return 0;
+}
+
+static int has_event(const char *kind)
+{
+    for (uint64_t i = 0; i < rdv.nevents && i < RDV_EVENTS; i++)
+        if (strcmp(rdv.events[i].kind, kind) == 0)
+            return 1;
+    return 0;
 }
 
 static void form_running(int max_restarts)
@@ -1102,6 +1121,93 @@ START_TEST(namemap_deletes_without_losing_colliding_names)
 }
 END_TEST
 
+START_TEST(resumed_session_keeps_the_generation)
+{
+    form_running(3);
+    spec.heartbeat_timeout_ms = 2000;
+    uint64_t session = session_of("a");
+    ck_assert_uint_ne(session, 0);
+    now += 1500; /* a stalled link: nothing heard from a, b beats on */
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 2);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    int mark = rec.nsent;
+    ck_assert_int_eq(join_session("a", 2, 1, session), 0);
+    ck_assert_int_eq(rec.ndisconnected, 1); /* the old connection, replaced */
+    ck_assert_str_eq(rec.disconnected[0], "a");
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.restarts, 0);
+    ck_assert_int_eq(has_event("node_resumed"), 1);
+    ck_assert_ptr_null(find_sent(mark, "a", PROTO_ASSIGN));
+    const struct proto_msg *w = find_sent(mark, "a", PROTO_WELCOME);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_uint_ne(w->u.welcome.session, session); /* each join its own */
+    /* The deadline counts from the resume: 1.9 s later the node is still in. */
+    now += 1900;
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 3);
+    rdv_tick(&rdv, now);
+    for (uint32_t i = 0; i < rdv.nnodes; i++)
+        ck_assert_int_eq(rdv.nodes[i].state, RDV_NODE_JOINED);
+    ck_assert_int_eq(rdv.generation, 1);
+}
+END_TEST
+
+START_TEST(another_session_is_a_duplicate)
+{
+    form_running(3);
+    uint64_t session = session_of("a");
+    ck_assert_int_eq(join_session("a", 2, 1, session ^ 1), -1);
+    ck_assert_str_eq(last_reject_code(), "duplicate");
+    ck_assert_int_eq(join_session("a", 2, 1, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "duplicate");
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    ck_assert_int_eq(rdv.generation, 1);
+}
+END_TEST
+
+START_TEST(resume_while_forming_gives_back_what_was_missed)
+{
+    setup_spec(2, 3);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    struct proto_msg u = {.type = PROTO_UNIQUE_ID};
+    u.u.unique_id.generation = 1;
+    memset(u.u.unique_id.id, 0x5c, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", &u, now);
+    /* b's link stalled before its ASSIGN and the unique id got through: its ranks never started. */
+    int mark = rec.nsent;
+    ck_assert_int_eq(join_session("b", 2, 0, session_of("b")), 0);
+    const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 1);
+    ck_assert_int_eq(as->u.assign.node_rank, 1);
+    ck_assert_int_eq(as->u.assign.nnodes, 2);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+    ck_assert_int_eq(as->u.assign.master_port, node_port("a"));
+    const struct proto_msg *ub = find_sent(mark, "b", PROTO_UNIQUE_ID);
+    ck_assert_ptr_nonnull(ub);
+    ck_assert_int_eq(ub->u.unique_id.id[0], 0x5c);
+    ck_assert_ptr_null(find_sent(mark, "a", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.restarts, 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+END_TEST
+
+START_TEST(resume_without_its_ranks_fails_the_generation)
+{
+    form_running(3);
+    ck_assert_int_eq(join_session("a", 2, 0, session_of("a")), 0); /* its ranks died meanwhile */
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node a came back without its ranks of generation 1"));
+}
+END_TEST
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
@@ -1114,6 +1220,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, stale_frames_are_refused);
     tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
+    tcase_add_test(tc, resumed_session_keeps_the_generation);
+    tcase_add_test(tc, another_session_is_a_duplicate);
+    tcase_add_test(tc, resume_while_forming_gives_back_what_was_missed);
+    tcase_add_test(tc, resume_without_its_ranks_fails_the_generation);
     tcase_add_test(tc, budget_spent_fails_the_job);
     tcase_add_test(tc, exit_zero_everywhere_completes);
     tcase_add_test(tc, joins_refused_with_reasons);

@@ -33,6 +33,20 @@ extern char **environ;
 
 /* A connect or handshake step that takes longer than this is abandoned. */
 #define HANDSHAKE_TIMEOUT_MS 5000
+/*
+ * Link stalls. A heartbeat the daemon has not answered within a quarter of
+ * heartbeat_timeout_ms (at least STALL_MIN_MS) means the stream is stalled,
+ * typically behind TCP's retransmission backoff after a brief cut. The agent
+ * then reconnects at once and resumes its session (HELLO.session) while the
+ * daemon still counts the node as joined: until heartbeat_timeout_ms after
+ * the last frame heard, connection attempts are RESUME_RETRY_MS apart and
+ * each is given RESUME_CONNECT_MS (a lost SYN is retried by TCP only after
+ * a second). The stalled connection is kept open, unread, until the new one
+ * is welcomed, so that the daemon never sees it close first.
+ */
+#define STALL_MIN_MS 200
+#define RESUME_RETRY_MS 50
+#define RESUME_CONNECT_MS 50
 /* Period of the lease / handshake watchdog. */
 #define TICK_MS 100
 /* A rank that has not spoken on its control socket this long after its start is
@@ -73,12 +87,18 @@ struct agent {
     int last_connect_err;
     uv_connect_t connect_req;
     uv_timer_t retry_timer, beat_timer, tick_timer;
+    uv_timer_t connect_timer; /* while resuming: the deadline of one connection attempt */
     uv_signal_t sigterm, sigint;
     struct backoff backoff;
     uint64_t rng;
     uint64_t last_rx; /* uv_now of the last frame from the daemon */
-    uint32_t heartbeat_interval_ms, lease_ms;
+    uint32_t heartbeat_interval_ms, heartbeat_timeout_ms, lease_ms;
     uint64_t beat_seq;
+    uint64_t unanswered_since; /* first heartbeat sent since the daemon's last frame; 0 = none */
+    uint64_t session;          /* WELCOME's, named in the next HELLO to resume it; 0 = none */
+    struct fconn *stalled;     /* the stalled connection, kept until the session is resumed */
+    uint64_t stalled_at;
+    uint64_t resume_until;     /* quick reconnects until then (the daemon's deadline); 0 = not resuming */
     char local_addr[PROTO_NAME_MAX];
 
     /* generations and ranks */
@@ -106,6 +126,10 @@ struct agent {
 };
 
 static void schedule_retry(struct agent *a, const char *why);
+static void drop_stalled(struct agent *a);
+static uint64_t stall_ms(const struct agent *a);
+static void link_stalled(struct agent *a, uint64_t now);
+static void on_retry_timer(uv_timer_t *t);
 static void try_next_addr(struct agent *a);
 static void maybe_finish(struct agent *a);
 
@@ -608,6 +632,43 @@ static void link_lost(struct agent *a, const char *why)
     schedule_retry(a, NULL);
 }
 
+static void drop_stalled(struct agent *a)
+{
+    if (a->stalled) {
+        fconn_close(a->stalled);
+        a->stalled = NULL;
+    }
+    a->resume_until = 0;
+}
+
+static uint64_t stall_ms(const struct agent *a)
+{
+    uint64_t q = a->heartbeat_timeout_ms / 4;
+    return q > STALL_MIN_MS ? q : STALL_MIN_MS;
+}
+
+/*
+ * A heartbeat went unanswered for stall_ms: the connection is set aside
+ * (kept open, unread: see "Link stalls" at the top) and a new one resumes
+ * the session while the daemon's deadline for this node has not passed.
+ */
+static void link_stalled(struct agent *a, uint64_t now)
+{
+    log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
+             "resuming the session on a new connection",
+             a->cfg->daemon, now - a->last_rx, now - a->unanswered_since);
+    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->cfg->daemon);
+    uv_timer_stop(&a->beat_timer);
+    drop_stalled(a);
+    a->stalled = a->conn;
+    a->stalled_at = now;
+    a->conn = NULL;
+    a->unanswered_since = 0;
+    a->resume_until = a->last_rx + a->heartbeat_timeout_ms;
+    link_set_state(a, LINK_IDLE);
+    uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
+}
+
 static void send_to_daemon(struct agent *a, const struct proto_msg *m)
 {
     if (!a->conn)
@@ -628,13 +689,17 @@ static void send_to_daemon(struct agent *a, const struct proto_msg *m)
     link_lost(a, why);
 }
 
-static void on_retry_timer(uv_timer_t *t);
-
 static void schedule_retry(struct agent *a, const char *why)
 {
     if (a->exiting)
         return;
     link_set_state(a, LINK_IDLE);
+    if (a->resume_until) {
+        /* Resuming a session: every attempt counts before the daemon's deadline. */
+        log_debug("resuming: %s; next attempt in %d ms", why ? why : "attempt failed", RESUME_RETRY_MS);
+        uv_timer_start(&a->retry_timer, on_retry_timer, RESUME_RETRY_MS, 0);
+        return;
+    }
     uint64_t delay = backoff_next(&a->backoff, rng_next(a));
     if (why)
         log_warn("cannot reach daemon at %s: %s; retry %u in %.1f s", a->cfg->daemon, why, a->backoff.attempt,
@@ -690,6 +755,11 @@ static void daemon_bad(struct fconn *c, int err);
 static void daemon_fail(struct fconn *c, int err, const char *why)
 {
     struct agent *a = c->data;
+    if (c == a->stalled) {
+        fconn_close(a->stalled);
+        a->stalled = NULL;
+        return;
+    }
     if (c != a->conn)
         return;
     link_lost(a, why);
@@ -709,6 +779,7 @@ static void send_hello(struct agent *a)
     h->generation = ranks_live(a) ? a->assign.generation : 0;
     refresh_free_port(a);
     h->free_port = a->free_port;
+    h->session = a->session;
     snprintf(h->agent_version, sizeof(h->agent_version), "%s", MUSTER_VERSION);
     log_debug("HELLO node %s addr %s generation %" PRIu64, h->node, h->addr, h->generation);
     send_to_daemon(a, &m);
@@ -726,6 +797,7 @@ static void on_connected(uv_connect_t *req, int status)
         try_next_addr(a);
         return;
     }
+    uv_timer_stop(&a->connect_timer);
     uv_freeaddrinfo(a->ai_list);
     a->ai_list = a->ai_next = NULL;
 
@@ -749,6 +821,18 @@ static void on_connected(uv_connect_t *req, int status)
     log_debug("connected to %s from %s", a->cfg->daemon, a->local_addr);
     link_set_state(a, LINK_HELLO);
     send_hello(a);
+}
+
+/* Resuming: a SYN lost in the cut is retried by TCP only after a second; a new attempt goes at once. */
+static void on_connect_deadline(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    if (a->link != LINK_CONNECTING)
+        return;
+    a->last_connect_err = UV_ETIMEDOUT;
+    fconn_close(a->conn);
+    a->conn = NULL;
+    try_next_addr(a);
 }
 
 static void try_next_addr(struct agent *a)
@@ -777,6 +861,8 @@ static void try_next_addr(struct agent *a)
     a->connect_req.data = a;
     link_set_state(a, LINK_CONNECTING);
     int rc = uv_tcp_connect(&a->connect_req, &a->conn->h.tcp, ai->ai_addr, on_connected);
+    if (rc == 0 && a->resume_until)
+        uv_timer_start(&a->connect_timer, on_connect_deadline, RESUME_CONNECT_MS, 0);
     if (rc != 0) {
         a->last_connect_err = rc;
         fconn_close(a->conn);
@@ -802,6 +888,8 @@ static void on_beat_timer(uv_timer_t *t)
         if (r && r->generation == a->cur_gen)
             hb->ranks[hb->nranks++] = r->beat;
     }
+    if (!a->unanswered_since)
+        a->unanswered_since = uv_now(a->loop);
     send_to_daemon(a, &m);
 }
 
@@ -941,6 +1029,11 @@ static void on_unique_id(struct agent *a, const struct proto_unique_id *u)
 {
     if (stale(a, "UNIQUE_ID", u->generation))
         return;
+    if (a->have_uid && a->uid.generation == u->generation && memcmp(a->uid.id, u->id, PROTO_UID_LEN) == 0) {
+        log_debug("unique id of generation %" PRIu64 " again (sent again after a resumed session); ranks have it",
+                  u->generation);
+        return;
+    }
     a->uid = *u;
     a->have_uid = true;
     struct proto_msg m;
@@ -1059,8 +1152,15 @@ static void on_reject(struct agent *a, const struct proto_reject *rj)
 static void on_welcome(struct agent *a, const struct proto_welcome *w)
 {
     a->heartbeat_interval_ms = w->heartbeat_interval_ms ? w->heartbeat_interval_ms : 1000;
+    a->heartbeat_timeout_ms = w->heartbeat_timeout_ms ? w->heartbeat_timeout_ms : 5000;
     a->lease_ms = w->lease_ms ? w->lease_ms : 10000;
     backoff_reset(&a->backoff);
+    if (a->stalled)
+        log_info("session with the daemon at %s resumed on a new connection, %" PRIu64 " ms after the stall",
+                 a->cfg->daemon, uv_now(a->loop) - a->stalled_at);
+    drop_stalled(a);
+    a->session = w->session;
+    a->unanswered_since = 0;
     link_set_state(a, LINK_JOINED);
     log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
              a->cfg->daemon, a->cfg->node, a->cfg->devices.n,
@@ -1082,8 +1182,10 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     struct agent *a = c->data;
     if (c != a->conn)
         return;
-    if (msg->type != PROTO_REJECT)
+    if (msg->type != PROTO_REJECT) {
         a->last_rx = uv_now(a->loop);
+        a->unanswered_since = 0;
+    }
     if (msg->type == PROTO_REJECT) {
         on_reject(a, &msg->u.reject);
         return;
@@ -1180,6 +1282,11 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = uv_now(a->loop);
     settle_silent_ranks(a, now);
     uint64_t silent = now - a->last_rx;
+    if (a->resume_until && now >= a->resume_until) {
+        log_warn("could not resume the session with the daemon at %s within heartbeat_timeout_ms (%u ms); "
+                 "rejoining", a->cfg->daemon, a->heartbeat_timeout_ms);
+        drop_stalled(a);
+    }
     if (a->link == LINK_CONNECTING && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
         a->last_connect_err = UV_ETIMEDOUT;
         fconn_close(a->conn);
@@ -1191,6 +1298,9 @@ static void on_tick(uv_timer_t *t)
         char why[160];
         snprintf(why, sizeof(why), "no frame from the daemon for %" PRIu64 " ms (lease %u ms)", silent, a->lease_ms);
         link_lost(a, why);
+    } else if (a->link == LINK_JOINED && a->session && a->unanswered_since &&
+               now - a->unanswered_since >= stall_ms(a)) {
+        link_stalled(a, now); /* a daemon that gave no session cannot take it back: wait on TCP then */
     }
     if (a->link != LINK_JOINED && silent >= a->lease_ms && any_unstopped(a)) {
         log_error("SELF-FENCING: daemon at %s unreachable for %" PRIu64 " ms, longer than the lease (%u ms); "
@@ -1210,11 +1320,13 @@ static void maybe_finish(struct agent *a)
     a->closed = true;
     log_debug("no rank running; closing every handle");
     link_close(a);
+    drop_stalled(a);
     if (a->gai_busy)
         uv_cancel((uv_req_t *)&a->gai);
     uv_close((uv_handle_t *)&a->retry_timer, NULL);
     uv_close((uv_handle_t *)&a->beat_timer, NULL);
     uv_close((uv_handle_t *)&a->tick_timer, NULL);
+    uv_close((uv_handle_t *)&a->connect_timer, NULL);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
     release_ranks(a);
@@ -1271,6 +1383,7 @@ int agent_run(const struct agent_config *cfg)
     a->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
     a->heartbeat_interval_ms = 1000;
     a->lease_ms = 10000;
+    a->heartbeat_timeout_ms = 5000;
     a->gai.data = a;
     job_spec_defaults(&a->spec);
     backoff_init(&a->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
@@ -1279,6 +1392,8 @@ int agent_run(const struct agent_config *cfg)
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);
     uv_timer_init(&loop, &a->tick_timer);
+    uv_timer_init(&loop, &a->connect_timer);
+    a->connect_timer.data = a;
     uv_signal_init(&loop, &a->sigterm);
     uv_signal_init(&loop, &a->sigint);
     a->retry_timer.data = a->beat_timer.data = a->tick_timer.data = a;
