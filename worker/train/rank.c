@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ struct rank_ctl {
     pthread_mutex_t lock; /* everything below, and writes to fd */
     pthread_cond_t cond;  /* a unique id arrived, or stop */
     volatile sig_atomic_t *stop; /* the caller's flag (see rank_ctl_open) */
+    atomic_int superseded; /* stopped, or a newer generation came: a formation under way is moot */
     volatile sig_atomic_t *checkpoints; /* the caller's request count, or NULL */
     int quit;             /* rank_ctl_close asks the thread to end */
     uint64_t generation;  /* the newest this rank was given (ASSIGN) */
@@ -130,6 +132,7 @@ static void raise_stop(struct rank_ctl *c, const char *why)
     if (!*c->stop) {
         log_info("rank %d: stopping: %s", c->rank, why);
         *c->stop = 1;
+        atomic_store(&c->superseded, 1);
         abort_locked(c);
     }
     pthread_cond_broadcast(&c->cond);
@@ -175,6 +178,7 @@ static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
         c->have_uid = 0;
         c->beat.restore_from = PROTO_RESTORE_NONE;
         c->beat.restore_step = 0;
+        atomic_store(&c->superseded, 1);
         abort_locked(c);
         pthread_cond_broadcast(&c->cond);
         pthread_mutex_unlock(&c->lock);
@@ -430,6 +434,8 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg)
     pthread_mutex_unlock(&c->lock);
 }
 
+const atomic_int *rank_ctl_superseded(struct rank_ctl *c) { return &c->superseded; }
+
 void rank_ctl_set_rejoin(struct rank_ctl *c)
 {
     pthread_mutex_lock(&c->lock);
@@ -448,6 +454,7 @@ int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a)
     } else {
         c->joined = c->generation;
         c->world = c->next.world;
+        atomic_store(&c->superseded, 0);
         *a = c->next;
         a->job = NULL;
     }

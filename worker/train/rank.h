@@ -18,6 +18,7 @@
 #define MUSTER_TRAIN_RANK_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -95,6 +96,9 @@ void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests)
  * step, in the heartbeat (sent at once).
  */
 void rank_ctl_set_rejoin(struct rank_ctl *c);
+/* Non-zero once the rank is stopped or a generation newer than the one it
+ * works in came (until rank_ctl_next_generation): for comm_init_cancelable. */
+const atomic_int *rank_ctl_superseded(struct rank_ctl *c);
 int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a);
 void rank_ctl_restored(struct rank_ctl *c, enum proto_restore from, uint64_t step);
 

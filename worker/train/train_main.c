@@ -54,6 +54,10 @@ static double wall_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The control channel's flag: a newer generation (or a stop) makes a ring
+ * that is still forming moot (rank mode; set by run_rank). */
+static const atomic_int *superseded;
+
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
@@ -94,7 +98,8 @@ static int open_comm(struct rank_ctl *ctl, int rank, int world, struct comm **ou
                  rc == -ECANCELED ? "stopped while waiting" : rc == -EAGAIN ? "a newer generation came" : strerror(-rc));
         return rc;
     }
-    rc = comm_init(out, COMM_RING, rank, world, id, 120000);
+    /* A newer generation (or a stop) gives up a formation that waits for peers who are gone. */
+    rc = comm_init_cancelable(out, COMM_RING, rank, world, id, 120000, rank_ctl_superseded(ctl));
     if (rc != 0) {
         snprintf(err, errlen, "ring communicator (rank %d of %d) did not form: %s", rank, world, comm_strerror(rc));
         return rc;
@@ -510,7 +515,7 @@ static int open_replica_ring(struct trainer *tr, int pos, struct comm **out, cha
         log_error("cannot create the replica ring's unique id: %s", comm_strerror(rc));
     int grc = zero_gather_u64(&tr->zero, id, WORDS, all); /* every rank takes part, even so */
     if (grc == 0 && rc == 0)
-        rc = comm_init(out, COMM_RING, pos, tr->world, (const uint8_t *)all, 60000);
+        rc = comm_init_cancelable(out, COMM_RING, pos, tr->world, (const uint8_t *)all, 60000, superseded);
     if (grc)
         rc = grc;
     if (rc)
@@ -765,6 +770,7 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
     struct rank_assign at = *as;
     char err[2048];
     at.job = NULL;
+    superseded = rank_ctl_superseded(ctl);
     rank_ctl_set_rejoin(ctl);
     for (;;) {
         int broke = 1; /* a ring that does not form: the generation broke */

@@ -41,6 +41,12 @@ int comm_unique_id(enum comm_backend backend, uint8_t id[COMM_ID_BYTES])
 int comm_init(struct comm **out, enum comm_backend backend, int rank, int world,
               const uint8_t id[COMM_ID_BYTES], int timeout_ms)
 {
+    return comm_init_cancelable(out, backend, rank, world, id, timeout_ms, NULL);
+}
+
+int comm_init_cancelable(struct comm **out, enum comm_backend backend, int rank, int world,
+                         const uint8_t id[COMM_ID_BYTES], int timeout_ms, const atomic_int *cancel)
+{
     if (!out || !id || !valid_backend(backend) || world < 1 || rank < 0 || rank >= world)
         return -EINVAL;
     *out = NULL;
@@ -53,6 +59,7 @@ int comm_init(struct comm **out, enum comm_backend backend, int rank, int world,
     atomic_init(&c->timeout_ms, COMM_DEFAULT_TIMEOUT_MS);
     if (timeout_ms <= 0)
         timeout_ms = COMM_DEFAULT_TIMEOUT_MS;
+    c->init_cancel = cancel;
     int rc = backend == COMM_RING ? comm_ring_init(c, id, timeout_ms)
                                   : comm_nccl_init(c, id, timeout_ms);
     if (rc < 0) {

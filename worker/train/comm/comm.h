@@ -38,6 +38,7 @@
 #ifndef MUSTER_COMM_H
 #define MUSTER_COMM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +82,11 @@ int comm_unique_id(enum comm_backend backend, uint8_t id[COMM_ID_BYTES]);
  * CUDA device (cudaSetDevice before). */
 int comm_init(struct comm **out, enum comm_backend backend, int rank, int world,
               const uint8_t id[COMM_ID_BYTES], int timeout_ms);
+/* The same, given up with -ECANCELED as soon as *cancel is non-zero (ring:
+ * checked every 100 ms while waiting for peers; NULL: never), e.g. when a
+ * newer generation makes the one being formed moot. */
+int comm_init_cancelable(struct comm **out, enum comm_backend backend, int rank, int world,
+                         const uint8_t id[COMM_ID_BYTES], int timeout_ms, const atomic_int *cancel);
 
 /* recv holds world * count elements; rank r's send lands at r * count.
  * In place: send == recv + rank * count. */

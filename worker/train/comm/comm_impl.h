@@ -36,6 +36,7 @@ struct comm {
     atomic_uint_fast64_t bytes_sent, bytes_recv, calls, nanos;
     const struct comm_ops *ops;
     void *be;                      /* backend state */
+    const atomic_int *init_cancel; /* comm_init_cancelable's flag, during init (ring) */
 };
 
 size_t comm_dtype_size(enum comm_dtype dtype);

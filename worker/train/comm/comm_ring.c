@@ -232,11 +232,18 @@ static int listen_on(struct endpoint *ep)
     return fd;
 }
 
-/* Waits for events on fd until the deadline: >0 ready, -ETIMEDOUT, -errno. */
+/* The flag that gives up the formation under way on this thread (comm_init_cancelable). */
+static _Thread_local const atomic_int *init_cancel;
+
+static int cancelled(void) { return init_cancel && atomic_load(init_cancel); }
+
+/* Waits for events on fd until the deadline: >0 ready, -ETIMEDOUT, -ECANCELED, -errno. */
 static int wait_fd(int fd, short events, uint64_t deadline)
 {
     for (;;) {
         uint64_t now = now_ms();
+        if (cancelled())
+            return -ECANCELED;
         if (now >= deadline)
             return -ETIMEDOUT;
         uint64_t left = deadline - now;
@@ -274,8 +281,8 @@ static int connect_to(const struct endpoint *ep, uint64_t deadline)
             return fd;
         }
         close(fd);
-        if (rc != -ECONNREFUSED || now_ms() + 50 >= deadline)
-            return rc;
+        if (rc != -ECONNREFUSED || now_ms() + 50 >= deadline || cancelled())
+            return cancelled() ? -ECANCELED : rc;
         usleep(50 * 1000);
     }
 }
@@ -939,6 +946,7 @@ int comm_ring_init(struct comm *c, const uint8_t id[COMM_ID_BYTES], int timeout_
     r->send_fd = r->recv_fd = -1;
     c->be = r;
     c->ops = &ring_ops;
+    init_cancel = c->init_cancel;
     int lfd;
     if (c->rank == 0) {
         lfd = take_listener(&rid);
@@ -959,6 +967,7 @@ int comm_ring_init(struct comm *c, const uint8_t id[COMM_ID_BYTES], int timeout_
     if (lfd >= 0)
         close(lfd);
     free(table);
+    init_cancel = NULL;
     if (rc < 0) {
         ring_destroy(c);
         c->be = NULL;
