@@ -150,7 +150,6 @@ static void rank_exit(const char *node, uint64_t generation, uint32_t rank, int 
     rdv_message(&rdv, node, &m, now);
 }
 
-/* Two nodes of two ranks each, generation 1 running. */
 /* What a REST client sees: /v1/status, with the "ranks" and "nodes" lists of
  * /v1/ranks and /v1/nodes, rendered from a snapshot view of rdv at time at. */
 static json_t *rest_status(uint64_t at)
@@ -168,6 +167,8 @@ static json_t *rest_status(uint64_t at)
     json_decref(nodes);
     snap_view_unref(v);
     return st;
+}
+
 /* The session of the last WELCOME sent to node. */
 static uint64_t session_of(const char *node)
 {
@@ -185,6 +186,7 @@ static int has_event(const char *kind)
     return 0;
 }
 
+/* Two nodes of two ranks each, generation 1 running. */
 static void form_running(int max_restarts)
 {
     setup_spec(2, max_restarts);
