@@ -678,8 +678,7 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         if (rc)
             goto out;
         *from = PROTO_RESTORE_DISK;
-        if (tr->rank == 0)
-            log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step);
+        log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step); /* each rank: its own shard */
     } else {
         if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
             zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
