@@ -22,6 +22,8 @@
 #include <openssl/rand.h>
 
 #include "daemon/ctl_http.h"
+#include "daemon/ctl_doctor.h"
+#include "daemon/ctl_plan.h"
 #include "daemon/ctl_render.h"
 
 #define DEFAULT_SERVER "http://127.0.0.1:29471"
@@ -65,6 +67,14 @@ static void usage(FILE *f)
           "  restart             restart the job in a new generation (admin)\n"
           "  checkpoint          checkpoint the running job at its next step boundary (admin)\n"
           "  drain NODE          take NODE out of the job (admin)\n"
+          "  plan [JOB|PRESET] [--nodes N] [--devices-per-node G] [--device cpu|gpu]\n"
+          "       [--device-memory GB] [--network GBIT] [--tflops X] [--batch N]\n"
+          "       [--micro-batch N] [--seq-len N]\n"
+          "                      memory per device and bytes per step of a job before it\n"
+          "                      runs (docs/plan.md); without JOB, the running job's plan\n"
+          "                      with its nodes' devices, predicted beside measured\n"
+          "  doctor [--job JOB]  check this node: daemon reachable, token file, ports,\n"
+          "                      devices, clock, and JOB's data and checkpoint_dir\n"
           "  token new FILE [--force]\n"
           "                      write a new random admin token to FILE (mode 0600)\n"
           "\n"
@@ -630,8 +640,56 @@ static const char *option_value(int argc, char **argv, int *i, const char *name,
     return argv[++*i];
 }
 
+/* GET for ctl_plan and ctl_doctor: ctx is a struct ctl whose server is set here. */
+static json_t *sub_get(void *ctx, const char *server, const char *path)
+{
+    struct ctl *ctl = ctx;
+    snprintf(ctl->server, sizeof(ctl->server), "%s", server);
+    size_t sl = strlen(ctl->server);
+    while (sl > 0 && ctl->server[sl - 1] == '/')
+        ctl->server[--sl] = '\0';
+    return fetch(ctl, "GET", path, NULL, NULL);
+}
+
+/* The command word: the first argument that is neither an option nor an option's value. */
+static const char *command_word(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-')
+            return argv[i];
+        if (strchr(argv[i], '=') == NULL &&
+            (strcmp(argv[i], "--server") == 0 || strcmp(argv[i], "--admin-token-file") == 0))
+            i++;
+    }
+    return NULL;
+}
+
+/* plan and doctor parse their own options (docs/plan.md). */
+static int sub_main(int argc, char **argv, const char *word)
+{
+    struct ctl ctl = {0};
+    const char *server = getenv("MUSTER_SERVER");
+    if (!server || !*server)
+        server = DEFAULT_SERVER;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fputs("musterctl: cannot initialise libcurl\n", stderr);
+        return EXIT_FAIL;
+    }
+    int rc = strcmp(word, "plan") == 0 ? ctl_plan_main(argc, argv, server, sub_get, &ctl)
+                                       : ctl_doctor_main(argc, argv, server, sub_get, &ctl);
+    curl_global_cleanup();
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    const char *word = command_word(argc, argv);
+    int helping = 0;
+    for (int i = 1; i < argc; i++)
+        helping |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--version") == 0;
+    if (word && !helping && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
+        return sub_main(argc, argv, word);
+
     struct ctl ctl = {0};
     const char *server = getenv("MUSTER_SERVER");
     char *args[8];
