@@ -246,3 +246,29 @@ json_t *plan_json(const struct plan *p, const char *model)
                      p->micro_batch, "accum", p->accum, "seq_len", p->seq_len, "shard_floats",
                      (json_int_t)p->shard_floats, "memory", mem, "comm", comm, "checkpoint", ckpt);
 }
+
+int plan_input_from_json(const json_t *plan, struct plan_input *in)
+{
+    const json_t *shape = json_object_get(plan, "shape"), *mem = json_object_get(plan, "memory"),
+                 *comm = json_object_get(plan, "comm");
+    const char *dev = json_string_value(json_object_get(plan, "device"));
+    if (!json_is_object(shape) || !json_is_object(mem) || !json_is_object(comm) || !dev)
+        return -EINVAL;
+    memset(in, 0, sizeof(*in));
+    in->cfg.L = (int)json_integer_value(json_object_get(shape, "n_layer"));
+    in->cfg.NH = (int)json_integer_value(json_object_get(shape, "n_head"));
+    in->cfg.C = (int)json_integer_value(json_object_get(shape, "n_embd"));
+    in->cfg.T = (int)json_integer_value(json_object_get(shape, "context"));
+    in->cfg.V = (int)json_integer_value(json_object_get(shape, "vocab"));
+    in->nodes = (int)json_integer_value(json_object_get(plan, "nodes"));
+    in->devices_per_node = (int)json_integer_value(json_object_get(plan, "devices_per_node"));
+    in->device = strcmp(dev, "gpu") == 0 ? PLAN_GPU : PLAN_CPU;
+    in->batch = (int)json_integer_value(json_object_get(plan, "batch"));
+    in->micro_batch = (int)json_integer_value(json_object_get(plan, "micro_batch"));
+    in->seq_len = (int)json_integer_value(json_object_get(plan, "seq_len"));
+    in->device_mem = (uint64_t)json_integer_value(json_object_get(mem, "device_memory"));
+    in->data_tokens = (uint64_t)json_integer_value(json_object_get(mem, "data")) / 2;
+    in->network_gbit = json_number_value(json_object_get(comm, "network_gbit"));
+    in->tflops = json_number_value(json_object_get(comm, "tflops"));
+    return 0;
+}

@@ -103,6 +103,10 @@ uint64_t plan_act_bytes(const struct gpt_config *cfg, enum plan_device dev, int 
 /* The plan as JSON (docs/plan.md lists the keys); a new reference. */
 json_t *plan_json(const struct plan *p, const char *model);
 
+/* The input back from plan_json's object (to plan it again at another
+ * bandwidth or speed). 0, or -EINVAL when obj is not such an object. */
+int plan_input_from_json(const json_t *obj, struct plan_input *in);
+
 const char *plan_device_name(enum plan_device d);
 
 #endif

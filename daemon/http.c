@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "daemon/dashboard.h"
 #include "daemon/metrics.h"
+#include "daemon/plan_http.h"
 
 #define HTTP_CONNECTION_LIMIT 64
 #define HTTP_CONNECTION_TIMEOUT_S 10
@@ -128,6 +129,20 @@ static enum MHD_Result get_status(struct http_server *srv, struct MHD_Connection
 static enum MHD_Result get_events(struct http_server *srv, struct MHD_Connection *c)
 {
     return get_doc(srv, c, SNAP_EVENTS);
+}
+
+/* GET /v1/plan[?network_gbit=G&tflops=X] (daemon/plan_http.h). */
+static enum MHD_Result get_plan(struct http_server *srv, struct MHD_Connection *c)
+{
+    char *text = snapshot_copy(srv->snap, SNAP_STATUS), err[256];
+    if (!text)
+        return reply_starting(c);
+    json_t *doc = plan_http_doc(text, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "network_gbit"),
+                                MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "tflops"), err, sizeof(err));
+    free(text);
+    if (!doc)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", err, NULL);
+    return reply(c, MHD_HTTP_OK, CT_JSON, dump(doc), NULL);
 }
 
 /* {"<key>": status[key]} for /v1/nodes and /v1/ranks. */
@@ -505,6 +520,7 @@ static const struct {
     {"/v1/nodes", get_nodes, 0},
     {"/v1/ranks", get_ranks, 0},
     {"/v1/events", get_events, 0},
+    {"/v1/plan", get_plan, 0},
     {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
     {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
     {"/v1/job/checkpoint", NULL, HTTP_ADMIN_CHECKPOINT},

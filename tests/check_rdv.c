@@ -550,8 +550,8 @@ START_TEST(rank0_reports_committed_checkpoints)
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.u.heartbeat.generation = 1;
     m.u.heartbeat.nranks = 2;
-    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
-    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0};
+    m.u.heartbeat.ranks[0] = (struct proto_rank_beat){0, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0, 0, 0};
+    m.u.heartbeat.ranks[1] = (struct proto_rank_beat){1, PROTO_RANK_RUNNING, 120, 2.0, 1, 0, 100, 0, 0, 0};
     int before = rec.persists;
     rdv_message(&rdv, "a", &m, now);
     ck_assert_int_eq(rdv.last_checkpoint_step, 100);
