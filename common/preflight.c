@@ -192,9 +192,17 @@ static int free_space(const char *dir, uint64_t *out)
     return 0;
 }
 
-static const char *gib(char *buf, size_t len, uint64_t b)
+/* "1.50 GiB", "12.00 MiB", "1000 B". */
+static const char *human(char *buf, size_t len, uint64_t b)
 {
-    snprintf(buf, len, "%.2f GiB", (double)b / (1024.0 * 1024.0 * 1024.0));
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
     return buf;
 }
 
@@ -224,8 +232,8 @@ int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, cha
     if (fr < need) {
         char a[32], b[32];
         return say(why, len, -ENOSPC, "checkpoint_dir %s: %s free, 2 checkpoints of this job need %s: free "
-                   "space or point checkpoint_dir at a larger disk", dir, gib(a, sizeof(a), fr),
-                   gib(b, sizeof(b), need));
+                   "space or point checkpoint_dir at a larger disk", dir, human(a, sizeof(a), fr),
+                   human(b, sizeof(b), need));
     }
     return 0;
 }
