@@ -232,8 +232,8 @@ static void check_job(struct doctor *d, const char *path, int devices, uint64_t 
         check(d, "plan", 0, "%s", err);
     } else if (!spec.rank_cmd[0]) {
         if (p.fits == 1)
-            check(d, "plan", 1, "%d rank%s need %.2f GiB of %.2f GiB %s", in.devices_per_node,
-                  in.devices_per_node == 1 ? "" : "s", (double)p.need / (1 << 30), (double)in.device_mem / (1 << 30),
+            check(d, "plan", 1, "%d rank%s need %.1f MiB of %.2f GiB %s", in.devices_per_node,
+                  in.devices_per_node == 1 ? "" : "s", (double)p.need / (1 << 20), (double)in.device_mem / (1 << 30),
                   gpu_mem ? "per GPU" : "host memory");
         else
             check(d, "plan", 0, "needs %.2f GiB, %s has %.2f GiB: use more nodes, a smaller micro_batch (largest that "
@@ -256,8 +256,8 @@ static void check_job(struct doctor *d, const char *path, int devices, uint64_t 
     if (spec.checkpoint_dir[0] && planned) {
         uint64_t fr;
         if (preflight_ckpt_dir(spec.checkpoint_dir, 2 * p.ckpt_bytes, &fr, why, sizeof(why)) == 0)
-            check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free, 2 checkpoints need %.2f GiB",
-                  spec.checkpoint_dir, (double)fr / (1 << 30), (double)(2 * p.ckpt_bytes) / (1 << 30));
+            check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free, 2 checkpoints need %.1f MiB",
+                  spec.checkpoint_dir, (double)fr / (1 << 30), (double)(2 * p.ckpt_bytes) / (1 << 20));
         else
             check(d, "checkpoint_dir", 0, "%s", why);
     }

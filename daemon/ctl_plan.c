@@ -171,15 +171,18 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
 {
     memset(a, 0, sizeof(*a));
     a->device = -1;
+    int seen_cmd = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
         const char *v;
-        if (strcmp(argv[i], "plan") == 0 && i == 1) {
-            continue;
+        if (strcmp(argv[i], "plan") == 0 && !seen_cmd) {
+            seen_cmd = 1;
         } else if (strcmp(argv[i], "--json") == 0) {
             *json = 1;
         } else if ((v = opt(argc, argv, &i, "--server", &missing))) {
             *server = v;
+        } else if (opt(argc, argv, &i, "--admin-token-file", &missing)) {
+            continue; /* musterctl's option; plan reads nothing that needs it */
         } else if ((v = opt(argc, argv, &i, "--nodes", &missing))) {
             if (parse_int(v, 1, PLAN_MAX_NODES, &a->nodes))
                 return usage("--nodes: expected 1 to 4096, got '%s'", v);
@@ -232,7 +235,7 @@ static int load_job(const char *job, struct job_spec *spec)
     if (stat(job, &st) == 0) {
         if (job_spec_load(job, spec, NULL, err, sizeof(err))) {
             fprintf(stderr, "musterctl plan: %s\n", err);
-            return 1;
+            return 2;
         }
         return 0;
     }

@@ -167,7 +167,41 @@ struct run_state {
     long steps;
     struct rank_ctl *ctl;   /* rank mode: heartbeats go here */
     const long *ckpt_step;  /* the trainer's last committed checkpoint (-1: none) */
+    struct comm *comm;      /* the CPU path's ring (NULL: world 1, or the GPU path) */
+    int cpu;                /* the CPU path: peak memory is the process's RSS */
+    uint64_t rss_base;      /* its RSS before the trainer was built */
+    uint64_t sent;          /* its bytes sent at the last step report */
 };
+
+/* The process's resident memory (VmRSS) or its peak (VmHWM), bytes; 0 when unknown. */
+static uint64_t rss(const char *which)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128], fmt[32];
+    unsigned long long kb = 0;
+    snprintf(fmt, sizeof(fmt), "%s: %%llu kB", which);
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, fmt, &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Bytes moved and peak memory beside the plan's (docs/plan.md): the ring's
+ * bytes sent since the last step report (the step and the vote before it). */
+static void report_measured(struct run_state *rs)
+{
+    uint64_t step_bytes = 0;
+    if (rs->comm) {
+        struct comm_stats st;
+        comm_get_stats(rs->comm, &st);
+        step_bytes = st.bytes_sent - rs->sent;
+        rs->sent = st.bytes_sent;
+    }
+    uint64_t peak = rs->cpu ? rss("VmHWM") : 0;
+    rank_ctl_measured(rs->ctl, step_bytes, peak > rs->rss_base ? peak - rs->rss_base : 0);
+}
 
 static double elapsed(const struct run_state *rs)
 {
@@ -191,9 +225,11 @@ static uint64_t beat_ckpt(long last_checkpoint_step)
 static void on_step(const struct train_step_info *in, void *user)
 {
     struct run_state *rs = user;
-    if (rs->ctl)
+    if (rs->ctl) {
+        report_measured(rs);
         rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
                       beat_ckpt(*rs->ckpt_step));
+    }
     if (rs->quiet)
         return;
     clear_bar(rs);
@@ -569,6 +605,7 @@ int main(int argc, char **argv)
     }
 
     struct trainer tr;
+    const uint64_t rss_base = rss("VmRSS"); /* what the trainer adds is what the plan predicts */
     rc = trainer_init(&tr, &spec, rank, world, comm, err, sizeof(err));
     if (rc) {
         log_error("%s", err);
@@ -600,7 +637,8 @@ int main(int argc, char **argv)
 
     /* In rank mode only rank 0 prints progress; every rank heartbeats it. */
     struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec.steps, .ctl = ctl,
-                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
+                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step, .comm = tr.zero.comm,
+                           .cpu = 1, .rss_base = rss_base};
     if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
         goto fail;
