@@ -19,6 +19,18 @@
 
 const char *plan_device_name(enum plan_device d) { return d == PLAN_GPU ? "gpu" : "cpu"; }
 
+const char *plan_bytes_str(char *buf, size_t len, double b)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+    return buf;
+}
+
 int plan_input_from_spec(struct plan_input *in, const struct job_spec *spec, char *err, size_t errlen)
 {
     memset(in, 0, sizeof(*in));

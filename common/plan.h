@@ -109,4 +109,7 @@ int plan_input_from_json(const json_t *obj, struct plan_input *in);
 
 const char *plan_device_name(enum plan_device d);
 
+/* "1.23 GiB", "456.00 MiB", "789 B" (binary units) into buf; returns buf. */
+const char *plan_bytes_str(char *buf, size_t len, double bytes);
+
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/mkdirs.h"
+#include "common/plan.h"
 
 /* The llm.c token file (worker/train/data.h): int32 header[256], then uint16 tokens. */
 #define TOKENS_MAGIC 20240520
@@ -192,20 +193,6 @@ static int free_space(const char *dir, uint64_t *out)
     return 0;
 }
 
-/* "1.50 GiB", "12.00 MiB", "1000 B". */
-static const char *human(char *buf, size_t len, uint64_t b)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
-    return buf;
-}
-
 int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len)
 {
     int rc = mkdirs(dir, 0755);
@@ -232,8 +219,8 @@ int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, cha
     if (fr < need) {
         char a[32], b[32];
         return say(why, len, -ENOSPC, "checkpoint_dir %s: %s free, 2 checkpoints of this job need %s: free "
-                   "space or point checkpoint_dir at a larger disk", dir, human(a, sizeof(a), fr),
-                   human(b, sizeof(b), need));
+                   "space or point checkpoint_dir at a larger disk", dir, plan_bytes_str(a, sizeof(a), (double)fr),
+                   plan_bytes_str(b, sizeof(b), (double)need));
     }
     return 0;
 }

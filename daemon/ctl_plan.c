@@ -14,6 +14,7 @@
 
 #include "common/plan.h"
 #include "common/preflight.h"
+#include "daemon/ctl_args.h"
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 static long long integer(const json_t *o, const char *key)
@@ -21,23 +22,10 @@ static long long integer(const json_t *o, const char *key)
     return json_integer_value(json_object_get(o, key));
 }
 
-/* "1.23 GiB", "456.0 MiB", "789 B". */
-static const char *bytes_str(char *buf, size_t len, double b)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) {
-        b /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
-    return buf;
-}
-
 static void row(FILE *f, const char *what, double bytes, const char *note)
 {
     char b[32];
-    fprintf(f, "  %-40s %12s  %s\n", what, bytes_str(b, sizeof(b), bytes), note ? note : "");
+    fprintf(f, "  %-40s %12s  %s\n", what, plan_bytes_str(b, sizeof(b), bytes), note ? note : "");
 }
 
 void render_plan(FILE *f, const json_t *plan)
@@ -75,7 +63,7 @@ void render_plan(FILE *f, const json_t *plan)
     if (json_is_integer(dm)) {
         long long sharing = integer(mem, "sharing");
         snprintf(note, sizeof(note), "%s%s; needs %s%s", json_is_true(json_object_get(mem, "fits")) ? "fits" : "DOES NOT FIT",
-                 "", bytes_str(b, sizeof(b), num(mem, "need")),
+                 "", plan_bytes_str(b, sizeof(b), num(mem, "need")),
                  sharing > 1 ? " (the node's ranks together)" : "");
         row(f, gpu ? "device memory" : "host memory (shared by the node's ranks)", (double)json_integer_value(dm),
             note);
@@ -103,8 +91,8 @@ void render_plan(FILE *f, const json_t *plan)
             100.0 * num(comm, "comm_frac"));
 
     fprintf(f, "\ncheckpoint: %s per checkpoint (%lld shard files of %s); free space needed: %s (2 checkpoints)\n",
-            bytes_str(b, sizeof(b), num(ck, "checkpoint")), integer(plan, "world"),
-            bytes_str(b2, sizeof(b2), num(ck, "rank_file")), bytes_str(note, sizeof(note), num(ck, "free_needed")));
+            plan_bytes_str(b, sizeof(b), num(ck, "checkpoint")), integer(plan, "world"),
+            plan_bytes_str(b2, sizeof(b2), num(ck, "rank_file")), plan_bytes_str(note, sizeof(note), num(ck, "free_needed")));
 }
 
 /* ---- arguments ---------------------------------------------------------- */
@@ -150,23 +138,6 @@ struct plan_args {
     int have_mem, have_gbit, have_tflops;
 };
 
-/* "--name VALUE" or "--name=VALUE" at argv[*i]. */
-static const char *opt(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n) != 0)
-        return NULL;
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int parse_args(int argc, char **argv, struct plan_args *a, int *json, const char **server)
 {
     memset(a, 0, sizeof(*a));
@@ -179,39 +150,39 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
             seen_cmd = 1;
         } else if (strcmp(argv[i], "--json") == 0) {
             *json = 1;
-        } else if ((v = opt(argc, argv, &i, "--server", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--server", &missing))) {
             *server = v;
-        } else if (opt(argc, argv, &i, "--admin-token-file", &missing)) {
+        } else if (ctl_option_value(argc, argv, &i, "--admin-token-file", &missing)) {
             continue; /* musterctl's option; plan reads nothing that needs it */
-        } else if ((v = opt(argc, argv, &i, "--nodes", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--nodes", &missing))) {
             if (parse_int(v, 1, PLAN_MAX_NODES, &a->nodes))
                 return usage("--nodes: expected 1 to 4096, got '%s'", v);
-        } else if ((v = opt(argc, argv, &i, "--devices-per-node", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--devices-per-node", &missing))) {
             if (parse_int(v, 1, PLAN_MAX_DEVICES, &a->devices))
                 return usage("--devices-per-node: expected 1 to 64, got '%s'", v);
-        } else if ((v = opt(argc, argv, &i, "--device", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--device", &missing))) {
             if (strcmp(v, "cpu") && strcmp(v, "gpu"))
                 return usage("--device: expected cpu or gpu, got '%s'", v);
             a->device = strcmp(v, "gpu") == 0 ? PLAN_GPU : PLAN_CPU;
-        } else if ((v = opt(argc, argv, &i, "--device-memory", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--device-memory", &missing))) {
             if (parse_num(v, &a->mem_gb) || a->mem_gb <= 0 || a->mem_gb > 1e6)
                 return usage("--device-memory: expected GiB above 0 and up to 1000000, got '%s'", v);
             a->have_mem = 1;
-        } else if ((v = opt(argc, argv, &i, "--network", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--network", &missing))) {
             if (parse_num(v, &a->gbit) || a->gbit < PLAN_MIN_GBIT || a->gbit > PLAN_MAX_GBIT)
                 return usage("--network: expected Gbit/s from 0.001 (1 Mbit/s) to 100000, got '%s'", v);
             a->have_gbit = 1;
-        } else if ((v = opt(argc, argv, &i, "--tflops", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--tflops", &missing))) {
             if (parse_num(v, &a->tflops) || a->tflops < PLAN_MIN_TFLOPS || a->tflops > PLAN_MAX_TFLOPS)
                 return usage("--tflops: expected effective TFLOPS per rank from 0.000001 to 100000, got '%s'", v);
             a->have_tflops = 1;
-        } else if ((v = opt(argc, argv, &i, "--batch", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--batch", &missing))) {
             if (parse_int(v, 1, 1048576, &a->batch))
                 return usage("--batch: expected 1 to 1048576, got '%s'", v);
-        } else if ((v = opt(argc, argv, &i, "--micro-batch", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--micro-batch", &missing))) {
             if (parse_int(v, 1, 65536, &a->micro_batch))
                 return usage("--micro-batch: expected 1 to 65536, got '%s'", v);
-        } else if ((v = opt(argc, argv, &i, "--seq-len", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--seq-len", &missing))) {
             if (parse_int(v, 1, GPT_MAX_CONTEXT, &a->seq_len))
                 return usage("--seq-len: expected 1 to 65536, got '%s'", v);
         } else if (missing) {
@@ -343,8 +314,8 @@ static void versus(FILE *f, const char *what, const json_t *pred, const json_t *
         snprintf(a, sizeof(a), "%.1f %%", 100.0 * json_number_value(pred));
         snprintf(b, sizeof(b), "%.1f %%", 100.0 * json_number_value(meas));
     } else {
-        bytes_str(a, sizeof(a), json_number_value(pred));
-        bytes_str(b, sizeof(b), json_number_value(meas));
+        plan_bytes_str(a, sizeof(a), json_number_value(pred));
+        plan_bytes_str(b, sizeof(b), json_number_value(meas));
     }
     fprintf(f, "  %-40s %12s  %12s\n", what, json_is_number(pred) ? a : "-", json_is_number(meas) ? b : "not yet");
 }

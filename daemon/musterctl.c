@@ -22,6 +22,7 @@
 #include <openssl/rand.h>
 
 #include "daemon/ctl_http.h"
+#include "daemon/ctl_args.h"
 #include "daemon/ctl_doctor.h"
 #include "daemon/ctl_plan.h"
 #include "daemon/ctl_render.h"
@@ -623,23 +624,6 @@ static int parse_count(const char *s, unsigned long long max, unsigned long long
     return 0;
 }
 
-/* Value of "--name VALUE" or "--name=VALUE" at argv[*i]; NULL if not this option. */
-static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n) != 0)
-        return NULL;
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 /* GET for ctl_plan and ctl_doctor: ctx is a struct ctl whose server is set here. */
 static json_t *sub_get(void *ctx, const char *server, const char *path)
 {
@@ -712,13 +696,13 @@ int main(int argc, char **argv)
             follow = 1;
         } else if (strcmp(argv[i], "--force") == 0) {
             force = 1;
-        } else if ((v = option_value(argc, argv, &i, "--server", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--server", &missing))) {
             server = v;
-        } else if ((v = option_value(argc, argv, &i, "--admin-token-file", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--admin-token-file", &missing))) {
             ctl.token_file = v;
-        } else if ((v = option_value(argc, argv, &i, "--generation", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--generation", &missing))) {
             generation_arg = v;
-        } else if ((v = option_value(argc, argv, &i, "--tail", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--tail", &missing))) {
             tail_arg = v;
         } else if (missing) {
             return usage_error("option '%s' needs a value", argv[i]);

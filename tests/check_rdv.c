@@ -73,18 +73,24 @@ static void teardown(void) { rdv_free(&rdv); }
 
 static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
 
+/* A HELLO of node name with ndev devices 0..ndev-1. */
+static void hello_of(struct proto_hello *h, const char *name, uint32_t ndev, uint64_t generation)
+{
+    memset(h, 0, sizeof(*h));
+    snprintf(h->node, sizeof(h->node), "%s", name);
+    snprintf(h->addr, sizeof(h->addr), "127.0.0.1");
+    h->ndevices = ndev;
+    for (uint32_t i = 0; i < ndev; i++)
+        h->devices[i] = i;
+    h->generation = generation;
+    h->free_port = node_port(name);
+}
+
 static int join(const char *name, uint32_t ndev, uint64_t generation)
 {
     struct proto_hello h;
     char code[32], reason[PROTO_REASON_MAX];
-    memset(&h, 0, sizeof(h));
-    snprintf(h.node, sizeof(h.node), "%s", name);
-    snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
-    h.ndevices = ndev;
-    for (uint32_t i = 0; i < ndev; i++)
-        h.devices[i] = i;
-    h.generation = generation;
-    h.free_port = node_port(name);
+    hello_of(&h, name, ndev, generation);
     int rc = rdv_join(&rdv, &h, now, code, reason);
     if (rc != 0)
         snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code); /* last reject code */
@@ -1029,13 +1035,7 @@ static int join_checked(const char *name, uint32_t ndev, uint64_t gpu_mb)
 {
     struct proto_hello h;
     char code[32], reason[PROTO_REASON_MAX];
-    memset(&h, 0, sizeof(h));
-    snprintf(h.node, sizeof(h.node), "%s", name);
-    snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
-    h.ndevices = ndev;
-    for (uint32_t i = 0; i < ndev; i++)
-        h.devices[i] = i;
-    h.free_port = node_port(name);
+    hello_of(&h, name, ndev, 0);
     h.preflight = 1;
     h.host_mem_mb = 65536;
     if (gpu_mb) {
