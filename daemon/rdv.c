@@ -228,13 +228,26 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
         set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
 }
 
+/* fitness_check, and an event for each node the plan newly finds unfit. */
+static void check_plan(struct rdv *r, int candidates)
+{
+    uint8_t was[RDV_MAX_NODES];
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        was[i] = r->nodes[i].plan_unfit[0] != '\0';
+    if (fitness_check(r, candidates) == 0)
+        return;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (!was[i] && r->nodes[i].plan_unfit[0])
+            event(r, "node_unfit", (int)i, -1, "node %s is unfit: %s", r->nodes[i].name, r->nodes[i].plan_unfit);
+}
+
 /*
  * Every member is fit (its pre-flight passed, the plan fits its memory), or
  * r->reason says which is not and why: the generation waits, spending nothing.
  */
 static int members_fit(struct rdv *r)
 {
-    fitness_check(r, 0);
+    check_plan(r, 0);
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || fitness_ready(nd))
@@ -609,7 +622,7 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
         return;
     uint32_t ready = 0, waited = 1;
     const struct rdv_node *late = NULL;
-    fitness_check(r, 1);
+    check_plan(r, 1);
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (fitness_ready(nd)) {

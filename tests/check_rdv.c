@@ -1119,6 +1119,7 @@ START_TEST(plan_that_does_not_fit_is_refused_naming_the_device)
     ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for node a: unfit: the plan does not fit: a rank needs"));
     ck_assert_ptr_nonnull(strstr(rdv.reason, "gpu NVIDIA Test GPU has 1.00 GiB"));
     ck_assert_ptr_nonnull(strstr(rdv.reason, "micro_batch 1 x seq_len 1024"));
+    ck_assert(has_event("node_unfit", "node a is unfit: the plan does not fit"));
     char v[PROTO_REASON_MAX];
     node_field("a", "fit", v, sizeof(v));
     ck_assert_str_eq(v, "unfit");
