@@ -315,6 +315,8 @@ START_TEST(predicted_peak_is_within_15_percent_of_rss_growth)
         in.data_tokens = TEXT_BYTES;
         ck_assert_int_eq(plan_compute(&in, &p, err, sizeof(err)), 0);
         double off = ((double)p.peak - (double)grown) / (double)grown;
+        printf("plan: %s micro_batch %d seq_len %d: predicted peak %.1f MiB, RSS grew %.1f MiB (%+.1f %%)\n", w.model,
+               w.micro, w.seq, (double)p.peak / 1048576.0, (double)grown / 1048576.0, 100 * off);
         ck_assert_msg(off > -0.15 && off < 0.15, "%s micro_batch %d: predicted peak %llu B, RSS grew %ld B (%+.1f %%)",
                       w.model, w.micro, (unsigned long long)p.peak, grown, 100 * off);
     }
