@@ -102,6 +102,8 @@ struct agent {
     bool preflight_promised; /* the last HELLO said a PREFLIGHT would follow */
     int64_t hello_wall_ms;   /* wall clock when it was sent */
     bool trainer;            /* the held job's ranks are muster-train */
+    char preflight_said[PROTO_REASON_MAX]; /* the verdict last logged ("" = fit) */
+    bool preflight_logged;   /* since this join: repeats of the same verdict are not logged */
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
@@ -1028,10 +1030,14 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
     m.u.preflight.trainer = a->trainer;
     snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", fit ? "" : reason);
     proto_text_sanitize(m.u.preflight.reason);
-    if (fit)
-        log_info("pre-flight checks pass");
-    else
-        log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
+    if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
+        if (fit)
+            log_info("pre-flight checks pass");
+        else
+            log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
+    }
+    snprintf(a->preflight_said, sizeof(a->preflight_said), "%s", m.u.preflight.reason);
+    a->preflight_logged = true;
     send_to_daemon(a, &m);
 }
 
@@ -1050,6 +1056,7 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
 {
     struct preflight_inputs in = {0};
     char err[PREFLIGHT_WHY_MAX];
+    a->preflight_logged = false;
     if (!w->job || job_spec_from_json(w->job, "WELCOME", &in.spec, err, sizeof(err)) != 0) {
         if (!w->job)
             snprintf(err, sizeof(err), "musterd sent no job to check");
