@@ -200,16 +200,30 @@ int plan_compute(const struct plan_input *in, struct plan *p, char *err, size_t 
     p->shard_floats = zs.total;
     p->sharing = in->device == PLAN_CPU ? in->devices_per_node : 1;
 
-    /* the largest micro-batch that fits and splits the batch evenly */
+    /* figures beyond 2^62 bytes would wrap: refuse the shape instead */
+    const double N = (double)p->micro_batch * p->seq_len;
+    const double acts = 4.0 * (N * in->cfg.C * (18.0 * in->cfg.L + 8) +
+                               N * in->cfg.NH * p->seq_len * (in->cfg.L + 1.0) + 2.0 * N * in->cfg.V);
+    if (acts + 20.0 * (double)p->params > 4.6e18) {
+        snprintf(err, errlen, "micro_batch %d x seq_len %d of this model needs more than 2^62 bytes per rank: "
+                 "the plan cannot hold it", p->micro_batch, p->seq_len);
+        return -EINVAL;
+    }
+    /* the largest micro-batch that fits and splits the batch evenly: a divisor
+     * b of q = batch / world (memory grows with b), largest first: q/d for
+     * d = 1 .. sqrt(q), then d for d = sqrt(q) .. 1 */
     p->max_micro_batch = in->device_mem ? 0 : -1;
-    for (int b = in->batch / p->world; in->device_mem && b >= 1; b--) {
-        if (in->batch % (b * p->world))
+    const int q = in->batch / p->world;
+    int r = 1;
+    while ((r + 1) * (r + 1) <= q)
+        r++;
+    for (int k = 0; in->device_mem && p->max_micro_batch == 0 && k < 2 * r; k++) {
+        const int d = k < r ? k + 1 : 2 * r - k, b = k < r ? q / d : d;
+        if (q % d)
             continue;
         memory(p, &zs, b);
-        if (p->need <= in->device_mem) {
+        if (p->need <= in->device_mem)
             p->max_micro_batch = b;
-            break;
-        }
     }
     memory(p, &zs, p->micro_batch);
     p->fits = in->device_mem ? p->need <= in->device_mem : -1;

@@ -35,9 +35,8 @@ static int picked(const struct rdv_node *nd, int candidates)
 /* Memory one device of the node has for its rank, bytes (CPU: the node's, shared); 0 = unknown. */
 static uint64_t node_memory(const struct rdv_node *nd)
 {
-    if (nd->kind == PROTO_DEV_CPU)
-        return nd->host_mem_mb * 1024 * 1024;
-    return (nd->gpu_total_mb ? nd->gpu_total_mb : nd->device_mem_mb) * 1024 * 1024;
+    uint64_t mb = nd->kind == PROTO_DEV_CPU ? nd->host_mem_mb : nd->gpu_total_mb ? nd->gpu_total_mb : nd->device_mem_mb;
+    return mb > (UINT64_MAX >> 21) ? UINT64_MAX >> 1 : mb << 20; /* an agent's absurd figure saturates */
 }
 
 /* The plan applies to the node: muster-train ranks (or an agent that said nothing). */

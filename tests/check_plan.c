@@ -374,7 +374,37 @@ START_TEST(fit_and_largest_micro_batch)
     in.device_mem = 1 << 20;
     ck_assert_int_eq(plan_compute(&in, &p, err, sizeof(err)), 0);
     ck_assert_int_eq(p.max_micro_batch, 0);
+    /* against a plain search over every micro-batch, batch 720 over 2 x 8 ranks (q = 45) */
+    in.batch = 720;
+    in.micro_batch = 0;
+    in.seq_len = 256;
+    for (uint64_t mem = 64ull << 20; mem < (32ull << 30); mem = mem * 3 / 2) {
+        int want = 0;
+        for (int b = 45; b >= 1 && !want; b--) {
+            struct plan_input one = in;
+            one.micro_batch = b;
+            one.device_mem = 0;
+            if (45 % b == 0 && plan_compute(&one, &p, err, sizeof(err)) == 0 && p.need <= mem)
+                want = b;
+        }
+        in.device_mem = mem;
+        ck_assert_int_eq(plan_compute(&in, &p, err, sizeof(err)), 0);
+        ck_assert_msg(p.max_micro_batch == want, "%llu B: largest micro_batch %d, a plain search says %d",
+                      (unsigned long long)mem, p.max_micro_batch, want);
+    }
+    /* a shape whose figures would not fit 64 bits is refused, not wrapped */
+    struct plan_input huge = in;
+    huge.cfg = (struct gpt_config){.L = 64, .NH = 1024, .C = 65536, .T = 65536, .V = 65536};
+    huge.batch = 1048576;
+    huge.micro_batch = 0;
+    huge.nodes = 1;
+    huge.devices_per_node = 1;
+    huge.seq_len = 65536;
+    ck_assert_int_eq(plan_compute(&huge, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "more than 2^62 bytes"));
     /* CPU ranks of a node share its memory */
+    in.batch = 64;
+    in.seq_len = 1024;
     in.device = PLAN_CPU;
     in.device_mem = 64ull << 30;
     ck_assert_int_eq(plan_compute(&in, &p, err, sizeof(err)), 0);
