@@ -209,6 +209,11 @@ int plan_compute(const struct plan_input *in, struct plan *p, char *err, size_t 
                  "the plan cannot hold it", p->micro_batch, p->seq_len);
         return -EINVAL;
     }
+    if ((double)p->accum * (double)p->params * 12.0 > 4.6e18) { /* each rank's bytes per step, bounded by */
+        snprintf(err, errlen, "%d micro-steps of this model move more than 2^62 bytes per step: the plan "
+                 "cannot count them", p->accum);
+        return -EINVAL;
+    }
     /* the largest micro-batch that fits and splits the batch evenly: a divisor
      * b of q = batch / world (memory grows with b), largest first: q/d for
      * d = 1 .. sqrt(q), then d for d = sqrt(q) .. 1 */
