@@ -4,8 +4,8 @@
 # each node sees its own. Three causes make b unfit in turn: the data file
 # is missing there, its checkpoint_dir is read-only (a read-only tmpfs where
 # mounting is permitted, else a directory of mode 0555 for a non-root
-# user), and its free space is below two checkpoints (the statvfs test hook
-# of common/preflight.h). Each time node b is shown unfit with the reason in
+# user), and its free space is below two checkpoints (a 64 KiB tmpfs where
+# mounting is permitted, and the statvfs test hook of common/preflight.h). Each time node b is shown unfit with the reason in
 # /v1/status and /v1/events, the job waits and spends no restart; fixing
 # the cause makes b fit within a few seconds and the job forms and runs.
 set -eu
@@ -100,7 +100,21 @@ if [ -n "$fix" ]; then
     stop_all
 fi
 
-# 3. free space below two checkpoints on node b (statvfs test hook)
+# 3. free space below two checkpoints on node b: a 64 KiB tmpfs where mounting is
+#    permitted (the fix grows it), and always through the statvfs test hook
+rm -rf "$ITEST_DIR/b/ck"; mkdir -p "$ITEST_DIR/b/ck"
+if mount -t tmpfs -o size=64k tmpfs "$ITEST_DIR/b/ck" 2>/dev/null; then
+    MOUNTED="$ITEST_DIR/b/ck"
+    job smalldisk ck
+    run smalldisk
+    unfit_then_fit "small tmpfs" "free, 2 checkpoints of this job need" "mount -o remount,size=16m '$ITEST_DIR/b/ck'"
+    stop_all
+    umount "$ITEST_DIR/b/ck"
+    MOUNTED=""
+else
+    echo "small tmpfs checkpoint_dir: skipped (no mount permission); the statvfs hook follows"
+fi
+
 echo 1000 > "$ITEST_DIR/free-b"
 job lowspace ck
 rm -rf "$ITEST_DIR/state"
