@@ -167,10 +167,11 @@ struct run_state {
     long steps;
     struct rank_ctl *ctl;   /* rank mode: heartbeats go here */
     const long *ckpt_step;  /* the trainer's last committed checkpoint (-1: none) */
-    struct comm *comm;      /* the CPU path's ring (NULL: world 1, or the GPU path) */
-    int cpu;                /* the CPU path: peak memory is the process's RSS */
-    uint64_t rss_base;      /* its RSS before the trainer was built */
-    uint64_t sent;          /* its bytes sent at the last step report */
+    const struct zero *zero; /* the CPU path's shards: its ring is zero->comm (NULL: world 1);
+                              * NULL on the GPU path */
+    uint64_t rss_base;      /* the CPU path: the process's RSS before the trainer was built */
+    const struct comm *counted; /* the ring whose bytes sent were last read */
+    uint64_t sent;          /* its bytes sent then */
 };
 
 /* The process's resident memory (VmRSS) or its peak (VmHWM), bytes; 0 when unknown. */
@@ -193,13 +194,15 @@ static uint64_t rss(const char *which)
 static void report_measured(struct run_state *rs)
 {
     uint64_t step_bytes = 0;
-    if (rs->comm) {
+    const struct comm *c = rs->zero ? rs->zero->comm : NULL;
+    if (c) { /* read through the trainer: a new generation's communicator counts from 0 */
         struct comm_stats st;
-        comm_get_stats(rs->comm, &st);
-        step_bytes = st.bytes_sent - rs->sent;
+        comm_get_stats(c, &st);
+        step_bytes = c == rs->counted && st.bytes_sent >= rs->sent ? st.bytes_sent - rs->sent : 0;
+        rs->counted = c;
         rs->sent = st.bytes_sent;
     }
-    uint64_t peak = rs->cpu ? rss("VmHWM") : 0;
+    uint64_t peak = rs->zero ? rss("VmHWM") : 0; /* the CPU path's memory is the process's */
     rank_ctl_measured(rs->ctl, step_bytes, peak > rs->rss_base ? peak - rs->rss_base : 0);
 }
 
@@ -637,8 +640,8 @@ int main(int argc, char **argv)
 
     /* In rank mode only rank 0 prints progress; every rank heartbeats it. */
     struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec.steps, .ctl = ctl,
-                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step, .comm = tr.zero.comm,
-                           .cpu = 1, .rss_base = rss_base};
+                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step, .zero = &tr.zero,
+                           .counted = tr.zero.comm, .rss_base = rss_base};
     if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         log_error("--metrics: %s: %s", metrics_path, strerror(errno));
         goto fail;
