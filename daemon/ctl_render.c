@@ -164,7 +164,10 @@ static void table_render(FILE *f, const json_t *rows, size_t ncols, const char *
 static void node_row(char (*row)[CELL], const json_t *n)
 {
     snprintf(row[0], CELL, "%s", str(n, "name", "?"));
-    snprintf(row[1], CELL, "%s", str(n, "state", "?"));
+    /* a joined node that cannot run the job shows it (the reason below the table) */
+    const char *fit = str(n, "fit", "fit");
+    snprintf(row[1], CELL, "%s", strcmp(str(n, "state", "?"), "joined") == 0 && strcmp(fit, "fit") != 0 ? fit
+                                                                                                          : str(n, "state", "?"));
     snprintf(row[2], CELL, "%s", str(n, "health", "-"));
     snprintf(row[3], CELL, "%s", str(n, "addr", "-"));
     snprintf(row[4], CELL, "%s", str(n, "kind", "-"));
@@ -185,6 +188,13 @@ void render_nodes(FILE *f, const json_t *nodes)
         return;
     }
     table_render(f, nodes, 10, titles, right, node_row);
+    size_t i;
+    json_t *n;
+    json_array_foreach(nodes, i, n) {
+        const char *why = str(n, "unfit_reason", NULL);
+        if (why)
+            fprintf(f, "node %s is unfit: %s\n", str(n, "name", "?"), why);
+    }
 }
 
 static void rank_row(char (*row)[CELL], const json_t *r)
@@ -262,6 +272,24 @@ void render_summary(FILE *f, const json_t *st)
                 rate, comm);
     else
         fputs("  step unknown: the ranks do not report progress (see the rank contract in PROTOCOL.md)\n", f);
+    const json_t *plan = json_object_get(st, "plan"), *me = json_object_get(st, "measured");
+    if (json_is_object(plan)) {
+        char pc[CELL], mc[CELL];
+        double peak = json_number_value(json_object_get(json_object_get(plan, "memory"), "peak"));
+        double sent = json_number_value(json_object_get(json_object_get(plan, "comm"), "sent_per_step"));
+        fmt_pct(pc, json_object_get(plan, "comm"), "comm_frac");
+        fmt_pct(mc, me, "comm_frac");
+        fprintf(f, "  plan vs measured: communication %s vs %s; sent per step %.1f MiB vs ", pc, mc, sent / 1048576.0);
+        if (num(me, "sent_per_step", &v))
+            fprintf(f, "%.1f MiB", v / 1048576.0);
+        else
+            fputs("-", f);
+        fprintf(f, "; peak memory per rank %.1f MiB vs ", peak / 1048576.0);
+        if (num(me, "peak_mem", &v))
+            fprintf(f, "%.1f MiB\n", v / 1048576.0);
+        else
+            fputs("-\n", f);
+    }
     if (num(st, "last_checkpoint_step", &v))
         fprintf(f, "  last committed checkpoint: step %lld\n", (long long)v);
     else

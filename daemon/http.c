@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "daemon/dashboard.h"
+#include "daemon/plan_http.h"
 #include "daemon/restdoc.h"
 
 /* Threads serving REST: a document rendered for the first time (tens of ms at
@@ -231,6 +232,52 @@ static enum MHD_Result get_events(struct http_server *srv, struct MHD_Connection
 static enum MHD_Result get_history(struct http_server *srv, struct MHD_Connection *c)
 {
     return get_loop_doc(srv, c, "/v1/history", 1);
+}
+
+/* /v1/plan's query: network_gbit and tflops, at most once each (their values are plan_http_doc's to check). */
+struct plan_params {
+    const char *network, *tflops;
+};
+
+static int plan_param(void *ctx, const char *key, const char *value, char *err, size_t errlen)
+{
+    struct plan_params *pp = ctx;
+    const char **slot = strcmp(key, "network_gbit") == 0 ? &pp->network
+                        : strcmp(key, "tflops") == 0     ? &pp->tflops
+                                                         : NULL;
+    if (!slot) {
+        snprintf(err, errlen, "unknown parameter '%.40s' (network_gbit, tflops)", key);
+        return -EINVAL;
+    }
+    if (*slot) {
+        snprintf(err, errlen, "%s: given twice", key);
+        return -EINVAL;
+    }
+    *slot = value ? value : "";
+    return 0;
+}
+
+/* GET /v1/plan[?network_gbit=G&tflops=X] (daemon/plan_http.h), from the view's summary. */
+static enum MHD_Result get_plan(struct http_server *srv, struct MHD_Connection *c)
+{
+    struct plan_params pp = {0};
+    struct query_walk w = {plan_param, &pp, ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    pthread_mutex_lock(&v->head_lock);
+    json_t *head = json_deep_copy(v->head); /* the planning below runs without the lock */
+    pthread_mutex_unlock(&v->head_lock);
+    snap_view_unref(v);
+    if (!head)
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error", "out of memory", NULL);
+    char err[256];
+    json_t *doc = plan_http_doc(head, pp.network, pp.tflops, err, sizeof(err));
+    json_decref(head);
+    if (!doc)
+        return reply_bad_query(c, err);
+    return reply(c, MHD_HTTP_OK, CT_JSON, dump(doc), NULL);
 }
 
 struct list_params {
@@ -613,6 +660,7 @@ static const struct {
     {"/v1/ranks", get_ranks, 0},
     {"/v1/events", get_events, 0},
     {"/v1/history", get_history, 0},
+    {"/v1/plan", get_plan, 0},
     {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
     {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
     {"/v1/job/checkpoint", NULL, HTTP_ADMIN_CHECKPOINT},

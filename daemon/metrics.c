@@ -94,7 +94,7 @@ static void job(struct sbuf *b, struct snap_view *v)
     header(b, "muster_nodes", "gauge", "Nodes known to the daemon, by state");
     for (int s = 0; s < SNAP_NODE_NSTATES; s++)
         sb_printf(b, "muster_nodes{state=\"%s\"} %u\n", rdv_node_state_name((enum rdv_node_state)s), v->nodes_in[s]);
-    header(b, "muster_nodes_health", "gauge", "Nodes by health (lost, failed, stale, waiting, ok, left)");
+    header(b, "muster_nodes_health", "gauge", "Nodes by health (lost, failed, unfit, stale, waiting, ok, left)");
     for (int h = 0; h < SNAP_NHEALTH; h++)
         sb_printf(b, "muster_nodes_health{health=\"%s\"} %u\n", snap_health_name((enum snap_health)h),
                   v->nodes_health[h]);

@@ -22,6 +22,9 @@
 #include <openssl/rand.h>
 
 #include "daemon/ctl_http.h"
+#include "daemon/ctl_args.h"
+#include "daemon/ctl_doctor.h"
+#include "daemon/ctl_plan.h"
 #include "daemon/ctl_render.h"
 
 #define DEFAULT_SERVER "http://127.0.0.1:29471"
@@ -68,6 +71,14 @@ static void usage(FILE *f)
           "  restart             restart the job in a new generation (admin)\n"
           "  checkpoint          checkpoint the running job at its next step boundary (admin)\n"
           "  drain NODE          take NODE out of the job (admin)\n"
+          "  plan [JOB|PRESET] [--nodes N] [--devices-per-node G] [--device cpu|gpu]\n"
+          "       [--device-memory GB] [--network GBIT] [--tflops X] [--batch N]\n"
+          "       [--micro-batch N] [--seq-len N]\n"
+          "                      memory per device and bytes per step of a job before it\n"
+          "                      runs (docs/plan.md); without JOB, the running job's plan\n"
+          "                      with its nodes' devices, predicted beside measured\n"
+          "  doctor [--job JOB]  check this node: daemon reachable, token file, ports,\n"
+          "                      devices, clock, and JOB's data and checkpoint_dir\n"
           "  token new FILE [--force]\n"
           "                      write a new random admin token to FILE (mode 0600)\n"
           "\n"
@@ -659,21 +670,49 @@ static int parse_count(const char *s, unsigned long long max, unsigned long long
     return 0;
 }
 
-/* Value of "--name VALUE" or "--name=VALUE" at argv[*i]; NULL if not this option. */
-static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
+/* GET for ctl_plan and ctl_doctor: ctx is a struct ctl whose server is set here. */
+static json_t *sub_get(void *ctx, const char *server, const char *path)
 {
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n) != 0)
-        return NULL;
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
+    struct ctl *ctl = ctx;
+    snprintf(ctl->server, sizeof(ctl->server), "%s", server);
+    size_t sl = strlen(ctl->server);
+    while (sl > 0 && ctl->server[sl - 1] == '/')
+        ctl->server[--sl] = '\0';
+    return fetch(ctl, "GET", path, NULL, NULL);
+}
+
+/* The command word: the first argument that is neither an option nor an option's value. */
+static const char *command_word(int argc, char **argv)
+{
+    static const char *const with_value[] = {"--server", "--admin-token-file", "--generation", "--tail", "--state",
+                                             "--node", "--health", "--order", "--offset", "--limit"};
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-')
+            return argv[i];
+        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]) && !strchr(argv[i], '='); k++)
+            if (strcmp(argv[i], with_value[k]) == 0) {
+                i++;
+                break;
+            }
     }
-    return argv[++*i];
+    return NULL;
+}
+
+/* plan and doctor parse their own options (docs/plan.md). */
+static int sub_main(int argc, char **argv, const char *word)
+{
+    struct ctl ctl = {0};
+    const char *server = getenv("MUSTER_SERVER");
+    if (!server || !*server)
+        server = DEFAULT_SERVER;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fputs("musterctl: cannot initialise libcurl\n", stderr);
+        return EXIT_FAIL;
+    }
+    int rc = strcmp(word, "plan") == 0 ? ctl_plan_main(argc, argv, server, sub_get, &ctl)
+                                       : ctl_doctor_main(argc, argv, server, sub_get, &ctl);
+    curl_global_cleanup();
+    return rc;
 }
 
 /* "--FILTER VALUE" or "--FILTER=VALUE" for one of names: its value into values. */
@@ -682,7 +721,7 @@ static int filter_option(int argc, char **argv, int *i, const char *const *names
     char opt[16];
     for (int k = 0; k < 6; k++) {
         snprintf(opt, sizeof(opt), "--%s", names[k]);
-        const char *v = option_value(argc, argv, i, opt, missing);
+        const char *v = ctl_option_value(argc, argv, i, opt, missing);
         if (v) {
             values[k] = v;
             return 1;
@@ -718,6 +757,13 @@ static int filter_query(const char *cmd, const char *const *names, const char **
 
 int main(int argc, char **argv)
 {
+    const char *word = command_word(argc, argv);
+    int helping = 0;
+    for (int i = 1; i < argc; i++)
+        helping |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--version") == 0;
+    if (word && !helping && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
+        return sub_main(argc, argv, word);
+
     struct ctl ctl = {0};
     const char *server = getenv("MUSTER_SERVER");
     char *args[8];
@@ -744,13 +790,13 @@ int main(int argc, char **argv)
             follow = 1;
         } else if (strcmp(argv[i], "--force") == 0) {
             force = 1;
-        } else if ((v = option_value(argc, argv, &i, "--server", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--server", &missing))) {
             server = v;
-        } else if ((v = option_value(argc, argv, &i, "--admin-token-file", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--admin-token-file", &missing))) {
             ctl.token_file = v;
-        } else if ((v = option_value(argc, argv, &i, "--generation", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--generation", &missing))) {
             generation_arg = v;
-        } else if ((v = option_value(argc, argv, &i, "--tail", &missing))) {
+        } else if ((v = ctl_option_value(argc, argv, &i, "--tail", &missing))) {
             tail_arg = v;
         } else if (filter_option(argc, argv, &i, filters, filter_arg, &missing)) {
             continue;

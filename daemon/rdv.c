@@ -1,5 +1,6 @@
 #include "daemon/rdv.h"
 #include "daemon/failure.h"
+#include "daemon/fitness.h"
 
 #include <errno.h>
 #include <math.h>
@@ -228,6 +229,40 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
         set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
 }
 
+/* fitness_check, and an event for each node the plan newly finds unfit. */
+static void check_plan(struct rdv *r, int candidates)
+{
+    uint8_t was[RDV_MAX_NODES];
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        was[i] = r->nodes[i].plan_unfit[0] != '\0';
+    if (fitness_check(r, candidates) == 0)
+        return;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (!was[i] && r->nodes[i].plan_unfit[0])
+            event(r, "node_unfit", (int)i, -1, "node %s is unfit: %s", r->nodes[i].name, r->nodes[i].plan_unfit);
+}
+
+/*
+ * Every member is fit (its pre-flight passed, the plan fits its memory), or
+ * r->reason says which is not and why: the generation waits, spending nothing.
+ */
+static int members_fit(struct rdv *r)
+{
+    check_plan(r, 0);
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member || fitness_ready(nd))
+            continue;
+        if (nd->fitness == RDV_FIT_CHECKING)
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
+        else
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+        changed(r, 0);
+        return 0;
+    }
+    return 1;
+}
+
 /*
  * Assigns the current generation to every member once all are connected.
  * Called whenever a member joins while a generation waits to start.
@@ -252,6 +287,8 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
+    if (!members_fit(r))
+        return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node. */
     const struct rdv_node *n0 = rank0_node(r);
     if (n0->free_port == 0) {
@@ -286,7 +323,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
 static int form_first_generation(struct rdv *r, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
-        r->nodes[i].member = r->nodes[i].state == RDV_NODE_JOINED;
+        r->nodes[i].member = fitness_ready(&r->nodes[i]);
     layout_members(r);
     if (build_ranks(r))
         return -ENOMEM;
@@ -582,6 +619,45 @@ static void check_resumed(struct rdv *r, uint64_t now_ms)
     changed(r, 1);
 }
 
+/*
+ * Generation 1 forms once spec->nodes nodes are fit. When every slot is
+ * taken but some node is unfit (or still checking) for rejoin_timeout_ms,
+ * the job forms without it if min_nodes allows.
+ */
+static void maybe_form(struct rdv *r, uint64_t now_ms)
+{
+    if (r->state != RDV_WAITING || r->nnodes < (uint32_t)r->spec->nodes)
+        return;
+    uint32_t ready = 0, waited = 1;
+    const struct rdv_node *late = NULL;
+    check_plan(r, 1);
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (fitness_ready(nd)) {
+            ready++;
+            continue;
+        }
+        late = late ? late : nd;
+        if (nd->state == RDV_NODE_JOINED && now_ms - nd->unfit_since_ms < (uint64_t)r->spec->rejoin_timeout_ms)
+            waited = 0;
+    }
+    const uint32_t floor = (uint32_t)(r->spec->min_nodes ? r->spec->min_nodes : r->spec->nodes);
+    if (ready >= (uint32_t)r->spec->nodes || (ready >= floor && ready > 0 && waited)) {
+        if (ready < (uint32_t)r->spec->nodes)
+            event(r, "forming_without", -1, -1, "forming with %u of %d nodes (min_nodes %u): %s stayed unfit for "
+                  "%.0f s (rejoin_timeout_ms)", ready, r->spec->nodes, floor, late->name,
+                  (double)r->spec->rejoin_timeout_ms / 1000.0);
+        form_first_generation(r, now_ms);
+        return;
+    }
+    if (late) {
+        if (late->fitness == RDV_FIT_CHECKING)
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", late->name);
+        else
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", late->name, fitness_reason(late));
+    }
+}
+
 /* A fresh session for a join: random, so that only the agent it was given to can resume it. */
 static uint64_t new_session(void)
 {
@@ -595,14 +671,66 @@ static uint64_t new_session(void)
 static void send_welcome(struct rdv *r, uint32_t node)
 {
     struct proto_msg m = {.type = PROTO_WELCOME};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     m.u.welcome.heartbeat_interval_ms = (uint32_t)r->spec->heartbeat_interval_ms;
     m.u.welcome.heartbeat_timeout_ms = (uint32_t)r->spec->heartbeat_timeout_ms;
     m.u.welcome.lease_ms = (uint32_t)r->spec->lease_ms;
     m.u.welcome.session = r->nodes[node].session;
+    m.u.welcome.time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    m.u.welcome.job = r->job; /* for the agent's pre-flight; the message does not own it */
     send_to(r, node, &m);
 }
 
+/* Device facts and the pre-flight promise of a HELLO. */
+static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_t now_ms)
+{
+    nd->gpu_name[0] = '\0';
+    nd->gpu_total_mb = nd->gpu_free_mb = 0;
+    for (uint32_t i = 0; i < h->ngpus; i++) {
+        if (i == 0 || h->gpus[i].total_mb < nd->gpu_total_mb) {
+            snprintf(nd->gpu_name, sizeof(nd->gpu_name), "%s", h->gpus[i].name);
+            nd->gpu_total_mb = h->gpus[i].total_mb;
+        }
+        if (i == 0 || h->gpus[i].free_mb < nd->gpu_free_mb)
+            nd->gpu_free_mb = h->gpus[i].free_mb;
+    }
+    nd->device_mem_mb = h->device_mem_mb;
+    nd->host_mem_mb = h->host_mem_mb;
+    nd->fitness = h->preflight ? RDV_FIT_CHECKING : RDV_FIT_UNCHECKED;
+    nd->unfit_reason[0] = nd->plan_unfit[0] = '\0';
+    nd->unfit_since_ms = now_ms;
+}
+
 static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
+
+/* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
+static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[idx];
+    enum rdv_fitness was = nd->fitness;
+    nd->trainer = p->trainer;
+    if (p->fit) {
+        nd->fitness = RDV_FIT_OK;
+        nd->unfit_reason[0] = '\0';
+        if (was == RDV_FIT_UNFIT)
+            event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
+    } else {
+        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, p->reason) != 0)
+            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, p->reason);
+        if (was != RDV_FIT_UNFIT)
+            nd->unfit_since_ms = now_ms;
+        nd->fitness = RDV_FIT_UNFIT;
+        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", p->reason);
+    }
+    maybe_form(r, now_ms);
+    if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))
+        try_start_generation(r, now_ms);
+    else if (!nd->member && nd->state == RDV_NODE_JOINED)
+        maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
+    changed(r, 0);
+}
+
 /* The current generation's unique id, to a node that may have missed it. */
 static void send_unique_id(struct rdv *r, uint32_t node)
 {
@@ -719,6 +847,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     nd->last_seen_ms = now_ms;
     nd->joined_ms = now_ms;
     nd->reported_generation = h->generation;
+    take_facts(nd, h, now_ms);
     if (nd->member) {
         /* A returning member keeps its block; devices may be renumbered. */
         for (uint32_t l = 0; l < nd->ndevices && r->ranks; l++)
@@ -734,8 +863,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     send_welcome(r, (uint32_t)idx);
 
     if (r->state == RDV_WAITING) {
-        if (r->nnodes >= (uint32_t)r->spec->nodes)
-            form_first_generation(r, now_ms);
+        maybe_form(r, now_ms);
     } else if (r->resuming) {
         if (h->generation == r->generation) {
             check_resumed(r, now_ms);
@@ -757,15 +885,17 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
 /*
  * A node that is not a member joined (a new one, or one that was dropped
  * when the job shrank): while the job runs below spec->nodes it is admitted
- * in a new generation. The members' ranks are parked (those that rejoin in
- * place keep their state and re-slice it for the larger world; others are
- * restarted from the last checkpoint); no restart is spent. A job that is
- * forming or recovering takes the node at its next generation instead.
+ * in a new generation, once it is fit (its pre-flight passed, on_preflight)
+ * and the plan of the larger world fits its memory. The members' ranks are
+ * parked (those that rejoin in place keep their state and re-slice it for
+ * the larger world; others are restarted from the last checkpoint); no
+ * restart is spent. A job that is forming or recovering takes the node at
+ * its next generation instead.
  */
 static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[idx];
-    if (r->state != RDV_RUNNING || member_count(r) >= (uint32_t)r->spec->nodes)
+    if (r->state != RDV_RUNNING || member_count(r) >= (uint32_t)r->spec->nodes || !fitness_ready(nd))
         return;
     uint32_t before = r->world_size, world = before + nd->ndevices;
     struct batch_plan plan;
@@ -776,6 +906,12 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
         return;
     }
     nd->member = 1;
+    check_plan(r, 0);
+    if (nd->plan_unfit[0]) { /* it stays idle, shown unfit with the plan's figures */
+        nd->member = 0;
+        check_plan(r, 0);
+        return;
+    }
     layout_members(r);
     if (build_ranks(r) != 0) {
         nd->member = 0;
@@ -873,6 +1009,8 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         rk->loss = b->loss;
         rk->tokens_per_s = b->tokens_per_s;
         rk->comm_frac = b->comm_frac;
+        rk->step_bytes = b->step_bytes;
+        rk->peak_mem = b->peak_mem;
         rk->step = b->step;
         rk->silent = b->silent;
         rk->last_beat_ms = now_ms;
@@ -989,6 +1127,9 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
     case PROTO_RANK_EXIT: gen = m->u.rank_exit.generation; break;
     case PROTO_ERROR:
         event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
+        return;
+    case PROTO_PREFLIGHT:
+        on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
     default:
         return;
@@ -1114,7 +1255,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     for (uint32_t i = 0; i < r->nnodes; i++) {
         if (!r->nodes[i].member)
             continue;
-        if (r->nodes[i].state == RDV_NODE_JOINED)
+        if (fitness_ready(&r->nodes[i]))
             present++;
         else
             missing++;
@@ -1132,9 +1273,10 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
         return;
     }
     for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (r->nodes[i].member && r->nodes[i].state != RDV_NODE_JOINED) {
+        if (r->nodes[i].member && !fitness_ready(&r->nodes[i])) {
             r->nodes[i].member = 0;
-            r->nodes[i].state = RDV_NODE_LEFT;
+            if (r->nodes[i].state != RDV_NODE_JOINED)
+                r->nodes[i].state = RDV_NODE_LEFT;
         }
     }
     uint32_t before = r->world_size;
@@ -1174,6 +1316,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     }
     if (r->restart_at_ms && now_ms >= r->restart_at_ms)
         try_start_generation(r, now_ms);
+    maybe_form(r, now_ms);
     check_progress(r, now_ms);
     check_start(r, now_ms);
     check_rejoin(r, now_ms);
@@ -1320,18 +1463,20 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
     json_t *restored = r->restore_noted ? json_pack("{s:s, s:I}", "from", proto_restore_name(r->restore_from), "step",
                                                      (json_int_t)r->restore_step)
                                          : json_null();
-    return json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o}",
-                     "job", r->spec->name, "state", job_state_names[r->state], "reason",
-                     r->reason[0] ? json_string(r->reason) : json_null(), "generation",
-                     (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
-                     r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                     "step", known ? json_integer((json_int_t)fig.step) : json_null(), "steps",
-                     known ? json_integer(r->spec->steps) : json_null(), "loss", num_or_null(fig.loss),
-                     "tokens_per_s", num_or_null(fig.tokens_per_s), "comm_frac", fig.comm_frac, "uptime_s",
-                     (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
-                     r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
-                     "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
-                     failure_json(&r->last_failure));
+    json_t *st = json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o}",
+                           "job", r->spec->name, "state", job_state_names[r->state], "reason",
+                           r->reason[0] ? json_string(r->reason) : json_null(), "generation",
+                           (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
+                           r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
+                           "step", known ? json_integer((json_int_t)fig.step) : json_null(), "steps",
+                           known ? json_integer(r->spec->steps) : json_null(), "loss", num_or_null(fig.loss),
+                           "tokens_per_s", num_or_null(fig.tokens_per_s), "comm_frac", fig.comm_frac, "uptime_s",
+                           (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
+                           r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
+                           "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
+                           failure_json(&r->last_failure));
+    json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
+    return st;
 }
 
 json_t *rdv_events_json(const struct rdv *r)

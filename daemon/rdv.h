@@ -76,6 +76,14 @@ enum rdv_rank_state {
 #define RDV_MAX_NODES 4096 /* = the job spec's largest "nodes" */
 #define RDV_EVENTS 256
 
+/* Whether a node can run the job (daemon/fitness.h). */
+enum rdv_fitness {
+    RDV_FIT_UNCHECKED, /* its agent promised no pre-flight: counted as fit */
+    RDV_FIT_CHECKING,  /* its agent's PREFLIGHT has not come yet: not counted */
+    RDV_FIT_OK,        /* its pre-flight passed */
+    RDV_FIT_UNFIT,     /* its pre-flight failed (unfit_reason says why): not counted */
+};
+
 struct rdv_node {
     char name[PROTO_NAME_MAX];
     char addr[PROTO_NAME_MAX];
@@ -90,6 +98,16 @@ struct rdv_node {
     uint64_t reported_generation; /* generation its ranks ran when it joined */
     uint32_t free_port;    /* latest port it reported free for MASTER_PORT; 0 = none */
     uint64_t session;      /* given in WELCOME at its last join; HELLO.session resumes it */
+    /* device facts (HELLO) and fitness (PREFLIGHT, and musterd's plan) */
+    char gpu_name[PROTO_NAME_MAX]; /* "" = no GPU facts */
+    uint64_t gpu_total_mb, gpu_free_mb; /* the smallest of its GPUs' */
+    uint64_t device_mem_mb; /* as HELLO's device_mem_mb */
+    uint64_t host_mem_mb;
+    enum rdv_fitness fitness;
+    int trainer;           /* its ranks are muster-train (PREFLIGHT) */
+    char unfit_reason[PROTO_REASON_MAX]; /* the pre-flight's */
+    char plan_unfit[PROTO_REASON_MAX];   /* "": the plan fits its memory */
+    uint64_t unfit_since_ms; /* when it last became unfit or checking */
 };
 
 struct rdv_rank {
@@ -104,6 +122,8 @@ struct rdv_rank {
     uint64_t last_beat_ms; /* 0 = never */
     uint64_t progress_ms;  /* when step last advanced (or the rank began running) */
     int silent;            /* alive by its process alone: step unknown, no hang detection */
+    uint64_t step_bytes;   /* bytes sent in its last step (0 = not reported) */
+    uint64_t peak_mem;     /* its peak memory, bytes (0 = not reported) */
 };
 
 /* The latest rank failure, with what the rank itself said (error file, stderr). */

@@ -136,6 +136,25 @@ static void field_age(struct sbuf *b, const char *key, int64_t ms)
     sb_age(b, ms);
 }
 
+/* ,"key":count, null when 0 (not reported) */
+static void field_count(struct sbuf *b, const char *key, uint64_t n)
+{
+    if (n)
+        sb_printf(b, ",\"%s\":%llu", key, (unsigned long long)n);
+    else
+        sb_printf(b, ",\"%s\":null", key);
+}
+
+/* ,"key":"text", null when NULL or "" */
+static void field_str(struct sbuf *b, const char *key, const char *s)
+{
+    sb_printf(b, ",\"%s\":", key);
+    if (s && s[0])
+        sb_json_str(b, s);
+    else
+        sb_put(b, "null", 4);
+}
+
 /* ---- records ---------------------------------------------------------------- */
 
 static void rank_json(struct sbuf *b, const struct snap_view *v, const struct snap_rank *rk)
@@ -153,12 +172,10 @@ static void rank_json(struct sbuf *b, const struct snap_view *v, const struct sn
     field_num(b, "tokens_per_s", rk->tokens_per_s);
     field_num(b, "comm_frac", rk->comm_frac);
     field_age(b, "heartbeat_age_ms", rk->heartbeat_age_ms);
-    sb_printf(b, ",\"stale\":%s,\"silent\":%s,\"error\":", rk->stale ? "true" : "false",
-              rk->silent ? "true" : "false");
-    if (rk->failed)
-        sb_json_str(b, v->failure_reason);
-    else
-        sb_put(b, "null", 4);
+    sb_printf(b, ",\"stale\":%s,\"silent\":%s", rk->stale ? "true" : "false", rk->silent ? "true" : "false");
+    field_str(b, "error", rk->failed ? v->failure_reason : NULL);
+    field_count(b, "step_bytes", rk->step_bytes);
+    field_count(b, "peak_mem", rk->peak_mem);
     sb_put(b, "}", 1);
 }
 
@@ -191,6 +208,15 @@ static void node_json(struct sbuf *b, const struct snap_node *nd)
     field_num(b, "tokens_per_s", nd->tokens_per_s);
     field_num(b, "comm_frac", nd->comm_frac);
     field_age(b, "rank_heartbeat_age_max_ms", nd->rank_heartbeat_age_max);
+    sb_printf(b, ",\"fit\":\"%s\"", snap_fit_name((enum snap_fit)nd->fit));
+    field_str(b, "unfit_reason", nd->unfit_reason);
+    field_str(b, "gpu_name", nd->gpu_name);
+    sb_printf(b, ",\"device_mem_mb\":%llu", (unsigned long long)nd->device_mem_mb);
+    if (nd->device_free_mb >= 0)
+        sb_printf(b, ",\"device_free_mb\":%lld", (long long)nd->device_free_mb);
+    else
+        sb_put(b, ",\"device_free_mb\":null", 22);
+    field_count(b, "host_mem_mb", nd->host_mem_mb);
     sb_put(b, "}", 1);
 }
 
@@ -423,7 +449,7 @@ int restdoc_query_param(struct restdoc_query *q, enum restdoc_list list, const c
         if (parse_set(value, health_bit, &q->healths) == 0)
             return 0;
         snprintf(err, errlen,
-                 "health: expected lost, failed, stale, waiting, ok, left (one or more, separated by commas), "
+                 "health: expected lost, failed, unfit, stale, waiting, ok, left (one or more, separated by commas), "
                  "got '%.40s'",
                  value);
         return -EINVAL;

@@ -296,6 +296,7 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
         case PROTO_UNIQUE_ID:
         case PROTO_RANK_EXIT:
         case PROTO_ERROR:
+        case PROTO_PREFLIGHT:
             rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
             return;
         case PROTO_LOG_DATA:

@@ -4,7 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const health_names[] = {"lost", "failed", "stale", "waiting", "ok", "left"};
+static const char *const health_names[] = {"lost", "failed", "unfit", "stale", "waiting", "ok", "left"};
+static const char *const fit_names[] = {"fit", "checking", "unfit"};
+
+_Static_assert(sizeof(health_names) / sizeof(health_names[0]) == SNAP_NHEALTH, "a name per health");
+
+const char *snap_fit_name(enum snap_fit f)
+{
+    return (unsigned)f <= SNAP_FIT_UNFIT ? fit_names[f] : "?";
+}
 
 const char *snap_health_name(enum snap_health h)
 {
@@ -63,6 +71,7 @@ void snap_view_unref(struct snap_view *v)
     free(v->events);
     free(v->history);
     free(v->nodes);
+    free(v->strings);
     free(v->node_order);
     free(v->ranks);
     free(v);

@@ -30,8 +30,11 @@
 enum snap_health {
     SNAP_HEALTH_LOST,    /* its agent's connection is gone */
     SNAP_HEALTH_FAILED,  /* one of its ranks exited abnormally */
+    SNAP_HEALTH_UNFIT,   /* joined, but cannot run the job: its pre-flight failed or the
+                          * plan does not fit its memory (unfit_reason says which) */
     SNAP_HEALTH_STALE,   /* joined, but a heartbeat is overdue (over half the timeout) */
-    SNAP_HEALTH_WAITING, /* some of its ranks are not running (pending, starting, stopping) */
+    SNAP_HEALTH_WAITING, /* some of its ranks are not running (pending, starting, stopping),
+                          * or its pre-flight checks are under way */
     SNAP_HEALTH_OK,      /* its ranks run (or completed), heartbeats fresh; or a spare */
     SNAP_HEALTH_LEFT,    /* drained by an administrator */
 };
@@ -39,6 +42,14 @@ enum snap_health {
 const char *snap_health_name(enum snap_health h);
 /* 0 and *out, or -EINVAL for a name that is not a health. */
 int snap_health_parse(const char *name, size_t len, enum snap_health *out);
+
+/* Whether a node can run the job (daemon/fitness.h). */
+enum snap_fit {
+    SNAP_FIT_OK,       /* "fit": its pre-flight passed (or none was promised), the plan fits */
+    SNAP_FIT_CHECKING, /* "checking": its pre-flight has not reported yet */
+    SNAP_FIT_UNFIT,    /* "unfit": unfit_reason says why */
+};
+const char *snap_fit_name(enum snap_fit f);
 
 #define SNAP_RANK_NSTATES 6 /* = RDV_RANK_NSTATES */
 #define SNAP_NODE_NSTATES 3 /* joined, lost, left */
@@ -58,6 +69,8 @@ struct snap_rank {
     double tokens_per_s;
     double comm_frac;
     int64_t heartbeat_age_ms; /* -1 = never */
+    uint64_t step_bytes; /* bytes it sent in its last step; 0 = not reported */
+    uint64_t peak_mem;   /* its peak memory, bytes; 0 = not reported */
 };
 
 /* One node (states: enum rdv_node_state), with a rollup of its ranks. */
@@ -70,6 +83,13 @@ struct snap_node {
     uint32_t ndevices;
     uint32_t first_rank, nranks; /* its rank block; nranks 0 for a spare */
     int64_t heartbeat_age_ms;    /* -1 = not joined */
+    /* fitness and device facts (HELLO, PREFLIGHT, the plan) */
+    uint8_t fit;                 /* enum snap_fit */
+    const char *unfit_reason;    /* NULL unless unfit; in view->strings */
+    char gpu_name[PROTO_NAME_MAX]; /* its smallest GPU's; "" = no GPU facts */
+    uint64_t device_mem_mb;      /* that GPU's total, else what HELLO said per device */
+    int64_t device_free_mb;      /* that GPU's free memory; -1 = no GPU facts */
+    uint64_t host_mem_mb;        /* 0 = unknown */
     /* rollup over its ranks */
     uint32_t ranks_in[SNAP_RANK_NSTATES]; /* by rank state */
     int steps_known;             /* some rank reports a step */
@@ -112,6 +132,7 @@ struct snap_view {
     char state[16];         /* the job's state name ("running") */
 
     struct snap_node *nodes;   /* in the daemon's order */
+    char *strings;             /* the nodes' unfit reasons, one allocation (NULL: none) */
     uint32_t nnodes;
     uint32_t *node_order;      /* node indices by health, then name */
     struct snap_rank *ranks;   /* by rank */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/fitness.h"
+
 _Static_assert(SNAP_RANK_NSTATES == RDV_RANK_NSTATES, "snap_rank states follow rdv_rank_state");
 _Static_assert(SNAP_NODE_NSTATES == RDV_NODE_LEFT + 1, "snap_node states follow rdv_node_state");
 
@@ -111,9 +113,11 @@ static void node_rollup(struct snap_view *v, struct snap_node *nd)
         nd->health = SNAP_HEALTH_LEFT;
     else if (any_failed)
         nd->health = SNAP_HEALTH_FAILED;
+    else if (nd->fit == SNAP_FIT_UNFIT)
+        nd->health = SNAP_HEALTH_UNFIT;
     else if (any_stale || (nd->heartbeat_age_ms >= 0 && nd->heartbeat_age_ms > v->stale_after_ms))
         nd->health = SNAP_HEALTH_STALE;
-    else if (any_waiting)
+    else if (any_waiting || nd->fit == SNAP_FIT_CHECKING)
         nd->health = SNAP_HEALTH_WAITING;
     else
         nd->health = SNAP_HEALTH_OK;
@@ -157,6 +161,22 @@ void view_derive(struct snap_view *v)
     qsort_r(v->node_order, v->nnodes, sizeof(v->node_order[0]), by_health, v);
 }
 
+/* Fitness and device facts of a node; an unfit node's reason is copied to *pool. */
+static void node_facts(struct snap_node *nd, const struct rdv_node *src, char **pool)
+{
+    const char *why = fitness_reason(src);
+    nd->fit = src->fitness == RDV_FIT_CHECKING ? SNAP_FIT_CHECKING : why[0] ? SNAP_FIT_UNFIT : SNAP_FIT_OK;
+    if (nd->fit == SNAP_FIT_UNFIT) {
+        size_t n = strlen(why) + 1;
+        nd->unfit_reason = memcpy(*pool, why, n);
+        *pool += n;
+    }
+    memcpy(nd->gpu_name, src->gpu_name, sizeof(nd->gpu_name));
+    nd->device_mem_mb = src->gpu_total_mb ? src->gpu_total_mb : src->device_mem_mb;
+    nd->device_free_mb = src->gpu_name[0] ? (int64_t)src->gpu_free_mb : -1;
+    nd->host_mem_mb = src->host_mem_mb;
+}
+
 struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events, char *history)
 {
     struct snap_view *v = snap_view_new(r->nnodes, r->world_size);
@@ -178,6 +198,15 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
 
     const struct rdv_failure *f = &r->last_failure;
     snprintf(v->failure_reason, sizeof(v->failure_reason), "%s", f->reason);
+    size_t reasons = 0; /* bytes of the unfit nodes' reasons: a handful of nodes, usually none */
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].fitness != RDV_FIT_CHECKING && fitness_reason(&r->nodes[i])[0])
+            reasons += strlen(fitness_reason(&r->nodes[i])) + 1;
+    if (reasons && !(v->strings = malloc(reasons))) {
+        snap_view_unref(v);
+        return NULL;
+    }
+    char *pool = v->strings;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *src = &r->nodes[i];
         struct snap_node *nd = &v->nodes[i];
@@ -189,6 +218,7 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         nd->first_rank = src->member ? src->first_rank : 0;
         nd->nranks = src->member ? src->ndevices : 0;
         nd->heartbeat_age_ms = src->state == RDV_NODE_JOINED ? (int64_t)(now_ms - src->last_seen_ms) : -1;
+        node_facts(nd, src, &pool);
     }
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *src = &r->ranks[i];
@@ -205,6 +235,8 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         rk->tokens_per_s = src->tokens_per_s;
         rk->comm_frac = src->comm_frac;
         rk->heartbeat_age_ms = src->last_beat_ms ? (int64_t)(now_ms - src->last_beat_ms) : -1;
+        rk->step_bytes = src->step_bytes;
+        rk->peak_mem = src->peak_mem;
         rk->stale = rank_live(rk->state) && rk->heartbeat_age_ms > v->stale_after_ms;
     }
     view_derive(v);

@@ -188,13 +188,29 @@ static int check_hello(const struct proto_hello *h)
         for (uint32_t j = 0; j < i; j++)
             if (h->devices[i] == h->devices[j])
                 return PROTO_E_RANGE;
-    return 0;
+    /* GPU facts: at most one per device offered (gpus[i] is devices[i]'s), free within total */
+    if (h->ngpus > h->ndevices)
+        return PROTO_E_RANGE;
+    for (uint32_t i = 0; i < h->ngpus; i++)
+        if (!valid_ascii(h->gpus[i].name, sizeof(h->gpus[i].name), 1, ' ', '~') ||
+            h->gpus[i].total_mb > PROTO_U64_MAX || h->gpus[i].free_mb > h->gpus[i].total_mb)
+            return PROTO_E_RANGE;
+    return h->host_mem_mb > PROTO_U64_MAX ? PROTO_E_RANGE : 0;
 }
 
 static int check_welcome(const struct proto_welcome *w)
 {
     if (w->heartbeat_interval_ms == 0 || w->heartbeat_timeout_ms == 0 ||
-        w->lease_ms == 0 || w->session > PROTO_U64_MAX)
+        w->lease_ms == 0 || w->session > PROTO_U64_MAX || w->time_ms > PROTO_U64_MAX ||
+        (w->job && !json_is_object(w->job)))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+/* A reason exactly when unfit. */
+static int check_preflight(const struct proto_preflight *p)
+{
+    if (!valid_utf8(p->reason, sizeof(p->reason)) || (p->fit != 0) == (p->reason[0] != '\0'))
         return PROTO_E_RANGE;
     return 0;
 }
@@ -242,6 +258,7 @@ static int check_heartbeat(const struct proto_heartbeat *h)
             b->step > PROTO_U64_MAX ||
             !isfinite(b->tokens_per_s) || b->tokens_per_s < 0 ||
             !isfinite(b->comm_frac) || b->comm_frac < 0 || b->comm_frac > 1 ||
+            b->step_bytes > PROTO_U64_MAX || b->peak_mem > PROTO_U64_MAX ||
             (unsigned int)b->restore_from > PROTO_RESTORE_MAX || b->restore_step > PROTO_U64_MAX)
             return PROTO_E_RANGE;
         for (uint32_t j = 0; j < i; j++)
@@ -318,6 +335,7 @@ int proto_check(const struct proto_msg *m)
                                  m->u.error.reason, sizeof(m->u.error.reason));
     case PROTO_LOG_REQUEST: return check_log_request(&m->u.log_request);
     case PROTO_LOG_DATA: return check_log_data(&m->u.log_data);
+    case PROTO_PREFLIGHT: return check_preflight(&m->u.preflight);
     }
     return PROTO_E_TYPE;
 }
@@ -352,7 +370,7 @@ const char *proto_type_name(enum proto_type type)
         [PROTO_UNIQUE_ID] = "UNIQUE_ID", [PROTO_HEARTBEAT] = "HEARTBEAT",
         [PROTO_RANK_EXIT] = "RANK_EXIT", [PROTO_COMMAND] = "COMMAND",
         [PROTO_ERROR] = "ERROR",         [PROTO_LOG_REQUEST] = "LOG_REQUEST",
-        [PROTO_LOG_DATA] = "LOG_DATA",
+        [PROTO_LOG_DATA] = "LOG_DATA",   [PROTO_PREFLIGHT] = "PREFLIGHT",
     };
 
     if ((unsigned int)type > PROTO_TYPE_MAX || !names[type])

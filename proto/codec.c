@@ -187,10 +187,37 @@ static int get_array(json_t *obj, const char *key, size_t max, json_t **out)
 
 /* ---- decoding each message (structure and types; then proto_check) ---- */
 
+/* An optional boolean: absent is false. */
+static int get_bool(json_t *obj, const char *key, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    *out = 0;
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return PROTO_E_FIELD_TYPE;
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int dec_gpu(json_t *o, struct proto_gpu *g)
+{
+    static const char *const keys[] = {"name", "total_mb", "free_mb", NULL};
+
+    if (!json_is_object(o))
+        return PROTO_E_FIELD_TYPE;
+    TRY(check_keys(o, keys));
+    TRY(get_str(o, "name", g->name, sizeof(g->name)));
+    TRY(get_u64(o, "total_mb", &g->total_mb));
+    return get_u64(o, "free_mb", &g->free_mb);
+}
+
 static int dec_hello(json_t *o, struct proto_hello *h)
 {
     static const char *const keys[] = {"node", "addr", "kind", "devices",
-        "device_mem_mb", "generation", "agent_version", "free_port", "session", NULL};
+        "device_mem_mb", "generation", "agent_version", "free_port", "session", "gpus",
+        "host_mem_mb", "preflight", NULL};
     json_t *devices;
     int kind;
 
@@ -210,8 +237,19 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     TRY(get_u64(o, "generation", &h->generation));
     TRY(get_u32(o, "free_port", &h->free_port));
     TRY(get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version)));
-    h->session = 0; /* optional */
-    return json_object_get(o, "session") ? get_u64(o, "session", &h->session) : 0;
+    /* Optional: the session to resume, device facts and the pre-flight promise. */
+    if (json_object_get(o, "session"))
+        TRY(get_u64(o, "session", &h->session));
+    json_t *gpus;
+    if (json_object_get(o, "gpus")) {
+        TRY(get_array(o, "gpus", PROTO_MAX_LOCAL_RANKS, &gpus));
+        h->ngpus = (uint32_t)json_array_size(gpus);
+        for (uint32_t i = 0; i < h->ngpus; i++)
+            TRY(dec_gpu(json_array_get(gpus, i), &h->gpus[i]));
+    }
+    if (json_object_get(o, "host_mem_mb"))
+        TRY(get_u64(o, "host_mem_mb", &h->host_mem_mb));
+    return get_bool(o, "preflight", &h->preflight);
 }
 
 static int dec_challenge(json_t *o, struct proto_challenge *c)
@@ -233,14 +271,36 @@ static int dec_response(json_t *o, struct proto_response *r)
 static int dec_welcome(json_t *o, struct proto_welcome *w)
 {
     static const char *const keys[] = {"heartbeat_interval_ms",
-        "heartbeat_timeout_ms", "lease_ms", "session", NULL};
+        "heartbeat_timeout_ms", "lease_ms", "session", "time_ms", "job", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u32(o, "heartbeat_interval_ms", &w->heartbeat_interval_ms));
     TRY(get_u32(o, "heartbeat_timeout_ms", &w->heartbeat_timeout_ms));
     TRY(get_u32(o, "lease_ms", &w->lease_ms));
-    w->session = 0; /* optional */
-    return json_object_get(o, "session") ? get_u64(o, "session", &w->session) : 0;
+    /* Optional: the session, musterd's clock and the job spec for the pre-flight. */
+    if (json_object_get(o, "session"))
+        TRY(get_u64(o, "session", &w->session));
+    if (json_object_get(o, "time_ms"))
+        TRY(get_u64(o, "time_ms", &w->time_ms));
+    json_t *job = json_object_get(o, "job");
+    if (job && !json_is_object(job))
+        return PROTO_E_FIELD_TYPE;
+    w->job = job ? json_incref(job) : NULL; /* released by proto_msg_clear */
+    return 0;
+}
+
+static int dec_preflight(json_t *o, struct proto_preflight *p)
+{
+    static const char *const keys[] = {"fit", "reason", "trainer", NULL};
+    json_t *fit;
+
+    TRY(check_keys(o, keys));
+    fit = json_object_get(o, "fit");
+    if (!fit)
+        return PROTO_E_MISSING;
+    TRY(get_bool(o, "fit", &p->fit));
+    TRY(get_str(o, "reason", p->reason, sizeof(p->reason)));
+    return get_bool(o, "trainer", &p->trainer);
 }
 
 /* REJECT and ERROR share their shape. */
@@ -306,8 +366,8 @@ static int dec_unique_id(json_t *o, struct proto_unique_id *u)
 static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
-        "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "rejoin", "restore_from",
-        "restore_step", NULL};
+        "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "step_bytes",
+        "peak_mem", "rejoin", "restore_from", "restore_step", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -321,6 +381,12 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
     TRY(get_number(o, "loss", 1, &b->loss));
     TRY(get_number(o, "tokens_per_s", 0, &b->tokens_per_s));
     TRY(get_number(o, "comm_frac", 0, &b->comm_frac));
+    /* Optional (absent = 0): what the rank measured of its plan. */
+    b->step_bytes = b->peak_mem = 0;
+    if (json_object_get(o, "step_bytes"))
+        TRY(get_u64(o, "step_bytes", &b->step_bytes));
+    if (json_object_get(o, "peak_mem"))
+        TRY(get_u64(o, "peak_mem", &b->peak_mem));
     /* Optional (absent = 0, no checkpoint): ranks without checkpoints omit it. */
     b->checkpoint_step = 0;
     if (json_object_get(o, "checkpoint_step"))
@@ -469,6 +535,7 @@ static int dec_body(json_t *o, struct proto_msg *m)
                                m->u.error.reason, sizeof(m->u.error.reason));
     case PROTO_LOG_REQUEST: return dec_log_request(o, &m->u.log_request);
     case PROTO_LOG_DATA: return dec_log_data(o, &m->u.log_data);
+    case PROTO_PREFLIGHT: return dec_preflight(o, &m->u.preflight);
     }
     return PROTO_E_TYPE;
 }
@@ -559,6 +626,10 @@ void proto_msg_clear(struct proto_msg *msg)
         json_decref(msg->u.assign.job);
         msg->u.assign.job = NULL;
     }
+    if (msg && msg->type == PROTO_WELCOME && msg->u.welcome.job) {
+        json_decref(msg->u.welcome.job);
+        msg->u.welcome.job = NULL;
+    }
     if (msg && msg->type == PROTO_LOG_DATA) {
         free(msg->u.log_data.data);
         msg->u.log_data.data = NULL;
@@ -606,7 +677,23 @@ static int enc_hello(json_t *o, const struct proto_hello *h)
     TRY(put_uint(o, "generation", h->generation));
     TRY(put_uint(o, "free_port", h->free_port));
     TRY(put(o, "agent_version", json_string(h->agent_version)));
-    return h->session ? put_uint(o, "session", h->session) : PROTO_OK;
+    if (h->session)
+        TRY(put_uint(o, "session", h->session));
+    if (h->ngpus) {
+        json_t *gpus = json_array();
+        TRY(put(o, "gpus", gpus));
+        for (uint32_t i = 0; i < h->ngpus; i++) {
+            json_t *g = json_object();
+            if (!g || json_array_append_new(gpus, g) != 0)
+                return PROTO_E_NOMEM;
+            TRY(put(g, "name", json_string(h->gpus[i].name)));
+            TRY(put_uint(g, "total_mb", h->gpus[i].total_mb));
+            TRY(put_uint(g, "free_mb", h->gpus[i].free_mb));
+        }
+    }
+    if (h->host_mem_mb)
+        TRY(put_uint(o, "host_mem_mb", h->host_mem_mb));
+    return h->preflight ? put(o, "preflight", json_true()) : PROTO_OK;
 }
 
 static int enc_slot(json_t *ranks, const struct proto_rank_slot *s)
@@ -652,6 +739,10 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
     TRY(put(o, "comm_frac", json_real(b->comm_frac)));
     if (b->checkpoint_step)
         TRY(put_uint(o, "checkpoint_step", b->checkpoint_step));
+    if (b->step_bytes)
+        TRY(put_uint(o, "step_bytes", b->step_bytes));
+    if (b->peak_mem)
+        TRY(put_uint(o, "peak_mem", b->peak_mem));
     if (b->rejoin)
         TRY(put(o, "rejoin", json_true()));
     if (b->restore_from != PROTO_RESTORE_NONE) {
@@ -717,7 +808,12 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         TRY(put_uint(o, "heartbeat_interval_ms", m->u.welcome.heartbeat_interval_ms));
         TRY(put_uint(o, "heartbeat_timeout_ms", m->u.welcome.heartbeat_timeout_ms));
         TRY(put_uint(o, "lease_ms", m->u.welcome.lease_ms));
-        return m->u.welcome.session ? put_uint(o, "session", m->u.welcome.session) : PROTO_OK;
+        if (m->u.welcome.session)
+            TRY(put_uint(o, "session", m->u.welcome.session));
+        if (m->u.welcome.time_ms)
+            TRY(put_uint(o, "time_ms", m->u.welcome.time_ms));
+        /* json_object_set takes its own reference: the caller keeps theirs. */
+        return !m->u.welcome.job || json_object_set(o, "job", m->u.welcome.job) == 0 ? 0 : PROTO_E_NOMEM;
     case PROTO_REJECT:
         return enc_code_reason(o, m->u.reject.code, m->u.reject.reason);
     case PROTO_ASSIGN: return enc_assign(o, &m->u.assign);
@@ -740,6 +836,10 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         return enc_code_reason(o, m->u.error.code, m->u.error.reason);
     case PROTO_LOG_REQUEST: return enc_log_request(o, &m->u.log_request);
     case PROTO_LOG_DATA: return enc_log_data(o, &m->u.log_data);
+    case PROTO_PREFLIGHT:
+        TRY(put(o, "fit", json_boolean(m->u.preflight.fit)));
+        TRY(put(o, "reason", json_string(m->u.preflight.reason)));
+        return m->u.preflight.trainer ? put(o, "trainer", json_true()) : PROTO_OK;
     }
     return PROTO_E_TYPE;
 }

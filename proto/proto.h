@@ -13,9 +13,9 @@
  * takes bytes and answers a message, PROTO_NEED_MORE, or a distinct
  * negative error code; proto_strerror() turns a code into words.
  *
- * Decoded messages are plain C structs (no JSON left in them) except two
- * fields owned by the message: the job spec carried by ASSIGN (a jansson
- * object) and the log bytes carried by LOG_DATA (a malloc'd string);
+ * Decoded messages are plain C structs (no JSON left in them) except three
+ * fields owned by the message: the job spec carried by ASSIGN and by WELCOME
+ * (a jansson object) and the log bytes carried by LOG_DATA (a malloc'd string);
  * proto_msg_clear() releases them. Encoders write a complete frame into a
  * caller-supplied buffer.
  */
@@ -89,7 +89,8 @@ enum proto_type {
     PROTO_ERROR = 11,    /* either way: the peer sent something wrong */
     PROTO_LOG_REQUEST = 12, /* daemon -> agent: read a rank's output log */
     PROTO_LOG_DATA = 13, /* agent -> daemon: the bytes asked for, or why not */
-    PROTO_TYPE_MAX = 13,
+    PROTO_PREFLIGHT = 14, /* agent -> daemon: whether the node can run the job, and why not */
+    PROTO_TYPE_MAX = 14,
 };
 
 /* Lifecycle of one rank process as reported in heartbeats. */
@@ -133,6 +134,13 @@ enum proto_device_kind {
     PROTO_DEV_GPU = 1,
 };
 
+/* One GPU as NVML describes it (HELLO). */
+struct proto_gpu {
+    char name[PROTO_NAME_MAX];   /* "NVIDIA H100 80GB HBM3"; printable ASCII */
+    uint64_t total_mb;
+    uint64_t free_mb;
+};
+
 struct proto_hello {
     char node[PROTO_NAME_MAX];   /* unique node name: [A-Za-z0-9._-], 1..63 */
     char addr[PROTO_NAME_MAX];   /* address ranks of this node are reached at */
@@ -143,8 +151,13 @@ struct proto_hello {
     uint64_t generation;         /* generation its ranks run now, 0 if none */
     uint32_t free_port;          /* a port free on this node for MASTER_PORT; 0 = none */
     char agent_version[32];
+    /* Optional (absent: 0 / none / false): */
     uint64_t session;            /* the session WELCOME gave this agent, to resume it on a new
-                                  * connection; 0 = none (optional on the wire: omitted when 0) */
+                                  * connection; 0 = none */
+    uint32_t ngpus;              /* <= ndevices: gpus[i] describes devices[i] */
+    struct proto_gpu gpus[PROTO_MAX_LOCAL_RANKS];
+    uint64_t host_mem_mb;        /* the node's memory (CPU ranks share it) */
+    int preflight;               /* a PREFLIGHT follows: do not count the node before it */
 };
 
 struct proto_challenge {
@@ -159,8 +172,18 @@ struct proto_welcome {
     uint32_t heartbeat_interval_ms;
     uint32_t heartbeat_timeout_ms;
     uint32_t lease_ms;
-    uint64_t session;      /* this join's session (HELLO.session resumes it); 0 = none
-                            * (optional on the wire: omitted when 0) */
+    /* Optional: */
+    uint64_t session;  /* this join's session (HELLO.session resumes it); 0 = none */
+    uint64_t time_ms;  /* musterd's wall clock (ms since 1970) when sent; 0 = absent */
+    json_t *job;       /* the job spec, for the agent's pre-flight; owned by the
+                        * message; NULL = absent */
+};
+
+/* PREFLIGHT: the agent's checks of the job on its node (common/preflight.h). */
+struct proto_preflight {
+    int fit;                       /* every check passed */
+    char reason[PROTO_REASON_MAX]; /* the first failure; "" exactly when fit */
+    int trainer;                   /* the node's ranks are muster-train (the plan applies) */
 };
 
 struct proto_reject {
@@ -203,6 +226,9 @@ struct proto_rank_beat {
                                * (optional on the wire: omitted when 0) */
     int silent;           /* alive by its process alone: it never sent a frame, so
                            * step and loss are unknown (optional: omitted when 0) */
+    uint64_t step_bytes;  /* bytes the rank sent between its last two step reports
+                           * (optional: omitted when 0) */
+    uint64_t peak_mem;    /* the rank's peak memory, bytes (optional: omitted when 0) */
     int rejoin;           /* the rank joins the next generation in place (parks on
                            * COMMAND park, takes a new ASSIGN of its slot) (optional) */
     enum proto_restore restore_from; /* where this generation's state came from
@@ -284,6 +310,7 @@ struct proto_msg {
         struct proto_error error;
         struct proto_log_request log_request;
         struct proto_log_data log_data;
+        struct proto_preflight preflight;
     } u;
 };
 

@@ -559,6 +559,80 @@ START_TEST(test_lists_filter_and_paginate)
 }
 END_TEST
 
+/* Fitness and device facts in /v1/nodes, an unfit node among the summary's
+ * unhealthy ones, measured figures in /v1/ranks, and GET /v1/plan from the summary. */
+START_TEST(test_plan_and_fitness)
+{
+    struct snap_view *v = test_view("a");
+    struct snap_node *a = &v->nodes[0];
+    a->fit = SNAP_FIT_UNFIT;
+    a->unfit_reason = "data d.bin: No such file or directory";
+    snprintf(a->gpu_name, sizeof(a->gpu_name), "NVIDIA Test GPU");
+    a->device_mem_mb = 81559;
+    a->device_free_mb = 80000;
+    a->host_mem_mb = 65536;
+    v->ranks[0].step_bytes = 102744;
+    v->ranks[0].peak_mem = 1u << 20;
+    json_object_set_new(v->head, "plan", json_null());
+    json_object_set_new(v->head, "plan_note", json_string("the job runs its own rank program (rank_cmd)"));
+    json_object_set_new(v->head, "measured", json_pack("{s:f, s:i, s:n}", "comm_frac", 0.25, "sent_per_step", 102744,
+                                                       "peak_mem"));
+    view_derive(v);
+    snapshot_publish(&snap, v);
+
+    json_t *doc = get_json("/v1/nodes?node=a"), *n = json_array_get(json_object_get(doc, "nodes"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(n, "health")), "unfit");
+    ck_assert_str_eq(json_string_value(json_object_get(n, "fit")), "unfit");
+    ck_assert_str_eq(json_string_value(json_object_get(n, "unfit_reason")), "data d.bin: No such file or directory");
+    ck_assert_str_eq(json_string_value(json_object_get(n, "gpu_name")), "NVIDIA Test GPU");
+    ck_assert_int_eq(int_at(n, "device_mem_mb"), 81559);
+    ck_assert_int_eq(int_at(n, "device_free_mb"), 80000);
+    ck_assert_int_eq(int_at(n, "host_mem_mb"), 65536);
+    json_decref(doc);
+    doc = get_json("/v1/nodes?node=b");
+    n = json_array_get(json_object_get(doc, "nodes"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(n, "fit")), "fit");
+    ck_assert(json_is_null(json_object_get(n, "unfit_reason")) && json_is_null(json_object_get(n, "gpu_name")) &&
+              json_is_null(json_object_get(n, "host_mem_mb")));
+    json_decref(doc);
+
+    json_t *st = get_json("/v1/status");
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "unfit"), 1);
+    json_t *bad = json_object_get(st, "unhealthy_nodes");
+    ck_assert_int_eq(json_array_size(bad), 2); /* b lost, then a unfit */
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(bad, 1), "name")), "a");
+    ck_assert_int_eq(int_at(json_object_get(st, "measured"), "sent_per_step"), 102744);
+    json_decref(st);
+
+    doc = get_json("/v1/ranks?node=a");
+    json_t *ranks = json_object_get(doc, "ranks");
+    ck_assert_int_eq(int_at(json_array_get(ranks, 0), "step_bytes"), 102744);
+    ck_assert_int_eq(int_at(json_array_get(ranks, 0), "peak_mem"), 1 << 20);
+    ck_assert(json_is_null(json_object_get(json_array_get(ranks, 1), "step_bytes")));
+    json_decref(doc);
+
+    doc = get_json("/v1/plan");
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "job")), "demo");
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "state")), "running");
+    ck_assert(json_is_null(json_object_get(doc, "plan")));
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "plan_note")), "the job runs its own rank program (rank_cmd)");
+    ck_assert(json_is_integer(json_object_get(doc, "time_ms")));
+    ck_assert_int_eq(int_at(json_object_get(doc, "measured"), "sent_per_step"), 102744);
+    json_decref(doc);
+    static const char *const bad_queries[][2] = {
+        {"/v1/plan?network_gbit=fast", "network_gbit: expected"},
+        {"/v1/plan?tflops=0", "tflops: expected"},
+        {"/v1/plan?network_gbit=1&network_gbit=2", "given twice"},
+        {"/v1/plan?world=8", "unknown parameter"},
+    };
+    for (size_t i = 0; i < sizeof(bad_queries) / sizeof(bad_queries[0]); i++) {
+        struct resp *r = get(bad_queries[i][0]);
+        ck_assert_msg(r->status == 400 && strstr(r->body, bad_queries[i][1]), "%s: %ld %s", bad_queries[i][0],
+                      r->status, r->body);
+    }
+}
+END_TEST
+
 START_TEST(test_list_bad_queries)
 {
     publish_all();
@@ -1039,7 +1113,8 @@ START_TEST(test_request_deadline)
     int closed;
     raw_read(fd, buf, sizeof(buf), 200, &closed);
     ck_assert_msg(strncmp(buf, "HTTP/1.1 200", 12) == 0 && !closed, "answer: %.80s", buf);
-    raw_read(fd, buf, sizeof(buf), 1500, &closed);
+    for (uint64_t until = now_ms() + 1500; !closed && now_ms() < until;) /* the rest of the answer, then EOF */
+        raw_read(fd, buf, sizeof(buf), (int)(until - now_ms()), &closed);
     ck_assert_msg(closed, "an idle kept-alive connection outlived the deadline");
     close(fd);
 }
@@ -1158,6 +1233,7 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_documents_cached_per_version);
     tcase_add_test(tc, test_lists_filter_and_paginate);
     tcase_add_test(tc, test_list_bad_queries);
+    tcase_add_test(tc, test_plan_and_fitness);
     tcase_add_test(tc, test_metrics);
     tcase_add_test(tc, test_odd_names_escaped);
     tcase_add_test(tc, test_dashboard);

@@ -105,6 +105,11 @@ static void sample(int type, struct proto_msg *m)
         h->free_port = 29501;
         strcpy(h->agent_version, "0.1.0");
         h->session = 0x1234567890abcULL;
+        h->ngpus = 8;
+        for (uint32_t i = 0; i < 8; i++)
+            h->gpus[i] = (struct proto_gpu){"NVIDIA H100 80GB HBM3", 81559, 80000 - i};
+        h->host_mem_mb = 2064384;
+        h->preflight = 1;
         break;
     }
     case PROTO_CHALLENGE:
@@ -120,6 +125,9 @@ static void sample(int type, struct proto_msg *m)
         m->u.welcome.heartbeat_timeout_ms = 5000;
         m->u.welcome.lease_ms = 10000;
         m->u.welcome.session = 0x1234567890abcULL;
+        m->u.welcome.time_ms = 1795000000123;
+        m->u.welcome.job = json_pack("{s:s, s:i}", "name", "demo", "nodes", 2);
+        ck_assert_ptr_nonnull(m->u.welcome.job);
         break;
     case PROTO_REJECT:
         strcpy(m->u.reject.code, "duplicate");
@@ -155,10 +163,11 @@ static void sample(int type, struct proto_msg *m)
         h->generation = 3;
         h->seq = 42;
         h->nranks = 3;
-        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0,
-                                               1, PROTO_RESTORE_MEMORY, 1100};
-        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, PROTO_RESTORE_NONE, 0};
-        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0};
+        h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
+                                               1u << 30, 1, PROTO_RESTORE_MEMORY, 1100};
+        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0};
+        h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, 0, 0,
+                                               PROTO_RESTORE_NONE, 0};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -193,6 +202,11 @@ static void sample(int type, struct proto_msg *m)
         d->size = d->next_offset + 50;
         break;
     }
+    case PROTO_PREFLIGHT:
+        m->u.preflight.fit = 0;
+        m->u.preflight.trainer = 1;
+        strcpy(m->u.preflight.reason, "data /data/shard0.bin: No such file or directory \xe2\x82\xac");
+        break;
     default:
         ck_abort_msg("no sample for type %d", type);
     }
@@ -220,6 +234,14 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(x->free_port, y->free_port);
         ck_assert_str_eq(x->agent_version, y->agent_version);
         ck_assert_uint_eq(x->session, y->session);
+        ck_assert_uint_eq(x->ngpus, y->ngpus);
+        for (uint32_t i = 0; i < x->ngpus; i++) {
+            ck_assert_str_eq(x->gpus[i].name, y->gpus[i].name);
+            ck_assert_uint_eq(x->gpus[i].total_mb, y->gpus[i].total_mb);
+            ck_assert_uint_eq(x->gpus[i].free_mb, y->gpus[i].free_mb);
+        }
+        ck_assert_uint_eq(x->host_mem_mb, y->host_mem_mb);
+        ck_assert_int_eq(x->preflight, y->preflight);
         break;
     }
     case PROTO_CHALLENGE:
@@ -233,6 +255,14 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(a->u.welcome.heartbeat_timeout_ms, b->u.welcome.heartbeat_timeout_ms);
         ck_assert_uint_eq(a->u.welcome.lease_ms, b->u.welcome.lease_ms);
         ck_assert_uint_eq(a->u.welcome.session, b->u.welcome.session);
+        ck_assert_uint_eq(a->u.welcome.time_ms, b->u.welcome.time_ms);
+        ck_assert_msg((!a->u.welcome.job && !b->u.welcome.job) || json_equal(a->u.welcome.job, b->u.welcome.job),
+                      "job objects differ");
+        break;
+    case PROTO_PREFLIGHT:
+        ck_assert_int_eq(a->u.preflight.fit, b->u.preflight.fit);
+        ck_assert_int_eq(a->u.preflight.trainer, b->u.preflight.trainer);
+        ck_assert_str_eq(a->u.preflight.reason, b->u.preflight.reason);
         break;
     case PROTO_REJECT:
         ck_assert_str_eq(a->u.reject.code, b->u.reject.code);
@@ -277,6 +307,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
                           p->comm_frac, q->comm_frac);
             ck_assert_int_eq(p->checkpoint_step, q->checkpoint_step);
             ck_assert_int_eq(p->silent, q->silent);
+            ck_assert_uint_eq(p->step_bytes, q->step_bytes);
+            ck_assert_uint_eq(p->peak_mem, q->peak_mem);
             ck_assert_int_eq(p->rejoin, q->rejoin);
             ck_assert_int_eq(p->restore_from, q->restore_from);
             ck_assert_uint_eq(p->restore_step, q->restore_step);
@@ -396,8 +428,8 @@ START_TEST(roundtrip_edges)
     for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++)
         m.u.heartbeat.ranks[i] = (struct proto_rank_beat){
             UINT32_MAX - i, (enum proto_rank_state)(i % 4), PROTO_U64_MAX - i,
-            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2), (int)(i % 3 == 0),
-            (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
+            1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2), PROTO_U64_MAX - i,
+            (uint64_t)i << 30, (int)(i % 3 == 0), (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
             i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0}; /* a step only with a source */
     roundtrip(&m);
 
@@ -455,6 +487,7 @@ START_TEST(session_is_optional_and_bounded)
         roundtrip(&m);
         *session = PROTO_U64_MAX + 1;
         ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+        proto_msg_clear(&m); /* WELCOME's sample holds a job */
     }
 }
 END_TEST
@@ -892,7 +925,11 @@ START_TEST(every_field_is_required)
             json_object_del(copy, key);
             int optional = (t == PROTO_RANK_EXIT && (!strcmp(key, "reason") || !strcmp(key, "detail"))) ||
                            (t == PROTO_HEARTBEAT && !strcmp(key, "free_port")) ||
-                           ((t == PROTO_HELLO || t == PROTO_WELCOME) && !strcmp(key, "session"));
+                           ((t == PROTO_HELLO || t == PROTO_WELCOME) && !strcmp(key, "session")) ||
+                           (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
+                                                 !strcmp(key, "preflight"))) ||
+                           (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
+                           (t == PROTO_PREFLIGHT && !strcmp(key, "trainer"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
@@ -905,6 +942,7 @@ START_TEST(every_field_is_required)
                     json_object_del(json_array_get(json_object_get(copy, key), 0), inner);
                     /* restore_from and restore_step go together: one without the other is missing */
                     int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
+                                       !strcmp(inner, "step_bytes") || !strcmp(inner, "peak_mem") ||
                                        !strcmp(inner, "rejoin")
                                    ? PROTO_OK
                                    : PROTO_E_MISSING;
@@ -1215,7 +1253,7 @@ END_TEST
 START_TEST(unknown_fields)
 {
     ck_assert_int_eq(decode_text(PROTO_HELLO,
-        "{\"node\":\"n1\",\"addr\":\"10.0.0.1\",\"kind\":\"gpu\",\"devices\":[0,1],\"gpus\":2,"
+        "{\"node\":\"n1\",\"addr\":\"10.0.0.1\",\"kind\":\"gpu\",\"devices\":[0,1],\"gpu_count\":2,"
         "\"device_mem_mb\":81920,\"generation\":0,\"free_port\":0,\"agent_version\":\"0.1.0\"}"),
         PROTO_E_UNKNOWN_FIELD);
     ck_assert_int_eq(decode_text(PROTO_ASSIGN, "{\"generation\":1,\"world_size\":1,\"ranks\":"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cmdline.h"
 #include "daemon/failure.h"
 #include "daemon/rdv.h"
 #include "daemon/restdoc.h"
@@ -75,19 +76,25 @@ static void teardown(void) { rdv_free(&rdv); }
 
 static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
 
+/* A HELLO of node name with ndev devices 0..ndev-1. */
+static void hello_of(struct proto_hello *h, const char *name, uint32_t ndev, uint64_t generation)
+{
+    memset(h, 0, sizeof(*h));
+    snprintf(h->node, sizeof(h->node), "%s", name);
+    snprintf(h->addr, sizeof(h->addr), "127.0.0.1");
+    h->ndevices = ndev;
+    for (uint32_t i = 0; i < ndev; i++)
+        h->devices[i] = i;
+    h->generation = generation;
+    h->free_port = node_port(name);
+}
+
 /* An agent's HELLO; session 0 = none (a first join). */
 static int join_session(const char *name, uint32_t ndev, uint64_t generation, uint64_t session)
 {
     struct proto_hello h;
     char code[32], reason[PROTO_REASON_MAX];
-    memset(&h, 0, sizeof(h));
-    snprintf(h.node, sizeof(h.node), "%s", name);
-    snprintf(h.addr, sizeof(h.addr), "127.0.0.1");
-    h.ndevices = ndev;
-    for (uint32_t i = 0; i < ndev; i++)
-        h.devices[i] = i;
-    h.generation = generation;
-    h.free_port = node_port(name);
+    hello_of(&h, name, ndev, generation);
     h.session = session;
     int rc = rdv_join(&rdv, &h, now, code, reason);
     if (rc != 0)
@@ -1123,6 +1130,169 @@ START_TEST(namemap_deletes_without_losing_colliding_names)
 }
 END_TEST
 
+/* ---- fitness: pre-flight and the plan (daemon/fitness.h) ---- */
+
+/* HELLO of a node that promises a PREFLIGHT; gpu_mb > 0: a GPU node with that much per GPU. */
+static int join_checked(const char *name, uint32_t ndev, uint64_t gpu_mb)
+{
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    hello_of(&h, name, ndev, 0);
+    h.preflight = 1;
+    h.host_mem_mb = 65536;
+    if (gpu_mb) {
+        h.kind = PROTO_DEV_GPU;
+        h.ngpus = ndev;
+        for (uint32_t i = 0; i < ndev; i++)
+            h.gpus[i] = (struct proto_gpu){"NVIDIA Test GPU", gpu_mb, gpu_mb};
+    }
+    return rdv_join(&rdv, &h, now, code, reason);
+}
+
+static void preflight(const char *node, int fit, const char *reason)
+{
+    struct proto_msg m = {.type = PROTO_PREFLIGHT};
+    m.u.preflight.fit = fit;
+    m.u.preflight.trainer = 1;
+    snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", reason);
+    rdv_message(&rdv, node, &m, now);
+}
+
+/* /v1/nodes' node name, its key as a string ("" when absent or not a string). */
+static void node_field(const char *name, const char *key, char *out, size_t len)
+{
+    json_t *st = rest_status(now), *n;
+    size_t i;
+    out[0] = '\0';
+    json_array_foreach(json_object_get(st, "nodes"), i, n)
+        if (strcmp(json_string_value(json_object_get(n, "name")), name) == 0 &&
+            json_string_value(json_object_get(n, key)))
+            snprintf(out, len, "%s", json_string_value(json_object_get(n, key)));
+    json_decref(st);
+}
+
+/* The health /v1/status gives node name among its unhealthy nodes ("" when not there). */
+static const char *unhealthy_as(const char *name)
+{
+    static char health[16];
+    json_t *st = rest_status(now), *n;
+    size_t i;
+    health[0] = '\0';
+    json_array_foreach(json_object_get(st, "unhealthy_nodes"), i, n)
+        if (strcmp(json_string_value(json_object_get(n, "name")), name) == 0)
+            snprintf(health, sizeof(health), "%s", json_string_value(json_object_get(n, "health")));
+    json_decref(st);
+    return health;
+}
+
+static int has_event_with(const char *kind, const char *text)
+{
+    for (uint64_t i = 0; i < rdv.nevents && i < RDV_EVENTS; i++)
+        if (strcmp(rdv.events[i].kind, kind) == 0 && strstr(rdv.events[i].message, text))
+            return 1;
+    return 0;
+}
+
+START_TEST(unfit_node_holds_formation_without_spending_restarts)
+{
+    char v[PROTO_REASON_MAX];
+    setup_spec(2, 3);
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    ck_assert_int_eq(rdv.state, RDV_WAITING); /* both still checking */
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "pre-flight checks"));
+    node_field("a", "fit", v, sizeof(v));
+    ck_assert_str_eq(v, "checking");
+    preflight("a", 1, "");
+    preflight("b", 0, "data d.bin: No such file or directory");
+    ck_assert_int_eq(rdv.state, RDV_WAITING);
+    ck_assert_uint_eq(rdv.generation, 0);
+    ck_assert_uint_eq(rdv.restarts, 0);
+    ck_assert_str_eq(rdv.reason, "waiting for node b: unfit: data d.bin: No such file or directory");
+    node_field("b", "fit", v, sizeof(v));
+    ck_assert_str_eq(v, "unfit");
+    node_field("b", "unfit_reason", v, sizeof(v));
+    ck_assert_str_eq(v, "data d.bin: No such file or directory");
+    ck_assert(has_event_with("node_unfit", "node b is unfit: data d.bin"));
+    ck_assert_str_eq(unhealthy_as("b"), "unfit");
+    int from = rec.nsent;
+    preflight("b", 1, "");
+    ck_assert_uint_eq(rdv.generation, 1);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert_uint_eq(rdv.restarts, 0);
+    ck_assert(has_event_with("node_fit", "node b is fit"));
+}
+END_TEST
+
+START_TEST(plan_that_does_not_fit_is_refused_naming_the_device)
+{
+    setup_spec(1, 3);
+    snprintf(spec.model, sizeof(spec.model), "gpt2-124m");
+    spec.batch = 8;
+    ck_assert_int_eq(join_checked("a", 8, 1024), 0); /* 8 GPUs of 1 GiB */
+    preflight("a", 1, "");
+    ck_assert_int_eq(rdv.state, RDV_WAITING);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for node a: unfit: the plan does not fit: a rank needs"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "gpu NVIDIA Test GPU has 1.00 GiB"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "micro_batch 1 x seq_len 1024"));
+    ck_assert(has_event_with("node_unfit", "node a is unfit: the plan does not fit"));
+    char v[PROTO_REASON_MAX];
+    node_field("a", "fit", v, sizeof(v));
+    ck_assert_str_eq(v, "unfit");
+    /* the same job as a program of the user's is not planned: it forms */
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    rdv_tick(&rdv, now += 100);
+    ck_assert_uint_eq(rdv.generation, 1);
+}
+END_TEST
+
+START_TEST(min_nodes_forms_without_an_unfit_node_after_the_window)
+{
+    setup_spec(2, 3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 1000;
+    ck_assert_int_eq(join_checked("a", 2, 0), 0);
+    ck_assert_int_eq(join_checked("b", 2, 0), 0);
+    preflight("a", 1, "");
+    preflight("b", 0, "checkpoint_dir /ck: not writable: Read-only file system");
+    rdv_tick(&rdv, now += 500);
+    ck_assert_int_eq(rdv.state, RDV_WAITING);
+    rdv_tick(&rdv, now += 600);
+    ck_assert_uint_eq(rdv.generation, 1);
+    ck_assert_uint_eq(rdv.world_size, 2); /* node a's two ranks */
+    ck_assert_int_eq(rdv.nodes[find_index("b")].member, 0);
+    ck_assert(has_event_with("forming_without", "b stayed unfit"));
+    ck_assert_uint_eq(rdv.restarts, 0);
+}
+END_TEST
+
+START_TEST(new_node_grows_the_job_once_it_is_fit)
+{
+    form_running(3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 1000;
+    spec.batch = 8;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    now += 2000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.world_size, 2);
+    ck_assert_int_eq(join_checked("c", 2, 0), 0);
+    ck_assert_int_eq(rdv.generation, 3); /* its pre-flight is under way */
+    preflight("c", 0, "data d.bin: No such file or directory");
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_str_eq(unhealthy_as("c"), "unfit");
+    preflight("c", 1, "");
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert(has_event_with("job_grew", "node c joined"));
+}
+END_TEST
+
 START_TEST(resumed_session_keeps_the_generation)
 {
     form_running(3);
@@ -1254,6 +1424,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
     tcase_add_test(tc, node_lookup_by_name_survives_removals);
     tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
+    tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
+    tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
+    tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
     suite_add_tcase(s, tc);
     return s;
 }

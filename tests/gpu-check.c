@@ -22,6 +22,10 @@
  *      path without a communicator, to 1e-5 (atomics reorder fp32 sums).
  *   4. ncclCommAbort on that communicator: the next forward fails with
  *      -ECANCELED, and freeing works.
+ *   0. the planner's GPU figures (common/plan.h, docs/plan.md): its predicted
+ *      peak of a rank equals gpu_zero_estimate_bytes, what the GPU path
+ *      itself says it allocates, for tiny, small and gpt2-124m at world
+ *      1, 2, 3, 8 and micro-batches 1 and 4.
  *   5. checkpoints, tiny: a CPU checkpoint loads into the GPU trainer and a
  *      GPU checkpoint into the CPU trainer and into a fresh GPU trainer,
  *      weights and both moments bit for bit (the files carry fp32 master
@@ -37,6 +41,7 @@
 #include <unistd.h>
 
 #include "common/jobspec.h"
+#include "common/plan.h"
 #include "tests/gpu-check-lib.h"
 #include "worker/train/gpu/gpu.h"
 #include "worker/train/gpu/gpu_train.h"
@@ -341,6 +346,32 @@ out:
         printf("  could not remove %s\n", dir);
 }
 
+static void check_plan_estimate(void)
+{
+    static const char *const presets[] = {"tiny", "small", "gpt2-124m"};
+    static const int worlds[] = {1, 2, 3, 8}, batches[] = {1, 4};
+    int same = 0, total = 0;
+    for (size_t m = 0; m < 3; m++)
+        for (size_t w = 0; w < 4; w++)
+            for (size_t b = 0; b < 2; b++) {
+                struct plan_input in = {.nodes = worlds[w], .devices_per_node = 1, .device = PLAN_GPU,
+                                        .batch = batches[b] * worlds[w], .micro_batch = batches[b],
+                                        .network_gbit = 10, .tflops = 100};
+                struct plan p;
+                char err[256];
+                gpt_preset(presets[m], &in.cfg);
+                in.seq_len = in.cfg.T > 256 ? 256 : in.cfg.T;
+                size_t est = gpu_zero_estimate_bytes(&in.cfg, batches[b], in.seq_len, worlds[w]);
+                total++;
+                if (plan_compute(&in, &p, err, sizeof(err)) == 0 && p.peak == est)
+                    same++;
+                else
+                    printf("  plan of %s, world %d, micro_batch %d: %llu B, the GPU path estimates %zu B\n",
+                           presets[m], worlds[w], batches[b], (unsigned long long)p.peak, est);
+            }
+    CHECK(same == total, "the planner's GPU peak equals gpu_zero_estimate_bytes in %d of %d shapes", same, total);
+}
+
 int main(int argc, char **argv)
 {
     char why[256];
@@ -371,6 +402,7 @@ int main(int argc, char **argv)
     char name[128];
     gpu_device_name(name, sizeof(name));
     printf("gpu-check on %s\n", name);
+    check_plan_estimate();
     check_tiny();
     check_train(argv[1], model, steps, bound);
     check_checkpoints(argv[1]);

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/mkdirs.h"
 #include "common/notify.h"
+#include "worker/agent/agent_preflight.h"
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
@@ -114,6 +115,16 @@ struct agent {
     struct proto_unique_id uid;
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
+
+    /* device facts (NVML, read once at start) and the pre-flight of the job */
+    uint32_t ngpus;
+    struct proto_gpu gpus[PROTO_MAX_LOCAL_RANKS];
+    bool preflight_promised; /* the last HELLO said a PREFLIGHT would follow */
+    int64_t hello_wall_ms;   /* wall clock when it was sent */
+    bool trainer;            /* the held job's ranks are muster-train */
+    char preflight_said[PROTO_REASON_MAX]; /* the verdict last logged ("" = fit) */
+    bool preflight_logged;   /* since this join: repeats of the same verdict are not logged */
+    struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
     uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
@@ -603,6 +614,7 @@ static void choose_state_dir(struct agent *a)
 static void link_close(struct agent *a)
 {
     uv_timer_stop(&a->beat_timer);
+    agent_preflight_stop(&a->pf);
     if (a->conn) {
         fconn_close(a->conn);
         a->conn = NULL;
@@ -765,6 +777,51 @@ static void daemon_fail(struct fconn *c, int err, const char *why)
     link_lost(a, why);
 }
 
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Device facts for HELLO, and the pre-flight promise: a node whose ranks
+ * run already is past its pre-flight. */
+static void hello_facts(struct agent *a, struct proto_hello *h)
+{
+    uint64_t total, avail;
+    h->ngpus = a->ngpus;
+    memcpy(h->gpus, a->gpus, sizeof(h->gpus[0]) * a->ngpus);
+    h->device_mem_mb = a->ngpus ? a->gpus[0].total_mb : 0;
+    for (uint32_t i = 1; i < a->ngpus; i++)
+        if (a->gpus[i].total_mb < h->device_mem_mb)
+            h->device_mem_mb = a->gpus[i].total_mb;
+    h->host_mem_mb = preflight_host_memory(&total, &avail) == 0 ? total >> 20 : 0;
+    h->preflight = !ranks_live(a);
+    a->preflight_promised = h->preflight;
+    a->hello_wall_ms = wall_ms();
+}
+
+/* NVML's facts about the GPUs this node offers (none without the driver). */
+static void probe_gpus(struct agent *a)
+{
+    struct gpu_fact g[PREFLIGHT_MAX_GPUS];
+    char why[PREFLIGHT_WHY_MAX];
+    const struct device_set *d = &a->cfg->devices;
+    int n = d->kind == PROTO_DEV_GPU ? preflight_gpus(g, PREFLIGHT_MAX_GPUS, why, sizeof(why)) : 0;
+    if (n < 0)
+        log_info("no GPU facts: %s", why);
+    for (uint32_t i = 0; n > 0 && i < d->n && d->ids[i] < (uint32_t)n; i++) {
+        const struct gpu_fact *f = &g[d->ids[i]];
+        snprintf(a->gpus[i].name, sizeof(a->gpus[i].name), "%s", f->name);
+        proto_text_sanitize(a->gpus[i].name);
+        a->gpus[i].total_mb = f->total >> 20;
+        a->gpus[i].free_mb = f->free >> 20;
+        a->ngpus = i + 1;
+    }
+    if (a->ngpus)
+        log_info("gpus: %u x %s, %" PRIu64 " MiB", a->ngpus, a->gpus[0].name, a->gpus[0].total_mb);
+}
+
 static void send_hello(struct agent *a)
 {
     struct proto_msg m;
@@ -775,8 +832,8 @@ static void send_hello(struct agent *a)
     h->kind = a->cfg->devices.kind;
     h->ndevices = a->cfg->devices.n;
     memcpy(h->devices, a->cfg->devices.ids, sizeof(h->devices));
-    h->device_mem_mb = 0;
     h->generation = ranks_live(a) ? a->assign.generation : 0;
+    hello_facts(a, h);
     refresh_free_port(a);
     h->free_port = a->free_port;
     h->session = a->session;
@@ -993,6 +1050,7 @@ static void on_assign(struct agent *a, struct proto_assign *as)
         return;
     }
     a->cur_gen = as->generation;
+    agent_preflight_stop(&a->pf);
     if (a->have_uid && a->uid.generation < as->generation)
         a->have_uid = false;
     if (ranks_live(a) && same_layout(&a->assign, as)) {
@@ -1149,6 +1207,65 @@ static void on_reject(struct agent *a, const struct proto_reject *rj)
         schedule_retry(a, NULL);
 }
 
+static void on_preflight_done(struct agent_preflight *p, bool fit, const char *reason)
+{
+    struct agent *a = p->data;
+    if (a->link != LINK_JOINED)
+        return;
+    struct proto_msg m;
+    msg_init(&m, PROTO_PREFLIGHT);
+    m.u.preflight.fit = fit;
+    m.u.preflight.trainer = a->trainer;
+    snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", fit ? "" : reason);
+    proto_text_sanitize(m.u.preflight.reason);
+    if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
+        if (fit)
+            log_info("pre-flight checks pass");
+        else
+            log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
+    }
+    snprintf(a->preflight_said, sizeof(a->preflight_said), "%s", m.u.preflight.reason);
+    a->preflight_logged = true;
+    send_to_daemon(a, &m);
+}
+
+/* The ranks are muster-train when the program they run is (docs/rank-env.md). */
+static bool runs_trainer(const struct agent *a, const struct job_spec *spec)
+{
+    bool from_job;
+    char **argv = rank_command(a, spec, &from_job);
+    const char *prog = argv && argv[0] ? argv[0] : "";
+    const char *base = strrchr(prog, '/');
+    return strcmp(base ? base + 1 : prog, "muster-train") == 0;
+}
+
+/* The pre-flight HELLO promised, of the job WELCOME carries. */
+static void start_preflight(struct agent *a, const struct proto_welcome *w)
+{
+    struct preflight_inputs in = {0};
+    char err[PREFLIGHT_WHY_MAX];
+    a->preflight_logged = false;
+    if (!w->job || job_spec_from_json(w->job, "WELCOME", &in.spec, err, sizeof(err)) != 0) {
+        if (!w->job)
+            snprintf(err, sizeof(err), "musterd sent no job to check");
+        a->trainer = false;
+        on_preflight_done(&a->pf, !w->job, err);
+        return;
+    }
+    a->trainer = runs_trainer(a, &in.spec);
+    in.trainer = a->trainer;
+    in.kind = a->cfg->devices.kind;
+    in.ndevices = a->cfg->devices.n;
+    memcpy(in.devices, a->cfg->devices.ids, sizeof(in.devices));
+    if (w->time_ms) {
+        int64_t now = wall_ms();
+        in.have_clock = true;
+        in.rtt_ms = now - a->hello_wall_ms;
+        in.skew_ms = now - (int64_t)w->time_ms;
+    }
+    agent_preflight_start(&a->pf, &in);
+}
+
 static void on_welcome(struct agent *a, const struct proto_welcome *w)
 {
     a->heartbeat_interval_ms = w->heartbeat_interval_ms ? w->heartbeat_interval_ms : 1000;
@@ -1168,6 +1285,8 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
              a->heartbeat_interval_ms, a->lease_ms);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
     notify_joined(a);
+    if (a->preflight_promised)
+        start_preflight(a, w);
 }
 
 static void protocol_violation(struct agent *a, const struct proto_msg *msg)
@@ -1327,6 +1446,7 @@ static void maybe_finish(struct agent *a)
     uv_close((uv_handle_t *)&a->beat_timer, NULL);
     uv_close((uv_handle_t *)&a->tick_timer, NULL);
     uv_close((uv_handle_t *)&a->connect_timer, NULL);
+    agent_preflight_close(&a->pf);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
     release_ranks(a);
@@ -1388,6 +1508,8 @@ int agent_run(const struct agent_config *cfg)
     job_spec_defaults(&a->spec);
     backoff_init(&a->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
     choose_state_dir(a);
+    probe_gpus(a);
+    agent_preflight_init(&a->pf, &loop, on_preflight_done, a);
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

@@ -409,6 +409,14 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
     return rc;
 }
 
+void rank_ctl_measured(struct rank_ctl *c, uint64_t step_bytes, uint64_t peak_mem)
+{
+    pthread_mutex_lock(&c->lock);
+    c->beat.step_bytes = step_bytes > PROTO_U64_MAX ? PROTO_U64_MAX : step_bytes;
+    c->beat.peak_mem = peak_mem > PROTO_U64_MAX ? PROTO_U64_MAX : peak_mem;
+    pthread_mutex_unlock(&c->lock);
+}
+
 void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens_per_s, double comm_frac,
                    uint64_t checkpoint_step)
 {

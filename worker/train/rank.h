@@ -68,6 +68,11 @@ int rank_ctl_unique_id(struct rank_ctl *c, const uint8_t mine[PROTO_UID_LEN], ui
 void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens_per_s, double comm_frac,
                    uint64_t checkpoint_step);
 
+/* What the rank measured of its plan (docs/plan.md), sent with the next
+ * heartbeat: bytes sent during its last step (0 = none / unknown) and its
+ * peak memory in bytes (0 = unknown). */
+void rank_ctl_measured(struct rank_ctl *c, uint64_t step_bytes, uint64_t peak_mem);
+
 /* Called on the control thread, under its lock, when the communicator must
  * be aborted: the rank must stop (COMMAND stop, EOF) or a newer generation
  * came. Returns once no call of the previous hook is under way; fn NULL

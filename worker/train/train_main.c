@@ -197,7 +197,44 @@ struct run_state {
     long steps;
     struct rank_ctl *ctl;   /* rank mode: heartbeats go here */
     const long *ckpt_step;  /* the trainer's last committed checkpoint (-1: none) */
+    const struct zero *zero; /* the CPU path's shards: its ring is zero->comm (NULL: world 1);
+                              * NULL on the GPU path */
+    uint64_t rss_base;      /* the CPU path: the process's RSS before the trainer was built */
+    const struct comm *counted; /* the ring whose bytes sent were last read */
+    uint64_t sent;          /* its bytes sent then */
 };
+
+/* The process's resident memory (VmRSS) or its peak (VmHWM), bytes; 0 when unknown. */
+static uint64_t rss(const char *which)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128], fmt[32];
+    unsigned long long kb = 0;
+    snprintf(fmt, sizeof(fmt), "%s: %%llu kB", which);
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, fmt, &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Bytes moved and peak memory beside the plan's (docs/plan.md): the ring's
+ * bytes sent since the last step report (the step and the vote before it). */
+static void report_measured(struct run_state *rs)
+{
+    uint64_t step_bytes = 0;
+    const struct comm *c = rs->zero ? rs->zero->comm : NULL;
+    if (c) { /* read through the trainer: a new generation's communicator counts from 0 */
+        struct comm_stats st;
+        comm_get_stats(c, &st);
+        step_bytes = c == rs->counted && st.bytes_sent >= rs->sent ? st.bytes_sent - rs->sent : 0;
+        rs->counted = c;
+        rs->sent = st.bytes_sent;
+    }
+    uint64_t peak = rs->zero ? rss("VmHWM") : 0; /* the CPU path's memory is the process's */
+    rank_ctl_measured(rs->ctl, step_bytes, peak > rs->rss_base ? peak - rs->rss_base : 0);
+}
 
 static double elapsed(const struct run_state *rs)
 {
@@ -229,9 +266,11 @@ static void on_step(const struct train_step_info *in, void *user)
                  1e3 * (heal.restored - heal.ring), 1e3 * (now - heal.restored), heal.seen, now);
     }
     heal.pending = 0;
-    if (rs->ctl)
+    if (rs->ctl) {
+        report_measured(rs);
         rank_ctl_beat(rs->ctl, (uint64_t)in->step, in->loss, in->tokens_per_s, in->comm_frac,
                       beat_ckpt(*rs->ckpt_step));
+    }
     if (rs->quiet)
         return;
     clear_bar(rs);
@@ -415,6 +454,10 @@ static void log_model(const struct trainer *tr, long threads, int standalone)
              spec->seq_len, threads, standalone ? "" : " per rank");
 }
 
+/* The process's RSS before its trainer was built: what the trainer adds is
+ * what the plan predicts (report_measured). */
+static uint64_t rss_base;
+
 /* Fault injection for tests: the loss of step N (1-based) becomes NaN. */
 static void inject_faults(struct trainer *tr)
 {
@@ -431,7 +474,8 @@ static int run_loop(struct trainer *tr, struct rank_ctl *ctl, long long stop_aft
                     char *err, size_t errlen)
 {
     struct run_state rs = {.tty = tr->rank == 0 && isatty(STDOUT_FILENO), .steps = tr->spec.steps, .ctl = ctl,
-                           .quiet = tr->rank != 0, .ckpt_step = &tr->last_checkpoint_step};
+                           .quiet = tr->rank != 0, .ckpt_step = &tr->last_checkpoint_step, .zero = &tr->zero,
+                           .counted = tr->zero.comm, .rss_base = rss_base};
     if (metrics_path && tr->rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
         snprintf(err, errlen, "--metrics: %s: %s", metrics_path, strerror(errno));
         return -EINVAL;
@@ -469,6 +513,7 @@ static int run_single(const struct job_spec *spec, int standalone, struct rank_c
 {
     char err[2048];
     struct trainer tr;
+    rss_base = rss("VmRSS");
     if (trainer_init(&tr, spec, 0, 1, NULL, err, sizeof(err))) {
         log_error("%s", err);
         return 1;
@@ -713,6 +758,7 @@ static int new_trainer(const struct job_spec *spec, const struct rank_assign *at
     char err[1024];
     struct trainer *tr = calloc(1, sizeof(*tr));
     struct replica *rep = NULL;
+    rss_base = rss("VmRSS");
     if (!tr || trainer_init(tr, spec, at->rank, at->world, comm, err, sizeof(err)) != 0) {
         log_error("%s", tr ? err : "out of memory");
         free(tr);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/zeroshard.h"
 #include "worker/train/comm/comm.h"
 
 static double now_s(void)
@@ -133,15 +134,12 @@ int zero_init(struct zero *z, struct gpt *g, struct comm *comm)
     z->rank = comm ? comm_rank(comm) : 0;
     if (z->world == 1)
         z->comm = NULL;
-    const struct gpt_layout *lay = &g->layout;
-    size_t big = 0; /* largest block or norm unit, padded */
-    for (int u = 0; u < lay->nunits; u++) {
-        z->shard[u] = (lay->numel[u] + (size_t)z->world - 1) / (size_t)z->world;
-        z->off[u] = z->total;
-        z->total += z->shard[u];
-        if (u > 0 && z->shard[u] * (size_t)z->world > big)
-            big = z->shard[u] * (size_t)z->world;
-    }
+    struct zero_shards zs;
+    zero_shards_init(&zs, &g->layout, z->world, 1);
+    memcpy(z->shard, zs.shard, sizeof(z->shard));
+    memcpy(z->off, zs.off, sizeof(z->off));
+    z->total = zs.total;
+    const size_t big = zs.max_shard * (size_t)z->world; /* largest block or norm unit, padded */
     /* weights and both moments back to back: one block that a replica round sends at once */
     z->params = calloc(3 * z->total, sizeof(float));
     z->m = z->params ? z->params + z->total : NULL;
@@ -199,17 +197,18 @@ void zero_free(struct zero *z)
     memset(z, 0, sizeof(*z));
 }
 
-size_t zero_model_state_bytes(const struct zero *z) { return 4 * sizeof(float) * z->total; }
+size_t zero_model_state_bytes(const struct zero *z)
+{
+    struct zero_shards zs;
+    zero_shards_init(&zs, &z->g->layout, z->world, 1);
+    return zero_shards_state_bytes(&zs);
+}
 
 size_t zero_transient_bytes(const struct zero *z)
 {
-    if (!z->comm)
-        return 0;
-    size_t big = 0;
-    for (int u = 1; u < z->g->layout.nunits; u++)
-        if (z->shard[u] > big)
-            big = z->shard[u];
-    return sizeof(float) * (size_t)z->world * (2 * z->shard[0] + 4 * big);
+    struct zero_shards zs;
+    zero_shards_init(&zs, &z->g->layout, z->world, 1);
+    return zero_shards_transient_bytes(&zs);
 }
 
 void zero_owned(const struct zero *z, int unit, size_t *lo, size_t *n)

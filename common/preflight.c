@@ -1,0 +1,302 @@
+#include "common/preflight.h"
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/mkdirs.h"
+#include "common/plan.h"
+
+/* The llm.c token file (worker/train/data.h): int32 header[256], then uint16 tokens. */
+#define TOKENS_MAGIC 20240520
+#define TOKENS_VERSION 1
+#define HEADER_BYTES (256 * 4)
+#define TEXT_PROBE 4096
+#define CHUNK (1u << 20)
+
+static int say(char *why, size_t len, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int say(char *why, size_t len, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Opens a regular file for reading; *size gets its size. */
+static int open_regular(const char *path, uint64_t *size, char *why, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        return say(why, len, -e, "data %s: %s%s", path, strerror(e),
+                   e == ENOENT ? ": copy the data file to this node (or fix the job's data path)"
+                   : e == EACCES ? ": make it readable by the user the agent runs as" : "");
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return say(why, len, -EINVAL, "data %s: not a regular file", path);
+    }
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
+
+/* Reads up to n bytes at the current offset (fewer only at the end). */
+static ssize_t read_some(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)buf + got, n - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -errno;
+        if (k == 0)
+            break;
+        got += (size_t)k;
+    }
+    return (ssize_t)got;
+}
+
+/* Classifies the file from its first bytes: token file (count checked
+ * against the size) or text; anything else is refused. */
+static int classify(const char *path, const uint8_t *head, size_t n, uint64_t size, struct preflight_data *d,
+                    char *why, size_t len)
+{
+    int32_t h[3] = {0, 0, 0};
+    memcpy(h, head, n < sizeof(h) ? n : sizeof(h));
+    memset(d, 0, sizeof(*d));
+    if (n >= 4 && h[0] == TOKENS_MAGIC) {
+        if (size < HEADER_BYTES)
+            return say(why, len, -EINVAL, "data %s: truncated token file: %" PRIu64 " bytes, less than the "
+                       "%d-byte header", path, size, HEADER_BYTES);
+        if (h[1] != TOKENS_VERSION)
+            return say(why, len, -EINVAL, "data %s: token file version %d, expected %d", path, h[1], TOKENS_VERSION);
+        if (h[2] < 0 || (uint64_t)h[2] * 2 != size - HEADER_BYTES)
+            return say(why, len, -EINVAL, "data %s: token file header says %d tokens, the file holds %" PRIu64
+                       " bytes of tokens: the file is truncated or not what the header says", path, h[2],
+                       size - HEADER_BYTES);
+        d->tokens_file = 1;
+        d->tokens = (uint64_t)h[2];
+        return 0;
+    }
+    if (memchr(head, 0, n < TEXT_PROBE ? n : TEXT_PROBE))
+        return say(why, len, -EINVAL, "data %s: neither text nor an llm.c token file: header holds magic %d, "
+                   "version %d, count %d (expected magic %d, version %d)", path, h[0], h[1], h[2],
+                   TOKENS_MAGIC, TOKENS_VERSION);
+    d->tokens = size;
+    return 0;
+}
+
+int preflight_data_tokens(const char *path, struct preflight_data *d)
+{
+    char why[PREFLIGHT_WHY_MAX];
+    uint8_t head[TEXT_PROBE];
+    uint64_t size;
+    int fd = open_regular(path, &size, why, sizeof(why));
+    if (fd < 0)
+        return fd;
+    ssize_t n = read_some(fd, head, sizeof(head));
+    close(fd);
+    if (n < 0)
+        return (int)n;
+    return classify(path, head, (size_t)n, size, d, why, sizeof(why));
+}
+
+int preflight_data_check(const char *path, int vocab, int seq_len, double val_fraction,
+                         struct preflight_data *d, char *why, size_t len)
+{
+    uint64_t size;
+    int fd = open_regular(path, &size, why, len);
+    if (fd < 0)
+        return fd;
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return say(why, len, -ENOMEM, "data %s: out of memory to read it", path);
+    }
+    int rc = 0;
+    ssize_t n = read_some(fd, buf, CHUNK);
+    if (n < 0) {
+        rc = say(why, len, (int)n, "data %s: read error: %s", path, strerror((int)-n));
+    } else {
+        rc = classify(path, buf, (size_t)n, size, d, why, len);
+    }
+    /* the largest token, chunk by chunk (a token file's tokens start after its header) */
+    size_t at = d->tokens_file ? HEADER_BYTES : 0;
+    int max = 0;
+    while (rc == 0 && n > 0) {
+        if (d->tokens_file) {
+            for (size_t i = at; i + 1 < (size_t)n; i += 2) {
+                uint16_t t;
+                memcpy(&t, buf + i, 2);
+                if (t > max)
+                    max = t;
+            }
+        } else {
+            for (size_t i = at; i < (size_t)n; i++)
+                if (buf[i] > max)
+                    max = buf[i];
+        }
+        at = 0;
+        n = read_some(fd, buf, CHUNK); /* chunks are even: token pairs never straddle */
+        if (n < 0)
+            rc = say(why, len, (int)n, "data %s: read error: %s", path, strerror((int)-n));
+    }
+    free(buf);
+    close(fd);
+    if (rc)
+        return rc;
+    d->max_token = max;
+    if (max >= vocab)
+        return say(why, len, -EINVAL, "data %s: token %d is outside the model's vocabulary of %d: set the job's "
+                   "vocab (or model) to one that covers the data", path, max, vocab);
+    uint64_t nval = (uint64_t)((double)d->tokens * val_fraction), ntrain = d->tokens - nval;
+    uint64_t need = (uint64_t)seq_len + 2;
+    if (ntrain < need || (val_fraction > 0 && nval < need))
+        return say(why, len, -EINVAL, "data %s: %" PRIu64 " tokens are too few: each split needs more than %d "
+                   "(seq_len + 1) (train %" PRIu64 ", validation %" PRIu64 ")", path, d->tokens, seq_len + 1,
+                   ntrain, nval);
+    return 0;
+}
+
+/* Free bytes for the checkpoint check: statvfs, or the test hook's file. */
+static int free_space(const char *dir, uint64_t *out)
+{
+    const char *hook = getenv(PREFLIGHT_FREE_HOOK_ENV);
+    if (hook && *hook) {
+        FILE *f = fopen(hook, "r");
+        unsigned long long v;
+        int ok = f && fscanf(f, "%llu", &v) == 1;
+        if (f)
+            fclose(f);
+        if (ok) {
+            *out = v;
+            return 0;
+        }
+    }
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0)
+        return -errno;
+    *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    return 0;
+}
+
+int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len)
+{
+    int rc = mkdirs(dir, 0755);
+    if (rc)
+        return say(why, len, rc, "checkpoint_dir %s: cannot create it: %s", dir, strerror(-rc));
+    char probe[4096 + 64];
+    snprintf(probe, sizeof(probe), "%s/.muster-preflight-%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        int e = errno;
+        return say(why, len, -e, "checkpoint_dir %s: not writable: %s: give the agent's user write access or "
+                   "point checkpoint_dir elsewhere", dir, strerror(e));
+    }
+    ssize_t w = write(fd, "x", 1);
+    int e = w == 1 ? 0 : (w < 0 ? errno : ENOSPC);
+    close(fd);
+    unlink(probe);
+    if (e)
+        return say(why, len, -e, "checkpoint_dir %s: cannot write: %s", dir, strerror(e));
+    uint64_t fr = 0;
+    if ((rc = free_space(dir, &fr)) != 0)
+        return say(why, len, rc, "checkpoint_dir %s: cannot tell its free space: %s", dir, strerror(-rc));
+    *free_bytes = fr;
+    if (fr < need) {
+        char a[32], b[32];
+        return say(why, len, -ENOSPC, "checkpoint_dir %s: %s free, 2 checkpoints of this job need %s: free "
+                   "space or point checkpoint_dir at a larger disk", dir, plan_bytes_str(a, sizeof(a), (double)fr),
+                   plan_bytes_str(b, sizeof(b), (double)need));
+    }
+    return 0;
+}
+
+int preflight_host_memory(uint64_t *total, uint64_t *available)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return -errno;
+    char line[256];
+    unsigned long long kb;
+    *total = *available = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+            *total = kb * 1024;
+        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            *available = kb * 1024;
+    }
+    fclose(f);
+    return *total ? 0 : -EINVAL;
+}
+
+/* NVML's C API, declared here so that nothing links against it: the
+ * library is opened at run time, and a node without the driver has none. */
+typedef struct nvml_device *nvml_device_t;
+struct nvml_memory {
+    unsigned long long total, free, used;
+};
+
+int preflight_gpus(struct gpu_fact *out, int max, char *why, size_t len)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return say(why, len, -ENOENT, "NVML (libnvidia-ml.so.1) not found: no NVIDIA driver on this node");
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*shutdown)(void) = (int (*)(void))dlsym(lib, "nvmlShutdown");
+    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(lib, "nvmlDeviceGetCount_v2");
+    int (*handle)(unsigned, nvml_device_t *) = (int (*)(unsigned, nvml_device_t *))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    int (*name)(nvml_device_t, char *, unsigned) = (int (*)(nvml_device_t, char *, unsigned))dlsym(lib, "nvmlDeviceGetName");
+    int (*meminfo)(nvml_device_t, struct nvml_memory *) =
+        (int (*)(nvml_device_t, struct nvml_memory *))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    int rc;
+    if (!init || !shutdown || !count || !handle || !name || !meminfo) {
+        rc = say(why, len, -ENOSYS, "NVML is too old: a function muster needs is missing");
+    } else if (init() != 0) {
+        rc = say(why, len, -EIO, "NVML could not initialise: is the NVIDIA driver loaded?");
+    } else {
+        unsigned n = 0;
+        rc = count(&n) == 0 ? 0 : say(why, len, -EIO, "NVML could not count the GPUs");
+        for (unsigned i = 0; rc == 0 && i < n && (int)i < max; i++) {
+            nvml_device_t h;
+            struct nvml_memory m;
+            memset(&out[i], 0, sizeof(out[i]));
+            if (handle(i, &h) != 0 || meminfo(h, &m) != 0) {
+                rc = say(why, len, -EIO, "NVML could not read GPU %u", i);
+                break;
+            }
+            if (name(h, out[i].name, sizeof(out[i].name)) != 0)
+                snprintf(out[i].name, sizeof(out[i].name), "GPU %u", i);
+            out[i].total = m.total;
+            out[i].free = m.free;
+        }
+        if (rc == 0)
+            rc = (int)n < max ? (int)n : max;
+        shutdown();
+    }
+    dlclose(lib);
+    return rc;
+}
+
+int preflight_clock(int64_t skew_ms, int64_t rtt_ms, char *why, size_t len)
+{
+    int64_t a = skew_ms < 0 ? -skew_ms : skew_ms;
+    if (a - rtt_ms <= PREFLIGHT_MAX_SKEW_MS)
+        return 0;
+    return say(why, len, -ERANGE, "clock: this node's clock is %.1f s %s musterd's (more than %d s): sync it "
+               "(chrony or systemd-timesyncd) so that events, logs and checkpoints agree",
+               (double)a / 1000.0, skew_ms > 0 ? "ahead of" : "behind", PREFLIGHT_MAX_SKEW_MS / 1000);
+}

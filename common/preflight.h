@@ -1,0 +1,67 @@
+/*
+ * preflight: the checks a node passes before its ranks start, shared by the
+ * agent (which reports the result to musterd: a node that fails is shown
+ * "unfit" and spends no restart) and by `musterctl doctor` (which runs them
+ * on the spot and says what to do).
+ *
+ *   data        the job's data file: present, a regular file, readable, an
+ *               llm.c token file (header magic, version, count matching the
+ *               size) or text (no NUL in the first 4 KiB), every token below
+ *               the model's vocabulary, each split longer than seq_len + 1
+ *   checkpoint  checkpoint_dir: created if missing, writable (a file is made
+ *               and removed), free space >= 2 checkpoints of the plan
+ *   memory      host memory (/proc/meminfo) and GPU facts (NVML, loaded at
+ *               run time: nodes without the driver work, they report none)
+ *   clock       the node's wall clock against musterd's
+ *
+ * Every function returns 0, or a negative errno with one sentence in why
+ * that names the file, the figure and what to do.
+ */
+#ifndef MUSTER_PREFLIGHT_H
+#define MUSTER_PREFLIGHT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PREFLIGHT_WHY_MAX 512
+#define PREFLIGHT_MAX_GPUS 64
+/* Largest clock difference to musterd a node may have. */
+#define PREFLIGHT_MAX_SKEW_MS 5000
+/* Test hook: when set, the file it names holds the free bytes (a decimal
+ * number) that the checkpoint check sees instead of statvfs's answer. */
+#define PREFLIGHT_FREE_HOOK_ENV "MUSTER_TEST_FREE_BYTES_FILE"
+
+struct preflight_data {
+    int tokens_file;  /* 1: llm.c token file; 0: text */
+    uint64_t tokens;
+    int max_token;    /* filled by preflight_data_check */
+};
+
+/* Format and token count from the header and size alone (cheap). */
+int preflight_data_tokens(const char *path, struct preflight_data *d);
+
+/* The whole data check (reads the file once, in chunks). */
+int preflight_data_check(const char *path, int vocab, int seq_len, double val_fraction,
+                         struct preflight_data *d, char *why, size_t len);
+
+/* checkpoint_dir writable with at least need bytes free; *free_bytes gets
+ * what was found. */
+int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len);
+
+/* Host memory from /proc/meminfo, bytes. */
+int preflight_host_memory(uint64_t *total, uint64_t *available);
+
+struct gpu_fact {
+    char name[64];
+    uint64_t total, free; /* bytes */
+};
+
+/* GPUs NVML sees (index order), at most max; returns how many, or a
+ * negative errno with why (no driver: -ENOENT). */
+int preflight_gpus(struct gpu_fact *out, int max, char *why, size_t len);
+
+/* |skew| above PREFLIGHT_MAX_SKEW_MS fails. skew_ms: node minus musterd,
+ * rtt_ms: the round trip the comparison could be off by. */
+int preflight_clock(int64_t skew_ms, int64_t rtt_ms, char *why, size_t len);
+
+#endif

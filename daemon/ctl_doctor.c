@@ -1,0 +1,345 @@
+/*
+ * ctl_doctor: `musterctl doctor [--job JOB]`, the node checks run on the
+ * spot (docs/plan.md, docs/troubleshooting.md): musterd reachable, the
+ * cluster token file's mode, whether the control and REST ports are free
+ * or held by musterd, this node's devices and clock, and with a job its
+ * data file, checkpoint directory and whether its plan fits this node. One
+ * table row per check, with what to do for each failure.
+ */
+#include "daemon/ctl_doctor.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/jobspec.h"
+#include "common/plan.h"
+#include "common/preflight.h"
+#include "common/token.h"
+
+#define CONTROL_PORT 29470
+#define REST_PORT 29471
+
+struct doctor {
+    int failed;
+    int json;
+    json_t *rows;
+};
+
+static void check(struct doctor *d, const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ok: 1 pass, 0 fail, -1 a warning that fails nothing. */
+static void check(struct doctor *d, const char *name, int ok, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (ok == 0)
+        d->failed++;
+    json_array_append_new(d->rows, json_pack("{s:s, s:s, s:s}", "check", name, "result",
+                                             ok > 0 ? "ok" : ok == 0 ? "FAIL" : "warn", "detail", text));
+}
+
+/* Who listens on TCP port: the program's name from /proc, or "" when unknown. */
+static void port_holder(int port, char *out, size_t len)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return;
+    char line[512];
+    unsigned long inode = 0;
+    while (!inode && fgets(line, sizeof(line), f)) {
+        unsigned lport, st;
+        unsigned long ino;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*s %*s %*s %*s %*s %lu", &lport, &st, &ino) == 3 &&
+            (int)lport == port && st == 0x0A)
+            inode = ino;
+    }
+    fclose(f);
+    if (!inode)
+        return;
+    char want[64];
+    snprintf(want, sizeof(want), "socket:[%lu]", inode);
+    DIR *proc = opendir("/proc");
+    struct dirent *p;
+    int seen = 0;
+    while (proc && !out[0] && (p = readdir(proc)) != NULL && seen++ < 100000) {
+        if (p->d_name[0] < '0' || p->d_name[0] > '9')
+            continue;
+        char dir[300];
+        snprintf(dir, sizeof(dir), "/proc/%s/fd", p->d_name);
+        DIR *fds = opendir(dir);
+        struct dirent *fd;
+        while (fds && !out[0] && (fd = readdir(fds)) != NULL) {
+            char link[600], target[128];
+            snprintf(link, sizeof(link), "%s/%s", dir, fd->d_name);
+            ssize_t n = readlink(link, target, sizeof(target) - 1);
+            if (n <= 0)
+                continue;
+            target[n] = '\0';
+            if (strcmp(target, want) != 0)
+                continue;
+            char comm[300];
+            snprintf(comm, sizeof(comm), "/proc/%s/comm", p->d_name);
+            FILE *c = fopen(comm, "r");
+            if (c && fgets(out, (int)len, c))
+                out[strcspn(out, "\n")] = '\0';
+            if (c)
+                fclose(c);
+            size_t k = strlen(out);
+            snprintf(out + k, len - k, " (pid %s)", p->d_name);
+        }
+        if (fds)
+            closedir(fds);
+    }
+    if (proc)
+        closedir(proc);
+}
+
+static void check_port(struct doctor *d, const char *name, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int rc = fd >= 0 ? bind(fd, (struct sockaddr *)&sa, sizeof(sa)) : -1;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0) {
+        check(d, name, 1, "port %d is free (musterd can listen on it; agents need nothing here)", port);
+        return;
+    }
+    char who[128];
+    port_holder(port, who, sizeof(who));
+    if (strncmp(who, "musterd", 7) == 0)
+        check(d, name, 1, "port %d is held by %s", port, who);
+    else if (e == EADDRINUSE)
+        check(d, name, -1, "port %d is in use by %s: on the master node stop it or give musterd another port "
+              "(musterd.json)", port, who[0] ? who : "another program (run as root to see which)");
+    else
+        check(d, name, -1, "port %d: cannot test: %s", port, strerror(e));
+}
+
+static void check_token(struct doctor *d, const char *path)
+{
+    uint8_t buf[TOKEN_MAX];
+    size_t n;
+    char err[512];
+    int rc = token_read(path, buf, sizeof(buf), &n, err, sizeof(err));
+    if (rc == 0)
+        check(d, "token file", 1, "%s: mode 0600 or stricter, %zu bytes", path, n);
+    else if (rc == -ENOENT)
+        check(d, "token file", 0, "%s: missing: copy the cluster token here (mode 0600), or pass --token-file", path);
+    else
+        check(d, "token file", 0, "%s", err);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void check_daemon(struct doctor *d, const char *server, ctl_get_fn get, void *ctx)
+{
+    int64_t t0 = wall_ms();
+    json_t *doc = get(ctx, server, "/v1/plan");
+    int64_t t1 = wall_ms();
+    if (!doc) {
+        check(d, "musterd", 0, "%s does not answer: start musterd on the master node (systemctl start musterd) or "
+              "pass --server URL / set MUSTER_SERVER", server);
+        return;
+    }
+    check(d, "musterd", 1, "%s answers (job %s, %s)", server,
+          json_string_value(json_object_get(doc, "job")) ? json_string_value(json_object_get(doc, "job")) : "?",
+          json_string_value(json_object_get(doc, "state")) ? json_string_value(json_object_get(doc, "state")) : "?");
+    json_t *t = json_object_get(doc, "time_ms");
+    if (json_is_integer(t)) {
+        char why[PREFLIGHT_WHY_MAX];
+        int64_t skew = (t0 + t1) / 2 - (int64_t)json_integer_value(t);
+        if (preflight_clock(skew, (t1 - t0) / 2 + 1, why, sizeof(why)) == 0)
+            check(d, "clock", 1, "within %.1f s of musterd's", (double)(skew < 0 ? -skew : skew) / 1000.0);
+        else
+            check(d, "clock", 0, "%s", why);
+    }
+    json_decref(doc);
+}
+
+static void check_devices(struct doctor *d, uint64_t *gpu_mem, uint64_t *host_mem)
+{
+    struct gpu_fact g[PREFLIGHT_MAX_GPUS];
+    char why[PREFLIGHT_WHY_MAX];
+    uint64_t avail = 0;
+    *gpu_mem = 0;
+    if (preflight_host_memory(host_mem, &avail) == 0)
+        check(d, "host memory", 1, "%.2f GiB, %.2f GiB available", (double)*host_mem / (1 << 30),
+              (double)avail / (1 << 30));
+    else
+        check(d, "host memory", -1, "cannot read /proc/meminfo");
+    int n = preflight_gpus(g, PREFLIGHT_MAX_GPUS, why, sizeof(why));
+    if (n < 0) {
+        check(d, "gpus", -1, "%s (fine for cpu:N workers)", why);
+        return;
+    }
+    if (n == 0) {
+        check(d, "gpus", -1, "NVML sees no GPU (fine for cpu:N workers)");
+        return;
+    }
+    uint64_t least = g[0].total;
+    for (int i = 1; i < n; i++)
+        if (g[i].total < least)
+            least = g[i].total;
+    *gpu_mem = least;
+    check(d, "gpus", 1, "%d x %s, %.2f GiB each (gpu 0: %.2f GiB free)", n, g[0].name, (double)least / (1 << 30),
+          (double)g[0].free / (1 << 30));
+}
+
+static void check_job(struct doctor *d, const char *path, int devices, uint64_t gpu_mem, uint64_t host_mem)
+{
+    struct job_spec spec;
+    char err[1024], why[PREFLIGHT_WHY_MAX];
+    if (job_spec_load(path, &spec, NULL, err, sizeof(err))) {
+        check(d, "job spec", 0, "%s", err);
+        return;
+    }
+    check(d, "job spec", 1, "%s: job %s, %d node%s", path, spec.name, spec.nodes, spec.nodes == 1 ? "" : "s");
+    if (spec.rank_cmd[0]) {
+        check(d, "data", -1, "the job runs its own rank program (rank_cmd): data and memory are the program's");
+    }
+    struct plan_input in;
+    struct plan p;
+    int planned = plan_input_from_spec(&in, &spec, err, sizeof(err)) == 0;
+    if (planned) {
+        in.devices_per_node = devices;
+        in.device = gpu_mem ? PLAN_GPU : PLAN_CPU;
+        in.device_mem = gpu_mem ? gpu_mem : host_mem;
+        struct preflight_data pd;
+        if (!gpu_mem && spec.data[0] && preflight_data_tokens(spec.data, &pd) == 0)
+            in.data_tokens = pd.tokens;
+        planned = plan_compute(&in, &p, err, sizeof(err)) == 0;
+    }
+    if (!planned) {
+        check(d, "plan", 0, "%s", err);
+    } else if (!spec.rank_cmd[0]) {
+        if (p.fits == 1)
+            check(d, "plan", 1, "%d rank%s need %.1f MiB of %.2f GiB %s", in.devices_per_node,
+                  in.devices_per_node == 1 ? "" : "s", (double)p.need / (1 << 20), (double)in.device_mem / (1 << 30),
+                  gpu_mem ? "per GPU" : "host memory");
+        else
+            check(d, "plan", 0, "needs %.2f GiB, %s has %.2f GiB: use more nodes, a smaller micro_batch (largest that "
+                  "fits: %d) or a smaller model (musterctl plan %s)", (double)p.need / (1 << 30),
+                  gpu_mem ? "a GPU" : "this node", (double)in.device_mem / (1 << 30), p.max_micro_batch, path);
+    }
+    if (!spec.rank_cmd[0]) {
+        struct gpt_config cfg;
+        struct preflight_data pd;
+        if (!spec.data[0])
+            check(d, "data", 0, "the job names no data file: set \"data\"");
+        else if (job_spec_model(&spec, &cfg, err, sizeof(err)) == 0 &&
+                 preflight_data_check(spec.data, cfg.V, spec.seq_len ? spec.seq_len : cfg.T, spec.val_fraction, &pd,
+                                      why, sizeof(why)) == 0)
+            check(d, "data", 1, "%s: %s, %llu tokens, largest %d < vocab %d", spec.data,
+                  pd.tokens_file ? "token file" : "text", (unsigned long long)pd.tokens, pd.max_token, cfg.V);
+        else
+            check(d, "data", 0, "%s", why);
+    }
+    if (spec.checkpoint_dir[0] && planned) {
+        uint64_t fr;
+        if (preflight_ckpt_dir(spec.checkpoint_dir, 2 * p.ckpt_bytes, &fr, why, sizeof(why)) == 0)
+            check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free, 2 checkpoints need %.1f MiB",
+                  spec.checkpoint_dir, (double)fr / (1 << 30), (double)(2 * p.ckpt_bytes) / (1 << 20));
+        else
+            check(d, "checkpoint_dir", 0, "%s", why);
+    }
+}
+
+static void print_table(FILE *f, const json_t *rows)
+{
+    size_t i;
+    json_t *r;
+    fprintf(f, "%-16s %-6s %s\n", "CHECK", "RESULT", "DETAIL / WHAT TO DO");
+    json_array_foreach(rows, i, r)
+        fprintf(f, "%-16s %-6s %s\n", json_string_value(json_object_get(r, "check")),
+                json_string_value(json_object_get(r, "result")), json_string_value(json_object_get(r, "detail")));
+}
+
+static int usage(const char *fmt, const char *arg)
+{
+    fputs("musterctl doctor: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\nusage: musterctl doctor [--job JOB] [--token-file FILE] [--devices-per-node G] [--server URL] [--json]\n",
+          stderr);
+    return 2;
+}
+
+int ctl_doctor_main(int argc, char **argv, const char *server, ctl_get_fn get, void *get_ctx)
+{
+    struct doctor d = {.rows = json_array()};
+    const char *job = NULL, *token = NULL;
+    char token_path[1024];
+    int devices = 0, seen_cmd = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "doctor") == 0 && !seen_cmd) {
+            seen_cmd = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            d.json = 1;
+        } else if (strcmp(a, "--job") == 0 || strcmp(a, "--token-file") == 0 || strcmp(a, "--server") == 0 ||
+                   strcmp(a, "--devices-per-node") == 0 || strcmp(a, "--admin-token-file") == 0) {
+            if (!v) {
+                json_decref(d.rows);
+                return usage("option '%s' needs a value", a);
+            }
+            if (strcmp(a, "--job") == 0)
+                job = v;
+            else if (strcmp(a, "--token-file") == 0)
+                token = v;
+            else if (strcmp(a, "--server") == 0)
+                server = v;
+            else if (strcmp(a, "--devices-per-node") == 0 && ((devices = atoi(v)) < 1 || devices > PLAN_MAX_DEVICES)) {
+                json_decref(d.rows);
+                return usage("--devices-per-node: expected 1 to 64, got '%s'", v);
+            }
+            i++;
+        } else {
+            json_decref(d.rows);
+            return usage("unexpected argument '%s'", a);
+        }
+    }
+    if (!token) {
+        token_default_path(token_path, sizeof(token_path));
+        token = token_path;
+    }
+    uint64_t gpu_mem, host_mem = 0;
+    check_daemon(&d, server, get, get_ctx);
+    check_token(&d, token);
+    check_port(&d, "control port", CONTROL_PORT);
+    check_port(&d, "REST port", REST_PORT);
+    check_devices(&d, &gpu_mem, &host_mem);
+    if (job)
+        check_job(&d, job, devices ? devices : 1, gpu_mem, host_mem);
+    if (d.json) {
+        json_t *doc = json_pack("{s:o, s:i}", "checks", d.rows, "failed", d.failed);
+        char *text = json_dumps(doc, JSON_COMPACT);
+        printf("%s\n", text);
+        free(text);
+        json_decref(doc);
+    } else {
+        print_table(stdout, d.rows);
+        printf("\n%s\n", d.failed ? "some checks failed: see DETAIL for what to do (docs/troubleshooting.md)"
+                                  : "every check passed");
+        json_decref(d.rows);
+    }
+    return d.failed ? 1 : 0;
+}

@@ -1,0 +1,141 @@
+#include "worker/agent/agent_preflight.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/gptcfg.h"
+#include "common/plan.h"
+
+void agent_preflight_init(struct agent_preflight *p, uv_loop_t *loop, preflight_done_fn done, void *data)
+{
+    memset(p, 0, sizeof(*p));
+    p->loop = loop;
+    p->done = done;
+    p->data = data;
+    uv_timer_init(loop, &p->retry);
+    p->retry.data = p;
+    p->work.data = p;
+}
+
+static int check_devices(const struct preflight_inputs *p, char *why, size_t len)
+{
+    if (p->kind != PROTO_DEV_GPU)
+        return 0;
+    struct gpu_fact g[PREFLIGHT_MAX_GPUS];
+    char nvml[PREFLIGHT_WHY_MAX];
+    int n = preflight_gpus(g, PREFLIGHT_MAX_GPUS, nvml, sizeof(nvml));
+    if (n == -ENOENT)
+        return 0; /* no NVML: the device nodes were checked at start */
+    if (n < 0) {
+        snprintf(why, len, "devices: %s", nvml);
+        return n;
+    }
+    for (uint32_t i = 0; i < p->ndevices; i++)
+        if (p->devices[i] >= (uint32_t)n) {
+            snprintf(why, len, "devices: gpu %u is not visible: NVML sees %d GPU%s (check --devices and "
+                     "CUDA_VISIBLE_DEVICES of the agent)", p->devices[i], n, n == 1 ? "" : "s");
+            return -ENODEV;
+        }
+    return 0;
+}
+
+int agent_preflight_check(const struct preflight_inputs *p, char *why, size_t len)
+{
+    int rc;
+    if (p->have_clock && (rc = preflight_clock(p->skew_ms, p->rtt_ms, why, len)) != 0)
+        return rc;
+    if ((rc = check_devices(p, why, len)) != 0)
+        return rc;
+    if (!p->trainer)
+        return 0; /* a program of the user's: its data and checkpoints are its own */
+    const struct job_spec *s = &p->spec;
+    struct gpt_config cfg;
+    if (job_spec_model(s, &cfg, why, len))
+        return -EINVAL;
+    if (s->data[0]) {
+        struct preflight_data d;
+        if ((rc = preflight_data_check(s->data, cfg.V, s->seq_len ? s->seq_len : cfg.T, s->val_fraction, &d, why,
+                                       len)) != 0)
+            return rc;
+    }
+    if (s->checkpoint_dir[0]) {
+        /* two checkpoints of the world this node would join (a batch that does not
+         * divide is musterd's to refuse; then only writability is checked here) */
+        struct plan_input in;
+        struct plan pl;
+        char unused[256];
+        uint64_t need = 0, fr;
+        if (plan_input_from_spec(&in, s, unused, sizeof(unused)) == 0) {
+            in.devices_per_node = (int)p->ndevices;
+            if (plan_compute(&in, &pl, unused, sizeof(unused)) == 0)
+                need = 2 * pl.ckpt_bytes;
+        }
+        if ((rc = preflight_ckpt_dir(s->checkpoint_dir, need, &fr, why, len)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static void run_work(uv_work_t *w)
+{
+    struct agent_preflight *p = w->data;
+    p->reason[0] = '\0';
+    p->fit = agent_preflight_check(&p->cur, p->reason, sizeof(p->reason)) == 0;
+    if (!p->fit && !p->reason[0])
+        snprintf(p->reason, sizeof(p->reason), "pre-flight failed");
+}
+
+static void queue(struct agent_preflight *p);
+
+static void on_retry(uv_timer_t *t)
+{
+    queue(t->data);
+}
+
+static void after_work(uv_work_t *w, int status)
+{
+    struct agent_preflight *p = w->data;
+    p->busy = false;
+    if (p->closing || status == UV_ECANCELED || !p->wanted)
+        return;
+    if (p->again) { /* its inputs changed while it ran: this answer is stale */
+        queue(p);
+        return;
+    }
+    p->done(p, p->fit, p->reason);
+    if (!p->fit && p->wanted)
+        uv_timer_start(&p->retry, on_retry, PREFLIGHT_RETRY_MS, 0);
+}
+
+static void queue(struct agent_preflight *p)
+{
+    if (p->busy || p->closing || !p->wanted)
+        return;
+    p->cur = p->next;
+    p->again = false;
+    p->busy = uv_queue_work(p->loop, &p->work, run_work, after_work) == 0;
+}
+
+void agent_preflight_start(struct agent_preflight *p, const struct preflight_inputs *in)
+{
+    p->next = *in;
+    p->wanted = true;
+    p->again = p->busy;
+    uv_timer_stop(&p->retry);
+    queue(p);
+}
+
+void agent_preflight_stop(struct agent_preflight *p)
+{
+    p->wanted = false;
+    if (!p->closing)
+        uv_timer_stop(&p->retry);
+}
+
+void agent_preflight_close(struct agent_preflight *p)
+{
+    agent_preflight_stop(p);
+    p->closing = true;
+    uv_close((uv_handle_t *)&p->retry, NULL);
+}

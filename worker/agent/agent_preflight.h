@@ -1,0 +1,72 @@
+/*
+ * agent_preflight: the node's pre-flight of the job it was welcomed into
+ * (common/preflight.h), run on libuv's thread pool so that reading a large
+ * data file never holds up heartbeats. While the node is unfit the checks
+ * run again every PREFLIGHT_RETRY_MS, so that fixing the cause (copying
+ * the data file, freeing disk space) makes it fit without a restart.
+ */
+#ifndef MUSTER_AGENT_PREFLIGHT_H
+#define MUSTER_AGENT_PREFLIGHT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "common/jobspec.h"
+#include "common/preflight.h"
+#include "proto/proto.h"
+
+#define PREFLIGHT_RETRY_MS 2000
+
+struct agent_preflight;
+/* The result, on the loop thread: fit, or the first failure in reason. */
+typedef void (*preflight_done_fn)(struct agent_preflight *p, bool fit, const char *reason);
+
+/* What one run checks. */
+struct preflight_inputs {
+    struct job_spec spec;
+    bool trainer;     /* the ranks are muster-train: data, checkpoint_dir apply */
+    enum proto_device_kind kind;
+    uint32_t ndevices;
+    uint32_t devices[PROTO_MAX_LOCAL_RANKS];
+    bool have_clock;
+    int64_t skew_ms, rtt_ms; /* this node's clock minus musterd's; how far off that may be */
+};
+
+struct agent_preflight {
+    uv_loop_t *loop;
+    uv_work_t work;
+    uv_timer_t retry;
+    bool busy;        /* work queued or running (it reads cur) */
+    bool again;       /* new inputs came while busy: run again, do not report */
+    bool wanted;      /* runs are wanted (start .. stop) */
+    bool closing;
+    preflight_done_fn done;
+    void *data;
+    struct preflight_inputs cur, next;
+    /* the answer (worker thread -> loop) */
+    bool fit;
+    char reason[PREFLIGHT_WHY_MAX];
+};
+
+void agent_preflight_init(struct agent_preflight *p, uv_loop_t *loop, preflight_done_fn done, void *data);
+
+/* Checks in on this node now (and again while unfit). */
+void agent_preflight_start(struct agent_preflight *p, const struct preflight_inputs *in);
+
+/* No more runs: the node was assigned, or the link is gone. */
+void agent_preflight_stop(struct agent_preflight *p);
+
+/* Closes the timer; the work in flight (if any) ends on its own. */
+void agent_preflight_close(struct agent_preflight *p);
+
+/*
+ * The checks themselves, synchronously: clock, devices (GPU ordinals NVML
+ * sees), and for muster-train ranks the data file and checkpoint_dir (free
+ * space for two checkpoints at world size nodes x ndevices). Returns 0 or
+ * the first failure's code with why.
+ */
+int agent_preflight_check(const struct preflight_inputs *in, char *why, size_t len);
+
+#endif
