@@ -65,21 +65,24 @@ status() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status"; }
 
 # check PYEXPR: true when the Python expression holds for d = /v1/status with
 # d["ranks"] and d["nodes"] the lists of /v1/ranks and /v1/nodes (the summary
-# leaves them out; the three are read one after the other).
+# leaves them out; they are read after it, and only when PYEXPR uses them:
+# "ranks", running, node).
 check() {
     python3 -c '
 import json, sys, urllib.request
-base = "http://127.0.0.1:%s" % sys.argv[2]
+expr, base = sys.argv[1], "http://127.0.0.1:%s" % sys.argv[2]
 try:
     get = lambda p: json.load(urllib.request.urlopen(base + p, timeout=2))
     d = get("/v1/status")
-    d["ranks"] = get("/v1/ranks")["ranks"]
-    d["nodes"] = get("/v1/nodes")["nodes"]
+    if "ranks" in expr or "running" in expr:
+        d["ranks"] = get("/v1/ranks")["ranks"]
+        running = sum(1 for r in d["ranks"] if r["state"] == "running")
+    if "node" in expr:
+        d["nodes"] = get("/v1/nodes")["nodes"]
+        node = {n["name"]: n for n in d["nodes"]}
 except Exception:
     sys.exit(1)
-running = sum(1 for r in d["ranks"] if r["state"] == "running")
-node = {n["name"]: n for n in d["nodes"]}
-sys.exit(0 if eval(sys.argv[1]) else 1)' "$1" "$HTTP" 2>/dev/null
+sys.exit(0 if eval(expr) else 1)' "$1" "$HTTP" 2>/dev/null
 }
 
 # wait_for SECONDS PYEXPR: polls every 50 ms.
