@@ -101,7 +101,7 @@ L=$!
 ITEST_PIDS="$ITEST_PIDS $L"
 i=0; while [ ! -f "$CK/two/latest" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
 [ -f "$CK/two/latest" ] || fail "no checkpoint from the two GPU ranks within 60 s"
-victim=$(pgrep -f "^$E/muster-train" | head -n 1)
+victim=$(pgrep -P "$L" -f "^$E/muster-train" | head -n 1) # its own ranks: others may run the same binary
 [ -n "$victim" ] || fail "no GPU rank process to kill"
 kill -9 "$victim"
 echo "two GPU ranks: SIGKILLed pid $victim after $(cat "$CK/two/latest")"
