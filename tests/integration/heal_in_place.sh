@@ -10,6 +10,9 @@
 #      would): both of its ranks' shards come back from the other node;
 #   3. a rank and the rank holding its replica SIGKILLed together: the job
 #      falls back to the last committed checkpoint, and the event says so.
+# In 1 and 2 the event names the step rank 0 restored, and no other restore
+# is reported (agents beat every 50 ms: a rejoining rank's beat of the
+# generation before, relayed as the new one's, would be taken for news).
 set -eu
 . tests/itest-lib.sh
 
@@ -23,7 +26,7 @@ job() { # NAME
     cat > "$ITEST_DIR/$1.json" <<JSON
 {"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA",
  "steps": $STEPS, "batch": 8, "lr": 0.003, "warmup_steps": 5, "eval_every": 0, "seed": 7,
- "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
+ "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
  "checkpoint_dir": "$ITEST_DIR/ck-$1", "checkpoint_every": 5}
 JSON
 }
@@ -68,6 +71,18 @@ no_stray_signal() { # only the SIGKILLs the test sent (and SIGTERMs of stopped r
         || fail "a rank died of a signal nobody sent"
 }
 
+restore_reported() { # the state_restored event names the step rank 0 restored; nothing else restored
+    events=$(curl -sf "http://127.0.0.1:$HTTP/v1/events")
+    said=$(echo "$events" | grep -o 'generation 2 resumed at step [0-9]* from memory' | cut -d' ' -f6)
+    i=0 # rank 0's line reaches its agent's log a moment later
+    while logged=$(grep -ho "state of step [0-9]* from peers' memory" "$ITEST_DIR"/agent-*.log | tail -n 1 | cut -d' ' -f4)
+          [ "$logged" != "$said" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+    [ -n "$said" ] && [ "$logged" = "$said" ] \
+        || fail "$1: rank 0 restored step $logged from memory; the event says step '$said'"
+    ! echo "$events" | grep -q '"state_from_seed"\|"state_from_checkpoint"' \
+        || fail "$1: a restore from the seed or a checkpoint was reported; rank 0 restored step $logged from memory"
+}
+
 job_step() { status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"] or 0)'; }
 
 # ---- the reference
@@ -88,6 +103,7 @@ kill -9 "$victim"
 echo "SIGKILLed a rank of node b (pid $victim) at step $at"
 wait_event 60 '"state_restored"' || fail "no state_restored event after the kill"
 wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "generation 2 not running"
+restore_reported rank
 after_a=$(ranks_of "$A"); after_b=$(ranks_of "$B")
 [ "$after_a" = "$before_a" ] || fail "node a's ranks were restarted: $before_a -> $after_a"
 survivor_b=$(echo "$before_b" | cut -d' ' -f1)
@@ -112,6 +128,7 @@ agent b "$ITEST_DIR/node.metrics"
 B=$AGENT_PID
 wait_event 60 '"state_restored"' || fail "no state_restored event after the node came back"
 [ "$(ranks_of "$A")" = "$before_a" ] || fail "node a's ranks were restarted"
+restore_reported node
 finish node
 got=$(final_loss "$ITEST_DIR/node.metrics")
 echo "node killed and back: final loss $got"

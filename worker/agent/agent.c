@@ -867,6 +867,10 @@ static uint32_t rejoin_ranks(struct agent *a)
         if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank)
             continue;
         r->generation = as->generation;
+        /* Its last beat told where the previous generation's state came from:
+         * relayed as this generation's, the daemon would take it for news. */
+        r->beat.restore_from = PROTO_RESTORE_NONE;
+        r->beat.restore_step = 0;
         char dir[PATH_MAX];
         rank_dir(a, as->generation, r->rank, dir, sizeof(dir));
         rank_log_close(&r->log);
