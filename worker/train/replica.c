@@ -190,8 +190,16 @@ static int run_round(struct replica *r, long step)
     float *out[3] = {z->params, z->m, z->v};
     float *in[3] = {r->slot[k], r->slot[k] + r->floats, r->slot[k] + 2 * r->floats};
     rc = shift_state(r, out, in);
-    if (rc == 0)
-        rc = comm_barrier(r->comm); /* every replica of this step is held */
+    if (rc)
+        return rc;
+    /* The slot holds the predecessor's whole state of `step`: offered from now
+     * on, even if the barrier fails. A rank that gets through the barrier
+     * moves its snapshot past step - every, so a generation broken during
+     * the barrier can only go back to `step`, and must find this slot. */
+    pthread_mutex_lock(&r->mu);
+    r->slot_step[k] = step;
+    pthread_mutex_unlock(&r->mu);
+    rc = comm_barrier(r->comm); /* every replica of this step is held */
     if (rc)
         return rc;
     /* Every rank has done update `step`: the snapshot may move on to it. */
@@ -199,7 +207,6 @@ static int run_round(struct replica *r, long step)
     memcpy(r->snap + r->floats, z->m, r->floats * sizeof(float));
     memcpy(r->snap + 2 * r->floats, z->v, r->floats * sizeof(float));
     pthread_mutex_lock(&r->mu);
-    r->slot_step[k] = step;
     r->snap_step = step;
     pthread_mutex_unlock(&r->mu);
     return 0;

@@ -15,9 +15,12 @@
  * step s: this rank's replica thread sends its state S_s (fp32 weights and
  * both AdamW moments, straight from the shard buffers: nothing writes them
  * before the next update) to its holder while it receives its predecessor's
- * into one of two slots (the one not holding the newest complete replica),
- * then joins a barrier on the replica ring, then copies S_s into its own
- * snapshot. The trainer waits for the round before the first collective
+ * into one of two slots (the one not holding the newest complete replica;
+ * offered as soon as it is whole), then joins a barrier on the replica
+ * ring, then copies S_s into its own snapshot. (A barrier that breaks
+ * half-way leaves some snapshots at S_s and others before it: only step s
+ * is then common, so each holder must offer the S_s it received even
+ * though its own barrier failed.) The trainer waits for the round before the first collective
  * that ends the step (replica_wait), so that:
  *   - no rank applies update s+1 before every S_s is held by its holder;
  *   - a rank's snapshot is S_s only once every rank has done update s: until
