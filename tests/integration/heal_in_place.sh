@@ -10,6 +10,9 @@
 #      would): both of its ranks' shards come back from the other node;
 #   3. a rank and the rank holding its replica SIGKILLed together: the job
 #      falls back to the last committed checkpoint, and the event says so.
+#   4. a rank SIGKILLed as the job ends (its final checkpoint committed): the
+#      ranks that finished training exit instead of rejoining, and the job
+#      completes (their slots started again, from that checkpoint), no hang.
 # In 1 and 2 the event names the step rank 0 restored, and no other restore
 # is reported (agents beat every 50 ms: a rejoining rank's beat of the
 # generation before, relayed as the new one's, would be taken for news).
@@ -148,5 +151,21 @@ finish pair
 got=$(final_loss "$ITEST_DIR/pair.metrics")
 echo "rank and holder killed, resumed from disk: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+no_stray_signal
+
+# ---- 4. a rank killed as the job ends: the others have finished and exit
+run end
+r3=""
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 2' || fail "end run: not at step 2 in 120 s"
+r3=$(ranks_of "$B" | cut -d' ' -f2)
+i=0
+while [ "$(cat "$ITEST_DIR/ck-end/latest" 2>/dev/null)" != "$(printf 'step-%08d' $STEPS)" ] && [ $i -lt 24000 ]; do
+    sleep 0.005; i=$((i + 1))
+done
+kill -9 "$r3" 2>/dev/null || true
+echo "SIGKILLed a rank of node b (pid $r3) once the checkpoint of step $STEPS was committed"
+wait_exit "$DAEMON_PID" 60 || fail "end: the job did not finish in 60 s after a rank was killed at its end"
+wait "$DAEMON_PID" || fail "end: did not complete"
+[ "$(final_loss "$ITEST_DIR/end.metrics")" = "$ref" ] || fail "end: final loss differs from the uninterrupted run's"
 no_stray_signal
 echo "heal in place: ok"

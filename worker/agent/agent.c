@@ -228,6 +228,8 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 continue;
             enum proto_rank_state st = r->beat.state;
             r->beat = hb->ranks[i];
+            if (r->beat.restore_from != PROTO_RESTORE_NONE)
+                r->rejoined_from = 0; /* it took up the generation it was rejoined to */
             r->beat.silent = 0;
             if (r->stopping || st == PROTO_RANK_EXITED)
                 r->beat.state = st;
@@ -288,7 +290,18 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
     else
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
-    send_rank_exit(a, r->generation, r->rank, code, sig, reason, detail);
+    uint64_t gen = r->generation;
+    if (r->rejoined_from && !sig && code == 0) {
+        /* Rejoined to this generation, it ended the one before instead (its
+         * training was done) without taking this one up: its exit is that
+         * generation's, and its slot is started again for this one. */
+        log_info("rank %u (pid %d) finished generation %" PRIu64 " before it took up generation %" PRIu64
+                 "; its slot is started again", r->rank, r->pid, r->rejoined_from, r->generation);
+        gen = r->rejoined_from;
+        if (a->have_assign && a->assign.generation == r->generation)
+            a->spawn_pending = true;
+    }
+    send_rank_exit(a, gen, r->rank, code, sig, reason, detail);
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending && !any_outgoing(a))
@@ -866,6 +879,7 @@ static uint32_t rejoin_ranks(struct agent *a)
         struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
         if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank)
             continue;
+        r->rejoined_from = r->generation;
         r->generation = as->generation;
         /* Its last beat told where the previous generation's state came from:
          * relayed as this generation's, the daemon would take it for news. */
