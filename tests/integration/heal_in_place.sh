@@ -13,6 +13,9 @@
 #   4. a rank SIGKILLed as the job ends (its final checkpoint committed): the
 #      ranks that finished training exit instead of rejoining, and the job
 #      completes (their slots started again, from that checkpoint), no hang.
+#   5. a rank SIGSTOPped (frozen, it cannot take up a parked generation):
+#      found hung, stopped (SIGKILL after the grace) and replaced from its
+#      holder's memory; the other ranks keep their processes.
 # In 1 and 2 the event names the step rank 0 restored, and no other restore
 # is reported (agents beat every 50 ms: a rejoining rank's beat of the
 # generation before, relayed as the new one's, would be taken for news).
@@ -25,9 +28,9 @@ DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
 make_token "$ITEST_DIR/token"
 STEPS=40
 
-job() { # NAME
+job() { # NAME [MORE KEYS]
     cat > "$ITEST_DIR/$1.json" <<JSON
-{"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA",
+{"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA", ${2:-}
  "steps": $STEPS, "batch": 8, "lr": 0.003, "warmup_steps": 5, "eval_every": 0, "seed": 7,
  "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
  "checkpoint_dir": "$ITEST_DIR/ck-$1", "checkpoint_every": 5}
@@ -39,9 +42,9 @@ agent() { # NAME METRICS
     start_agent "$1" 2 --token-file "$ITEST_DIR/token" --rank-cmd "$BUILD/muster-train $RANK_ARGS --metrics $2"
 }
 
-run() { # NAME: musterd + agents a, b; sets A, B
+run() { # NAME [MORE KEYS]: musterd + agents a, b; sets A, B
     rm -rf "$ITEST_DIR/state"
-    job "$1"
+    job "$1" "${2:-}"
     start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token" --exit-on-end
     agent a "$ITEST_DIR/$1.metrics"
     A=$AGENT_PID
@@ -168,4 +171,19 @@ wait_exit "$DAEMON_PID" 60 || fail "end: the job did not finish in 60 s after a 
 wait "$DAEMON_PID" || fail "end: did not complete"
 [ "$(final_loss "$ITEST_DIR/end.metrics")" = "$ref" ] || fail "end: final loss differs from the uninterrupted run's"
 no_stray_signal
+
+# ---- 5. a frozen rank
+run hang '"progress_timeout_ms": 3000, "stop_grace_ms": 1000,'
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "hang run: not at step 8 in 120 s"
+before_a=$(ranks_of "$A")
+frozen=$(ranks_of "$B" | cut -d' ' -f1)
+kill -STOP "$frozen"
+echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step)"
+wait_event 60 '"rank_hung"' || fail "hang: the frozen rank was not found hung in 60 s"
+wait_event 60 '"state_restored"' || fail "hang: no state_restored event after the hang"
+[ "$(ranks_of "$A")" = "$before_a" ] || fail "hang: node a's ranks were restarted"
+finish hang
+got=$(final_loss "$ITEST_DIR/hang.metrics")
+echo "rank frozen, replaced: final loss $got"
+[ "$got" = "$ref" ] || fail "hang: final loss $got differs from the uninterrupted run's $ref"
 echo "heal in place: ok"

@@ -146,6 +146,18 @@ static bool any_running(const struct agent *a)
     return false;
 }
 
+/* A rank that can rejoin sends a heartbeat every half second from its own
+ * thread, whatever its training does. One silent this long is frozen
+ * (SIGSTOP, a debugger, swapped out for good): it would never take up a
+ * parked generation, so it is stopped instead (SIGTERM, then SIGKILL) and its
+ * slot started again. */
+#define RANK_SILENT_MS 3000
+
+static bool responsive(const struct agent *a, const struct agent_rank *r)
+{
+    return r->heard_ms && uv_now(a->loop) - r->heard_ms <= RANK_SILENT_MS;
+}
+
 /* Some rank runs that the held assignment does not keep: it is being stopped,
  * and its slot is started again once it is gone. */
 static bool any_outgoing(const struct agent *a)
@@ -877,7 +889,8 @@ static uint32_t rejoin_ranks(struct agent *a)
     assign_msg.u.assign = *as;
     for (uint32_t i = 0; i < as->nranks; i++) {
         struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
-        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank)
+        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->rank != as->ranks[i].rank ||
+            !responsive(a, r))
             continue;
         r->rejoined_from = r->generation;
         r->generation = as->generation;
@@ -1009,10 +1022,14 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         for (struct agent_rank *r = a->all; r; r = r->next) {
             if (!r->running || r->stopping)
                 continue;
-            if (r->beat.rejoin && r->ctl)
+            if (r->beat.rejoin && r->ctl && responsive(a, r)) {
                 rank_send(r, &m); /* it aborts its communicator and waits for the next ASSIGN */
-            else
-                rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
+                continue;
+            }
+            if (r->beat.rejoin)
+                log_warn("rank %u (pid %d) has said nothing for %.1f s: stopped, not parked", r->rank, r->pid,
+                         r->heard_ms ? (double)(uv_now(a->loop) - r->heard_ms) / 1000.0 : 0.0);
+            rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
         }
         break;
     }
