@@ -16,6 +16,9 @@
 #   5. a rank SIGSTOPped (frozen, it cannot take up a parked generation):
 #      found hung, stopped (SIGKILL after the grace) and replaced from its
 #      holder's memory; the other ranks keep their processes.
+#   6. musterd SIGKILLed during a heal before it handed out rank 0's unique
+#      id, and started again: the agent sends the id again, the generation
+#      forms, the survivors keep their processes.
 # In 1 and 2 the event names the step rank 0 restored, and no other restore
 # is reported (agents beat every 50 ms: a rejoining rank's beat of the
 # generation before, relayed as the new one's, would be taken for news).
@@ -186,4 +189,33 @@ finish hang
 got=$(final_loss "$ITEST_DIR/hang.metrics")
 echo "rank frozen, replaced: final loss $got"
 [ "$got" = "$ref" ] || fail "hang: final loss $got differs from the uninterrupted run's $ref"
+
+# ---- 6. musterd killed during a heal
+run dmn
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "dmn run: not at step 8 in 120 s"
+r0=$(ranks_of "$A" | cut -d' ' -f1)
+victim=$(ranks_of "$B" | cut -d' ' -f2)
+rejoins=$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log" || true)
+kill -STOP "$r0" # rank 0 makes the next generation's id once it runs again: after musterd is gone
+kill -9 "$victim"
+i=0
+while [ "$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log")" -le "$rejoins" ] && [ $i -lt 600 ]; do
+    sleep 0.05; i=$((i + 1))
+done
+kill -9 "$DAEMON_PID"
+kill -CONT "$r0"
+echo "SIGKILLed a rank of node b (pid $victim), then musterd once node a's ranks rejoined"
+sleep 1
+"$BUILD/musterd" --job "$ITEST_DIR/dmn.json" --listen "127.0.0.1:$CTL" --http "127.0.0.1:$HTTP" \
+    --state-dir "$ITEST_DIR/state" --token-file "$ITEST_DIR/token" --exit-on-end >> "$ITEST_DIR/musterd.log" 2>&1 &
+DAEMON_PID=$!
+ITEST_PIDS="$ITEST_PIDS $DAEMON_PID"
+wait_exit "$DAEMON_PID" 90 || fail "dmn: the job did not finish in 90 s after musterd restarted during a heal"
+wait "$DAEMON_PID" || fail "dmn: did not complete"
+got=$(final_loss "$ITEST_DIR/dmn.metrics")
+echo "musterd restarted during a heal: final loss $got"
+[ "$got" = "$ref" ] || fail "dmn: final loss $got differs from the uninterrupted run's $ref"
+grep -q "rank 0 (pid $r0, generation 2) exited with status 0" "$ITEST_DIR/agent-a.log" \
+    || fail "dmn: rank 0 (pid $r0) did not finish in generation 2"
+no_stray_signal
 echo "heal in place: ok"

@@ -92,6 +92,10 @@ struct agent {
     struct agent_rank *all; /* every rank object not yet freed */
     bool have_uid;
     struct proto_unique_id uid;
+    /* The unique id rank 0 of this node created, as it was sent up: sent
+     * again to a daemon that restarted before handing it out. */
+    bool have_made_uid;
+    struct proto_unique_id made_uid;
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
 
@@ -259,8 +263,10 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
         log_warn("rank %u sent a unique id; only rank 0 creates it; ignored", r->rank);
         return;
     }
+    a->made_uid = msg->u.unique_id;
+    a->have_made_uid = true;
     if (a->link != LINK_JOINED) {
-        log_warn("rank 0 created the unique id of generation %" PRIu64 " but the daemon is not reachable; dropped",
+        log_warn("rank 0 created the unique id of generation %" PRIu64 " but the daemon is not reachable; sent once it is back",
                  gen);
         return;
     }
@@ -931,6 +937,16 @@ static void on_assign(struct agent *a, struct proto_assign *as)
         a->have_uid = false;
     if (ranks_live(a) && same_layout(&a->assign, as)) {
         log_info("generation %" PRIu64 ": ranks already running; keeping them", as->generation);
+        /* Rank 0 sends its id once: a daemon that restarted before handing it
+         * out gets it again, or the generation never forms. */
+        if (a->have_made_uid && a->made_uid.generation == as->generation &&
+            !(a->have_uid && a->uid.generation == as->generation)) {
+            log_info("sending rank 0's unique id of generation %" PRIu64 " again (never handed out)", as->generation);
+            struct proto_msg m;
+            msg_init(&m, PROTO_UNIQUE_ID);
+            m.u.unique_id = a->made_uid;
+            send_to_daemon(a, &m);
+        }
         return;
     }
     /* Ranks that can rejoin keep their process when their slot stays as it was. */
