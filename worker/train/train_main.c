@@ -583,8 +583,7 @@ static int restore_state(struct trainer *tr, struct replica *rep, struct gen_com
         if (rc)
             goto out;
         *from = PROTO_RESTORE_DISK;
-        if (tr->rank == 0)
-            log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step);
+        log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step); /* every rank, as before */
     } else {
         if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
             zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
