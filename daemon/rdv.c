@@ -1021,6 +1021,11 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
     if (r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] == r->world_size) {
         r->state = RDV_RUNNING;
         r->running_since_ms = now_ms;
+        /* The hang clock starts with the generation: a rank that rejoined in
+         * place reported running (at its old step) while the others were still
+         * starting, and was not stuck for that wait. */
+        for (uint32_t i = 0; i < r->world_size; i++)
+            r->ranks[i].progress_ms = now_ms;
         r->reason[0] = '\0';
         event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
               (unsigned long long)r->generation, r->world_size, member_count(r),

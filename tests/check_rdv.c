@@ -647,6 +647,42 @@ START_TEST(stalled_step_is_a_hang)
 }
 END_TEST
 
+START_TEST(rejoined_ranks_wait_for_a_slow_replacement_without_a_hang)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    rank_exit_said("b", 1, 3, 0, 9, "", "");
+    ck_assert_int_eq(rdv.generation, 2);
+    /* Ranks 0-2 rejoin in place and report running at their old step at once;
+     * rank 3's new process takes 5 s to start (the old one's SIGKILL grace). */
+    for (int i = 0; i < 10; i++) {
+        now += 500;
+        beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 10);
+        beat("b", 2, 2, 1, PROTO_RANK_RUNNING, 10);
+        beat("b", 2, 3, 1, PROTO_RANK_STARTING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    now += 100;
+    beat("b", 2, 3, 1, PROTO_RANK_RUNNING, 10);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 500; /* the generation has run 0.5 s: nobody is stuck yet */
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 10);
+    rdv_tick(&rdv, now);
+    ck_assert_msg(rdv.state == RDV_RUNNING && rdv.generation == 2, "generation %llu: %s",
+                  (unsigned long long)rdv.generation, rdv.reason);
+    for (int i = 0; i < 5; i++) { /* still the hang detection once it runs: rank 3 stays at step 10 */
+        now += 500;
+        beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 11 + (uint64_t)i);
+        beat("b", 2, 2, 1, PROTO_RANK_RUNNING, 11 + (uint64_t)i);
+        beat("b", 2, 3, 1, PROTO_RANK_RUNNING, 10);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b is hung"));
+}
+END_TEST
+
 START_TEST(rank0_reports_committed_checkpoints)
 {
     form_running(3);
@@ -1415,6 +1451,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
     tcase_add_test(tc, no_free_port_holds_the_generation);
     tcase_add_test(tc, silent_rank_is_never_hung);
+    tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
     tcase_add_test(tc, failure_reason_reaches_status_and_events);
     tcase_add_test(tc, overflowing_sums_keep_status_valid);
     tcase_add_test(tc, failure_streaks_back_off);

@@ -1,9 +1,14 @@
-/* replica.h's pure parts: ring positions and the plan a generation restores by. */
+/* replica.h's pure parts: ring positions and the plan a generation restores
+ * by; and a round whose barrier breaks (two ranks as threads on 127.0.0.1). */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "worker/train/comm/comm.h"
 #include "worker/train/replica.h"
+#include "worker/train/zero.h"
 
 #define W 4
 
@@ -165,6 +170,28 @@ START_TEST(world_change_reslices)
 }
 END_TEST
 
+START_TEST(barrier_broken_half_way)
+{
+    layout();
+    /* rank 3 died in the barrier of round 25: rank 1 got through it (its
+     * snapshot moved to 25), ranks 0 and 2 did not (24); all are at step 25.
+     * Only step 25 is common: rank 0, 3's holder, must offer the replica of
+     * 25 it received before its barrier broke. */
+    survivor(0, 25, 24, 3, 24, 25);
+    survivor(1, 25, 25, partner_of(1), 24, 25);
+    survivor(2, 25, 24, partner_of(2), 24, 25);
+    struct replica_plan p;
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, 25);
+    ck_assert_int_eq(src[3].kind, SRC_HOLDER);
+    ck_assert_int_eq(src[1].kind, SRC_OWN);
+    /* Without it, no step is common although only one rank was lost. */
+    survivor(0, 25, 24, 3, 24, -1);
+    ck_assert_int_eq(replica_plan(all, W, pos, &p, src), 0);
+    ck_assert_int_eq(p.step, -1);
+}
+END_TEST
+
 START_TEST(offers_of_another_model_are_refused)
 {
     layout();
@@ -173,6 +200,74 @@ START_TEST(offers_of_another_model_are_refused)
     all[2 * REPLICA_OFFER + OFFER_FLOATS] = 999;
     struct replica_plan p;
     ck_assert_int_eq(replica_plan(all, W, pos, &p, src), -EINVAL);
+}
+END_TEST
+
+/* ---- a round whose sender dies right after it ---- */
+
+#define RF 1000 /* shard floats */
+
+struct peer {
+    const uint8_t *id;
+    float state[3 * RF]; /* weights, m, v of step 5: one block, as struct zero holds them */
+    int rc;
+};
+
+/* Rank 1 plays its part of round 5 by hand (the header, then its block to
+ * its holder, rank 0), then dies. */
+static void *dying_peer(void *arg)
+{
+    struct peer *p = arg;
+    struct comm *c = NULL;
+    p->rc = comm_init(&c, COMM_RING, 1, 2, p->id, 10000);
+    if (p->rc)
+        return NULL;
+    struct {
+        uint32_t magic, rank;
+        uint64_t step, floats;
+    } mine = {0x4d52504cu, 1, 5, RF}, theirs;
+    static float sink[3 * RF];
+    p->rc = comm_shift(c, &mine, sizeof(mine), &theirs, sizeof(theirs));
+    if (!p->rc)
+        p->rc = comm_shift(c, p->state, sizeof(p->state), sink, sizeof(sink));
+    comm_destroy(c); /* gone */
+    return NULL;
+}
+
+/* The replica a holder received whole is offered, even though the sender
+ * died at once: nothing after the transfer can take it back. */
+START_TEST(holder_offers_a_replica_whose_sender_died)
+{
+    static uint8_t id[COMM_ID_BYTES];
+    static struct peer p;
+    static float block[3 * RF];
+    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
+    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
+    p.id = id;
+    for (int i = 0; i < 3 * RF; i++)
+        p.state[i] = (float)i;
+    struct zero z = {.rank = 0, .world = 2, .total = RF, .params = block, .m = block + RF, .v = block + 2 * RF};
+    struct replica rep;
+    ck_assert_int_eq(replica_init(&rep, &z, 1, 0), 0);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, dying_peer, &p), 0);
+    struct comm *c = NULL;
+    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
+    replica_attach(&rep, c);
+    replica_begin(&rep, 5);
+    ck_assert_int_eq(replica_wait(&rep), 0); /* sent and received in full */
+    pthread_join(t, NULL);
+    ck_assert_int_eq(p.rc, 0);
+    comm_destroy(replica_detach(&rep));
+    uint64_t o[REPLICA_OFFER];
+    replica_offer(&rep, 1, 0, 2, RF, 5, 0, 0, 7, -1, o);
+    ck_assert_int_eq(o[OFFER_PARTNER], 2);
+    ck_assert_msg(o[OFFER_SLOT0] == 6 || o[OFFER_SLOT1] == 6, "slots offered: %d and %d", (int)o[OFFER_SLOT0] - 1,
+                  (int)o[OFFER_SLOT1] - 1);
+    const float *slot = rep.slot[o[OFFER_SLOT0] == 6 ? 0 : 1];
+    ck_assert_int_eq(memcmp(slot, p.state, sizeof(p.state)), 0);
+    replica_free(&rep);
+    free(z.alt_params);
 }
 END_TEST
 
@@ -185,7 +280,12 @@ Suite *make_replica_suite(void)
     tcase_add_test(tc, replaced_rank_from_its_holder);
     tcase_add_test(tc, rank_and_holder_lost_falls_back);
     tcase_add_test(tc, world_change_reslices);
+    tcase_add_test(tc, barrier_broken_half_way);
     tcase_add_test(tc, offers_of_another_model_are_refused);
     suite_add_tcase(s, tc);
+    TCase *round = tcase_create("round");
+    tcase_set_timeout(round, 30);
+    tcase_add_test(round, holder_offers_a_replica_whose_sender_died);
+    suite_add_tcase(s, round);
     return s;
 }

@@ -9,7 +9,16 @@
 #   2. a whole agent SIGKILLed with its ranks and started again (as systemd
 #      would): both of its ranks' shards come back from the other node;
 #   3. a rank and the rank holding its replica SIGKILLed together: the job
-#      falls back to the last committed checkpoint, and the event says so.
+#      falls back to the last committed checkpoint, and the event says so;
+#   4. a rank SIGKILLed as the job ends (the others have finished): the job
+#      still completes;
+#   5. a rank frozen (SIGSTOP): found hung, replaced, the others keep theirs;
+#   6. musterd SIGKILLed during a heal, before rank 0 sent the new
+#      generation's id, and started again: the agent sends the id again, the
+#      generation forms, the survivors keep their processes.
+# In 1 and 2 the event names the step rank 0 restored, and no other restore
+# is reported (agents beat every 50 ms: a rejoining rank's beat of the
+# generation before, relayed as the new one's, would be taken for news).
 set -eu
 . tests/itest-lib.sh
 
@@ -17,11 +26,11 @@ need_data
 make_token "$ITEST_DIR/token"
 STEPS=80
 
-job() { # NAME
+job() { # NAME [MORE KEYS]
     cat > "$ITEST_DIR/$1.json" <<JSON
-{"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA",
+{"name": "$1", "nodes": 2, "max_restarts": 3, "model": "small", "data": "$DATA", ${2:-}
  "steps": $STEPS, "batch": 8, "lr": 0.003, "warmup_steps": 5, "eval_every": 0, "seed": 7,
- "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
+ "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000, "restart_backoff_ms": 0,
  "checkpoint_dir": "$ITEST_DIR/ck-$1", "checkpoint_every": 5}
 JSON
 }
@@ -31,9 +40,9 @@ agent() { # NAME METRICS
     start_agent "$1" 2 --token-file "$ITEST_DIR/token" --rank-cmd "$BUILD/muster-train $RANK_ARGS --metrics $2"
 }
 
-run() { # NAME: musterd + agents a, b; sets A, B
+run() { # NAME [MORE KEYS]: musterd + agents a, b; sets A, B
     rm -rf "$ITEST_DIR/state"
-    job "$1"
+    job "$1" "${2:-}"
     start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token"
     agent a "$ITEST_DIR/$1.metrics"
     A=$AGENT_PID
@@ -68,6 +77,15 @@ no_stray_signal() { # only the SIGKILLs the test sent (and SIGTERMs of stopped r
         || fail "a rank died of a signal nobody sent"
 }
 
+restore_reported() { # NAME: the state_restored event names the step rank 0 restored; nothing else restored
+    said=$(grep -o 'generation [0-9]* resumed at step [0-9]* from memory' "$ITEST_DIR/$1.events" | tail -n 1 | cut -d' ' -f6)
+    logged=$(grep -ho "state of step [0-9]* from peers' memory" "$ITEST_DIR"/agent-*.log | tail -n 1 | cut -d' ' -f4)
+    [ -n "$said" ] && [ "$logged" = "$said" ] \
+        || fail "$1: rank 0 restored step $logged from memory; the event says step '$said'"
+    ! grep -q '"state_from_seed"\|"state_from_checkpoint"' "$ITEST_DIR/$1.events" \
+        || fail "$1: a restore from the seed or a checkpoint was reported; rank 0 restored step $logged from memory"
+}
+
 job_step() { status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"] or 0)'; }
 
 # ---- the reference
@@ -94,6 +112,7 @@ for p in $before_a $survivor_b; do
         || fail "surviving rank (pid $p) did not finish generation 2: it was restarted"
 done
 grep -q '"state_restored"' "$ITEST_DIR/rank.events" || fail "no state_restored event after the kill"
+restore_reported rank
 got=$(final_loss "$ITEST_DIR/rank.metrics")
 echo "rank killed at step $at, healed in place: final loss $got; survivors $before_a$survivor_b kept"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
@@ -118,6 +137,7 @@ for p in $before_a; do
 done
 grep -q '"state_restored"' "$ITEST_DIR/node.events" ||
     fail "no state_restored event after the node came back: $(cat "$ITEST_DIR/node.events")"
+restore_reported node
 got=$(final_loss "$ITEST_DIR/node.metrics")
 echo "node killed and back: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
@@ -135,5 +155,65 @@ grep -q 'no step was held in memory for every rank' "$ITEST_DIR/pair.events" || 
 got=$(final_loss "$ITEST_DIR/pair.metrics")
 echo "rank and holder killed, resumed from disk: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
+no_stray_signal
+
+# ---- 4. a rank killed as the job ends: the others have finished and exit
+run end
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 2' || fail "end run: not at step 2 in 120 s"
+r3=$(ranks_of "$B" | cut -d' ' -f2)
+i=0
+while [ "$(cat "$ITEST_DIR/ck-end/latest" 2>/dev/null)" != "$(printf 'step-%08d' $STEPS)" ] && [ $i -lt 24000 ]; do
+    sleep 0.005; i=$((i + 1))
+done
+kill -9 "$r3" 2>/dev/null || true
+echo "SIGKILLed a rank of node b (pid $r3) once the checkpoint of step $STEPS was committed"
+finish end
+[ "$(final_loss "$ITEST_DIR/end.metrics")" = "$ref" ] || fail "end: final loss differs from the uninterrupted run's"
+no_stray_signal
+
+# ---- 5. a frozen rank
+run hang '"progress_timeout_ms": 3000, "stop_grace_ms": 1000,'
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "hang run: not at step 8 in 120 s"
+before_a=$(ranks_of "$A")
+frozen=$(ranks_of "$B" | cut -d' ' -f1)
+kill -STOP "$frozen"
+echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step)"
+finish hang
+grep -q '"rank_hung"' "$ITEST_DIR/hang.events" || fail "hang: the frozen rank was not found hung"
+grep -q '"state_restored"' "$ITEST_DIR/hang.events" || fail "hang: no state_restored event after the hang"
+for p in $before_a; do
+    grep -q "(pid $p, generation [0-9]*) exited with status 0" "$ITEST_DIR/agent-a.log" \
+        || fail "hang: node a's rank (pid $p) did not finish the job: it was restarted"
+done
+got=$(final_loss "$ITEST_DIR/hang.metrics")
+echo "rank frozen, replaced: final loss $got"
+[ "$got" = "$ref" ] || fail "hang: final loss $got differs from the uninterrupted run's $ref"
+
+# ---- 6. musterd killed during a heal
+run dmn
+wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "dmn run: not at step 8 in 120 s"
+r0=$(ranks_of "$A" | cut -d' ' -f1)
+victim=$(ranks_of "$B" | cut -d' ' -f2)
+rejoins=$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log" || true)
+kill -STOP "$r0" # rank 0 makes the next generation's id once it runs again: after musterd is gone
+kill -9 "$victim"
+i=0
+while [ "$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log")" -le "$rejoins" ] && [ $i -lt 600 ]; do
+    sleep 0.05; i=$((i + 1))
+done
+kill -9 "$DAEMON_PID"
+kill -CONT "$r0"
+echo "SIGKILLed a rank of node b (pid $victim), then musterd once node a's ranks rejoined"
+sleep 1
+"$BUILD/musterd" --job "$ITEST_DIR/dmn.json" --listen "127.0.0.1:$CTL" --http "127.0.0.1:$HTTP" \
+    --state-dir "$ITEST_DIR/state" --token-file "$ITEST_DIR/token" >> "$ITEST_DIR/musterd.log" 2>&1 &
+DAEMON_PID=$!
+ITEST_PIDS="$ITEST_PIDS $DAEMON_PID"
+finish dmn
+got=$(final_loss "$ITEST_DIR/dmn.metrics")
+echo "musterd restarted during a heal: final loss $got"
+[ "$got" = "$ref" ] || fail "dmn: final loss $got differs from the uninterrupted run's $ref"
+grep -q "rank 0 (pid $r0, generation [0-9]*) exited with status 0" "$ITEST_DIR/agent-a.log" \
+    || fail "dmn: rank 0 (pid $r0) did not finish the job: it was restarted"
 no_stray_signal
 echo "heal in place: ok"

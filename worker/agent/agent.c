@@ -113,6 +113,10 @@ struct agent {
     struct agent_rank *all; /* every rank object not yet freed */
     bool have_uid;
     struct proto_unique_id uid;
+    /* The unique id rank 0 of this node created, as it was sent up: sent
+     * again to a daemon that restarted before handing it out. */
+    bool have_made_uid;
+    struct proto_unique_id made_uid;
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
 
@@ -179,6 +183,18 @@ static bool any_running(const struct agent *a)
         if (r->running)
             return true;
     return false;
+}
+
+/* A rank that can rejoin sends a heartbeat every half second from its own
+ * thread, whatever its training does. One silent this long is frozen
+ * (SIGSTOP, a debugger, swapped out for good): it would never take up a
+ * parked generation, so it is stopped instead (SIGTERM, then SIGKILL) and its
+ * slot started again. */
+#define RANK_SILENT_MS 3000
+
+static bool responsive(const struct agent *a, const struct agent_rank *r)
+{
+    return r->heard_ms && uv_now(a->loop) - r->heard_ms <= RANK_SILENT_MS;
 }
 
 /* Some rank runs that the held assignment does not keep: it is being stopped,
@@ -263,6 +279,8 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 continue;
             enum proto_rank_state st = r->beat.state;
             r->beat = hb->ranks[i];
+            if (r->beat.restore_from != PROTO_RESTORE_NONE)
+                r->rejoined_from = 0; /* it took up the generation it was rejoined to */
             r->beat.silent = 0;
             if (r->stopping || st == PROTO_RANK_EXITED)
                 r->beat.state = st;
@@ -280,8 +298,10 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
         log_warn("rank %u sent a unique id; only rank 0 creates it; ignored", r->rank);
         return;
     }
+    a->made_uid = msg->u.unique_id;
+    a->have_made_uid = true;
     if (a->link != LINK_JOINED) {
-        log_warn("rank 0 created the unique id of generation %" PRIu64 " but the daemon is not reachable; dropped",
+        log_warn("rank 0 created the unique id of generation %" PRIu64 " but the daemon is not reachable; sent once it is back",
                  gen);
         return;
     }
@@ -323,7 +343,18 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
     else
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
-    send_rank_exit(a, r->generation, r->rank, code, sig, reason, detail);
+    uint64_t gen = r->generation;
+    if (r->rejoined_from && !sig && code == 0) {
+        /* Rejoined to this generation, it ended the one before instead (its
+         * training was done) without taking this one up: its exit is that
+         * generation's, and its slot is started again for this one. */
+        log_info("rank %u (pid %d) finished generation %" PRIu64 " before it took up generation %" PRIu64
+                 "; its slot is started again", r->rank, r->pid, r->rejoined_from, r->generation);
+        gen = r->rejoined_from;
+        if (a->have_assign && a->assign.generation == r->generation)
+            a->spawn_pending = true;
+    }
+    send_rank_exit(a, gen, r->rank, code, sig, reason, detail);
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending && !any_outgoing(a))
@@ -1016,10 +1047,12 @@ static uint32_t rejoin_ranks(struct agent *a)
     assign_msg.u.assign = *as;
     for (uint32_t i = 0; i < as->nranks; i++) {
         struct agent_rank *r = i < a->nranks ? a->ranks[i] : NULL;
-        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->local_rank != as->ranks[i].local_rank)
+        if (!r || !r->running || r->stopping || !r->beat.rejoin || !r->ctl || r->local_rank != as->ranks[i].local_rank ||
+            !responsive(a, r))
             continue;
         if (r->rank != as->ranks[i].rank)
             log_info("rank %u (pid %d) becomes rank %u of %u", r->rank, r->pid, as->ranks[i].rank, as->world_size);
+        r->rejoined_from = r->generation;
         r->generation = as->generation;
         r->rank = as->ranks[i].rank;
         r->beat.rank = r->rank;
@@ -1055,6 +1088,16 @@ static void on_assign(struct agent *a, struct proto_assign *as)
         a->have_uid = false;
     if (ranks_live(a) && same_layout(&a->assign, as)) {
         log_info("generation %" PRIu64 ": ranks already running; keeping them", as->generation);
+        /* Rank 0 sends its id once: a daemon that restarted before handing it
+         * out gets it again, or the generation never forms. */
+        if (a->have_made_uid && a->made_uid.generation == as->generation &&
+            !(a->have_uid && a->uid.generation == as->generation)) {
+            log_info("sending rank 0's unique id of generation %" PRIu64 " again (never handed out)", as->generation);
+            struct proto_msg m;
+            msg_init(&m, PROTO_UNIQUE_ID);
+            m.u.unique_id = a->made_uid;
+            send_to_daemon(a, &m);
+        }
         return;
     }
     /* Ranks that can rejoin keep their process when their slot (local rank and
@@ -1155,10 +1198,14 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         for (struct agent_rank *r = a->all; r; r = r->next) {
             if (!r->running || r->stopping)
                 continue;
-            if (r->beat.rejoin && r->ctl)
+            if (r->beat.rejoin && r->ctl && responsive(a, r)) {
                 rank_send(r, &m); /* it aborts its communicator and waits for the next ASSIGN */
-            else
-                rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
+                continue;
+            }
+            if (r->beat.rejoin)
+                log_warn("rank %u (pid %d) has said nothing for %.1f s: stopped, not parked", r->rank, r->pid,
+                         r->heard_ms ? (double)(uv_now(a->loop) - r->heard_ms) / 1000.0 : 0.0);
+            rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
         }
         break;
     }

@@ -139,6 +139,7 @@ static void ctl_msg(struct fconn *c, struct proto_msg *msg)
 {
     struct agent_rank *r = c->data;
     r->spoke = true;
+    r->heard_ms = uv_now(r->proc.loop);
     r->cb.on_msg(r, msg);
 }
 

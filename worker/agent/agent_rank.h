@@ -62,9 +62,12 @@ struct agent_rank {
     int pid;
     uint64_t spawned_ms; /* uv_now at spawn */
     bool spoke;          /* it has sent a frame on its control socket */
+    uint64_t heard_ms;   /* uv_now when its last frame came (0: none yet) */
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
+    uint64_t rejoined_from; /* rejoined in place from this generation and has not yet said
+                             * where its state in the new one came from (0: no) */
     struct rank_log log; /* its output in <rank dir>/output.log; closed at the end of both streams */
 
     uv_process_t proc;
