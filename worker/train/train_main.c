@@ -711,9 +711,15 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         goto out;
     }
     if (plan.survivors > 0 && tr->rank == 0)
-        log_warn("no step is held in memory for every rank (%s%d%s): every rank falls back to %s",
-                 rep ? "rank " : "", rep ? plan.lost : 0, rep ? " and the rank holding its replica were lost" :
-                 "replicate_every is 0", tr->spec.checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
+    {
+        char why[96];
+        if (rep)
+            snprintf(why, sizeof(why), "rank %d and the rank holding its replica were lost", plan.lost);
+        else
+            snprintf(why, sizeof(why), "replicate_every is 0");
+        log_warn("no step is held in memory for every rank (%s): every rank falls back to %s", why,
+                 tr->spec.checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
+    }
     char latest[JOB_PATH_MAX + 16];
     snprintf(latest, sizeof(latest), "%s/latest", tr->spec.checkpoint_dir);
     *valid = 0;
@@ -821,6 +827,10 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
         int broke = 1; /* a ring that does not form: the generation broke */
         int rc = open_comm(ctl, at.rank, at.world, &gc.train, err, sizeof(err));
         heal.ring = wall_s();
+        if (rc == -ETIMEDOUT) { /* no id or no peers for minutes: no generation is coming; the daemon decides */
+            log_error("%s", err);
+            break;
+        }
         if (rc == 0) {
             rank_ctl_on_abort(ctl, abort_comms, &gc);
             struct held_state held = {tr, rep, valid};
