@@ -335,6 +335,21 @@ static void print_sample(const int *out, long long n, int V, long step)
 /* The prompt a sample starts from: a newline for bytes, the data's first token otherwise. */
 static int sample_prompt(const struct dataset *d, int V) { return V == 256 ? '\n' : d->tokens[0]; }
 
+/* A run's exit status from the loop's result: 0 done, 1 failed; stopped, 0
+ * standalone and 1 as a rank (a rank stopped before the end has not completed). */
+static int end_status(int rc, int standalone, long step, const char *err)
+{
+    if (rc && !stop_flag) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (stop_flag) {
+        log_info("stopped at step %ld", step);
+        return standalone ? 0 : 1;
+    }
+    return 0;
+}
+
 /* The GPU module's table, once run_gpu has loaded it. */
 static const struct gpu_module *gpu;
 
@@ -415,14 +430,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     fflush(stdout);
     if (rs.metrics)
         fclose(rs.metrics);
-    int status = 0;
-    if (rc && !stop_flag) {
-        log_error("%s", err);
-        status = 1;
-    } else if (stop_flag) {
-        log_info("stopped at step %ld", tr.step);
-        status = standalone ? 0 : 1; /* a rank stopped before the end has not completed */
-    }
+    int status = end_status(rc, standalone, tr.step, err);
     if (status == 0 && sample > 0) {
         int *out = malloc(sizeof(int) * (size_t)sample);
         if (!out || gpu->trainer_sample(&tr, sample_prompt(&tr.data, tr.cfg.V), out, (int)sample,
@@ -528,14 +536,8 @@ static int run_single(const struct job_spec *spec, int standalone, struct rank_c
         log_info("resumed from %s at step %ld", resume, tr.step);
     }
     log_model(&tr, threads, standalone);
-    int rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err)), status = 0;
-    if (rc && !stop_flag) {
-        log_error("%s", err);
-        status = 1;
-    } else if (stop_flag) {
-        log_info("stopped at step %ld", tr.step);
-        status = standalone ? 0 : 1; /* a rank stopped before the end has not completed */
-    }
+    int rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err));
+    int status = end_status(rc, standalone, tr.step, err);
     if (status == 0)
         maybe_sample(&tr, sample);
     trainer_free(&tr);
