@@ -118,12 +118,9 @@ static int reslice_from(struct trainer *tr, const struct run *old, int r, int wo
 {
     const int n = old->world, ncontrib = (n + world - 1) / world;
     const struct gpt_layout *lay = &tr->model.layout;
-    size_t S[GPT_MAX_UNITS], off[GPT_MAX_UNITS], total = 0;
-    for (int u = 0; u < lay->nunits; u++) {
-        S[u] = (lay->numel[u] + (size_t)n - 1) / (size_t)n;
-        off[u] = total;
-        total += S[u];
-    }
+    struct zero_plan plan; /* the old world's shards */
+    zero_plan_init(&plan, &tr->model.cfg, n);
+    const size_t *S = plan.shard, *off = plan.off, total = plan.total;
     const float *mine[MAXW];
     float *blocks[MAXW];
     int from_rank[MAXW], from_index[MAXW], nmine = 0;
@@ -190,9 +187,9 @@ static void rank_body(struct run *run, int r, struct comm *c)
     for (int u = 0; u < tr.model.layout.nunits; u++) {
         size_t lo, n, at = tr.model.layout.offset[u];
         zero_owned(z, u, &lo, &n);
-        memcpy(run->params + at + lo, z->params + z->off[u], sizeof(float) * n);
-        memcpy(run->m + at + lo, z->m + z->off[u], sizeof(float) * n);
-        memcpy(run->v + at + lo, z->v + z->off[u], sizeof(float) * n);
+        memcpy(run->params + at + lo, z->params + z->plan.off[u], sizeof(float) * n);
+        memcpy(run->m + at + lo, z->m + z->plan.off[u], sizeof(float) * n);
+        memcpy(run->v + at + lo, z->v + z->plan.off[u], sizeof(float) * n);
     }
 out:
     trainer_free(&tr);
