@@ -10,19 +10,19 @@
  * fp32 weights, both AdamW moments and the gradient, 16 bytes x sum(S_u).
  *
  * Transient, per rank (world > 1): three slots of N * max(S_u, u >= 1)
- * floats, and nothing else; no unit is ever whole beyond them. The
- * embedding passes through them a chunk at a time: chunk c is rows [c*k,
- * (c+1)*k) of every rank's R rows (k = R, or fewer so that N*k*C floats
- * fit a slot, the last chunk shorter), gathered side by side as N windows of
- * rows. Forward: the chunks for the token and position lookup, then the
- * blocks, the norm, and the chunks again for the tied head's logits.
- * Backward: the chunks for the head's input gradient, the norm, the blocks
- * in reverse, each unit's full gradient reduce-scattered from a slot while
- * the next unit computes; last the embedding's gradient (the head's share
- * from its dlogits, the lookup's from the blocks' input gradient) a chunk at
- * a time, each chunk reduce-scattered while the next is computed. At any
- * moment a slot holds what computes, one the next unit being gathered (or a
- * gradient being reduced, after which it is gathered into), one a gradient.
+ * floats (a block gathered whole), and nothing else: the embedding is never
+ * whole on a rank. It passes through the slots a chunk at a time: chunk c
+ * is rows [c*k, (c+1)*k) of every rank's R rows (k rows such that N*k*C
+ * floats fit a slot; the last chunk shorter), gathered as N windows of rows
+ * side by side. Forward: the chunks for the token and position lookup, the
+ * blocks, the norm, the chunks again for the tied head's logits. Backward:
+ * the chunks for the head's input gradient, the norm, the blocks in
+ * reverse, each unit's full gradient reduce-scattered from a slot while the
+ * next unit computes; last the embedding's gradient (the head's share from
+ * its dlogits, the lookup's from the first block's input gradient) a chunk
+ * at a time, each reduce-scattered while the next is computed. The three
+ * slots hold what computes, the next step's parameters being gathered, and
+ * a gradient being written or reduced.
  *
  * One comm thread per rank runs every collective, in the order the training
  * thread submits them (the order is the same on every rank, so the
