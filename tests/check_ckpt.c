@@ -1,7 +1,7 @@
 /*
  * ckpt over struct ckpt_rank, without a trainer: ranks are threads of this
  * process whose all-gather goes through shared memory. A rank's shards are
- * cut as the CPU path cuts them (zero_plan_init: S = ceil(numel / N), the
+ * cut as the CPU path cuts them (zero_shards_init: S = ceil(numel / N), the
  * embedding at whole rows), as it cut them before (ceil(numel / N) for every
  * unit: checkpoints written then), or as the GPU path does (ceil(numel / N)
  * rounded up to 64 floats, worker/train/gpu/gpu_zero.cu); a checkpoint saved
@@ -137,11 +137,11 @@ static const char *no_why(void *coll, int rc)
 
 static size_t shard_size(const struct full *f, int u, int world, enum slicing slicing)
 {
-    struct zero_plan p;
+    struct zero_shards p;
     size_t s = (f->lay.numel[u] + (size_t)world - 1) / (size_t)world;
     switch (slicing) {
     case CPU:
-        zero_plan_init(&p, &f->cfg, world);
+        zero_shards_init(&p, &f->lay, world, 1);
         return p.shard[u];
     case CPU_ROWS_BEFORE: return s;
     case GPU: return (s + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN;

@@ -122,8 +122,8 @@ static int reslice_from(struct trainer *tr, const struct run *old, int r, int wo
 {
     const int n = old->world, ncontrib = (n + world - 1) / world;
     const struct gpt_layout *lay = &tr->model.layout;
-    struct zero_plan plan; /* the old world's shards */
-    zero_plan_init(&plan, &tr->model.cfg, n);
+    struct zero_shards plan; /* the old world's shards */
+    zero_shards_init(&plan, lay, n, 1);
     const size_t *S = plan.shard, *off = plan.off, total = plan.total;
     const float *mine[MAXW];
     float *blocks[MAXW];
@@ -409,7 +409,7 @@ END_TEST
 
 /*
  * What a rank allocates for gpt2-124m, from the allocation arithmetic alone
- * (zero_plan_init; zero_init allocates exactly this): at N = 1, 2, 4, 8 the
+ * (zero_shards_init; zero_init allocates exactly this): at N = 1, 2, 4, 8 the
  * model state plus the transient is within 10 % of 16 bytes per parameter / N
  * plus two gathered units (the largest unit gathered whole, a block: N *
  * max S_u floats; none at N = 1), and the embedding is never whole: a slot
@@ -424,8 +424,8 @@ START_TEST(gpt2_memory_is_within_ten_percent_of_the_zero3_bound)
     static const int worlds[] = {1, 2, 4, 8};
     for (size_t k = 0; k < sizeof(worlds) / sizeof(worlds[0]); k++) {
         const size_t N = (size_t)worlds[k], C = (size_t)cfg.C;
-        struct zero_plan p;
-        zero_plan_init(&p, &cfg, worlds[k]);
+        struct zero_shards p;
+        zero_shards_init(&p, &lay, worlds[k], 1);
         size_t sum = 0, big = 0;
         for (int u = 0; u < lay.nunits; u++) {
             size_t S = u == 0 ? ((size_t)cfg.V + (size_t)cfg.T + N - 1) / N * C
@@ -435,7 +435,7 @@ START_TEST(gpt2_memory_is_within_ten_percent_of_the_zero3_bound)
             big = u > 0 && S > big ? S : big;
         }
         const size_t unit = N > 1 ? sizeof(float) * N * big : 0; /* a block, gathered */
-        const size_t state = zero_plan_state_bytes(&p), transient = zero_plan_transient_bytes(&p);
+        const size_t state = zero_shards_state_bytes(&p), transient = zero_shards_transient_bytes(&p);
         ck_assert_uint_eq(state, 16 * sum);
         ck_assert_uint_eq(transient, 3 * unit);
         ck_assert_uint_le(p.chunk_rows * C, big);
