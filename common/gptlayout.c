@@ -63,6 +63,7 @@ void gpt_layout_init(struct gpt_layout *lay, const struct gpt_config *cfg)
     struct gpt_tensor t[GPT_MAX_UNIT_TENSORS];
     memset(lay, 0, sizeof(*lay));
     lay->nunits = cfg->L + 2;
+    lay->row = (size_t)cfg->C;
     for (int u = 0; u < lay->nunits; u++) {
         int n = gpt_unit_tensors(cfg, u, t);
         lay->offset[u] = lay->total;

@@ -29,6 +29,7 @@ struct gpt_layout {
     size_t offset[GPT_MAX_UNITS]; /* floats from the start of the flat buffer */
     size_t numel[GPT_MAX_UNITS];
     size_t total;
+    size_t row;                   /* C: the embedding (unit 0) is V + T rows of this many floats */
 };
 
 void gpt_layout_init(struct gpt_layout *lay, const struct gpt_config *cfg);

@@ -138,10 +138,9 @@ static void memory(struct plan *p, const struct zero_shards *zs, int B)
     } else {
         p->state = zero_shards_state_bytes(zs);
         p->transient = zero_shards_transient_bytes(zs);
-        /* the ring's partial sums: an in-place reduce-scatter of the largest unit
-         * takes three buffers of its shard */
-        const uint64_t big = zs->shard[0] > zs->max_shard ? zs->shard[0] : zs->max_shard;
-        p->workspace = N > 1 ? 3 * sizeof(float) * big : 0;
+        /* the ring's partial sums: an in-place reduce-scatter of the largest span
+         * (a block; an embedding chunk is no larger) takes three buffers of its shard */
+        p->workspace = N > 1 ? 3 * sizeof(float) * zs->max_shard : 0;
         p->fixed = 0;
     }
     const uint64_t all = plan_act_bytes(&in->cfg, in->device, B, p->seq_len);
@@ -161,10 +160,18 @@ static void traffic(struct plan *p, const struct zero_shards *zs)
     const int L = p->in.cfg.L;
     const int gpu = p->in.device == PLAN_GPU;
     const uint64_t ge = gpu ? BF16 : sizeof(float), re = sizeof(float);
-    uint64_t bwd = 0;
-    for (int u = 1; u <= L - 1; u++) /* the backward gathers blocks L-1 .. 1 again */
-        bwd += zs->shard[u];
-    p->fwd_gather = A * (N - 1) * zs->total * ge;
+    uint64_t fwd = zs->total, bwd = 0;
+    if (gpu) {
+        for (int u = 1; u <= L - 1; u++) /* the backward gathers blocks L-1 .. 1 again */
+            bwd += zs->shard[u];
+    } else {
+        /* CPU: the embedding is gathered in chunks for the lookup and again
+         * for the logits; the backward gathers it once more for the head's
+         * input gradient, then the norm and every block */
+        fwd += zs->shard[0];
+        bwd = zs->total;
+    }
+    p->fwd_gather = A * (N - 1) * fwd * ge;
     p->bwd_gather = A * (N - 1) * bwd * ge;
     p->reduce_scatter = A * (N - 1) * zs->total * re;
     /* CPU: three all-gathers of one double per rank (loss, squared gradient

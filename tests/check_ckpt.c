@@ -1,10 +1,12 @@
 /*
  * ckpt over struct ckpt_rank, without a trainer: ranks are threads of this
  * process whose all-gather goes through shared memory. A rank's shards are
- * cut either as the CPU path cuts them (S = ceil(numel / N)) or as the GPU
- * path does (that rounded up to 64 floats, worker/train/gpu/gpu_zero.cu); a
- * checkpoint saved with one slicing at N ranks loads with the other at M
- * ranks bit for bit, and the CPU trainer resumes from a GPU-sliced one.
+ * cut as the CPU path cuts them (zero_shards_init: S = ceil(numel / N), the
+ * embedding at whole rows), as it cut them before (ceil(numel / N) for every
+ * unit: checkpoints written then), or as the GPU path does (ceil(numel / N)
+ * rounded up to 64 floats, worker/train/gpu/gpu_zero.cu); a checkpoint saved
+ * with one slicing at N ranks loads with another at M ranks bit for bit, and
+ * the CPU trainer resumes from a GPU-sliced one.
  */
 #include <check.h>
 #include <errno.h>
@@ -25,6 +27,9 @@
 
 #define MAXW 4
 #define GPU_ALIGN 64
+
+enum slicing { CPU, CPU_ROWS_BEFORE, GPU };
+static const char *const slicing_name[] = {"CPU", "CPU before whole embedding rows", "GPU"};
 
 static char tmpdir[] = "/tmp/check-ckpt-XXXXXX";
 static char textpath[sizeof(tmpdir) + 32];
@@ -49,10 +54,13 @@ static void teardown(void)
     strcpy(tmpdir, "/tmp/check-ckpt-XXXXXX");
 }
 
+/* tiny with a context of 30: the embedding's 286 rows do not split evenly
+ * over 3 or 4 ranks, so the CPU path's whole rows differ from ceil(numel / N) */
 static void tiny_spec(struct job_spec *s)
 {
     job_spec_defaults(s);
     snprintf(s->model, sizeof(s->model), "tiny");
+    s->context = 30;
     snprintf(s->data, sizeof(s->data), "%s", textpath);
     s->steps = 20;
     s->batch = 4;
@@ -69,7 +77,10 @@ struct full {
 
 static void full_init(struct full *f, int fill)
 {
-    gpt_preset("tiny", &f->cfg);
+    struct job_spec s;
+    char err[128];
+    tiny_spec(&s);
+    ck_assert_int_eq(job_spec_model(&s, &f->cfg, err, sizeof(err)), 0);
     gpt_layout_init(&f->lay, &f->cfg);
     for (int k = 0; k < 3; k++) {
         f->a[k] = calloc(f->lay.total, sizeof(float));
@@ -87,7 +98,8 @@ static void full_free(struct full *f)
 
 /* One world of ranks as threads, all-gathering through `slots`. */
 struct world {
-    int n, aligned;
+    int n;
+    enum slicing slicing;
     pthread_barrier_t bar;
     uint64_t slots[MAXW * 3];
     struct job_spec spec;
@@ -123,10 +135,18 @@ static const char *no_why(void *coll, int rc)
     return "shared-memory gather cannot fail";
 }
 
-static size_t shard_size(size_t numel, int world, int aligned)
+static size_t shard_size(const struct full *f, int u, int world, enum slicing slicing)
 {
-    size_t s = (numel + (size_t)world - 1) / (size_t)world;
-    return aligned ? (s + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN : s;
+    struct zero_shards p;
+    size_t s = (f->lay.numel[u] + (size_t)world - 1) / (size_t)world;
+    switch (slicing) {
+    case CPU:
+        zero_shards_init(&p, &f->lay, world, 1);
+        return p.shard[u];
+    case CPU_ROWS_BEFORE: return s;
+    case GPU: return (s + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN;
+    }
+    return 0;
 }
 
 static void *rank_main(void *arg)
@@ -146,7 +166,7 @@ static void *rank_main(void *arg)
     c.world = w->n;
     size_t total = 0;
     for (int u = 0; u < f->lay.nunits; u++) {
-        c.shard[u] = shard_size(f->lay.numel[u], w->n, w->aligned);
+        c.shard[u] = shard_size(f, u, w->n, w->slicing);
         c.off[u] = total;
         total += c.shard[u];
     }
@@ -189,12 +209,12 @@ static void *rank_main(void *arg)
 }
 
 /* Runs n ranks saving (or loading) f at dir, with the CPU or GPU slicing. */
-static void run_world(struct full *f, const char *dir, int n, int aligned, int save)
+static void run_world(struct full *f, const char *dir, int n, enum slicing slicing, int save)
 {
     struct world *w = calloc(1, sizeof(*w));
     ck_assert_ptr_nonnull(w);
     w->n = n;
-    w->aligned = aligned;
+    w->slicing = slicing;
     w->full = f;
     w->dir = dir;
     w->save = save;
@@ -213,7 +233,7 @@ static void run_world(struct full *f, const char *dir, int n, int aligned, int s
     pthread_barrier_destroy(&w->bar);
     for (int r = 0; r < n; r++) {
         ck_assert_msg(w->rc[r] == 0, "%s at world %d (%s slicing), rank %d: %d %s",
-                      save ? "save" : "load", n, aligned ? "GPU" : "CPU", r, w->rc[r], w->err[r]);
+                      save ? "save" : "load", n, slicing_name[slicing], r, w->rc[r], w->err[r]);
         if (!save)
             ck_assert_int_eq(w->got_step[r], 7);
     }
@@ -224,24 +244,29 @@ static void run_world(struct full *f, const char *dir, int n, int aligned, int s
 START_TEST(slicings_and_worlds_load_each_other)
 {
     static const struct {
-        int n, n_aligned, m, m_aligned;
+        int n;
+        enum slicing n_slicing;
+        int m;
+        enum slicing m_slicing;
     } cases[] = {
-        {3, 1, 2, 0}, {2, 0, 3, 1}, {1, 0, 4, 1}, {4, 1, 1, 0}, {4, 1, 4, 1}, {2, 1, 2, 0},
+        {3, GPU, 2, CPU}, {2, CPU, 3, GPU}, {1, CPU, 4, GPU}, {4, GPU, 1, CPU}, {4, GPU, 4, GPU},
+        {2, GPU, 2, CPU}, {2, CPU_ROWS_BEFORE, 2, CPU}, {3, CPU_ROWS_BEFORE, 4, CPU},
+        {3, CPU, 3, CPU},
     };
     struct full ref;
     full_init(&ref, 1);
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         char dir[128];
         snprintf(dir, sizeof(dir), "%s/c%zu", tmpdir, k);
-        run_world(&ref, dir, cases[k].n, cases[k].n_aligned, 1);
+        run_world(&ref, dir, cases[k].n, cases[k].n_slicing, 1);
         struct full got;
         full_init(&got, 0);
-        run_world(&got, dir, cases[k].m, cases[k].m_aligned, 0);
+        run_world(&got, dir, cases[k].m, cases[k].m_slicing, 0);
         for (int a = 0; a < 3; a++)
             ck_assert_msg(memcmp(got.a[a], ref.a[a], sizeof(float) * ref.lay.total) == 0,
                           "%d ranks (%s) -> %d ranks (%s): array %d differs", cases[k].n,
-                          cases[k].n_aligned ? "GPU" : "CPU", cases[k].m,
-                          cases[k].m_aligned ? "GPU" : "CPU", a);
+                          slicing_name[cases[k].n_slicing], cases[k].m,
+                          slicing_name[cases[k].m_slicing], a);
         full_free(&got);
     }
     full_free(&ref);
@@ -255,7 +280,7 @@ START_TEST(manifest_records_the_writers_shard_size)
     full_init(&ref, 1);
     char dir[128], file[192];
     snprintf(dir, sizeof(dir), "%s/gpu4", tmpdir);
-    run_world(&ref, dir, 4, 1, 1);
+    run_world(&ref, dir, 4, GPU, 1);
     snprintf(file, sizeof(file), "%s/step-00000007/manifest.json", dir);
     json_error_t jerr;
     json_t *man = json_load_file(file, 0, &jerr);
@@ -265,7 +290,7 @@ START_TEST(manifest_records_the_writers_shard_size)
     for (int u = 0; u < ref.lay.nunits; u++) {
         json_int_t S = json_integer_value(json_object_get(json_array_get(units, (size_t)u),
                                                           "shard_numel"));
-        ck_assert_int_eq(S, (json_int_t)shard_size(ref.lay.numel[u], 4, 1));
+        ck_assert_int_eq(S, (json_int_t)shard_size(&ref, u, 4, GPU));
         ck_assert_int_eq(S % GPU_ALIGN, 0);
         floats += (size_t)S;
     }
@@ -284,7 +309,7 @@ START_TEST(impossible_shard_size_is_refused)
     full_init(&ref, 1);
     char dir[128], file[192], err[512] = "";
     snprintf(dir, sizeof(dir), "%s/bad", tmpdir);
-    run_world(&ref, dir, 2, 0, 1);
+    run_world(&ref, dir, 2, CPU, 1);
     snprintf(file, sizeof(file), "%s/step-00000007/manifest.json", dir);
     json_error_t jerr;
     json_t *man = json_load_file(file, 0, &jerr);
@@ -315,7 +340,7 @@ START_TEST(cpu_trainer_resumes_from_gpu_slicing)
     char dir[128], back[128], err[512] = "";
     snprintf(dir, sizeof(dir), "%s/from-gpu", tmpdir);
     snprintf(back, sizeof(back), "%s/from-cpu", tmpdir);
-    run_world(&ref, dir, 3, 1, 1);
+    run_world(&ref, dir, 3, GPU, 1);
     struct job_spec s;
     struct trainer tr;
     tiny_spec(&s);
@@ -334,7 +359,7 @@ START_TEST(cpu_trainer_resumes_from_gpu_slicing)
     trainer_free(&tr);
     struct full got;
     full_init(&got, 0);
-    run_world(&got, back, 2, 1, 0);
+    run_world(&got, back, 2, GPU, 0);
     for (int a = 0; a < 3; a++)
         ck_assert_int_eq(memcmp(got.a[a], ref.a[a], sizeof(float) * ref.lay.total), 0);
     full_free(&got);
@@ -426,7 +451,7 @@ START_TEST(save_prunes_old_checkpoints_and_debris_but_not_live_writers)
     int live = open(p, O_RDWR | O_CREAT, 0644);
     ck_assert_int_ge(live, 0);
     ck_assert_int_eq(flock(live, LOCK_EX), 0);
-    run_world(&ref, dir, 2, 0, 1); /* step 7, tiny_spec's checkpoint_keep: the default 3 */
+    run_world(&ref, dir, 2, CPU, 1); /* step 7, tiny_spec's checkpoint_keep: the default 3 */
     ck_assert(exists(dir, "step-00000007/manifest.json"));
     ck_assert(!exists(dir, "step-00000007/.writer"));
     ck_assert(exists(dir, "step-00000005") && exists(dir, "step-00000003"));

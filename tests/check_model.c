@@ -11,6 +11,8 @@
  *   10-step losses    rel 1e-5 each: AdamW divides by sqrt(v), which
  *                     amplifies the gradient noise early on, still far below
  *                     the change the steps make (~1e-2 per step).
+ * The embedding and the tied head taken over windows of rows (ZeRO-3's
+ * chunks) are checked against the whole-unit passes on the same batch.
  */
 #include <check.h>
 #include <errno.h>
@@ -241,6 +243,72 @@ START_TEST(accumulation_equals_full_batch)
 }
 END_TEST
 
+/*
+ * The embedding and the tied head over windows of unit 0's rows (what
+ * ZeRO-3 does with its chunks): 37 rows at a time, last window first, the
+ * table padded with 40 zero rows past its end. The lookup is the whole
+ * unit's bit for bit; logits, loss and gradients agree within fp32 noise,
+ * and padding rows get no gradient.
+ */
+START_TEST(embedding_windows_match_the_whole_unit)
+{
+    struct fixture fx;
+    struct gpt m;
+    fixture_load(&fx);
+    model_from_fixture(&m, &fx);
+    const int L = m.cfg.L, W = 37;
+    const size_t C = (size_t)m.cfg.C, rows = (size_t)(m.cfg.V + m.cfg.T), padded = rows + 40;
+    const size_t N = (size_t)fx.B * fx.S, nlog = N * (size_t)m.cfg.V;
+    const size_t P0 = m.layout.numel[0];
+
+    gpt_zero_grad(&m);
+    double whole_loss = gpt_forward(&m, fx.inputs, fx.targets, fx.B, fx.S);
+    float *enc = malloc(sizeof(float) * N * C), *logits = malloc(sizeof(float) * nlog);
+    float *grads = malloc(sizeof(float) * fx.P);
+    memcpy(enc, m.acts.encoded, sizeof(float) * N * C);
+    memcpy(logits, m.acts.logits, sizeof(float) * nlog);
+    gpt_backward(&m, 1.0f);
+    memcpy(grads, m.grads, sizeof(float) * fx.P);
+
+    float *table = calloc(padded * C, sizeof(float)), *dtable = calloc(padded * C, sizeof(float));
+    memcpy(table, gpt_unit_ptr(&m, m.params, 0), sizeof(float) * P0);
+    gpt_zero_grad(&m);
+    gpt_set_batch(&m, fx.inputs, fx.targets, fx.B, fx.S);
+    embed_forward_begin(&m);
+    for (long first = (long)((padded - 1) / W * W); first >= 0; first -= W)
+        embed_forward_rows(&m, table + (size_t)first * C, (size_t)first, W);
+    ck_assert_msg(memcmp(m.acts.encoded, enc, sizeof(float) * N * C) == 0,
+                  "the lookup over windows differs from the whole unit's");
+    for (int l = 0; l < L; l++)
+        block_forward(&m, l, gpt_unit_ptr(&m, m.params, l + 1));
+    head_norm_forward(&m, gpt_unit_ptr(&m, m.params, L + 1));
+    for (long first = (long)((padded - 1) / W * W); first >= 0; first -= W)
+        head_forward_rows(&m, table + (size_t)first * C, (size_t)first, W);
+    double loss = head_loss(&m, 1);
+    double dl = max_abs_diff(m.acts.logits, logits, nlog) / max_abs(logits, nlog);
+    ck_assert_msg(dl <= 1e-6, "logits over windows differ by %.3g of the largest", dl);
+    ck_assert_double_eq_tol(loss, whole_loss, 1e-6 * whole_loss);
+
+    head_backward_begin(&m, 1.0f / (float)N);
+    for (long first = (long)((padded - 1) / W * W); first >= 0; first -= W)
+        head_backward_rows(&m, table + (size_t)first * C, (size_t)first, W);
+    head_norm_backward(&m, gpt_unit_ptr(&m, m.grads, L + 1), gpt_unit_ptr(&m, m.params, L + 1));
+    for (int l = L - 1; l >= 0; l--)
+        block_backward(&m, l, gpt_unit_ptr(&m, m.grads, l + 1), gpt_unit_ptr(&m, m.params, l + 1));
+    for (long first = (long)((padded - 1) / W * W); first >= 0; first -= W)
+        embed_backward_rows(&m, dtable + (size_t)first * C, (size_t)first, W);
+    memcpy(gpt_unit_ptr(&m, m.grads, 0), dtable, sizeof(float) * P0);
+    double dg = max_abs_diff(m.grads, grads, fx.P) / max_abs(grads, fx.P);
+    ck_assert_msg(dg <= 1e-5, "gradients over windows differ by %.3g of the largest", dg);
+    ck_assert_double_eq(max_abs(dtable + P0, (padded - rows) * C), 0.0);
+    printf("model: embedding and head over windows of %d rows: lookup bit for bit, logits "
+           "%.2e, gradients %.2e\n", W, dl, dg);
+    free(enc), free(logits), free(grads), free(table), free(dtable);
+    gpt_destroy(&m);
+    fixture_free(&fx);
+}
+END_TEST
+
 START_TEST(layout_is_units_back_to_back)
 {
     struct gpt_config cfg;
@@ -318,6 +386,7 @@ Suite *make_model_suite(void)
     tcase_add_test(tc, backward_matches_pytorch);
     tcase_add_test(tc, adamw_steps_match_pytorch);
     tcase_add_test(tc, accumulation_equals_full_batch);
+    tcase_add_test(tc, embedding_windows_match_the_whole_unit);
     suite_add_tcase(s, tc);
     tc = tcase_create("structure");
     tcase_add_test(tc, layout_is_units_back_to_back);

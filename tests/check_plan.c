@@ -108,16 +108,17 @@ static void zero_only(struct world *w, int r, struct comm *c)
     const size_t F = sizeof(float), N = (size_t)w->n;
     size_t big = 0;
     for (int u = 1; u < g.layout.nunits; u++)
-        big = z.shard[u] > big ? z.shard[u] : big;
+        big = z.plan.shard[u] > big ? z.plan.shard[u] : big;
     /* weights and both moments are one block (a replica round sends it at once) */
-    int ok = holds(z.params, 3 * F * z.total) && z.m == z.params + z.total && z.v == z.params + 2 * z.total &&
-             holds(z.grads, F * z.total);
-    w->state[r] = 4 * F * z.total;
+    const size_t total = z.plan.total;
+    int ok = holds(z.params, 3 * F * total) && z.m == z.params + total && z.v == z.params + 2 * total &&
+             holds(z.grads, F * total);
+    w->state[r] = 4 * F * total;
     if (N > 1) {
-        ok = ok && holds(z.embed, F * N * z.shard[0]) && holds(z.gembed, F * N * z.shard[0]);
-        for (int k = 0; k < 2; k++)
-            ok = ok && holds(z.slot[k], F * N * big) && holds(z.gslot[k], F * N * big);
-        w->transient[r] = F * N * (2 * z.shard[0] + 4 * big);
+        /* the slots: every gathered unit, embedding chunk and full gradient */
+        for (int k = 0; k < ZERO_SLOTS; k++)
+            ok = ok && holds(z.slot[k], F * N * big);
+        w->transient[r] = ZERO_SLOTS * F * N * big;
     }
     if (!ok) {
         w->rc[r] = -1;

@@ -246,7 +246,8 @@ START_TEST(holder_offers_a_replica_whose_sender_died)
     p.id = id;
     for (int i = 0; i < 3 * RF; i++)
         p.state[i] = (float)i;
-    struct zero z = {.rank = 0, .world = 2, .total = RF, .params = block, .m = block + RF, .v = block + 2 * RF};
+    struct zero z = {.rank = 0, .world = 2, .plan = {.total = RF}, .params = block, .m = block + RF,
+                     .v = block + 2 * RF};
     struct replica rep;
     ck_assert_int_eq(replica_init(&rep, &z, 1, 0), 0);
     pthread_t t;

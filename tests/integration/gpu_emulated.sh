@@ -101,7 +101,11 @@ L=$!
 ITEST_PIDS="$ITEST_PIDS $L"
 i=0; while [ ! -f "$CK/two/latest" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
 [ -f "$CK/two/latest" ] || fail "no checkpoint from the two GPU ranks within 60 s"
-victim=$(pgrep -P "$L" -f "^$E/muster-train" | head -n 1) # its own ranks: others may run the same binary
+# Its own ranks (others may run the same binary): children of the launcher,
+# which is the child of timeout ($L), not of this shell.
+launcher=$(pgrep -P "$L" -f muster-worker | head -n 1)
+victim=""
+[ -z "$launcher" ] || victim=$(pgrep -P "$launcher" -f "^$E/muster-train" | head -n 1)
 [ -n "$victim" ] || fail "no GPU rank process to kill"
 kill -9 "$victim"
 echo "two GPU ranks: SIGKILLed pid $victim after $(cat "$CK/two/latest")"

@@ -33,7 +33,8 @@ static uint64_t fnv1a(uint64_t h, const void *buf, size_t len)
 #define FNV_INIT 0xcbf29ce484222325ULL
 
 /* A file's shard size may exceed ceil(numel / world) by this much (padding
- * for alignment, as the GPU path's 64 floats); more is refused as damage. */
+ * for alignment, as the GPU path's 64 floats), plus a row of C floats (the
+ * CPU path cuts the embedding at whole rows); more is refused as damage. */
 #define MAX_SHARD_PAD 65536
 
 /* The floats [lo, lo + n) of a unit of numel floats that shard q of size S
@@ -489,13 +490,14 @@ static int model_differs(const json_t *model, const struct ckpt_rank *c, char *e
 
 /* Reads each unit's numel and shard_numel from the manifest into S and checks
  * them against this model: S must cover the unit over `world` ranks, with no
- * more padding than MAX_SHARD_PAD. */
+ * more padding than MAX_SHARD_PAD and a row. */
 static int units_check(const struct ckpt_rank *c, const json_t *units, int world, size_t *S,
                        char *err, size_t errlen, const char *where)
 {
     for (int u = 0; u < c->lay.nunits; u++) {
         const json_t *ue = json_array_get(units, (size_t)u);
         const size_t numel = c->lay.numel[u], least = (numel + (size_t)world - 1) / (size_t)world;
+        const size_t most = least + MAX_SHARD_PAD + (size_t)c->cfg.C;
         if ((size_t)json_integer_value(json_object_get(ue, "numel")) != numel) {
             snprintf(err, errlen, "checkpoint %s: unit %d has another size", where, u);
             return -EINVAL;
@@ -503,12 +505,12 @@ static int units_check(const struct ckpt_rank *c, const json_t *units, int world
         json_t *sn = json_object_get(ue, "shard_numel");
         json_int_t v = json_integer_value(sn);
         if (!json_is_integer(sn) || v < (json_int_t)least ||
-            v > (json_int_t)(least + MAX_SHARD_PAD)) {
+            v > (json_int_t)most) {
             snprintf(err, errlen,
                      "checkpoint %s: unit %d: shard_numel %s%" JSON_INTEGER_FORMAT
                      " cannot split %zu floats over %d ranks (expected %zu to %zu)",
                      where, u, json_is_integer(sn) ? "" : "(not an integer) ", v, numel, world,
-                     least, least + MAX_SHARD_PAD);
+                     least, most);
             return -EINVAL;
         }
         S[u] = (size_t)v;

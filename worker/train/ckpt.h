@@ -17,8 +17,9 @@
  * (little-endian) where rank r of world N holds floats [r*S, (r+1)*S) of each
  * unit, zero-padded past the unit's end, and S is that unit's shard_numel
  * (the same in the manifest and in every file of the checkpoint). The writer
- * chooses S, any S with N*S >= numel: the CPU path writes ceil(numel / N),
- * the GPU path that rounded up to 64 floats; a loader honours the S of the
+ * chooses S, any S with N*S >= numel: the CPU path writes ceil(numel / N)
+ * (for the embedding, ceil(rows / N) whole rows of C floats), the GPU path
+ * ceil(numel / N) rounded up to 64 floats; a loader honours the S of the
  * files, so either path loads what the other wrote, at any world size. A
  * checkpoint is written into a temporary directory, synced, and renamed
  * into place; `latest` is replaced by rename after that, so a crash leaves

@@ -5,33 +5,39 @@
 #include <omp.h>
 #include <string.h>
 
-void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe,
-                     int B, int T, int C)
+void encoder_forward_rows(float *out, const int *inp, const float *rows, size_t first, size_t n,
+                          int B, int T, int C, int V)
 {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
-            const float *e = wte + (size_t)inp[b * T + t] * C;
-            const float *p = wpe + (size_t)t * C;
-            for (int i = 0; i < C; i++)
-                o[i] = e[i] + p[i];
+            const size_t row[2] = {(size_t)inp[b * T + t], (size_t)V + (size_t)t};
+            for (int k = 0; k < 2; k++) {
+                if (row[k] < first || row[k] - first >= n)
+                    continue;
+                const float *e = rows + (row[k] - first) * C;
+                for (int i = 0; i < C; i++)
+                    o[i] += e[i];
+            }
         }
 }
 
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
-                      int B, int T, int C)
+void encoder_backward_rows(float *drows, const float *dout, const int *inp, size_t first,
+                           size_t n, int B, int T, int C, int V)
 {
-    /* Serial on purpose: rows of dwte collide when tokens repeat, and a fixed
-     * order keeps the sum reproducible. B*T*C additions are cheap. */
+    /* Serial on purpose: rows collide when tokens repeat, and a fixed order
+     * keeps the sum reproducible. B*T*C additions are cheap. */
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *d = dout + ((size_t)b * T + t) * C;
-            float *e = dwte + (size_t)inp[b * T + t] * C;
-            float *p = dwpe + (size_t)t * C;
-            for (int i = 0; i < C; i++) {
-                e[i] += d[i];
-                p[i] += d[i];
+            const size_t row[2] = {(size_t)inp[b * T + t], (size_t)V + (size_t)t};
+            for (int k = 0; k < 2; k++) {
+                if (row[k] < first || row[k] - first >= n)
+                    continue;
+                float *e = drows + (row[k] - first) * C;
+                for (int i = 0; i < C; i++)
+                    e[i] += d[i];
             }
         }
 }
@@ -110,6 +116,33 @@ void layers_set_threads(int n)
     openblas_set_num_threads(1);
 }
 
+/* Rows [lo, hi) of out (rows ld apart) = inp @ w^T + beta * out. */
+static void sgemm_out(int lo, int hi, float *out, int ld, const float *inp, const float *w,
+                      int C, int OC, float beta)
+{
+    if (hi > lo)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, OC, C, 1.0f,
+                    inp + (size_t)lo * C, C, w, C, beta, out + (size_t)lo * ld, ld);
+}
+
+/* Rows [lo, hi) of dinp = dout @ w + beta * dinp (dout's rows ld apart). */
+static void sgemm_dinp(int lo, int hi, float *dinp, const float *dout, int ld, const float *w,
+                       int C, int OC, float beta)
+{
+    if (hi > lo)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, C, OC, 1.0f,
+                    dout + (size_t)lo * ld, ld, w, C, beta, dinp + (size_t)lo * C, C);
+}
+
+/* Output channels [lo, hi) of dw += dout^T @ inp (dout's rows ld apart). */
+static void sgemm_dw(int lo, int hi, float *dw, const float *dout, int ld, const float *inp,
+                     int N, int C)
+{
+    if (hi > lo)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0f, dout + lo, ld,
+                    inp, C, 1.0f, dw + (size_t)lo * C, C);
+}
+
 void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                     int N, int C, int OC)
 {
@@ -117,16 +150,13 @@ void matmul_forward(float *out, const float *inp, const float *w, const float *b
     {
         int lo, hi;
         thread_range(N, &lo, &hi);
-        if (hi > lo) {
-            float beta = 0.0f;
-            if (bias) {
-                for (int n = lo; n < hi; n++)
-                    memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
-                beta = 1.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, OC, C, 1.0f,
-                        inp + (size_t)lo * C, C, w, C, beta, out + (size_t)lo * OC, OC);
+        float beta = 0.0f;
+        if (bias) {
+            for (int n = lo; n < hi; n++)
+                memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
+            beta = 1.0f;
         }
+        sgemm_out(lo, hi, out, OC, inp, w, C, OC, beta);
     }
 }
 
@@ -138,22 +168,43 @@ void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
         int lo, hi;
         /* dinp by rows of N; dw and dbias by output channels */
         thread_range(N, &lo, &hi);
-        if (hi > lo)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, C, OC, 1.0f,
-                        dout + (size_t)lo * OC, OC, w, C, 0.0f, dinp + (size_t)lo * C, C);
+        sgemm_dinp(lo, hi, dinp, dout, OC, w, C, OC, 0.0f);
         thread_range(OC, &lo, &hi);
-        if (hi > lo) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0f,
-                        dout + lo, OC, inp, C, 1.0f, dw + (size_t)lo * C, C);
-            if (dbias) {
-                for (int o = lo; o < hi; o++) {
-                    float s = 0;
-                    for (int n = 0; n < N; n++)
-                        s += dout[(size_t)n * OC + o];
-                    dbias[o] += s;
-                }
+        sgemm_dw(lo, hi, dw, dout, OC, inp, N, C);
+        if (dbias) {
+            for (int o = lo; o < hi; o++) {
+                float s = 0;
+                for (int n = 0; n < N; n++)
+                    s += dout[(size_t)n * OC + o];
+                dbias[o] += s;
             }
         }
+    }
+}
+
+void matmul_forward_cols(float *out, int ld, const float *inp, const float *w, int N, int C,
+                         int OC)
+{
+#pragma omp parallel
+    {
+        int lo, hi;
+        thread_range(N, &lo, &hi);
+        sgemm_out(lo, hi, out, ld, inp, w, C, OC, 0.0f);
+    }
+}
+
+void matmul_backward_cols(float *dinp, float *dw, const float *dout, int ld, const float *inp,
+                          const float *w, int N, int C, int OC)
+{
+#pragma omp parallel
+    {
+        int lo, hi;
+        thread_range(N, &lo, &hi);
+        if (dinp)
+            sgemm_dinp(lo, hi, dinp, dout, ld, w, C, OC, 1.0f);
+        thread_range(OC, &lo, &hi);
+        if (dw)
+            sgemm_dw(lo, hi, dw, dout, ld, inp, N, C);
     }
 }
 

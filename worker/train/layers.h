@@ -30,12 +30,22 @@
  */
 void layers_set_threads(int n);
 
-/* out (B,T,C) = wte[inp] + wpe[t]. */
-void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe,
-                     int B, int T, int C);
-/* dwte, dwpe += the gradient from dout (B,T,C). */
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
-                      int B, int T, int C);
+/*
+ * The token and position embeddings as one table of V + T rows of C floats,
+ * wte's V rows then wpe's T (the embedding unit's layout), taken a window at
+ * a time: `rows` holds rows [first, first + n) of it. A window may hold any
+ * part of the table, or rows past its end (padding, ignored).
+ */
+/* out (B,T,C) += the row of each token (inp) and of each position t that
+ * falls in the window. Starting from out = -0 and adding every row once
+ * gives wte[inp] + wpe[t] exactly, in any order of windows: -0 + x is x,
+ * and a sum of two floats does not depend on their order. */
+void encoder_forward_rows(float *out, const int *inp, const float *rows, size_t first, size_t n,
+                          int B, int T, int C, int V);
+/* drows (the window's rows) += the gradient from dout (B,T,C), summed in
+ * (b, t) order. */
+void encoder_backward_rows(float *drows, const float *dout, const int *inp, size_t first,
+                           size_t n, int B, int T, int C, int V);
 
 /* LayerNorm over the last axis of N rows, eps 1e-5 as in PyTorch;
  * mean and rstd (N) are kept for the backward. */
@@ -53,6 +63,16 @@ void matmul_forward(float *out, const float *inp, const float *w, const float *b
  * dbias (OC, may be NULL) += column sums of dout. */
 void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                      const float *inp, const float *w, int N, int C, int OC);
+/* A block of OC output channels with its own weights w (OC,C), inside a
+ * wider output whose rows are ld floats apart (ld >= OC): the tied LM head,
+ * a block of vocabulary rows at a time. Forward: out[:, 0:OC] = inp @ w^T,
+ * no bias. Backward, from dout[:, 0:OC]: dinp (N,C) += dout @ w and
+ * dw (OC,C) += dout^T @ inp, either may be NULL; both accumulate, so that
+ * the blocks add up. */
+void matmul_forward_cols(float *out, int ld, const float *inp, const float *w, int N, int C,
+                         int OC);
+void matmul_backward_cols(float *dinp, float *dw, const float *dout, int ld, const float *inp,
+                          const float *w, int N, int C, int OC);
 
 /* Causal self-attention. qkv (B,T,3C) holds q, k, v side by side per token;
  * att (B,NH,T,T) keeps the softmax probabilities (row t uses 0..t);

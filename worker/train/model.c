@@ -10,9 +10,6 @@
 #include "worker/train/rng.h"
 
 /* Named views of one unit's flat floats (same order as gpt_unit_tensors). */
-struct embed_params {
-    float *wte, *wpe;
-};
 struct block_params {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
@@ -28,14 +25,6 @@ static void unit_offsets(const struct gpt_config *cfg, int unit, size_t *off)
     int n = gpt_unit_tensors(cfg, unit, t);
     for (int i = 0; i < n; i++)
         off[i] = t[i].offset;
-}
-
-static struct embed_params embed_view(const struct gpt_config *cfg, const float *base)
-{
-    size_t o[GPT_MAX_UNIT_TENSORS];
-    float *p = (float *)base;
-    unit_offsets(cfg, 0, o);
-    return (struct embed_params){p + o[0], p + o[1]};
 }
 
 static struct block_params block_view(const struct gpt_config *cfg, const float *base)
@@ -188,10 +177,27 @@ void gpt_init_weights(struct gpt *m, uint64_t seed)
         gpt_init_range(&m->cfg, seed, u, 0, m->layout.numel[u], gpt_unit_ptr(m, m->params, u));
 }
 
+/* Rows of unit 0: wte's V, then wpe's T. */
+static size_t embed_rows(const struct gpt *m) { return (size_t)m->cfg.V + (size_t)m->cfg.T; }
+
+void embed_forward_begin(struct gpt *m)
+{
+    const size_t n = (size_t)m->B * m->T * m->cfg.C;
+    float *o = m->acts.encoded;
+    for (size_t i = 0; i < n; i++)
+        o[i] = -0.0f; /* -0 + x is x for every x, +0 too */
+}
+
+void embed_forward_rows(struct gpt *m, const float *rows, size_t first, size_t n)
+{
+    encoder_forward_rows(m->acts.encoded, m->inputs, rows, first, n, m->B, m->T, m->cfg.C,
+                         m->cfg.V);
+}
+
 void embed_forward(struct gpt *m, const float *embed_unit)
 {
-    struct embed_params p = embed_view(&m->cfg, embed_unit);
-    encoder_forward(m->acts.encoded, m->inputs, p.wte, p.wpe, m->B, m->T, m->cfg.C);
+    embed_forward_begin(m);
+    embed_forward_rows(m, embed_unit, 0, embed_rows(m));
 }
 
 void block_forward(struct gpt *m, int l, const float *block_unit)
@@ -214,35 +220,81 @@ void block_forward(struct gpt *m, int l, const float *block_unit)
     residual_forward(a->res3[l], a->res2[l], a->fcproj[l], (size_t)N * C);
 }
 
+void head_norm_forward(struct gpt *m, const float *norm_unit)
+{
+    struct norm_params n = norm_view(&m->cfg, norm_unit);
+    struct gpt_acts *a = &m->acts;
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->res3[m->cfg.L - 1], n.lnfw, n.lnfb,
+                      m->B * m->T, m->cfg.C);
+}
+
+/* The part [first, *end) of a window of n rows from first that is wte's
+ * (the tied head's); 0 when it holds none. */
+static int head_part(const struct gpt *m, size_t first, size_t n, size_t *end)
+{
+    const size_t V = (size_t)m->cfg.V;
+    *end = first + n < V ? first + n : V;
+    return first < *end;
+}
+
+void head_forward_rows(struct gpt *m, const float *rows, size_t first, size_t n)
+{
+    size_t end;
+    if (head_part(m, first, n, &end)) /* tied head: logits[:, first:end] */
+        matmul_forward_cols(m->acts.logits + first, m->cfg.V, m->acts.lnf, rows, m->B * m->T,
+                            m->cfg.C, (int)(end - first));
+}
+
+double head_loss(struct gpt *m, int with_targets)
+{
+    struct gpt_acts *a = &m->acts;
+    if (!with_targets)
+        return 0.0;
+    return crossentropy_forward(a->probs, a->losses, a->logits, m->targets, m->B * m->T,
+                                m->cfg.V);
+}
+
 double head_forward(struct gpt *m, const float *norm_unit, const float *embed_unit,
                     int with_targets)
 {
-    struct norm_params n = norm_view(&m->cfg, norm_unit);
-    struct embed_params e = embed_view(&m->cfg, embed_unit);
-    struct gpt_acts *a = &m->acts;
-    const int N = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
-    const float *x = a->res3[m->cfg.L - 1];
-
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, n.lnfw, n.lnfb, N, C);
-    matmul_forward(a->logits, a->lnf, e.wte, NULL, N, C, V); /* tied head */
-    if (!with_targets)
-        return 0.0;
-    return crossentropy_forward(a->probs, a->losses, a->logits, m->targets, N, V);
+    head_norm_forward(m, norm_unit);
+    head_forward_rows(m, embed_unit, 0, (size_t)m->cfg.V);
+    return head_loss(m, with_targets);
 }
 
-void head_backward(struct gpt *m, float *dnorm_unit, float *dembed_unit,
-                   const float *norm_unit, const float *embed_unit, float dloss)
+void head_backward_begin(struct gpt *m, float dloss)
+{
+    struct gpt_acts *a = &m->acts;
+    const int N = m->B * m->T;
+    /* dlogits replace the probabilities; acts.dsmall gathers d(lnf) */
+    crossentropy_backward(a->probs, a->probs, m->targets, dloss, N, m->cfg.V);
+    memset(a->dsmall, 0, sizeof(float) * (size_t)N * m->cfg.C);
+}
+
+void head_backward_rows(struct gpt *m, const float *rows, size_t first, size_t n)
+{
+    size_t end;
+    if (head_part(m, first, n, &end))
+        matmul_backward_cols(m->acts.dsmall, NULL, m->acts.probs + first, m->cfg.V, m->acts.lnf,
+                             rows, m->B * m->T, m->cfg.C, (int)(end - first));
+}
+
+void head_norm_backward(struct gpt *m, float *dnorm_unit, const float *norm_unit)
 {
     struct norm_params n = norm_view(&m->cfg, norm_unit), dn = norm_view(&m->cfg, dnorm_unit);
-    struct embed_params e = embed_view(&m->cfg, embed_unit), de = embed_view(&m->cfg, dembed_unit);
     struct gpt_acts *a = &m->acts;
-    const int N = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
-
-    crossentropy_backward(a->probs, a->probs, m->targets, dloss, N, V);
-    matmul_backward(a->dsmall, de.wte, NULL, a->probs, a->lnf, e.wte, N, C, V);
+    const int N = m->B * m->T, C = m->cfg.C;
     memset(a->dres, 0, sizeof(float) * (size_t)N * C);
     layernorm_backward(a->dres, dn.lnfw, dn.lnfb, a->dsmall, a->res3[m->cfg.L - 1], n.lnfw,
                        a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+void head_backward(struct gpt *m, float *dnorm_unit, const float *norm_unit,
+                   const float *embed_unit, float dloss)
+{
+    head_backward_begin(m, dloss);
+    head_backward_rows(m, embed_unit, 0, (size_t)m->cfg.V);
+    head_norm_backward(m, dnorm_unit, norm_unit);
 }
 
 void block_backward(struct gpt *m, int l, float *dblock_unit, const float *block_unit)
@@ -269,10 +321,20 @@ void block_backward(struct gpt *m, int l, float *dblock_unit, const float *block
                        a->ln1_rstd[l], N, C);
 }
 
+void embed_backward_rows(struct gpt *m, float *drows, size_t first, size_t n)
+{
+    struct gpt_acts *a = &m->acts;
+    const int N = m->B * m->T;
+    size_t end;
+    if (head_part(m, first, n, &end)) /* the tied head's: dlogits[:, first:end]^T @ lnf */
+        matmul_backward_cols(NULL, drows, a->probs + first, m->cfg.V, a->lnf, NULL, N, m->cfg.C,
+                             (int)(end - first));
+    encoder_backward_rows(drows, a->dres, m->inputs, first, n, m->B, m->T, m->cfg.C, m->cfg.V);
+}
+
 void embed_backward(struct gpt *m, float *dembed_unit)
 {
-    struct embed_params d = embed_view(&m->cfg, dembed_unit);
-    encoder_backward(d.wte, d.wpe, m->acts.dres, m->inputs, m->B, m->T, m->cfg.C);
+    embed_backward_rows(m, dembed_unit, 0, embed_rows(m));
 }
 
 void gpt_set_batch(struct gpt *m, const int *inputs, const int *targets, int B, int T)
@@ -299,8 +361,8 @@ void gpt_backward(struct gpt *m, float scale)
 {
     const int L = m->cfg.L;
     float dloss = scale / (float)(m->B * m->T);
-    head_backward(m, gpt_unit_ptr(m, m->grads, L + 1), gpt_unit_ptr(m, m->grads, 0),
-                  gpt_unit_ptr(m, m->params, L + 1), gpt_unit_ptr(m, m->params, 0), dloss);
+    head_backward(m, gpt_unit_ptr(m, m->grads, L + 1), gpt_unit_ptr(m, m->params, L + 1),
+                  gpt_unit_ptr(m, m->params, 0), dloss);
     for (int l = L - 1; l >= 0; l--)
         block_backward(m, l, gpt_unit_ptr(m, m->grads, l + 1),
                        gpt_unit_ptr(m, m->params, l + 1));

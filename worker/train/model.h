@@ -16,8 +16,15 @@
  *
  * The forward is a loop over units: embed_forward(unit 0), block_forward(l,
  * unit l+1) for each l, head_forward(unit L+1, unit 0); the backward runs
- * them in reverse. Each takes the unit's parameters as a pointer, so a caller
- * can hand it a gathered copy instead of gpt.params.
+ * them in reverse, and takes the gradient of unit 0 last (embed_backward),
+ * from both of its uses: the tied head's and the lookup's. Each takes the
+ * unit's parameters as a pointer, so a caller can hand it a gathered copy
+ * instead of gpt.params.
+ *
+ * Unit 0 is also a table of V + T rows of C floats (wte's rows, then wpe's),
+ * and the passes that use it come in a form that takes a window of rows at
+ * a time (*_rows below), for a caller that never holds the whole unit
+ * (ZeRO-3 gathers it in chunks: worker/train/zero.h).
  */
 #ifndef MUSTER_TRAIN_MODEL_H
 #define MUSTER_TRAIN_MODEL_H
@@ -87,11 +94,39 @@ void block_forward(struct gpt *m, int l, const float *block_unit);
 /* Final norm, logits, and (when targets were given) the mean loss. */
 double head_forward(struct gpt *m, const float *norm_unit, const float *embed_unit,
                     int with_targets);
-/* dloss: gradient of the objective with respect to each position's loss. */
-void head_backward(struct gpt *m, float *dnorm_unit, float *dembed_unit,
-                   const float *norm_unit, const float *embed_unit, float dloss);
+/* dloss: gradient of the objective with respect to each position's loss.
+ * Gives the gradient of the norm unit and, in acts.dres, of the last
+ * block's output; the tied wte's share is left to embed_backward. */
+void head_backward(struct gpt *m, float *dnorm_unit, const float *norm_unit,
+                   const float *embed_unit, float dloss);
 void block_backward(struct gpt *m, int l, float *dblock_unit, const float *block_unit);
+/* The gradient of unit 0: the tied head's (from the head's dlogits, which
+ * stay in acts.probs) and the lookup's (from acts.dres). */
 void embed_backward(struct gpt *m, float *dembed_unit);
+
+/*
+ * The same passes over a window of unit 0: rows holds rows [first, first +
+ * n) of it; a window may also hold rows past V + T (padding, ignored). Every
+ * window must be passed once, in any order, between a *_begin (or the norm)
+ * and what needs them all:
+ *   forward:  embed_forward_begin, embed_forward_rows per window; ...blocks...;
+ *             head_norm_forward, head_forward_rows per window, head_loss;
+ *   backward: head_backward_begin, head_backward_rows per window,
+ *             head_norm_backward; ...blocks...; embed_backward_rows per window.
+ * embed_forward_rows gives embed_forward's result bit for bit whatever the
+ * windows; the others agree with the whole-unit passes up to the order of
+ * floating-point sums.
+ */
+void embed_forward_begin(struct gpt *m);
+void embed_forward_rows(struct gpt *m, const float *rows, size_t first, size_t n);
+void head_norm_forward(struct gpt *m, const float *norm_unit);
+void head_forward_rows(struct gpt *m, const float *rows, size_t first, size_t n);
+double head_loss(struct gpt *m, int with_targets);
+void head_backward_begin(struct gpt *m, float dloss);
+void head_backward_rows(struct gpt *m, const float *rows, size_t first, size_t n);
+void head_norm_backward(struct gpt *m, float *dnorm_unit, const float *norm_unit);
+/* drows: the gradient of the window's rows, added into. */
+void embed_backward_rows(struct gpt *m, float *drows, size_t first, size_t n);
 
 /*
  * Whole-model passes over gpt.params. gpt_forward copies the batch (inputs

@@ -259,7 +259,7 @@ int replica_init(struct replica *r, struct zero *z, int every, int rank)
     r->z = z;
     r->every = every;
     r->rank = rank;
-    r->floats = z->total;
+    r->floats = z->plan.total;
     r->snap_step = r->snap_pending = r->slot_step[0] = r->slot_step[1] = -1;
     r->partner = -1;
     r->want = -1;

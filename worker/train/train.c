@@ -140,7 +140,7 @@ static void first_bad_tensor(const struct zero *z, const float *flat, char *out,
             size_t a = t[i].offset > lo ? t[i].offset : lo;
             size_t b = t[i].offset + t[i].numel < lo + n ? t[i].offset + t[i].numel : lo + n;
             for (size_t j = a; j < b; j++)
-                if (!isfinite(flat[z->off[u] + j - lo])) {
+                if (!isfinite(flat[z->plan.off[u] + j - lo])) {
                     snprintf(out, len, "%s of unit %d (%s)", t[i].name, u,
                              gpt_unit_kind_name(gpt_unit_kind(&g->cfg, u)));
                     return;
@@ -373,8 +373,8 @@ static void ckpt_view(struct trainer *tr, struct ckpt_rank *c)
     c->seed = tr->spec.seed;
     c->rank = z->rank;
     c->world = z->world;
-    memcpy(c->shard, z->shard, sizeof(c->shard));
-    memcpy(c->off, z->off, sizeof(c->off));
+    memcpy(c->shard, z->plan.shard, sizeof(c->shard));
+    memcpy(c->off, z->plan.off, sizeof(c->off));
     c->params = z->params;
     c->m = z->m;
     c->v = z->v;

@@ -642,7 +642,7 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
     const struct trainer *ht = held->tr && held->valid ? held->tr : NULL;
     uint64_t mine[REPLICA_OFFER];
     replica_offer(ht ? held->rep : NULL, ht != NULL, ht ? ht->rank : 0, ht ? ht->world : 0,
-                  ht ? ht->zero.total : 0, ht ? ht->step : 0, as->node_rank, as->local_rank,
+                  ht ? ht->zero.plan.total : 0, ht ? ht->step : 0, as->node_rank, as->local_rank,
                   (uint64_t)(ht ? ht->spec.seed : tr->spec.seed), ht ? ht->last_checkpoint_step : -1, mine);
     uint64_t *all = malloc(sizeof(mine) * (size_t)world);
     int *pos = malloc(sizeof(int) * (size_t)world);
@@ -735,8 +735,8 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
     } else {
         if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
             zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
-            memset(tr->zero.m, 0, sizeof(float) * tr->zero.total);
-            memset(tr->zero.v, 0, sizeof(float) * tr->zero.total);
+            memset(tr->zero.m, 0, sizeof(float) * tr->zero.plan.total);
+            memset(tr->zero.v, 0, sizeof(float) * tr->zero.plan.total);
             tr->step = 0;
             tr->last_checkpoint_step = -1;
         }
@@ -777,7 +777,7 @@ static int new_trainer(const struct job_spec *spec, const struct rank_assign *at
         rep = calloc(1, sizeof(*rep));
         if (!rep || replica_init(rep, &tr->zero, spec->replicate_every, at->rank) != 0) {
             log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): set "
-                      "replicate_every to 0", 3.0 * 12 * tr->zero.total / 1048576.0);
+                      "replicate_every to 0", 3.0 * 12 * tr->zero.plan.total / 1048576.0);
             free(rep);
             trainer_free(tr);
             free(tr);

@@ -20,18 +20,17 @@ static double now_s(void)
 
 static int run_job(struct zero *z, const struct zero_job *j)
 {
-    size_t S = z->shard[j->unit];
-    float *mine = j->buf + (size_t)z->rank * S;
+    float *mine = j->buf + (size_t)z->rank * j->count;
     int rc;
     switch (j->kind) {
     case ZERO_GATHER:
-        memcpy(mine, z->params + z->off[j->unit], sizeof(float) * S);
-        return comm_all_gather(z->comm, mine, j->buf, S, COMM_F32);
+        memcpy(mine, z->params + j->at, sizeof(float) * j->count);
+        return comm_all_gather(z->comm, mine, j->buf, j->count, COMM_F32);
     case ZERO_REDUCE:
-        rc = comm_reduce_scatter(z->comm, j->buf, mine, S, COMM_F32, COMM_AVG);
+        rc = comm_reduce_scatter(z->comm, j->buf, mine, j->count, COMM_F32, COMM_AVG);
         if (rc == 0) {
-            float *g = z->grads + z->off[j->unit];
-            for (size_t i = 0; i < S; i++)
+            float *g = z->grads + j->at;
+            for (size_t i = 0; i < j->count; i++)
                 g[i] += mine[i];
         }
         return rc;
@@ -91,16 +90,6 @@ static int wait_for(struct zero *z, unsigned long ticket)
     return rc;
 }
 
-static unsigned long gather(struct zero *z, int unit, float *buf)
-{
-    return submit(z, (struct zero_job){.kind = ZERO_GATHER, .unit = unit, .buf = buf});
-}
-
-static unsigned long reduce(struct zero *z, int unit, float *buf)
-{
-    return submit(z, (struct zero_job){.kind = ZERO_REDUCE, .unit = unit, .buf = buf});
-}
-
 /* ---- set-up ---- */
 
 int zero_failed(struct zero *z)
@@ -134,28 +123,19 @@ int zero_init(struct zero *z, struct gpt *g, struct comm *comm)
     z->rank = comm ? comm_rank(comm) : 0;
     if (z->world == 1)
         z->comm = NULL;
-    struct zero_shards zs;
-    zero_shards_init(&zs, &g->layout, z->world, 1);
-    memcpy(z->shard, zs.shard, sizeof(z->shard));
-    memcpy(z->off, zs.off, sizeof(z->off));
-    z->total = zs.total;
-    const size_t big = zs.max_shard * (size_t)z->world; /* largest block or norm unit, padded */
+    zero_shards_init(&z->plan, &g->layout, z->world, 1);
+    const size_t total = z->plan.total;
     /* weights and both moments back to back: one block that a replica round sends at once */
-    z->params = calloc(3 * z->total, sizeof(float));
-    z->m = z->params ? z->params + z->total : NULL;
-    z->v = z->params ? z->params + 2 * z->total : NULL;
-    z->grads = calloc(z->total, sizeof(float));
+    z->params = calloc(3 * total, sizeof(float));
+    z->m = z->params ? z->params + total : NULL;
+    z->v = z->params ? z->params + 2 * total : NULL;
+    z->grads = calloc(total, sizeof(float));
     int ok = z->params && z->m && z->v && z->grads;
     if (ok && z->comm) {
-        size_t e = z->shard[0] * (size_t)z->world;
-        z->embed = malloc(sizeof(float) * e);
-        z->gembed = malloc(sizeof(float) * e);
-        for (int k = 0; k < 2; k++) {
-            z->slot[k] = malloc(sizeof(float) * big);
-            z->gslot[k] = malloc(sizeof(float) * big);
-            ok = ok && z->slot[k] && z->gslot[k];
+        for (int k = 0; k < ZERO_SLOTS; k++) {
+            z->slot[k] = malloc(sizeof(float) * z->plan.slot);
+            ok = ok && z->slot[k];
         }
-        ok = ok && z->embed && z->gembed;
         if (ok) {
             pthread_mutex_init(&z->mu, NULL);
             pthread_cond_init(&z->cv, NULL);
@@ -188,32 +168,21 @@ void zero_free(struct zero *z)
     free(z->params);
     free(z->alt_params);
     free(z->grads);
-    free(z->embed);
-    free(z->gembed);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < ZERO_SLOTS; k++)
         free(z->slot[k]);
-        free(z->gslot[k]);
-    }
     memset(z, 0, sizeof(*z));
 }
 
-size_t zero_model_state_bytes(const struct zero *z)
-{
-    struct zero_shards zs;
-    zero_shards_init(&zs, &z->g->layout, z->world, 1);
-    return zero_shards_state_bytes(&zs);
-}
+size_t zero_model_state_bytes(const struct zero *z) { return zero_shards_state_bytes(&z->plan); }
 
 size_t zero_transient_bytes(const struct zero *z)
 {
-    struct zero_shards zs;
-    zero_shards_init(&zs, &z->g->layout, z->world, 1);
-    return zero_shards_transient_bytes(&zs);
+    return zero_shards_transient_bytes(&z->plan);
 }
 
 void zero_owned(const struct zero *z, int unit, size_t *lo, size_t *n)
 {
-    size_t P = z->g->layout.numel[unit], S = z->shard[unit];
+    size_t P = z->g->layout.numel[unit], S = z->plan.shard[unit];
     *lo = (size_t)z->rank * S;
     *n = *lo >= P ? 0 : (P - *lo < S ? P - *lo : S);
 }
@@ -223,13 +192,178 @@ void zero_init_weights(struct zero *z, uint64_t seed)
     for (int u = 0; u < z->g->layout.nunits; u++) {
         size_t lo, n;
         zero_owned(z, u, &lo, &n);
-        gpt_init_range(&z->g->cfg, seed, u, lo, n, z->params + z->off[u]);
+        gpt_init_range(&z->g->cfg, seed, u, lo, n, z->params + z->plan.off[u]);
     }
 }
 
 /* ---- passes ---- */
 
-static float *own(const struct zero *z, float *flat, int unit) { return flat + z->off[unit]; }
+static float *own(const struct zero *z, float *flat, int unit) { return flat + z->plan.off[unit]; }
+
+/*
+ * A pass is a list of steps; each gathers a unit or a chunk of the embedding
+ * (its parameters) into a slot, and those of the backward make a gradient
+ * of the same span in another slot, which is then reduce-scattered.
+ */
+enum zero_step_kind {
+    STEP_LOOKUP,     /* embedding chunk: its token and position rows into acts.encoded */
+    STEP_BLOCK,      /* block i */
+    STEP_NORM,       /* the final norm */
+    STEP_LOGITS,     /* embedding chunk: the logits of its wte rows */
+    STEP_HEAD_BACK,  /* embedding chunk: its share of the head's input gradient */
+    STEP_NORM_BACK,  /* the final norm's gradient, and the last block's output's */
+    STEP_BLOCK_BACK, /* block i's gradient, and its input's */
+    STEP_EMBED_GRAD, /* embedding chunk i's gradient; nothing gathered */
+};
+
+struct zero_step {
+    enum zero_step_kind kind;
+    int i; /* block or chunk */
+};
+
+typedef struct zero_step (*zero_pass_fn)(const struct zero *z, int j);
+
+/* Forward: chunks (lookup), blocks, norm, chunks (logits). */
+static int forward_steps(const struct zero *z) { return 2 * z->plan.chunks + z->g->cfg.L + 1; }
+
+static struct zero_step forward_step(const struct zero *z, int j)
+{
+    const int K = z->plan.chunks, L = z->g->cfg.L;
+    if (j < K)
+        return (struct zero_step){STEP_LOOKUP, j};
+    if (j < K + L)
+        return (struct zero_step){STEP_BLOCK, j - K};
+    if (j == K + L)
+        return (struct zero_step){STEP_NORM, 0};
+    return (struct zero_step){STEP_LOGITS, j - K - L - 1};
+}
+
+/* Backward: chunks (head input gradient), norm, blocks in reverse, chunks (gradient). */
+static int backward_steps(const struct zero *z) { return forward_steps(z); }
+
+static struct zero_step backward_step(const struct zero *z, int j)
+{
+    const int K = z->plan.chunks, L = z->g->cfg.L;
+    if (j < K)
+        return (struct zero_step){STEP_HEAD_BACK, j};
+    if (j == K)
+        return (struct zero_step){STEP_NORM_BACK, 0};
+    if (j <= K + L)
+        return (struct zero_step){STEP_BLOCK_BACK, K + L - j};
+    return (struct zero_step){STEP_EMBED_GRAD, j - K - L - 1};
+}
+
+static int is_chunk(struct zero_step s)
+{
+    return s.kind == STEP_LOOKUP || s.kind == STEP_LOGITS || s.kind == STEP_HEAD_BACK ||
+           s.kind == STEP_EMBED_GRAD;
+}
+
+static int gathers(struct zero_step s) { return s.kind != STEP_EMBED_GRAD; }
+
+static int makes_gradient(struct zero_step s)
+{
+    return s.kind == STEP_NORM_BACK || s.kind == STEP_BLOCK_BACK || s.kind == STEP_EMBED_GRAD;
+}
+
+/* Embedding rows per rank in chunk c: k, the last one what is left of R. */
+static size_t chunk_rows(const struct zero *z, int c)
+{
+    const size_t k = z->plan.chunk_rows, first = (size_t)c * k;
+    return z->plan.rows - first < k ? z->plan.rows - first : k;
+}
+
+/* A step's span in the shard buffers: where this rank's part starts and
+ * the floats each rank holds. */
+static void step_span(const struct zero *z, struct zero_step s, size_t *at, size_t *count)
+{
+    const size_t C = (size_t)z->g->cfg.C;
+    if (is_chunk(s)) {
+        *at = z->plan.off[0] + (size_t)s.i * z->plan.chunk_rows * C;
+        *count = chunk_rows(z, s.i) * C;
+        return;
+    }
+    int u = s.kind == STEP_BLOCK || s.kind == STEP_BLOCK_BACK ? s.i + 1 : z->g->cfg.L + 1;
+    *at = z->plan.off[u];
+    *count = z->plan.shard[u];
+}
+
+/* Step s with its gathered parameters p and its gradient d (world * count
+ * floats each). A chunk arrives as one window per rank: rank r's part is
+ * rows [r*R + c*k, ... + n) of unit 0, at r*n*C floats into the slot. */
+static void compute(struct zero *z, struct zero_step s, const float *p, float *d)
+{
+    struct gpt *g = z->g;
+    switch (s.kind) {
+    case STEP_BLOCK: block_forward(g, s.i, p); return;
+    case STEP_NORM: head_norm_forward(g, p); return;
+    case STEP_NORM_BACK: head_norm_backward(g, d, p); return;
+    case STEP_BLOCK_BACK: block_backward(g, s.i, d, p); return;
+    default: break;
+    }
+    const size_t n = chunk_rows(z, s.i), C = (size_t)g->cfg.C;
+    for (int r = 0; r < z->world; r++) {
+        const size_t first = (size_t)r * z->plan.rows + (size_t)s.i * z->plan.chunk_rows;
+        const size_t at = (size_t)r * n * C;
+        switch (s.kind) {
+        case STEP_LOOKUP: embed_forward_rows(g, p + at, first, n); break;
+        case STEP_LOGITS: head_forward_rows(g, p + at, first, n); break;
+        case STEP_HEAD_BACK: head_backward_rows(g, p + at, first, n); break;
+        case STEP_EMBED_GRAD: embed_backward_rows(g, d + at, first, n); break;
+        default: break;
+        }
+    }
+}
+
+/* Queues a gather of step s's parameters into slot k. */
+static void fetch(struct zero *z, struct zero_step s, int k)
+{
+    struct zero_job j = {.kind = ZERO_GATHER, .buf = z->slot[k]};
+    step_span(z, s, &j.at, &j.count);
+    z->slot_job[k] = submit(z, j);
+}
+
+/* Waits until slot k's last job is done: then the training thread may use it. */
+static int take(struct zero *z, int k) { return wait_for(z, z->slot_job[k]); }
+
+/*
+ * Runs a pass of n steps through the slots. Step j+1's parameters are
+ * gathered while step j computes, and step j's gradient is reduce-scattered
+ * while step j+1 computes. The slots turn, (params, next, grad) <- (next,
+ * grad, params): the next step's parameters are gathered into the slot whose
+ * gradient was just submitted (the comm thread reduces it first: it keeps
+ * the order), and the next gradient is written where these parameters were.
+ * Returns once every job of the pass is done.
+ */
+static int run_pass(struct zero *z, zero_pass_fn step, int n)
+{
+    int p = 0, q = 1, d = 2, rc = 0;
+    if (n > 0 && gathers(step(z, 0)))
+        fetch(z, step(z, 0), p);
+    for (int j = 0; j < n && rc == 0; j++) {
+        struct zero_step s = step(z, j);
+        if (gathers(s) && (rc = take(z, p)) != 0)
+            break;
+        if (j + 1 < n && gathers(step(z, j + 1)))
+            fetch(z, step(z, j + 1), q);
+        struct zero_job red = {.kind = ZERO_REDUCE, .buf = z->slot[d]};
+        if (makes_gradient(s)) {
+            if ((rc = take(z, d)) != 0)
+                break;
+            step_span(z, s, &red.at, &red.count);
+            memset(red.buf, 0, sizeof(float) * (size_t)z->world * red.count);
+        }
+        compute(z, s, z->slot[p], z->slot[d]);
+        if (makes_gradient(s))
+            z->slot_job[d] = submit(z, red);
+        int t = p;
+        p = q;
+        q = d;
+        d = t;
+    }
+    int drained = wait_for(z, z->submitted);
+    return rc ? rc : drained;
+}
 
 int zero_forward(struct zero *z, const int *inputs, const int *targets, int B, int T,
                  double *loss)
@@ -244,19 +378,9 @@ int zero_forward(struct zero *z, const int *inputs, const int *targets, int B, i
         *loss = head_forward(g, own(z, z->params, L + 1), own(z, z->params, 0), targets != NULL);
         return 0;
     }
-    /* unit u (1..L+1) goes to slot (u-1) % 2; the next one is gathered while
-     * this one computes */
-    unsigned long te = gather(z, 0, z->embed), ts[2] = {gather(z, 1, z->slot[0]), 0};
-    wait_for(z, te);
-    embed_forward(g, z->embed);
-    for (int l = 0; l < L; l++) {
-        int k = l % 2;
-        wait_for(z, ts[k]);
-        ts[!k] = gather(z, l + 2, z->slot[!k]);
-        block_forward(g, l, z->slot[k]);
-    }
-    int rc = wait_for(z, ts[L % 2]);
-    *loss = head_forward(g, z->slot[L % 2], z->embed, targets != NULL);
+    embed_forward_begin(g);
+    int rc = run_pass(z, forward_step, forward_steps(z));
+    *loss = rc == 0 ? head_loss(g, targets != NULL) : 0.0;
     return rc;
 }
 
@@ -266,41 +390,22 @@ int zero_backward(struct zero *z, float scale)
     const int L = g->cfg.L;
     const float dloss = scale / (float)(g->B * g->T);
     if (!z->comm) {
-        head_backward(g, own(z, z->grads, L + 1), own(z, z->grads, 0), own(z, z->params, L + 1),
-                      own(z, z->params, 0), dloss);
+        head_backward(g, own(z, z->grads, L + 1), own(z, z->params, L + 1), own(z, z->params, 0),
+                      dloss);
         for (int l = L - 1; l >= 0; l--)
             block_backward(g, l, own(z, z->grads, l + 1), own(z, z->params, l + 1));
         embed_backward(g, own(z, z->grads, 0));
         return 0;
     }
-    /* The forward left the norm unit in slot L % 2 and the last block in the
-     * other slot. */
-    const size_t W = (size_t)z->world;
-    memset(z->gembed, 0, sizeof(float) * W * z->shard[0]);
-    memset(z->gslot[0], 0, sizeof(float) * W * z->shard[L + 1]);
-    head_backward(g, z->gslot[0], z->gembed, z->slot[L % 2], z->embed, dloss);
-    unsigned long tg[2] = {reduce(z, L + 1, z->gslot[0]), 0}, ts[2] = {0, 0};
-    int j = 1;
-    for (int l = L - 1; l >= 0; l--) {
-        int u = l + 1, k = l % 2;
-        wait_for(z, ts[k]);
-        if (u > 1)
-            ts[!k] = gather(z, u - 1, z->slot[!k]);
-        wait_for(z, tg[j]);
-        memset(z->gslot[j], 0, sizeof(float) * W * z->shard[u]);
-        block_backward(g, l, z->gslot[j], z->slot[k]);
-        tg[j] = reduce(z, u, z->gslot[j]);
-        j ^= 1;
-    }
-    embed_backward(g, z->gembed);
-    return wait_for(z, reduce(z, 0, z->gembed));
+    head_backward_begin(g, dloss);
+    return run_pass(z, backward_step, backward_steps(z));
 }
 
-void zero_zero_grad(struct zero *z) { memset(z->grads, 0, sizeof(float) * z->total); }
+void zero_zero_grad(struct zero *z) { memset(z->grads, 0, sizeof(float) * z->plan.total); }
 
 int zero_grad_norm(struct zero *z, double *norm)
 {
-    double ss = sum_squares(z->grads, z->total); /* padding is zero */
+    double ss = sum_squares(z->grads, z->plan.total); /* padding is zero */
     int rc = zero_sum(z, &ss);
     *norm = sqrt(ss);
     return rc;
@@ -310,11 +415,11 @@ int zero_keep_previous(struct zero *z)
 {
     if (z->alt_params)
         return 0;
-    z->alt_params = calloc(3 * z->total, sizeof(float));
+    z->alt_params = calloc(3 * z->plan.total, sizeof(float));
     if (!z->alt_params)
         return -ENOMEM;
-    z->alt_m = z->alt_params + z->total;
-    z->alt_v = z->alt_params + 2 * z->total;
+    z->alt_m = z->alt_params + z->plan.total;
+    z->alt_v = z->alt_params + 2 * z->plan.total;
     return 0;
 }
 
@@ -352,7 +457,7 @@ void zero_adamw(struct zero *z, const struct adamw *h, float gscale)
             size_t b = t[i].offset + t[i].numel < lo + n ? t[i].offset + t[i].numel : lo + n;
             if (a >= b)
                 continue;
-            size_t o = z->off[u] + (a - lo);
+            size_t o = z->plan.off[u] + (a - lo);
             adamw_update_into(z->params + o, z->grads + o, z->m + o, z->v + o, p_out + o, m_out + o, v_out + o,
                               b - a, h, t[i].decay, gscale);
         }
@@ -374,13 +479,12 @@ int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const
                  const int *from_rank, const int *from_index)
 {
     const struct gpt_layout *lay = &z->g->layout;
-    size_t old_total = 0, old_off[GPT_MAX_UNITS], old_shard[GPT_MAX_UNITS], big = 0;
-    for (int u = 0; u < lay->nunits; u++) {
-        old_shard[u] = (lay->numel[u] + (size_t)old_world - 1) / (size_t)old_world;
-        old_off[u] = old_total;
-        old_total += old_shard[u];
+    struct zero_shards old;
+    zero_shards_init(&old, lay, old_world, 1);
+    const size_t old_total = old.total, *old_off = old.off, *old_shard = old.shard;
+    size_t big = 0;
+    for (int u = 0; u < lay->nunits; u++)
         big = old_shard[u] > big ? old_shard[u] : big;
-    }
     const size_t per = (size_t)ncontrib * 3 * big; /* one rank's contribution, at most */
     float *send = calloc(per, sizeof(float));
     float *all = calloc(per * (size_t)z->world, sizeof(float));
@@ -405,7 +509,7 @@ int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const
             size_t g = lo + i, o = g / S, w = g % S;
             size_t base = ((size_t)from_rank[o] * (size_t)ncontrib + (size_t)from_index[o]) * 3 * S;
             for (int k = 0; k < 3; k++)
-                dst[k][z->off[u] + i] = all[base + (size_t)k * S + w];
+                dst[k][z->plan.off[u] + i] = all[base + (size_t)k * S + w];
         }
     }
     free(send);
@@ -461,7 +565,7 @@ int zero_fingerprint(struct zero *z, uint64_t *out)
             uint64_t g = (uint64_t)(lay->offset[u] + lo + i);
             for (int k = 0; k < 3; k++) {
                 uint32_t bits;
-                memcpy(&bits, &src[k][z->off[u] + i], sizeof(bits));
+                memcpy(&bits, &src[k][z->plan.off[u] + i], sizeof(bits));
                 mine += mix64(3 * g + (uint64_t)k) * ((uint64_t)bits + 1);
             }
         }

@@ -1,19 +1,28 @@
 /*
  * zero: ZeRO stage 3 over the model's flat units (worker/train/model.h).
  *
- * Unit u of P_u floats is cut into N contiguous shards of S_u = ceil(P_u/N)
- * floats; rank r owns floats [r*S_u, (r+1)*S_u) of the unit, zero past P_u.
- * What a rank keeps across steps, its model state, is four shard buffers
- * with the units' shards back to back: fp32 weights, both AdamW moments and
- * the gradient, 16 bytes x sum(S_u).
+ * Unit u of P_u floats is cut into N contiguous shards of S_u floats; rank r
+ * owns floats [r*S_u, (r+1)*S_u) of the unit, zero past P_u. S_u is
+ * ceil(P_u/N) for the blocks and the norm; the embedding (unit 0: V + T rows
+ * of C floats, wte's then wpe's) is cut at whole rows, R = ceil((V+T)/N)
+ * rows and S_0 = R*C floats per rank. What a rank keeps across steps, its
+ * model state, is four shard buffers with the units' shards back to back:
+ * fp32 weights, both AdamW moments and the gradient, 16 bytes x sum(S_u).
  *
- * Transient, per rank (world > 1): the gathered embedding (unit 0; the tied
- * LM head needs it again, so it is gathered with the first block and held
- * until the head's backward is done), two slots for the gathered block or
- * norm unit being computed and the next one (prefetch), the embedding's full
- * gradient (the head's backward and the embedding's backward both add into
- * it, so it lives across the backward) and two slots for the full gradient
- * of a block being reduce-scattered while the next one is computed.
+ * Transient, per rank (world > 1): three slots of N * max(S_u, u >= 1)
+ * floats (a block gathered whole), and nothing else: the embedding is never
+ * whole on a rank. It passes through the slots a chunk at a time: chunk c
+ * is rows [c*k, (c+1)*k) of every rank's R rows (k rows such that N*k*C
+ * floats fit a slot; the last chunk shorter), gathered as N windows of rows
+ * side by side. Forward: the chunks for the token and position lookup, the
+ * blocks, the norm, the chunks again for the tied head's logits. Backward:
+ * the chunks for the head's input gradient, the norm, the blocks in
+ * reverse, each unit's full gradient reduce-scattered from a slot while the
+ * next unit computes; last the embedding's gradient (the head's share from
+ * its dlogits, the lookup's from the first block's input gradient) a chunk
+ * at a time, each reduce-scattered while the next is computed. The three
+ * slots hold what computes, the next step's parameters being gathered, and
+ * a gradient being written or reduced.
  *
  * One comm thread per rank runs every collective, in the order the training
  * thread submits them (the order is the same on every rank, so the
@@ -33,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/zeroshard.h"
 #include "worker/train/model.h"
 #include "worker/train/optim.h"
 
@@ -44,28 +54,26 @@ enum zero_job_kind { ZERO_GATHER, ZERO_REDUCE, ZERO_RAW_GATHER };
 
 struct zero_job {
     enum zero_job_kind kind;
-    int unit;        /* ZERO_GATHER, ZERO_REDUCE */
-    float *buf;      /* full unit (world * S_u floats): gathered into, or reduced from */
+    size_t at;        /* ZERO_GATHER, ZERO_REDUCE: where this rank's part starts in the shard buffers */
+    size_t count;     /* floats from each rank */
+    float *buf;       /* world * count floats: gathered into, or reduced from */
     const void *send; /* ZERO_RAW_GATHER: count floats from each rank into buf */
-    size_t count;
 };
 
 struct zero {
     struct comm *comm;             /* NULL when world == 1 */
     int rank, world;
     struct gpt *g;                 /* config, layout and activations */
-    size_t shard[GPT_MAX_UNITS];   /* S_u */
-    size_t off[GPT_MAX_UNITS];     /* where unit u's shard starts in the shard buffers */
-    size_t total;                  /* sum of S_u */
-    /* model state: total floats each; params, m and v are one block of 3 x total */
+    struct zero_shards plan;       /* shard sizes and offsets, chunks, slots */
+    /* model state: plan.total floats each; params, m and v are one block of 3 x total */
     float *params, *m, *v, *grads;
     /* the other block of weights and moments (zero_keep_previous), and
      * whether the next update writes into them (then they swap places) */
     float *alt_params, *alt_m, *alt_v;
     int keep_next;
-    /* transient (world > 1) */
-    float *embed, *gembed;         /* unit 0 gathered, and its full gradient */
-    float *slot[2], *gslot[2];     /* blocks / norm: gathered, full gradient */
+    /* transient (world > 1): the slots, and each one's last job (its ticket) */
+    float *slot[ZERO_SLOTS];
+    unsigned long slot_job[ZERO_SLOTS];
     /* comm thread */
     pthread_t thread;
     int running;
@@ -97,7 +105,7 @@ void zero_set_comm(struct zero *z, struct comm *comm);
 
 /* Bytes allocated for what persists across steps: weights, moments, gradients. */
 size_t zero_model_state_bytes(const struct zero *z);
-/* Bytes of the gathered-unit and full-gradient buffers (0 at world 1). */
+/* Bytes of the slots for gathered units, chunks and full gradients (0 at world 1). */
 size_t zero_transient_bytes(const struct zero *z);
 
 /* The floats of unit u this rank owns: global offset *lo within the unit and
