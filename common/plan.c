@@ -43,6 +43,7 @@ int plan_input_from_spec(struct plan_input *in, const struct job_spec *spec, cha
     in->devices_per_node = 1;
     in->network_gbit = PLAN_DEFAULT_GBIT;
     in->tflops = PLAN_DEFAULT_TFLOPS_CPU;
+    in->replicate_every = spec->replicate_every;
     return 0;
 }
 
@@ -147,7 +148,10 @@ static void memory(struct plan *p, const struct zero_shards *zs, int B)
     p->batch_bufs = ids_bytes(in->device, B, p->seq_len);
     p->acts = all - p->batch_bufs;
     p->data = in->device == PLAN_GPU ? 0 : 2 * in->data_tokens;
-    p->peak = p->state + p->transient + p->workspace + p->acts + p->batch_bufs + p->data + p->fixed;
+    /* worker/train/replica.h: a second block of weights and both moments (the
+     * snapshot) and two slots of a peer's, 3 x shard floats each */
+    p->replicas = in->device == PLAN_CPU && N > 1 && in->replicate_every > 0 ? 9 * sizeof(float) * zs->total : 0;
+    p->peak = p->state + p->transient + p->workspace + p->acts + p->batch_bufs + p->data + p->fixed + p->replicas;
     p->need = p->peak * (uint64_t)p->sharing;
 }
 
@@ -259,10 +263,10 @@ json_t *plan_json(const struct plan *p, const char *model)
 {
     const struct plan_input *in = &p->in;
     json_t *mem = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:i, s:I, s:o, s:o}", "state", (json_int_t)p->state,
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:i, s:I, s:o, s:o}", "state", (json_int_t)p->state,
         "transient", (json_int_t)p->transient, "workspace", (json_int_t)p->workspace, "activations",
         (json_int_t)p->acts, "batch_buffers", (json_int_t)p->batch_bufs, "data", (json_int_t)p->data, "fixed",
-        (json_int_t)p->fixed, "peak", (json_int_t)p->peak, "device_memory",
+        (json_int_t)p->fixed, "replicas", (json_int_t)p->replicas, "peak", (json_int_t)p->peak, "device_memory",
         in->device_mem ? json_integer((json_int_t)in->device_mem) : json_null(), "sharing", p->sharing,
         "need", (json_int_t)p->need, "fits", p->fits < 0 ? json_null() : json_boolean(p->fits),
         "max_micro_batch", p->max_micro_batch < 0 ? json_null() : json_integer(p->max_micro_batch));

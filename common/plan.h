@@ -54,6 +54,7 @@ struct plan_input {
     double network_gbit;     /* link bandwidth each rank's ring traffic crosses */
     double tflops;           /* effective compute per rank */
     uint64_t data_tokens;    /* tokens in the data file; 0 = unknown */
+    int replicate_every;     /* the job's peer replicas (muster-train, CPU path, world > 1); 0 = off */
 };
 
 struct plan {
@@ -70,6 +71,7 @@ struct plan {
     uint64_t batch_bufs;     /* token buffers of one micro-batch */
     uint64_t data;           /* the data set held in memory (0 when unknown) */
     uint64_t fixed;          /* GPU: library workspace and small buffers */
+    uint64_t replicas;       /* peer replicas: the snapshot block and two replica slots */
     uint64_t peak;           /* the sum: predicted peak of one rank */
     int sharing;             /* ranks that share device_mem (CPU: the node's) */
     uint64_t need;           /* peak * sharing */

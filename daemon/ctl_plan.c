@@ -58,6 +58,8 @@ void render_plan(FILE *f, const json_t *plan)
         row(f, "data set", num(mem, "data"), num(mem, "data") > 0 ? "2 B per token" : "data file not read");
     if (gpu)
         row(f, "cuBLAS workspace and scalars", num(mem, "fixed"), NULL);
+    if (num(mem, "replicas") > 0)
+        row(f, "peer replicas", num(mem, "replicas"), "replicate_every > 0: snapshot + 2 replica slots");
     row(f, "predicted peak", num(mem, "peak"), NULL);
     const json_t *dm = json_object_get(mem, "device_memory");
     if (json_is_integer(dm)) {

@@ -24,6 +24,7 @@
 #include "common/zeroshard.h"
 #include "worker/train/comm/comm.h"
 #include "worker/train/layers.h"
+#include "worker/train/replica.h"
 #include "worker/train/train.h"
 
 /* Generated text the trainers read: one path per test, removed after it. */
@@ -414,6 +415,36 @@ START_TEST(fit_and_largest_micro_batch)
 }
 END_TEST
 
+/* Peer replicas (issue 12): what replica_init allocates for a rank's shards
+ * is what the plan adds, with replicate_every on and a world above 1. */
+START_TEST(replicas_are_counted_as_allocated)
+{
+    static const char *const models[] = {"tiny", "small"};
+    for (int k = 0; k < 2; k++) {
+        struct plan p = plan_of(models[k], 4, 8, 2, 0);
+        struct plan one = plan_of(models[k], 1, 8, 2, 0);
+        ck_assert_uint_eq(one.replicas, 0);
+        struct zero z = {.world = 4};
+        z.plan.total = (size_t)p.shard_floats;
+        const size_t block = 3 * sizeof(float) * z.plan.total; /* weights and both moments */
+        struct replica rep;
+        ck_assert_int_eq(replica_init(&rep, &z, 1, 0), 0);
+        ck_assert_uint_eq(p.replicas, 3 * block);
+        ck_assert(holds(z.alt_params, block));
+        ck_assert(holds(rep.slot[0], block) && holds(rep.slot[1], block));
+        replica_free(&rep);
+        free(z.alt_params);
+        struct plan_input in = p.in;
+        in.replicate_every = 0;
+        struct plan off;
+        char err[256];
+        ck_assert_int_eq(plan_compute(&in, &off, err, sizeof(err)), 0);
+        ck_assert_uint_eq(off.replicas, 0);
+        ck_assert_uint_eq(off.peak + p.replicas, p.peak);
+    }
+}
+END_TEST
+
 Suite *make_plan_suite(void)
 {
     Suite *s = suite_create("plan");
@@ -426,6 +457,7 @@ Suite *make_plan_suite(void)
     tcase_add_test(tc, model_state_and_buffers_are_what_zero_allocates);
     tcase_add_test(tc, bytes_per_step_are_what_the_ring_counts);
     tcase_add_test(tc, predicted_peak_is_within_15_percent_of_rss_growth);
+    tcase_add_test(tc, replicas_are_counted_as_allocated);
     suite_add_tcase(s, tc);
     return s;
 }
