@@ -106,6 +106,16 @@ for r in json.load(urllib.request.urlopen(base + "/v1/ranks", timeout=2))["ranks
 
 pid_alive() { kill -0 "$1" 2>/dev/null; }
 
+# wait_exit PID SECONDS: true once PID is gone (polls every 50 ms).
+wait_exit() {
+    i=0
+    while pid_alive "$1" && [ $i -lt $(( $2 * 20 )) ]; do sleep 0.05; i=$((i + 1)); done
+    ! pid_alive "$1"
+}
+
+# ranks_of AGENT_PID: its muster-train children, PIDs ascending on one line.
+ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
+
 # wait_event SECONDS PATTERN: polls /v1/events until a line matches.
 wait_event() {
     limit=$(( $1 * 20 )); i=0

@@ -35,12 +35,6 @@ run() { # NAME: musterd + agents a and b, one rank each
     done
 }
 
-wait_exit() { # PID SECONDS
-    i=0
-    while pid_alive "$1" && [ $i -lt $(( $2 * 20 )) ]; do sleep 0.05; i=$((i + 1)); done
-    ! pid_alive "$1"
-}
-
 ctl() { "$CTLBIN" --server "http://127.0.0.1:$HTTP" --admin-token-file "$ITEST_DIR/admin" "$@"; }
 
 # committed step directories under $1, one per line

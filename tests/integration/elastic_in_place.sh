@@ -28,7 +28,6 @@ agent() { # NAME
     start_agent "$1" 2 --token-file "$ITEST_DIR/token" \
         --rank-cmd "$BUILD/muster-train --threads 1 --metrics $ITEST_DIR/elastic.metrics"
 }
-ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
 
 # fingerprint_check WORLD_BEFORE WORLD_AFTER: the last restore in WORLD_AFTER
 # against the step it restored as WORLD_BEFORE saw it.

@@ -55,12 +55,6 @@ final_loss() { # METRICS: the loss of the last step, full precision
         python3 -c 'import json,sys; print(repr(json.loads(sys.stdin.read())["loss"]))'
 }
 
-wait_exit() { # PID SECONDS
-    i=0
-    while pid_alive "$1" && [ $i -lt $(( $2 * 20 )) ]; do sleep 0.05; i=$((i + 1)); done
-    ! pid_alive "$1"
-}
-
 finish() { # NAME: waits for the job's end (the daemon stays up for its events), then stops everything
     wait_for 240 'd["state"] == "completed"' || { show_status; fail "$1: did not complete in 240 s"; }
     curl -sf "http://127.0.0.1:$HTTP/v1/events" > "$ITEST_DIR/$1.events" || fail "$1: no events"
@@ -69,8 +63,6 @@ finish() { # NAME: waits for the job's end (the daemon stays up for its events),
     wait_exit "$A" 10 || true
     wait_exit "$B" 10 || true
 }
-
-ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
 
 no_stray_signal() { # only the SIGKILLs the test sent (and SIGTERMs of stopped ranks)
     ! grep -h "killed by signal" "$ITEST_DIR"/agent-*.log | grep -v "signal 9 \|signal 15 " \

@@ -37,12 +37,6 @@ final_loss() { # METRICS: the loss of the last step, full precision
     grep '"step": 60, "loss"' "$1" | tail -n 1 | python3 -c 'import json,sys; print(repr(json.loads(sys.stdin.read())["loss"]))'
 }
 
-wait_exit() { # PID SECONDS
-    i=0
-    while pid_alive "$1" && [ $i -lt $(( $2 * 20 )) ]; do sleep 0.05; i=$((i + 1)); done
-    ! pid_alive "$1"
-}
-
 job straight "$ITEST_DIR/ck-straight"
 run straight
 wait_exit "$DAEMON_PID" 240 || fail "uninterrupted run did not finish in 240 s"

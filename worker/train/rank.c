@@ -28,7 +28,6 @@ struct rank_ctl {
     uint64_t joined;      /* the one the training thread works in (rank_ctl_next_generation) */
     int rank;
     uint64_t seq;
-    int world;
     struct rank_assign next; /* the newest generation's place of this rank (job: NULL) */
     int have_uid;
     uint8_t uid[PROTO_UID_LEN];
@@ -141,7 +140,8 @@ static void raise_stop(struct rank_ctl *c, const char *why)
 
 /*
  * A newer generation's ASSIGN after the first one. A rank that rejoins
- * takes it when it holds this rank in a world of the same size: the
+ * takes it when it has a slot for this rank's local rank (its device),
+ * whatever its global rank and world size become there: the
  * generation is switched at once (its unique id may follow right behind),
  * the communicator aborted, and the training thread finds the generation in
  * rank_ctl_next_generation. Any other reassignment stops the rank: its
@@ -300,7 +300,6 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_ato
     c->fd = (int)fd;
     c->rank = (int)rank;
     c->generation = c->joined = (uint64_t)gen;
-    c->world = (int)world;
     c->beat.rank = (uint32_t)rank;
     c->beat.state = PROTO_RANK_RUNNING;
     c->beat.loss = NAN;
@@ -461,7 +460,6 @@ int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a)
         rc = -ECANCELED;
     } else {
         c->joined = c->generation;
-        c->world = c->next.world;
         atomic_store(&c->superseded, 0);
         *a = c->next;
         a->job = NULL;

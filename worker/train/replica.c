@@ -19,13 +19,6 @@ struct round_header {
     uint64_t floats;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- the plan ---- */
 
 static const uint64_t *offer_of(const uint64_t *all, int r) { return all + (size_t)r * REPLICA_OFFER; }
@@ -242,8 +235,6 @@ static void *replica_thread(void *arg)
         pthread_mutex_lock(&r->mu);
         if (rc && !r->rc)
             r->rc = rc;
-        if (!rc)
-            r->rounds++;
         r->busy = 0;
         pthread_cond_broadcast(&r->cv);
     }
@@ -345,13 +336,11 @@ int replica_wait(struct replica *r)
 {
     if (!r)
         return 0;
-    double t0 = now_s();
     pthread_mutex_lock(&r->mu);
     while (r->busy)
         pthread_cond_wait(&r->cv, &r->mu);
     int rc = r->rc;
     pthread_mutex_unlock(&r->mu);
-    r->wait_s += now_s() - t0;
     return rc;
 }
 

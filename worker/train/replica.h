@@ -128,8 +128,6 @@ struct replica {
     int busy;                  /* a round is under way or asked for */
     int quit;
     int rc;                    /* the last round's error; sticky until replica_attach */
-    double wait_s;             /* the trainer waited for rounds, in total */
-    long rounds;               /* completed */
 };
 
 /* Buffers for z's shards (every > 0: two replica slots, and the zero's

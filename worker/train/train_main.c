@@ -646,13 +646,21 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
                   (uint64_t)(ht ? ht->spec.seed : tr->spec.seed), ht ? ht->last_checkpoint_step : -1, mine);
     uint64_t *all = malloc(sizeof(mine) * (size_t)world);
     int *pos = malloc(sizeof(int) * (size_t)world);
-    struct replica_src *src = malloc(sizeof(*src) * REPLICA_MAX_WORLD);
+    struct replica_src *src = NULL; /* one per rank of the survivors' generation */
     struct replica_plan plan;
-    int rc = all && pos && src ? 0 : -ENOMEM;
+    int rc = all && pos ? 0 : -ENOMEM;
     if (rc == 0 && (rc = zero_gather_u64(&tr->zero, mine, REPLICA_OFFER, all)) != 0) {
         snprintf(err, errlen, "gathering what each rank holds: %s", comm_strerror(rc));
         *broke = 1;
         goto out;
+    }
+    if (rc == 0) {
+        uint64_t w0 = (uint64_t)world; /* replica_plan refuses more than REPLICA_MAX_WORLD */
+        for (int r = 0; r < world; r++)
+            if (all[(size_t)r * REPLICA_OFFER + OFFER_OLD_WORLD] > w0)
+                w0 = all[(size_t)r * REPLICA_OFFER + OFFER_OLD_WORLD];
+        if (!(src = malloc(sizeof(*src) * (w0 < REPLICA_MAX_WORLD ? w0 : REPLICA_MAX_WORLD))))
+            rc = -ENOMEM;
     }
     if (rc == 0 && tr->rank == 0 && LOG_DEBUG <= log_threshold)
         for (int r = 0; r < world; r++) {
