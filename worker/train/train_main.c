@@ -395,13 +395,15 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     }
     if (ctl)
         rank_ctl_on_abort(ctl, abort_gpu, tr.z);
-    if (resume) {
-        if (gpu->trainer_load(&tr, resume, err, sizeof(err))) {
+    if (resume) { /* -ENOENT (no rank finds a checkpoint there): the same on every rank, a fresh start */
+        int lrc = gpu->trainer_load(&tr, resume, err, sizeof(err));
+        if (lrc && (lrc != -ENOENT || standalone)) {
             log_error("%s", err);
             gpu->trainer_free(&tr);
             return 1;
         }
-        log_info("resumed from %s at step %ld", resume, tr.step);
+        if (lrc == 0)
+            log_info("resumed from %s at step %ld", resume, tr.step);
     }
     char name[128];
     gpu->device_name(name, sizeof(name));
@@ -527,13 +529,15 @@ static int run_single(const struct job_spec *spec, int standalone, struct rank_c
         return 1;
     }
     inject_faults(&tr);
-    if (resume) {
-        if (trainer_load(&tr, resume, err, sizeof(err))) {
+    if (resume) { /* a rank's -ENOENT: no checkpoint yet, a fresh start */
+        int lrc = trainer_load(&tr, resume, err, sizeof(err));
+        if (lrc && (lrc != -ENOENT || standalone)) {
             log_error("%s", err);
             trainer_free(&tr);
             return 1;
         }
-        log_info("resumed from %s at step %ld", resume, tr.step);
+        if (lrc == 0)
+            log_info("resumed from %s at step %ld", resume, tr.step);
     }
     log_model(&tr, threads, standalone);
     int rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err));
@@ -730,17 +734,18 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         log_warn("no step is held in memory for every rank (%s): every rank falls back to %s", why,
                  tr->spec.checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
     }
-    char latest[JOB_PATH_MAX + 16];
-    snprintf(latest, sizeof(latest), "%s/latest", tr->spec.checkpoint_dir);
+    /* Every rank asks, whatever its own view of checkpoint_dir holds: the
+     * answer is collective (a node-local directory may be empty on a new node). */
     *valid = 0;
-    if (tr->spec.checkpoint_dir[0] && access(latest, F_OK) == 0) {
-        rc = trainer_load(tr, tr->spec.checkpoint_dir, err, errlen);
-        *broke = rc && zero_failed(&tr->zero);
-        if (rc)
-            goto out;
+    rc = tr->spec.checkpoint_dir[0] ? trainer_load(tr, tr->spec.checkpoint_dir, err, errlen) : -ENOENT;
+    if (rc == 0) {
         *from = PROTO_RESTORE_DISK;
         log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step); /* each rank: its own shard */
+    } else if (rc != -ENOENT) {
+        *broke = zero_failed(&tr->zero);
+        goto out;
     } else {
+        rc = 0;
         if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
             zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
             memset(tr->zero.m, 0, sizeof(float) * tr->zero.plan.total);
@@ -1098,10 +1103,9 @@ int main(int argc, char **argv)
             threads = 1;
     }
     layers_set_threads((int)threads);
-    /* A rank resumes from the job's last committed checkpoint, if there is one. */
-    char latest[JOB_PATH_MAX + 16];
-    snprintf(latest, sizeof(latest), "%s/latest", spec.checkpoint_dir);
-    if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
+    /* A rank resumes from the job's last committed checkpoint, if any rank
+     * finds one: the load decides that collectively (ckpt_load). */
+    if (!standalone && spec.checkpoint_dir[0])
         resume = spec.checkpoint_dir;
 
     /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
