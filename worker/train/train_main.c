@@ -61,6 +61,7 @@ static const atomic_int *superseded;
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
+static volatile sig_atomic_t yield_flag; /* COMMAND yield of the generation the rank works in */
 
 static void on_signal(int sig)
 {
@@ -426,7 +427,7 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, NULL};
     int rc = gpu->train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
@@ -496,7 +497,7 @@ static int run_loop(struct trainer *tr, struct rank_ctl *ctl, long long stop_aft
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
     int rc = train_run(tr, (long)stop_after, &hooks, &stop_flag, err, errlen);
     clear_bar(&rs);
     fflush(stdout);
@@ -878,7 +879,7 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
                     status = 0;
                     break;
                 }
-                broke = rc && broken(tr, rep);
+                broke = rc == TRAIN_YIELDED || (rc && broken(tr, rep));
             }
             if (!stop_flag && !broke) {
                 log_error("%s", err);
@@ -890,10 +891,17 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
                 log_info("stopped at step %ld", tr->step);
             break;
         }
-        /* The generation broke: keep the state, drop the rings, wait for the next one. */
+        /* The generation is over (it broke, or the ranks left it together for
+         * a grow): keep the state, drop the rings, wait for the next one. */
         heal.seen = wall_s();
-        log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
-                 (unsigned long long)at.generation, tr ? tr->step : 0L, err);
+        if (rc == TRAIN_YIELDED) {
+            log_info("generation %llu: left at the boundary of step %ld with the other ranks (the job grows); "
+                     "waiting for the next generation", (unsigned long long)at.generation, tr->step);
+            rank_ctl_yielded(ctl);
+        } else {
+            log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
+                     (unsigned long long)at.generation, tr ? tr->step : 0L, err);
+        }
         rank_ctl_on_abort(ctl, NULL, NULL);
         comm_abort(gc.train);
         comm_abort(gc.replica);
@@ -1054,6 +1062,7 @@ int main(int argc, char **argv)
             return 1;
         }
         rank_ctl_on_checkpoint(ctl, &checkpoint_requests);
+        rank_ctl_on_yield(ctl, &yield_flag);
         char prog[32];
         snprintf(prog, sizeof(prog), "muster-train[%d]", assign.rank);
         log_set_prog(strdup(prog));
