@@ -1299,6 +1299,24 @@ void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t
     node_lost(r, (uint32_t)idx, why, now_ms);
 }
 
+/* The running rank whose last heartbeat entry is oldest, when that is older
+ * than three heartbeat intervals while its node still beats (agents leave
+ * out ranks they stopped hearing from); world_size when there is none. */
+static uint32_t quietest_rank(const struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
+    uint32_t best = r->world_size;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        if (rk->state != RDV_RANK_RUNNING || rk->silent || !rk->last_beat_ms || now_ms - rk->last_beat_ms <= quiet ||
+            now_ms - r->nodes[rk->node].last_seen_ms > quiet)
+            continue;
+        if (best == r->world_size || rk->last_beat_ms < r->ranks[best].last_beat_ms)
+            best = i;
+    }
+    return best;
+}
+
 /* A rank that heartbeats but whose step stands still is hung (e.g. in a collective). */
 static void check_progress(struct rdv *r, uint64_t now_ms)
 {
@@ -1309,9 +1327,24 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
         const struct rdv_rank *rk = &r->ranks[i];
         if (rk->state == RDV_RANK_RUNNING && !rk->silent && now_ms - rk->progress_ms > limit) {
             char what[PROTO_REASON_MAX];
-            snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
-                     i, r->nodes[rk->node].name, (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
-                     (unsigned long long)limit);
+            /* One stuck rank holds up every other in the next collective, so all
+             * stand still; the one whose own heartbeats stopped (its agent left
+             * it out: frozen, stopped, wedged) is the cause, not rank i. */
+            uint32_t culprit = quietest_rank(r, now_ms);
+            if (culprit < r->world_size) {
+                const struct rdv_rank *q = &r->ranks[culprit];
+                snprintf(what, sizeof(what), "rank %u on node %s is hung: no heartbeat from it for %.1f s while its "
+                         "node answers, and every rank stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
+                         culprit, r->nodes[q->node].name, (double)(now_ms - q->last_beat_ms) / 1000.0,
+                         (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
+                         (unsigned long long)limit);
+                rk = q;
+                i = culprit;
+            } else {
+                snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s "
+                         "(progress_timeout_ms=%llu)", i, r->nodes[rk->node].name, (unsigned long long)rk->step,
+                         (double)(now_ms - rk->progress_ms) / 1000.0, (unsigned long long)limit);
+            }
             event(r, "rank_hung", (int)rk->node, (int)i, "%s", what);
             fail_generation(r, now_ms, (int)rk->node, (int)i, what);
             return;

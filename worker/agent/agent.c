@@ -191,6 +191,9 @@ static bool any_running(const struct agent *a)
  * parked generation, so it is stopped instead (SIGTERM, then SIGKILL) and its
  * slot started again. */
 #define RANK_SILENT_MS 3000
+/* Not heard for this long, a rank's cached entry is left out of heartbeats
+ * (muster-train beats every RANK_BEAT_MS, 500 ms). */
+#define RANK_QUIET_MS 1500
 
 static bool responsive(const struct agent *a, const struct agent_rank *r)
 {
@@ -974,9 +977,14 @@ static void on_beat_timer(uv_timer_t *t)
     hb->seq = ++a->beat_seq;
     refresh_free_port(a);
     hb->free_port = a->free_port;
+    const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct agent_rank *r = a->ranks[i];
-        if (r && r->generation == a->cur_gen)
+        /* A running rank that spoke but has not for RANK_QUIET_MS (frozen, or a
+         * program that beats only per step): its last entry is not news, and
+         * relaying it would make it look alive; the daemon sees its age grow. */
+        if (r && r->generation == a->cur_gen &&
+            !(r->running && !r->stopping && r->heard_ms && now - r->heard_ms > RANK_QUIET_MS))
             hb->ranks[hb->nranks++] = r->beat;
     }
     if (!a->unanswered_since)
