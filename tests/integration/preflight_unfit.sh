@@ -107,7 +107,9 @@ fi
 
 # 3. free space below two checkpoints on node b: a 64 KiB tmpfs where mounting is
 #    permitted (the fix grows it), and always through the statvfs test hook
-rm -rf "$ITEST_DIR/b/ck"; mkdir -p "$ITEST_DIR/b/ck"
+# (both nodes' checkpoint_dir emptied: case 2's job left node a's half of a
+# checkpoint there, which a job whose other half is gone must refuse to load)
+rm -rf "$ITEST_DIR/a/ck" "$ITEST_DIR/b/ck"; mkdir -p "$ITEST_DIR/b/ck"
 if mount -t tmpfs -o size=64k tmpfs "$ITEST_DIR/b/ck" 2>/dev/null; then
     MOUNTED="$ITEST_DIR/b/ck"
     job smalldisk ck
@@ -120,6 +122,7 @@ else
     echo "small tmpfs checkpoint_dir: skipped (no mount permission); the statvfs hook follows"
 fi
 
+rm -rf "$ITEST_DIR/a/ck" "$ITEST_DIR/b/ck"; mkdir -p "$ITEST_DIR/b/ck" # as above
 echo 1000 > "$ITEST_DIR/free-b"
 job lowspace ck
 rm -rf "$ITEST_DIR/state"
