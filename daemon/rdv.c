@@ -991,8 +991,9 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
     r->yielding = 1;
     r->grow_node = idx;
     r->yield_since_ms = now_ms;
-    event(r, "job_growing", (int)idx, -1, "node %s joined: the ranks of generation %llu leave it at the next step "
-          "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
+    snprintf(r->reason, sizeof(r->reason), "node %s joined: the ranks of generation %llu leave it at the next step "
+             "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
+    event(r, "job_growing", (int)idx, -1, "%s", r->reason);
     command_all(r, PROTO_CMD_YIELD);
     changed(r, 0);
 }

@@ -587,6 +587,7 @@ START_TEST(grow_waits_for_the_ranks_to_leave_at_a_step_boundary)
     ck_assert_ptr_nonnull(y);
     ck_assert_int_eq(y->u.command.generation, 3);
     ck_assert(has_event("job_growing"));
+    ck_assert_msg(strstr(rdv.reason, "leave it at the next step boundary"), "%s", rdv.reason); /* status says so */
     ck_assert_int_eq(rdv.generation, 3); /* nothing opens before they have left */
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
     now += 500;
