@@ -1017,8 +1017,12 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
         stot += S[u];
     }
     nmine = load[me];
-    if (nmine && !(blocks = calloc((size_t)nmine * 3 * stot, sizeof(float))))
-        rc = -ENOMEM;
+    size_t len_max = spread_words(c) * 2 / (3 * (size_t)ncontrib);
+    len_max = len_max < 2 ? 2 : len_max;
+    send = calloc(3 * (size_t)ncontrib * len_max + 1, sizeof(float));
+    got = calloc((3 * (size_t)ncontrib * len_max + 1) * (size_t)world, sizeof(float));
+    if (!send || !got || (nmine && !(blocks = calloc((size_t)nmine * 3 * stot, sizeof(float)))))
+        rc = -ENOMEM; /* agreed below, with the reads: no rank is left alone in a gather */
     for (int q = 0, i = 0; !rc && q < w0; q++) {
         if (reader[q] != me)
             continue;
@@ -1036,19 +1040,11 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
         rc = read_shard(&as, file, q, w0, S, bytes, hex, err, errlen);
     }
     if (rc == -ENOMEM)
-        snprintf(err, errlen, "checkpoint: out of memory for %d shard file(s) of %zu floats", nmine, 3 * stot);
+        snprintf(err, errlen, "checkpoint: out of memory for %d shard file(s) of %zu floats and the buffers "
+                 "that ship them", nmine, 3 * stot);
     if ((rc = agree_loaded(c, rc, err, errlen)) != 0)
         goto out;
     /* each unit round, a chunk of every block at a time */
-    size_t len_max = spread_words(c) * 2 / (3 * (size_t)ncontrib);
-    len_max = len_max < 2 ? 2 : len_max;
-    send = calloc(3 * (size_t)ncontrib * len_max + 1, sizeof(float));
-    got = calloc((3 * (size_t)ncontrib * len_max + 1) * (size_t)world, sizeof(float));
-    if (!send || !got) {
-        rc = -ENOMEM; /* before any gather of the chunks: the others fail at theirs */
-        snprintf(err, errlen, "checkpoint: out of memory for the spread load's buffers");
-        goto out;
-    }
     float *dst[3] = {c->params, c->m, c->v};
     for (int u = 0; u < nunits && !crc; u++) {
         size_t lo_me, n_me;
@@ -1110,10 +1106,10 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
     long mine_step = -1;
     /* 1 */
     int rc = c->local_rc;
+    snprintf(probe, sizeof(probe), "%s/manifest.json", path);
     if (rc) {
         snprintf(err, errlen, "checkpoint: this rank has no room for it: %s", strerror(-rc));
     } else {
-        snprintf(probe, sizeof(probe), "%s/manifest.json", path);
         if (access(probe, F_OK) == 0) { /* a step directory */
             if ((rc = view_step(c, path, &v, err, errlen)) == 0)
                 mine_step = v.step;
