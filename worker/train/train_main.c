@@ -2,10 +2,13 @@
  * muster-train: one training rank. Two modes:
  *   rank mode (started by muster-worker, MUSTER_CTL_FD set): the job spec,
  *     rank, world size and generation come from the agent's ASSIGN; rank 0
- *     creates the ring communicator's unique id and sends it up; every rank
- *     resumes from the job's last committed checkpoint, trains its share
- *     with ZeRO-3, and heartbeats its progress. Stopped by the agent (or by
- *     its death) it aborts the communicator and exits 1; done, it exits 0.
+ *     creates the communicator's unique id (ring on the CPU, NCCL on the
+ *     GPU) and sends it up; the ranks restore their state (peers' memory,
+ *     else the job's last committed checkpoint, else the seed), train their
+ *     share with ZeRO-3 and heartbeat their progress. A rank of a world > 1
+ *     outlives a broken generation and rejoins the next one in place
+ *     (run_rank). Stopped by the agent (or by its death) it aborts the
+ *     communicator and exits 1; done, it exits 0.
  *   --standalone: one process, driven by --job and flags that override the
  *     job's training keys.
  * See docs/training.md.
