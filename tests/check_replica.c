@@ -234,31 +234,38 @@ static void *dying_peer(void *arg)
     return NULL;
 }
 
+/* Round 5 between rep (rank 0) and a dying peer (rank 1, p): the ring
+ * formed, the round made, the peer gone; p->state is what it sent. */
+static void round_with_dying_peer(struct replica *rep, struct peer *p)
+{
+    static uint8_t id[COMM_ID_BYTES];
+    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
+    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
+    p->id = id;
+    for (int i = 0; i < 3 * RF; i++)
+        p->state[i] = (float)i;
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, dying_peer, p), 0);
+    struct comm *c = NULL;
+    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
+    replica_attach(rep, c);
+    replica_begin(rep, 5);
+    ck_assert_int_eq(replica_wait(rep), 0); /* sent and received in full */
+    pthread_join(t, NULL);
+    ck_assert_int_eq(p->rc, 0);
+}
+
 /* The replica a holder received whole is offered, even though the sender
  * died at once: nothing after the transfer can take it back. */
 START_TEST(holder_offers_a_replica_whose_sender_died)
 {
-    static uint8_t id[COMM_ID_BYTES];
     static struct peer p;
     static float block[3 * RF];
-    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
-    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
-    p.id = id;
-    for (int i = 0; i < 3 * RF; i++)
-        p.state[i] = (float)i;
     struct zero z = {.rank = 0, .world = 2, .plan = {.total = RF}, .params = block, .m = block + RF,
                      .v = block + 2 * RF};
     struct replica rep;
     ck_assert_int_eq(replica_init(&rep, &z, 1, 0), 0);
-    pthread_t t;
-    ck_assert_int_eq(pthread_create(&t, NULL, dying_peer, &p), 0);
-    struct comm *c = NULL;
-    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
-    replica_attach(&rep, c);
-    replica_begin(&rep, 5);
-    ck_assert_int_eq(replica_wait(&rep), 0); /* sent and received in full */
-    pthread_join(t, NULL);
-    ck_assert_int_eq(p.rc, 0);
+    round_with_dying_peer(&rep, &p);
     comm_destroy(replica_detach(&rep));
     uint64_t o[REPLICA_OFFER];
     replica_offer(&rep, 1, 0, 2, RF, 5, 0, 0, 7, -1, o);
@@ -319,31 +326,18 @@ static int ts_received(void *arg)
  * fails it, and a restore goes back through the store and drops the rest. */
 START_TEST(store_blocks_are_sent_kept_and_reverted)
 {
-    static uint8_t id[COMM_ID_BYTES];
     static struct peer p;
     static struct test_store t = {.cur = -1, .next = -1};
-    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
-    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
-    p.id = id;
     for (int i = 0; i < 3 * RF; i++) {
-        p.state[i] = (float)i;
         t.block[0][i] = 0.5f * (float)i + 1.0f;
         t.block[1][i] = -1.0f;
     }
     const struct replica_store store = {ts_round, ts_keep, ts_revert, ts_inbox, ts_received, &t};
     struct replica rep;
     ck_assert_int_eq(replica_init_store(&rep, RF, 1, 0, &store), 0);
-    pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, dying_peer, &p), 0);
-    struct comm *c = NULL;
-    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
-    replica_attach(&rep, c);
-    replica_begin(&rep, 5);
+    round_with_dying_peer(&rep, &p);
     ck_assert_int_eq(t.rounds, 1);
     ck_assert_int_eq(t.step, 5);
-    ck_assert_int_eq(replica_wait(&rep), 0);
-    pthread_join(th, NULL);
-    ck_assert_int_eq(p.rc, 0);
     ck_assert_int_eq(memcmp(p.got, t.block[0], sizeof(p.got)), 0); /* the store's block went to the holder */
     replica_updated(&rep);
     ck_assert_int_eq(t.kept, 1);

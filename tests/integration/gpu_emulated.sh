@@ -138,13 +138,14 @@ ref=$(loss_at "$ITEST_DIR/heal-straight.jsonl" $HSTEPS)
 (heal_run "$ITEST_DIR/heal.jsonl" "$ITEST_DIR/heal.log") &
 L=$! # timeout, which runs the launcher
 ITEST_PIDS="$ITEST_PIDS $L"
-i=0; while [ "$(grep -c '"loss"' "$ITEST_DIR/heal.jsonl" 2>/dev/null)" -lt 6 ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
+steps_in() { cat "$1" 2> /dev/null | grep -c '"loss"' || true; } # METRICS: steps reported so far
+i=0; while [ "$(steps_in "$ITEST_DIR/heal.jsonl")" -lt 6 ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
 launcher=$(pgrep -P "$L" -f muster-worker | head -n 1)
 ranks=""
 [ -z "$launcher" ] || ranks=$(pgrep -P "$launcher" -f "^$E/muster-train" | sort -n)
 survivor=$(echo "$ranks" | head -n 1); victim=$(echo "$ranks" | sed -n 2p)
 [ -n "$victim" ] || fail "healing: no second GPU rank to kill (ranks: $ranks)"
-at=$(grep -c '"loss"' "$ITEST_DIR/heal.jsonl")
+at=$(steps_in "$ITEST_DIR/heal.jsonl")
 kill -9 "$victim"
 wait "$L" || fail "the healing two-rank GPU job did not complete: $(tail -5 "$ITEST_DIR/heal.log")"
 grep -q 'completed, generation 2, 2 ranks' "$ITEST_DIR/heal.log" || fail "healing: expected completion in generation 2"
