@@ -1005,7 +1005,6 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
     for (;;) {
         int broke = 1; /* a communicator that does not form: the generation broke */
         int rc = ops->connect(ctl, at.rank, at.world, &gc, err, sizeof(err));
-        heal.ring = wall_s();
         if (rc == -ETIMEDOUT) { /* no id or no peers for minutes: no generation is coming; the daemon decides */
             log_error("%s", err);
             break;
@@ -1023,6 +1022,7 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
         } else if (rc == 0) {
             rc = ops->attach(&rt, &gc, err, sizeof(err));
         }
+        heal.ring = wall_s(); /* the training communicator formed (NCCL: in the trainer) */
         if (rc == 0) {
             rank_ctl_on_abort(ctl, abort_comms, &gc);
             enum proto_restore from = PROTO_RESTORE_NONE;
