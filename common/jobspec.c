@@ -81,7 +81,7 @@ static const struct key_def keys[] = {
     {"eval_every", KEY_INT, F(eval_every), 0, 100000000, 100, NULL, "validation every N steps; 0 = off"},
     {"eval_batches", KEY_INT, F(eval_batches), 1, 100000, 8, NULL, "validation set size in global batches: eval_batches x batch sequences, fixed by the seed, the same at any world size"},
     {"seed", KEY_I64, F(seed), 0, 9007199254740991.0, 1337, NULL, "seed of initialisation and data order"},
-    {"checkpoint_dir", KEY_STRING, F(checkpoint_dir), 0, 0, 0, "", "checkpoint directory; empty = none"},
+    {"checkpoint_dir", KEY_STRING, F(checkpoint_dir), 0, 0, 0, "", "checkpoint directory: shared or on each node's own disk (docs/training.md); empty = none"},
     {"checkpoint_every", KEY_INT, F(checkpoint_every), 0, 100000000, 0, NULL,
      "steps between checkpoints; 0 = only at the end"},
     {"checkpoint_keep", KEY_INT, F(checkpoint_keep), 0, 100000000, 3, NULL,

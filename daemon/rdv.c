@@ -14,6 +14,9 @@
 
 #include "common/batch.h"
 
+/* The longest a grow waits for the ranks to leave at a step boundary. */
+#define YIELD_WAIT_MS 30000
+
 static const char *const job_state_names[] = {
     "waiting", "forming", "running", "recovering", "completed", "stopped", "failed",
 };
@@ -410,6 +413,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     if (rdv_terminal(r) || r->state == RDV_WAITING)
         return;
     r->resuming = 0;
+    r->yielding = 0;
     if (spend && failure_fatal(cls)) {
         snprintf(r->reason, sizeof(r->reason), "%s; not retried: the rank's program cannot run as configured "
                  "(%s failure)", what, failure_class_name(cls));
@@ -457,6 +461,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     for (uint32_t i = 0; i < r->world_size; i++) {
         set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
         r->ranks[i].last_beat_ms = 0;
+        r->ranks[i].yielded = 0;
     }
     event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
           (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts,
@@ -892,19 +897,20 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
  * restart is spent. A job that is forming or recovering takes the node at
  * its next generation instead.
  */
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
+/* How long a grow waits for the ranks to leave their generation at a step
+ * boundary: min(progress_timeout_ms, 30 s); a step takes less than that. */
+static uint64_t yield_wait_ms(const struct rdv *r)
+{
+    const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
+    return limit && limit < YIELD_WAIT_MS ? limit : YIELD_WAIT_MS;
+}
+
+/* Takes node idx into the running job: a generation with it, the ranks of
+ * the one before parked (any still training abort their step). */
+static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[idx];
-    if (r->state != RDV_RUNNING || member_count(r) >= (uint32_t)r->spec->nodes || !fitness_ready(nd))
-        return;
-    uint32_t before = r->world_size, world = before + nd->ndevices;
-    struct batch_plan plan;
-    char why[PROTO_REASON_MAX];
-    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
-        event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
-              world, why);
-        return;
-    }
+    uint32_t before = r->world_size;
     nd->member = 1;
     check_plan(r, 0);
     if (nd->plan_unfit[0]) { /* it stays idle, shown unfit with the plan's figures */
@@ -923,6 +929,7 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
     r->assigned_ms = 0;
     r->running_since_ms = 0;
     r->restore_noted = 0;
+    r->yielding = 0;
     r->state = RDV_RECOVERING;
     snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
              before, r->world_size, member_count(r));
@@ -931,6 +938,84 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
     changed(r, 1);
     command_all(r, PROTO_CMD_PARK);
     try_start_generation(r, now_ms);
+}
+
+/* Whether every rank of the generation runs and can rejoin in place: then
+ * they can leave it together at a step boundary. */
+static int all_rejoin(const struct rdv *r)
+{
+    if (r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
+        return 0;
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (!r->ranks[i].rejoin || r->ranks[i].silent)
+            return 0;
+    return 1;
+}
+
+/* Whether every rank of the generation has left it at a step boundary. */
+static int all_yielded(const struct rdv *r)
+{
+    if (r->world_size == 0 || r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
+        return 0;
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (!r->ranks[i].yielded)
+            return 0;
+    return 1;
+}
+
+/*
+ * A node that joined (or came back to) a job running below its wanted size,
+ * once it is fit. When every rank can rejoin in place the ranks first leave
+ * the generation at the next step boundary (COMMAND yield; finish_yield
+ * goes on once all have said `yielded`, or at the deadline), so that no
+ * step in flight is lost; otherwise the generation opens at once.
+ */
+static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[idx];
+    if (r->state != RDV_RUNNING || r->yielding || member_count(r) >= (uint32_t)r->spec->nodes ||
+        !fitness_ready(nd))
+        return;
+    uint32_t world = r->world_size + nd->ndevices;
+    struct batch_plan plan;
+    char why[PROTO_REASON_MAX];
+    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
+        event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
+              world, why);
+        return;
+    }
+    if (!all_rejoin(r)) {
+        grow_now(r, idx, now_ms);
+        return;
+    }
+    r->yielding = 1;
+    r->grow_node = idx;
+    r->yield_since_ms = now_ms;
+    event(r, "job_growing", (int)idx, -1, "node %s joined: the ranks of generation %llu leave it at the next step "
+          "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
+    command_all(r, PROTO_CMD_YIELD);
+    changed(r, 0);
+}
+
+/* The ranks left the generation at a step boundary (or the wait is over):
+ * the grow goes on, or, when the node it was for is gone or unfit now, a
+ * generation of the same members (the parked ranks need one to go on in). */
+static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
+{
+    uint32_t idx = r->grow_node;
+    r->yielding = 0;
+    if (timed_out)
+        event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
+              "%.1f s: the step in flight is given up", (unsigned long long)r->generation,
+              (double)yield_wait_ms(r) / 1000.0);
+    if (idx < r->nnodes && !r->nodes[idx].member && r->nodes[idx].state == RDV_NODE_JOINED &&
+        fitness_ready(&r->nodes[idx]) && member_count(r) < (uint32_t)r->spec->nodes) {
+        grow_now(r, idx, now_ms);
+        if (r->state == RDV_RECOVERING)
+            return;
+    }
+    open_next_generation(r, now_ms, -1, -1, "the node the job was to grow by is gone; the ranks that left "
+                         "their generation for it go on", 0, FAILURE_EXIT, 1);
 }
 
 /* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
@@ -1013,8 +1098,14 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         rk->peak_mem = b->peak_mem;
         rk->step = b->step;
         rk->silent = b->silent;
+        rk->rejoin = b->rejoin;
+        rk->yielded = b->yielded;
         rk->last_beat_ms = now_ms;
         r->figures_changed = 1;
+    }
+    if (r->state == RDV_RUNNING && all_yielded(r)) {
+        finish_yield(r, now_ms, 0);
+        return;
     }
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
         return;
@@ -1208,19 +1299,52 @@ void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t
     node_lost(r, (uint32_t)idx, why, now_ms);
 }
 
+/* The running rank whose last heartbeat entry is oldest, when that is older
+ * than three heartbeat intervals while its node still beats (agents leave
+ * out ranks they stopped hearing from); world_size when there is none. */
+static uint32_t quietest_rank(const struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
+    uint32_t best = r->world_size;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        if (rk->state != RDV_RANK_RUNNING || rk->silent || !rk->last_beat_ms || now_ms - rk->last_beat_ms <= quiet ||
+            now_ms - r->nodes[rk->node].last_seen_ms > quiet)
+            continue;
+        if (best == r->world_size || rk->last_beat_ms < r->ranks[best].last_beat_ms)
+            best = i;
+    }
+    return best;
+}
+
 /* A rank that heartbeats but whose step stands still is hung (e.g. in a collective). */
 static void check_progress(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
-    if (limit == 0 || r->state != RDV_RUNNING)
+    if (limit == 0 || r->state != RDV_RUNNING || r->yielding) /* yielding ranks stop on purpose */
         return;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
         if (rk->state == RDV_RANK_RUNNING && !rk->silent && now_ms - rk->progress_ms > limit) {
             char what[PROTO_REASON_MAX];
-            snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
-                     i, r->nodes[rk->node].name, (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
-                     (unsigned long long)limit);
+            /* One stuck rank holds up every other in the next collective, so all
+             * stand still; the one whose own heartbeats stopped (its agent left
+             * it out: frozen, stopped, wedged) is the cause, not rank i. */
+            uint32_t culprit = quietest_rank(r, now_ms);
+            if (culprit < r->world_size) {
+                const struct rdv_rank *q = &r->ranks[culprit];
+                snprintf(what, sizeof(what), "rank %u on node %s is hung: no heartbeat from it for %.1f s while its "
+                         "node answers, and every rank stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
+                         culprit, r->nodes[q->node].name, (double)(now_ms - q->last_beat_ms) / 1000.0,
+                         (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
+                         (unsigned long long)limit);
+                rk = q;
+                i = culprit;
+            } else {
+                snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s "
+                         "(progress_timeout_ms=%llu)", i, r->nodes[rk->node].name, (unsigned long long)rk->step,
+                         (double)(now_ms - rk->progress_ms) / 1000.0, (unsigned long long)limit);
+            }
             event(r, "rank_hung", (int)rk->node, (int)i, "%s", what);
             fail_generation(r, now_ms, (int)rk->node, (int)i, what);
             return;
@@ -1322,6 +1446,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     if (r->restart_at_ms && now_ms >= r->restart_at_ms)
         try_start_generation(r, now_ms);
     maybe_form(r, now_ms);
+    if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= yield_wait_ms(r))
+        finish_yield(r, now_ms, 1);
     check_progress(r, now_ms);
     check_start(r, now_ms);
     check_rejoin(r, now_ms);

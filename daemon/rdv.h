@@ -124,6 +124,8 @@ struct rdv_rank {
     int silent;            /* alive by its process alone: step unknown, no hang detection */
     uint64_t step_bytes;   /* bytes sent in its last step (0 = not reported) */
     uint64_t peak_mem;     /* its peak memory, bytes (0 = not reported) */
+    int rejoin;            /* it said it joins the next generation in place */
+    int yielded;           /* it left the generation at a step boundary (COMMAND yield) */
 };
 
 /* The latest rank failure, with what the rank itself said (error file, stderr). */
@@ -212,6 +214,11 @@ struct rdv {
     int resuming;           /* restored from the state file, members not all back */
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
     int restore_noted;      /* rank 0 said where this generation's state came from */
+    /* A grow waiting for the ranks to leave the generation at a step
+     * boundary (COMMAND yield): the node to take, and until when to wait. */
+    int yielding;
+    uint32_t grow_node;
+    uint64_t yield_since_ms;
     enum proto_restore restore_from;
     uint64_t restore_step;
     /* restart policy (daemon/failure.h) */

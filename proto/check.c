@@ -26,6 +26,7 @@ const char *const proto_command_json[PROTO_CMD_MAX + 1] = {
     [PROTO_CMD_SHUTDOWN] = "shutdown",
     [PROTO_CMD_CHECKPOINT] = "checkpoint",
     [PROTO_CMD_PARK] = "park",
+    [PROTO_CMD_YIELD] = "yield",
 };
 
 const char *const proto_restore_json[PROTO_RESTORE_MAX + 1] = {

@@ -367,7 +367,7 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
         "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "step_bytes",
-        "peak_mem", "rejoin", "restore_from", "restore_step", NULL};
+        "peak_mem", "rejoin", "restore_from", "restore_step", "yielded", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -406,6 +406,14 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
         if (!json_is_boolean(rejoin))
             return PROTO_E_FIELD_TYPE;
         b->rejoin = json_is_true(rejoin);
+    }
+    /* Optional (absent = false): left the generation at a step boundary on COMMAND yield. */
+    b->yielded = 0;
+    json_t *yielded = json_object_get(o, "yielded");
+    if (yielded) {
+        if (!json_is_boolean(yielded))
+            return PROTO_E_FIELD_TYPE;
+        b->yielded = json_is_true(yielded);
     }
     /* Optional pair: how this generation's state was restored, and at which step. */
     int from = PROTO_RESTORE_NONE;
@@ -745,6 +753,8 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
         TRY(put_uint(o, "peak_mem", b->peak_mem));
     if (b->rejoin)
         TRY(put(o, "rejoin", json_true()));
+    if (b->yielded)
+        TRY(put(o, "yielded", json_true()));
     if (b->restore_from != PROTO_RESTORE_NONE) {
         TRY(put(o, "restore_from", json_string(proto_restore_json[b->restore_from])));
         TRY(put_uint(o, "restore_step", b->restore_step));

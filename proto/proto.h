@@ -116,7 +116,8 @@ enum proto_command {
     PROTO_CMD_SHUTDOWN = 3,   /* agent: stop ranks and exit */
     PROTO_CMD_CHECKPOINT = 4, /* rank: write a checkpoint now */
     PROTO_CMD_PARK = 5,       /* generation over by a failure: rejoining ranks wait, others stop */
-    PROTO_CMD_MAX = 5,
+    PROTO_CMD_YIELD = 6,      /* rank: leave this generation at the next step boundary and wait */
+    PROTO_CMD_MAX = 6,
 };
 
 /* Why a LOG_DATA carries no bytes. */
@@ -234,6 +235,8 @@ struct proto_rank_beat {
     enum proto_restore restore_from; /* where this generation's state came from
                                       * (optional: omitted when PROTO_RESTORE_NONE) */
     uint64_t restore_step; /* the step it resumed at (with restore_from) */
+    int yielded;          /* on COMMAND yield it finished its step, left the generation
+                           * with the others at that step boundary and waits (optional) */
 };
 
 struct proto_heartbeat {

@@ -97,15 +97,21 @@ static void full_free(struct full *f)
 }
 
 /* One world of ranks as threads, all-gathering through `slots`. */
+/* Words a rank may put into one all-gather here: the spread load is held
+ * to fewer (SPREAD_WORDS), so that it ships a unit in several rounds. */
+#define SLOT_WORDS 4096
+#define SPREAD_WORDS 700
+
 struct world {
     int n;
     enum slicing slicing;
     pthread_barrier_t bar;
-    uint64_t slots[MAXW * 3];
+    uint64_t slots[MAXW * SLOT_WORDS];
     struct job_spec spec;
     struct dataset data;
     struct full *full;
     const char *dir;
+    const char *const *dirs; /* rank r's view of the directory (NULL: dir for all) */
     int save;
     long step;
     int rc[MAXW];
@@ -122,6 +128,7 @@ static int shared_gather(void *coll, const uint64_t *mine, size_t n, uint64_t *a
 {
     struct rank_arg *a = coll;
     struct world *w = a->w;
+    ck_assert_uint_le(n, SLOT_WORDS);
     memcpy(w->slots + (size_t)a->rank * n, mine, sizeof(uint64_t) * n);
     pthread_barrier_wait(&w->bar);
     memcpy(all, w->slots, sizeof(uint64_t) * n * (size_t)w->n);
@@ -177,6 +184,7 @@ static void *rank_main(void *arg)
     c.gather = shared_gather;
     c.why = no_why;
     c.coll = a;
+    c.gather_max = SPREAD_WORDS;
     /* the floats this rank owns, [rank*S, rank*S + n) of each unit */
     for (int u = 0; u < f->lay.nunits; u++) {
         size_t lo = (size_t)a->rank * c.shard[u], n = 0;
@@ -185,8 +193,9 @@ static void *rank_main(void *arg)
         for (int k = 0; k < 3 && w->save; k++)
             memcpy(bufs[k] + c.off[u], f->a[k] + f->lay.offset[u] + lo, sizeof(float) * n);
     }
-    int rc = w->save ? ckpt_save(&c, w->dir, NULL, 0, w->err[a->rank], sizeof(w->err[0]))
-                     : ckpt_load(&c, w->dir, w->err[a->rank], sizeof(w->err[0]));
+    const char *dir = w->dirs ? w->dirs[a->rank] : w->dir;
+    int rc = w->save ? ckpt_save(&c, dir, NULL, 0, w->err[a->rank], sizeof(w->err[0]))
+                     : ckpt_load(&c, dir, w->err[a->rank], sizeof(w->err[0]));
     w->rc[a->rank] = rc;
     w->got_step[a->rank] = c.step;
     for (int u = 0; u < f->lay.nunits && !rc && !w->save; u++) {
@@ -208,8 +217,11 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-/* Runs n ranks saving (or loading) f at dir, with the CPU or GPU slicing. */
-static void run_world(struct full *f, const char *dir, int n, enum slicing slicing, int save)
+/* Runs n ranks saving (or loading) f at step `step`, rank r in dirs[r]
+ * (dirs NULL: all in dir), with the CPU or GPU slicing; the world, for its
+ * results (free it). */
+static struct world *run_ranks(struct full *f, const char *dir, const char *const *dirs, int n,
+                               enum slicing slicing, int save, long step)
 {
     struct world *w = calloc(1, sizeof(*w));
     ck_assert_ptr_nonnull(w);
@@ -217,8 +229,9 @@ static void run_world(struct full *f, const char *dir, int n, enum slicing slici
     w->slicing = slicing;
     w->full = f;
     w->dir = dir;
+    w->dirs = dirs;
     w->save = save;
-    w->step = 7;
+    w->step = step;
     tiny_spec(&w->spec);
     w->data = (struct dataset){.format = DATA_TEXT, .ntokens = 16400, .ntrain = 14760};
     pthread_barrier_init(&w->bar, NULL, (unsigned)n);
@@ -231,6 +244,14 @@ static void run_world(struct full *f, const char *dir, int n, enum slicing slici
     for (int r = 0; r < n; r++)
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&w->bar);
+    return w;
+}
+
+/* run_ranks at step 7 where every rank must succeed. */
+static void run_dirs(struct full *f, const char *dir, const char *const *dirs, int n, enum slicing slicing,
+                     int save)
+{
+    struct world *w = run_ranks(f, dir, dirs, n, slicing, save, 7);
     for (int r = 0; r < n; r++) {
         ck_assert_msg(w->rc[r] == 0, "%s at world %d (%s slicing), rank %d: %d %s",
                       save ? "save" : "load", n, slicing_name[slicing], r, w->rc[r], w->err[r]);
@@ -238,6 +259,18 @@ static void run_world(struct full *f, const char *dir, int n, enum slicing slici
             ck_assert_int_eq(w->got_step[r], 7);
     }
     free(w);
+}
+
+static void run_world(struct full *f, const char *dir, int n, enum slicing slicing, int save)
+{
+    run_dirs(f, dir, NULL, n, slicing, save);
+}
+
+static void same_model(const struct full *got, const struct full *ref, const char *what)
+{
+    for (int a = 0; a < 3; a++)
+        ck_assert_msg(memcmp(got->a[a], ref->a[a], sizeof(float) * ref->lay.total) == 0,
+                      "%s: array %d differs", what, a);
 }
 
 /* Saved with one slicing at N ranks, loaded with the other at M: the same bits. */
@@ -473,6 +506,117 @@ START_TEST(save_prunes_old_checkpoints_and_debris_but_not_live_writers)
 }
 END_TEST
 
+/* ---- node-local directories ---- */
+
+static void node_dirs(char node[3][128])
+{
+    for (int i = 0; i < 3; i++)
+        snprintf(node[i], sizeof(node[i]), "%s/node%d", tmpdir, i);
+}
+
+/* Every rank of a world fails alike, with err holding `says`. */
+static void all_fail(struct world *w, int rc, const char *says)
+{
+    for (int r = 0; r < w->n; r++) {
+        ck_assert_msg(w->rc[r] == rc, "rank %d: %d (%s), expected %d", r, w->rc[r], w->err[r], rc);
+        ck_assert_msg(!says || strstr(w->err[r], says), "rank %d said: %s", r, w->err[r]);
+    }
+    free(w);
+}
+
+/* Rank r's view of the directory is node r % 2's own disk: each node keeps
+ * its ranks' files, a manifest and `latest`; the same placement loads what
+ * each finds, another world or placement (a new, empty node among them)
+ * gets the files shipped; the files of a node that is gone cannot be. */
+START_TEST(node_local_directories_save_and_load)
+{
+    struct full ref, got;
+    char node[3][128], file[256], what[128];
+    full_init(&ref, 1);
+    node_dirs(node);
+    const char *four[] = {node[0], node[1], node[0], node[1]};
+    run_dirs(&ref, NULL, four, 4, CPU, 1);
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < 2; n++) {
+            snprintf(file, sizeof(file), "%s/step-00000007/rank-%05d.bin", node[n], r);
+            ck_assert_msg((access(file, F_OK) == 0) == (r % 2 == n), "%s", file);
+        }
+    for (int n = 0; n < 2; n++) {
+        ck_assert(exists(node[n], "step-00000007/manifest.json") && exists(node[n], "latest"));
+        ck_assert(!exists(node[n], "step-00000007/.writer"));
+    }
+    full_init(&got, 0);
+    run_dirs(&got, NULL, four, 4, CPU, 0);
+    same_model(&got, &ref, "4 ranks on their own nodes");
+    full_free(&got);
+    const char *three[] = {node[1], node[2], node[0]};
+    for (enum slicing sl = CPU; sl <= GPU; sl += GPU - CPU) {
+        full_init(&got, 0);
+        run_dirs(&got, NULL, three, 3, sl, 0);
+        snprintf(what, sizeof(what), "4 -> 3 ranks (%s), one on a new node", slicing_name[sl]);
+        same_model(&got, &ref, what);
+        full_free(&got);
+    }
+    const char *lost[] = {node[0], node[2]};
+    full_init(&got, 0);
+    all_fail(run_ranks(&got, NULL, lost, 2, CPU, 0, 7), -ENODATA, "shard files of ranks 1, 3 (of 4)");
+    const char *empty[] = {node[2], node[2]};
+    all_fail(run_ranks(&got, NULL, empty, 2, CPU, 0, 7), -ENOENT, "no rank finds a checkpoint");
+    full_free(&got);
+    full_free(&ref);
+}
+END_TEST
+
+/* GPU-sliced shards written node-locally load into the CPU slicing when a
+ * rank finds only some of the files it needs. */
+START_TEST(node_local_gpu_slicing_ships_to_cpu_slicing)
+{
+    struct full ref, got;
+    char node[3][128];
+    full_init(&ref, 1);
+    node_dirs(node);
+    const char *four[] = {node[0], node[1], node[0], node[1]}, *two[] = {node[0], node[1]};
+    run_dirs(&ref, NULL, four, 4, GPU, 1);
+    full_init(&got, 0);
+    run_dirs(&got, NULL, two, 2, CPU, 0);
+    same_model(&got, &ref, "4 GPU-sliced ranks on 2 nodes -> 2 CPU ranks");
+    full_free(&got);
+    full_free(&ref);
+}
+END_TEST
+
+/* A commit that one node missed (its directory a step behind): every rank
+ * loads the older step, which both nodes have. */
+START_TEST(a_directory_a_step_behind_loads_the_older_step)
+{
+    struct full ref7, ref9, got;
+    char node[3][128];
+    full_init(&ref7, 1);
+    full_init(&ref9, 1);
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < ref9.lay.total; i++)
+            ref9.a[k][i] += 1.0f;
+    node_dirs(node);
+    const char *four[] = {node[0], node[1], node[0], node[1]}, *both0[] = {node[0], node[0]};
+    run_dirs(&ref7, NULL, four, 4, CPU, 1);
+    struct world *w = run_ranks(&ref9, NULL, both0, 2, CPU, 1, 9); /* node 1 missed step 9 */
+    ck_assert_msg(w->rc[0] == 0 && w->rc[1] == 0, "%s", w->err[0]);
+    free(w);
+    full_init(&got, 0);
+    run_dirs(&got, NULL, four, 4, CPU, 0); /* asserts step 7 */
+    same_model(&got, &ref7, "nodes at steps 9 and 7");
+    full_free(&got);
+    full_init(&got, 0);
+    w = run_ranks(&got, NULL, both0, 2, CPU, 0, 0);
+    ck_assert_msg(w->rc[0] == 0 && w->rc[1] == 0 && w->got_step[0] == 9, "%d %s", w->rc[0], w->err[0]);
+    free(w);
+    same_model(&got, &ref9, "node 0 alone, at step 9");
+    full_free(&got);
+    full_free(&ref7);
+    full_free(&ref9);
+}
+END_TEST
+
 Suite *make_ckpt_suite(void)
 {
     Suite *s = suite_create("ckpt");
@@ -483,6 +627,9 @@ Suite *make_ckpt_suite(void)
     tcase_add_test(tc, manifest_records_the_writers_shard_size);
     tcase_add_test(tc, impossible_shard_size_is_refused);
     tcase_add_test(tc, cpu_trainer_resumes_from_gpu_slicing);
+    tcase_add_test(tc, node_local_directories_save_and_load);
+    tcase_add_test(tc, node_local_gpu_slicing_ships_to_cpu_slicing);
+    tcase_add_test(tc, a_directory_a_step_behind_loads_the_older_step);
     suite_add_tcase(s, tc);
     tc = tcase_create("prune");
     tcase_set_timeout(tc, 60);

@@ -164,10 +164,10 @@ static void sample(int type, struct proto_msg *m)
         h->seq = 42;
         h->nranks = 3;
         h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
-                                               1u << 30, 1, PROTO_RESTORE_MEMORY, 1100};
-        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0};
+                                               1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1};
+        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0, 0};
         h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, 0, 0,
-                                               PROTO_RESTORE_NONE, 0};
+                                               PROTO_RESTORE_NONE, 0, 0};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -310,6 +310,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
             ck_assert_uint_eq(p->step_bytes, q->step_bytes);
             ck_assert_uint_eq(p->peak_mem, q->peak_mem);
             ck_assert_int_eq(p->rejoin, q->rejoin);
+            ck_assert_int_eq(p->yielded, q->yielded);
             ck_assert_int_eq(p->restore_from, q->restore_from);
             ck_assert_uint_eq(p->restore_step, q->restore_step);
         }
@@ -430,7 +431,8 @@ START_TEST(roundtrip_edges)
             UINT32_MAX - i, (enum proto_rank_state)(i % 4), PROTO_U64_MAX - i,
             1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2), PROTO_U64_MAX - i,
             (uint64_t)i << 30, (int)(i % 3 == 0), (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
-            i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0}; /* a step only with a source */
+            i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0, /* a step only with a source */
+            (int)(i % 5 == 1)};
     roundtrip(&m);
 
     /* The daemon's answer to a heartbeat: no ranks. */
@@ -909,7 +911,7 @@ START_TEST(missing_fields)
 END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
- * optional fields (a rank's checkpoint_step, silent and rejoin, a heartbeat's
+ * optional fields (a rank's checkpoint_step, silent, rejoin and yielded, a heartbeat's
  * free_port, a rank exit's reason and detail, the session of HELLO and
  * WELCOME) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
@@ -943,7 +945,7 @@ START_TEST(every_field_is_required)
                     /* restore_from and restore_step go together: one without the other is missing */
                     int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
                                        !strcmp(inner, "step_bytes") || !strcmp(inner, "peak_mem") ||
-                                       !strcmp(inner, "rejoin")
+                                       !strcmp(inner, "rejoin") || !strcmp(inner, "yielded")
                                    ? PROTO_OK
                                    : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,

@@ -55,10 +55,15 @@ static void rec_disconnect(void *ctx, const char *node, const char *why)
 
 static void rec_changed(void *ctx, int persist) { rec.persists += persist; }
 
+/* What beat() says of every rank besides its state and step: that it
+ * rejoins in place, that it left its generation for a grow. */
+static int beat_rejoin, beat_yielded;
+
 static void setup_spec(int nodes, int max_restarts)
 {
     memset(&rec, 0, sizeof(rec));
     no_port = 0;
+    beat_rejoin = beat_yielded = 0;
     job_spec_defaults(&spec);
     snprintf(spec.name, sizeof(spec.name), "t");
     spec.nodes = nodes;
@@ -128,6 +133,8 @@ static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t
         m.u.heartbeat.ranks[i].state = st;
         m.u.heartbeat.ranks[i].step = step;
         m.u.heartbeat.ranks[i].loss = 2.5;
+        m.u.heartbeat.ranks[i].rejoin = beat_rejoin;
+        m.u.heartbeat.ranks[i].yielded = beat_yielded;
     }
     rdv_message(&rdv, node, &m, now);
 }
@@ -545,6 +552,121 @@ START_TEST(new_node_grows_a_job_below_its_size)
     /* b returns to a full job: it stays idle */
     ck_assert_int_eq(join("b", 2, 0), 0);
     ck_assert_int_eq(rdv.generation, 4);
+}
+END_TEST
+
+/* Generation 3 running on node a alone (b gone, the job shrank to min_nodes),
+ * its ranks saying rejoin or not; node c then joins. */
+static void shrunk_to_a_then_c_joins(int rejoin)
+{
+    form_running(3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 1000;
+    spec.batch = 8;
+    beat_rejoin = rejoin;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    now += 2000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 5);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(join("c", 2, 0), 0);
+}
+
+/* A grow of ranks that rejoin in place first asks them to leave their
+ * generation at a step boundary, and opens the grown one once all have. */
+START_TEST(grow_waits_for_the_ranks_to_leave_at_a_step_boundary)
+{
+    shrunk_to_a_then_c_joins(1);
+    const struct proto_msg *y = NULL;
+    for (int i = 0; i < rec.nsent && !y; i++)
+        if (!strcmp(rec.sent[i].node, "a") && rec.sent[i].msg.type == PROTO_COMMAND &&
+            rec.sent[i].msg.u.command.action == PROTO_CMD_YIELD)
+            y = &rec.sent[i].msg;
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(y->u.command.generation, 3);
+    ck_assert(has_event("job_growing"));
+    ck_assert_int_eq(rdv.generation, 3); /* nothing opens before they have left */
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 500;
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 6);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 3);
+    beat_yielded = 1; /* both ranks left after step 7 */
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 7);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node c joined: growing from 2 to 4 ranks on 2 nodes"));
+    ck_assert(!has_event("grow_unyielded"));
+    beat_yielded = 0;
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 7);
+    beat("c", 4, 2, 2, PROTO_RANK_RUNNING, 7);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 4);
+}
+END_TEST
+
+/* Ranks that do not leave within min(progress_timeout_ms, 30 s) are parked
+ * as after a failure. */
+START_TEST(grow_parks_ranks_that_did_not_leave_in_time)
+{
+    shrunk_to_a_then_c_joins(1);
+    spec.progress_timeout_ms = 4000;
+    for (int i = 0; i < 9 && rdv.generation == 3; i++) {
+        now += 500;
+        beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 6);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert(has_event("grow_unyielded"));
+    ck_assert(!has_event("rank_hung")); /* the ranks stood still on purpose */
+}
+END_TEST
+
+/* A grow whose node left while the ranks were leaving opens a generation of
+ * the old members: the parked ranks need one. */
+START_TEST(grow_whose_node_left_goes_on_without_it)
+{
+    shrunk_to_a_then_c_joins(1);
+    ck_assert(has_event("job_growing"));
+    const uint32_t restarts = rdv.restarts;
+    rdv_disconnected(&rdv, "c", "connection closed", now);
+    beat_yielded = 1;
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 6);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 2);
+    ck_assert_int_eq(rdv.restarts, restarts);
+}
+END_TEST
+
+/* Ranks that cannot rejoin in place are not asked to yield: the grow opens
+ * its generation at once. */
+START_TEST(grow_of_ranks_that_cannot_rejoin_is_at_once)
+{
+    shrunk_to_a_then_c_joins(0);
+    ck_assert(!has_event("job_growing"));
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+}
+END_TEST
+
+/* A frozen rank stops its heartbeats (its agent leaves it out) and holds up
+ * every other rank: the hang report names it, not the first stuck rank. */
+START_TEST(hang_names_the_rank_whose_heartbeats_stopped)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    spec.heartbeat_interval_ms = 200;
+    for (int i = 0; i < 6; i++) { /* all stuck at step 4; rank 3 is not heard from */
+        now += 500;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 4);
+        beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 4);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_msg(strstr(rdv.reason, "rank 3 on node b is hung: no heartbeat from it for"), "%s", rdv.reason);
 }
 END_TEST
 
@@ -1441,6 +1563,11 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
     tcase_add_test(tc, new_node_grows_a_job_below_its_size);
+    tcase_add_test(tc, grow_waits_for_the_ranks_to_leave_at_a_step_boundary);
+    tcase_add_test(tc, grow_parks_ranks_that_did_not_leave_in_time);
+    tcase_add_test(tc, grow_whose_node_left_goes_on_without_it);
+    tcase_add_test(tc, grow_of_ranks_that_cannot_rejoin_is_at_once);
+    tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
     tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);

@@ -332,22 +332,33 @@ START_TEST(bad_batch_split_is_refused)
 }
 END_TEST
 
-/* ---- the stop and checkpoint vote ---- */
+/* ---- the stop, checkpoint and yield vote ---- */
 
-START_TEST(vote_counts_both_questions_from_one_sum)
+START_TEST(vote_counts_three_questions_from_one_sum)
 {
     for (int world = 1; world <= 9; world++)
         for (int nstop = 0; nstop <= world; nstop++)
-            for (int nckpt = 0; nckpt <= world; nckpt++) {
-                /* the first nstop ranks ask to stop, the last nckpt for a checkpoint */
-                double sum = 0;
-                for (int r = 0; r < world; r++)
-                    sum += train_vote_share(r < nstop, r >= world - nckpt, world);
-                struct train_vote v = train_vote_count(sum, world);
-                ck_assert_msg(v.stop == nstop && v.checkpoint == nckpt,
-                              "world %d, %d stop and %d checkpoint votes read as %d and %d", world,
-                              nstop, nckpt, v.stop, v.checkpoint);
-            }
+            for (int nckpt = 0; nckpt <= world; nckpt++)
+                for (int nyield = 0; nyield <= world; nyield++) {
+                    /* the first nstop ranks ask to stop, the last nckpt for a checkpoint,
+                     * every other one from rank 1 on to yield (up to nyield) */
+                    double sum = 0;
+                    for (int r = 0, y = 0; r < world; r++) {
+                        int yield = y < nyield && (r % 2 == 1 || world - r <= nyield - y);
+                        y += yield;
+                        sum += train_vote_share(r < nstop, r >= world - nckpt, yield, world);
+                    }
+                    struct train_vote v = train_vote_count(sum, world);
+                    ck_assert_msg(v.stop == nstop && v.checkpoint == nckpt && v.yield == nyield,
+                                  "world %d, %d stop, %d checkpoint and %d yield votes read as %d, %d, %d",
+                                  world, nstop, nckpt, nyield, v.stop, v.checkpoint, v.yield);
+                }
+    /* the largest world the vote allows: every rank asking everything */
+    const int big = (1 << 17) - 1;
+    struct train_vote v = train_vote_count((double)big * train_vote_share(1, 1, 1, big), big);
+    ck_assert(v.stop == big && v.checkpoint == big && v.yield == big);
+    v = train_vote_count((double)(big - 1) * train_vote_share(0, 1, 1, big) + train_vote_share(1, 0, 0, big), big);
+    ck_assert(v.stop == 1 && v.checkpoint == big - 1 && v.yield == big - 1);
 }
 END_TEST
 
@@ -371,6 +382,9 @@ struct vote_rank {
     int ask_at[2];                  /* steps after which this rank's control thread
                                      * "receives" a request (-1: none) */
     volatile sig_atomic_t requests; /* what the control thread raises */
+    int yield_at;                   /* step after which it "receives" a yield (0: none) */
+    volatile sig_atomic_t yield;
+    long rc;                        /* what train_loop_run returned */
 };
 
 static int vote_step(void *tr, struct train_step_info *info, char *err, size_t errlen)
@@ -381,6 +395,8 @@ static int vote_step(void *tr, struct train_step_info *info, char *err, size_t e
     for (int i = 0; i < 2; i++)
         if (r->ask_at[i] == r->step)
             r->requests = r->requests + 1;
+    if (r->yield_at && r->yield_at == r->step)
+        r->yield = 1;
     memset(info, 0, sizeof(*info));
     info->step = r->step;
     return 0;
@@ -427,11 +443,54 @@ static void *vote_rank_main(void *arg)
     struct train_loop l = {.ops = &vote_ops, .tr = r, .spec = &r->w->spec, .step = &r->step,
                            .last_checkpoint = &r->last_checkpoint, .rank = r->rank,
                            .world = VOTE_WORLD};
-    struct train_hooks hooks = {.checkpoint_requests = &r->requests};
+    struct train_hooks hooks = {.checkpoint_requests = &r->requests, .yield = &r->yield};
     char err[128];
-    long rc = train_loop_run(&l, 0, &hooks, NULL, err, sizeof(err));
-    return (void *)rc;
+    r->rc = train_loop_run(&l, 0, &hooks, NULL, err, sizeof(err));
+    return NULL;
 }
+
+/* Runs VOTE_WORLD ranks of the fake trainer to their end. */
+static void vote_run(struct vote_world *w, struct vote_rank *r)
+{
+    pthread_t th[VOTE_WORLD];
+    for (int i = 0; i < VOTE_WORLD; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, vote_rank_main, &r[i]), 0);
+    for (int i = 0; i < VOTE_WORLD; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&w->bar);
+}
+
+static void vote_world_init(struct vote_world *w)
+{
+    memset(w, 0, sizeof(*w));
+    job_spec_defaults(&w->spec);
+    w->spec.steps = VOTE_STEPS;
+    w->spec.eval_every = 0;
+    w->spec.checkpoint_every = 0;
+    snprintf(w->spec.checkpoint_dir, sizeof(w->spec.checkpoint_dir), "unused");
+    pthread_barrier_init(&w->bar, NULL, VOTE_WORLD);
+}
+
+/* A yield reaches rank 1 after step 3 and the others after step 5: every
+ * rank leaves at the boundary after step 3 (TRAIN_YIELDED, no final
+ * checkpoint); a checkpoint asked for at the same boundary is taken first. */
+START_TEST(yield_leaves_the_generation_at_one_step_boundary)
+{
+    struct vote_world w;
+    vote_world_init(&w);
+    static struct vote_rank r[VOTE_WORLD];
+    const int yield_at[VOTE_WORLD] = {5, 3, 5}, ask_at[VOTE_WORLD] = {-1, -1, 3};
+    for (int i = 0; i < VOTE_WORLD; i++)
+        r[i] = (struct vote_rank){.w = &w, .rank = i, .last_checkpoint = -1, .ask_at = {ask_at[i], -1},
+                                  .yield_at = yield_at[i]};
+    vote_run(&w, r);
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        ck_assert_msg(r[i].rc == TRAIN_YIELDED, "rank %d returned %ld", i, r[i].rc);
+        ck_assert_msg(r[i].step == 3, "rank %d left at step %ld, expected 3", i, r[i].step);
+        ck_assert_msg(r[i].nsaved == 1 && r[i].saved[0] == 3, "rank %d: %d checkpoints", i, r[i].nsaved);
+    }
+}
+END_TEST
 
 /* One request reaches the ranks after steps 2, 3 and 4; a second reaches
  * rank 2 after step 5 and the others after step 6. Every rank checkpoints
@@ -440,28 +499,14 @@ static void *vote_rank_main(void *arg)
 START_TEST(requested_checkpoint_is_taken_by_every_rank_at_one_step)
 {
     struct vote_world w;
-    memset(&w, 0, sizeof(w));
-    job_spec_defaults(&w.spec);
-    w.spec.steps = VOTE_STEPS;
-    w.spec.eval_every = 0;
-    w.spec.checkpoint_every = 0;
-    snprintf(w.spec.checkpoint_dir, sizeof(w.spec.checkpoint_dir), "unused");
-    pthread_barrier_init(&w.bar, NULL, VOTE_WORLD);
+    vote_world_init(&w);
     static struct vote_rank r[VOTE_WORLD];
     const int first[VOTE_WORLD] = {2, 3, 4}, second[VOTE_WORLD] = {6, 6, 5};
-    pthread_t th[VOTE_WORLD];
-    for (int i = 0; i < VOTE_WORLD; i++) {
-        memset(&r[i], 0, sizeof(r[i]));
-        r[i] = (struct vote_rank){.w = &w, .rank = i, .last_checkpoint = -1,
-                                  .ask_at = {first[i], second[i]}};
-        ck_assert_int_eq(pthread_create(&th[i], NULL, vote_rank_main, &r[i]), 0);
-    }
-    for (int i = 0; i < VOTE_WORLD; i++) {
-        void *rc;
-        pthread_join(th[i], &rc);
-        ck_assert_int_eq((long)rc, 0);
-    }
-    pthread_barrier_destroy(&w.bar);
+    for (int i = 0; i < VOTE_WORLD; i++)
+        r[i] = (struct vote_rank){.w = &w, .rank = i, .last_checkpoint = -1, .ask_at = {first[i], second[i]}};
+    vote_run(&w, r);
+    for (int i = 0; i < VOTE_WORLD; i++)
+        ck_assert_int_eq(r[i].rc, 0);
     const long want[] = {2, 5, VOTE_STEPS};
     for (int i = 0; i < VOTE_WORLD; i++) {
         ck_assert_int_eq(r[i].step, VOTE_STEPS);
@@ -552,7 +597,8 @@ Suite *make_train_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("vote");
     tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, vote_counts_both_questions_from_one_sum);
+    tcase_add_test(tc, vote_counts_three_questions_from_one_sum);
+    tcase_add_test(tc, yield_leaves_the_generation_at_one_step_boundary);
     tcase_add_test(tc, requested_checkpoint_is_taken_by_every_rank_at_one_step);
     suite_add_tcase(s, tc);
     return s;

@@ -7,6 +7,9 @@
 #      they hold of b's) for a world of 2.
 #   2. Agent b comes back: the job grows to 4 ranks again; a's ranks keep
 #      their processes, b's new ranks get their shards re-sliced from a's.
+#      a's ranks first leave their generation together at a step boundary
+#      (COMMAND yield, event job_growing): no generation breaks, and the
+#      grown one starts at the step they finished, so no step is redone.
 # Each re-slice is checked bit for bit: with MUSTER_FINGERPRINT set, rank 0
 # logs a fingerprint of the whole state (weights and moments, world-size
 # independent) after every step and after every restore; the state restored
@@ -29,8 +32,9 @@ agent() { # NAME
         --rank-cmd "$BUILD/muster-train --threads 1 --metrics $ITEST_DIR/elastic.metrics"
 }
 
-# fingerprint_check WORLD_BEFORE WORLD_AFTER: the last restore in WORLD_AFTER
-# against the step it restored as WORLD_BEFORE saw it.
+# fingerprint_check WORLD_BEFORE WORLD_AFTER [strict]: the last restore in
+# WORLD_AFTER against the step it restored as WORLD_BEFORE saw it (strict:
+# that step must have been finished and fingerprinted).
 fingerprint_check() {
     line=$(grep "fingerprint restored at [0-9]*: [0-9a-f]* (world $2)" "$ITEST_DIR/agent-a.log" | tail -n 1)
     [ -n "$line" ] || fail "no fingerprint of a restore in world $2"
@@ -38,6 +42,7 @@ fingerprint_check() {
     got=$(echo "$line" | sed 's/.*restored at [0-9]*: \([0-9a-f]*\) .*/\1/')
     want=$(grep "fingerprint after step $step: [0-9a-f]* (world $1)" "$ITEST_DIR/agent-a.log" | tail -n 1 |
         sed 's/.*after step [0-9]*: \([0-9a-f]*\) .*/\1/')
+    [ -n "$want" ] || [ "${3:-}" != strict ] || fail "world $1 -> $2: restored step $step, which world $1 never finished"
     if [ -z "$want" ]; then
         # The generation broke between step $step's update and its fingerprint: nothing to compare.
         echo "note: world $1 logged no fingerprint for step $step (broke right after it); not compared"
@@ -67,14 +72,25 @@ fingerprint_check 4 2
 
 # ---- 2. grow
 at=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
+broke_before=$(grep -c "broke at step" "$ITEST_DIR/agent-a.log" || true)
 sleep 1
 agent b
 B=$AGENT_PID
 echo "agent b back at step $at"
 wait_for 60 'd["world_size"] == 4 and d["state"] in ("running", "completed") and d["restored"] and d["restored"]["from"] == "memory"' \
     || { show_status; fail "did not grow back to 4 ranks from memory"; }
-curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"job_grew"' || fail "no job_grew event"
-fingerprint_check 2 4
+curl -sf "http://127.0.0.1:$HTTP/v1/events" > "$ITEST_DIR/grow.events" || fail "no events"
+grep -q '"job_grew"' "$ITEST_DIR/grow.events" || fail "no job_grew event"
+grep -q '"job_growing"' "$ITEST_DIR/grow.events" || fail "no job_growing event: the ranks were not asked to yield"
+! grep -q '"grow_unyielded"' "$ITEST_DIR/grow.events" || fail "the ranks did not leave at a step boundary in time"
+left=$(grep -o "left at the boundary of step [0-9]*" "$ITEST_DIR/agent-a.log" | tail -n 1 | awk '{print $NF}')
+[ -n "$left" ] || fail "node a's ranks did not say they left their generation at a step boundary"
+[ "$(grep -c "broke at step" "$ITEST_DIR/agent-a.log" || true)" = "$broke_before" ] \
+    || fail "a generation broke during the grow: $(grep "broke at step" "$ITEST_DIR/agent-a.log" | tail -n 1)"
+grep -q "training from step $left (state from peers' memory)" "$ITEST_DIR/agent-a.log" \
+    || fail "the grown generation did not start at step $left, where the ranks left the old one"
+echo "grow: the ranks left their generation at the boundary of step $left; the grown one trains from step $left"
+fingerprint_check 2 4 strict
 
 wait_for 240 'd["state"] == "completed"' || { show_status; fail "did not complete"; }
 gen=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["generation"])')

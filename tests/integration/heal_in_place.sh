@@ -12,7 +12,9 @@
 #      falls back to the last committed checkpoint, and the event says so;
 #   4. a rank SIGKILLed as the job ends (the others have finished): the job
 #      still completes;
-#   5. a rank frozen (SIGSTOP): found hung, replaced, the others keep theirs;
+#   5. a rank frozen (SIGSTOP): found hung (the report names that rank, not
+#      one of those waiting for it in a collective), replaced, the others
+#      keep theirs;
 #   6. musterd SIGKILLed during a heal, before rank 0 sent the new
 #      generation's id, and started again: the agent sends the id again, the
 #      generation forms, the survivors keep their processes.
@@ -172,6 +174,11 @@ kill -STOP "$frozen"
 echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step)"
 finish hang
 grep -q '"rank_hung"' "$ITEST_DIR/hang.events" || fail "hang: the frozen rank was not found hung"
+frozen_rank=$(grep -o "rank [0-9]* (pid $frozen, generation" "$ITEST_DIR/agent-b.log" | head -n 1 | cut -d' ' -f2)
+hung=$(grep -o 'rank [0-9]* on node [a-z]* is hung: no heartbeat from it' "$ITEST_DIR/hang.events" | head -n 1)
+[ "$hung" = "rank $frozen_rank on node b is hung: no heartbeat from it" ] \
+    || fail "hang: the report names '$hung', not the frozen rank $frozen_rank on node b: $(grep -o '"rank [0-9]* on node [a-z]* is hung[^"]*' "$ITEST_DIR/hang.events" | head -n 1)"
+echo "the hang report names the frozen rank: $hung"
 grep -q '"state_restored"' "$ITEST_DIR/hang.events" || fail "hang: no state_restored event after the hang"
 for p in $before_a; do
     grep -q "(pid $p, generation [0-9]*) exited with status 0" "$ITEST_DIR/agent-a.log" \

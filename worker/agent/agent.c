@@ -191,6 +191,9 @@ static bool any_running(const struct agent *a)
  * parked generation, so it is stopped instead (SIGTERM, then SIGKILL) and its
  * slot started again. */
 #define RANK_SILENT_MS 3000
+/* Not heard for this long, a rank's cached entry is left out of heartbeats
+ * (muster-train beats every RANK_BEAT_MS, 500 ms). */
+#define RANK_QUIET_MS 1500
 
 static bool responsive(const struct agent *a, const struct agent_rank *r)
 {
@@ -278,6 +281,7 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
             if (hb->ranks[i].rank != r->rank)
                 continue;
             enum proto_rank_state st = r->beat.state;
+            int was_yielded = r->beat.yielded;
             r->beat = hb->ranks[i];
             if (r->beat.restore_from != PROTO_RESTORE_NONE)
                 r->rejoined_from = 0; /* it took up the generation it was rejoined to */
@@ -286,8 +290,10 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 r->beat.state = st;
             else if (r->beat.state == PROTO_RANK_STARTING || r->beat.state == PROTO_RANK_EXITED)
                 r->beat.state = PROTO_RANK_RUNNING;
-            /* A rank that just began running is news: tell the daemon now, not at the next tick. */
-            if (st != PROTO_RANK_RUNNING && r->beat.state == PROTO_RANK_RUNNING)
+            /* A rank that just began running, or left its generation for a grow, is news:
+             * tell the daemon now, not at the next tick. */
+            if ((st != PROTO_RANK_RUNNING && r->beat.state == PROTO_RANK_RUNNING) ||
+                (!was_yielded && r->beat.yielded))
                 on_beat_timer(&a->beat_timer);
             return;
         }
@@ -971,9 +977,14 @@ static void on_beat_timer(uv_timer_t *t)
     hb->seq = ++a->beat_seq;
     refresh_free_port(a);
     hb->free_port = a->free_port;
+    const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct agent_rank *r = a->ranks[i];
-        if (r && r->generation == a->cur_gen)
+        /* A running rank that spoke but has not for RANK_QUIET_MS (frozen, or a
+         * program that beats only per step): its last entry is not news, and
+         * relaying it would make it look alive; the daemon sees its age grow. */
+        if (r && r->generation == a->cur_gen &&
+            !(r->running && !r->stopping && r->heard_ms && now - r->heard_ms > RANK_QUIET_MS))
             hb->ranks[hb->nranks++] = r->beat;
     }
     if (!a->unanswered_since)
@@ -1060,6 +1071,7 @@ static uint32_t rejoin_ranks(struct agent *a)
          * report was of the generation before, and the daemon takes rank 0's as this one's). */
         r->beat.restore_from = PROTO_RESTORE_NONE;
         r->beat.restore_step = 0;
+        r->beat.yielded = 0;
         char dir[PATH_MAX];
         rank_dir(a, as->generation, r->rank, dir, sizeof(dir));
         rank_log_close(&r->log);
@@ -1235,6 +1247,16 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
             if (a->ranks[i] && a->ranks[i]->running && a->ranks[i]->generation == c->generation)
                 rank_send(a->ranks[i], &m);
         log_info("daemon: checkpoint (generation %" PRIu64 ") forwarded to the ranks", c->generation);
+        break;
+    }
+    case PROTO_CMD_YIELD: { /* the job grows: ranks that rejoin leave the generation at a step boundary */
+        struct proto_msg m;
+        msg_init(&m, PROTO_COMMAND);
+        m.u.command = *c;
+        for (struct agent_rank *r = a->all; r; r = r->next)
+            if (r->running && !r->stopping && r->beat.rejoin && r->ctl)
+                rank_send(r, &m);
+        log_info("daemon: yield (generation %" PRIu64 ") forwarded to the ranks", c->generation);
         break;
     }
     default:

@@ -20,6 +20,8 @@
 #define SHARD_VERSION 1
 #define MANIFEST_FORMAT "muster-checkpoint"
 #define MANIFEST_VERSION 1
+/* Words per rank in the save's all-gathers: result, checksum, bytes, committer. */
+#define SAVE_WORDS 4
 
 static uint64_t fnv1a(uint64_t h, const void *buf, size_t len)
 {
@@ -255,10 +257,9 @@ static json_t *manifest_build(const struct ckpt_rank *c, const uint64_t *hashes,
                      files);
 }
 
-/* Rank 0's part of the commit: manifest, then the directory renamed into
- * place, then `latest`. Shards are durable when this runs. */
-static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, const char *final,
-                  const uint64_t *all)
+/* Writes the manifest into the temporary directory and syncs it: a
+ * committer's part of step 3. Shards are durable when this runs. */
+static int write_manifest(const struct ckpt_rank *c, const char *tmp, const uint64_t *all)
 {
     const int world = c->world;
     char file[JOB_PATH_MAX + 96];
@@ -269,8 +270,8 @@ static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, c
         return -ENOMEM;
     }
     for (int r = 0; r < world; r++) {
-        hashes[r] = all[3 * r + 1];
-        sizes[r] = (size_t)all[3 * r + 2];
+        hashes[r] = all[SAVE_WORDS * r + 1];
+        sizes[r] = (size_t)all[SAVE_WORDS * r + 2];
     }
     json_t *man = manifest_build(c, hashes, sizes);
     free(hashes);
@@ -286,27 +287,32 @@ static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, c
         rc = out_close(&f);
     }
     free(text);
-    if (!rc)
-        rc = sync_dir(tmp);
-    int lock = -1;
-    if (!rc && (lock = lock_dir(dir)) < 0)
-        rc = lock;
+    return rc ? rc : sync_dir(tmp);
+}
+
+/* A committer's part of step 4: the directory renamed into place, then
+ * `latest`, under dir's lock. */
+static int publish(const struct ckpt_rank *c, const char *dir, const char *tmp, const char *final)
+{
+    char file[JOB_PATH_MAX + 96];
+    int rc = 0, lock = lock_dir(dir);
+    if (lock < 0)
+        return lock;
+    /* Replace an older checkpoint of the same step: move it aside first,
+     * because rename() does not replace a non-empty directory. The writer's
+     * lock file goes before the rename: a committed directory holds the
+     * manifest and the shards only. */
+    char old[JOB_PATH_MAX + 64];
+    snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, c->step, (int)getpid());
+    snprintf(file, sizeof(file), "%s/.writer", tmp);
+    unlink(file);
+    int had = rename(final, old) == 0;
+    if (rename(tmp, final) != 0)
+        rc = -errno;
+    if (had)
+        remove_tree(old);
     if (!rc) {
-        /* Replace an older checkpoint of the same step: move it aside first,
-         * because rename() does not replace a non-empty directory. The
-         * writer's lock file goes before the rename: a committed directory
-         * holds the manifest and the shards only. */
-        char old[JOB_PATH_MAX + 64];
-        snprintf(old, sizeof(old), "%s/.old-step-%08ld-%d", dir, c->step, (int)getpid());
-        snprintf(file, sizeof(file), "%s/.writer", tmp);
-        unlink(file);
-        int had = rename(final, old) == 0;
-        if (rename(tmp, final) != 0)
-            rc = -errno;
-        if (had)
-            remove_tree(old);
-    }
-    if (!rc) {
+        struct out_file f;
         snprintf(file, sizeof(file), "%s/.latest.tmp", dir);
         rc = out_open(&f, file);
         if (!rc) {
@@ -326,103 +332,130 @@ static int commit(const struct ckpt_rank *c, const char *dir, const char *tmp, c
     return rc;
 }
 
+/* Step 2's first half on every rank: the temporary directory tmp in this
+ * rank's own view of dir. Under dir's lock, the rank whose mkdir creates it
+ * becomes its committer and takes its writer lock (*writer >= 0); ranks on
+ * the same file system come later and find it held. A directory of that
+ * name whose writer is gone is debris of a crash (a reused pid): replaced. */
+static int join_tmp(const char *dir, const char *tmp, int *writer)
+{
+    *writer = -1;
+    int rc = mkdirs(dir, 0755);
+    int lock = rc ? -1 : lock_dir(dir);
+    if (!rc && lock < 0)
+        rc = lock;
+    if (!rc) {
+        int made = mkdir(tmp, 0755) == 0 ? 0 : -errno;
+        if (made == -EEXIST && !writer_alive(tmp)) {
+            remove_tree(tmp);
+            made = mkdir(tmp, 0755) == 0 ? 0 : -errno;
+        }
+        if (made == 0 && (*writer = writer_lock(tmp)) < 0) {
+            rc = *writer;
+            remove_tree(tmp);
+        } else if (made && made != -EEXIST) {
+            rc = made;
+        }
+    }
+    unlock_dir(lock);
+    return rc;
+}
+
+/* The first rank whose word w of SAVE_WORDS is a nonzero result, or -1. */
+static int first_failed(const uint64_t *all, int world, int w, int *rc)
+{
+    for (int r = 0; r < world; r++)
+        if ((int64_t)all[SAVE_WORDS * r + w]) {
+            *rc = (int)(int64_t)all[SAVE_WORDS * r + w];
+            return r;
+        }
+    return -1;
+}
+
 /*
- * The commit protocol, every rank in step:
- *   1. rank 0 creates the temporary directory; all learn its name and
- *      whether that worked (one all-gather);
- *   2. each rank writes and fsyncs its shard file there; all learn every
- *      rank's result, size and checksum (a second all-gather, which is also
- *      the barrier: nobody passes it before every shard is durable);
- *   3. rank 0 writes the manifest, renames the directory into place and
- *      then `latest`; all learn the outcome (a third all-gather).
- * A crash or failure anywhere leaves the previous checkpoint as `latest`.
+ * The commit protocol, every rank in step. dir may be one directory that
+ * all ranks see (a shared file system) or a node-local one on each node;
+ * the protocol is the same, and each distinct directory gets one committer:
+ *   1. all learn rank 0's pid, which names the temporary directory
+ *      .tmp-step-N-PID (one all-gather);
+ *   2. each rank creates that directory in its view of dir or finds it
+ *      (join_tmp elects the committer of each directory), writes and
+ *      fsyncs its shard file there; all learn every rank's result, size
+ *      and checksum (an all-gather, which is also the barrier: nobody
+ *      passes it before every shard is durable);
+ *   3. each committer writes the manifest (every rank's file, wherever it
+ *      lies) into its directory; all learn the results;
+ *   4. only when every manifest is durable does each committer rename its
+ *      directory into place and then `latest`; all learn the outcome.
+ * A failure before 4 leaves the previous checkpoint as `latest`
+ * everywhere; a failure within 4 (a rename) leaves some directories a step
+ * behind the others, which ckpt_load settles by loading the newest step
+ * every directory has.
  */
 int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pathlen, char *err,
               size_t errlen)
 {
     const int world = c->world;
     char final[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], file[JOB_PATH_MAX + 96];
-    uint64_t *all = calloc(3 * (size_t)world, sizeof(uint64_t));
+    uint64_t *all = calloc(SAVE_WORDS * (size_t)world, sizeof(uint64_t));
     if (!all) {
         snprintf(err, errlen, "checkpoint: out of memory");
         return -ENOMEM;
     }
     snprintf(final, sizeof(final), "%s/step-%08ld", dir, c->step);
     /* 1 */
-    uint64_t mine[3] = {0, (uint64_t)getpid(), 0};
-    int rc = 0;
-    int writer = -1; /* rank 0: the temporary directory's writer lock */
-    if (c->rank == 0) {
-        rc = mkdirs(dir, 0755);
-        snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)getpid());
-        int lock = rc ? -1 : lock_dir(dir);
-        if (lock < 0 && !rc)
-            rc = lock;
-        if (!rc) {
-            remove_tree(tmp);
-            if (mkdir(tmp, 0755) != 0)
-                rc = -errno;
-            else if ((writer = writer_lock(tmp)) < 0)
-                rc = writer;
-        }
-        unlock_dir(lock);
-        mine[0] = (uint64_t)(int64_t)rc;
-    }
-    int crc = c->gather(c->coll, mine, 3, all);
-    if (!crc && (int64_t)all[0]) {
-        rc = (int)(int64_t)all[0];
-        snprintf(err, errlen, "checkpoint: cannot create a directory under %s: %s", dir,
-                 strerror(-rc));
-        if (c->rank == 0)
-            remove_tree(tmp);
-        unlock_dir(writer);
-        free(all);
-        return rc;
-    }
+    uint64_t mine[SAVE_WORDS] = {0, (uint64_t)getpid(), 0, 0};
+    int crc = c->gather(c->coll, mine, SAVE_WORDS, all), rc = 0, writer = -1, bad = -1, bad_rc = 0;
+    const char *stage = "writing";
     snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, c->step, (int)all[1]);
     /* 2 */
     if (!crc) {
-        snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, c->rank);
         size_t bytes = 0;
-        rc = c->local_rc ? c->local_rc : write_shard(c, file, &mine[1], &bytes);
+        rc = c->local_rc ? c->local_rc : join_tmp(dir, tmp, &writer);
+        if (!rc) {
+            snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, c->rank);
+            rc = write_shard(c, file, &mine[1], &bytes);
+        }
         mine[0] = (uint64_t)(int64_t)rc;
         mine[2] = bytes;
-        crc = c->gather(c->coll, mine, 3, all);
+        mine[3] = writer >= 0;
+        crc = c->gather(c->coll, mine, SAVE_WORDS, all);
+        bad = crc ? -1 : first_failed(all, world, 0, &bad_rc);
     }
-    int bad = -1, bad_rc = 0; /* first rank whose shard failed */
-    for (int r = 0; !crc && r < world && bad < 0; r++)
-        if ((int64_t)all[3 * r])
-            bad = r, bad_rc = (int)(int64_t)all[3 * r];
     /* 3 */
-    if (!crc) {
-        if (c->rank == 0)
-            rc = bad < 0 ? commit(c, dir, tmp, final, all) : 0;
-        if (c->rank == 0 && (rc || bad >= 0))
-            remove_tree(tmp);
-        mine[0] = (uint64_t)(int64_t)rc;
-        crc = c->gather(c->coll, mine, 1, all);
+    if (!crc && bad < 0) {
+        memset(mine, 0, sizeof(mine));
+        if (writer >= 0)
+            mine[0] = (uint64_t)(int64_t)write_manifest(c, tmp, all);
+        stage = "committing";
+        crc = c->gather(c->coll, mine, SAVE_WORDS, all);
+        bad = crc ? -1 : first_failed(all, world, 0, &bad_rc);
     }
+    /* 4 */
+    if (!crc && bad < 0) {
+        memset(mine, 0, sizeof(mine));
+        if (writer >= 0)
+            mine[0] = (uint64_t)(int64_t)publish(c, dir, tmp, final);
+        stage = "publishing";
+        crc = c->gather(c->coll, mine, SAVE_WORDS, all);
+        bad = crc ? -1 : first_failed(all, world, 0, &bad_rc);
+    }
+    if (writer >= 0 && (crc || bad >= 0))
+        remove_tree(tmp); /* gone already when it was renamed into place */
     unlock_dir(writer);
+    free(all);
     if (crc) {
         snprintf(err, errlen, "checkpoint %s: collective failed: %s", final, c->why(c->coll, crc));
-        free(all);
         return crc;
     }
     if (bad >= 0) {
-        snprintf(err, errlen, "checkpoint: writing %s failed on rank %d: %s", final, bad,
+        snprintf(err, errlen, "checkpoint: %s %s failed on rank %d: %s", stage, final, bad,
                  strerror(-bad_rc));
-        free(all);
         return bad_rc;
     }
-    rc = (int)(int64_t)all[0];
-    free(all);
-    if (rc) {
-        snprintf(err, errlen, "checkpoint: writing %s failed: %s", final, strerror(-rc));
-        return rc;
-    }
-    /* Committed: rank 0 prunes while the others go on (a failed prune
-     * costs disk space, never the checkpoint). */
-    if (c->rank == 0) {
+    /* Committed: each committer prunes its directory while the others go on
+     * (a failed prune costs disk space, never the checkpoint). */
+    if (writer >= 0) {
         char perr[JOB_PATH_MAX + 128];
         int pruned = ckpt_prune(dir, c->step, c->spec->checkpoint_keep, perr, sizeof(perr));
         if (pruned < 0)
@@ -433,34 +466,6 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
     }
     if (path)
         snprintf(path, pathlen, "%s", final);
-    return 0;
-}
-
-/* Resolves a checkpoint_dir (through `latest`) or a step directory. */
-static int resolve(const char *path, char *stepdir, size_t len, char *err, size_t errlen)
-{
-    char p[JOB_PATH_MAX + 32];
-    struct stat st;
-    snprintf(p, sizeof(p), "%s/manifest.json", path);
-    if (stat(p, &st) == 0) {
-        snprintf(stepdir, len, "%s", path);
-        return 0;
-    }
-    snprintf(p, sizeof(p), "%s/latest", path);
-    FILE *f = fopen(p, "r");
-    if (!f) {
-        snprintf(err, errlen, "checkpoint: %s holds neither manifest.json nor latest", path);
-        return -ENOENT;
-    }
-    char name[64] = "";
-    int ok = fgets(name, sizeof(name), f) != NULL;
-    fclose(f);
-    name[strcspn(name, "\n")] = '\0';
-    if (!ok || strncmp(name, "step-", 5) != 0 || strchr(name, '/')) {
-        snprintf(err, errlen, "checkpoint: %s: expected \"step-NNNNNNNN\", got \"%s\"", p, name);
-        return -EINVAL;
-    }
-    snprintf(stepdir, len, "%s/%s", path, name);
     return 0;
 }
 
@@ -632,81 +637,6 @@ static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t err
     return rc;
 }
 
-/* This rank's part of ckpt_load: everything but the agreement. */
-static int load_local(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
-{
-    char dir[JOB_PATH_MAX + 32], file[JOB_PATH_MAX + 128];
-    int rc = resolve(path, dir, sizeof(dir), err, errlen);
-    if (rc)
-        return rc;
-    snprintf(file, sizeof(file), "%s/manifest.json", dir);
-    json_error_t jerr;
-    json_t *man = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
-    if (!man) {
-        snprintf(err, errlen, "checkpoint: %s: %s", file, jerr.text);
-        return -EINVAL;
-    }
-    const char *format = json_string_value(json_object_get(man, "format"));
-    json_t *files = json_object_get(man, "files");
-    json_t *units = json_object_get(man, "units");
-    json_int_t step = json_integer_value(json_object_get(man, "step"));
-    json_int_t world = json_integer_value(json_object_get(man, "world_size"));
-    json_int_t seed = json_integer_value(json_object_get(json_object_get(man, "data"), "seed"));
-    size_t S[GPT_MAX_UNITS];
-    rc = -EINVAL;
-    if (!format || strcmp(format, MANIFEST_FORMAT) != 0 ||
-        json_integer_value(json_object_get(man, "version")) != MANIFEST_VERSION) {
-        snprintf(err, errlen, "checkpoint: %s: not a %s manifest of version %d", file,
-                 MANIFEST_FORMAT, MANIFEST_VERSION);
-    } else if (model_differs(json_object_get(man, "model"), c, err, errlen, dir)) {
-    } else if (!json_is_array(units) || json_array_size(units) != (size_t)c->lay.nunits) {
-        snprintf(err, errlen, "checkpoint %s: expected %d units in the layout", dir,
-                 c->lay.nunits);
-    } else if (world < 1 || world > INT32_MAX || !json_is_array(files) ||
-               json_array_size(files) != (size_t)world || step < 0) {
-        snprintf(err, errlen, "checkpoint %s: manifest's step, world_size or files are invalid",
-                 dir);
-    } else {
-        rc = units_check(c, units, (int)world, S, err, errlen, dir);
-        for (json_int_t r = 0; r < world && !rc; r++) {
-            if (!needed(c, (int)r, S))
-                continue;
-            json_t *fe = json_array_get(files, (size_t)r);
-            const char *name = json_string_value(json_object_get(fe, "name"));
-            const char *hex = json_string_value(json_object_get(fe, "fnv1a64"));
-            json_int_t bytes = json_integer_value(json_object_get(fe, "bytes"));
-            if (!name || !hex || strchr(name, '/') || bytes <= 0 ||
-                json_integer_value(json_object_get(fe, "rank")) != r) {
-                snprintf(err, errlen, "checkpoint %s: files[%d] is invalid", dir, (int)r);
-                rc = -EINVAL;
-                break;
-            }
-            snprintf(file, sizeof(file), "%s/%s", dir, name);
-            rc = read_shard(c, file, (int)r, (int)world, S, (size_t)bytes, hex, err, errlen);
-        }
-    }
-    if (!rc) {
-        if (seed != c->spec->seed)
-            log_warn("checkpoint %s was trained with seed %" JSON_INTEGER_FORMAT
-                     "; continuing with it (this run asked for %" PRId64 ")",
-                     dir, seed, c->spec->seed);
-        c->seed = seed;
-        c->step = (long)step;
-    }
-    json_decref(man);
-    return rc;
-}
-
-int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
-{
-    int rc = c->local_rc;
-    if (rc)
-        snprintf(err, errlen, "checkpoint: this rank has no room for it: %s", strerror(-rc));
-    else
-        rc = load_local(c, path, err, errlen);
-    return agree_loaded(c, rc, err, errlen);
-}
-
 /* ---- pruning ---- */
 
 int ckpt_prune_plan(struct ckpt_entry *e, size_t n, long committed, long latest, int keep)
@@ -849,5 +779,449 @@ int ckpt_prune(const char *dir, long committed, int keep, char *err, size_t errl
     unlock_dir(lock);
     free(ents);
     free(names);
+    return rc;
+}
+
+/* ---- loading ---- */
+
+/* One checkpoint step as this rank finds it in its own view of the
+ * directory: the manifest, checked against this model. */
+struct step_view {
+    char dir[JOB_PATH_MAX + 32];
+    json_t *man; /* NULL: no manifest here */
+    json_t *files;
+    int world;
+    long step;
+    int64_t seed;
+    size_t S[GPT_MAX_UNITS];
+};
+
+/* Reads and checks dir/manifest.json into v: 0, -ENOENT when there is none,
+ * or another error with err set. */
+static int view_step(const struct ckpt_rank *c, const char *dir, struct step_view *v, char *err,
+                     size_t errlen)
+{
+    char file[JOB_PATH_MAX + 64];
+    memset(v, 0, sizeof(*v));
+    snprintf(v->dir, sizeof(v->dir), "%s", dir);
+    snprintf(file, sizeof(file), "%s/manifest.json", dir);
+    if (access(file, F_OK) != 0)
+        return -ENOENT;
+    json_error_t jerr;
+    json_t *man = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+    if (!man) {
+        snprintf(err, errlen, "checkpoint: %s: %s", file, jerr.text);
+        return -EINVAL;
+    }
+    const char *format = json_string_value(json_object_get(man, "format"));
+    json_t *files = json_object_get(man, "files");
+    json_t *units = json_object_get(man, "units");
+    json_int_t step = json_integer_value(json_object_get(man, "step"));
+    json_int_t world = json_integer_value(json_object_get(man, "world_size"));
+    int rc = -EINVAL;
+    if (!format || strcmp(format, MANIFEST_FORMAT) != 0 ||
+        json_integer_value(json_object_get(man, "version")) != MANIFEST_VERSION) {
+        snprintf(err, errlen, "checkpoint: %s: not a %s manifest of version %d", file,
+                 MANIFEST_FORMAT, MANIFEST_VERSION);
+    } else if (model_differs(json_object_get(man, "model"), c, err, errlen, dir)) {
+    } else if (!json_is_array(units) || json_array_size(units) != (size_t)c->lay.nunits) {
+        snprintf(err, errlen, "checkpoint %s: expected %d units in the layout", dir,
+                 c->lay.nunits);
+    } else if (world < 1 || world > CKPT_MAX_WORLD || !json_is_array(files) ||
+               json_array_size(files) != (size_t)world || step < 0) {
+        snprintf(err, errlen, "checkpoint %s: manifest's step, world_size or files are invalid",
+                 dir);
+    } else {
+        rc = units_check(c, units, (int)world, v->S, err, errlen, dir);
+    }
+    for (json_int_t r = 0; r < world && !rc; r++) {
+        json_t *fe = json_array_get(files, (size_t)r);
+        const char *name = json_string_value(json_object_get(fe, "name"));
+        if (!name || strchr(name, '/') || !json_string_value(json_object_get(fe, "fnv1a64")) ||
+            json_integer_value(json_object_get(fe, "bytes")) <= 0 ||
+            json_integer_value(json_object_get(fe, "rank")) != r) {
+            snprintf(err, errlen, "checkpoint %s: files[%d] is invalid", dir, (int)r);
+            rc = -EINVAL;
+        }
+    }
+    if (rc) {
+        json_decref(man);
+        return rc;
+    }
+    v->man = man;
+    v->files = files;
+    v->world = (int)world;
+    v->step = (long)step;
+    v->seed = json_integer_value(json_object_get(json_object_get(man, "data"), "seed"));
+    return 0;
+}
+
+/* File q of the step: its path, size and checksum (view_step checked them). */
+static void view_file(const struct step_view *v, int q, char *path, size_t len, size_t *bytes,
+                      const char **hex)
+{
+    json_t *fe = json_array_get(v->files, (size_t)q);
+    snprintf(path, len, "%s/%s", v->dir, json_string_value(json_object_get(fe, "name")));
+    *bytes = (size_t)json_integer_value(json_object_get(fe, "bytes"));
+    *hex = json_string_value(json_object_get(fe, "fnv1a64"));
+}
+
+/* Whether file q is here with the manifest's size (its checksum is checked
+ * when it is read). */
+static int view_has(const struct step_view *v, int q)
+{
+    char path[JOB_PATH_MAX + 128];
+    size_t bytes;
+    const char *hex;
+    struct stat st;
+    view_file(v, q, path, sizeof(path), &bytes, &hex);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == bytes;
+}
+
+/* Reads every file of the step holding floats this rank owns: the load of
+ * a rank that finds all of them in its own view. */
+static int load_own(struct ckpt_rank *c, const struct step_view *v, char *err, size_t errlen)
+{
+    int rc = 0;
+    for (int q = 0; q < v->world && !rc; q++) {
+        if (!needed(c, q, v->S))
+            continue;
+        char file[JOB_PATH_MAX + 128];
+        size_t bytes;
+        const char *hex;
+        view_file(v, q, file, sizeof(file), &bytes, &hex);
+        rc = read_shard(c, file, q, v->world, v->S, bytes, hex, err, errlen);
+    }
+    return rc;
+}
+
+/* The step `latest` names under dir: 0 with *step (-1: no `latest`), or
+ * -EINVAL with err set when it names nothing valid. */
+static int read_latest(const char *dir, long *step, char *err, size_t errlen)
+{
+    char p[JOB_PATH_MAX + 16], name[64] = "";
+    snprintf(p, sizeof(p), "%s/latest", dir);
+    *step = -1;
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return errno == ENOENT ? 0 : -errno;
+    int ok = fgets(name, sizeof(name), f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    if (!ok || (*step = parse_step(name, "step-", 0)) < 0) {
+        snprintf(err, errlen, "checkpoint: %s: expected \"step-NNNNNNNN\", got \"%s\"", p, name);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A word of an all-gather holding a result: the first rank whose word is a
+ * negative errno, or -1. */
+static int first_error(const uint64_t *all, int world, size_t words, int *rc)
+{
+    for (int r = 0; r < world; r++)
+        if ((int64_t)all[words * (size_t)r] < 0) {
+            *rc = (int)(int64_t)all[words * (size_t)r];
+            return r;
+        }
+    return -1;
+}
+
+/* Another rank's failure, in this rank's words (its own err says more). */
+static int failed_on(int bad, int me, int rc, const char *what, char *err, size_t errlen)
+{
+    if (bad != me)
+        snprintf(err, errlen, "checkpoint: rank %d could not %s: %s", bad, what, strerror(-rc));
+    return rc;
+}
+
+/* Per-rank words of a step probe: found (1), absent (0) or a negative
+ * errno; the step's world and seed; whether this rank holds every file it
+ * needs; each unit's shard size. */
+enum { PROBE_FOUND, PROBE_WORLD, PROBE_SEED, PROBE_SELF, PROBE_S, PROBE_WORDS = PROBE_S + GPT_MAX_UNITS };
+
+/* Most u64 words one rank puts into one all-gather of the spread load by
+ * default: 64 MiB over the whole world, at least 512 KiB a rank. */
+static size_t spread_words(const struct ckpt_rank *c)
+{
+    if (c->gather_max)
+        return c->gather_max;
+    size_t w = ((size_t)8 << 20) / (size_t)c->world;
+    return w < ((size_t)1 << 16) ? (size_t)1 << 16 : w;
+}
+
+/*
+ * The spread load (docs/training.md, "Node-local checkpoints"): some rank
+ * does not find every file it needs in its own view of the directory. Each
+ * file q of the step is read by one rank that has it (rank q itself when
+ * it does, else the rank with the fewest files to read so far), whole, into
+ * a block laid out as the writer's shard; then each unit goes round in
+ * all-gathers of at most spread_words() words a rank, from which every rank
+ * copies the floats it owns. Every rank computes the same assignment from
+ * the gathered bitmaps. Collective; the same result on every rank.
+ */
+static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, const size_t *S,
+                       char *err, size_t errlen)
+{
+    const int world = c->world, me = c->rank, nunits = c->lay.nunits;
+    const size_t words = ((size_t)w0 + 63) / 64;
+    uint64_t *bits = calloc(words, sizeof(uint64_t)), *all = calloc(words * (size_t)world, sizeof(uint64_t));
+    int *reader = malloc(sizeof(int) * (size_t)w0), *index = malloc(sizeof(int) * (size_t)w0);
+    int *load = calloc((size_t)world, sizeof(int));
+    float *blocks = NULL, *send = NULL, *got = NULL;
+    int rc = bits && all && reader && index && load ? 0 : -ENOMEM, crc = 0, ncontrib = 0, nmine = 0;
+    for (int q = 0; !rc && v->man && q < w0; q++)
+        if (view_has(v, q))
+            bits[q / 64] |= (uint64_t)1 << (q % 64);
+    if (rc) {
+        snprintf(err, errlen, "checkpoint: out of memory for the spread load of %d files", w0);
+        goto out; /* a few words a rank: as ckpt_load's own, its peers' gather times out */
+    }
+    if ((crc = c->gather(c->coll, bits, words, all)) != 0)
+        goto out;
+    /* who reads what: every rank computes the same */
+    char missing[256] = "";
+    int nmissing = 0;
+    for (int q = 0; q < w0; q++) {
+        int best = -1;
+        if (q < world && (all[(size_t)q * words + (size_t)q / 64] >> (q % 64) & 1))
+            best = q;
+        for (int r = 0; best != q && r < world; r++)
+            if ((all[(size_t)r * words + (size_t)q / 64] >> (q % 64) & 1) && (best < 0 || load[r] < load[best]))
+                best = r;
+        reader[q] = best;
+        if (best < 0) {
+            if (nmissing++ < 8) {
+                size_t used = strlen(missing);
+                snprintf(missing + used, sizeof(missing) - used, "%s%d", used ? ", " : "", q);
+            }
+            continue;
+        }
+        index[q] = load[best]++;
+        ncontrib = load[best] > ncontrib ? load[best] : ncontrib;
+    }
+    if (nmissing) {
+        snprintf(err, errlen,
+                 "checkpoint %s: no rank of this world finds the shard file%s of rank%s %s%s (of %d): "
+                 "a node-local checkpoint_dir's files leave with their node; a shared one, or peer "
+                 "replicas, survive that",
+                 v->dir, nmissing > 1 ? "s" : "", nmissing > 1 ? "s" : "", missing,
+                 nmissing > 8 ? ", ..." : "", w0);
+        rc = -ENODATA;
+        goto out; /* every rank found the same: no collective is left half done */
+    }
+    /* each reader reads its files whole into blocks laid out as their shards */
+    size_t stot = 0, off[GPT_MAX_UNITS];
+    for (int u = 0; u < nunits; u++) {
+        off[u] = stot;
+        stot += S[u];
+    }
+    nmine = load[me];
+    if (nmine && !(blocks = calloc((size_t)nmine * 3 * stot, sizeof(float))))
+        rc = -ENOMEM;
+    for (int q = 0, i = 0; !rc && q < w0; q++) {
+        if (reader[q] != me)
+            continue;
+        struct ckpt_rank as = *c; /* this rank reading as rank q of the writer's world */
+        float *blk = blocks + (size_t)i++ * 3 * stot;
+        as.rank = q;
+        as.world = w0;
+        memcpy(as.shard, S, sizeof(size_t) * (size_t)nunits);
+        memcpy(as.off, off, sizeof(size_t) * (size_t)nunits);
+        as.params = blk, as.m = blk + stot, as.v = blk + 2 * stot;
+        char file[JOB_PATH_MAX + 128];
+        size_t bytes;
+        const char *hex;
+        view_file(v, q, file, sizeof(file), &bytes, &hex);
+        rc = read_shard(&as, file, q, w0, S, bytes, hex, err, errlen);
+    }
+    if (rc == -ENOMEM)
+        snprintf(err, errlen, "checkpoint: out of memory for %d shard file(s) of %zu floats", nmine, 3 * stot);
+    if ((rc = agree_loaded(c, rc, err, errlen)) != 0)
+        goto out;
+    /* each unit round, a chunk of every block at a time */
+    size_t len_max = spread_words(c) * 2 / (3 * (size_t)ncontrib);
+    len_max = len_max < 2 ? 2 : len_max;
+    send = calloc(3 * (size_t)ncontrib * len_max + 1, sizeof(float));
+    got = calloc((3 * (size_t)ncontrib * len_max + 1) * (size_t)world, sizeof(float));
+    if (!send || !got) {
+        rc = -ENOMEM; /* before any gather of the chunks: the others fail at theirs */
+        snprintf(err, errlen, "checkpoint: out of memory for the spread load's buffers");
+        goto out;
+    }
+    float *dst[3] = {c->params, c->m, c->v};
+    for (int u = 0; u < nunits && !crc; u++) {
+        size_t lo_me, n_me;
+        held(c->lay.numel[u], c->shard[u], me, &lo_me, &n_me);
+        for (size_t a = 0; a < S[u] && !crc; a += len_max) {
+            const size_t len = S[u] - a < len_max ? S[u] - a : len_max;
+            const size_t nf = (3 * (size_t)ncontrib * len + 1) & ~(size_t)1; /* whole u64 words */
+            memset(send, 0, nf * sizeof(float));
+            for (int i = 0; i < nmine; i++)
+                for (int k = 0; k < 3; k++)
+                    memcpy(send + ((size_t)i * 3 + (size_t)k) * len,
+                           blocks + (size_t)i * 3 * stot + (size_t)k * stot + off[u] + a, len * sizeof(float));
+            if ((crc = c->gather(c->coll, (const uint64_t *)(void *)send, nf / 2, (uint64_t *)(void *)got)) != 0)
+                break;
+            /* the old ranks o whose chunk [o*S + a, o*S + a + len) meets this rank's floats */
+            for (size_t o = n_me ? lo_me / S[u] : 1, end = n_me ? (lo_me + n_me - 1) / S[u] : 0; o <= end; o++) {
+                size_t x = o * S[u] + a, y = x + len;
+                x = x > lo_me ? x : lo_me;
+                y = y < lo_me + n_me ? y : lo_me + n_me;
+                if (x >= y)
+                    continue;
+                const float *from = got + (size_t)reader[o] * nf;
+                for (int k = 0; k < 3; k++)
+                    memcpy(dst[k] + c->off[u] + (x - lo_me),
+                           from + ((size_t)index[o] * 3 + (size_t)k) * len + (x - o * S[u] - a),
+                           (y - x) * sizeof(float));
+            }
+        }
+    }
+out:
+    if (crc && !rc) {
+        snprintf(err, errlen, "checkpoint: collective failed: %s", c->why(c->coll, crc));
+        rc = crc;
+    }
+    free(bits), free(all), free(reader), free(index), free(load), free(blocks), free(send), free(got);
+    return rc;
+}
+
+/*
+ * ckpt_load: every rank in step, whatever each one finds in its own view
+ * of the directory (the same on a shared file system, its node's own files
+ * where checkpoint_dir is node-local):
+ *   1. the step: each rank says which step its `latest` names (or the
+ *      step of the step directory given); the oldest of those is loaded,
+ *      so that directories a step behind (a commit that failed on some
+ *      node) and ranks that find nothing (a new node) all agree;
+ *   2. each rank reads that step's manifest if it has it and says so,
+ *      with the world, seed and shard sizes, and whether it finds every
+ *      file it needs itself;
+ *   3. if every rank does, each reads its files (the common case, shared
+ *      or not); otherwise the spread load ships the files round;
+ *   4. all learn whether every rank loaded.
+ */
+int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
+{
+    const int world = c->world;
+    char probe[JOB_PATH_MAX + 32];
+    struct step_view v = {0};
+    long mine_step = -1;
+    /* 1 */
+    int rc = c->local_rc;
+    if (rc) {
+        snprintf(err, errlen, "checkpoint: this rank has no room for it: %s", strerror(-rc));
+    } else {
+        snprintf(probe, sizeof(probe), "%s/manifest.json", path);
+        if (access(probe, F_OK) == 0) { /* a step directory */
+            if ((rc = view_step(c, path, &v, err, errlen)) == 0)
+                mine_step = v.step;
+            json_decref(v.man);
+        } else {
+            rc = read_latest(path, &mine_step, err, errlen);
+        }
+    }
+    uint64_t word = rc ? (uint64_t)(int64_t)rc : (uint64_t)(mine_step + 1);
+    uint64_t *all = calloc((size_t)world * PROBE_WORDS, sizeof(uint64_t));
+    if (!all)
+        return -ENOMEM; /* its peers fail at the gather it does not join: the collective breaks */
+    int crc = c->gather(c->coll, &word, 1, all), bad;
+    long step = -1;
+    if (!crc && (bad = first_error(all, world, 1, &rc)) >= 0) {
+        rc = failed_on(bad, c->rank, rc, "read its checkpoint directory", err, errlen);
+        goto out;
+    }
+    for (int r = 0; !crc && r < world; r++)
+        if (all[r] && (step < 0 || (long)all[r] - 1 < step))
+            step = (long)all[r] - 1;
+    if (!crc && step < 0) {
+        snprintf(err, errlen, "checkpoint: no rank finds a checkpoint at %s", path);
+        rc = -ENOENT;
+        goto out;
+    }
+    /* 2 */
+    uint64_t offer[PROBE_WORDS] = {0};
+    if (!crc) {
+        char dir[JOB_PATH_MAX + 32];
+        if (access(probe, F_OK) == 0)
+            snprintf(dir, sizeof(dir), "%s", path);
+        else
+            snprintf(dir, sizeof(dir), "%s/step-%08ld", path, step);
+        rc = view_step(c, dir, &v, err, errlen);
+        if (rc == 0 && v.step != step) {
+            snprintf(err, errlen, "checkpoint %s: its manifest says step %ld", dir, v.step);
+            rc = -EINVAL;
+        }
+        offer[PROBE_FOUND] = rc == -ENOENT ? 0 : rc ? (uint64_t)(int64_t)rc : 1;
+        if (rc == 0) {
+            offer[PROBE_WORLD] = (uint64_t)v.world;
+            offer[PROBE_SEED] = (uint64_t)v.seed;
+            offer[PROBE_SELF] = 1;
+            for (int q = 0; q < v.world && offer[PROBE_SELF]; q++)
+                offer[PROBE_SELF] = !needed(c, q, v.S) || view_has(&v, q);
+            for (int u = 0; u < c->lay.nunits; u++)
+                offer[PROBE_S + u] = v.S[u];
+        }
+        crc = c->gather(c->coll, offer, PROBE_WORDS, all);
+    }
+    if (!crc && (bad = first_error(all, world, PROBE_WORDS, &rc)) >= 0) {
+        rc = failed_on(bad, c->rank, rc, "read the manifest of the step to load", err, errlen);
+        goto out;
+    }
+    int first = -1, self = 1;
+    for (int r = 0; !crc && r < world; r++) {
+        const uint64_t *o = all + (size_t)r * PROBE_WORDS;
+        self = self && o[PROBE_SELF];
+        if (!o[PROBE_FOUND])
+            continue;
+        if (first < 0) {
+            first = r;
+        } else if (memcmp(o + PROBE_WORLD, all + (size_t)first * PROBE_WORDS + PROBE_WORLD,
+                          sizeof(uint64_t) * 2) ||
+                   memcmp(o + PROBE_S, all + (size_t)first * PROBE_WORDS + PROBE_S,
+                          sizeof(uint64_t) * (size_t)c->lay.nunits)) {
+            snprintf(err, errlen,
+                     "checkpoint step %ld: the manifests ranks %d and %d find differ (world, seed "
+                     "or shard sizes): two runs share the name",
+                     step, first, r);
+            rc = -EINVAL;
+            goto out;
+        }
+    }
+    if (!crc && first < 0) {
+        snprintf(err, errlen, "checkpoint step %ld: no rank finds its manifest under %s", step, path);
+        rc = -ENODATA;
+        goto out;
+    }
+    /* 3 */
+    if (!crc) {
+        const uint64_t *o = all + (size_t)first * PROBE_WORDS;
+        size_t S[GPT_MAX_UNITS];
+        for (int u = 0; u < c->lay.nunits; u++)
+            S[u] = (size_t)o[PROBE_S + u];
+        if (self) {
+            rc = agree_loaded(c, load_own(c, &v, err, errlen), err, errlen);
+        } else {
+            if (c->rank == 0)
+                log_info("checkpoint step %ld: not every rank finds the files it needs in its own "
+                         "view of %s; each file is read once and shipped", step, path);
+            rc = load_spread(c, &v, (int)o[PROBE_WORLD], S, err, errlen);
+        }
+        if (rc == 0) {
+            c->seed = (int64_t)o[PROBE_SEED];
+            c->step = step;
+            if (c->seed != c->spec->seed)
+                log_warn("checkpoint step %ld was trained with seed %" PRId64 "; continuing with it "
+                         "(this run asked for %" PRId64 ")", step, c->seed, c->spec->seed);
+        }
+    }
+out:
+    if (crc && !rc) {
+        snprintf(err, errlen, "checkpoint: collective failed: %s", c->why(c->coll, crc));
+        rc = crc;
+    }
+    json_decref(v.man);
+    free(all);
     return rc;
 }

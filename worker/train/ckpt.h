@@ -23,8 +23,18 @@
  * files, so either path loads what the other wrote, at any world size. A
  * checkpoint is written into a temporary directory, synced, and renamed
  * into place; `latest` is replaced by rename after that, so a crash leaves
- * the previous checkpoint intact. After the commit rank 0 prunes old
- * checkpoints (ckpt_prune below; spec->checkpoint_keep).
+ * the previous checkpoint intact. After the commit each directory's
+ * committer prunes old checkpoints (ckpt_prune below; spec->checkpoint_keep).
+ *
+ * Node-local or shared: checkpoint_dir may be one directory every rank
+ * sees or a directory on each node's own disk; nothing is configured. A
+ * save puts each rank's file in its own view of the directory, and every
+ * distinct directory gets the manifest (which names all files, wherever
+ * they lie) and `latest`. A load agrees on one step, and when a rank does
+ * not find a file it needs (the world changed shape, a node is new), the
+ * ranks that have each file read it and ship its floats over the
+ * collective. What a node-local directory cannot survive is losing a node:
+ * its files leave with it (peer replicas, replica.h, cover that).
  *
  * The functions here know nothing of a trainer: a rank describes what it
  * holds in a struct ckpt_rank (host arrays of its shards, the numbers the
@@ -68,25 +78,38 @@ struct ckpt_rank {
     ckpt_gather_fn gather;
     const char *(*why)(void *coll, int rc);
     void *coll;
+    /* most words a rank puts into one all-gather when a load ships files
+     * (0: 64 MiB over the world, at least 512 KiB a rank) */
+    size_t gather_max;
 };
 
+/* The largest world a manifest may name. */
+#define CKPT_MAX_WORLD 1048576
+
 /* Writes the rank's shards as step-<step> under dir (created if needed) and
- * points dir/latest at it. Collective: every rank writes its own shard file,
- * and rank 0 commits (manifest, rename, `latest`) only after all of them are
- * durable; the same result on every rank. dir must be one directory that
- * all ranks see. path (may be NULL) gets the checkpoint's directory. Returns
- * 0 or a negative errno with the reason in err. */
+ * points dir/latest at it. Collective: every rank writes its own shard file
+ * into its view of dir, and each distinct directory's committer (the rank
+ * that created its temporary directory) commits (manifest, rename,
+ * `latest`) only after all shards are durable and every manifest is
+ * written; the same result on every rank. path (may be NULL) gets the
+ * checkpoint's directory. Returns 0 or a negative errno with the reason in
+ * err. */
 int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pathlen, char *err,
               size_t errlen);
 
 /* Loads a checkpoint into c's arrays: path is a step directory (holding
- * manifest.json) or a checkpoint_dir (its `latest` is followed). Refuses a
- * checkpoint of another model, naming the difference, and any file whose
- * size or checksum does not match the manifest. Shards of any world size N
- * and any shard size S are re-sliced into c's world and shard sizes: each
- * rank reads only the files that hold floats it owns and writes only the
- * real (non-padding) floats it owns. Sets c->step and c->seed. Collective:
- * every rank returns an error when one could not load. */
+ * manifest.json) or a checkpoint_dir (the oldest step that the ranks'
+ * `latest` files name is loaded). Refuses a checkpoint of another model,
+ * naming the difference, and any file whose size or checksum does not
+ * match the manifest. Shards of any world size N and any shard size S are
+ * re-sliced into c's world and shard sizes: a rank reads only the files
+ * that hold floats it owns, or, when some rank does not find one in its
+ * view of path, each file is read by one rank that has it and shipped;
+ * each rank writes only the real (non-padding) floats it owns. Sets
+ * c->step and c->seed. Collective, the same result on every rank:
+ * -ENOENT when no rank finds any checkpoint at path (a fresh start),
+ * -ENODATA when a file or manifest of the step is on no rank, another
+ * error when one could not load. */
 int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen);
 
 /*

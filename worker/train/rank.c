@@ -23,6 +23,7 @@ struct rank_ctl {
     volatile sig_atomic_t *stop; /* the caller's flag (see rank_ctl_open) */
     atomic_int superseded; /* stopped, or a newer generation came: a formation under way is moot */
     volatile sig_atomic_t *checkpoints; /* the caller's request count, or NULL */
+    volatile sig_atomic_t *yield;       /* the caller's yield flag, or NULL */
     int quit;             /* rank_ctl_close asks the thread to end */
     uint64_t generation;  /* the newest this rank was given (ASSIGN) */
     uint64_t joined;      /* the one the training thread works in (rank_ctl_next_generation) */
@@ -178,6 +179,7 @@ static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
         c->have_uid = 0;
         c->beat.restore_from = PROTO_RESTORE_NONE;
         c->beat.restore_step = 0;
+        c->beat.yielded = 0; /* of the generation before */
         atomic_store(&c->superseded, 1);
         abort_locked(c);
         pthread_cond_broadcast(&c->cond);
@@ -217,6 +219,19 @@ static void handle(struct rank_ctl *c, const struct proto_msg *m)
             pthread_mutex_unlock(&c->lock);
             if (!rejoin)
                 raise_stop(c, "the generation is over and this rank cannot rejoin");
+        }
+        else if (m->u.command.action == PROTO_CMD_YIELD) {
+            pthread_mutex_lock(&c->lock);
+            int mine = c->yield && m->u.command.generation == c->joined && c->generation == c->joined;
+            if (mine)
+                *c->yield = 1;
+            pthread_mutex_unlock(&c->lock);
+            if (mine)
+                log_info("rank %d: the job grows; leaving generation %llu at the next step boundary", c->rank,
+                         (unsigned long long)m->u.command.generation);
+            else
+                log_debug("rank %d: yield of generation %llu ignored", c->rank,
+                          (unsigned long long)m->u.command.generation);
         }
         else if (m->u.command.action == PROTO_CMD_CHECKPOINT && m->u.command.generation != c->generation)
             log_warn("rank %d: checkpoint request of generation %llu ignored: this rank is of generation %llu",
@@ -461,6 +476,9 @@ int rank_ctl_next_generation(struct rank_ctl *c, struct rank_assign *a)
     } else {
         c->joined = c->generation;
         atomic_store(&c->superseded, 0);
+        c->beat.yielded = 0;
+        if (c->yield)
+            *c->yield = 0;
         *a = c->next;
         a->job = NULL;
     }
@@ -482,6 +500,21 @@ void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests)
 {
     pthread_mutex_lock(&c->lock);
     c->checkpoints = requests;
+    pthread_mutex_unlock(&c->lock);
+}
+
+void rank_ctl_on_yield(struct rank_ctl *c, volatile sig_atomic_t *flag)
+{
+    pthread_mutex_lock(&c->lock);
+    c->yield = flag;
+    pthread_mutex_unlock(&c->lock);
+}
+
+void rank_ctl_yielded(struct rank_ctl *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->beat.yielded = 1;
+    send_beat_locked(c); /* news: the daemon grows the job once every rank has said it */
     pthread_mutex_unlock(&c->lock);
 }
 

@@ -85,6 +85,15 @@ void rank_ctl_on_abort(struct rank_ctl *c, void (*fn)(void *arg), void *arg);
  * Without this call the command is logged and ignored. */
 void rank_ctl_on_checkpoint(struct rank_ctl *c, volatile sig_atomic_t *requests);
 
+/* COMMAND yield of the generation the rank works in (the job is about to
+ * grow) sets *flag, on the control thread; the training loop leaves the
+ * generation at the next step boundary, all ranks at the same one (the
+ * step vote), and the rank calls rank_ctl_yielded: its heartbeat says
+ * `yielded` (sent at once) until rank_ctl_next_generation, which clears
+ * both. flag must outlive the channel (a static). */
+void rank_ctl_on_yield(struct rank_ctl *c, volatile sig_atomic_t *flag);
+void rank_ctl_yielded(struct rank_ctl *c);
+
 
 /*
  * Rejoining in place (docs/training.md, "Healing in place"). After

@@ -436,15 +436,17 @@ double train_loop_eval(const struct train_loop *l)
     return sum / (double)total;
 }
 
-double train_vote_share(int stop, int checkpoint, int world)
+double train_vote_share(int stop, int checkpoint, int yield, int world)
 {
-    return (stop ? 1.0 : 0.0) + (checkpoint ? (double)world + 1.0 : 0.0);
+    const double b = (double)world + 1.0;
+    return (stop ? 1.0 : 0.0) + (checkpoint ? b : 0.0) + (yield ? b * b : 0.0);
 }
 
 struct train_vote train_vote_count(double sum, int world)
 {
     const long long base = (long long)world + 1, n = llround(sum);
-    return (struct train_vote){.stop = (int)(n % base), .checkpoint = (int)(n / base)};
+    return (struct train_vote){.stop = (int)(n % base), .checkpoint = (int)(n / base % base),
+                               .yield = (int)(n / base / base)};
 }
 
 /* The vote before the next step (see train_vote in train.h): whether any
@@ -454,9 +456,10 @@ static int agree(const struct train_loop *l, volatile sig_atomic_t *stop,
                  const struct train_hooks *hooks, long answered, struct train_vote *v)
 {
     const long asked = hooks && hooks->checkpoint_requests ? *hooks->checkpoint_requests : 0;
-    double x = train_vote_share(stop && *stop, asked > answered, l->world);
+    const int yield = hooks && hooks->yield && *hooks->yield;
+    double x = train_vote_share(stop && *stop, asked > answered, yield, l->world);
     int rc = l->ops->sum(l->tr, &x);
-    *v = rc ? (struct train_vote){0, 0} : train_vote_count(x, l->world);
+    *v = rc ? (struct train_vote){0, 0, 0} : train_vote_count(x, l->world);
     return rc;
 }
 
@@ -490,6 +493,8 @@ int train_loop_run(const struct train_loop *l, long stop_after, const struct tra
         }
         if (v.stop)
             break;
+        if (v.yield)
+            return TRAIN_YIELDED; /* no final checkpoint: the job goes on in the next generation */
         struct train_step_info info;
         rc = l->ops->step(l->tr, &info, err, errlen);
         if (rc)

@@ -138,23 +138,33 @@ struct train_hooks {
      * channel's, on COMMAND checkpoint) raises by one per request; NULL:
      * none. Read only between steps. */
     volatile sig_atomic_t *checkpoint_requests;
+    /* Set (by the control channel's thread, on COMMAND yield) when the
+     * ranks are to leave the generation at the next step boundary; NULL:
+     * never. Read only between steps. */
+    volatile sig_atomic_t *yield;
 };
 
 /*
  * The vote at every step boundary: one all-reduce (sum) of one double per
- * rank that carries both questions, "stop?" and "checkpoint now?". Ranks see
- * a request at different moments; any rank asking is enough, and all of them
- * learn it from the same sum, so all stop, or checkpoint, at the same step.
- * A rank's share is stop + (world + 1) * checkpoint (each 0 or 1): the sum's
- * remainder by world + 1 counts the stop votes, its quotient the checkpoint
- * votes, exact in a double for any world below 2^26.
+ * rank that carries three questions, "stop?", "checkpoint now?" and "leave
+ * the generation (yield)?". Ranks see a request at different moments; any
+ * rank asking is enough, and all of them learn it from the same sum, so all
+ * stop, checkpoint or yield at the same step. With b = world + 1, a rank's
+ * share is stop + b * checkpoint + b^2 * yield (each 0 or 1): the sum's
+ * digits in base b count the votes, exact in a double for any world below
+ * 2^17.
  */
 struct train_vote {
     int stop;        /* ranks asking to stop */
     int checkpoint;  /* ranks asking for a checkpoint */
+    int yield;       /* ranks asking to leave the generation */
 };
 
-double train_vote_share(int stop, int checkpoint, int world);
+/* train_loop_run's return when the ranks left the generation at a step
+ * boundary on a yield vote (the state is whole at that step). */
+#define TRAIN_YIELDED 1
+
+double train_vote_share(int stop, int checkpoint, int yield, int world);
 struct train_vote train_vote_count(double sum, int world);
 
 /*
@@ -168,8 +178,10 @@ struct train_vote train_vote_count(double sum, int world);
  * (the same count on every rank), and a rank votes while its own count of
  * requests is ahead of that, so a rank that sees a request after the others
  * acted on it does not ask again. A request at a step that is already
- * checkpointed is answered by that checkpoint.
- * Returns 0 or a negative errno with the reason in err.
+ * checkpointed is answered by that checkpoint. A yield (hooks->yield) ends
+ * the run at the next step boundary on every rank, without the final
+ * checkpoint: TRAIN_YIELDED.
+ * Returns 0, TRAIN_YIELDED or a negative errno with the reason in err.
  */
 int train_run(struct trainer *tr, long stop_after, const struct train_hooks *hooks,
               volatile sig_atomic_t *stop, char *err, size_t errlen);

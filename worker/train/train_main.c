@@ -64,6 +64,7 @@ static const atomic_int *superseded;
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
+static volatile sig_atomic_t yield_flag; /* COMMAND yield of the generation the rank works in */
 
 static void on_signal(int sig)
 {
@@ -738,7 +739,7 @@ static int run_loop(struct rank_trainer *rt, struct rank_ctl *ctl, long long sto
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
     int rc = rt->ops->train(rt, (long)stop_after, &hooks, err, errlen);
     clear_bar(&rs);
     fflush(stdout);
@@ -778,14 +779,17 @@ static int run_alone(const struct rank_ops *ops, const struct job_spec *spec, in
         return 1;
     if (ctl)
         rank_ctl_on_abort(ctl, abort_comms, &gc);
-    if (resume) {
-        if (ops->load(&rt, resume, err, sizeof(err))) {
+    if (resume) { /* a rank's -ENOENT (no rank finds a checkpoint there): a fresh start */
+        int lrc = ops->load(&rt, resume, err, sizeof(err));
+        if (lrc && (lrc != -ENOENT || standalone)) {
             log_error("%s", err);
-            rank_ctl_on_abort(ctl, NULL, NULL);
+            if (ctl)
+                rank_ctl_on_abort(ctl, NULL, NULL);
             ops->destroy(&rt);
             return 1;
         }
-        log_info("resumed from %s at step %ld", resume, *rt.step);
+        if (lrc == 0)
+            log_info("resumed from %s at step %ld", resume, *rt.step);
     }
     int rc = run_loop(&rt, ctl, stop_after, metrics_path, err, sizeof(err));
     int status = end_status(rc, standalone, *rt.step, err);
@@ -952,17 +956,18 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
         log_warn("no step is held in memory for every rank (%s): every rank falls back to %s", why,
                  rt->spec->checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
     }
-    char latest[JOB_PATH_MAX + 16];
-    snprintf(latest, sizeof(latest), "%s/latest", rt->spec->checkpoint_dir);
+    /* Every rank asks, whatever its own view of checkpoint_dir holds: the
+     * answer is collective (a node-local directory may be empty on a new node). */
     *valid = 0;
-    if (rt->spec->checkpoint_dir[0] && access(latest, F_OK) == 0) {
-        rc = rt->ops->load(rt, rt->spec->checkpoint_dir, err, errlen);
-        *broke = rc && rt->ops->broken(rt);
-        if (rc)
-            goto out;
+    rc = rt->spec->checkpoint_dir[0] ? rt->ops->load(rt, rt->spec->checkpoint_dir, err, errlen) : -ENOENT;
+    if (rc == 0) {
         *from = PROTO_RESTORE_DISK;
         log_info("resumed from %s at step %ld", rt->spec->checkpoint_dir, *rt->step); /* each rank: its own shard */
+    } else if (rc != -ENOENT) {
+        *broke = rt->ops->broken(rt);
+        goto out;
     } else {
+        rc = 0;
         /* back to the start: the seed's weights, no moments (a new trainer starts there) */
         if (plan.survivors > 0 && (rc = rt->ops->reset(rt, err, errlen)) != 0)
             goto out;
@@ -1046,7 +1051,7 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
                     status = 0;
                     break;
                 }
-                broke = rc && ops->broken(&rt);
+                broke = rc == TRAIN_YIELDED || (rc && ops->broken(&rt));
             }
             if (!stop_flag && !broke) {
                 log_error("%s", err);
@@ -1058,10 +1063,17 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
                 log_info("stopped at step %ld", *rt.step);
             break;
         }
-        /* The generation broke: keep the state, drop the communicators, wait for the next one. */
+        /* The generation is over (it broke, or the ranks left it together for
+         * a grow): keep the state, drop the communicators, wait for the next one. */
         heal.seen = wall_s();
-        log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
-                 (unsigned long long)at.generation, rt.tr ? *rt.step : 0L, err);
+        if (rc == TRAIN_YIELDED) {
+            log_info("generation %llu: left at the boundary of step %ld with the other ranks (the job grows); "
+                     "waiting for the next generation", (unsigned long long)at.generation, *rt.step);
+            rank_ctl_yielded(ctl);
+        } else {
+            log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
+                     (unsigned long long)at.generation, rt.tr ? *rt.step : 0L, err);
+        }
         rank_ctl_on_abort(ctl, NULL, NULL);
         comm_abort(gc.train);
         comm_abort(gc.replica);
@@ -1223,6 +1235,7 @@ int main(int argc, char **argv)
             return 1;
         }
         rank_ctl_on_checkpoint(ctl, &checkpoint_requests);
+        rank_ctl_on_yield(ctl, &yield_flag);
         char prog[32];
         snprintf(prog, sizeof(prog), "muster-train[%d]", assign.rank);
         log_set_prog(strdup(prog));
@@ -1273,10 +1286,9 @@ int main(int argc, char **argv)
             threads = 1;
     }
     layers_set_threads((int)threads);
-    /* A rank resumes from the job's last committed checkpoint, if there is one. */
-    char latest[JOB_PATH_MAX + 16];
-    snprintf(latest, sizeof(latest), "%s/latest", spec.checkpoint_dir);
-    if (!standalone && spec.checkpoint_dir[0] && access(latest, F_OK) == 0)
+    /* A rank resumes from the job's last committed checkpoint, if any rank
+     * finds one: the load decides that collectively (ckpt_load). */
+    if (!standalone && spec.checkpoint_dir[0])
         resume = spec.checkpoint_dir;
 
     /* A rank trains on the GPU its agent gave it (CUDA_VISIBLE_DEVICES set). */
