@@ -210,6 +210,7 @@ END_TEST
 struct peer {
     const uint8_t *id;
     float state[3 * RF]; /* weights, m, v of step 5: one block, as struct zero holds them */
+    float got[3 * RF];   /* what rank 0 sent it */
     int rc;
 };
 
@@ -226,39 +227,45 @@ static void *dying_peer(void *arg)
         uint32_t magic, rank;
         uint64_t step, floats;
     } mine = {0x4d52504cu, 1, 5, RF}, theirs;
-    static float sink[3 * RF];
     p->rc = comm_shift(c, &mine, sizeof(mine), &theirs, sizeof(theirs));
     if (!p->rc)
-        p->rc = comm_shift(c, p->state, sizeof(p->state), sink, sizeof(sink));
+        p->rc = comm_shift(c, p->state, sizeof(p->state), p->got, sizeof(p->got));
     comm_destroy(c); /* gone */
     return NULL;
+}
+
+/* Round 5 between rep (rank 0) and a dying peer (rank 1, p): the ring
+ * formed, the round made, the peer gone; p->state is what it sent. */
+static void round_with_dying_peer(struct replica *rep, struct peer *p)
+{
+    static uint8_t id[COMM_ID_BYTES];
+    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
+    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
+    p->id = id;
+    for (int i = 0; i < 3 * RF; i++)
+        p->state[i] = (float)i;
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, dying_peer, p), 0);
+    struct comm *c = NULL;
+    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
+    replica_attach(rep, c);
+    replica_begin(rep, 5);
+    ck_assert_int_eq(replica_wait(rep), 0); /* sent and received in full */
+    pthread_join(t, NULL);
+    ck_assert_int_eq(p->rc, 0);
 }
 
 /* The replica a holder received whole is offered, even though the sender
  * died at once: nothing after the transfer can take it back. */
 START_TEST(holder_offers_a_replica_whose_sender_died)
 {
-    static uint8_t id[COMM_ID_BYTES];
     static struct peer p;
     static float block[3 * RF];
-    setenv("MUSTER_COMM_ADDR", "127.0.0.1", 1);
-    ck_assert_int_eq(comm_unique_id(COMM_RING, id), 0);
-    p.id = id;
-    for (int i = 0; i < 3 * RF; i++)
-        p.state[i] = (float)i;
     struct zero z = {.rank = 0, .world = 2, .plan = {.total = RF}, .params = block, .m = block + RF,
                      .v = block + 2 * RF};
     struct replica rep;
     ck_assert_int_eq(replica_init(&rep, &z, 1, 0), 0);
-    pthread_t t;
-    ck_assert_int_eq(pthread_create(&t, NULL, dying_peer, &p), 0);
-    struct comm *c = NULL;
-    ck_assert_int_eq(comm_init(&c, COMM_RING, 0, 2, id, 10000), 0);
-    replica_attach(&rep, c);
-    replica_begin(&rep, 5);
-    ck_assert_int_eq(replica_wait(&rep), 0); /* sent and received in full */
-    pthread_join(t, NULL);
-    ck_assert_int_eq(p.rc, 0);
+    round_with_dying_peer(&rep, &p);
     comm_destroy(replica_detach(&rep));
     uint64_t o[REPLICA_OFFER];
     replica_offer(&rep, 1, 0, 2, RF, 5, 0, 0, 7, -1, o);
@@ -269,6 +276,89 @@ START_TEST(holder_offers_a_replica_whose_sender_died)
     ck_assert_int_eq(memcmp(slot, p.state, sizeof(p.state)), 0);
     replica_free(&rep);
     free(z.alt_params);
+}
+END_TEST
+
+/* ---- a store that is not the zero's (the GPU trainer's kind) ---- */
+
+struct test_store {
+    float block[2][3 * RF];
+    int cur, next;        /* the snapshot's block, the one set aside; -1: none */
+    long step;            /* of the last round */
+    int rounds, kept, dropped, reverted, fail;
+};
+
+static const float *ts_round(void *arg, long step)
+{
+    struct test_store *t = arg;
+    t->rounds++;
+    t->step = step;
+    t->next = t->cur == 0 ? 1 : 0;
+    return t->fail ? NULL : t->block[t->next];
+}
+
+static void ts_keep(void *arg, int keep)
+{
+    struct test_store *t = arg;
+    if (keep)
+        t->kept++;
+    else
+        t->dropped++;
+    t->cur = keep ? t->next : -1;
+}
+
+static int ts_revert(void *arg)
+{
+    ((struct test_store *)arg)->reverted++;
+    return 0;
+}
+
+static float *ts_inbox(void *arg) { return ((struct test_store *)arg)->block[0]; }
+
+static int ts_received(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+/* The round sends the block the store sets aside (not any shard buffer),
+ * the update keeps it as the snapshot, a store that cannot make a round
+ * fails it, and a restore goes back through the store and drops the rest. */
+START_TEST(store_blocks_are_sent_kept_and_reverted)
+{
+    static struct peer p;
+    static struct test_store t = {.cur = -1, .next = -1};
+    for (int i = 0; i < 3 * RF; i++) {
+        t.block[0][i] = 0.5f * (float)i + 1.0f;
+        t.block[1][i] = -1.0f;
+    }
+    const struct replica_store store = {ts_round, ts_keep, ts_revert, ts_inbox, ts_received, &t};
+    struct replica rep;
+    ck_assert_int_eq(replica_init_store(&rep, RF, 1, 0, &store), 0);
+    round_with_dying_peer(&rep, &p);
+    ck_assert_int_eq(t.rounds, 1);
+    ck_assert_int_eq(t.step, 5);
+    ck_assert_int_eq(memcmp(p.got, t.block[0], sizeof(p.got)), 0); /* the store's block went to the holder */
+    replica_updated(&rep);
+    ck_assert_int_eq(t.kept, 1);
+    ck_assert_int_eq(t.cur, 0);
+    uint64_t o[REPLICA_OFFER];
+    replica_offer(&rep, 1, 0, 2, RF, 6, 0, 0, 7, -1, o);
+    ck_assert_int_eq(o[OFFER_SNAP], 6); /* step 5's state, held by the store */
+    t.fail = 1;
+    replica_begin(&rep, 6);
+    ck_assert_int_eq(replica_wait(&rep), -EIO);
+    ck_assert_int_eq(replica_failed(&rep), -EIO);
+    comm_destroy(replica_detach(&rep));
+    /* alone again (world 1): this rank goes back to its snapshot of step 5 */
+    struct replica_plan plan = {.step = 5, .old_world = 1, .in_place = 1, .lost = -1, .survivors = 1};
+    struct replica_src me = {SRC_SNAP, 0, -1};
+    int pos0 = 0;
+    ck_assert_int_eq(replica_restore(&rep, &plan, &me, &pos0, 1), 0);
+    ck_assert_int_eq(t.reverted, 1);
+    ck_assert_int_eq(t.dropped, 1);
+    ck_assert_int_eq(t.cur, -1);
+    replica_free(&rep);
 }
 END_TEST
 
@@ -287,6 +377,7 @@ Suite *make_replica_suite(void)
     TCase *round = tcase_create("round");
     tcase_set_timeout(round, 30);
     tcase_add_test(round, holder_offers_a_replica_whose_sender_died);
+    tcase_add_test(round, store_blocks_are_sent_kept_and_reverted);
     suite_add_tcase(s, round);
     return s;
 }

@@ -9,6 +9,9 @@
 #   - muster-train --device gpu: checkpoints on the GPU path, resumed on the
 #     GPU path, on the CPU and back, --sample; a rank of a job under the
 #     local launcher on an emulated gpu:0 device;
+#   - two GPU ranks healing in place: one SIGKILLed with no checkpoint, the
+#     other keeps its process, the replacement's shard comes from its memory,
+#     final loss as the uninterrupted run's;
 #   - the out-of-memory diagnosis on a small emulated device.
 set -eu
 if [ "${CUEMU:-on}" = off ]; then
@@ -88,8 +91,8 @@ grep -q 'on cuemu (CUDA emulated on the CPU)' "$ITEST_DIR/local.log" || fail "th
 
 # Two GPU ranks (processes): rank 0's NCCL id travels through the agent and
 # musterd to rank 1. A rank SIGKILLed after a checkpoint: the other is
-# stopped out of its collective (ncclCommAbort), generation 2 gets a new id
-# and resumes from the checkpoint.
+# parked out of its collective (ncclCommAbort), generation 2 gets a new id
+# and completes.
 cat > "$ITEST_DIR/job2.json" <<EOF
 {"name": "gpu-two", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 40,
  "batch": 8, "micro_batch": 4, "max_restarts": 1, "checkpoint_dir": "$CK/two", "checkpoint_every": 4,
@@ -111,6 +114,51 @@ kill -9 "$victim"
 echo "two GPU ranks: SIGKILLed pid $victim after $(cat "$CK/two/latest")"
 wait "$L" || fail "the two-rank GPU job did not complete: $(tail -5 "$ITEST_DIR/two.log")"
 grep -q 'completed, generation 2, 2 ranks' "$ITEST_DIR/two.log" || fail "expected completion in generation 2"
+
+# Healing in place on the GPU path (docs/training.md): two GPU ranks, no
+# checkpoint ever written, rank 1 SIGKILLed mid-run. Rank 0 keeps its
+# process (and its emulated device state), rejoins generation 2 with a new
+# NCCL communicator, rank 1's replacement gets its shard from rank 0's
+# memory (the replica shipped from pinned host copies), and the run ends
+# with the uninterrupted run's final loss, bit for bit: cuemu's collectives
+# and kernels run in one order, so equal states give equal steps.
+HSTEPS=16
+cat > "$ITEST_DIR/heal.json" <<EOF
+{"name": "gpu-heal", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": $HSTEPS,
+ "batch": 8, "micro_batch": 4, "max_restarts": 1, "heartbeat_interval_ms": 200, "seed": 3}
+EOF
+heal_run() { # METRICS LOG
+    exec timeout 180 "$BUILD/muster-worker" --local --job "$ITEST_DIR/heal.json" --devices gpu:0,1 \
+        --rank-cmd "$E/muster-train --metrics $1" > "$2" 2>&1
+}
+(heal_run "$ITEST_DIR/heal-straight.jsonl" "$ITEST_DIR/heal-straight.log") \
+    || fail "the uninterrupted two-rank GPU job failed: $(tail -5 "$ITEST_DIR/heal-straight.log")"
+ref=$(loss_at "$ITEST_DIR/heal-straight.jsonl" $HSTEPS)
+[ -n "$ref" ] || fail "no step-$HSTEPS loss from the uninterrupted two-rank GPU job"
+(heal_run "$ITEST_DIR/heal.jsonl" "$ITEST_DIR/heal.log") &
+L=$! # timeout, which runs the launcher
+ITEST_PIDS="$ITEST_PIDS $L"
+steps_in() { cat "$1" 2> /dev/null | grep -c '"loss"' || true; } # METRICS: steps reported so far
+i=0; while [ "$(steps_in "$ITEST_DIR/heal.jsonl")" -lt 6 ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
+launcher=$(pgrep -P "$L" -f muster-worker | head -n 1)
+ranks=""
+[ -z "$launcher" ] || ranks=$(pgrep -P "$launcher" -f "^$E/muster-train" | sort -n)
+survivor=$(echo "$ranks" | head -n 1); victim=$(echo "$ranks" | sed -n 2p)
+[ -n "$victim" ] || fail "healing: no second GPU rank to kill (ranks: $ranks)"
+at=$(steps_in "$ITEST_DIR/heal.jsonl")
+kill -9 "$victim"
+wait "$L" || fail "the healing two-rank GPU job did not complete: $(tail -5 "$ITEST_DIR/heal.log")"
+grep -q 'completed, generation 2, 2 ranks' "$ITEST_DIR/heal.log" || fail "healing: expected completion in generation 2"
+grep -q "rank 0 (pid $survivor, generation 2) exited with status 0" "$ITEST_DIR/heal.log" \
+    || fail "healing: the surviving GPU rank (pid $survivor) did not finish generation 2: it was restarted"
+grep -q "state of step [0-9]* from peers' memory: 1 rank(s) kept theirs (0 went back to their snapshot), 1 restored" \
+    "$ITEST_DIR/heal.log" || fail "healing: no restore from the peer's memory: $(grep -i 'state\|broke' "$ITEST_DIR/heal.log")"
+restored=$(grep -o "state of step [0-9]* from peers' memory" "$ITEST_DIR/heal.log" | cut -d' ' -f4)
+[ "$restored" -ge $((at - 1)) ] || fail "healing: restored step $restored, but $at steps were done when the rank was killed"
+got=$(loss_at "$ITEST_DIR/heal.jsonl" $HSTEPS)
+echo "two GPU ranks: SIGKILLed rank 1 (pid $victim) after step $at, no checkpoint; rank 0 (pid $survivor) kept," \
+    "state of step $restored from its memory; final loss $got (uninterrupted $ref)"
+[ "$got" = "$ref" ] || fail "healing: final loss $got differs from the uninterrupted run's $ref"
 
 # Out of memory: what was asked, what was free, what would fit.
 set +e

@@ -190,7 +190,6 @@ static int older_slot(const struct replica *r)
 
 static int run_round(struct replica *r, long step)
 {
-    struct zero *z = r->z;
     struct round_header mine = {ROUND_MAGIC, (uint32_t)r->rank, (uint64_t)step, r->floats}, theirs;
     int rc = comm_shift(r->comm, &mine, sizeof(mine), &theirs, sizeof(theirs));
     if (rc)
@@ -208,9 +207,9 @@ static int run_round(struct replica *r, long step)
     }
     r->slot_step[k] = -1; /* being overwritten */
     pthread_mutex_unlock(&r->mu);
-    /* weights and moments are one block (zero.h), not written before the step's update, which waits for this */
+    /* weights and moments are one block (replica_store), not written before the step's update, which waits for this */
     const size_t bytes = 3 * r->floats * sizeof(float);
-    rc = comm_shift(r->comm, z->params, bytes, r->slot[k], bytes);
+    rc = comm_shift(r->comm, r->block, bytes, r->slot[k], bytes);
     if (rc)
         return rc;
     pthread_mutex_lock(&r->mu);
@@ -242,21 +241,62 @@ static void *replica_thread(void *arg)
     return NULL;
 }
 
+/* ---- the CPU trainer's store: its shard buffers (zero.h) ---- */
+
+/* The round sends the current block itself; the step's update is written
+ * into the second buffers (keep_next), so the block stays as the snapshot. */
+static const float *zero_round(void *arg, long step)
+{
+    struct zero *z = arg;
+    (void)step;
+    z->keep_next = 1;
+    return z->params;
+}
+
+static void zero_keep(void *arg, int keep)
+{
+    struct zero *z = arg;
+    if (!keep)
+        z->keep_next = 0;
+}
+
+static int zero_back(void *arg)
+{
+    zero_revert(arg);
+    return 0;
+}
+
+static float *zero_inbox(void *arg) { return ((struct zero *)arg)->params; }
+
+static int zero_received(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
 /* ---- the trainer's side ---- */
 
 int replica_init(struct replica *r, struct zero *z, int every, int rank)
 {
+    const struct replica_store store = {zero_round, zero_keep, zero_back, zero_inbox, zero_received, z};
+    if (zero_keep_previous(z) != 0)
+        return -ENOMEM;
+    return replica_init_store(r, z->plan.total, every, rank, &store);
+}
+
+int replica_init_store(struct replica *r, size_t floats, int every, int rank, const struct replica_store *store)
+{
     memset(r, 0, sizeof(*r));
-    r->z = z;
+    r->store = *store;
     r->every = every;
     r->rank = rank;
-    r->floats = z->plan.total;
+    r->floats = floats;
     r->snap_step = r->snap_pending = r->slot_step[0] = r->slot_step[1] = -1;
     r->partner = -1;
     r->want = -1;
     r->slot[0] = malloc(3 * r->floats * sizeof(float));
     r->slot[1] = malloc(3 * r->floats * sizeof(float));
-    if (zero_keep_previous(z) != 0 || !r->slot[0] || !r->slot[1]) {
+    if (!r->slot[0] || !r->slot[1]) {
         replica_free(r);
         return -ENOMEM;
     }
@@ -313,12 +353,13 @@ void replica_begin(struct replica *r, long step)
     if (!r || !r->comm || r->every <= 0 || step % r->every != 0)
         return;
     pthread_mutex_lock(&r->mu);
-    if (!r->busy && !r->rc) {
+    /* The store sets the state of `step` aside: this step's update keeps it as the snapshot. */
+    if (!r->busy && !r->rc && !(r->block = r->store.round(r->store.arg, step))) {
+        r->rc = -EIO; /* the peers wait for a round this rank cannot make: the generation is over */
+    } else if (!r->busy && !r->rc) {
         r->busy = 1;
         r->want = step;
         pthread_cond_broadcast(&r->cv);
-        /* This step's update keeps the state the round sends: the snapshot. */
-        r->z->keep_next = 1;
         r->snap_pending = step;
     }
     pthread_mutex_unlock(&r->mu);
@@ -328,6 +369,7 @@ void replica_updated(struct replica *r)
 {
     if (!r || r->snap_pending < 0)
         return;
+    r->store.keep(r->store.arg, 1);
     r->snap_step = r->snap_pending;
     r->snap_pending = -1;
 }
@@ -358,7 +400,7 @@ void replica_forget(struct replica *r, long keep)
 {
     pthread_mutex_lock(&r->mu);
     r->snap_step = r->snap_pending = -1;
-    r->z->keep_next = 0;
+    r->store.keep(r->store.arg, 0);
     for (int k = 0; k < 2; k++)
         if (keep < 0 || r->slot_step[k] > keep)
             r->slot_step[k] = -1;
@@ -393,10 +435,12 @@ void replica_offer(const struct replica *r, int survivor, int old_rank, int old_
 int replica_restore(struct replica *r, const struct replica_plan *plan, const struct replica_src *src,
                     const int *pos, int world)
 {
-    struct zero *z = r->z;
     const int me = r->rank;
+    int rc = 0;
     if (src[me].kind == SRC_SNAP && src[me].rank == me)
-        zero_revert(z); /* the snapshot is the state of plan->step */
+        rc = r->store.revert(r->store.arg); /* the snapshot is the state of plan->step */
+    if (rc)
+        return rc;
     int prev = -1; /* the rank whose replicas this one holds */
     for (int q = 0; q < world && prev < 0; q++)
         if (pos[q] == (pos[me] + world - 1) % world)
@@ -405,7 +449,10 @@ int replica_restore(struct replica *r, const struct replica_plan *plan, const st
     int gets = src[me].kind == SRC_HOLDER;
     const float *out = sends ? r->slot[src[prev].slot] : NULL;
     const size_t bytes = 3 * r->floats * sizeof(float); /* weights and moments: one block */
-    int rc = world > 1 ? comm_shift_back(r->comm, out, sends ? bytes : 0, z->params, gets ? bytes : 0) : 0;
+    rc = world > 1 ? comm_shift_back(r->comm, out, sends ? bytes : 0, gets ? r->store.inbox(r->store.arg) : NULL,
+                                     gets ? bytes : 0) : 0;
+    if (rc == 0 && gets)
+        rc = r->store.received(r->store.arg);
     if (rc)
         return rc;
     /* Every rank is at plan->step: no snapshot until the next round's update. */

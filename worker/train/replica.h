@@ -13,7 +13,8 @@
  *
  * A round, every `replicate_every` steps, at the start of the step after
  * step s: this rank's replica thread sends its state S_s (fp32 weights and
- * both AdamW moments, straight from the shard buffers) to its holder while
+ * both AdamW moments, straight from the shard buffers; on the GPU from a
+ * pinned host copy that a side stream made, see replica_store) to its holder while
  * it receives its predecessor's into one of two slots (the one not holding
  * the newest complete replica). The trainer waits for its own round (sent,
  * and received in full) before the first collective that ends the step
@@ -105,12 +106,38 @@ int replica_positions(const uint64_t *all, int world, int *pos);
  */
 int replica_plan(const uint64_t *all, int world, const int *pos, struct replica_plan *plan, struct replica_src *src);
 
+/*
+ * Where a rank's state lives, as the rounds see it: the CPU trainer's shard
+ * buffers (replica_init: the block of weights and moments is sent in place,
+ * and the snapshot is the zero's second buffers), or the GPU trainer's
+ * device state through pinned host copies (worker/train/gpu/gpu_train.c).
+ * The callbacks run on the training thread and get arg.
+ */
+struct replica_store {
+    /* The round of `step` begins: the block (weights, m, v: 3 x floats)
+     * that holds the state of `step`, whole until that step's update, kept
+     * or not (NULL: the round cannot be made; replica_wait then fails with
+     * -EIO) */
+    const float *(*round)(void *arg, long step);
+    /* keep 1: the update after round() was made and kept its block as the
+     * snapshot; keep 0: whatever round() set aside is dropped */
+    void (*keep)(void *arg, int keep);
+    /* The snapshot becomes the current state. 0 or an error. */
+    int (*revert)(void *arg);
+    /* Where this rank's state received from its holder goes (3 x floats),
+     * and what makes it current once there. 0 or an error. */
+    float *(*inbox)(void *arg);
+    int (*received)(void *arg);
+    void *arg;
+};
+
 struct replica {
-    struct zero *z;
+    struct replica_store store;
+    const float *block;        /* what the round under way sends */
     int every;                 /* steps between rounds */
-    size_t floats;             /* per buffer: the zero's total */
-    /* this rank's snapshot: the zero's alt buffers (zero_keep_previous) */
-    long snap_step;            /* their step; -1: none */
+    size_t floats;             /* per buffer: the shard's total */
+    /* this rank's snapshot (the store keeps it) */
+    long snap_step;            /* its step; -1: none */
     long snap_pending;         /* the step whose update will keep it; -1 */
     /* the predecessor's replicas: two slots of 3 x floats */
     float *slot[2];
@@ -133,6 +160,8 @@ struct replica {
 /* Buffers for z's shards (every > 0: two replica slots, and the zero's
  * second buffers for the snapshot) and the thread. 0 or -ENOMEM. */
 int replica_init(struct replica *r, struct zero *z, int every, int rank);
+/* The same for a state of `floats` per buffer kept by store (copied). */
+int replica_init_store(struct replica *r, size_t floats, int every, int rank, const struct replica_store *store);
 void replica_free(struct replica *r);
 
 /* The replica ring of a new generation (NULL: no rounds). */

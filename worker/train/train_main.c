@@ -2,10 +2,13 @@
  * muster-train: one training rank. Two modes:
  *   rank mode (started by muster-worker, MUSTER_CTL_FD set): the job spec,
  *     rank, world size and generation come from the agent's ASSIGN; rank 0
- *     creates the ring communicator's unique id and sends it up; every rank
- *     resumes from the job's last committed checkpoint, trains its share
- *     with ZeRO-3, and heartbeats its progress. Stopped by the agent (or by
- *     its death) it aborts the communicator and exits 1; done, it exits 0.
+ *     creates the communicator's unique id (ring on the CPU, NCCL on the
+ *     GPU) and sends it up; the ranks restore their state (peers' memory,
+ *     else the job's last committed checkpoint, else the seed), train their
+ *     share with ZeRO-3 and heartbeat their progress. A rank of a world > 1
+ *     outlives a broken generation and rejoins the next one in place
+ *     (run_rank). Stopped by the agent (or by its death) it aborts the
+ *     communicator and exits 1; done, it exits 0.
  *   --standalone: one process, driven by --job and flags that override the
  *     job's training keys.
  * See docs/training.md.
@@ -67,45 +70,6 @@ static void on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
-}
-
-/* A generation's communicators: the training ring and the replica ring. */
-struct gen_comms {
-    struct comm *train, *replica;
-};
-
-static void abort_comms(void *arg)
-{
-    struct gen_comms *g = arg;
-    comm_abort(g->train);
-    comm_abort(g->replica);
-}
-
-/*
- * The ring communicator of this generation: rank 0 creates the unique id and
- * sends it up through the agent; every rank gets the id back from the daemon.
- */
-static int open_comm(struct rank_ctl *ctl, int rank, int world, struct comm **out, char *err, size_t errlen)
-{
-    uint8_t mine[COMM_ID_BYTES], id[COMM_ID_BYTES];
-    int rc;
-    if (rank == 0 && (rc = comm_unique_id(COMM_RING, mine)) != 0) {
-        snprintf(err, errlen, "cannot create the communicator's unique id: %s", comm_strerror(rc));
-        return rc;
-    }
-    rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
-    if (rc != 0) {
-        snprintf(err, errlen, "no unique id for this generation from the daemon: %s",
-                 rc == -ECANCELED ? "stopped while waiting" : rc == -EAGAIN ? "a newer generation came" : strerror(-rc));
-        return rc;
-    }
-    /* A newer generation (or a stop) gives up a formation that waits for peers who are gone. */
-    rc = comm_init_cancelable(out, COMM_RING, rank, world, id, 120000, rank_ctl_superseded(ctl));
-    if (rc != 0) {
-        snprintf(err, errlen, "ring communicator (rank %d of %d) did not form: %s", rank, world, comm_strerror(rc));
-        return rc;
-    }
-    return 0;
 }
 
 static void usage(FILE *out)
@@ -351,105 +315,114 @@ static int end_status(int rc, int standalone, long step, const char *err)
     return 0;
 }
 
-/* The GPU module's table, once run_gpu has loaded it. */
+/* ---- a rank's trainer, CPU or GPU, behind one table ---- */
+
+/* The GPU module's table, once loaded (run_trainer, run_rank). */
 static const struct gpu_module *gpu;
 
-static void abort_gpu(void *arg) { gpu->zero_abort(arg); }
+/* A generation's communicators: the training one (the CPU's ring, or the
+ * NCCL communicator inside the GPU trainer, formed from id) and the replica
+ * ring. */
+struct gen_comms {
+    struct comm *train, *replica;
+    struct gpu_zero *gpu;          /* GPU: its NCCL communicator is aborted with the rings */
+    uint8_t id[GPU_ID_BYTES];      /* GPU: this generation's NCCL unique id */
+};
 
-/* The GPU path (worker/train/gpu/, in the GPU module): the same loop, hooks,
- * checkpoints and exit statuses as the CPU path; ranks of a world > 1 form an
- * NCCL communicator whose unique id rank 0 sends up through the agent.
- * resume: a checkpoint to load first (NULL: none). */
-static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, int rank,
-                   int world, const char *resume, long long sample, long long stop_after,
-                   const char *metrics_path)
+static void abort_comms(void *arg)
 {
-    char err[2048];
-    if (!(gpu = gpu_module_load(err, sizeof(err)))) {
-        log_error("--device gpu: %s", err);
-        return 1;
-    }
-    if (sample > 0 && world > 1) {
-        log_error("--sample with --device gpu gathers the weights of one rank: world 1 only (this "
-                  "job has %d ranks); sample from its checkpoint with --standalone --resume DIR",
-                  world);
-        return standalone ? EXIT_USAGE : 1;
-    }
-    uint8_t mine[GPU_ID_BYTES], id[GPU_ID_BYTES];
-    if (world > 1) {
-        int rc = rank == 0 ? gpu->unique_id(mine) : 0;
-        if (rc) {
-            log_error("cannot create the NCCL unique id: %s", gpu->strerror(rc));
-            return 1;
-        }
-        rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
-        if (rc) {
-            log_error("no unique id for this generation from the daemon: %s",
-                      rc == -ECANCELED ? "stopped while waiting" : strerror(-rc));
-            return 1;
-        }
-    }
-    struct gpu_trainer tr;
-    if (gpu->trainer_init(&tr, spec, rank, world, world > 1 ? id : NULL, err, sizeof(err))) {
-        log_error("%s", err);
-        return 1;
-    }
-    if (ctl)
-        rank_ctl_on_abort(ctl, abort_gpu, tr.z);
-    if (resume) { /* -ENOENT (no rank finds a checkpoint there): the same on every rank, a fresh start */
-        int lrc = gpu->trainer_load(&tr, resume, err, sizeof(err));
-        if (lrc && (lrc != -ENOENT || standalone)) {
-            log_error("%s", err);
-            gpu->trainer_free(&tr);
-            return 1;
-        }
-        if (lrc == 0)
-            log_info("resumed from %s at step %ld", resume, tr.step);
-    }
-    char name[128];
-    gpu->device_name(name, sizeof(name));
-    if (rank == 0)
-        log_info("model %s on %s: L=%d NH=%d C=%d T=%d V=%d; batch %d = %d ranks x %d x %d micro-steps, "
-                 "seq_len %d; bf16 compute, fp32 master weights; %.3f GiB of model state per rank",
-                 spec->model, name, tr.cfg.L, tr.cfg.NH, tr.cfg.C, tr.cfg.T, tr.cfg.V, spec->batch, world,
-                 tr.spec.micro_batch, tr.accum, tr.spec.seq_len, gpu->zero_state_bytes(tr.z) / 1073741824.0);
-    struct run_state rs = {.tty = rank == 0 && isatty(STDOUT_FILENO), .steps = spec->steps, .ctl = ctl,
-                           .quiet = rank != 0, .ckpt_step = &tr.last_checkpoint_step};
-    if (metrics_path && rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
-        log_error("--metrics: %s: %s", metrics_path, strerror(errno));
-        gpu->trainer_free(&tr);
-        return 1;
-    }
-    if (ctl) {
-        rank_ctl_beat(ctl, (uint64_t)tr.step, NAN, 0, 0, beat_ckpt(tr.last_checkpoint_step));
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, NULL};
-    int rc = gpu->train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
-    clear_bar(&rs);
-    fflush(stdout);
-    if (rs.metrics)
-        fclose(rs.metrics);
-    int status = end_status(rc, standalone, tr.step, err);
-    if (status == 0 && sample > 0) {
-        int *out = malloc(sizeof(int) * (size_t)sample);
-        if (!out || gpu->trainer_sample(&tr, sample_prompt(&tr.data, tr.cfg.V), out, (int)sample,
-                                       err, sizeof(err))) {
-            log_error("--sample: %s", out ? err : "out of memory");
-            status = 1;
-        } else {
-            print_sample(out, sample, tr.cfg.V, tr.step);
-        }
-        free(out);
-    }
-    gpu->trainer_free(&tr);
-    return status;
+    struct gen_comms *g = arg;
+    comm_abort(g->train);
+    comm_abort(g->replica);
+    if (g->gpu)
+        gpu->zero_abort(g->gpu);
 }
 
-/* ---- the CPU path ---- */
+struct rank_ops;
+
+/* A trainer as this file drives it: what both trainers have, by pointer. */
+struct rank_trainer {
+    const struct rank_ops *ops;
+    void *tr;                      /* struct trainer, or struct gpu_trainer; NULL: none yet */
+    struct replica *rep;           /* its peer replicas, or NULL */
+    struct job_spec *spec;         /* resolved; spec->seed orders the data */
+    long *step, *last_checkpoint;
+    int rank, world;
+    size_t floats;                 /* per shard buffer, which the replica offers compare (the GPU
+                                    * trainer without replicas: its state's bytes, as telling) */
+    const struct zero *zero;       /* the CPU path's shards (report_measured); NULL on the GPU */
+};
+
+/* The state each rank brings into a generation: the trainer (and replicas)
+ * of the generation before, when it survived it. */
+struct held_state {
+    struct rank_trainer rt;        /* rt.tr NULL: a new process */
+    int valid;                     /* whole at its step (not half received) */
+};
+
+/*
+ * What run_rank and run_alone need of a trainer. The CPU one (train.h) and
+ * the GPU one (gpu_train.h, through the module's table) differ in their
+ * training communicator (a ring the process forms, or NCCL inside the GPU
+ * trainer) and in where the state lives; the generations, the replicas and
+ * the restore are the same code for both.
+ */
+struct rank_ops {
+    /* This generation's training communicator: rank 0 makes the unique id
+     * and sends it up, every rank gets it back (CPU: the ring formed in
+     * gc->train; GPU: the id in gc->id). err set on failure. */
+    int (*connect)(struct rank_ctl *ctl, int rank, int world, struct gen_comms *gc, char *err, size_t errlen);
+    /* A trainer for (rank, world) on gc (world 1: none needed), with peer
+     * replicas when the job has them and world > 1. 0 or an error, logged. */
+    int (*create)(const struct job_spec *spec, int rank, int world, struct gen_comms *gc, long threads,
+                  struct rank_trainer *rt);
+    /* A survivor's trainer (same rank and world) onto gc. */
+    int (*attach)(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen);
+    /* The generation broke and its communicators were aborted: let go of them. */
+    void (*detach)(struct rank_trainer *rt);
+    void (*destroy)(struct rank_trainer *rt);
+    int (*gather_u64)(struct rank_trainer *rt, const uint64_t *mine, size_t n, uint64_t *all);
+    /* a collective of either communicator failed: the generation's failure, not the rank's */
+    int (*broken)(struct rank_trainer *rt);
+    int (*load)(struct rank_trainer *rt, const char *path, char *err, size_t errlen);
+    /* the seed's weights, no moments, step 0 */
+    int (*reset)(struct rank_trainer *rt, char *err, size_t errlen);
+    int (*train)(struct rank_trainer *rt, long stop_after, const struct train_hooks *hooks, char *err,
+                 size_t errlen);
+    int (*sample)(struct rank_trainer *rt, int prompt, int *out, int n, char *err, size_t errlen);
+    /* Another world or other ranks: every old rank's state, from memory,
+     * re-sliced into rt (collective). NULL: not built; the job goes to the
+     * last committed checkpoint instead. */
+    int (*reslice)(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
+                   const struct replica_src *src, char *err, size_t errlen);
+    /* after a restore (a test hook; may be NULL) */
+    void (*restored)(struct rank_trainer *rt);
+};
+
+/*
+ * The unique id of this generation: rank 0 makes one with make() and sends
+ * it up through the agent; every rank gets the daemon's back in id.
+ */
+static int generation_id(struct rank_ctl *ctl, int rank, int (*make)(uint8_t *id), const char *what, uint8_t *id,
+                         char *err, size_t errlen)
+{
+    uint8_t mine[PROTO_UID_LEN];
+    int rc;
+    if (rank == 0 && (rc = make(mine)) != 0) {
+        snprintf(err, errlen, "cannot create the %s's unique id (error %d)", what, rc);
+        return rc < 0 ? rc : -EIO;
+    }
+    rc = rank_ctl_unique_id(ctl, rank == 0 ? mine : NULL, id, 300000);
+    if (rc != 0)
+        snprintf(err, errlen, "no unique id for this generation from the daemon: %s",
+                 rc == -ECANCELED ? "stopped while waiting" : rc == -EAGAIN ? "a newer generation came" : strerror(-rc));
+    return rc;
+}
+
+/* ---- the CPU trainer ---- */
+
+/* --standalone (for the model line's wording). */
+static int standalone_mode;
 
 static void log_model(const struct trainer *tr, long threads, int standalone)
 {
@@ -479,143 +452,140 @@ static void inject_faults(struct trainer *tr)
     tr->fingerprint = getenv("MUSTER_FINGERPRINT") != NULL;
 }
 
-/* Trains from tr's current step with this process's hooks (only rank 0
- * prints progress; every rank heartbeats it). train_run's result, err set. */
-static int run_loop(struct trainer *tr, struct rank_ctl *ctl, long long stop_after, const char *metrics_path,
-                    char *err, size_t errlen)
+static int ring_id(uint8_t *id) { return comm_unique_id(COMM_RING, id); }
+
+static int cpu_connect(struct rank_ctl *ctl, int rank, int world, struct gen_comms *gc, char *err, size_t errlen)
 {
-    struct run_state rs = {.tty = tr->rank == 0 && isatty(STDOUT_FILENO), .steps = tr->spec.steps, .ctl = ctl,
-                           .quiet = tr->rank != 0, .ckpt_step = &tr->last_checkpoint_step, .zero = &tr->zero,
-                           .counted = tr->zero.comm, .rss_base = rss_base};
-    if (metrics_path && tr->rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
-        snprintf(err, errlen, "--metrics: %s: %s", metrics_path, strerror(errno));
-        return -EINVAL;
-    }
-    if (ctl)
-        rank_ctl_beat(ctl, (uint64_t)tr->step, NAN, 0, 0, beat_ckpt(tr->last_checkpoint_step));
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
-    int rc = train_run(tr, (long)stop_after, &hooks, &stop_flag, err, errlen);
-    clear_bar(&rs);
-    fflush(stdout);
-    if (rs.metrics)
-        fclose(rs.metrics);
+    uint8_t id[COMM_ID_BYTES];
+    int rc = generation_id(ctl, rank, ring_id, "ring communicator", id, err, errlen);
+    if (rc)
+        return rc;
+    /* A newer generation (or a stop) gives up a formation that waits for peers who are gone. */
+    rc = comm_init_cancelable(&gc->train, COMM_RING, rank, world, id, 120000, rank_ctl_superseded(ctl));
+    if (rc != 0)
+        snprintf(err, errlen, "ring communicator (rank %d of %d) did not form: %s", rank, world, comm_strerror(rc));
     return rc;
 }
 
-static void maybe_sample(struct trainer *tr, long long sample)
+static struct trainer *cpu(const struct rank_trainer *rt) { return rt->tr; }
+
+static void cpu_destroy(struct rank_trainer *rt)
 {
-    if (sample <= 0)
-        return;
-    int *out = malloc(sizeof(int) * (size_t)sample);
-    if (out) {
-        trainer_sample(tr, sample_prompt(&tr->data, tr->model.cfg.V), out, (int)sample);
-        print_sample(out, sample, tr->model.cfg.V, tr->step);
-        free(out);
+    if (rt->rep) {
+        replica_free(rt->rep);
+        free(rt->rep);
     }
+    if (rt->tr) {
+        trainer_free(rt->tr);
+        free(rt->tr);
+    }
+    rt->tr = NULL;
+    rt->rep = NULL;
 }
 
-/* One process: --standalone, or a rank of a world of 1. */
-static int run_single(const struct job_spec *spec, int standalone, struct rank_ctl *ctl, const char *resume,
-                      long long sample, long long stop_after, const char *metrics_path, long threads)
+static const struct rank_ops cpu_ops;
+
+static int cpu_create(const struct job_spec *spec, int rank, int world, struct gen_comms *gc, long threads,
+                      struct rank_trainer *rt)
 {
-    char err[2048];
-    struct trainer tr;
+    char err[1024];
+    struct trainer *tr = calloc(1, sizeof(*tr));
     rss_base = rss("VmRSS");
-    if (trainer_init(&tr, spec, 0, 1, NULL, err, sizeof(err))) {
-        log_error("%s", err);
-        return 1;
+    if (!tr || trainer_init(tr, spec, rank, world, gc->train, err, sizeof(err)) != 0) {
+        log_error("%s", tr ? err : "out of memory");
+        free(tr);
+        return -1;
     }
-    inject_faults(&tr);
-    if (resume) { /* a rank's -ENOENT: no checkpoint yet, a fresh start */
-        int lrc = trainer_load(&tr, resume, err, sizeof(err));
-        if (lrc && (lrc != -ENOENT || standalone)) {
-            log_error("%s", err);
-            trainer_free(&tr);
-            return 1;
+    inject_faults(tr);
+    *rt = (struct rank_trainer){&cpu_ops, tr, NULL, &tr->spec, &tr->step, &tr->last_checkpoint_step, rank, world,
+                                tr->zero.plan.total, &tr->zero};
+    if (world > 1 && spec->replicate_every > 0) {
+        rt->rep = calloc(1, sizeof(*rt->rep));
+        if (!rt->rep || replica_init(rt->rep, &tr->zero, spec->replicate_every, rank) != 0) {
+            log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): set "
+                      "replicate_every to 0", 3.0 * 12 * tr->zero.plan.total / 1048576.0);
+            free(rt->rep);
+            rt->rep = NULL;
+            cpu_destroy(rt);
+            return -1;
         }
-        if (lrc == 0)
-            log_info("resumed from %s at step %ld", resume, tr.step);
+        tr->replica = rt->rep;
     }
-    log_model(&tr, threads, standalone);
-    int rc = run_loop(&tr, ctl, stop_after, metrics_path, err, sizeof(err));
-    int status = end_status(rc, standalone, tr.step, err);
-    if (status == 0)
-        maybe_sample(&tr, sample);
-    trainer_free(&tr);
-    return status;
+    log_model(tr, threads, standalone_mode);
+    return 0;
 }
 
-/*
- * The replica ring of this generation (replica.h): rank 0 makes its id, the
- * training ring carries it to every rank, each joins at its position.
- */
-static int open_replica_ring(struct trainer *tr, int pos, struct comm **out, char *err, size_t errlen)
+static int cpu_attach(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen)
 {
-    enum { WORDS = COMM_ID_BYTES / 8 };
-    uint64_t id[WORDS] = {0};
-    uint64_t *all = malloc(sizeof(id) * (size_t)tr->world);
-    if (!all) {
-        snprintf(err, errlen, "out of memory for the replica ring's id");
-        return -ENOMEM;
-    }
-    int rc = tr->rank == 0 ? comm_unique_id(COMM_RING, (uint8_t *)id) : 0;
-    if (rc)
-        log_error("cannot create the replica ring's unique id: %s", comm_strerror(rc));
-    int grc = zero_gather_u64(&tr->zero, id, WORDS, all); /* every rank takes part, even so */
-    if (grc == 0 && rc == 0)
-        rc = comm_init_cancelable(out, COMM_RING, pos, tr->world, (const uint8_t *)all, 60000, superseded);
-    if (grc)
-        rc = grc;
-    if (rc)
-        snprintf(err, errlen, "replica ring (position %d of %d) did not form: %s", pos, tr->world,
-                 comm_strerror(rc));
-    free(all);
-    return rc;
+    (void)err;
+    (void)errlen;
+    zero_set_comm(&cpu(rt)->zero, gc->train);
+    return 0;
 }
 
-/* Where this generation's state came from, for the log. */
-static const char *const restore_words[] = {"", "peers' memory", "the last committed checkpoint", "the seed"};
+static void cpu_detach(struct rank_trainer *rt) { zero_set_comm(&cpu(rt)->zero, NULL); }
 
-/* The state each rank brings into a generation: the trainer (and replicas)
- * of the generation before, when it survived it. */
-struct held_state {
-    struct trainer *tr;   /* NULL: a new process */
-    struct replica *rep;  /* its replicas, or NULL */
-    int valid;            /* whole at tr->step (not half received) */
-};
-
-/* Memory, the same ranks: survivors keep or go back, holders ship replicas back along the ring. */
-static int restore_in_place(struct trainer *tr, struct replica *rep, const struct replica_plan *plan,
-                            const struct replica_src *src, const int *pos, char *err, size_t errlen)
+static int cpu_gather_u64(struct rank_trainer *rt, const uint64_t *mine, size_t n, uint64_t *all)
 {
-    int rc = rep ? replica_restore(rep, plan, src, pos, tr->world) : 0;
-    if (rc)
-        snprintf(err, errlen, "restoring from the peers' replicas: %s", comm_strerror(rc));
-    return rc;
+    return zero_gather_u64(&cpu(rt)->zero, mine, n, all);
+}
+
+static int cpu_broken(struct rank_trainer *rt)
+{
+    return zero_failed(&cpu(rt)->zero) || (rt->rep && replica_failed(rt->rep));
+}
+
+static int cpu_load(struct rank_trainer *rt, const char *path, char *err, size_t errlen)
+{
+    return trainer_load(rt->tr, path, err, errlen);
+}
+
+static int cpu_reset(struct rank_trainer *rt, char *err, size_t errlen)
+{
+    struct trainer *tr = rt->tr;
+    (void)err;
+    (void)errlen;
+    zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
+    memset(tr->zero.m, 0, sizeof(float) * tr->zero.plan.total);
+    memset(tr->zero.v, 0, sizeof(float) * tr->zero.plan.total);
+    tr->step = 0;
+    tr->last_checkpoint_step = -1;
+    return 0;
+}
+
+static int cpu_train(struct rank_trainer *rt, long stop_after, const struct train_hooks *hooks, char *err,
+                     size_t errlen)
+{
+    return train_run(rt->tr, stop_after, hooks, &stop_flag, err, errlen);
+}
+
+static int cpu_sample(struct rank_trainer *rt, int prompt, int *out, int n, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    trainer_sample(rt->tr, prompt, out, n);
+    return 0;
 }
 
 /* Memory, another world or other ranks: every old rank's block, from the rank
  * that has it, re-sliced into tr's shards by one gather per unit. */
-static int restore_resliced(struct trainer *tr, const struct held_state *held, const struct replica_plan *plan,
-                            const struct replica_src *src, char *err, size_t errlen)
+static int cpu_reslice(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
+                       const struct replica_src *src, char *err, size_t errlen)
 {
+    struct trainer *tr = rt->tr, *old = held->rt.tr;
     const int w0 = plan->old_world, world = tr->world, me = tr->rank;
     int *count = calloc((size_t)world, sizeof(int)), *from_rank = malloc(sizeof(int) * (size_t)w0);
     int *from_index = malloc(sizeof(int) * (size_t)w0);
     const float **mine = calloc((size_t)w0, sizeof(*mine));
     int rc = count && from_rank && from_index && mine ? 0 : -ENOMEM, ncontrib = 0, nmine = 0;
-    if (rc == 0 && held->tr && held->rep && src[held->tr->rank].rank == me && src[held->tr->rank].kind == SRC_SNAP)
-        zero_revert(&held->tr->zero); /* its own state of plan->step is the snapshot */
+    if (rc == 0 && old && held->rt.rep && src[old->rank].rank == me && src[old->rank].kind == SRC_SNAP)
+        zero_revert(&old->zero); /* its own state of plan->step is the snapshot */
     for (int o = 0; rc == 0 && o < w0; o++) {
         from_rank[o] = src[o].rank;
         from_index[o] = count[src[o].rank]++;
         ncontrib = count[src[o].rank] > ncontrib ? count[src[o].rank] : ncontrib;
         if (src[o].rank == me)
-            mine[nmine++] = src[o].kind == SRC_HOLDER ? held->rep->slot[src[o].slot] : held->tr->zero.params;
+            mine[nmine++] = src[o].kind == SRC_HOLDER ? held->rt.rep->slot[src[o].slot] : old->zero.params;
     }
     if (rc == 0)
         rc = zero_reslice(&tr->zero, w0, ncontrib, mine, nmine, from_rank, from_index);
@@ -628,33 +598,277 @@ static int restore_resliced(struct trainer *tr, const struct held_state *held, c
     return rc;
 }
 
+static void cpu_restored(struct rank_trainer *rt)
+{
+    if (cpu(rt)->fingerprint)
+        trainer_log_fingerprint(rt->tr, "restored at");
+}
+
+static const struct rank_ops cpu_ops = {
+    cpu_connect, cpu_create, cpu_attach, cpu_detach, cpu_destroy, cpu_gather_u64, cpu_broken,
+    cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_reslice, cpu_restored,
+};
+
+/* ---- the GPU trainer (worker/train/gpu/, in the GPU module) ---- */
+
+static struct gpu_trainer *gpt(const struct rank_trainer *rt) { return rt->tr; }
+
+static int nccl_id(uint8_t *id) { return gpu->unique_id(id); }
+
+static int gpu_connect(struct rank_ctl *ctl, int rank, int world, struct gen_comms *gc, char *err, size_t errlen)
+{
+    (void)world;
+    return generation_id(ctl, rank, nccl_id, "NCCL communicator", gc->id, err, errlen);
+}
+
+static void gpu_destroy(struct rank_trainer *rt)
+{
+    if (rt->tr) { /* the trainer frees its replicas */
+        gpu->trainer_free(rt->tr);
+        free(rt->tr);
+    }
+    rt->tr = NULL;
+    rt->rep = NULL;
+}
+
+static const struct rank_ops gpu_ops;
+
+static int gpu_create(const struct job_spec *spec, int rank, int world, struct gen_comms *gc, long threads,
+                      struct rank_trainer *rt)
+{
+    char err[2048];
+    struct gpu_trainer *tr = calloc(1, sizeof(*tr));
+    (void)threads;
+    if (!tr || gpu->trainer_init(tr, spec, rank, world, world > 1 ? gc->id : NULL, err, sizeof(err)) != 0) {
+        log_error("%s", tr ? err : "out of memory");
+        free(tr);
+        return -1;
+    }
+    *rt = (struct rank_trainer){&gpu_ops, tr, NULL, &tr->spec, &tr->step, &tr->last_checkpoint_step, rank, world,
+                                gpu->zero_state_bytes(tr->z), NULL};
+    if (world > 1 && spec->replicate_every > 0) {
+        if (gpu->trainer_replicas(tr, spec->replicate_every, err, sizeof(err)) != 0) {
+            log_error("%s", err);
+            gpu_destroy(rt);
+            return -1;
+        }
+        rt->rep = tr->replica;
+        rt->floats = rt->rep->floats;
+    }
+    gc->gpu = tr->z;
+    char name[128];
+    gpu->device_name(name, sizeof(name));
+    if (rank == 0)
+        log_info("model %s on %s: L=%d NH=%d C=%d T=%d V=%d; batch %d = %d ranks x %d x %d micro-steps, "
+                 "seq_len %d; bf16 compute, fp32 master weights; %.3f GiB of model state per rank",
+                 spec->model, name, tr->cfg.L, tr->cfg.NH, tr->cfg.C, tr->cfg.T, tr->cfg.V, spec->batch, world,
+                 tr->spec.micro_batch, tr->accum, tr->spec.seq_len, gpu->zero_state_bytes(tr->z) / 1073741824.0);
+    return 0;
+}
+
+static int gpu_attach(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen)
+{
+    int rc = gpu->trainer_set_comm(rt->tr, gc->id, err, errlen);
+    gc->gpu = gpt(rt)->z;
+    return rc;
+}
+
+static void gpu_detach(struct rank_trainer *rt) { gpu->zero_abort(gpt(rt)->z); }
+
+static int gpu_gather_u64(struct rank_trainer *rt, const uint64_t *mine, size_t n, uint64_t *all)
+{
+    return gpu->zero_gather_u64(gpt(rt)->z, mine, n, all);
+}
+
+static int gpu_broken(struct rank_trainer *rt) { return gpu->trainer_failed(rt->tr); }
+
+static int gpu_load(struct rank_trainer *rt, const char *path, char *err, size_t errlen)
+{
+    return gpu->trainer_load(rt->tr, path, err, errlen);
+}
+
+static int gpu_reset(struct rank_trainer *rt, char *err, size_t errlen) { return gpu->trainer_reset(rt->tr, err, errlen); }
+
+static int gpu_train(struct rank_trainer *rt, long stop_after, const struct train_hooks *hooks, char *err,
+                     size_t errlen)
+{
+    return gpu->train_run(rt->tr, stop_after, hooks, &stop_flag, err, errlen);
+}
+
+static int gpu_sample(struct rank_trainer *rt, int prompt, int *out, int n, char *err, size_t errlen)
+{
+    return gpu->trainer_sample(rt->tr, prompt, out, n, err, errlen);
+}
+
+/* No re-slicing on the GPU yet: a new world resumes from the checkpoint. */
+static const struct rank_ops gpu_ops = {
+    gpu_connect, gpu_create, gpu_attach, gpu_detach, gpu_destroy, gpu_gather_u64, gpu_broken,
+    gpu_load, gpu_reset, gpu_train, gpu_sample, NULL, NULL,
+};
+
+/* The trainer table for a device ("cpu" or "gpu"); NULL, logged, when the GPU module cannot be loaded. */
+static const struct rank_ops *ops_for(const char *device)
+{
+    char err[2048];
+    if (strcmp(device, "gpu") != 0)
+        return &cpu_ops;
+    if (!(gpu = gpu_module_load(err, sizeof(err)))) {
+        log_error("--device gpu: %s", err);
+        return NULL;
+    }
+    return &gpu_ops;
+}
+
+/* ---- the run ---- */
+
+/* Trains from rt's current step with this process's hooks (only rank 0
+ * prints progress; every rank heartbeats it). The loop's result, err set. */
+static int run_loop(struct rank_trainer *rt, struct rank_ctl *ctl, long long stop_after, const char *metrics_path,
+                    char *err, size_t errlen)
+{
+    struct run_state rs = {.tty = rt->rank == 0 && isatty(STDOUT_FILENO), .steps = rt->spec->steps, .ctl = ctl,
+                           .quiet = rt->rank != 0, .ckpt_step = rt->last_checkpoint, .zero = rt->zero,
+                           .counted = rt->zero ? rt->zero->comm : NULL, .rss_base = rss_base};
+    if (metrics_path && rt->rank == 0 && !(rs.metrics = fopen(metrics_path, "a"))) {
+        snprintf(err, errlen, "--metrics: %s: %s", metrics_path, strerror(errno));
+        return -EINVAL;
+    }
+    if (ctl)
+        rank_ctl_beat(ctl, (uint64_t)*rt->step, NAN, 0, 0, beat_ckpt(*rt->last_checkpoint));
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rs.t0 = elapsed(&(struct run_state){.t0 = 0});
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
+    int rc = rt->ops->train(rt, (long)stop_after, &hooks, err, errlen);
+    clear_bar(&rs);
+    fflush(stdout);
+    if (rs.metrics)
+        fclose(rs.metrics);
+    return rc;
+}
+
+/* n sampled tokens printed, after a completed run. 0, or 1 when sampling failed. */
+static int maybe_sample(struct rank_trainer *rt, long long sample)
+{
+    char err[1024];
+    if (sample <= 0)
+        return 0;
+    const struct dataset *d = rt->ops == &cpu_ops ? &cpu(rt)->data : &gpt(rt)->data;
+    const int V = rt->ops == &cpu_ops ? cpu(rt)->model.cfg.V : gpt(rt)->cfg.V;
+    int *out = malloc(sizeof(int) * (size_t)sample);
+    if (!out || rt->ops->sample(rt, sample_prompt(d, V), out, (int)sample, err, sizeof(err))) {
+        log_error("--sample: %s", out ? err : "out of memory");
+        free(out);
+        return 1;
+    }
+    print_sample(out, sample, V, *rt->step);
+    free(out);
+    return 0;
+}
+
+/* One process: --standalone, or a rank of a world of 1, on either device. */
+static int run_alone(const struct rank_ops *ops, const struct job_spec *spec, int standalone, struct rank_ctl *ctl,
+                     const char *resume, long long sample, long long stop_after, const char *metrics_path,
+                     long threads)
+{
+    char err[2048];
+    struct gen_comms gc = {0};
+    struct rank_trainer rt;
+    if (ops->create(spec, 0, 1, &gc, threads, &rt) != 0)
+        return 1;
+    if (ctl)
+        rank_ctl_on_abort(ctl, abort_comms, &gc);
+    if (resume) { /* a rank's -ENOENT (no rank finds a checkpoint there): a fresh start */
+        int lrc = ops->load(&rt, resume, err, sizeof(err));
+        if (lrc && (lrc != -ENOENT || standalone)) {
+            log_error("%s", err);
+            if (ctl)
+                rank_ctl_on_abort(ctl, NULL, NULL);
+            ops->destroy(&rt);
+            return 1;
+        }
+        if (lrc == 0)
+            log_info("resumed from %s at step %ld", resume, *rt.step);
+    }
+    int rc = run_loop(&rt, ctl, stop_after, metrics_path, err, sizeof(err));
+    int status = end_status(rc, standalone, *rt.step, err);
+    if (status == 0)
+        status = maybe_sample(&rt, sample);
+    if (ctl)
+        rank_ctl_on_abort(ctl, NULL, NULL);
+    ops->destroy(&rt);
+    return status;
+}
+
+/*
+ * The replica ring of this generation (replica.h): rank 0 makes its id, the
+ * training communicator carries it to every rank, each joins at its position.
+ */
+static int open_replica_ring(struct rank_trainer *rt, int pos, struct comm **out, char *err, size_t errlen)
+{
+    enum { WORDS = COMM_ID_BYTES / 8 };
+    uint64_t id[WORDS] = {0};
+    uint64_t *all = malloc(sizeof(id) * (size_t)rt->world);
+    if (!all) {
+        snprintf(err, errlen, "out of memory for the replica ring's id");
+        return -ENOMEM;
+    }
+    int rc = rt->rank == 0 ? comm_unique_id(COMM_RING, (uint8_t *)id) : 0;
+    if (rc)
+        log_error("cannot create the replica ring's unique id: %s", comm_strerror(rc));
+    int grc = rt->ops->gather_u64(rt, id, WORDS, all); /* every rank takes part, even so */
+    if (grc == 0 && rc == 0)
+        rc = comm_init_cancelable(out, COMM_RING, pos, rt->world, (const uint8_t *)all, 60000, superseded);
+    if (grc)
+        rc = grc;
+    if (rc)
+        snprintf(err, errlen, "replica ring (position %d of %d) did not form: %s", pos, rt->world,
+                 comm_strerror(rc));
+    free(all);
+    return rc;
+}
+
+/* Where this generation's state came from, for the log. */
+static const char *const restore_words[] = {"", "peers' memory", "the last committed checkpoint", "the seed"};
+
+/* Memory, the same ranks: survivors keep or go back, holders ship replicas back along the ring. */
+static int restore_in_place(struct rank_trainer *rt, const struct replica_plan *plan, const struct replica_src *src,
+                            const int *pos, char *err, size_t errlen)
+{
+    int rc = rt->rep ? replica_restore(rt->rep, plan, src, pos, rt->world) : 0;
+    if (rc)
+        snprintf(err, errlen, "restoring from the peers' replicas: %s", comm_strerror(rc));
+    return rc;
+}
+
 /*
  * Collective, at the start of every generation of a world > 1 (replica.h):
  * the ranks' offers gathered, the replica ring formed, then the state of
  * the latest step every rank of the generation before has in memory (kept
- * in place, or re-sliced when the world or the ranks changed), else the last
- * committed checkpoint, else the seed, into tr. held: what this rank
- * brings (held->tr may be tr itself). *valid: tr's state is whole at
- * tr->step (not while a replica or checkpoint is half received); *broke:
- * the failure was the generation's (a collective failed). 0 or an error
- * with err set.
+ * in place, or re-sliced when the world or the ranks changed and the
+ * trainer can), else the last committed checkpoint, else the seed, into
+ * rt. held: what this rank brings (held->rt.tr may be rt->tr itself).
+ * *valid: rt's state is whole at its step (not while a replica or
+ * checkpoint is half received); *broke: the failure was the generation's
+ * (a collective failed). 0 or an error with err set.
  */
-static int restore_state(struct trainer *tr, struct replica *rep, const struct held_state *held,
-                         struct gen_comms *gc, const struct rank_assign *as, enum proto_restore *from, int *valid,
-                         int *broke, char *err, size_t errlen)
+static int restore_state(struct rank_trainer *rt, const struct held_state *held, struct gen_comms *gc,
+                         const struct rank_assign *as, enum proto_restore *from, int *valid, int *broke, char *err,
+                         size_t errlen)
 {
-    const int world = tr->world;
-    const struct trainer *ht = held->tr && held->valid ? held->tr : NULL;
+    const int world = rt->world;
+    const struct rank_trainer *ht = held->rt.tr && held->valid ? &held->rt : NULL;
     uint64_t mine[REPLICA_OFFER];
-    replica_offer(ht ? held->rep : NULL, ht != NULL, ht ? ht->rank : 0, ht ? ht->world : 0,
-                  ht ? ht->zero.plan.total : 0, ht ? ht->step : 0, as->node_rank, as->local_rank,
-                  (uint64_t)(ht ? ht->spec.seed : tr->spec.seed), ht ? ht->last_checkpoint_step : -1, mine);
+    replica_offer(ht ? ht->rep : NULL, ht != NULL, ht ? ht->rank : 0, ht ? ht->world : 0, ht ? ht->floats : 0,
+                  ht ? *ht->step : 0, as->node_rank, as->local_rank, (uint64_t)(ht ? ht->spec->seed : rt->spec->seed),
+                  ht ? *ht->last_checkpoint : -1, mine);
     uint64_t *all = malloc(sizeof(mine) * (size_t)world);
     int *pos = malloc(sizeof(int) * (size_t)world);
     struct replica_src *src = NULL; /* one per rank of the survivors' generation */
     struct replica_plan plan;
-    int rc = all && pos ? 0 : -ENOMEM;
-    if (rc == 0 && (rc = zero_gather_u64(&tr->zero, mine, REPLICA_OFFER, all)) != 0) {
+    int rc = all && pos ? 0 : -ENOMEM, dropped = 0;
+    if (rc == 0 && (rc = rt->ops->gather_u64(rt, mine, REPLICA_OFFER, all)) != 0) {
         snprintf(err, errlen, "gathering what each rank holds: %s", comm_strerror(rc));
         *broke = 1;
         goto out;
@@ -667,7 +881,7 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         if (!(src = malloc(sizeof(*src) * (w0 < REPLICA_MAX_WORLD ? w0 : REPLICA_MAX_WORLD))))
             rc = -ENOMEM;
     }
-    if (rc == 0 && tr->rank == 0 && LOG_DEBUG <= log_threshold)
+    if (rc == 0 && rt->rank == 0 && LOG_DEBUG <= log_threshold)
         for (int r = 0; r < world; r++) {
             const uint64_t *o = all + (size_t)r * REPLICA_OFFER;
             log_debug("offer of rank %d: state %llu (rank %lld of %llu) step %llu snapshot %lld, holds rank %lld's "
@@ -679,17 +893,25 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
     if (rc == 0)
         rc = replica_positions(all, world, pos);
     if (rc == 0 && (rc = replica_plan(all, world, pos, &plan, src)) == -EINVAL) {
-        if (tr->rank == 0)
+        if (rt->rank == 0)
             log_warn("the survivors' states disagree (another model or world size): not restored from memory");
         memset(&plan, 0, sizeof(plan));
         plan.step = -1;
         plan.last_checkpoint = -1;
         rc = 0;
     }
-    if (rc == 0 && rep) {
-        rc = open_replica_ring(tr, pos[tr->rank], &gc->replica, err, errlen);
+    if (rc == 0 && plan.step >= 0 && !plan.in_place && !rt->ops->reslice) { /* the same on every rank */
+        if (rt->rank == 0)
+            log_warn("the world or the ranks changed (%d ranks, %d before) and this trainer (--device gpu) does not "
+                     "re-slice its state in memory: every rank goes to %s", world, plan.old_world,
+                     rt->spec->checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
+        plan.step = -1;
+        dropped = 1;
+    }
+    if (rc == 0 && rt->rep) {
+        rc = open_replica_ring(rt, pos[rt->rank], &gc->replica, err, errlen);
         if (rc == 0)
-            replica_attach(rep, gc->replica);
+            replica_attach(rt->rep, gc->replica);
         *broke = rc != 0;
     }
     if (rc == -ENOMEM)
@@ -698,21 +920,21 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         goto out;
     if (plan.step >= 0) {
         const int in_place = plan.in_place; /* the same on every rank: a function of the offers */
-        *valid = in_place && (src[tr->rank].rank == tr->rank && src[tr->rank].kind != SRC_HOLDER);
-        rc = in_place ? restore_in_place(tr, rep, &plan, src, pos, err, errlen)
-                      : restore_resliced(tr, held, &plan, src, err, errlen);
+        *valid = in_place && (src[rt->rank].rank == rt->rank && src[rt->rank].kind != SRC_HOLDER);
+        rc = in_place ? restore_in_place(rt, &plan, src, pos, err, errlen)
+                      : rt->ops->reslice(rt, held, &plan, src, err, errlen);
         if (rc) {
             *broke = 1;
             goto out;
         }
-        tr->step = plan.step;
-        tr->spec.seed = (int64_t)plan.seed;
-        tr->last_checkpoint_step = plan.last_checkpoint;
-        if (rep && !in_place)
-            replica_forget(rep, -1);
+        *rt->step = plan.step;
+        rt->spec->seed = (int64_t)plan.seed;
+        *rt->last_checkpoint = plan.last_checkpoint;
+        if (rt->rep && !in_place)
+            replica_forget(rt->rep, -1);
         *valid = 1;
         *from = PROTO_RESTORE_MEMORY;
-        if (tr->rank == 0) {
+        if (rt->rank == 0) {
             int back = 0, shipped = 0;
             for (int o = 0; o < plan.old_world; o++) {
                 back += src[o].kind == SRC_SNAP;
@@ -725,40 +947,35 @@ static int restore_state(struct trainer *tr, struct replica *rep, const struct h
         }
         goto out;
     }
-    if (plan.survivors > 0 && tr->rank == 0)
-    {
+    if (plan.survivors > 0 && !dropped && rt->rank == 0) {
         char why[96];
-        if (rep)
+        if (rt->rep)
             snprintf(why, sizeof(why), "rank %d and the rank holding its replica were lost", plan.lost);
         else
             snprintf(why, sizeof(why), "replicate_every is 0");
         log_warn("no step is held in memory for every rank (%s): every rank falls back to %s", why,
-                 tr->spec.checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
+                 rt->spec->checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
     }
     /* Every rank asks, whatever its own view of checkpoint_dir holds: the
      * answer is collective (a node-local directory may be empty on a new node). */
     *valid = 0;
-    rc = tr->spec.checkpoint_dir[0] ? trainer_load(tr, tr->spec.checkpoint_dir, err, errlen) : -ENOENT;
+    rc = rt->spec->checkpoint_dir[0] ? rt->ops->load(rt, rt->spec->checkpoint_dir, err, errlen) : -ENOENT;
     if (rc == 0) {
         *from = PROTO_RESTORE_DISK;
-        log_info("resumed from %s at step %ld", tr->spec.checkpoint_dir, tr->step); /* each rank: its own shard */
+        log_info("resumed from %s at step %ld", rt->spec->checkpoint_dir, *rt->step); /* each rank: its own shard */
     } else if (rc != -ENOENT) {
-        *broke = zero_failed(&tr->zero);
+        *broke = rt->ops->broken(rt);
         goto out;
     } else {
         rc = 0;
-        if (plan.survivors > 0) { /* back to the start: the seed's weights, no moments */
-            zero_init_weights(&tr->zero, (uint64_t)tr->spec.seed);
-            memset(tr->zero.m, 0, sizeof(float) * tr->zero.plan.total);
-            memset(tr->zero.v, 0, sizeof(float) * tr->zero.plan.total);
-            tr->step = 0;
-            tr->last_checkpoint_step = -1;
-        }
+        /* back to the start: the seed's weights, no moments (a new trainer starts there) */
+        if (plan.survivors > 0 && (rc = rt->ops->reset(rt, err, errlen)) != 0)
+            goto out;
         *from = PROTO_RESTORE_SEED;
     }
     *valid = 1;
-    if (rep) /* what the replicas held belongs to the abandoned run */
-        replica_forget(rep, -1);
+    if (rt->rep) /* what the replicas held belongs to the abandoned run */
+        replica_forget(rt->rep, -1);
 out:
     free(all);
     free(pos);
@@ -766,73 +983,24 @@ out:
     return rc;
 }
 
-/* Whether the generation broke (a collective of either ring failed), as
- * opposed to this rank failing on its own. */
-static int broken(struct trainer *tr, struct replica *rep)
-{
-    return zero_failed(&tr->zero) || (rep && replica_failed(rep));
-}
-
-/* A trainer (and its replicas) for this rank's place in a generation. */
-static int new_trainer(const struct job_spec *spec, const struct rank_assign *at, struct comm *comm, long threads,
-                       struct trainer **tr_out, struct replica **rep_out)
-{
-    char err[1024];
-    struct trainer *tr = calloc(1, sizeof(*tr));
-    struct replica *rep = NULL;
-    rss_base = rss("VmRSS");
-    if (!tr || trainer_init(tr, spec, at->rank, at->world, comm, err, sizeof(err)) != 0) {
-        log_error("%s", tr ? err : "out of memory");
-        free(tr);
-        return -1;
-    }
-    inject_faults(tr);
-    if (spec->replicate_every > 0) {
-        rep = calloc(1, sizeof(*rep));
-        if (!rep || replica_init(rep, &tr->zero, spec->replicate_every, at->rank) != 0) {
-            log_error("out of memory for peer replicas (3 more copies of this rank's shard, %.1f MiB): set "
-                      "replicate_every to 0", 3.0 * 12 * tr->zero.plan.total / 1048576.0);
-            free(rep);
-            trainer_free(tr);
-            free(tr);
-            return -1;
-        }
-        tr->replica = rep;
-    }
-    log_model(tr, threads, 0);
-    *tr_out = tr;
-    *rep_out = rep;
-    return 0;
-}
-
-static void free_trainer(struct trainer *tr, struct replica *rep)
-{
-    if (rep) {
-        replica_free(rep);
-        free(rep);
-    }
-    if (tr) {
-        trainer_free(tr);
-        free(tr);
-    }
-}
-
 /*
- * A rank of a world > 1 (docs/training.md, "Healing in place"): the process
- * lives across generations. When a generation breaks (a peer died, the
- * agent parked it, a newer ASSIGN came), the rank aborts both rings, keeps
- * its trainer (model state, data, threads), waits for the next generation
- * of its slot, forms the rings anew and restores (restore_state); when its
- * rank or the world size changed it builds the trainer of its new place and
- * re-slices the state into it. It exits when the job is done, when stopped,
- * and when it fails on its own.
+ * A rank of a world > 1 (docs/training.md, "Healing in place"), on either
+ * device: the process lives across generations. When a generation breaks
+ * (a peer died, the agent parked it, a newer ASSIGN came), the rank aborts
+ * its communicators, keeps its trainer (model state, data, threads; on the
+ * GPU the CUDA context and the device state), waits for the next generation
+ * of its slot, forms the communicators anew and restores (restore_state);
+ * when its rank or the world size changed it builds the trainer of its new
+ * place and re-slices the state into it (the GPU trainer: it resumes from
+ * the checkpoint). It exits when the job is done, when stopped, and when it
+ * fails on its own.
  */
-static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const struct rank_assign *as,
-                    long long sample, long long stop_after, const char *metrics_path, long threads)
+static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, struct rank_ctl *ctl,
+                    const struct rank_assign *as, long long sample, long long stop_after, const char *metrics_path,
+                    long threads)
 {
     struct gen_comms gc = {0};
-    struct trainer *tr = NULL;
-    struct replica *rep = NULL;
+    struct rank_trainer rt = {.ops = ops};
     int valid = 0, status = 1;
     struct rank_assign at = *as;
     char err[2048];
@@ -840,46 +1008,50 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
     superseded = rank_ctl_superseded(ctl);
     rank_ctl_set_rejoin(ctl);
     for (;;) {
-        int broke = 1; /* a ring that does not form: the generation broke */
-        int rc = open_comm(ctl, at.rank, at.world, &gc.train, err, sizeof(err));
-        heal.ring = wall_s();
+        int broke = 1; /* a communicator that does not form: the generation broke */
+        int rc = ops->connect(ctl, at.rank, at.world, &gc, err, sizeof(err));
         if (rc == -ETIMEDOUT) { /* no id or no peers for minutes: no generation is coming; the daemon decides */
             log_error("%s", err);
             break;
         }
+        if (rc == 0 && rt.tr && (rt.rank != at.rank || rt.world != at.world) && !ops->reslice) {
+            log_warn("generation %llu: rank %d of %d, was %d of %d: this trainer does not re-slice in memory; "
+                     "its state is dropped", (unsigned long long)at.generation, at.rank, at.world, rt.rank, rt.world);
+            ops->destroy(&rt); /* the device holds one state at a time */
+        }
+        struct held_state held = {rt, valid};
+        struct rank_trainer nrt = rt;
+        if (rc == 0 && (!rt.tr || rt.rank != at.rank || rt.world != at.world)) {
+            if (ops->create(spec, at.rank, at.world, &gc, threads, &nrt) != 0)
+                break;
+        } else if (rc == 0) {
+            rc = ops->attach(&rt, &gc, err, sizeof(err));
+        }
+        heal.ring = wall_s(); /* the training communicator formed (NCCL: in the trainer) */
         if (rc == 0) {
             rank_ctl_on_abort(ctl, abort_comms, &gc);
-            struct held_state held = {tr, rep, valid};
-            struct trainer *ntr = tr;
-            struct replica *nrep = rep;
-            if (!tr || tr->rank != at.rank || tr->world != at.world) {
-                if (new_trainer(spec, &at, gc.train, threads, &ntr, &nrep) != 0)
-                    break;
-            } else {
-                zero_set_comm(&tr->zero, gc.train);
-            }
             enum proto_restore from = PROTO_RESTORE_NONE;
             broke = 0;
-            rc = restore_state(ntr, nrep, &held, &gc, &at, &from, &valid, &broke, err, sizeof(err));
-            if (ntr != tr) { /* the new place's trainer takes over, whatever came of it */
-                free_trainer(tr, rep);
-                tr = ntr;
-                rep = nrep;
+            rc = restore_state(&nrt, &held, &gc, &at, &from, &valid, &broke, err, sizeof(err));
+            if (nrt.tr != rt.tr) { /* the new place's trainer takes over, whatever came of it */
+                if (rt.tr)
+                    ops->destroy(&rt);
+                rt = nrt;
             }
             heal.restored = wall_s();
-            if (rc == 0 && tr->fingerprint)
-                trainer_log_fingerprint(tr, "restored at");
+            if (rc == 0 && ops->restored)
+                ops->restored(&rt);
             if (rc == 0) {
                 if (at.rank == 0)
                     log_info("generation %llu: training from step %ld (state from %s)",
-                             (unsigned long long)at.generation, tr->step, restore_words[from]);
-                rank_ctl_restored(ctl, from, (uint64_t)tr->step);
-                rc = run_loop(tr, ctl, stop_after, metrics_path, err, sizeof(err));
+                             (unsigned long long)at.generation, *rt.step, restore_words[from]);
+                rank_ctl_restored(ctl, from, (uint64_t)*rt.step);
+                rc = run_loop(&rt, ctl, stop_after, metrics_path, err, sizeof(err));
                 if (rc == 0 && !stop_flag) {
                     status = 0;
                     break;
                 }
-                broke = rc == TRAIN_YIELDED || (rc && broken(tr, rep));
+                broke = rc == TRAIN_YIELDED || (rc && ops->broken(&rt));
             }
             if (!stop_flag && !broke) {
                 log_error("%s", err);
@@ -887,32 +1059,32 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
             }
         }
         if (stop_flag) {
-            if (tr)
-                log_info("stopped at step %ld", tr->step);
+            if (rt.tr)
+                log_info("stopped at step %ld", *rt.step);
             break;
         }
         /* The generation is over (it broke, or the ranks left it together for
-         * a grow): keep the state, drop the rings, wait for the next one. */
+         * a grow): keep the state, drop the communicators, wait for the next one. */
         heal.seen = wall_s();
         if (rc == TRAIN_YIELDED) {
             log_info("generation %llu: left at the boundary of step %ld with the other ranks (the job grows); "
-                     "waiting for the next generation", (unsigned long long)at.generation, tr->step);
+                     "waiting for the next generation", (unsigned long long)at.generation, *rt.step);
             rank_ctl_yielded(ctl);
         } else {
             log_warn("generation %llu broke at step %ld: %s; waiting for the next generation",
-                     (unsigned long long)at.generation, tr ? tr->step : 0L, err);
+                     (unsigned long long)at.generation, rt.tr ? *rt.step : 0L, err);
         }
         rank_ctl_on_abort(ctl, NULL, NULL);
         comm_abort(gc.train);
         comm_abort(gc.replica);
-        if (rep)
-            replica_detach(rep);
-        if (tr)
-            zero_set_comm(&tr->zero, NULL);
+        if (rt.rep)
+            replica_detach(rt.rep);
+        if (rt.tr)
+            ops->detach(&rt);
         comm_destroy(gc.train);
         comm_destroy(gc.replica);
         gc = (struct gen_comms){0};
-        valid = tr && valid;
+        valid = rt.tr && valid;
         if (rank_ctl_next_generation(ctl, &at) != 0)
             break; /* stopped while waiting */
         heal.generation = wall_s();
@@ -922,8 +1094,9 @@ static int run_rank(const struct job_spec *spec, struct rank_ctl *ctl, const str
     }
     rank_ctl_on_abort(ctl, NULL, NULL);
     if (status == 0)
-        maybe_sample(tr, sample);
-    free_trainer(tr, rep);
+        status = maybe_sample(&rt, sample);
+    if (rt.tr)
+        ops->destroy(&rt);
     comm_destroy(gc.train);
     comm_destroy(gc.replica);
     return status;
@@ -1067,7 +1240,8 @@ int main(int argc, char **argv)
         snprintf(prog, sizeof(prog), "muster-train[%d]", assign.rank);
         log_set_prog(strdup(prog));
     }
-    const int rank = standalone ? 0 : assign.rank, world = standalone ? 1 : assign.world;
+    const int world = standalone ? 1 : assign.world;
+    standalone_mode = standalone;
 
     /* The job file, then the flags on top, validated together by the table. */
     json_t *spec_json = standalone ? json_object() : json_deep_copy(assign.job);
@@ -1121,17 +1295,17 @@ int main(int argc, char **argv)
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (!device)
         device = !standalone && cvd && cvd[0] && gpu_module_built() ? "gpu" : "cpu";
-    if (strcmp(device, "gpu") == 0) {
-        rc = run_gpu(&spec, standalone, ctl, rank, world, resume, sample, stop_after, metrics_path);
-        rank_ctl_close(ctl);
-        json_decref(assign.job);
-        return rc;
-    }
-
-    if (world > 1)
-        rc = run_rank(&spec, ctl, &assign, sample, stop_after, metrics_path, (long)threads);
+    const struct rank_ops *ops = ops_for(device);
+    if (!ops)
+        rc = 1;
+    else if (ops == &gpu_ops && sample > 0 && world > 1) {
+        log_error("--sample with --device gpu gathers the weights of one rank: world 1 only (this "
+                  "job has %d ranks); sample from its checkpoint with --standalone --resume DIR", world);
+        rc = 1;
+    } else if (world > 1)
+        rc = run_rank(ops, &spec, ctl, &assign, sample, stop_after, metrics_path, (long)threads);
     else
-        rc = run_single(&spec, standalone, ctl, resume, sample, stop_after, metrics_path, (long)threads);
+        rc = run_alone(ops, &spec, standalone, ctl, resume, sample, stop_after, metrics_path, (long)threads);
     rank_ctl_close(ctl);
     json_decref(assign.job);
     return rc;

@@ -68,6 +68,15 @@ const char *gpu_zero_error(const struct gpu_zero *z);
 /* Aborts the NCCL communicator (ncclCommAbort): pending and later calls fail
  * with -ECANCELED. Any thread, any time before gpu_zero_free; idempotent. */
 void gpu_zero_abort(struct gpu_zero *z);
+/* Non-zero once the communicator was aborted or an NCCL call failed: the
+ * generation broke, as opposed to a CUDA error of this rank's own. */
+int gpu_zero_failed(const struct gpu_zero *z);
+/* Healing in place (docs/training.md): after the abort, lets the work the
+ * broken generation queued run out, drops the old communicator and joins
+ * the new generation's (id: its NCCL unique id; same rank and world),
+ * keeping the device, the streams and the state (weights, moments). Blocks
+ * in ncclCommInitRank until every rank has joined. 0 or an error. */
+int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id);
 
 /* gpt_init_range for this rank's shards, uploaded. */
 int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed);
@@ -123,9 +132,22 @@ size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[GPT_MAX_UNIT
 /* Copies the fp32 weight shards and both AdamW moments to the host (total
  * floats each; m and v may be NULL) once the queued work is done. */
 int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v);
-/* Replaces them from the host (m or v NULL: kept); the bf16 copy follows at
+/* Replaces them from the host (any of them NULL: kept); the bf16 copy follows at
  * the next forward. */
 int gpu_zero_write_state(struct gpu_zero *z, const float *params, const float *m, const float *v);
+/*
+ * Snapshots for peer replicas (worker/train/replica.h): two pinned host
+ * blocks of 3 x total floats (weights, m, v back to back), allocated once
+ * by gpu_zero_keep_snapshots (0 or -ENOMEM). gpu_zero_snapshot queues the
+ * copy of the state into block k on a side stream, behind the last update
+ * and beside the compute queued after it; the next AdamW (or upload) waits
+ * for it, so the block holds the state of the step it was taken at.
+ * gpu_zero_snapshot_wait blocks until the copy is done (the host may read
+ * the block). A block goes back to the device with gpu_zero_write_state.
+ */
+int gpu_zero_keep_snapshots(struct gpu_zero *z, float *blocks[2]);
+int gpu_zero_snapshot(struct gpu_zero *z, int k);
+int gpu_zero_snapshot_wait(struct gpu_zero *z);
 /* all[r * n + i] = rank r's mine[i] on every rank (NCCL all-gather; a copy
  * without NCCL); waits: a barrier as well. */
 int gpu_zero_gather_u64(struct gpu_zero *z, const uint64_t *mine, size_t n, uint64_t *all);

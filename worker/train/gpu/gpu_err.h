@@ -71,8 +71,10 @@ static inline int gpu_report_nccl(char *err, size_t len, const char *call, ncclR
 #define NCCL_CK(call)                                                                        \
     do {                                                                                     \
         ncclResult_t r_ = (call);                                                            \
-        if (r_ != ncclSuccess)                                                               \
+        if (r_ != ncclSuccess) {                                                             \
+            z->nccl_failed = 1;                                                              \
             return gpu_report_nccl(z->err, sizeof(z->err), #call, r_, __FILE__, __LINE__);    \
+        }                                                                                    \
     } while (0)
 
 /* An int-returning step: pass its code on. */

@@ -30,7 +30,7 @@
 #define GPU_MODULE_FILE "muster-train-gpu.so"
 #define GPU_MODULE_ENTRY "gpu_module_entry"
 /* Bumped whenever the table or a type it passes changes. */
-#define GPU_MODULE_ABI 1
+#define GPU_MODULE_ABI 2
 
 /* The first three fields stay where they are in every version: they are
  * what tells a module of another build. */
@@ -53,6 +53,12 @@ struct gpu_module {
                           size_t errlen);
     int (*train_run)(struct gpu_trainer *tr, long stop_after, const struct train_hooks *hooks,
                      volatile sig_atomic_t *stop, char *err, size_t errlen);
+    /* Healing in place (gpu_train.h). */
+    int (*trainer_replicas)(struct gpu_trainer *tr, int every, char *err, size_t errlen);
+    int (*trainer_set_comm)(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
+    int (*trainer_reset)(struct gpu_trainer *tr, char *err, size_t errlen);
+    int (*trainer_failed)(struct gpu_trainer *tr);
+    int (*zero_gather_u64)(struct gpu_zero *z, const uint64_t *mine, size_t n, uint64_t *all);
 
     /* COMM_NCCL of comm.h (worker/train/comm/comm_impl.h). */
     int (*comm_nccl_unique_id)(uint8_t id[COMM_ID_BYTES]);

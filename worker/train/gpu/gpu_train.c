@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "worker/train/ckpt.h"
+#include "worker/train/comm/comm.h"
+#include "worker/train/replica.h"
 
 static double now_s(void)
 {
@@ -24,6 +26,7 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
     tr->rank = rank;
     tr->world = world;
     tr->last_checkpoint_step = -1;
+    tr->snap_cur = tr->snap_next = -1;
     struct job_spec *s = &tr->spec;
     int rc = trainer_check_spec(s, world, err, errlen);
     if (rc)
@@ -57,6 +60,10 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
 
 void gpu_trainer_free(struct gpu_trainer *tr)
 {
+    if (tr->replica) { /* its thread reads the pinned blocks the zero frees */
+        replica_free(tr->replica);
+        free(tr->replica);
+    }
     gpu_zero_free(tr->z);
     dataset_close(&tr->data);
     free(tr->inputs);
@@ -84,8 +91,20 @@ int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char 
         rc = gpu_zero_forward(tr->z, tr->inputs, tr->targets, B, T, NULL);
         if (!rc)
             rc = gpu_zero_backward(tr->z, 1.0f / (float)tr->accum);
+        /* The state of tr->step goes to this rank's holder while the step
+         * computes: the copy off the device runs beside the micro-batch
+         * just queued, and the round (its store waits for the copy) starts
+         * once it is done. */
+        if (!rc && ms == 0)
+            replica_begin(tr->replica, tr->step);
     }
     double loss = 0, norm = 0;
+    /* No update before every rank's replica of the round is held (replica.h). */
+    int rrc = rc ? 0 : replica_wait(tr->replica);
+    if (rrc) {
+        snprintf(err, errlen, "step %ld: the replica round failed: %s", tr->step + 1, comm_strerror(rrc));
+        return rrc;
+    }
     if (!rc)
         rc = gpu_zero_step_stats(tr->z, &loss, &norm);
     if (rc)
@@ -103,12 +122,113 @@ int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char 
     rc = gpu_zero_adamw(tr->z, &h, clip_scale(norm, s->grad_clip));
     if (rc)
         return failed(tr, rc, "AdamW", err, errlen);
+    replica_updated(tr->replica);
     tr->step++;
     const double comm_s = gpu_zero_comm_wait_s(tr->z);
     if (info)
         train_step_report(info, s, tr->step, loss, lr, norm, (double)tr->accum * B * T,
                           now_s() - t0, comm_s);
     return 0;
+}
+
+/* ---- healing in place: peer replicas from pinned snapshots, a new communicator ---- */
+
+/* The round of `step`: its state copied into the block that is not the snapshot. */
+static const float *snap_round(void *arg, long step)
+{
+    struct gpu_trainer *tr = arg;
+    const int k = tr->snap_cur == 0 ? 1 : 0;
+    (void)step;
+    if (gpu_zero_snapshot(tr->z, k) != 0 || gpu_zero_snapshot_wait(tr->z) != 0)
+        return NULL;
+    tr->snap_next = k;
+    return tr->snap[k];
+}
+
+static void snap_keep(void *arg, int keep)
+{
+    struct gpu_trainer *tr = arg;
+    tr->snap_cur = keep ? tr->snap_next : -1;
+    tr->snap_next = -1;
+}
+
+/* Floats of each of the shard's buffers. */
+static size_t state_floats(const struct gpu_trainer *tr)
+{
+    size_t shard[GPT_MAX_UNITS], off[GPT_MAX_UNITS];
+    return gpu_zero_shard_layout(tr->z, shard, off);
+}
+
+/* A pinned block of p, m, v back onto the device. */
+static int snap_upload(struct gpu_trainer *tr, const float *b)
+{
+    const size_t n = state_floats(tr);
+    return gpu_zero_write_state(tr->z, b, b + n, b + 2 * n);
+}
+
+static int snap_revert(void *arg)
+{
+    struct gpu_trainer *tr = arg;
+    return tr->snap_cur < 0 ? -EINVAL : snap_upload(tr, tr->snap[tr->snap_cur]);
+}
+
+/* Received state lands in block 0: every snapshot is dropped after a restore. */
+static float *snap_inbox(void *arg) { return ((struct gpu_trainer *)arg)->snap[0]; }
+
+static int snap_received(void *arg)
+{
+    struct gpu_trainer *tr = arg;
+    return snap_upload(tr, tr->snap[0]);
+}
+
+int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t errlen)
+{
+    const size_t total = state_floats(tr);
+    const struct replica_store store = {snap_round, snap_keep, snap_revert, snap_inbox, snap_received, tr};
+    if (gpu_zero_keep_snapshots(tr->z, tr->snap) != 0) {
+        snprintf(err, errlen, "%s: set replicate_every to 0", gpu_zero_error(tr->z));
+        return -ENOMEM;
+    }
+    struct replica *r = calloc(1, sizeof(*r));
+    if (!r || replica_init_store(r, total, every, tr->rank, &store) != 0) {
+        free(r);
+        snprintf(err, errlen, "out of host memory for peer replicas (two more copies of this rank's "
+                 "state, %.1f MiB): set replicate_every to 0", 2 * 12.0 * total / 1048576.0);
+        return -ENOMEM;
+    }
+    tr->replica = r;
+    return 0;
+}
+
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen)
+{
+    int rc = gpu_zero_set_comm(tr->z, id);
+    if (rc)
+        snprintf(err, errlen, "NCCL communicator (rank %d of %d) did not form: %s", tr->rank, tr->world,
+                 gpu_zero_error(tr->z));
+    return rc;
+}
+
+int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen)
+{
+    const size_t total = state_floats(tr);
+    float *zeros = calloc(total, sizeof(float));
+    int rc = zeros ? gpu_zero_init_weights(tr->z, (uint64_t)tr->spec.seed) : -ENOMEM;
+    if (rc == 0)
+        rc = gpu_zero_write_state(tr->z, NULL, zeros, zeros);
+    free(zeros);
+    if (rc) {
+        snprintf(err, errlen, "back to the seed's weights: %s", zeros ? gpu_zero_error(tr->z) : "out of host memory");
+        return rc;
+    }
+    tr->step = 0;
+    tr->last_checkpoint_step = -1;
+    return 0;
+}
+
+int gpu_trainer_failed(struct gpu_trainer *tr)
+{
+    return gpu_zero_failed(tr->z) || (tr->replica && replica_failed(tr->replica));
 }
 
 /* ---- the GPU trainer as the shared loop sees it ---- */

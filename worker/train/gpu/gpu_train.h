@@ -33,6 +33,9 @@ struct gpu_trainer {
     long last_checkpoint_step; /* step of the last committed checkpoint (-1: none) */
     int accum, rank, world;
     int *inputs, *targets;   /* (micro_batch, seq_len) */
+    struct replica *replica; /* peer replicas (worker/train/replica.h), or NULL */
+    float *snap[2];          /* their pinned snapshot blocks (gpu_zero_keep_snapshots) */
+    int snap_cur, snap_next; /* the block that is the snapshot, the one being taken; -1: none */
 };
 
 /* id: the NCCL unique id of the world (NULL: world 1 without NCCL). */
@@ -47,6 +50,25 @@ double gpu_trainer_eval(struct gpu_trainer *tr);
  * checkpoints as train_run does. */
 int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_hooks *hooks,
                   volatile sig_atomic_t *stop, char *err, size_t errlen);
+
+/*
+ * Healing in place (docs/training.md), a rank of a world > 1 across
+ * generations. gpu_trainer_replicas gives the trainer peer replicas
+ * (replica.h) every `every` steps: at the start of such a step the state is
+ * copied to a pinned block on a side stream while the step's first
+ * micro-batch computes, and the replica thread ships that block to the
+ * holder; the block not being written is the snapshot, so the state of the
+ * last round stays whole until the next one (0 or -ENOMEM, err set).
+ * gpu_trainer_set_comm joins a new generation's NCCL communicator after the
+ * old one was aborted, keeping the state; gpu_trainer_reset goes back to
+ * the seed (weights from it, zero moments, step 0); gpu_trainer_failed
+ * says whether the generation broke (a collective of either communicator
+ * failed) rather than this rank.
+ */
+int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t errlen);
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
+int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen);
+int gpu_trainer_failed(struct gpu_trainer *tr);
 
 /* Checkpoints, collective, as trainer_save / trainer_load (train.h). */
 int gpu_trainer_save(struct gpu_trainer *tr, const char *dir, char *path, size_t pathlen,

@@ -9,6 +9,10 @@
  *   ev_free[s]  cs -> ns   cs is done reading slot s      (ns waits before refilling)
  *   ev_gready[s] cs -> ns  gradient buffer s is complete  (ns reduce-scatters it)
  *   ev_gfree[s] ns -> cs   gradient buffer s was reduced  (cs waits before zeroing it)
+ *   xs  side: copies of the state (p, m, v) to pinned host memory, the
+ *       snapshots peer replicas are sent from (gpu_zero_snapshot)
+ *   ev_updated  cs -> xs   the last update (or upload) of the state is done
+ *   ev_snap     xs -> cs   the snapshot is copied (the next AdamW waits)
  * Slots 0 and 1 alternate between the blocks (unit u in slot (u-1) % 2, the
  * final norm in slot L % 2); slot 2 is the embedding, gathered once per
  * forward and held through the backward for the tied head.
@@ -80,7 +84,10 @@ struct gpu_zero {
     int *d_inp, *d_tgt, *h_inp, *h_tgt;        /* h_: pinned staging */
     double *d_stats, *h_stats;                 /* [0] step loss, [1] sum of squares, [2] one loss */
     void *workspace;
-    cudaStream_t cs, ns;
+    cudaStream_t cs, ns, xs;
+    cudaEvent_t ev_updated, ev_snap;
+    float *snap[2];                            /* pinned, 3 x total each: p, m, v */
+    int snap_pending;                          /* a snapshot copy the next AdamW must wait for */
     cudaEvent_t ev_gath[NSLOT], ev_free[NSLOT], ev_gready[NSLOT], ev_gfree[NSLOT];
     cudaEvent_t ev_cast, ev_ns, ev_cs, ev_upload;
     /* compute-stream stalls on communication: a timing event before and
@@ -94,6 +101,7 @@ struct gpu_zero {
 #endif
     int have_nc;
     volatile int aborted;
+    int nccl_failed;                           /* an NCCL call failed: the communicator is gone */
     size_t alloc_bytes, peak_bytes, device_total;
     char err[1024];
 };
@@ -389,6 +397,15 @@ static int alive(struct gpu_zero *z)
     return 0;
 }
 
+/* cs waits for the snapshot copy under way before the state changes. */
+static int snapshot_done(struct gpu_zero *z)
+{
+    if (z->snap_pending)
+        CUDA_CK(cudaStreamWaitEvent(z->cs, z->ev_snap, 0));
+    z->snap_pending = 0;
+    return 0;
+}
+
 /* Unit u into slot s, after cs is done with what the slot held. */
 static int gather(struct gpu_zero *z, int u, int s)
 {
@@ -552,7 +569,9 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     CUDA_CK(cudaMemGetInfo(&fr, &z->device_total));
     CUDA_CK(cudaStreamCreateWithFlags(&z->cs, cudaStreamNonBlocking));
     CUDA_CK(cudaStreamCreateWithFlags(&z->ns, cudaStreamNonBlocking));
-    cudaEvent_t *evs[] = {&z->ev_cast, &z->ev_ns, &z->ev_cs, &z->ev_upload};
+    /* created after cs and ns: cuemu numbers streams in creation order (CUEMU_EAGER=2 is ns) */
+    CUDA_CK(cudaStreamCreateWithFlags(&z->xs, cudaStreamNonBlocking));
+    cudaEvent_t *evs[] = {&z->ev_cast, &z->ev_ns, &z->ev_cs, &z->ev_upload, &z->ev_updated, &z->ev_snap};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         CUDA_CK(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming));
     for (int s = 0; s < NSLOT; s++) {
@@ -641,6 +660,7 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     TRY(gpu_alloc(z, (void **)&z->d_tgt, nb, "target tokens"));
     TRY(gpu_alloc(z, (void **)&z->d_stats, 4 * sizeof(double), "loss and norm"));
     CUDA_CK(cudaMemsetAsync(z->d_stats, 0, 4 * sizeof(double), z->cs));
+    CUDA_CK(cudaEventRecord(z->ev_updated, z->cs));
     CUDA_CK(cudaStreamSynchronize(z->cs));
     CUDA_CK(cudaMallocHost((void **)&z->h_inp, nb));
     CUDA_CK(cudaMallocHost((void **)&z->h_tgt, nb));
@@ -714,9 +734,13 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
     cudaFreeHost(z->h_inp);
     cudaFreeHost(z->h_tgt);
     cudaFreeHost(z->h_stats);
+    cudaFreeHost(z->snap[0]);
+    cudaFreeHost(z->snap[1]);
     if (z->blas)
         cublasDestroy(z->blas);
-    cudaEvent_t evs[] = {z->ev_cast, z->ev_ns, z->ev_cs, z->ev_upload};
+    if (z->xs)
+        cudaStreamSynchronize(z->xs);
+    cudaEvent_t evs[] = {z->ev_cast, z->ev_ns, z->ev_cs, z->ev_upload, z->ev_updated, z->ev_snap};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             cudaEventDestroy(evs[i]);
@@ -734,10 +758,47 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
         cudaStreamDestroy(z->cs);
     if (z->ns)
         cudaStreamDestroy(z->ns);
+    if (z->xs)
+        cudaStreamDestroy(z->xs);
     free(z);
 }
 
 extern "C" const char *gpu_zero_error(const struct gpu_zero *z) { return z->err; }
+
+extern "C" int gpu_zero_failed(const struct gpu_zero *z) { return z->aborted || z->nccl_failed; }
+
+extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
+{
+    /* What the broken generation queued runs out first (its collectives fail
+     * or leave NaN behind: nothing of it is kept; the state is as of the
+     * last AdamW, which needs no peer). */
+    cudaStreamSynchronize(z->ns);
+    cudaStreamSynchronize(z->cs);
+    cudaStreamSynchronize(z->xs);
+    cudaGetLastError();
+#ifdef MUSTER_HAVE_NCCL
+    if (z->have_nc && !z->aborted)
+        ncclCommDestroy(z->nc); /* ncclCommAbort already freed an aborted one */
+#endif
+    z->have_nc = 0;
+    z->stall_first = z->stall_n = 0; /* complete, after the syncs; the broken step is not reported */
+    z->stall_ms = 0;
+    z->stale = 1; /* the slots may hold what an aborted gather left */
+    z->snap_pending = 0;
+#ifdef MUSTER_HAVE_NCCL
+    ncclUniqueId u;
+    memcpy(u.internal, id, GPU_ID_BYTES);
+    NCCL_CK(ncclCommInitRank(&z->nc, z->world, u, z->rank));
+    z->have_nc = 1;
+    z->aborted = 0;
+    z->nccl_failed = 0;
+    return 0;
+#else
+    (void)id;
+    snprintf(z->err, sizeof(z->err), "this muster-train was built without NCCL: world > 1 needs it");
+    return -ENOTSUP;
+#endif
+}
 
 extern "C" void gpu_zero_abort(struct gpu_zero *z)
 {
@@ -958,9 +1019,11 @@ extern "C" int gpu_zero_adamw(struct gpu_zero *z, const struct adamw *h, float g
     /* scalars in double as optim.c, rounded once */
     const double bc1 = 1.0 - pow(h->beta1, (double)h->t);
     const double bc2 = 1.0 - pow(h->beta2, (double)h->t);
+    TRY(snapshot_done(z));
     CUDA_CK(k_adamw(z->cs, z->p, z->g, z->m, z->v, z->decay, z->total, h->beta1, h->beta2, h->eps,
                     (float)(h->lr / bc1), (float)sqrt(bc2), 1.0f - h->lr * h->weight_decay,
                     gscale));
+    CUDA_CK(cudaEventRecord(z->ev_updated, z->cs));
     z->stale = 1;
     return 0;
 }
@@ -1020,14 +1083,57 @@ extern "C" int gpu_zero_write_state(struct gpu_zero *z, const float *params, con
     /* on cs, behind everything that reads or writes the shards (the legacy
      * stream's cudaMemcpy would not be ordered with cs and ns) */
     TRY(join_ns(z));
+    TRY(snapshot_done(z));
     const size_t bytes = z->total * sizeof(float);
-    CUDA_CK(cudaMemcpyAsync(z->p, params, bytes, cudaMemcpyHostToDevice, z->cs));
+    if (params)
+        CUDA_CK(cudaMemcpyAsync(z->p, params, bytes, cudaMemcpyHostToDevice, z->cs));
     if (m)
         CUDA_CK(cudaMemcpyAsync(z->m, m, bytes, cudaMemcpyHostToDevice, z->cs));
     if (v)
         CUDA_CK(cudaMemcpyAsync(z->v, v, bytes, cudaMemcpyHostToDevice, z->cs));
+    CUDA_CK(cudaEventRecord(z->ev_updated, z->cs));
     TRY(sync_cs(z)); /* the host arrays may go once this returns */
     z->stale = 1;
+    return 0;
+}
+
+/* ---- snapshots for peer replicas: the state in pinned host memory ---- */
+
+extern "C" int gpu_zero_keep_snapshots(struct gpu_zero *z, float *blocks[2])
+{
+    for (int k = 0; k < 2; k++) {
+        if (!z->snap[k] && cudaMallocHost((void **)&z->snap[k], 3 * z->total * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(z->err, sizeof(z->err), "cudaMallocHost: no pinned host memory for two snapshots of "
+                     "this rank's state (%.1f MiB)", 2 * 3 * z->total * sizeof(float) / 1048576.0);
+            return -ENOMEM;
+        }
+        blocks[k] = z->snap[k];
+    }
+    return 0;
+}
+
+extern "C" int gpu_zero_snapshot(struct gpu_zero *z, int k)
+{
+    if (k < 0 || k > 1 || !z->snap[k]) {
+        snprintf(z->err, sizeof(z->err), "gpu_zero_snapshot: no snapshot block %d", k);
+        return -EINVAL;
+    }
+    const size_t bytes = z->total * sizeof(float);
+    float *h = z->snap[k];
+    /* after the last update, beside this step's compute on cs */
+    CUDA_CK(cudaStreamWaitEvent(z->xs, z->ev_updated, 0));
+    CUDA_CK(cudaMemcpyAsync(h, z->p, bytes, cudaMemcpyDeviceToHost, z->xs));
+    CUDA_CK(cudaMemcpyAsync(h + z->total, z->m, bytes, cudaMemcpyDeviceToHost, z->xs));
+    CUDA_CK(cudaMemcpyAsync(h + 2 * z->total, z->v, bytes, cudaMemcpyDeviceToHost, z->xs));
+    CUDA_CK(cudaEventRecord(z->ev_snap, z->xs));
+    z->snap_pending = 1;
+    return 0;
+}
+
+extern "C" int gpu_zero_snapshot_wait(struct gpu_zero *z)
+{
+    CUDA_CK(cudaEventSynchronize(z->ev_snap));
     return 0;
 }
 
