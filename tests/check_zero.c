@@ -82,7 +82,7 @@ struct run {
     int micro_batch;                 /* 0: 24 / (2 * world) */
     int vocab;                       /* 0: tiny's */
     const char *load, *save;
-    const struct run *reslice;       /* instead of load: zero_reslice from this run's state */
+    const struct run *reslice;       /* instead of load: trainer_reslice from this run's state */
     double losses[MAXW][STEPS];      /* per rank: the global losses it reported */
     size_t state_bytes[MAXW], transient_bytes[MAXW];
     float *params, *m, *v;           /* full layout, each rank fills what it owns */
@@ -112,7 +112,7 @@ static int rank_failed(struct run *run, int r, int rc, const char *what, const c
 }
 
 /*
- * zero_reslice as a world change uses it: the old world's shards, each in
+ * trainer_reslice as a world change uses it: the old world's shards, each in
  * the block layout struct zero holds (weights, m, v), rebuilt from `old`'s
  * full arrays; old rank o is contributed by new rank o % world as its
  * (o / world)-th block, so that a rank may bring several (its own and a
@@ -143,7 +143,8 @@ static int reslice_from(struct trainer *tr, const struct run *old, int r, int wo
         blocks[nmine] = b;
         mine[nmine++] = b;
     }
-    int rc = zero_reslice(&tr->zero, n, ncontrib, mine, nmine, from_rank, from_index);
+    char err[256];
+    int rc = trainer_reslice(tr, 0, n, ncontrib, mine, nmine, from_rank, from_index, err, sizeof(err));
     for (int i = 0; i < nmine; i++)
         free(blocks[i]);
     return rc;
@@ -170,7 +171,7 @@ static void rank_body(struct run *run, int r, struct comm *c)
         goto out;
     }
     if (run->reslice && (rc = reslice_from(&tr, run->reslice, r, run->world)) != 0) {
-        rank_failed(run, r, rc, "zero_reslice", comm_strerror(rc));
+        rank_failed(run, r, rc, "trainer_reslice", comm_strerror(rc));
         goto out;
     }
     for (int i = 0; i < run->steps; i++) {
@@ -516,7 +517,7 @@ START_TEST(shards_reslice_between_world_sizes)
 }
 END_TEST
 
-/* The same from memory: zero_reslice (a job that grew or shrank in place)
+/* The same from memory: trainer_reslice (a job that grew or shrank in place)
  * gives the weights and moments unchanged, ranks bringing one or more blocks;
  * also with a vocabulary of 251, whose embedding rows split unevenly (the
  * old world's whole-row shards are not ceil(numel / N) there). */

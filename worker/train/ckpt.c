@@ -616,8 +616,9 @@ static int read_shard(struct ckpt_rank *c, const char *file, int q, int world, c
     return 0;
 }
 
-/* Every rank learns whether every rank loaded: all resume, or none. */
-static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t errlen)
+/* Every rank learns whether every rank did `what` ("load it"): all go on,
+ * or none. */
+static int agree_on(const struct ckpt_rank *c, int rc, const char *what, char *err, size_t errlen)
 {
     uint64_t mine = (uint64_t)(int64_t)rc, *all = calloc((size_t)c->world, sizeof(uint64_t));
     if (!all)
@@ -626,8 +627,7 @@ static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t err
     for (int r = 0; !crc && !rc && r < c->world; r++)
         if ((int64_t)all[r]) {
             rc = (int)(int64_t)all[r];
-            snprintf(err, errlen, "checkpoint: rank %d could not load it: %s", r,
-                     strerror(-rc));
+            snprintf(err, errlen, "checkpoint: rank %d could not %s: %s", r, what, strerror(-rc));
         }
     free(all);
     if (crc && !rc) {
@@ -635,6 +635,11 @@ static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t err
         rc = crc;
     }
     return rc;
+}
+
+static int agree_loaded(const struct ckpt_rank *c, int rc, char *err, size_t errlen)
+{
+    return agree_on(c, rc, "load it", err, errlen);
 }
 
 /* ---- pruning ---- */
@@ -950,6 +955,66 @@ static size_t spread_words(const struct ckpt_rank *c)
     return w < ((size_t)1 << 16) ? (size_t)1 << 16 : w;
 }
 
+int ckpt_reslice(struct ckpt_rank *c, int w0, const size_t *S, int ncontrib, const float *const *mine, int nmine,
+                 const int *from_rank, const int *from_index, char *err, size_t errlen)
+{
+    const int world = c->world, me = c->rank, nunits = c->lay.nunits;
+    size_t stot = 0, off[GPT_MAX_UNITS];
+    for (int u = 0; u < nunits; u++) {
+        off[u] = stot;
+        stot += S[u];
+    }
+    ncontrib = ncontrib < 1 ? 1 : ncontrib;
+    size_t len_max = spread_words(c) * 2 / (3 * (size_t)ncontrib);
+    len_max = len_max < 2 ? 2 : len_max;
+    float *send = calloc(3 * (size_t)ncontrib * len_max + 1, sizeof(float));
+    float *got = calloc((3 * (size_t)ncontrib * len_max + 1) * (size_t)world, sizeof(float));
+    int rc = c->local_rc ? c->local_rc : send && got ? 0 : -ENOMEM, crc = 0;
+    if (rc && !c->local_rc) /* (a local_rc's reason is the caller's to give) */
+        snprintf(err, errlen, "re-slicing: out of memory for the buffers that ship the state");
+    if ((rc = agree_on(c, rc, "make room to re-slice", err, errlen)) != 0)
+        goto out;
+    /* each unit round, a chunk of every block at a time */
+    float *dst[3] = {c->params, c->m, c->v};
+    for (int u = 0; u < nunits && !crc; u++) {
+        size_t lo_me, n_me;
+        held(c->lay.numel[u], c->shard[u], me, &lo_me, &n_me);
+        for (size_t a = 0; a < S[u] && !crc; a += len_max) {
+            const size_t len = S[u] - a < len_max ? S[u] - a : len_max;
+            const size_t nf = (3 * (size_t)ncontrib * len + 1) & ~(size_t)1; /* whole u64 words */
+            memset(send, 0, nf * sizeof(float));
+            for (int i = 0; i < nmine; i++)
+                for (int k = 0; k < 3; k++)
+                    memcpy(send + ((size_t)i * 3 + (size_t)k) * len, mine[i] + (size_t)k * stot + off[u] + a,
+                           len * sizeof(float));
+            if ((crc = c->gather(c->coll, (const uint64_t *)(void *)send, nf / 2, (uint64_t *)(void *)got)) != 0)
+                break;
+            /* the old ranks o whose chunk [o*S + a, o*S + a + len) meets this rank's floats */
+            for (size_t o = n_me ? lo_me / S[u] : 1, end = n_me ? (lo_me + n_me - 1) / S[u] : 0; o <= end; o++) {
+                size_t x = o * S[u] + a, y = x + len;
+                x = x > lo_me ? x : lo_me;
+                y = y < lo_me + n_me ? y : lo_me + n_me;
+                if (x >= y)
+                    continue;
+                const float *from = got + (size_t)from_rank[o] * nf;
+                for (int k = 0; k < 3; k++)
+                    memcpy(dst[k] + c->off[u] + (x - lo_me),
+                           from + ((size_t)from_index[o] * 3 + (size_t)k) * len + (x - o * S[u] - a),
+                           (y - x) * sizeof(float));
+            }
+        }
+    }
+    if (crc) {
+        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: collective failed: %s", w0, world,
+                 c->why(c->coll, crc));
+        rc = crc;
+    }
+out:
+    free(send);
+    free(got);
+    return rc;
+}
+
 /*
  * The spread load (docs/training.md, "Node-local checkpoints"): some rank
  * does not find every file it needs in its own view of the directory. Each
@@ -968,7 +1033,7 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
     uint64_t *bits = calloc(words, sizeof(uint64_t)), *all = calloc(words * (size_t)world, sizeof(uint64_t));
     int *reader = malloc(sizeof(int) * (size_t)w0), *index = malloc(sizeof(int) * (size_t)w0);
     int *load = calloc((size_t)world, sizeof(int));
-    float *blocks = NULL, *send = NULL, *got = NULL;
+    float *blocks = NULL;
     int rc = bits && all && reader && index && load ? 0 : -ENOMEM, crc = 0, ncontrib = 0, nmine = 0;
     for (int q = 0; !rc && v->man && q < w0; q++)
         if (view_has(v, q))
@@ -1017,17 +1082,16 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
         stot += S[u];
     }
     nmine = load[me];
-    size_t len_max = spread_words(c) * 2 / (3 * (size_t)ncontrib);
-    len_max = len_max < 2 ? 2 : len_max;
-    send = calloc(3 * (size_t)ncontrib * len_max + 1, sizeof(float));
-    got = calloc((3 * (size_t)ncontrib * len_max + 1) * (size_t)world, sizeof(float));
-    if (!send || !got || (nmine && !(blocks = calloc((size_t)nmine * 3 * stot, sizeof(float)))))
-        rc = -ENOMEM; /* agreed below, with the reads: no rank is left alone in a gather */
+    if (nmine && !(blocks = calloc((size_t)nmine * 3 * stot, sizeof(float))))
+        rc = -ENOMEM;
+    const float **mine = calloc((size_t)nmine + 1, sizeof(*mine));
+    rc = rc ? rc : mine ? 0 : -ENOMEM;
     for (int q = 0, i = 0; !rc && q < w0; q++) {
         if (reader[q] != me)
             continue;
         struct ckpt_rank as = *c; /* this rank reading as rank q of the writer's world */
-        float *blk = blocks + (size_t)i++ * 3 * stot;
+        float *blk = blocks + (size_t)i * 3 * stot;
+        mine[i++] = blk;
         as.rank = q;
         as.world = w0;
         memcpy(as.shard, S, sizeof(size_t) * (size_t)nunits);
@@ -1040,46 +1104,16 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
         rc = read_shard(&as, file, q, w0, S, bytes, hex, err, errlen);
     }
     if (rc == -ENOMEM)
-        snprintf(err, errlen, "checkpoint: out of memory for %d shard file(s) of %zu floats and the buffers "
-                 "that ship them", nmine, 3 * stot);
-    if ((rc = agree_loaded(c, rc, err, errlen)) != 0)
-        goto out;
-    /* each unit round, a chunk of every block at a time */
-    float *dst[3] = {c->params, c->m, c->v};
-    for (int u = 0; u < nunits && !crc; u++) {
-        size_t lo_me, n_me;
-        held(c->lay.numel[u], c->shard[u], me, &lo_me, &n_me);
-        for (size_t a = 0; a < S[u] && !crc; a += len_max) {
-            const size_t len = S[u] - a < len_max ? S[u] - a : len_max;
-            const size_t nf = (3 * (size_t)ncontrib * len + 1) & ~(size_t)1; /* whole u64 words */
-            memset(send, 0, nf * sizeof(float));
-            for (int i = 0; i < nmine; i++)
-                for (int k = 0; k < 3; k++)
-                    memcpy(send + ((size_t)i * 3 + (size_t)k) * len,
-                           blocks + (size_t)i * 3 * stot + (size_t)k * stot + off[u] + a, len * sizeof(float));
-            if ((crc = c->gather(c->coll, (const uint64_t *)(void *)send, nf / 2, (uint64_t *)(void *)got)) != 0)
-                break;
-            /* the old ranks o whose chunk [o*S + a, o*S + a + len) meets this rank's floats */
-            for (size_t o = n_me ? lo_me / S[u] : 1, end = n_me ? (lo_me + n_me - 1) / S[u] : 0; o <= end; o++) {
-                size_t x = o * S[u] + a, y = x + len;
-                x = x > lo_me ? x : lo_me;
-                y = y < lo_me + n_me ? y : lo_me + n_me;
-                if (x >= y)
-                    continue;
-                const float *from = got + (size_t)reader[o] * nf;
-                for (int k = 0; k < 3; k++)
-                    memcpy(dst[k] + c->off[u] + (x - lo_me),
-                           from + ((size_t)index[o] * 3 + (size_t)k) * len + (x - o * S[u] - a),
-                           (y - x) * sizeof(float));
-            }
-        }
-    }
+        snprintf(err, errlen, "checkpoint: out of memory for %d shard file(s) of %zu floats", nmine, 3 * stot);
+    if ((rc = agree_loaded(c, rc, err, errlen)) == 0)
+        rc = ckpt_reslice(c, w0, S, ncontrib, mine, nmine, reader, index, err, errlen);
+    free(mine);
 out:
     if (crc && !rc) {
         snprintf(err, errlen, "checkpoint: collective failed: %s", c->why(c->coll, crc));
         rc = crc;
     }
-    free(bits), free(all), free(reader), free(index), free(load), free(blocks), free(send), free(got);
+    free(bits), free(all), free(reader), free(index), free(load), free(blocks);
     return rc;
 }
 

@@ -113,6 +113,23 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
 int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen);
 
 /*
+ * Re-slicing state that is in memory rather than in files (collective, the
+ * same result on every rank): the state of a world of w0 ranks cut into
+ * shards of S[u] floats per unit, each old rank o's shard held whole by
+ * rank from_rank[o] as its from_index[o]-th block of `mine` (nmine blocks
+ * here; ncontrib the most any rank holds), goes into c's arrays as c's world
+ * and shard sizes cut it. A block is 3 arrays of sum(S) floats (weights, m,
+ * v), unit u at the sum of S before it. Every unit goes round in all-gathers
+ * of at most c->gather_max words a rank (0: 64 MiB over the world); each
+ * rank copies the real floats it owns; a rank with c->local_rc set fails
+ * with the others before anything is shipped. The spread load of ckpt_load, the CPU
+ * trainer's and the GPU trainer's re-slice from peers' memory are this.
+ * 0 or an error with err set.
+ */
+int ckpt_reslice(struct ckpt_rank *c, int w0, const size_t *S, int ncontrib, const float *const *mine, int nmine,
+                 const int *from_rank, const int *from_index, char *err, size_t errlen);
+
+/*
  * Pruning: after step `committed` is committed, rank 0 of the save calls
  * ckpt_prune (ckpt_save does it). The rule, as a pure function over the
  * directories found:

@@ -394,6 +394,17 @@ int trainer_save(struct trainer *tr, const char *dir, char *path, size_t pathlen
     return rc;
 }
 
+int trainer_reslice(struct trainer *tr, int my_rc, int old_world, int ncontrib, const float *const *mine, int nmine,
+                    const int *from_rank, const int *from_index, char *err, size_t errlen)
+{
+    struct ckpt_rank c;
+    struct zero_shards old; /* how the CPU trainer cut the model over old_world */
+    ckpt_view(tr, &c);
+    c.local_rc = my_rc;
+    zero_shards_init(&old, &tr->model.layout, old_world, 1);
+    return ckpt_reslice(&c, old_world, old.shard, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
+}
+
 int trainer_load(struct trainer *tr, const char *path, char *err, size_t errlen)
 {
     struct ckpt_rank c;

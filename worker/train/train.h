@@ -128,6 +128,18 @@ int trainer_save(struct trainer *tr, const char *dir, char *path, size_t pathlen
                  size_t errlen);
 int trainer_load(struct trainer *tr, const char *path, char *err, size_t errlen);
 
+/* Collective: tr's shards get the weights and both moments of the same
+ * model as the CPU trainer cut it over old_world ranks (the job grew or
+ * shrank; ckpt_reslice, an exact copy). Each rank brings nmine <= ncontrib
+ * blocks (mine[i]: weights, m, v back to back, 3 x the old layout's total
+ * floats, as struct zero holds them); old rank o is block from_index[o] of
+ * new rank from_rank[o] (the same tables on every rank). A rank that could
+ * not bring its blocks passes their error as my_rc (its tables may then be
+ * NULL): it still takes part, and every rank fails alike. 0 or an error
+ * with err set. */
+int trainer_reslice(struct trainer *tr, int my_rc, int old_world, int ncontrib, const float *const *mine, int nmine,
+                    const int *from_rank, const int *from_index, char *err, size_t errlen);
+
 struct train_hooks {
     void (*on_step)(const struct train_step_info *info, void *user);
     void (*on_eval)(long step, double val_loss, void *user);

@@ -380,6 +380,10 @@ struct rank_ops {
     int (*attach)(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen);
     /* The generation broke and its communicators were aborted: let go of them. */
     void (*detach)(struct rank_trainer *rt);
+    /* The ranks left the generation together (a yield): let go of the
+     * communicator without aborting it, whose last collective a peer may
+     * still be finishing (NULL: detach). */
+    void (*leave)(struct rank_trainer *rt);
     void (*destroy)(struct rank_trainer *rt);
     int (*gather_u64)(struct rank_trainer *rt, const uint64_t *mine, size_t n, uint64_t *all);
     /* a collective of either communicator failed: the generation's failure, not the rank's */
@@ -391,8 +395,7 @@ struct rank_ops {
                  size_t errlen);
     int (*sample)(struct rank_trainer *rt, int prompt, int *out, int n, char *err, size_t errlen);
     /* Another world or other ranks: every old rank's state, from memory,
-     * re-sliced into rt (collective). NULL: not built; the job goes to the
-     * last committed checkpoint instead. */
+     * re-sliced into rt (collective; held->rt is still alive beside rt). */
     int (*reslice)(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
                    const struct replica_src *src, char *err, size_t errlen);
     /* after a restore (a test hook; may be NULL) */
@@ -567,35 +570,51 @@ static int cpu_sample(struct rank_trainer *rt, int prompt, int *out, int n, char
     return 0;
 }
 
+/* Who brings which old rank's block to a re-slice: old rank o is block
+ * from_index[o] of rank src[o].rank (the same tables on every rank). 0 or
+ * -ENOMEM; *ncontrib the most blocks any rank brings. */
+static int reslice_tables(const struct replica_plan *plan, const struct replica_src *src, int world, int **from_rank,
+                          int **from_index, int *ncontrib)
+{
+    const int w0 = plan->old_world;
+    int *count = calloc((size_t)world, sizeof(int));
+    *from_rank = malloc(sizeof(int) * (size_t)w0);
+    *from_index = malloc(sizeof(int) * (size_t)w0);
+    *ncontrib = 0;
+    int rc = count && *from_rank && *from_index ? 0 : -ENOMEM;
+    for (int o = 0; rc == 0 && o < w0; o++) {
+        (*from_rank)[o] = src[o].rank;
+        (*from_index)[o] = count[src[o].rank]++;
+        *ncontrib = count[src[o].rank] > *ncontrib ? count[src[o].rank] : *ncontrib;
+    }
+    free(count);
+    return rc;
+}
+
 /* Memory, another world or other ranks: every old rank's block, from the rank
- * that has it, re-sliced into tr's shards by one gather per unit. */
+ * that has it, re-sliced into tr's shards (trainer_reslice). A rank that
+ * cannot bring its blocks still takes part, and all fail alike. */
 static int cpu_reslice(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
                        const struct replica_src *src, char *err, size_t errlen)
 {
     struct trainer *tr = rt->tr, *old = held->rt.tr;
     const int w0 = plan->old_world, world = tr->world, me = tr->rank;
-    int *count = calloc((size_t)world, sizeof(int)), *from_rank = malloc(sizeof(int) * (size_t)w0);
-    int *from_index = malloc(sizeof(int) * (size_t)w0);
+    int *from_rank, *from_index, ncontrib, nmine = 0;
     const float **mine = calloc((size_t)w0, sizeof(*mine));
-    int rc = count && from_rank && from_index && mine ? 0 : -ENOMEM, ncontrib = 0, nmine = 0;
+    int rc = reslice_tables(plan, src, world, &from_rank, &from_index, &ncontrib);
+    rc = rc ? rc : mine ? 0 : -ENOMEM;
     if (rc == 0 && old && held->rt.rep && src[old->rank].rank == me && src[old->rank].kind == SRC_SNAP)
         zero_revert(&old->zero); /* its own state of plan->step is the snapshot */
-    for (int o = 0; rc == 0 && o < w0; o++) {
-        from_rank[o] = src[o].rank;
-        from_index[o] = count[src[o].rank]++;
-        ncontrib = count[src[o].rank] > ncontrib ? count[src[o].rank] : ncontrib;
+    for (int o = 0; rc == 0 && o < w0; o++)
         if (src[o].rank == me)
             mine[nmine++] = src[o].kind == SRC_HOLDER ? held->rt.rep->slot[src[o].slot] : old->zero.params;
-    }
-    if (rc == 0)
-        rc = zero_reslice(&tr->zero, w0, ncontrib, mine, nmine, from_rank, from_index);
     if (rc)
-        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: %s", w0, world, comm_strerror(rc));
-    free(count);
+        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: out of memory", w0, world);
+    int brc = trainer_reslice(tr, rc, w0, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
     free(from_rank);
     free(from_index);
     free(mine);
-    return rc;
+    return rc ? rc : brc;
 }
 
 static void cpu_restored(struct rank_trainer *rt)
@@ -605,7 +624,7 @@ static void cpu_restored(struct rank_trainer *rt)
 }
 
 static const struct rank_ops cpu_ops = {
-    cpu_connect, cpu_create, cpu_attach, cpu_detach, cpu_destroy, cpu_gather_u64, cpu_broken,
+    cpu_connect, cpu_create, cpu_attach, cpu_detach, NULL, cpu_destroy, cpu_gather_u64, cpu_broken,
     cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_reslice, cpu_restored,
 };
 
@@ -675,6 +694,8 @@ static int gpu_attach(struct rank_trainer *rt, struct gen_comms *gc, char *err, 
 
 static void gpu_detach(struct rank_trainer *rt) { gpu->zero_abort(gpt(rt)->z); }
 
+static void gpu_leave(struct rank_trainer *rt) { gpu->zero_release(gpt(rt)->z); }
+
 static int gpu_gather_u64(struct rank_trainer *rt, const uint64_t *mine, size_t n, uint64_t *all)
 {
     return gpu->zero_gather_u64(gpt(rt)->z, mine, n, all);
@@ -700,10 +721,47 @@ static int gpu_sample(struct rank_trainer *rt, int prompt, int *out, int n, char
     return gpu->trainer_sample(rt->tr, prompt, out, n, err, errlen);
 }
 
-/* No re-slicing on the GPU yet: a new world resumes from the checkpoint. */
+/* Memory, another world or other ranks, on the GPU: the old ranks' blocks
+ * this rank has, in host memory (the replicas it holds as they are, its own
+ * state or snapshot copied down from the old trainer, which still lives
+ * beside the new one), re-sliced into the new trainer's shards and uploaded. */
+static int gpu_reslice(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
+                       const struct replica_src *src, char *err, size_t errlen)
+{
+    const int w0 = plan->old_world, world = rt->world, me = rt->rank;
+    const struct rank_trainer *old = &held->rt;
+    int *from_rank, *from_index, ncontrib, nmine = 0;
+    const float **mine = calloc((size_t)w0, sizeof(*mine));
+    float *own = NULL; /* its own state, copied down */
+    int rc = reslice_tables(plan, src, world, &from_rank, &from_index, &ncontrib);
+    rc = rc ? rc : mine ? 0 : -ENOMEM;
+    for (int o = 0; rc == 0 && o < w0; o++) {
+        if (src[o].rank != me)
+            continue;
+        if (src[o].kind == SRC_HOLDER) {
+            mine[nmine++] = old->rep->slot[src[o].slot];
+            continue;
+        }
+        /* its own state of plan->step: the current one, or its snapshot */
+        if (!(own = malloc(3 * sizeof(float) * old->floats)))
+            rc = -ENOMEM;
+        else if ((rc = gpu->trainer_read_state(old->tr, src[o].kind == SRC_SNAP, own)) == 0)
+            mine[nmine++] = own;
+    }
+    if (rc)
+        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: %s", w0, world,
+                 rc == -ENOMEM ? "out of host memory" : "copying this rank's state from its GPU failed");
+    int brc = gpu->trainer_reslice(rt->tr, rc, w0, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
+    free(from_rank);
+    free(from_index);
+    free(mine);
+    free(own);
+    return rc ? rc : brc;
+}
+
 static const struct rank_ops gpu_ops = {
-    gpu_connect, gpu_create, gpu_attach, gpu_detach, gpu_destroy, gpu_gather_u64, gpu_broken,
-    gpu_load, gpu_reset, gpu_train, gpu_sample, NULL, NULL,
+    gpu_connect, gpu_create, gpu_attach, gpu_detach, gpu_leave, gpu_destroy, gpu_gather_u64, gpu_broken,
+    gpu_load, gpu_reset, gpu_train, gpu_sample, gpu_reslice, NULL,
 };
 
 /* The trainer table for a device ("cpu" or "gpu"); NULL, logged, when the GPU module cannot be loaded. */
@@ -867,7 +925,7 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
     int *pos = malloc(sizeof(int) * (size_t)world);
     struct replica_src *src = NULL; /* one per rank of the survivors' generation */
     struct replica_plan plan;
-    int rc = all && pos ? 0 : -ENOMEM, dropped = 0;
+    int rc = all && pos ? 0 : -ENOMEM;
     if (rc == 0 && (rc = rt->ops->gather_u64(rt, mine, REPLICA_OFFER, all)) != 0) {
         snprintf(err, errlen, "gathering what each rank holds: %s", comm_strerror(rc));
         *broke = 1;
@@ -899,14 +957,6 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
         plan.step = -1;
         plan.last_checkpoint = -1;
         rc = 0;
-    }
-    if (rc == 0 && plan.step >= 0 && !plan.in_place && !rt->ops->reslice) { /* the same on every rank */
-        if (rt->rank == 0)
-            log_warn("the world or the ranks changed (%d ranks, %d before) and this trainer (--device gpu) does not "
-                     "re-slice its state in memory: every rank goes to %s", world, plan.old_world,
-                     rt->spec->checkpoint_dir[0] ? "the last committed checkpoint" : "the seed");
-        plan.step = -1;
-        dropped = 1;
     }
     if (rc == 0 && rt->rep) {
         rc = open_replica_ring(rt, pos[rt->rank], &gc->replica, err, errlen);
@@ -947,7 +997,7 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
         }
         goto out;
     }
-    if (plan.survivors > 0 && !dropped && rt->rank == 0) {
+    if (plan.survivors > 0 && rt->rank == 0) {
         char why[96];
         if (rt->rep)
             snprintf(why, sizeof(why), "rank %d and the rank holding its replica were lost", plan.lost);
@@ -1014,11 +1064,6 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
             log_error("%s", err);
             break;
         }
-        if (rc == 0 && rt.tr && (rt.rank != at.rank || rt.world != at.world) && !ops->reslice) {
-            log_warn("generation %llu: rank %d of %d, was %d of %d: this trainer does not re-slice in memory; "
-                     "its state is dropped", (unsigned long long)at.generation, at.rank, at.world, rt.rank, rt.world);
-            ops->destroy(&rt); /* the device holds one state at a time */
-        }
         struct held_state held = {rt, valid};
         struct rank_trainer nrt = rt;
         if (rc == 0 && (!rt.tr || rt.rank != at.rank || rt.world != at.world)) {
@@ -1079,7 +1124,9 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
         comm_abort(gc.replica);
         if (rt.rep)
             replica_detach(rt.rep);
-        if (rt.tr)
+        if (rt.tr && rc == TRAIN_YIELDED && ops->leave)
+            ops->leave(&rt);
+        else if (rt.tr)
             ops->detach(&rt);
         comm_destroy(gc.train);
         comm_destroy(gc.replica);

@@ -475,48 +475,6 @@ static int raw_gather(struct zero *z, const void *send, void *recv, size_t float
                                                     .buf = recv, .count = floats}));
 }
 
-int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const *mine, int nmine,
-                 const int *from_rank, const int *from_index)
-{
-    const struct gpt_layout *lay = &z->g->layout;
-    struct zero_shards old;
-    zero_shards_init(&old, lay, old_world, 1);
-    const size_t old_total = old.total, *old_off = old.off, *old_shard = old.shard;
-    size_t big = 0;
-    for (int u = 0; u < lay->nunits; u++)
-        big = old_shard[u] > big ? old_shard[u] : big;
-    const size_t per = (size_t)ncontrib * 3 * big; /* one rank's contribution, at most */
-    float *send = calloc(per, sizeof(float));
-    float *all = calloc(per * (size_t)z->world, sizeof(float));
-    int rc = send && all ? 0 : -ENOMEM;
-    float *dst[3] = {z->params, z->m, z->v};
-    for (int u = 0; u < lay->nunits && rc == 0; u++) {
-        const size_t S = old_shard[u], n = (size_t)ncontrib * 3 * S;
-        memset(send, 0, n * sizeof(float));
-        for (int c = 0; c < nmine; c++)
-            for (int k = 0; k < 3; k++)
-                memcpy(send + ((size_t)c * 3 + (size_t)k) * S, mine[c] + (size_t)k * old_total + old_off[u],
-                       S * sizeof(float));
-        if (z->comm)
-            rc = raw_gather(z, send, all, n);
-        else
-            memcpy(all, send, n * sizeof(float));
-        if (rc)
-            break;
-        size_t lo, cnt;
-        zero_owned(z, u, &lo, &cnt);
-        for (size_t i = 0; i < cnt; i++) {
-            size_t g = lo + i, o = g / S, w = g % S;
-            size_t base = ((size_t)from_rank[o] * (size_t)ncontrib + (size_t)from_index[o]) * 3 * S;
-            for (int k = 0; k < 3; k++)
-                dst[k][z->plan.off[u] + i] = all[base + (size_t)k * S + w];
-        }
-    }
-    free(send);
-    free(all);
-    return rc;
-}
-
 int zero_sum(struct zero *z, double *x)
 {
     if (!z->comm)

@@ -138,18 +138,6 @@ int zero_keep_previous(struct zero *z);
 /* The state kept by the last kept update becomes the current one again. */
 void zero_revert(struct zero *z);
 
-/*
- * Collective: z's shards get the weights and both moments of the same model
- * as it was sharded over old_world ranks (the job grew or shrank). Each rank
- * contributes nmine <= ncontrib blocks (mine[c]: weights, m, v back to back,
- * 3 x the old layout's total floats, as struct zero holds them); old rank o
- * is the block from_index[o] of new rank from_rank[o] (the same tables on
- * every rank; ncontrib the same everywhere). An exact copy: no arithmetic.
- * Transient: world x ncontrib x 3 x the largest old unit shard. 0, a comm
- * error or -ENOMEM.
- */
-int zero_reslice(struct zero *z, int old_world, int ncontrib, const float *const *mine, int nmine,
-                 const int *from_rank, const int *from_index);
 
 /* x summed over ranks in rank order (the same double on every rank). */
 int zero_sum(struct zero *z, double *x);

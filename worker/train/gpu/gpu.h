@@ -77,6 +77,11 @@ int gpu_zero_failed(const struct gpu_zero *z);
  * keeping the device, the streams and the state (weights, moments). Blocks
  * in ncclCommInitRank until every rank has joined. 0 or an error. */
 int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id);
+/* Its first half: the queued work runs out and the old communicator is let
+ * go (the zero stays aborted until set_comm joins a new one). After an
+ * abort gpu_zero_read_state does this itself: the state of a trainer whose
+ * generation broke can be read, for a re-slice into another world. */
+void gpu_zero_release_comm(struct gpu_zero *z);
 
 /* gpt_init_range for this rank's shards, uploaded. */
 int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed);
@@ -120,6 +125,10 @@ size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, in
 
 const char *gpu_strerror(int code);
 
+/* GPU shard sizes are multiples of this many floats (256-byte aligned
+ * shards): zero_shards_init(lay, world, GPU_SHARD_ALIGN) is this trainer's
+ * slicing. */
+#define GPU_SHARD_ALIGN 64
 /*
  * Checkpoints (worker/train/ckpt.h, through worker/train/gpu/gpu_train.c): this
  * rank's shards as host arrays. Unit u is cut into shards of shard[u] floats

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/zeroshard.h"
 #include "worker/train/ckpt.h"
 #include "worker/train/comm/comm.h"
 #include "worker/train/replica.h"
@@ -349,33 +350,67 @@ int gpu_trainer_save(struct gpu_trainer *tr, const char *dir, char *path, size_t
     return rc;
 }
 
+/* The staged shards onto this rank's GPU, every rank agreeing that they
+ * are there, or none goes on (collective). */
+static int upload_staged(struct gpu_trainer *tr, const struct ckpt_rank *c, const char *what, char *err,
+                         size_t errlen)
+{
+    int rc = gpu_zero_write_state(tr->z, c->params, c->m, c->v);
+    if (rc)
+        snprintf(err, errlen, "%s: copying the shards to the GPU failed: %s", what, gpu_zero_error(tr->z));
+    double bad = rc != 0;
+    int vrc = gpu_zero_sum(tr->z, &bad);
+    if (!rc && vrc) {
+        snprintf(err, errlen, "%s: agreeing on the upload failed: %s", what, gpu_zero_error(tr->z));
+        rc = vrc;
+    } else if (!rc && bad > 0) {
+        snprintf(err, errlen, "%s: another rank could not copy its shards to its GPU", what);
+        rc = -EIO;
+    }
+    return rc;
+}
+
+int gpu_trainer_reslice(struct gpu_trainer *tr, int my_rc, int old_world, int ncontrib, const float *const *mine, int nmine,
+                        const int *from_rank, const int *from_index, char *err, size_t errlen)
+{
+    struct ckpt_rank c;
+    struct zero_shards old; /* how the GPU trainer cut the model over old_world */
+    float *stage;
+    ckpt_view(tr, &c, &stage);
+    if (my_rc)
+        c.local_rc = my_rc;
+    else if (c.local_rc)
+        snprintf(err, errlen, "re-slicing: no host memory to stage this rank's shards");
+    zero_shards_init(&old, &c.lay, old_world, GPU_SHARD_ALIGN);
+    /* a rank without room to stage (c.local_rc) still takes part: ckpt_reslice agrees on it first */
+    int rc = ckpt_reslice(&c, old_world, old.shard, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
+    if (rc == 0)
+        rc = upload_staged(tr, &c, "re-slicing", err, errlen);
+    free(stage);
+    return rc;
+}
+
+int gpu_trainer_read_state(struct gpu_trainer *tr, int snapshot, float *block)
+{
+    const size_t n = state_floats(tr);
+    if (!snapshot)
+        return gpu_zero_read_state(tr->z, block, block + n, block + 2 * n);
+    if (tr->snap_cur < 0)
+        return -EINVAL;
+    memcpy(block, tr->snap[tr->snap_cur], 3 * n * sizeof(float)); /* pinned host memory already */
+    return 0;
+}
+
 int gpu_trainer_load(struct gpu_trainer *tr, const char *path, char *err, size_t errlen)
 {
     struct ckpt_rank c;
     float *stage;
     ckpt_view(tr, &c, &stage);
     int rc = ckpt_load(&c, path, err, errlen);
-    if (rc) {
-        free(stage);
-        return rc;
-    }
-    /* every rank read its shards (ckpt_load agreed on it); now every rank
-     * agrees that they are on its GPU, or none resumes */
-    rc = gpu_zero_write_state(tr->z, c.params, c.m, c.v);
+    /* every rank read its shards (ckpt_load agreed on it) */
+    if (rc == 0)
+        rc = upload_staged(tr, &c, "checkpoint", err, errlen);
     free(stage);
-    if (rc)
-        snprintf(err, errlen, "checkpoint: copying the shards to the GPU failed: %s",
-                 gpu_zero_error(tr->z));
-    double bad = rc != 0;
-    int vrc = gpu_zero_sum(tr->z, &bad);
-    if (!rc && vrc) {
-        snprintf(err, errlen, "checkpoint: agreeing on the load failed: %s",
-                 gpu_zero_error(tr->z));
-        rc = vrc;
-    } else if (!rc && bad > 0) {
-        snprintf(err, errlen, "checkpoint: another rank could not copy it to its GPU");
-        rc = -EIO;
-    }
     if (rc == 0) {
         tr->spec.seed = c.seed;
         tr->step = c.step;

@@ -68,6 +68,20 @@ int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_ho
 int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t errlen);
 int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
 int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen);
+
+/* Re-slicing from peers' memory (collective), as trainer_reslice (train.h)
+ * for the GPU trainer's slicing: each rank brings nmine blocks of the state
+ * of old_world ranks cut as the GPU trainer cuts it (weights, m, v back to
+ * back, host memory); they are re-sliced into host copies of this
+ * trainer's shards (ckpt_reslice) and uploaded, every rank agreeing that
+ * they are on its GPU; my_rc as trainer_reslice's. 0 or an error, with
+ * err set. gpu_trainer_read_state copies this rank's state (snapshot set:
+ * its kept snapshot) into such a block (3 x its total floats); after an
+ * abort it first lets the broken generation's queued work run out. */
+int gpu_trainer_reslice(struct gpu_trainer *tr, int my_rc, int old_world, int ncontrib,
+                        const float *const *mine, int nmine, const int *from_rank, const int *from_index,
+                        char *err, size_t errlen);
+int gpu_trainer_read_state(struct gpu_trainer *tr, int snapshot, float *block);
 int gpu_trainer_failed(struct gpu_trainer *tr);
 
 /* Checkpoints, collective, as trainer_save / trainer_load (train.h). */

@@ -28,7 +28,7 @@
 #include "worker/train/gpu/gpu_err.h"
 #include "worker/train/gpu/gpu_kernels.h"
 
-#define ALIGN_FLOATS 64            /* shard sizes are multiples: 256-byte aligned shards */
+#define ALIGN_FLOATS GPU_SHARD_ALIGN
 #define BLAS_WORKSPACE (32u << 20) /* cuBLAS' recommended workspace on Hopper */
 #define NSLOT 3                    /* two block/norm slots and the embedding */
 #define EMBED 2
@@ -767,7 +767,7 @@ extern "C" const char *gpu_zero_error(const struct gpu_zero *z) { return z->err;
 
 extern "C" int gpu_zero_failed(const struct gpu_zero *z) { return z->aborted || z->nccl_failed; }
 
-extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
+extern "C" void gpu_zero_release_comm(struct gpu_zero *z)
 {
     /* What the broken generation queued runs out first (its collectives fail
      * or leave NaN behind: nothing of it is kept; the state is as of the
@@ -785,6 +785,11 @@ extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
     z->stall_ms = 0;
     z->stale = 1; /* the slots may hold what an aborted gather left */
     z->snap_pending = 0;
+}
+
+extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
+{
+    gpu_zero_release_comm(z);
 #ifdef MUSTER_HAVE_NCCL
     ncclUniqueId u;
     memcpy(u.internal, id, GPU_ID_BYTES);
@@ -1064,9 +1069,12 @@ extern "C" size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[G
 
 extern "C" int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v)
 {
-    /* after the last AdamW (cs) and whatever ns still holds */
-    TRY(join_ns(z));
-    TRY(sync_cs(z));
+    if (z->aborted) { /* a generation that broke: its queued work runs out; the state is its last AdamW's */
+        gpu_zero_release_comm(z);
+    } else { /* after the last AdamW (cs) and whatever ns still holds */
+        TRY(join_ns(z));
+        TRY(sync_cs(z));
+    }
     const size_t bytes = z->total * sizeof(float);
     CUDA_CK(cudaMemcpy(params, z->p, bytes, cudaMemcpyDeviceToHost));
     if (m)
