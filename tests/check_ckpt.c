@@ -585,6 +585,16 @@ START_TEST(node_local_gpu_slicing_ships_to_cpu_slicing)
 }
 END_TEST
 
+/* Two distinct models, as two checkpoints of one run would hold. */
+static void two_models(struct full *older, struct full *newer)
+{
+    full_init(older, 1);
+    full_init(newer, 1);
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < newer->lay.total; i++)
+            newer->a[k][i] += 1.0f;
+}
+
 /* Points dir/latest at step-<step>, as a commit that stopped short left it. */
 static void set_latest(const char *dir, long step)
 {
@@ -604,11 +614,7 @@ START_TEST(a_directory_a_step_behind_loads_the_older_step)
 {
     struct full ref7, ref9, got;
     char node[3][128], step9[256], aside[256];
-    full_init(&ref7, 1);
-    full_init(&ref9, 1);
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < ref9.lay.total; i++)
-            ref9.a[k][i] += 1.0f;
+    two_models(&ref7, &ref9);
     node_dirs(node);
     const char *four[] = {node[0], node[1], node[0], node[1]};
     run_dirs(&ref7, NULL, four, 4, CPU, 1);
@@ -647,11 +653,7 @@ START_TEST(a_returning_nodes_old_latest_does_not_rewind_the_load)
 {
     struct full ref7, ref9, got;
     char node[3][128];
-    full_init(&ref7, 1);
-    full_init(&ref9, 1);
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < ref9.lay.total; i++)
-            ref9.a[k][i] += 1.0f;
+    two_models(&ref7, &ref9);
     node_dirs(node);
     const char *three[] = {node[0], node[1], node[2]}, *two[] = {node[0], node[1]};
     run_dirs(&ref7, NULL, three, 3, CPU, 1);

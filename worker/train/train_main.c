@@ -61,6 +61,7 @@ static const atomic_int *superseded;
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
+static long checkpoints_answered; /* by the training loop, over every generation this process runs in */
 static volatile sig_atomic_t yield_flag; /* COMMAND yield of the generation the rank works in */
 
 static void on_signal(int sig)
@@ -427,7 +428,8 @@ static int run_gpu(const struct job_spec *spec, int standalone, struct rank_ctl 
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, NULL};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &checkpoints_answered,
+                                NULL};
     int rc = gpu->train_run(&tr, (long)stop_after, &hooks, &stop_flag, err, sizeof(err));
     clear_bar(&rs);
     fflush(stdout);
@@ -497,7 +499,8 @@ static int run_loop(struct trainer *tr, struct rank_ctl *ctl, long long stop_aft
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &checkpoints_answered,
+                                &yield_flag};
     int rc = train_run(tr, (long)stop_after, &hooks, &stop_flag, err, errlen);
     clear_bar(&rs);
     fflush(stdout);
