@@ -585,33 +585,93 @@ START_TEST(node_local_gpu_slicing_ships_to_cpu_slicing)
 }
 END_TEST
 
-/* A commit that one node missed (its directory a step behind): every rank
- * loads the older step, which both nodes have. */
+/* Two distinct models, as two checkpoints of one run would hold. */
+static void two_models(struct full *older, struct full *newer)
+{
+    full_init(older, 1);
+    full_init(newer, 1);
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < newer->lay.total; i++)
+            newer->a[k][i] += 1.0f;
+}
+
+/* Points dir/latest at step-<step>, as a commit that stopped short left it. */
+static void set_latest(const char *dir, long step)
+{
+    char p[256];
+    snprintf(p, sizeof(p), "%s/latest", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "step-%08ld\n", step);
+    fclose(f);
+}
+
+/* A commit that one node missed (its rename failed: its directory a step
+ * behind, the newer step without that node's files): every rank loads the
+ * older step, which both nodes have. Where only its `latest` was not
+ * replaced, the newer step is whole and is loaded. */
 START_TEST(a_directory_a_step_behind_loads_the_older_step)
 {
     struct full ref7, ref9, got;
-    char node[3][128];
-    full_init(&ref7, 1);
-    full_init(&ref9, 1);
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < ref9.lay.total; i++)
-            ref9.a[k][i] += 1.0f;
+    char node[3][128], step9[256], aside[256];
+    two_models(&ref7, &ref9);
     node_dirs(node);
-    const char *four[] = {node[0], node[1], node[0], node[1]}, *both0[] = {node[0], node[0]};
+    const char *four[] = {node[0], node[1], node[0], node[1]};
     run_dirs(&ref7, NULL, four, 4, CPU, 1);
-    struct world *w = run_ranks(&ref9, NULL, both0, 2, CPU, 1, 9); /* node 1 missed step 9 */
+    struct world *w = run_ranks(&ref9, NULL, four, 4, CPU, 1, 9);
     ck_assert_msg(w->rc[0] == 0 && w->rc[1] == 0, "%s", w->err[0]);
     free(w);
+    snprintf(step9, sizeof(step9), "%s/step-00000009", node[1]);
+    snprintf(aside, sizeof(aside), "%s/aside", node[1]);
+    ck_assert_int_eq(rename(step9, aside), 0); /* node 1's rename did not happen */
+    set_latest(node[1], 7);
     full_init(&got, 0);
     run_dirs(&got, NULL, four, 4, CPU, 0); /* asserts step 7 */
     same_model(&got, &ref7, "nodes at steps 9 and 7");
     full_free(&got);
+    ck_assert_int_eq(rename(aside, step9), 0); /* it did; only `latest` did not follow */
     full_init(&got, 0);
-    w = run_ranks(&got, NULL, both0, 2, CPU, 0, 0);
-    ck_assert_msg(w->rc[0] == 0 && w->rc[1] == 0 && w->got_step[0] == 9, "%d %s", w->rc[0], w->err[0]);
+    w = run_ranks(&got, NULL, four, 4, CPU, 0, 0);
+    for (int r = 0; r < 4; r++)
+        ck_assert_msg(w->rc[r] == 0 && w->got_step[r] == 9, "rank %d: step %ld: %d %s", r,
+                      w->got_step[r], w->rc[r], w->err[r]);
     free(w);
-    same_model(&got, &ref9, "node 0 alone, at step 9");
+    same_model(&got, &ref9, "step 9 whole, node 1's latest at 7");
     full_free(&got);
+    full_free(&ref7);
+    full_free(&ref9);
+}
+END_TEST
+
+/* A node that sat out some saves (the job shrank without it, then grew or
+ * restarted with it back) holds an old `latest`: its step is not one the
+ * others missed but one they moved past. Every rank loads the newest step
+ * whose files are all found, not the returning node's old one: neither a
+ * silent rewind while the others still keep it, nor a load that fails
+ * (-ENODATA) once they pruned it. */
+START_TEST(a_returning_nodes_old_latest_does_not_rewind_the_load)
+{
+    struct full ref7, ref9, got;
+    char node[3][128];
+    two_models(&ref7, &ref9);
+    node_dirs(node);
+    const char *three[] = {node[0], node[1], node[2]}, *two[] = {node[0], node[1]};
+    run_dirs(&ref7, NULL, three, 3, CPU, 1);
+    for (long step = 9; step <= 13; step += 2) {
+        struct world *w = run_ranks(&ref9, NULL, two, 2, CPU, 1, step); /* node 2 away */
+        ck_assert_msg(w->rc[0] == 0 && w->rc[1] == 0, "%s", w->err[0]);
+        free(w);
+        full_init(&got, 0);
+        w = run_ranks(&got, NULL, three, 3, CPU, 0, 0); /* node 2 back */
+        for (int r = 0; r < 3; r++)
+            ck_assert_msg(w->rc[r] == 0 && w->got_step[r] == step,
+                          "node 2 back after step %ld: rank %d loaded step %ld: %d %s", step, r,
+                          w->got_step[r], w->rc[r], w->err[r]);
+        free(w);
+        same_model(&got, &ref9, "the newest step, not the returning node's");
+        full_free(&got);
+    }
+    ck_assert(!exists(node[0], "step-00000007")); /* pruned there by then (checkpoint_keep 3) */
     full_free(&ref7);
     full_free(&ref9);
 }
@@ -630,6 +690,7 @@ Suite *make_ckpt_suite(void)
     tcase_add_test(tc, node_local_directories_save_and_load);
     tcase_add_test(tc, node_local_gpu_slicing_ships_to_cpu_slicing);
     tcase_add_test(tc, a_directory_a_step_behind_loads_the_older_step);
+    tcase_add_test(tc, a_returning_nodes_old_latest_does_not_rewind_the_load);
     suite_add_tcase(s, tc);
     tc = tcase_create("prune");
     tcase_set_timeout(tc, 60);

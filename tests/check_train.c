@@ -384,6 +384,7 @@ struct vote_rank {
     volatile sig_atomic_t requests; /* what the control thread raises */
     int yield_at;                   /* step after which it "receives" a yield (0: none) */
     volatile sig_atomic_t yield;
+    long answered;                  /* requests the loop answered, over its runs */
     long rc;                        /* what train_loop_run returned */
 };
 
@@ -443,7 +444,8 @@ static void *vote_rank_main(void *arg)
     struct train_loop l = {.ops = &vote_ops, .tr = r, .spec = &r->w->spec, .step = &r->step,
                            .last_checkpoint = &r->last_checkpoint, .rank = r->rank,
                            .world = VOTE_WORLD};
-    struct train_hooks hooks = {.checkpoint_requests = &r->requests, .yield = &r->yield};
+    struct train_hooks hooks = {.checkpoint_requests = &r->requests, .checkpoints_answered = &r->answered,
+                                .yield = &r->yield};
     char err[128];
     r->rc = train_loop_run(&l, 0, &hooks, NULL, err, sizeof(err));
     return NULL;
@@ -515,6 +517,35 @@ START_TEST(requested_checkpoint_is_taken_by_every_rank_at_one_step)
         for (int k = 0; k < 3; k++)
             ck_assert_msg(r[i].saved[k] == want[k], "rank %d: checkpoint %d at step %ld, expected %ld",
                           i, k, r[i].saved[k], want[k]);
+    }
+}
+END_TEST
+
+/* A request answered at step 2, a yield at step 5: in the grown generation
+ * the ranks run the loop again, and the request already answered is not
+ * answered again with a checkpoint at step 5 (only the one at the end). */
+START_TEST(answered_request_is_not_taken_again_after_a_yield)
+{
+    struct vote_world w;
+    vote_world_init(&w);
+    static struct vote_rank r[VOTE_WORLD];
+    for (int i = 0; i < VOTE_WORLD; i++)
+        r[i] = (struct vote_rank){.w = &w, .rank = i, .last_checkpoint = -1, .ask_at = {2, -1}, .yield_at = 5};
+    vote_run(&w, r);
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        ck_assert_msg(r[i].rc == TRAIN_YIELDED && r[i].step == 5, "rank %d: %ld at step %ld", i, r[i].rc, r[i].step);
+        r[i].yield = 0; /* rank_ctl_next_generation */
+        r[i].yield_at = 0;
+    }
+    pthread_barrier_init(&w.bar, NULL, VOTE_WORLD);
+    vote_run(&w, r);
+    const long want[] = {2, VOTE_STEPS};
+    for (int i = 0; i < VOTE_WORLD; i++) {
+        ck_assert_int_eq(r[i].rc, 0);
+        ck_assert_msg(r[i].nsaved == 2, "rank %d took %d checkpoints (the second at step %ld), expected 2", i,
+                      r[i].nsaved, r[i].saved[1]);
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(r[i].saved[k], want[k]);
     }
 }
 END_TEST
@@ -600,6 +631,7 @@ Suite *make_train_suite(void)
     tcase_add_test(tc, vote_counts_three_questions_from_one_sum);
     tcase_add_test(tc, yield_leaves_the_generation_at_one_step_boundary);
     tcase_add_test(tc, requested_checkpoint_is_taken_by_every_rank_at_one_step);
+    tcase_add_test(tc, answered_request_is_not_taken_again_after_a_yield);
     suite_add_tcase(s, tc);
     return s;
 }

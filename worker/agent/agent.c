@@ -191,9 +191,20 @@ static bool any_running(const struct agent *a)
  * parked generation, so it is stopped instead (SIGTERM, then SIGKILL) and its
  * slot started again. */
 #define RANK_SILENT_MS 3000
-/* Not heard for this long, a rank's cached entry is left out of heartbeats
- * (muster-train beats every RANK_BEAT_MS, 500 ms). */
+/* Not heard for this long, nor for twice the longest gap between its frames
+ * so far, a rank's cached entry is left out of heartbeats (muster-train
+ * beats every RANK_BEAT_MS, 500 ms; a program that beats once a step, as the
+ * rank contract allows, only after two of its steps). */
 #define RANK_QUIET_MS 1500
+
+/* Whether a running rank has been quiet for longer than its own cadence:
+ * frozen, stopped, wedged. Before its second frame its cadence is unknown,
+ * and it is not. */
+static bool quiet(const struct agent_rank *r, uint64_t now)
+{
+    const uint64_t wait = 2 * r->frame_gap_ms > RANK_QUIET_MS ? 2 * r->frame_gap_ms : RANK_QUIET_MS;
+    return r->running && !r->stopping && r->frame_gap_ms && now - r->heard_ms > wait;
+}
 
 static bool responsive(const struct agent *a, const struct agent_rank *r)
 {
@@ -980,11 +991,10 @@ static void on_beat_timer(uv_timer_t *t)
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct agent_rank *r = a->ranks[i];
-        /* A running rank that spoke but has not for RANK_QUIET_MS (frozen, or a
-         * program that beats only per step): its last entry is not news, and
-         * relaying it would make it look alive; the daemon sees its age grow. */
-        if (r && r->generation == a->cur_gen &&
-            !(r->running && !r->stopping && r->heard_ms && now - r->heard_ms > RANK_QUIET_MS))
+        /* A running rank quiet for longer than its cadence (frozen): its last
+         * entry is not news, and relaying it would make it look alive; the
+         * daemon sees its age grow. */
+        if (r && r->generation == a->cur_gen && !quiet(r, now))
             hb->ranks[hb->nranks++] = r->beat;
     }
     if (!a->unanswered_since)

@@ -138,8 +138,11 @@ static void output_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void ctl_msg(struct fconn *c, struct proto_msg *msg)
 {
     struct agent_rank *r = c->data;
+    const uint64_t now = uv_now(r->proc.loop);
     r->spoke = true;
-    r->heard_ms = uv_now(r->proc.loop);
+    if (r->heard_ms && now - r->heard_ms > r->frame_gap_ms)
+        r->frame_gap_ms = now - r->heard_ms;
+    r->heard_ms = now;
     r->cb.on_msg(r, msg);
 }
 

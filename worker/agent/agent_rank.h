@@ -63,6 +63,8 @@ struct agent_rank {
     uint64_t spawned_ms; /* uv_now at spawn */
     bool spoke;          /* it has sent a frame on its control socket */
     uint64_t heard_ms;   /* uv_now when its last frame came (0: none yet) */
+    uint64_t frame_gap_ms; /* the longest time between two of its frames (0: fewer than two):
+                            * its cadence, once a step for a program with long steps */
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */

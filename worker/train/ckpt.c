@@ -389,8 +389,8 @@ static int first_failed(const uint64_t *all, int world, int w, int *rc)
  *      directory into place and then `latest`; all learn the outcome.
  * A failure before 4 leaves the previous checkpoint as `latest`
  * everywhere; a failure within 4 (a rename) leaves some directories a step
- * behind the others, which ckpt_load settles by loading the newest step
- * every directory has.
+ * behind the others, which ckpt_load settles by passing over a newer step
+ * whose files are not all found.
  */
 int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pathlen, char *err,
               size_t errlen)
@@ -1023,10 +1023,12 @@ out:
  * a block laid out as the writer's shard; then each unit goes round in
  * all-gathers of at most spread_words() words a rank, from which every rank
  * copies the floats it owns. Every rank computes the same assignment from
- * the gathered bitmaps. Collective; the same result on every rank.
+ * the gathered bitmaps. Collective; the same result on every rank, and
+ * *absent set on every rank when it is -ENODATA because a file is on no
+ * rank (nothing read, no collective left half done).
  */
 static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, const size_t *S,
-                       char *err, size_t errlen)
+                       int *absent, char *err, size_t errlen)
 {
     const int world = c->world, me = c->rank, nunits = c->lay.nunits;
     const size_t words = ((size_t)w0 + 63) / 64;
@@ -1073,6 +1075,7 @@ static int load_spread(struct ckpt_rank *c, const struct step_view *v, int w0, c
                  v->dir, nmissing > 1 ? "s" : "", nmissing > 1 ? "s" : "", missing,
                  nmissing > 8 ? ", ..." : "", w0);
         rc = -ENODATA;
+        *absent = 1;
         goto out; /* every rank found the same: no collective is left half done */
     }
     /* each reader reads its files whole into blocks laid out as their shards */
@@ -1121,21 +1124,26 @@ out:
  * ckpt_load: every rank in step, whatever each one finds in its own view
  * of the directory (the same on a shared file system, its node's own files
  * where checkpoint_dir is node-local):
- *   1. the step: each rank says which step its `latest` names (or the
- *      step of the step directory given); the oldest of those is loaded,
- *      so that directories a step behind (a commit that failed on some
- *      node) and ranks that find nothing (a new node) all agree;
- *   2. each rank reads that step's manifest if it has it and says so,
- *      with the world, seed and shard sizes, and whether it finds every
- *      file it needs itself;
+ *   1. the candidates: each rank says which step its `latest` names (or
+ *      the step of the step directory given); a rank that finds nothing
+ *      (a new node) names none;
+ *   2. for each candidate, newest first: each rank reads that step's
+ *      manifest if it has it and says so, with the world, seed and shard
+ *      sizes, and whether it finds every file it needs itself;
  *   3. if every rank does, each reads its files (the common case, shared
- *      or not); otherwise the spread load ships the files round;
+ *      or not); otherwise the spread load ships the files round; a step
+ *      whose manifest or some file is on no rank is passed over for the
+ *      next older candidate: a directory a step behind (a commit whose
+ *      rename failed on some node) names the step every node has, while the
+ *      newer one lacks that node's files; a node that sat out some saves
+ *      (the job went on without it) names an old step the others moved
+ *      past, and it is not loaded while a newer one is whole;
  *   4. all learn whether every rank loaded.
  */
 int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
 {
     const int world = c->world;
-    char probe[JOB_PATH_MAX + 32];
+    char probe[JOB_PATH_MAX + 32], passed[512] = "";
     struct step_view v = {0};
     long mine_step = -1;
     /* 1 */
@@ -1148,36 +1156,52 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
             if ((rc = view_step(c, path, &v, err, errlen)) == 0)
                 mine_step = v.step;
             json_decref(v.man);
+            v.man = NULL;
         } else {
             rc = read_latest(path, &mine_step, err, errlen);
         }
     }
     uint64_t word = rc ? (uint64_t)(int64_t)rc : (uint64_t)(mine_step + 1);
     uint64_t *all = calloc((size_t)world * PROBE_WORDS, sizeof(uint64_t));
-    if (!all)
+    uint64_t *named = calloc((size_t)world, sizeof(uint64_t));
+    if (!all || !named) {
+        free(all), free(named);
         return -ENOMEM; /* its peers fail at the gather it does not join: the collective breaks */
-    int crc = c->gather(c->coll, &word, 1, all), bad;
-    long step = -1;
-    if (!crc && (bad = first_error(all, world, 1, &rc)) >= 0) {
+    }
+    int crc = c->gather(c->coll, &word, 1, named), bad;
+    if (!crc && (bad = first_error(named, world, 1, &rc)) >= 0) {
         rc = failed_on(bad, c->rank, rc, "read its checkpoint directory", err, errlen);
         goto out;
     }
-    for (int r = 0; !crc && r < world; r++)
-        if (all[r] && (step < 0 || (long)all[r] - 1 < step))
-            step = (long)all[r] - 1;
-    if (!crc && step < 0) {
-        snprintf(err, errlen, "checkpoint: no rank finds a checkpoint at %s", path);
-        rc = -ENOENT;
-        goto out;
-    }
-    /* 2 */
-    uint64_t offer[PROBE_WORDS] = {0};
-    if (!crc) {
+    /* at most one candidate a rank: the loop is bounded by the world */
+    for (long newer = -1, step; !crc; newer = step) {
+        step = -1;
+        for (int r = 0; r < world; r++) {
+            long s = (long)named[r] - 1;
+            if (named[r] && (newer < 0 || s < newer) && s > step)
+                step = s;
+        }
+        if (step < 0 && newer < 0) {
+            snprintf(err, errlen, "checkpoint: no rank finds a checkpoint at %s", path);
+            rc = -ENOENT;
+            break;
+        }
+        if (step < 0) { /* every candidate passed over: the newest one's reason */
+            snprintf(err, errlen, "%s", passed);
+            rc = -ENODATA;
+            break;
+        }
+        if (newer >= 0 && c->rank == 0)
+            log_warn("checkpoint step %ld is not whole on this world's ranks (%s); trying step %ld",
+                     newer, err, step);
+        /* 2 */
+        uint64_t offer[PROBE_WORDS] = {0};
         char dir[JOB_PATH_MAX + 32];
         if (access(probe, F_OK) == 0)
             snprintf(dir, sizeof(dir), "%s", path);
         else
             snprintf(dir, sizeof(dir), "%s/step-%08ld", path, step);
+        json_decref(v.man);
         rc = view_step(c, dir, &v, err, errlen);
         if (rc == 0 && v.step != step) {
             snprintf(err, errlen, "checkpoint %s: its manifest says step %ld", dir, v.step);
@@ -1193,58 +1217,66 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
             for (int u = 0; u < c->lay.nunits; u++)
                 offer[PROBE_S + u] = v.S[u];
         }
-        crc = c->gather(c->coll, offer, PROBE_WORDS, all);
-    }
-    if (!crc && (bad = first_error(all, world, PROBE_WORDS, &rc)) >= 0) {
-        rc = failed_on(bad, c->rank, rc, "read the manifest of the step to load", err, errlen);
-        goto out;
-    }
-    int first = -1, self = 1;
-    for (int r = 0; !crc && r < world; r++) {
-        const uint64_t *o = all + (size_t)r * PROBE_WORDS;
-        self = self && o[PROBE_SELF];
-        if (!o[PROBE_FOUND])
-            continue;
+        if ((crc = c->gather(c->coll, offer, PROBE_WORDS, all)) != 0)
+            break;
+        if ((bad = first_error(all, world, PROBE_WORDS, &rc)) >= 0) {
+            rc = failed_on(bad, c->rank, rc, "read the manifest of the step to load", err, errlen);
+            break;
+        }
+        int first = -1, self = 1;
+        rc = 0;
+        for (int r = 0; !rc && r < world; r++) {
+            const uint64_t *o = all + (size_t)r * PROBE_WORDS;
+            self = self && o[PROBE_SELF];
+            if (!o[PROBE_FOUND])
+                continue;
+            if (first < 0) {
+                first = r;
+            } else if (memcmp(o + PROBE_WORLD, all + (size_t)first * PROBE_WORDS + PROBE_WORLD,
+                              sizeof(uint64_t) * 2) ||
+                       memcmp(o + PROBE_S, all + (size_t)first * PROBE_WORDS + PROBE_S,
+                              sizeof(uint64_t) * (size_t)c->lay.nunits)) {
+                snprintf(err, errlen,
+                         "checkpoint step %ld: the manifests ranks %d and %d find differ (world, "
+                         "seed or shard sizes): two runs share the name",
+                         step, first, r);
+                rc = -EINVAL;
+            }
+        }
+        if (rc)
+            break;
+        int absent = 0;
         if (first < 0) {
-            first = r;
-        } else if (memcmp(o + PROBE_WORLD, all + (size_t)first * PROBE_WORDS + PROBE_WORLD,
-                          sizeof(uint64_t) * 2) ||
-                   memcmp(o + PROBE_S, all + (size_t)first * PROBE_WORDS + PROBE_S,
-                          sizeof(uint64_t) * (size_t)c->lay.nunits)) {
-            snprintf(err, errlen,
-                     "checkpoint step %ld: the manifests ranks %d and %d find differ (world, seed "
-                     "or shard sizes): two runs share the name",
-                     step, first, r);
-            rc = -EINVAL;
-            goto out;
-        }
-    }
-    if (!crc && first < 0) {
-        snprintf(err, errlen, "checkpoint step %ld: no rank finds its manifest under %s", step, path);
-        rc = -ENODATA;
-        goto out;
-    }
-    /* 3 */
-    if (!crc) {
-        const uint64_t *o = all + (size_t)first * PROBE_WORDS;
-        size_t S[GPT_MAX_UNITS];
-        for (int u = 0; u < c->lay.nunits; u++)
-            S[u] = (size_t)o[PROBE_S + u];
-        if (self) {
-            rc = agree_loaded(c, load_own(c, &v, err, errlen), err, errlen);
+            snprintf(err, errlen, "checkpoint step %ld: no rank finds its manifest under %s", step,
+                     path);
+            rc = -ENODATA;
+            absent = 1;
         } else {
-            if (c->rank == 0)
-                log_info("checkpoint step %ld: not every rank finds the files it needs in its own "
-                         "view of %s; each file is read once and shipped", step, path);
-            rc = load_spread(c, &v, (int)o[PROBE_WORLD], S, err, errlen);
+            /* 3 */
+            const uint64_t *o = all + (size_t)first * PROBE_WORDS;
+            size_t S[GPT_MAX_UNITS];
+            for (int u = 0; u < c->lay.nunits; u++)
+                S[u] = (size_t)o[PROBE_S + u];
+            if (self) {
+                rc = agree_loaded(c, load_own(c, &v, err, errlen), err, errlen);
+            } else {
+                if (c->rank == 0)
+                    log_info("checkpoint step %ld: not every rank finds the files it needs in its "
+                             "own view of %s; each file is read once and shipped", step, path);
+                rc = load_spread(c, &v, (int)o[PROBE_WORLD], S, &absent, err, errlen);
+            }
+            if (rc == 0) {
+                c->seed = (int64_t)o[PROBE_SEED];
+                c->step = step;
+                if (c->seed != c->spec->seed)
+                    log_warn("checkpoint step %ld was trained with seed %" PRId64 "; continuing "
+                             "with it (this run asked for %" PRId64 ")", step, c->seed, c->spec->seed);
+            }
         }
-        if (rc == 0) {
-            c->seed = (int64_t)o[PROBE_SEED];
-            c->step = step;
-            if (c->seed != c->spec->seed)
-                log_warn("checkpoint step %ld was trained with seed %" PRId64 "; continuing with it "
-                         "(this run asked for %" PRId64 ")", step, c->seed, c->spec->seed);
-        }
+        if (!absent)
+            break;
+        if (!passed[0])
+            snprintf(passed, sizeof(passed), "%s", err);
     }
 out:
     if (crc && !rc) {
@@ -1252,6 +1284,7 @@ out:
         rc = crc;
     }
     json_decref(v.man);
+    free(named);
     free(all);
     return rc;
 }

@@ -98,8 +98,8 @@ int ckpt_save(const struct ckpt_rank *c, const char *dir, char *path, size_t pat
               size_t errlen);
 
 /* Loads a checkpoint into c's arrays: path is a step directory (holding
- * manifest.json) or a checkpoint_dir (the oldest step that the ranks'
- * `latest` files name is loaded). Refuses a checkpoint of another model,
+ * manifest.json) or a checkpoint_dir (of the steps the ranks' `latest`
+ * files name, the newest whose manifest and files some rank finds). Refuses a checkpoint of another model,
  * naming the difference, and any file whose size or checksum does not
  * match the manifest. Shards of any world size N and any shard size S are
  * re-sliced into c's world and shard sizes: a rank reads only the files

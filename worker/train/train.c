@@ -490,7 +490,7 @@ int train_loop_run(const struct train_loop *l, long stop_after, const struct tra
 {
     const struct job_spec *s = l->spec;
     const int can_save = s->checkpoint_dir[0] != '\0';
-    long done = 0, answered = 0;
+    long done = 0, answered = hooks && hooks->checkpoints_answered ? *hooks->checkpoints_answered : 0;
     int rc = 0;
     while (*l->step < s->steps && !(stop_after > 0 && done >= stop_after)) {
         struct train_vote v;
@@ -498,6 +498,8 @@ int train_loop_run(const struct train_loop *l, long stop_after, const struct tra
             break;
         if (v.checkpoint) {
             answered++; /* on every rank alike: they all saw this sum */
+            if (hooks && hooks->checkpoints_answered)
+                *hooks->checkpoints_answered = answered;
             if (can_save && *l->last_checkpoint != *l->step &&
                 (rc = save_and_tell(l, hooks, err, errlen)) != 0)
                 return rc;

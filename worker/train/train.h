@@ -150,6 +150,10 @@ struct train_hooks {
      * channel's, on COMMAND checkpoint) raises by one per request; NULL:
      * none. Read only between steps. */
     volatile sig_atomic_t *checkpoint_requests;
+    /* How many of those the loop answered, kept across runs (a rank that
+     * rejoins a new generation runs the loop again and must not answer an
+     * old request twice); NULL: counted from 0 in each run. */
+    long *checkpoints_answered;
     /* Set (by the control channel's thread, on COMMAND yield) when the
      * ranks are to leave the generation at the next step boundary; NULL:
      * never. Read only between steps. */

@@ -64,6 +64,7 @@ static const atomic_int *superseded;
 /* Raised by one for each COMMAND checkpoint the control channel receives;
  * the training loop answers each at the next step boundary (train.h). */
 static volatile sig_atomic_t checkpoint_requests;
+static long checkpoints_answered; /* by the training loop, over every generation this process runs in */
 static volatile sig_atomic_t yield_flag; /* COMMAND yield of the generation the rank works in */
 
 static void on_signal(int sig)
@@ -797,7 +798,8 @@ static int run_loop(struct rank_trainer *rt, struct rank_ctl *ctl, long long sto
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rs.t0 = elapsed(&(struct run_state){.t0 = 0});
-    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &yield_flag};
+    struct train_hooks hooks = {on_step, on_eval, on_checkpoint, &rs, &checkpoint_requests, &checkpoints_answered,
+                                &yield_flag};
     int rc = rt->ops->train(rt, (long)stop_after, &hooks, err, errlen);
     clear_bar(&rs);
     fflush(stdout);
