@@ -1173,6 +1173,8 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     struct rdv_rank *rk = &r->ranks[x->rank];
     if (rk->state == RDV_RANK_PENDING)
         return; /* a rank of the generation before, reported late */
+    if (rk->state == RDV_RANK_COMPLETED)
+        return; /* told again by an agent that could not know it was read (a resumed session) */
     describe_exit(how, sizeof(how), x->exit_code, x->signal);
     if (x->signal == 0 && x->exit_code == 0) {
         set_rank_state(r, rk, RDV_RANK_COMPLETED);
