@@ -189,10 +189,11 @@ static int object(struct cur *c, const char *const *keys, unsigned *seen,
 
 enum beat_key {
     B_RANK, B_STATE, B_STEP, B_LOSS, B_TOKENS, B_COMM, B_CKPT, B_SILENT, B_STEP_BYTES, B_PEAK, B_REJOIN,
-    B_RESTORE_FROM, B_RESTORE_STEP,
+    B_RESTORE_FROM, B_RESTORE_STEP, B_YIELDED,
 };
 static const char *const beat_keys[] = {"rank", "state", "step", "loss", "tokens_per_s", "comm_frac",
-    "checkpoint_step", "silent", "step_bytes", "peak_mem", "rejoin", "restore_from", "restore_step", NULL};
+    "checkpoint_step", "silent", "step_bytes", "peak_mem", "rejoin", "restore_from", "restore_step", "yielded",
+    NULL};
 #define BEAT_REQUIRED (1u << B_RANK | 1u << B_STATE | 1u << B_STEP | 1u << B_LOSS | 1u << B_TOKENS | 1u << B_COMM)
 
 static int beat_value(struct cur *c, int key, void *ctx)
@@ -226,6 +227,7 @@ static int beat_value(struct cur *c, int key, void *ctx)
         b->restore_from = (enum proto_restore)e;
         return 1;
     case B_RESTORE_STEP: return u64_value(c, &b->restore_step);
+    case B_YIELDED: return bool_value(c, &b->yielded);
     }
     return 0;
 }
@@ -387,6 +389,8 @@ int fastbeat_encode(const struct proto_heartbeat *h, uint8_t *out, size_t cap)
             put_uint(&o, "peak_mem", b->peak_mem);
         if (b->rejoin)
             put_literal(&o, "rejoin", "true");
+        if (b->yielded)
+            put_literal(&o, "yielded", "true");
         if (b->restore_from != PROTO_RESTORE_NONE) {
             put_name(&o, "restore_from", proto_restore_json[b->restore_from]);
             put_uint(&o, "restore_step", b->restore_step);

@@ -1683,6 +1683,7 @@ static void varied_heartbeat(struct proto_msg *m, uint32_t nranks, uint64_t salt
         b->step_bytes = k % 5 == 2 ? PROTO_U64_MAX : 0;
         b->peak_mem = k % 2 ? k << 20 : 0;
         b->rejoin = k % 3 == 1;
+        b->yielded = k % 7 == 3;
         b->restore_from = (enum proto_restore)(k % (PROTO_RESTORE_MAX + 1));
         b->restore_step = b->restore_from != PROTO_RESTORE_NONE ? k : 0;
     }
