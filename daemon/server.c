@@ -484,21 +484,63 @@ void server_hold(struct server *s, uint64_t seq)
         s->gate = seq;
 }
 
+/*
+ * The frames a durable write let go (a new generation's COMMAND and ASSIGN,
+ * typically), in order, with one writev where the socket takes them: at
+ * 4096 agents a recovery is then 4096 system calls, not 8192.
+ */
+#define RELEASE_BATCH 16
+static void conn_flush(struct conn *c, struct write_req **ws, unsigned n)
+{
+    uv_buf_t bufs[RELEASE_BATCH];
+    for (unsigned i = 0; i < n; i++)
+        bufs[i] = uv_buf_init((char *)ws[i]->data, (unsigned)ws[i]->len);
+    int k = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    if (k < 0 && k != UV_EAGAIN) {
+        for (unsigned i = 0; i < n; i++)
+            free(ws[i]);
+        conn_lost_later(c, uv_strerror(k));
+        return;
+    }
+    size_t sent = k > 0 ? (size_t)k : 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct write_req *w = ws[i];
+        if (sent >= w->len) {
+            sent -= w->len;
+            free(w);
+            continue;
+        }
+        if (sent) { /* the rest of a frame cut short goes first */
+            memmove(w->data, w->data + sent, w->len - sent);
+            w->len -= sent;
+            sent = 0;
+        }
+        conn_submit(c, w);
+    }
+}
+
 void server_release(struct server *s, uint64_t seq)
 {
     if (seq > s->durable)
         s->durable = seq;
     for (struct conn *c = s->conns; c; c = c->next) {
         while (c->held && c->held->after <= s->durable) {
-            struct write_req *w = c->held;
-            c->held = w->next;
-            if (!c->held)
-                c->held_tail = NULL;
-            c->held_bytes -= w->len;
-            if (c->state == CONN_CLOSING)
-                free(w);
-            else
-                conn_submit(c, w);
+            struct write_req *ws[RELEASE_BATCH];
+            unsigned n = 0;
+            while (n < RELEASE_BATCH && c->held && c->held->after <= s->durable) {
+                struct write_req *w = c->held;
+                c->held = w->next;
+                if (!c->held)
+                    c->held_tail = NULL;
+                c->held_bytes -= w->len;
+                ws[n++] = w;
+            }
+            if (c->state == CONN_CLOSING) {
+                for (unsigned i = 0; i < n; i++)
+                    free(ws[i]);
+                continue;
+            }
+            conn_flush(c, ws, n);
         }
     }
 }

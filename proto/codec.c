@@ -720,7 +720,8 @@ static int enc_slot(json_t *ranks, const struct proto_rank_slot *s)
     return put_uint(o, "device", s->device);
 }
 
-static int enc_assign(json_t *o, const struct proto_assign *a)
+/* Every field but the job, which comes last. */
+static int enc_assign_head(json_t *o, const struct proto_assign *a)
 {
     json_t *ranks = json_array();
 
@@ -733,7 +734,12 @@ static int enc_assign(json_t *o, const struct proto_assign *a)
     TRY(put_uint(o, "nnodes", a->nnodes));
     TRY(put_uint(o, "restart_count", a->restart_count));
     TRY(put(o, "master_addr", json_string(a->master_addr)));
-    TRY(put_uint(o, "master_port", a->master_port));
+    return put_uint(o, "master_port", a->master_port);
+}
+
+static int enc_assign(json_t *o, const struct proto_assign *a)
+{
+    TRY(enc_assign_head(o, a));
     /* json_object_set takes its own reference: the caller keeps theirs. */
     return json_object_set(o, "job", a->job) == 0 ? 0 : PROTO_E_NOMEM;
 }
@@ -859,7 +865,9 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     return PROTO_E_TYPE;
 }
 
-/* The payload of a checked message, through jansson. */
+/* The payload of a checked message, through jansson. An ASSIGN with its job
+ * already rendered (job_text) is its other fields, then ,"job":<job_text>}:
+ * the bytes jansson writes for it, job being the last field. */
 int proto_encode_payload_json(const struct proto_msg *msg, uint8_t *out, size_t cap)
 {
     json_t *root = json_object();
@@ -868,6 +876,23 @@ int proto_encode_payload_json(const struct proto_msg *msg, uint8_t *out, size_t 
 
     if (!root)
         return PROTO_E_NOMEM;
+    const char *job_text = msg->type == PROTO_ASSIGN ? msg->u.assign.job_text : NULL;
+    if (job_text) {
+        static const char key[] = ",\"job\":";
+        rc = enc_assign_head(root, &msg->u.assign);
+        if (rc == 0 && (n = json_dumpb(root, (char *)out, out ? cap : 0, JSON_COMPACT)) == 0)
+            rc = PROTO_E_NOMEM;
+        json_decref(root);
+        if (rc < 0)
+            return rc;
+        size_t jl = strlen(job_text), total = n - 1 + (sizeof(key) - 1) + jl + 1;
+        if (out && total <= cap) {
+            memcpy(out + n - 1, key, sizeof(key) - 1);
+            memcpy(out + n - 1 + sizeof(key) - 1, job_text, jl);
+            out[total - 1] = '}';
+        }
+        return total > INT32_MAX ? PROTO_E_RANGE : (int)total;
+    }
     rc = enc_body(root, msg);
     /* json_dumpb answers the full size even when it does not fit. */
     if (rc == 0 && (n = json_dumpb(root, (char *)out, out ? cap : 0, JSON_COMPACT)) == 0)

@@ -1654,6 +1654,48 @@ START_TEST(mutated_frames_get_a_defined_answer)
 }
 END_TEST
 
+/* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
+START_TEST(assign_with_rendered_job_is_the_same_frame)
+{
+    static struct proto_msg m;
+    static uint8_t a[PROTO_MAX_FRAME], b[PROTO_MAX_FRAME];
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ASSIGN;
+    m.u.assign.generation = 7;
+    m.u.assign.world_size = 16;
+    m.u.assign.nranks = 2;
+    m.u.assign.ranks[1].rank = 9;
+    m.u.assign.ranks[1].local_rank = 1;
+    m.u.assign.ranks[1].device = 3;
+    m.u.assign.ranks[0].rank = 8;
+    m.u.assign.nnodes = 8;
+    m.u.assign.node_rank = 4;
+    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
+    m.u.assign.master_port = 29500;
+    json_t *job = json_pack("{s:s, s:i, s:[i,i], s:{s:f, s:b}, s:s}", "name", "j\u00e9b \"x\"", "nodes", 8, "list", 1, 2,
+                            "nested", "lr", 0.0003, "on", 1, "rank_cmd", "python3 train.py --x=1");
+    ck_assert_ptr_nonnull(job);
+    m.u.assign.job = job;
+    int na = proto_encode(&m, a, sizeof(a));
+    char *text = json_dumps(job, JSON_COMPACT);
+    m.u.assign.job_text = text;
+    int nb = proto_encode(&m, b, sizeof(b));
+    ck_assert_int_gt(na, 0);
+    ck_assert_int_eq(na, nb);
+    ck_assert_msg(memcmp(a, b, (size_t)na) == 0, "rendered: %.*s\ngiven:    %.*s", na - 8, (const char *)a + 8,
+                  nb - 8, (const char *)b + 8);
+    for (int cap = 0; cap < nb; cap += 7)
+        ck_assert_int_eq(proto_encode(&m, a, (size_t)cap), PROTO_E_NOSPACE);
+    struct proto_msg back;
+    ck_assert_int_eq(decode_exact(b, (size_t)nb, &back, NULL), PROTO_OK);
+    ck_assert(json_equal(back.u.assign.job, job));
+    ck_assert_ptr_null(back.u.assign.job_text);
+    proto_msg_clear(&back);
+    free(text);
+    json_decref(job);
+}
+END_TEST
+
 /* ---- HEARTBEAT's fast path against the JSON codec ---- */
 
 /* A heartbeat with every kind of field and awkward reals. */
@@ -1850,6 +1892,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, encode_refuses_what_would_not_decode);
     tcase_add_test(tc, encode_reports_nospace_for_every_short_buffer);
     tcase_add_test(tc, encode_refuses_oversize_job);
+    tcase_add_test(tc, assign_with_rendered_job_is_the_same_frame);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fastbeat");
