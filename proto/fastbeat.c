@@ -25,8 +25,9 @@ static int eat(struct cur *c, char ch)
 
 static int is_digit(const struct cur *c, const uint8_t *at) { return at < c->end && *at >= '0' && *at <= '9'; }
 
-/* "[a-z_]{1,cap-1}": a key or an enumeration's value, with nothing to unescape. */
-static int plain_string(struct cur *c, char *buf, size_t cap)
+/* "[a-z_]{1,cap-1}": a key or an enumeration's value, with nothing to
+ * unescape. Answers its length, or 0. */
+static size_t plain_string(struct cur *c, char *buf, size_t cap)
 {
     if (!eat(c, '"'))
         return 0;
@@ -37,7 +38,7 @@ static int plain_string(struct cur *c, char *buf, size_t cap)
         buf[n++] = (char)*c->p++;
     }
     buf[n] = '\0';
-    return n > 0 && eat(c, '"');
+    return n > 0 && eat(c, '"') ? n : 0;
 }
 
 /* A JSON integer 0 | [1-9][0-9]{0,15}, not the start of a real, at most max. */
@@ -156,11 +157,14 @@ static int enum_value(struct cur *c, const char *const *names, int lo, int hi, i
     return 0;
 }
 
-/* The keys of one object, each a bit; the index of key in keys, or -1. */
-static int key_index(const char *key, const char *const *keys)
+/* The index of key (len bytes) in keys, or -1. Senders write the keys in
+ * table order, so the one after the last found (hint) is tried first. */
+static int key_index(const char *key, size_t len, const char *const *keys, int hint)
 {
+    if (keys[hint] && strncmp(key, keys[hint], len + 1) == 0)
+        return hint;
     for (int i = 0; keys[i]; i++)
-        if (strcmp(key, keys[i]) == 0)
+        if (strncmp(key, keys[i], len + 1) == 0)
             return i;
     return -1;
 }
@@ -175,14 +179,17 @@ static int object(struct cur *c, const char *const *keys, unsigned *seen,
     *seen = 0;
     if (!eat(c, '{') || eat(c, '}'))
         return 0;
+    int next = 0;
     do {
         char key[24];
-        if (!plain_string(c, key, sizeof(key)) || !eat(c, ':'))
+        size_t len = plain_string(c, key, sizeof(key));
+        if (!len || !eat(c, ':'))
             return 0;
-        int i = key_index(key, keys);
+        int i = key_index(key, len, keys, next);
         if (i < 0 || (*seen & (1u << i)) || !value(c, i, ctx))
             return 0;
         *seen |= 1u << i;
+        next = i + 1;
     } while (eat(c, ','));
     return eat(c, '}');
 }
