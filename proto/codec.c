@@ -865,34 +865,62 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     return PROTO_E_TYPE;
 }
 
-/* The payload of a checked message, through jansson. An ASSIGN with its job
- * already rendered (job_text) is its other fields, then ,"job":<job_text>}:
- * the bytes jansson writes for it, job being the last field. */
+/*
+ * An ASSIGN whose job comes rendered (job_text), as the bytes jansson writes
+ * for it: its fields in table order, then "job" last. A daemon sends one to
+ * every node when a generation opens. The fields are integers and an
+ * address of printable ASCII, which is written as it is unless it holds a
+ * character JSON escapes ('"' or '\\': jansson writes the fields then).
+ */
+static int enc_assign_rendered(const struct proto_assign *a, uint8_t *out, size_t cap)
+{
+    static const char job_key[] = ",\"job\":";
+    char head[8192]; /* 64 slots of at most 65 bytes, and the rest: under 4.5 KiB */
+    size_t n = 0;
+
+    if (strpbrk(a->master_addr, "\"\\")) {
+        json_t *root = json_object();
+        int rc = root ? enc_assign_head(root, a) : PROTO_E_NOMEM;
+        if (rc == 0 && ((n = json_dumpb(root, head, sizeof(head), JSON_COMPACT)) == 0 || n > sizeof(head)))
+            rc = PROTO_E_NOMEM;
+        json_decref(root);
+        if (rc < 0)
+            return rc;
+        n--; /* its closing brace: the job follows */
+    } else {
+        n += (size_t)snprintf(head, sizeof(head), "{\"generation\":%llu,\"world_size\":%u,\"ranks\":[",
+                              (unsigned long long)a->generation, a->world_size);
+        for (uint32_t i = 0; i < a->nranks; i++)
+            n += (size_t)snprintf(head + n, sizeof(head) - n, "%s{\"rank\":%u,\"local_rank\":%u,\"device\":%u}",
+                                  i ? "," : "", a->ranks[i].rank, a->ranks[i].local_rank, a->ranks[i].device);
+        n += (size_t)snprintf(head + n, sizeof(head) - n,
+                              "],\"node_rank\":%u,\"nnodes\":%u,\"restart_count\":%u,\"master_addr\":\"%s\","
+                              "\"master_port\":%u",
+                              a->node_rank, a->nnodes, a->restart_count, a->master_addr, a->master_port);
+    }
+    size_t jl = strlen(a->job_text), total = n + (sizeof(job_key) - 1) + jl + 1;
+    if (out && total <= cap) {
+        memcpy(out, head, n);
+        memcpy(out + n, job_key, sizeof(job_key) - 1);
+        memcpy(out + n + sizeof(job_key) - 1, a->job_text, jl);
+        out[total - 1] = '}';
+    }
+    return total > INT32_MAX ? PROTO_E_RANGE : (int)total;
+}
+
+/* The payload of a checked message, through jansson (an ASSIGN with its job
+ * rendered: by hand, the same bytes). */
 int proto_encode_payload_json(const struct proto_msg *msg, uint8_t *out, size_t cap)
 {
+    if (msg->type == PROTO_ASSIGN && msg->u.assign.job_text)
+        return enc_assign_rendered(&msg->u.assign, out, cap);
+
     json_t *root = json_object();
     size_t n = 0;
     int rc;
 
     if (!root)
         return PROTO_E_NOMEM;
-    const char *job_text = msg->type == PROTO_ASSIGN ? msg->u.assign.job_text : NULL;
-    if (job_text) {
-        static const char key[] = ",\"job\":";
-        rc = enc_assign_head(root, &msg->u.assign);
-        if (rc == 0 && (n = json_dumpb(root, (char *)out, out ? cap : 0, JSON_COMPACT)) == 0)
-            rc = PROTO_E_NOMEM;
-        json_decref(root);
-        if (rc < 0)
-            return rc;
-        size_t jl = strlen(job_text), total = n - 1 + (sizeof(key) - 1) + jl + 1;
-        if (out && total <= cap) {
-            memcpy(out + n - 1, key, sizeof(key) - 1);
-            memcpy(out + n - 1 + sizeof(key) - 1, job_text, jl);
-            out[total - 1] = '}';
-        }
-        return total > INT32_MAX ? PROTO_E_RANGE : (int)total;
-    }
     rc = enc_body(root, msg);
     /* json_dumpb answers the full size even when it does not fit. */
     if (rc == 0 && (n = json_dumpb(root, (char *)out, out ? cap : 0, JSON_COMPACT)) == 0)
