@@ -227,6 +227,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", rank0_node(r)->addr);
     m.u.assign.master_port = master_port;
     m.u.assign.job = r->job;
+    m.u.assign.job_text = r->job_text;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
@@ -490,14 +491,22 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     r->spec = spec;
     r->job = json_incref(job);
     r->ops = *ops;
+    if (!(r->job_text = json_dumps(job, JSON_COMPACT))) {
+        json_decref(r->job);
+        return -ENOMEM;
+    }
     r->state = RDV_WAITING;
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
-    if (namemap_init(&r->byname, RDV_MAX_NODES) != 0)
+    if (namemap_init(&r->byname, RDV_MAX_NODES) != 0) {
+        free(r->job_text);
+        json_decref(r->job);
         return -ENOMEM;
+    }
     if (spec->restart_window_s > 0 &&
         !(r->restart_times = calloc((size_t)spec->max_restarts + 1, sizeof(*r->restart_times)))) {
         namemap_free(&r->byname);
+        free(r->job_text);
         json_decref(r->job);
         return -ENOMEM;
     }
@@ -515,6 +524,8 @@ void rdv_free(struct rdv *r)
     namemap_free(&r->byname);
     json_decref(r->job);
     r->job = NULL;
+    free(r->job_text);
+    r->job_text = NULL;
 }
 
 void rdv_save(const struct rdv *r, struct rdv_saved *out)
@@ -1174,6 +1185,8 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     struct rdv_rank *rk = &r->ranks[x->rank];
     if (rk->state == RDV_RANK_PENDING)
         return; /* a rank of the generation before, reported late */
+    if (rk->state == RDV_RANK_COMPLETED)
+        return; /* told again by an agent that could not know it was read (a resumed session) */
     describe_exit(how, sizeof(how), x->exit_code, x->signal);
     if (x->signal == 0 && x->exit_code == 0) {
         set_rank_state(r, rk, RDV_RANK_COMPLETED);

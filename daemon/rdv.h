@@ -186,6 +186,7 @@ struct rdv_saved {
 struct rdv {
     const struct job_spec *spec;
     json_t *job;            /* spec as JSON, sent in ASSIGN (a reference) */
+    char *job_text;         /* job rendered once, for the ASSIGN of every node */
     struct rdv_ops ops;
 
     enum rdv_job_state state;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "proto/check.h"
+#include "proto/fastbeat.h"
 #include "proto/proto.h"
 
 #define TRY(expr)              \
@@ -548,8 +549,8 @@ static int dec_body(json_t *o, struct proto_msg *m)
     return PROTO_E_TYPE;
 }
 
-/* The payload of a complete frame whose header is valid. */
-static int dec_payload(const uint8_t *p, size_t n, struct proto_msg *m)
+/* The payload of a complete frame whose header is valid, through jansson. */
+int proto_decode_payload_json(const uint8_t *p, size_t n, struct proto_msg *m)
 {
     json_error_t jerr;
     json_t *root;
@@ -608,7 +609,11 @@ int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
         return PROTO_NEED_MORE;
 
     msg->type = (enum proto_type)type;
-    rc = dec_payload(buf + PROTO_HEADER_LEN, plen, msg);
+    /* Heartbeats, nearly every frame musterd reads, take the fast path when they can. */
+    if (msg->type == PROTO_HEARTBEAT && fastbeat_decode(buf + PROTO_HEADER_LEN, plen, msg) == 0)
+        rc = PROTO_OK;
+    else
+        rc = proto_decode_payload_json(buf + PROTO_HEADER_LEN, plen, msg);
     if (rc < 0) {
         proto_msg_clear(msg);
         memset(msg, 0, sizeof(*msg));
@@ -715,7 +720,8 @@ static int enc_slot(json_t *ranks, const struct proto_rank_slot *s)
     return put_uint(o, "device", s->device);
 }
 
-static int enc_assign(json_t *o, const struct proto_assign *a)
+/* Every field but the job, which comes last. */
+static int enc_assign_head(json_t *o, const struct proto_assign *a)
 {
     json_t *ranks = json_array();
 
@@ -728,7 +734,12 @@ static int enc_assign(json_t *o, const struct proto_assign *a)
     TRY(put_uint(o, "nnodes", a->nnodes));
     TRY(put_uint(o, "restart_count", a->restart_count));
     TRY(put(o, "master_addr", json_string(a->master_addr)));
-    TRY(put_uint(o, "master_port", a->master_port));
+    return put_uint(o, "master_port", a->master_port);
+}
+
+static int enc_assign(json_t *o, const struct proto_assign *a)
+{
+    TRY(enc_assign_head(o, a));
     /* json_object_set takes its own reference: the caller keeps theirs. */
     return json_object_set(o, "job", a->job) == 0 ? 0 : PROTO_E_NOMEM;
 }
@@ -854,34 +865,84 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     return PROTO_E_TYPE;
 }
 
-int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
+/*
+ * An ASSIGN whose job comes rendered (job_text), as the bytes jansson writes
+ * for it: its fields in table order, then "job" last. A daemon sends one to
+ * every node when a generation opens. The fields are integers and an
+ * address of printable ASCII, which is written as it is unless it holds a
+ * character JSON escapes ('"' or '\\': jansson writes the fields then).
+ */
+static int enc_assign_rendered(const struct proto_assign *a, uint8_t *out, size_t cap)
 {
-    json_t *root;
+    static const char job_key[] = ",\"job\":";
+    char head[8192]; /* 64 slots of at most 65 bytes, and the rest: under 4.5 KiB */
+    size_t n = 0;
+
+    if (strpbrk(a->master_addr, "\"\\")) {
+        json_t *root = json_object();
+        int rc = root ? enc_assign_head(root, a) : PROTO_E_NOMEM;
+        if (rc == 0 && ((n = json_dumpb(root, head, sizeof(head), JSON_COMPACT)) == 0 || n > sizeof(head)))
+            rc = PROTO_E_NOMEM;
+        json_decref(root);
+        if (rc < 0)
+            return rc;
+        n--; /* its closing brace: the job follows */
+    } else {
+        n += (size_t)snprintf(head, sizeof(head), "{\"generation\":%llu,\"world_size\":%u,\"ranks\":[",
+                              (unsigned long long)a->generation, a->world_size);
+        for (uint32_t i = 0; i < a->nranks; i++)
+            n += (size_t)snprintf(head + n, sizeof(head) - n, "%s{\"rank\":%u,\"local_rank\":%u,\"device\":%u}",
+                                  i ? "," : "", a->ranks[i].rank, a->ranks[i].local_rank, a->ranks[i].device);
+        n += (size_t)snprintf(head + n, sizeof(head) - n,
+                              "],\"node_rank\":%u,\"nnodes\":%u,\"restart_count\":%u,\"master_addr\":\"%s\","
+                              "\"master_port\":%u",
+                              a->node_rank, a->nnodes, a->restart_count, a->master_addr, a->master_port);
+    }
+    size_t jl = strlen(a->job_text), total = n + (sizeof(job_key) - 1) + jl + 1;
+    if (out && total <= cap) {
+        memcpy(out, head, n);
+        memcpy(out + n, job_key, sizeof(job_key) - 1);
+        memcpy(out + n + sizeof(job_key) - 1, a->job_text, jl);
+        out[total - 1] = '}';
+    }
+    return total > INT32_MAX ? PROTO_E_RANGE : (int)total;
+}
+
+/* The payload of a checked message, through jansson (an ASSIGN with its job
+ * rendered: by hand, the same bytes). */
+int proto_encode_payload_json(const struct proto_msg *msg, uint8_t *out, size_t cap)
+{
+    if (msg->type == PROTO_ASSIGN && msg->u.assign.job_text)
+        return enc_assign_rendered(&msg->u.assign, out, cap);
+
+    json_t *root = json_object();
     size_t n = 0;
     int rc;
 
-    TRY(proto_check(msg));
-    root = json_object();
     if (!root)
         return PROTO_E_NOMEM;
     rc = enc_body(root, msg);
-    if (rc == 0) {
-        /* json_dumpb answers the full size even when it does not fit. */
-        if (cap > PROTO_HEADER_LEN)
-            n = json_dumpb(root, (char *)out + PROTO_HEADER_LEN,
-                           cap - PROTO_HEADER_LEN, JSON_COMPACT);
-        else
-            n = json_dumpb(root, NULL, 0, JSON_COMPACT);
-        if (n == 0)
-            rc = PROTO_E_NOMEM;
-        else if (n > PROTO_MAX_PAYLOAD)
-            rc = PROTO_E_RANGE;
-        else if (cap < PROTO_HEADER_LEN || n > cap - PROTO_HEADER_LEN)
-            rc = PROTO_E_NOSPACE;
-    }
+    /* json_dumpb answers the full size even when it does not fit. */
+    if (rc == 0 && (n = json_dumpb(root, (char *)out, out ? cap : 0, JSON_COMPACT)) == 0)
+        rc = PROTO_E_NOMEM;
     json_decref(root);
+    return rc < 0 ? rc : n > INT32_MAX ? PROTO_E_RANGE : (int)n;
+}
+
+int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
+{
+    TRY(proto_check(msg));
+    uint8_t *body = cap > PROTO_HEADER_LEN ? out + PROTO_HEADER_LEN : NULL;
+    size_t room = body ? cap - PROTO_HEADER_LEN : 0;
+    int rc = msg->type == PROTO_HEARTBEAT ? fastbeat_encode(&msg->u.heartbeat, body, room)
+                                          : proto_encode_payload_json(msg, body, room);
     if (rc < 0)
         return rc;
+    size_t n = (size_t)rc;
+    if (n > PROTO_MAX_PAYLOAD)
+        return PROTO_E_RANGE;
+    if (!body || n > room)
+        return PROTO_E_NOSPACE;
     out[0] = (uint8_t)(n >> 24);
     out[1] = (uint8_t)(n >> 16);
     out[2] = (uint8_t)(n >> 8);

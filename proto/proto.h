@@ -209,6 +209,9 @@ struct proto_assign {
     char master_addr[PROTO_NAME_MAX]; /* address of rank 0's node */
     uint32_t master_port;    /* port free on rank 0's node for this generation */
     json_t *job;     /* job spec object; owned by the message */
+    const char *job_text; /* encoder only, optional: job as json_dumps(job, JSON_COMPACT) gives it,
+                           * written as it is instead of rendering job again (a daemon sends one job
+                           * to every node); NULL = render job. Not owned; the decoder sets NULL */
 };
 
 struct proto_unique_id {

@@ -1,7 +1,8 @@
 /*
  * The node agent's pure parts: --devices parsing and GPU discovery,
- * HOST:PORT parsing, reconnect backoff, a rank's argv and environment, and
- * the rank logs (written, rotated and read back in a temporary directory).
+ * HOST:PORT parsing, reconnect backoff, the queue of rank exits kept across
+ * a stalled link, a rank's argv and environment, and the rank logs (written,
+ * rotated and read back in a temporary directory).
  */
 #include <check.h>
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include "worker/agent/agent_config.h"
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
+#include "worker/agent/exit_queue.h"
 #include "common/cmdline.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_failure.h"
@@ -183,6 +185,78 @@ START_TEST(backoff_reset_starts_over)
     ck_assert_uint_eq(backoff_ceiling(&b), 200);
     ck_assert_uint_le(backoff_next(&b, 0xffffffffu), 200);
     ck_assert_uint_eq(backoff_ceiling(&b), 400);
+}
+END_TEST
+
+/* ---- rank exits kept until the daemon has read them ------------------- */
+
+static struct proto_rank_exit an_exit(uint64_t generation, uint32_t rank, int code)
+{
+    struct proto_rank_exit x;
+    memset(&x, 0, sizeof(x));
+    x.generation = generation;
+    x.rank = rank;
+    x.exit_code = code;
+    snprintf(x.reason, sizeof(x.reason), "rank %u said %d", rank, code);
+    return x;
+}
+
+START_TEST(exitq_echo_of_a_later_beat_confirms)
+{
+    static struct exitq q;
+    memset(&q, 0, sizeof(q));
+    struct proto_rank_exit x = an_exit(3, 5, 1);
+    exitq_push(&q, &x, 10); /* sent after heartbeat 10 */
+    exitq_confirm(&q, 9);
+    exitq_confirm(&q, 10); /* heartbeat 10 went before the exit: says nothing of it */
+    ck_assert_uint_eq(q.n, 1);
+    ck_assert(exitq_holds(&q, 3));
+    ck_assert(!exitq_holds(&q, 2));
+    ck_assert_str_eq(q.e[0].x.reason, "rank 5 said 1");
+    exitq_confirm(&q, 11);
+    ck_assert_uint_eq(q.n, 0);
+    ck_assert(!exitq_holds(&q, 3));
+}
+END_TEST
+
+START_TEST(exitq_unsent_waits_for_a_resend)
+{
+    static struct exitq q;
+    memset(&q, 0, sizeof(q));
+    struct proto_rank_exit a = an_exit(3, 5, 1), b = an_exit(3, 6, 0), c = an_exit(4, 7, 2);
+    exitq_push(&q, &a, 10);
+    exitq_push(&q, &b, EXITQ_UNSENT);
+    exitq_push(&q, &c, 12);
+    exitq_confirm(&q, 1000000);
+    ck_assert_uint_eq(q.n, 1); /* only the one never sent is left */
+    ck_assert_uint_eq(q.e[0].x.rank, 6);
+    exitq_sent(&q, 0, 40);
+    exitq_confirm(&q, 40);
+    ck_assert_uint_eq(q.n, 1);
+    exitq_confirm(&q, 41);
+    ck_assert_uint_eq(q.n, 0);
+}
+END_TEST
+
+START_TEST(exitq_keeps_order_drops_old_generations_and_the_oldest_when_full)
+{
+    static struct exitq q;
+    memset(&q, 0, sizeof(q));
+    for (uint32_t i = 0; i < EXITQ_MAX; i++) {
+        struct proto_rank_exit x = an_exit(i < 3 ? 2 : 3, i, 1);
+        ck_assert_int_eq(exitq_push(&q, &x, EXITQ_UNSENT), 0);
+    }
+    struct proto_rank_exit last = an_exit(3, 1000, 1);
+    ck_assert_int_eq(exitq_push(&q, &last, EXITQ_UNSENT), 1);
+    ck_assert_uint_eq(q.n, EXITQ_MAX);
+    ck_assert_uint_eq(q.e[0].x.rank, 1); /* rank 0's, the oldest, made room */
+    ck_assert_uint_eq(q.e[EXITQ_MAX - 1].x.rank, 1000);
+    exitq_drop_before(&q, 3);
+    ck_assert_uint_eq(q.n, EXITQ_MAX - 2); /* ranks 1 and 2 were of generation 2 */
+    ck_assert(!exitq_holds(&q, 2));
+    for (uint32_t i = 0; i + 1 < q.n; i++)
+        ck_assert_uint_lt(q.e[i].x.rank, q.e[i + 1].x.rank);
+    ck_assert_uint_eq(q.e[0].x.rank, 3);
 }
 END_TEST
 
@@ -712,6 +786,9 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, hostport_bad);
     tcase_add_test(tc, backoff_grows_to_cap_with_jitter_in_bounds);
     tcase_add_test(tc, backoff_reset_starts_over);
+    tcase_add_test(tc, exitq_echo_of_a_later_beat_confirms);
+    tcase_add_test(tc, exitq_unsent_waits_for_a_resend);
+    tcase_add_test(tc, exitq_keeps_order_drops_old_generations_and_the_oldest_when_full);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("rank_env");

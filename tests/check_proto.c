@@ -3,7 +3,9 @@
  * produced from hand-built bytes and named exactly; partial frames ask for
  * more and truncated streams are errors; HMAC matches RFC 4231; and a
  * deterministic mutation loop shows the decoder answers a defined code for
- * anything. Inputs are copied into buffers of their exact length so that
+ * anything; HEARTBEAT's fast path (proto/fastbeat.h) writes the bytes the
+ * JSON encoder writes and reads nothing the JSON decoder would read
+ * otherwise. Inputs are copied into buffers of their exact length so that
  * ASan catches any read past the end.
  */
 #include <check.h>
@@ -12,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/check.h"
+#include "proto/fastbeat.h"
 #include "proto/proto.h"
 
 #define NTYPES PROTO_TYPE_MAX
@@ -1650,6 +1654,237 @@ START_TEST(mutated_frames_get_a_defined_answer)
 }
 END_TEST
 
+/* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
+START_TEST(assign_with_rendered_job_is_the_same_frame)
+{
+    static struct proto_msg m;
+    static uint8_t a[PROTO_MAX_FRAME], b[PROTO_MAX_FRAME];
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ASSIGN;
+    m.u.assign.generation = 7;
+    m.u.assign.world_size = 16;
+    m.u.assign.nranks = 2;
+    m.u.assign.ranks[1].rank = 9;
+    m.u.assign.ranks[1].local_rank = 1;
+    m.u.assign.ranks[1].device = 3;
+    m.u.assign.ranks[0].rank = 8;
+    m.u.assign.nnodes = 8;
+    m.u.assign.node_rank = 4;
+    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
+    m.u.assign.master_port = 29500;
+    json_t *job = json_pack("{s:s, s:i, s:[i,i], s:{s:f, s:b}, s:s}", "name", "j\u00e9b \"x\"", "nodes", 8, "list", 1, 2,
+                            "nested", "lr", 0.0003, "on", 1, "rank_cmd", "python3 train.py --x=1");
+    ck_assert_ptr_nonnull(job);
+    m.u.assign.job = job;
+    char *text = json_dumps(job, JSON_COMPACT);
+    int na = 0, nb = 0;
+    /* Every slot count; an address JSON escapes ('"', '\\') takes jansson's way, as do the others. */
+    static const char *const addrs[] = {"10.0.0.1", "gpu-07.cluster.example", "a\"b", "c\\d", "{}[]:,"};
+    for (uint32_t nranks = 1; nranks <= PROTO_MAX_LOCAL_RANKS; nranks += nranks < 4 ? 1 : 15) {
+        for (size_t k = 0; k < sizeof(addrs) / sizeof(addrs[0]); k++) {
+            m.u.assign.nranks = nranks;
+            for (uint32_t i = 0; i < nranks; i++) {
+                m.u.assign.ranks[i].rank = 8 * nranks + i;
+                m.u.assign.ranks[i].local_rank = i;
+                m.u.assign.ranks[i].device = nranks - 1 - i;
+            }
+            m.u.assign.world_size = 16 * nranks;
+            snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", addrs[k]);
+            m.u.assign.job_text = NULL;
+            na = proto_encode(&m, a, sizeof(a));
+            m.u.assign.job_text = text;
+            nb = proto_encode(&m, b, sizeof(b));
+            ck_assert_int_gt(na, 0);
+            ck_assert_int_eq(na, nb);
+            ck_assert_msg(memcmp(a, b, (size_t)na) == 0, "rendered: %.*s\ngiven:    %.*s", na - 8,
+                          (const char *)a + 8, nb - 8, (const char *)b + 8);
+        }
+    }
+    for (int cap = 0; cap < nb; cap += 7)
+        ck_assert_int_eq(proto_encode(&m, a, (size_t)cap), PROTO_E_NOSPACE);
+    struct proto_msg back;
+    ck_assert_int_eq(decode_exact(b, (size_t)nb, &back, NULL), PROTO_OK);
+    ck_assert(json_equal(back.u.assign.job, job));
+    ck_assert_ptr_null(back.u.assign.job_text);
+    proto_msg_clear(&back);
+    free(text);
+    json_decref(job);
+}
+END_TEST
+
+/* ---- HEARTBEAT's fast path against the JSON codec ---- */
+
+/* A heartbeat with every kind of field and awkward reals. */
+static void varied_heartbeat(struct proto_msg *m, uint32_t nranks, uint64_t salt)
+{
+    static const double reals[] = {0.0, 1.0, 0.1, 1e20, 1e-5, 123456789.125, 2.5e-300, 1e300,
+                                   0.30000000000000004, 7.0, 1e15, 1e17, -0.0, 4.9e-324};
+    const size_t nr = sizeof(reals) / sizeof(reals[0]);
+    memset(m, 0, sizeof(*m));
+    m->type = PROTO_HEARTBEAT;
+    struct proto_heartbeat *h = &m->u.heartbeat;
+    h->generation = salt * 7919 % 1000003;
+    h->seq = salt % 3 ? salt : PROTO_U64_MAX;
+    h->free_port = salt % 2 ? (uint32_t)(29500 + salt % 100) : 0;
+    h->nranks = nranks;
+    for (uint32_t i = 0; i < nranks; i++) {
+        struct proto_rank_beat *b = &h->ranks[i];
+        uint64_t k = salt + i;
+        b->rank = (uint32_t)(k % 5 ? 8 * salt + i : UINT32_MAX - i);
+        b->state = (enum proto_rank_state)(k % (PROTO_RANK_STATE_MAX + 1));
+        b->step = k * 1000003 % (PROTO_U64_MAX / 3);
+        b->loss = k % 6 == 0 ? NAN : k % 2 ? reals[k % nr] : -reals[(k + 3) % nr];
+        b->tokens_per_s = fabs(reals[(k + 1) % nr]) * (double)(k % 4);
+        b->comm_frac = fabs(reals[(k + 2) % nr]) > 1 ? 0.25 : fabs(reals[(k + 2) % nr]);
+        b->checkpoint_step = k % 3 ? k * 10 : 0;
+        b->silent = k % 4 == 1;
+        b->step_bytes = k % 5 == 2 ? PROTO_U64_MAX : 0;
+        b->peak_mem = k % 2 ? k << 20 : 0;
+        b->rejoin = k % 3 == 1;
+        b->yielded = k % 7 == 3;
+        b->restore_from = (enum proto_restore)(k % (PROTO_RESTORE_MAX + 1));
+        b->restore_step = b->restore_from != PROTO_RESTORE_NONE ? k : 0;
+    }
+}
+
+/* Both decoders over an exact copy of the payload: the fast one reads it
+ * only if the JSON one reads the same message. Answers whether it did. */
+static int fast_agrees(const uint8_t *payload, size_t n)
+{
+    static struct proto_msg fast, json;
+    uint8_t *p = copy_exact(payload, n);
+    memset(&fast, 0, sizeof(fast));
+    memset(&json, 0, sizeof(json));
+    fast.type = json.type = PROTO_HEARTBEAT;
+    int took = fastbeat_decode(p, n, &fast) == 0;
+    int rc = proto_decode_payload_json(p, n, &json);
+    free(p);
+    if (took) {
+        ck_assert_msg(rc == PROTO_OK, "the fast path read %.*s, which the JSON decoder refuses (%d)", (int)n,
+                      (const char *)payload, rc);
+        ck_assert_msg(memcmp(&fast.u.heartbeat, &json.u.heartbeat, sizeof(fast.u.heartbeat)) == 0,
+                      "the two decoders read %.*s differently", (int)n, (const char *)payload);
+    } else {
+        struct proto_heartbeat zero;
+        memset(&zero, 0, sizeof(zero));
+        ck_assert_msg(memcmp(&fast.u.heartbeat, &zero, sizeof(zero)) == 0, "a refused payload left fields set");
+    }
+    proto_msg_clear(&json);
+    return took;
+}
+
+START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
+{
+    static struct proto_msg m, back;
+    static uint8_t fast[PROTO_MAX_FRAME], json[PROTO_MAX_FRAME];
+    for (uint32_t nranks = 0; nranks <= PROTO_MAX_LOCAL_RANKS; nranks += nranks < 9 ? 1 : 11) {
+        for (uint64_t salt = 1; salt <= 12; salt++) {
+            varied_heartbeat(&m, nranks, salt);
+            ck_assert_int_eq(proto_check(&m), PROTO_OK);
+            int nf = fastbeat_encode(&m.u.heartbeat, fast, sizeof(fast));
+            int nj = proto_encode_payload_json(&m, json, sizeof(json));
+            ck_assert_int_gt(nf, 0);
+            ck_assert_int_eq(nf, nj);
+            ck_assert_msg(memcmp(fast, json, (size_t)nf) == 0, "fast:  %.*s\njson:  %.*s", nf, (const char *)fast,
+                          nj, (const char *)json);
+            ck_assert_int_eq(fast_agrees(fast, (size_t)nf), 1);
+            memset(&back, 0, sizeof(back));
+            back.type = PROTO_HEARTBEAT;
+            ck_assert_int_eq(fastbeat_decode(fast, (size_t)nf, &back), 0);
+            ck_assert_uint_eq(back.u.heartbeat.nranks, nranks);
+            ck_assert_uint_eq(back.u.heartbeat.seq, m.u.heartbeat.seq);
+            for (uint32_t i = 0; i < nranks; i++) {
+                const struct proto_rank_beat *a = &m.u.heartbeat.ranks[i], *b = &back.u.heartbeat.ranks[i];
+                ck_assert(isnan(a->loss) ? isnan(b->loss) : a->loss == b->loss);
+                ck_assert(a->tokens_per_s == b->tokens_per_s && a->comm_frac == b->comm_frac);
+                ck_assert_uint_eq(a->step, b->step);
+                ck_assert_int_eq(a->restore_from, b->restore_from);
+            }
+            /* Every buffer too short by one byte or more is refused. */
+            ck_assert_int_eq(fastbeat_encode(&m.u.heartbeat, fast, (size_t)nf - 1), PROTO_E_NOSPACE);
+        }
+    }
+}
+END_TEST
+
+START_TEST(fastbeat_leaves_the_unusual_to_the_json_decoder)
+{
+    static const struct {
+        const char *payload;
+        int fast; /* 1: the fast path reads it; 0: the JSON decoder must */
+    } cases[] = {
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[]}", 1},
+        {"{\"ranks\":[],\"seq\":2,\"generation\":1}", 1},
+        {"{\"generation\":1,\"seq\":2,\"free_port\":0,\"ranks\":[]}", 1},
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"comm_frac\":0,\"tokens_per_s\":5,\"loss\":-0,"
+         "\"step\":0,\"state\":\"running\",\"rank\":3,\"silent\":false,\"rejoin\":false}]}", 1},
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1E+2,"
+         "\"tokens_per_s\":0.5e1,\"comm_frac\":1}]}", 1},
+        {"{ \"generation\":1,\"seq\":2,\"ranks\":[]}", 0},                   /* whitespace */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[]}\n", 0},                  /* after the object */
+        {"{\"generation\":1,\"\\u0073eq\":2,\"ranks\":[]}", 0},              /* an escaped key */
+        {"{\"generation\":1,\"seq\":2,\"seq\":2,\"ranks\":[]}", 0},          /* a key twice */
+        {"{\"generation\":1,\"seq\":2}", 0},                                 /* missing */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[],\"x\":1}", 0},            /* unknown */
+        {"{\"generation\":1.0,\"seq\":2,\"ranks\":[]}", 0},                  /* a real for an integer */
+        {"{\"generation\":01,\"seq\":2,\"ranks\":[]}", 0},                   /* leading zero */
+        {"{\"generation\":9007199254740992,\"seq\":2,\"ranks\":[]}", 0},     /* 2^53 */
+        {"{\"generation\":1,\"seq\":2,\"free_port\":65536,\"ranks\":[]}", 0}, /* proto_check */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1e999,"
+         "\"tokens_per_s\":1,\"comm_frac\":0}]}", 0},                        /* overflows */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,"
+         "\"loss\":1234567890123456,\"tokens_per_s\":1,\"comm_frac\":0}]}", 0}, /* 16 digits in a number */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"Running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0}]}", 0},
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"restore_step\":4}]}", 0},      /* half a pair */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0},{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0}]}", 0},                        /* a rank twice */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_msg(fast_agrees((const uint8_t *)cases[i].payload, strlen(cases[i].payload)) == cases[i].fast,
+                      "case %zu (%s): expected the %s path", i, cases[i].payload,
+                      cases[i].fast ? "fast" : "JSON");
+}
+END_TEST
+
+/* Deterministic mutations of valid heartbeats: whatever the fast path reads, the JSON decoder reads alike. */
+START_TEST(fastbeat_agrees_on_mutated_payloads)
+{
+    static struct proto_msg m;
+    static uint8_t base[PROTO_MAX_FRAME], buf[PROTO_MAX_FRAME];
+    static const char tokens[] = "{}[]:,\"0123456789.eE+- \\atrunlfsx";
+    uint64_t rng = 0x9e3779b97f4a7c15ULL;
+    unsigned taken = 0, tried = 0;
+    for (uint64_t salt = 1; salt <= 40; salt++) {
+        varied_heartbeat(&m, (uint32_t)(salt % 4), salt);
+        int n = fastbeat_encode(&m.u.heartbeat, base, sizeof(base));
+        ck_assert_int_gt(n, 0);
+        for (int round = 0; round < 500; round++) {
+            size_t len = (size_t)n;
+            memcpy(buf, base, len);
+            int edits = 1 + round % 3;
+            for (int e = 0; e < edits; e++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                size_t at = (size_t)(rng >> 16) % (len + 1);
+                char t = tokens[(rng >> 40) % (sizeof(tokens) - 1)];
+                switch (rng % 3) {
+                case 0: if (at < len) buf[at] = (uint8_t)t; break;                          /* replace */
+                case 1: if (at < len) memmove(buf + at, buf + at + 1, len - at - 1), len--; break; /* delete */
+                default: memmove(buf + at + 1, buf + at, len - at), buf[at] = (uint8_t)t, len++; /* insert */
+                }
+            }
+            taken += (unsigned)fast_agrees(buf, len);
+            tried++;
+        }
+    }
+    /* Not vacuous: some mutations (a digit for a digit) stay valid and fast. */
+    ck_assert_uint_gt(taken, tried / 50);
+    ck_assert_uint_lt(taken, tried);
+}
+END_TEST
+
 Suite *make_proto_suite(void)
 {
     Suite *s = suite_create("proto");
@@ -1673,6 +1908,14 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, encode_refuses_what_would_not_decode);
     tcase_add_test(tc, encode_reports_nospace_for_every_short_buffer);
     tcase_add_test(tc, encode_refuses_oversize_job);
+    tcase_add_test(tc, assign_with_rendered_job_is_the_same_frame);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("fastbeat");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, fastbeat_writes_what_jansson_writes_and_reads_it_back);
+    tcase_add_test(tc, fastbeat_leaves_the_unusual_to_the_json_decoder);
+    tcase_add_test(tc, fastbeat_agrees_on_mutated_payloads);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("decode_errors");

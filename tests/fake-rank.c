@@ -3,7 +3,8 @@
  * command). Speaks the rank side of the control socket with blocking I/O:
  * reads ASSIGN, sends UNIQUE_ID when it is rank 0, waits for the unique id,
  * then heartbeats one step every --step-ms. Faults on request: exit 3 at a
- * step (--crash-*), stop heartbeating (--hang-*). Output on request:
+ * step (--crash-*), or at the next step after SIGUSR1 (a crash a test can
+ * time), stop heartbeating (--hang-*). Output on request:
  * --lines N prints N numbered lines on stdout per step (for rank logs).
  *
  * Exit: 0 after --steps steps, on COMMAND stop or SIGTERM; 1 when the
@@ -29,7 +30,7 @@
 #define WAIT_UID_MS 30000
 #define WAIT_ASSIGN_MS 30000
 
-static volatile sig_atomic_t got_sigterm;
+static volatile sig_atomic_t got_sigterm, got_sigusr1;
 
 static struct {
     int fd;
@@ -40,6 +41,7 @@ static struct {
 } ctl;
 
 static void on_sigterm(int sig) { (void)sig; got_sigterm = 1; }
+static void on_sigusr1(int sig) { (void)sig; got_sigusr1 = 1; }
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
@@ -250,6 +252,8 @@ int main(int argc, char **argv)
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_sigterm;
     sigaction(SIGTERM, &sa, NULL); /* no SA_RESTART: poll returns EINTR */
+    sa.sa_handler = on_sigusr1;
+    sigaction(SIGUSR1, &sa, NULL);
     write_pidfile();
     if (child)
         spawn_child();
@@ -308,6 +312,8 @@ int main(int argc, char **argv)
         next += (uint64_t)step_ms;
         if ((long)step == crash_step && (long)ctl.rank == crash_rank && (long)ctl.generation == crash_gen)
             die(3, "crashing at step %" PRIu64 " as asked (--crash-at-step)", step);
+        if (got_sigusr1)
+            die(3, "crashing at step %" PRIu64 " as asked (SIGUSR1)", step);
         if ((long)step == hang_step && (long)ctl.rank == hang_rank) {
             say("hanging at step %" PRIu64 " as asked (--hang-at-step)", step);
             while (!got_sigterm)

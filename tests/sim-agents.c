@@ -7,8 +7,13 @@
  * What it measures (one "key=value" line each, for scripts):
  *   form_ms        agents started -> musterd's generation_running event of
  *                  generation 1 (its own time stamp, read from /v1/events)
- *   steady_cpu_pct musterd's CPU (user + system, % of one core) and RSS over
- *   steady_rss_kb  --steady-s seconds of 1 Hz heartbeats (needs --pid)
+ *   steady_cpu_pct musterd's CPU (user + system, % of one core: CPU seconds
+ *                  from /proc/PID/stat over wall seconds) in windows of
+ *                  STEADY_WINDOW_S over --steady-s seconds of 1 Hz
+ *                  heartbeats (needs --pid): the median, robust to a
+ *                  machine whose other load comes and goes
+ *   steady_cpu_windows  the windows' figures, lowest first
+ *   steady_rss_kb  musterd's RSS at the end
  *   recovery_ms    one rank's RANK_EXIT (exit status 1) -> the next
  *                  generation's generation_running event (--rank-exit)
  *
@@ -44,6 +49,8 @@
 #include "proto/proto.h"
 
 #define RECONNECT_MS 1000
+#define STEADY_WINDOW_S 5.0
+#define STEADY_WINDOWS_MAX 64
 #define POLL_EVENTS_MS 50
 #define READ_CHUNK 16384
 
@@ -530,6 +537,12 @@ static int proc_sample(double *cpu_s, long *rss_kb)
 
 static int no_phase_left(void) { return 0; }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -620,18 +633,29 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     if (opt.steady_s > 0) {
-        double cpu0 = 0, cpu1 = 0;
         long rss = 0;
         run_for(2000, no_phase_left); /* let the formation's bursts settle */
-        uint64_t m0 = mono_ms();
-        if (opt.pid && proc_sample(&cpu0, &rss) != 0)
-            die("cannot read /proc/%d", opt.pid);
-        run_for((uint64_t)(opt.steady_s * 1000), no_phase_left);
-        if (opt.pid) {
-            if (proc_sample(&cpu1, &rss) != 0)
+        int nwin = (int)(opt.steady_s / STEADY_WINDOW_S);
+        nwin = nwin < 1 ? 1 : nwin > STEADY_WINDOWS_MAX ? STEADY_WINDOWS_MAX : nwin;
+        const double win_s = opt.steady_s / nwin;
+        double pct[STEADY_WINDOWS_MAX];
+        for (int w = 0; w < nwin; w++) {
+            double cpu0 = 0, cpu1 = 0;
+            uint64_t m0 = mono_ms();
+            if (opt.pid && proc_sample(&cpu0, &rss) != 0)
                 die("cannot read /proc/%d", opt.pid);
-            double secs = (double)(mono_ms() - m0) / 1000.0;
-            printf("steady_cpu_pct=%.1f\nsteady_rss_kb=%ld\n", 100.0 * (cpu1 - cpu0) / secs, rss);
+            run_for((uint64_t)(win_s * 1000), no_phase_left);
+            if (opt.pid && proc_sample(&cpu1, &rss) != 0)
+                die("cannot read /proc/%d", opt.pid);
+            pct[w] = 100.0 * (cpu1 - cpu0) / ((double)(mono_ms() - m0) / 1000.0);
+        }
+        if (opt.pid) {
+            qsort(pct, (size_t)nwin, sizeof(pct[0]), cmp_double);
+            double median = nwin % 2 ? pct[nwin / 2] : (pct[nwin / 2 - 1] + pct[nwin / 2]) / 2;
+            printf("steady_cpu_pct=%.1f\nsteady_cpu_windows=", median);
+            for (int w = 0; w < nwin; w++)
+                printf("%s%.1f", w ? "," : "", pct[w]);
+            printf("\nsteady_rss_kb=%ld\n", rss);
         }
         fflush(stdout);
     }

@@ -4,7 +4,8 @@
 # heartbeats at heartbeat_interval_ms 1000, ranks reported running at once,
 # no rank processes). For each size, one line:
 #   form      agents started together -> generation 1 running (musterd's event)
-#   cpu, rss  musterd's CPU (% of one core) and RSS over STEADY_S s of 1 Hz beats
+#   cpu, rss  musterd's CPU (% of one core: the median of 5 s windows of CPU
+#             seconds over wall seconds) and RSS over STEADY_S s of 1 Hz beats
 #   recovery  one rank's RANK_EXIT -> generation 2 running
 #   log       lines musterd logged over the whole run
 # MUSTERD=path measures another build (e.g. an older commit's) with the
@@ -49,5 +50,6 @@ JSON
     kill -9 "$DAEMON_PID" 2>/dev/null || true
     lines=$(wc -l < "$ITEST_DIR/musterd.log")
     printf '%-8s %-8s %-10s %-8s %-10s %-10s %s\n' "$n" "$world" "${form:--}" "${cpu:--}" "${rss:--}" "${rec:--}" "$lines"
+    echo "$out" | grep '^steady_cpu_windows=' | sed 's/^steady_cpu_windows=/         cpu % of each 5 s window: /' || true
     echo "$out" | grep '^reject:' | sed 's/^/         /' || true
 done

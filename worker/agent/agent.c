@@ -25,6 +25,7 @@
 #include "common/notify.h"
 #include "worker/agent/agent_preflight.h"
 #include "worker/agent/agent_rank.h"
+#include "worker/agent/exit_queue.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_failure.h"
@@ -100,6 +101,7 @@ struct agent {
     struct fconn *stalled;     /* the stalled connection, kept until the session is resumed */
     uint64_t stalled_at;
     uint64_t resume_until;     /* quick reconnects until then (the daemon's deadline); 0 = not resuming */
+    struct exitq exits;        /* RANK_EXITs the daemon may not have read (exit_queue.h) */
     char local_addr[PROTO_NAME_MAX];
 
     /* generations and ranks */
@@ -249,11 +251,16 @@ static void stop_all(struct agent *a, uint64_t generation)
 
 static void send_to_daemon(struct agent *a, const struct proto_msg *m);
 
+/*
+ * A rank ended: tell the daemon, and keep the exit until the echo of a later
+ * heartbeat shows it was read (exit_queue.h). Without a joined link it waits
+ * for the next WELCOME (send_unread_exits), unless the agent stopped the rank
+ * itself (stopped): that exit is news to nobody, or it is the agent's own
+ * fencing, which the daemon learns from HELLO (its ranks run no generation).
+ */
 static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, int code, int sig,
-                           const char *reason, const char *detail)
+                           const char *reason, const char *detail, bool stopped)
 {
-    if (a->link != LINK_JOINED)
-        return;
     static struct proto_msg m; /* ~5 KiB of text: not on the loop's stack */
     msg_init(&m, PROTO_RANK_EXIT);
     m.u.rank_exit.generation = generation;
@@ -264,7 +271,30 @@ static void send_rank_exit(struct agent *a, uint64_t generation, uint32_t rank, 
     snprintf(m.u.rank_exit.detail, sizeof(m.u.rank_exit.detail), "%s", detail ? detail : "");
     proto_text_sanitize(m.u.rank_exit.reason);
     proto_text_sanitize(m.u.rank_exit.detail);
-    send_to_daemon(a, &m);
+    const bool joined = a->link == LINK_JOINED;
+    if (!joined && stopped)
+        return;
+    if (exitq_push(&a->exits, &m.u.rank_exit, joined ? a->beat_seq : EXITQ_UNSENT))
+        log_warn("more than %d rank exits unread by the daemon: the oldest is forgotten", EXITQ_MAX);
+    if (joined)
+        send_to_daemon(a, &m);
+    else
+        log_info("rank %u's exit is sent once the daemon is reachable again", rank);
+}
+
+/* A new connection was welcomed: the exits the daemon may not have read go (again). */
+static void send_unread_exits(struct agent *a)
+{
+    static struct proto_msg m;
+    exitq_drop_before(&a->exits, a->cur_gen);
+    if (a->exits.n)
+        log_info("sending %u rank exit(s) the daemon may not have read (the link was down)", a->exits.n);
+    for (uint32_t i = 0; i < a->exits.n && a->link == LINK_JOINED; i++) {
+        msg_init(&m, PROTO_RANK_EXIT);
+        m.u.rank_exit = a->exits.e[i].x;
+        exitq_sent(&a->exits, i, a->beat_seq);
+        send_to_daemon(a, &m);
+    }
 }
 
 static void on_beat_timer(uv_timer_t *t);
@@ -371,7 +401,7 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         if (a->have_assign && a->assign.generation == r->generation)
             a->spawn_pending = true;
     }
-    send_rank_exit(a, gen, r->rank, code, sig, reason, detail);
+    send_rank_exit(a, gen, r->rank, code, sig, reason, detail, r->stopping);
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending && !any_outgoing(a))
@@ -542,7 +572,7 @@ static void spawn_all(struct agent *a)
                      own_argv ? "the job's rank_cmd" : a->cfg->rank_argv_pinned ? "the agent's command line"
                                                                                : "the agent's rank command");
             log_error("cannot start rank %u: %s", slot->rank, why);
-            send_rank_exit(a, as->generation, slot->rank, 127, 0, why, cmd);
+            send_rank_exit(a, as->generation, slot->rank, 127, 0, why, cmd, false);
             continue;
         }
         snprintf(r->error_file, sizeof(r->error_file), "%s", error_file);
@@ -880,7 +910,10 @@ static void send_hello(struct agent *a)
     h->kind = a->cfg->devices.kind;
     h->ndevices = a->cfg->devices.n;
     memcpy(h->devices, a->cfg->devices.ids, sizeof(h->devices));
-    h->generation = ranks_live(a) ? a->assign.generation : 0;
+    /* A rank whose exit the daemon may have missed still counts: the exit follows WELCOME. */
+    h->generation = ranks_live(a) || (a->have_assign && exitq_holds(&a->exits, a->assign.generation))
+                        ? a->assign.generation
+                        : 0;
     hello_facts(a, h);
     refresh_free_port(a);
     h->free_port = a->free_port;
@@ -1362,6 +1395,7 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
              a->cfg->daemon, a->cfg->node, a->cfg->devices.n,
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
              a->heartbeat_interval_ms, a->lease_ms);
+    send_unread_exits(a);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
     notify_joined(a);
     if (a->preflight_promised)
@@ -1429,7 +1463,8 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         on_unique_id(a, &msg->u.unique_id);
         break;
     case PROTO_HEARTBEAT:
-        break; /* the echo: last_rx is all it is for */
+        exitq_confirm(&a->exits, msg->u.heartbeat.seq); /* the echo: and last_rx, above */
+        break;
     case PROTO_COMMAND:
         on_command(a, &msg->u.command);
         break;
