@@ -1014,7 +1014,11 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
  * generation of the same members (the parked ranks need one to go on in). */
 static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
 {
-    uint32_t idx = r->grow_node;
+    /* Ranks that say they yielded while no grow waits (musterd restarted
+     * meanwhile): a generation of the same members; the node, when it
+     * comes back, asks for the grow again. */
+    const uint32_t idx = r->yielding ? r->grow_node : r->nnodes;
+    const int waited = r->yielding;
     r->yielding = 0;
     if (timed_out)
         event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
@@ -1026,8 +1030,12 @@ static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
         if (r->state == RDV_RECOVERING)
             return;
     }
-    open_next_generation(r, now_ms, -1, -1, "the node the job was to grow by is gone; the ranks that left "
-                         "their generation for it go on", 0, FAILURE_EXIT, 1);
+    open_next_generation(r, now_ms, -1, -1,
+                         waited ? "the node the job was to grow by is gone; the ranks that left their generation "
+                                  "for it go on"
+                                : "the ranks left their generation for a grow that musterd, restarted since, no "
+                                  "longer waits for; they go on",
+                         0, FAILURE_EXIT, 1);
 }
 
 /* Rank 0 says where this generation's state came from (ranks that rejoin in place). */

@@ -653,6 +653,25 @@ START_TEST(grow_of_ranks_that_cannot_rejoin_is_at_once)
 }
 END_TEST
 
+/* Ranks that say they yielded while no grow waits (musterd restarted in
+ * the middle of one) get a generation of the same members, the reason
+ * saying so. */
+START_TEST(yielded_ranks_without_a_grow_go_on_in_the_same_shape)
+{
+    form_running(3);
+    ck_assert_int_eq(rdv.world_size, 4);
+    const uint32_t restarts = rdv.restarts;
+    beat_rejoin = beat_yielded = 1;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 9);
+    ck_assert_int_eq(rdv.generation, 1); /* not before every rank has */
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 9);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv.restarts, restarts);
+    ck_assert_msg(strstr(rdv.reason, "no longer waits for"), "%s", rdv.reason);
+}
+END_TEST
+
 /* A frozen rank stops its heartbeats (its agent leaves it out) and holds up
  * every other rank: the hang report names it, not the first stuck rank. */
 START_TEST(hang_names_the_rank_whose_heartbeats_stopped)
@@ -1569,6 +1588,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, grow_whose_node_left_goes_on_without_it);
     tcase_add_test(tc, grow_of_ranks_that_cannot_rejoin_is_at_once);
     tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
+    tcase_add_test(tc, yielded_ranks_without_a_grow_go_on_in_the_same_shape);
     tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
