@@ -567,6 +567,28 @@ START_TEST(node_local_directories_save_and_load)
 }
 END_TEST
 
+/* Two runs saved the same step of the same world and seed, one on each
+ * node: the manifests name other files, and no rank loads a mix of them. */
+START_TEST(manifests_of_two_runs_are_not_mixed)
+{
+    struct full a, b, got;
+    char node[3][128];
+    full_init(&a, 1);
+    full_init(&b, 1);
+    for (size_t i = 0; i < b.lay.total; i++)
+        b.a[0][i] += 0.5f;
+    node_dirs(node);
+    const char *on0[] = {node[0], node[0]}, *on1[] = {node[1], node[1]}, *split[] = {node[0], node[1]};
+    run_dirs(&a, NULL, on0, 2, CPU, 1);
+    run_dirs(&b, NULL, on1, 2, CPU, 1);
+    full_init(&got, 0);
+    all_fail(run_ranks(&got, NULL, split, 2, CPU, 0, 7), -EINVAL, "differ (world, seed, files or shard sizes)");
+    full_free(&got);
+    full_free(&a);
+    full_free(&b);
+}
+END_TEST
+
 /* GPU-sliced shards written node-locally load into the CPU slicing when a
  * rank finds only some of the files it needs. */
 START_TEST(node_local_gpu_slicing_ships_to_cpu_slicing)
@@ -689,6 +711,7 @@ Suite *make_ckpt_suite(void)
     tcase_add_test(tc, cpu_trainer_resumes_from_gpu_slicing);
     tcase_add_test(tc, node_local_directories_save_and_load);
     tcase_add_test(tc, node_local_gpu_slicing_ships_to_cpu_slicing);
+    tcase_add_test(tc, manifests_of_two_runs_are_not_mixed);
     tcase_add_test(tc, a_directory_a_step_behind_loads_the_older_step);
     tcase_add_test(tc, a_returning_nodes_old_latest_does_not_rewind_the_load);
     suite_add_tcase(s, tc);

@@ -798,6 +798,7 @@ struct step_view {
     int world;
     long step;
     int64_t seed;
+    uint64_t files_hash; /* FNV-1a of every file's name, size and checksum: the same manifest on every node */
     size_t S[GPT_MAX_UNITS];
 };
 
@@ -852,6 +853,16 @@ static int view_step(const struct ckpt_rank *c, const char *dir, struct step_vie
     if (rc) {
         json_decref(man);
         return rc;
+    }
+    v->files_hash = FNV_INIT;
+    for (json_int_t r = 0; r < world; r++) {
+        json_t *fe = json_array_get(files, (size_t)r);
+        const char *name = json_string_value(json_object_get(fe, "name"));
+        const char *hex = json_string_value(json_object_get(fe, "fnv1a64"));
+        json_int_t bytes = json_integer_value(json_object_get(fe, "bytes"));
+        v->files_hash = fnv1a(v->files_hash, name, strlen(name) + 1);
+        v->files_hash = fnv1a(v->files_hash, hex, strlen(hex) + 1);
+        v->files_hash = fnv1a(v->files_hash, &bytes, sizeof(bytes));
     }
     v->man = man;
     v->files = files;
@@ -943,7 +954,7 @@ static int failed_on(int bad, int me, int rc, const char *what, char *err, size_
 /* Per-rank words of a step probe: found (1), absent (0) or a negative
  * errno; the step's world and seed; whether this rank holds every file it
  * needs; each unit's shard size. */
-enum { PROBE_FOUND, PROBE_WORLD, PROBE_SEED, PROBE_SELF, PROBE_S, PROBE_WORDS = PROBE_S + GPT_MAX_UNITS };
+enum { PROBE_FOUND, PROBE_WORLD, PROBE_SEED, PROBE_FILES, PROBE_SELF, PROBE_S, PROBE_WORDS = PROBE_S + GPT_MAX_UNITS };
 
 /* Most u64 words one rank puts into one all-gather of the spread load by
  * default: 64 MiB over the whole world, at least 512 KiB a rank. */
@@ -1211,6 +1222,7 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
         if (rc == 0) {
             offer[PROBE_WORLD] = (uint64_t)v.world;
             offer[PROBE_SEED] = (uint64_t)v.seed;
+            offer[PROBE_FILES] = v.files_hash;
             offer[PROBE_SELF] = 1;
             for (int q = 0; q < v.world && offer[PROBE_SELF]; q++)
                 offer[PROBE_SELF] = !needed(c, q, v.S) || view_has(&v, q);
@@ -1233,12 +1245,12 @@ int ckpt_load(struct ckpt_rank *c, const char *path, char *err, size_t errlen)
             if (first < 0) {
                 first = r;
             } else if (memcmp(o + PROBE_WORLD, all + (size_t)first * PROBE_WORDS + PROBE_WORLD,
-                              sizeof(uint64_t) * 2) ||
+                              sizeof(uint64_t) * 3) ||
                        memcmp(o + PROBE_S, all + (size_t)first * PROBE_WORDS + PROBE_S,
                               sizeof(uint64_t) * (size_t)c->lay.nunits)) {
                 snprintf(err, errlen,
                          "checkpoint step %ld: the manifests ranks %d and %d find differ (world, "
-                         "seed or shard sizes): two runs share the name",
+                         "seed, files or shard sizes): two runs share the name",
                          step, first, r);
                 rc = -EINVAL;
             }
