@@ -461,6 +461,8 @@ static int ring_id(uint8_t *id) { return comm_unique_id(COMM_RING, id); }
 static int cpu_connect(struct rank_ctl *ctl, int rank, int world, struct gen_comms *gc, char *err, size_t errlen)
 {
     uint8_t id[COMM_ID_BYTES];
+    if (world == 1) /* nobody to talk to: no id, no ring */
+        return 0;
     int rc = generation_id(ctl, rank, ring_id, "ring communicator", id, err, errlen);
     if (rc)
         return rc;
@@ -1351,7 +1353,7 @@ int main(int argc, char **argv)
         log_error("--sample with --device gpu gathers the weights of one rank: world 1 only (this "
                   "job has %d ranks); sample from its checkpoint with --standalone --resume DIR", world);
         rc = 1;
-    } else if (world > 1)
+    } else if (world > 1 || (!standalone && ops == &cpu_ops)) /* a CPU rank of 1 rejoins too: the job may grow */
         rc = run_rank(ops, &spec, ctl, &assign, sample, stop_after, metrics_path, (long)threads);
     else
         rc = run_alone(ops, &spec, standalone, ctl, resume, sample, stop_after, metrics_path, (long)threads);
