@@ -397,8 +397,15 @@ struct rank_ops {
     int (*sample)(struct rank_trainer *rt, int prompt, int *out, int n, char *err, size_t errlen);
     /* Another world or other ranks: every old rank's state, from memory,
      * re-sliced into rt (collective; held->rt is still alive beside rt). */
-    int (*reslice)(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
-                   const struct replica_src *src, char *err, size_t errlen);
+    /* Another world or other ranks (reslice_from_memory): where this
+     * rank's own state of the plan's step is as a host block (weights, m,
+     * v), in the old trainer (snapshot: its kept snapshot); *owned is what
+     * the caller frees afterwards (NULL: nothing). 0 or an error. */
+    int (*own_block)(const struct rank_trainer *old, int snapshot, const float **block, float **owned);
+    /* The old world's blocks re-sliced into rt (collective; my_rc as
+     * trainer_reslice's). */
+    int (*reslice)(struct rank_trainer *rt, int my_rc, int old_world, int ncontrib, const float *const *mine,
+                   int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen);
     /* after a restore (a test hook; may be NULL) */
     void (*restored)(struct rank_trainer *rt);
 };
@@ -594,30 +601,53 @@ static int reslice_tables(const struct replica_plan *plan, const struct replica_
     return rc;
 }
 
-/* Memory, another world or other ranks: every old rank's block, from the rank
- * that has it, re-sliced into tr's shards (trainer_reslice). A rank that
- * cannot bring its blocks still takes part, and all fail alike. */
-static int cpu_reslice(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
-                       const struct replica_src *src, char *err, size_t errlen)
+/* Memory, another world or other ranks: every old rank's block, from the
+ * rank that has it (the replicas a holder keeps, a survivor's own state),
+ * re-sliced into rt's shards. A rank that cannot bring its blocks still
+ * takes part, and all fail alike. */
+static int reslice_from_memory(struct rank_trainer *rt, const struct held_state *held,
+                               const struct replica_plan *plan, const struct replica_src *src, char *err,
+                               size_t errlen)
 {
-    struct trainer *tr = rt->tr, *old = held->rt.tr;
-    const int w0 = plan->old_world, world = tr->world, me = tr->rank;
+    const int w0 = plan->old_world, me = rt->rank;
     int *from_rank, *from_index, ncontrib, nmine = 0;
     const float **mine = calloc((size_t)w0, sizeof(*mine));
-    int rc = reslice_tables(plan, src, world, &from_rank, &from_index, &ncontrib);
+    float *owned = NULL;
+    int rc = reslice_tables(plan, src, rt->world, &from_rank, &from_index, &ncontrib);
     rc = rc ? rc : mine ? 0 : -ENOMEM;
-    if (rc == 0 && old && held->rt.rep && src[old->rank].rank == me && src[old->rank].kind == SRC_SNAP)
-        zero_revert(&old->zero); /* its own state of plan->step is the snapshot */
-    for (int o = 0; rc == 0 && o < w0; o++)
-        if (src[o].rank == me)
-            mine[nmine++] = src[o].kind == SRC_HOLDER ? held->rt.rep->slot[src[o].slot] : old->zero.params;
+    for (int o = 0; rc == 0 && o < w0; o++) {
+        if (src[o].rank != me)
+            continue;
+        if (src[o].kind == SRC_HOLDER)
+            mine[nmine++] = held->rt.rep->slot[src[o].slot];
+        else if ((rc = rt->ops->own_block(&held->rt, src[o].kind == SRC_SNAP, &mine[nmine], &owned)) == 0)
+            nmine++;
+    }
     if (rc)
-        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: out of memory", w0, world);
-    int brc = trainer_reslice(tr, rc, w0, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
+        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: %s", w0, rt->world,
+                 rc == -ENOMEM ? "out of host memory" : "copying this rank's state from its device failed");
+    int brc = rt->ops->reslice(rt, rc, w0, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
     free(from_rank);
     free(from_index);
     free(mine);
+    free(owned);
     return rc ? rc : brc;
+}
+
+static int cpu_own_block(const struct rank_trainer *old, int snapshot, const float **block, float **owned)
+{
+    struct trainer *tr = old->tr;
+    if (snapshot)
+        zero_revert(&tr->zero); /* its own state of the plan's step is the snapshot */
+    *block = tr->zero.params; /* weights, m and v back to back */
+    *owned = NULL;
+    return 0;
+}
+
+static int cpu_reslice(struct rank_trainer *rt, int my_rc, int old_world, int ncontrib, const float *const *mine,
+                       int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen)
+{
+    return trainer_reslice(rt->tr, my_rc, old_world, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
 }
 
 static void cpu_restored(struct rank_trainer *rt)
@@ -628,7 +658,7 @@ static void cpu_restored(struct rank_trainer *rt)
 
 static const struct rank_ops cpu_ops = {
     cpu_connect, cpu_create, cpu_attach, cpu_detach, NULL, cpu_destroy, cpu_gather_u64, cpu_broken,
-    cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_reslice, cpu_restored,
+    cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_own_block, cpu_reslice, cpu_restored,
 };
 
 /* ---- the GPU trainer (worker/train/gpu/, in the GPU module) ---- */
@@ -724,47 +754,29 @@ static int gpu_sample(struct rank_trainer *rt, int prompt, int *out, int n, char
     return gpu->trainer_sample(rt->tr, prompt, out, n, err, errlen);
 }
 
-/* Memory, another world or other ranks, on the GPU: the old ranks' blocks
- * this rank has, in host memory (the replicas it holds as they are, its own
- * state or snapshot copied down from the old trainer, which still lives
- * beside the new one), re-sliced into the new trainer's shards and uploaded. */
-static int gpu_reslice(struct rank_trainer *rt, const struct held_state *held, const struct replica_plan *plan,
-                       const struct replica_src *src, char *err, size_t errlen)
+/* Its own state, copied down from the old trainer (whose aborted
+ * communicator is let go first) or from its kept snapshot. */
+static int gpu_own_block(const struct rank_trainer *old, int snapshot, const float **block, float **owned)
 {
-    const int w0 = plan->old_world, world = rt->world, me = rt->rank;
-    const struct rank_trainer *old = &held->rt;
-    int *from_rank, *from_index, ncontrib, nmine = 0;
-    const float **mine = calloc((size_t)w0, sizeof(*mine));
-    float *own = NULL; /* its own state, copied down */
-    int rc = reslice_tables(plan, src, world, &from_rank, &from_index, &ncontrib);
-    rc = rc ? rc : mine ? 0 : -ENOMEM;
-    for (int o = 0; rc == 0 && o < w0; o++) {
-        if (src[o].rank != me)
-            continue;
-        if (src[o].kind == SRC_HOLDER) {
-            mine[nmine++] = old->rep->slot[src[o].slot];
-            continue;
-        }
-        /* its own state of plan->step: the current one, or its snapshot */
-        if (!(own = malloc(3 * sizeof(float) * old->floats)))
-            rc = -ENOMEM;
-        else if ((rc = gpu->trainer_read_state(old->tr, src[o].kind == SRC_SNAP, own)) == 0)
-            mine[nmine++] = own;
-    }
+    float *b = malloc(3 * sizeof(float) * old->floats);
+    int rc = b ? gpu->trainer_read_state(old->tr, snapshot, b) : -ENOMEM;
     if (rc)
-        snprintf(err, errlen, "re-slicing the state of %d ranks for %d: %s", w0, world,
-                 rc == -ENOMEM ? "out of host memory" : "copying this rank's state from its GPU failed");
-    int brc = gpu->trainer_reslice(rt->tr, rc, w0, ncontrib, mine, nmine, from_rank, from_index, err, errlen);
-    free(from_rank);
-    free(from_index);
-    free(mine);
-    free(own);
-    return rc ? rc : brc;
+        free(b);
+    *block = rc ? NULL : b;
+    *owned = rc ? NULL : b;
+    return rc;
+}
+
+static int gpu_reslice(struct rank_trainer *rt, int my_rc, int old_world, int ncontrib, const float *const *mine,
+                       int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen)
+{
+    return gpu->trainer_reslice(rt->tr, my_rc, old_world, ncontrib, mine, nmine, from_rank, from_index, err,
+                                errlen);
 }
 
 static const struct rank_ops gpu_ops = {
     gpu_connect, gpu_create, gpu_attach, gpu_detach, gpu_leave, gpu_destroy, gpu_gather_u64, gpu_broken,
-    gpu_load, gpu_reset, gpu_train, gpu_sample, gpu_reslice, NULL,
+    gpu_load, gpu_reset, gpu_train, gpu_sample, gpu_own_block, gpu_reslice, NULL,
 };
 
 /* The trainer table for a device ("cpu" or "gpu"); NULL, logged, when the GPU module cannot be loaded. */
@@ -976,7 +988,7 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
         const int in_place = plan.in_place; /* the same on every rank: a function of the offers */
         *valid = in_place && (src[rt->rank].rank == rt->rank && src[rt->rank].kind != SRC_HOLDER);
         rc = in_place ? restore_in_place(rt, &plan, src, pos, err, errlen)
-                      : rt->ops->reslice(rt, held, &plan, src, err, errlen);
+                      : reslice_from_memory(rt, held, &plan, src, err, errlen);
         if (rc) {
             *broke = 1;
             goto out;
