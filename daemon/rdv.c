@@ -1073,11 +1073,14 @@ static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_b
 static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
-    struct proto_msg ack = {.type = PROTO_HEARTBEAT};
-
-    ack.u.heartbeat.generation = r->generation;
-    ack.u.heartbeat.seq = hb->seq;
-    send_to(r, node, &ack);
+    /* The answer, when the agent asks for it (it asks as often as it needs
+     * to see a stalled stream in time: proto_ack_every_ms). */
+    if (!hb->no_ack) {
+        struct proto_msg ack = {.type = PROTO_HEARTBEAT};
+        ack.u.heartbeat.generation = r->generation;
+        ack.u.heartbeat.seq = hb->seq;
+        send_to(r, node, &ack);
+    }
     if (hb->free_port != nd->free_port) {
         nd->free_port = hb->free_port;
         if (nd->member && nd->free_port && r->port_wait_noted)
@@ -1345,8 +1348,13 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
     const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
     if (limit == 0 || r->state != RDV_RUNNING || r->yielding) /* yielding ranks stop on purpose */
         return;
+    if (now_ms < r->hang_due_ms)
+        return;
+    uint64_t oldest = now_ms;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
+        if (rk->state == RDV_RANK_RUNNING && !rk->silent && rk->progress_ms < oldest)
+            oldest = rk->progress_ms;
         if (rk->state == RDV_RANK_RUNNING && !rk->silent && now_ms - rk->progress_ms > limit) {
             char what[PROTO_REASON_MAX];
             /* One stuck rank holds up every other in the next collective, so all
@@ -1372,6 +1380,9 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
             return;
         }
     }
+    /* A rank's progress only moves later, and one that starts to count
+     * (running, or no longer silent) starts its clock now. */
+    r->hang_due_ms = oldest + limit + 1;
 }
 
 /* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */
@@ -1452,19 +1463,38 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     try_start_generation(r, now_ms);
 }
 
-void rdv_tick(struct rdv *r, uint64_t now_ms)
+/* Nodes silent for heartbeat_timeout_ms are lost. */
+static void check_lost(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
+    if (now_ms < r->lost_due_ms)
+        return;
+    uint64_t oldest = now_ms;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         struct rdv_node *nd = &r->nodes[i];
-        if (nd->state == RDV_NODE_JOINED && now_ms - nd->last_seen_ms > timeout) {
+        if (nd->state != RDV_NODE_JOINED)
+            continue;
+        if (now_ms - nd->last_seen_ms > timeout) {
             char why[96];
             snprintf(why, sizeof(why), "no heartbeat for %.1f s (heartbeat_timeout_ms=%llu)",
                      (double)(now_ms - nd->last_seen_ms) / 1000.0, (unsigned long long)timeout);
             r->ops.disconnect(r->ops.ctx, nd->name, why);
+            const uint32_t before = r->nnodes;
             node_lost(r, i, why, now_ms);
+            if (r->nnodes < before)
+                i--; /* removed (before formation): the last node took its place */
+        } else if (nd->last_seen_ms < oldest) {
+            oldest = nd->last_seen_ms;
         }
     }
+    /* A node's last frame only moves later, and a node that joins is heard now. */
+    r->lost_due_ms = oldest + timeout + 1;
+}
+
+void rdv_tick(struct rdv *r, uint64_t now_ms)
+{
+    const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
+    check_lost(r, now_ms);
     if (r->restart_at_ms && now_ms >= r->restart_at_ms)
         try_start_generation(r, now_ms);
     maybe_form(r, now_ms);

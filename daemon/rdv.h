@@ -211,6 +211,13 @@ struct rdv {
     uint32_t nranks_in[RDV_RANK_NSTATES];
     int figures_changed;    /* a heartbeat moved a rank's figures since musterd
                              * last published them; musterd clears it */
+    /* rdv_tick scans every node (heartbeat timeout) and every rank (hang)
+     * only once one can be due: at the earliest deadline its last scan saw.
+     * Deadlines only move later between scans: a node's last frame and a
+     * rank's progress only move forward, and a node that joins, a rank that
+     * starts to run or to report, and a generation that starts running all
+     * start their clocks at now. */
+    uint64_t lost_due_ms, hang_due_ms;
 
     int resuming;           /* restored from the state file, members not all back */
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */

@@ -310,6 +310,20 @@ static int check_log_data(const struct proto_log_data *d)
     return 0;
 }
 
+uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms)
+{
+    if (interval_ms == 0)
+        return 0;
+    uint32_t room = timeout_ms / 2 < lease_ms / 2 ? timeout_ms / 2 : lease_ms / 2;
+    uint32_t n = room / interval_ms;
+    return (n ? n : 1) * interval_ms;
+}
+
+int proto_ack_due(uint64_t now_ms, uint64_t last_rx_ms, uint32_t interval_ms, uint32_t ack_every_ms)
+{
+    return now_ms < last_rx_ms || now_ms - last_rx_ms + interval_ms / 2 >= ack_every_ms;
+}
+
 int proto_check(const struct proto_msg *m)
 {
     switch (m->type) {

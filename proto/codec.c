@@ -431,7 +431,7 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
 
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 {
-    static const char *const keys[] = {"generation", "seq", "free_port", "ranks", NULL};
+    static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", NULL};
     json_t *ranks;
 
     TRY(check_keys(o, keys));
@@ -440,6 +440,12 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
     h->free_port = 0; /* optional */
     if (json_object_get(o, "free_port"))
         TRY(get_u32(o, "free_port", &h->free_port));
+    h->no_ack = 0; /* optional: absent = answer it */
+    if (json_object_get(o, "ack")) {
+        int ack;
+        TRY(get_bool(o, "ack", &ack));
+        h->no_ack = !ack;
+    }
     TRY(get_array(o, "ranks", PROTO_MAX_LOCAL_RANKS, &ranks));
     h->nranks = (uint32_t)json_array_size(ranks);
     for (uint32_t i = 0; i < h->nranks; i++)
@@ -781,6 +787,8 @@ static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
     TRY(put_uint(o, "seq", h->seq));
     if (h->free_port)
         TRY(put_uint(o, "free_port", h->free_port));
+    if (h->no_ack)
+        TRY(put(o, "ack", json_false()));
     TRY(put(o, "ranks", ranks));
     for (uint32_t i = 0; i < h->nranks; i++)
         TRY(enc_beat(ranks, &h->ranks[i]));

@@ -157,14 +157,32 @@ static int enum_value(struct cur *c, const char *const *names, int lo, int hi, i
     return 0;
 }
 
-/* The index of key (len bytes) in keys, or -1. Senders write the keys in
- * table order, so the one after the last found (hint) is tried first. */
-static int key_index(const char *key, size_t len, const char *const *keys, int hint)
+/* Whether the len bytes at s spell k, whole. */
+static int key_is(const uint8_t *s, size_t len, const char *k)
 {
-    if (keys[hint] && strncmp(key, keys[hint], len + 1) == 0)
+    size_t i = 0;
+    while (i < len && k[i] == (char)s[i])
+        i++;
+    return i == len && k[i] == '\0';
+}
+
+/* The key at the cursor, a plain string (see plain_string) read in place,
+ * as its index in keys; -1 when it is none of them. Senders write the keys
+ * in table order, so the one after the last found (hint) is tried first. */
+static int read_key(struct cur *c, const char *const *keys, int hint)
+{
+    if (!eat(c, '"'))
+        return -1;
+    const uint8_t *s = c->p;
+    while (c->p < c->end && ((*c->p >= 'a' && *c->p <= 'z') || *c->p == '_'))
+        c->p++;
+    size_t len = (size_t)(c->p - s);
+    if (len == 0 || !eat(c, '"'))
+        return -1;
+    if (keys[hint] && key_is(s, len, keys[hint]))
         return hint;
     for (int i = 0; keys[i]; i++)
-        if (strncmp(key, keys[i], len + 1) == 0)
+        if (key_is(s, len, keys[i]))
             return i;
     return -1;
 }
@@ -181,12 +199,8 @@ static int object(struct cur *c, const char *const *keys, unsigned *seen,
         return 0;
     int next = 0;
     do {
-        char key[24];
-        size_t len = plain_string(c, key, sizeof(key));
-        if (!len || !eat(c, ':'))
-            return 0;
-        int i = key_index(key, len, keys, next);
-        if (i < 0 || (*seen & (1u << i)) || !value(c, i, ctx))
+        int i = read_key(c, keys, next);
+        if (i < 0 || !eat(c, ':') || (*seen & (1u << i)) || !value(c, i, ctx))
             return 0;
         *seen |= 1u << i;
         next = i + 1;
@@ -249,8 +263,8 @@ static int beat(struct cur *c, struct proto_rank_beat *b)
     return !(seen & 1u << B_RESTORE_FROM) == !(seen & 1u << B_RESTORE_STEP);
 }
 
-enum hb_key { H_GENERATION, H_SEQ, H_FREE_PORT, H_RANKS };
-static const char *const hb_keys[] = {"generation", "seq", "free_port", "ranks", NULL};
+enum hb_key { H_GENERATION, H_SEQ, H_FREE_PORT, H_ACK, H_RANKS };
+static const char *const hb_keys[] = {"generation", "seq", "free_port", "ack", "ranks", NULL};
 #define HB_REQUIRED (1u << H_GENERATION | 1u << H_SEQ | 1u << H_RANKS)
 
 static int hb_value(struct cur *c, int key, void *ctx)
@@ -260,6 +274,13 @@ static int hb_value(struct cur *c, int key, void *ctx)
     case H_GENERATION: return u64_value(c, &h->generation);
     case H_SEQ: return u64_value(c, &h->seq);
     case H_FREE_PORT: return u32_value(c, &h->free_port);
+    case H_ACK: {
+        int ack;
+        if (!bool_value(c, &ack))
+            return 0;
+        h->no_ack = !ack;
+        return 1;
+    }
     case H_RANKS:
         if (!eat(c, '['))
             return 0;
@@ -281,6 +302,7 @@ int fastbeat_decode(const uint8_t *p, size_t n, struct proto_msg *m)
     struct cur c = {p, p + n};
     unsigned seen;
     h->free_port = 0;
+    h->no_ack = 0;
     h->nranks = 0;
     if (object(&c, hb_keys, &seen, hb_value, h) && (seen & HB_REQUIRED) == HB_REQUIRED && c.p == c.end &&
         proto_check(m) == 0)
@@ -375,6 +397,8 @@ int fastbeat_encode(const struct proto_heartbeat *h, uint8_t *out, size_t cap)
     put_uint(&o, "seq", h->seq);
     if (h->free_port)
         put_uint(&o, "free_port", h->free_port);
+    if (h->no_ack)
+        put_literal(&o, "ack", "false");
     puts_(&o, ",\"ranks\":[");
     for (uint32_t i = 0; i < h->nranks && !o.full; i++) {
         const struct proto_rank_beat *b = &h->ranks[i];

@@ -246,6 +246,8 @@ struct proto_heartbeat {
     uint64_t generation;
     uint64_t seq;         /* sender's sequence number, increasing */
     uint32_t free_port;   /* agent -> daemon: as in HELLO (optional: omitted when 0) */
+    int no_ack;           /* agent -> daemon: "ack": false, the daemon need not answer this
+                           * one (optional: absent = answer it; proto_ack_every_ms) */
     uint32_t nranks;
     struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
 };
@@ -357,6 +359,20 @@ int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap);
 void proto_msg_clear(struct proto_msg *msg);
 
 const char *proto_strerror(int err);
+
+/*
+ * How often an agent asks the daemon to answer its HEARTBEAT (step 10 of
+ * "A generation" in PROTOCOL.md): the longest whole number of intervals, at
+ * least one, within half of heartbeat_timeout_ms and half of lease_ms. A
+ * stalled stream is then noticed within this plus a quarter of the timeout
+ * of the last answer, with a quarter of the timeout left to resume.
+ */
+uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms);
+
+/* Whether a heartbeat sent at now asks for an answer: the daemon's last
+ * frame (at last_rx) will be ack_every old by about now (within half an
+ * interval). An agent also asks while it holds an unconfirmed rank exit. */
+int proto_ack_due(uint64_t now_ms, uint64_t last_rx_ms, uint32_t interval_ms, uint32_t ack_every_ms);
 const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);

@@ -166,6 +166,7 @@ static void sample(int type, struct proto_msg *m)
         struct proto_heartbeat *h = &m->u.heartbeat;
         h->generation = 3;
         h->seq = 42;
+        h->no_ack = 1;
         h->nranks = 3;
         h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
                                                1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1};
@@ -298,6 +299,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         const struct proto_heartbeat *x = &a->u.heartbeat, *y = &b->u.heartbeat;
         ck_assert_uint_eq(x->generation, y->generation);
         ck_assert_uint_eq(x->seq, y->seq);
+        ck_assert_int_eq(x->no_ack, y->no_ack);
         ck_assert_uint_eq(x->nranks, y->nranks);
         for (uint32_t i = 0; i < x->nranks; i++) {
             const struct proto_rank_beat *p = &x->ranks[i], *q = &y->ranks[i];
@@ -915,7 +917,7 @@ START_TEST(missing_fields)
 END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
- * optional fields (a rank's checkpoint_step, silent, rejoin and yielded, a heartbeat's
+ * optional fields (a rank's checkpoint_step, silent, rejoin and yielded, a heartbeat's ack and
  * free_port, a rank exit's reason and detail, the session of HELLO and
  * WELCOME) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
@@ -930,7 +932,7 @@ START_TEST(every_field_is_required)
             json_t *copy = json_deep_copy(base);
             json_object_del(copy, key);
             int optional = (t == PROTO_RANK_EXIT && (!strcmp(key, "reason") || !strcmp(key, "detail"))) ||
-                           (t == PROTO_HEARTBEAT && !strcmp(key, "free_port")) ||
+                           (t == PROTO_HEARTBEAT && (!strcmp(key, "free_port") || !strcmp(key, "ack"))) ||
                            ((t == PROTO_HELLO || t == PROTO_WELCOME) && !strcmp(key, "session")) ||
                            (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
                                                  !strcmp(key, "preflight"))) ||
@@ -1726,6 +1728,7 @@ static void varied_heartbeat(struct proto_msg *m, uint32_t nranks, uint64_t salt
     h->generation = salt * 7919 % 1000003;
     h->seq = salt % 3 ? salt : PROTO_U64_MAX;
     h->free_port = salt % 2 ? (uint32_t)(29500 + salt % 100) : 0;
+    h->no_ack = salt % 3 != 1;
     h->nranks = nranks;
     for (uint32_t i = 0; i < nranks; i++) {
         struct proto_rank_beat *b = &h->ranks[i];
@@ -1773,6 +1776,85 @@ static int fast_agrees(const uint8_t *payload, size_t n)
     return took;
 }
 
+/* "ack" asks for the daemon's answer or waives it; both decoders read it
+ * alike, and anything but a boolean is refused. */
+START_TEST(heartbeat_ack_is_read_by_both_decoders)
+{
+    static const char *const head = "{\"generation\":1,\"seq\":5,";
+    static const char *const tail = "\"ranks\":[]}";
+    char text[128];
+    struct { const char *ack; int rc, no_ack; } cases[] = {
+        {"", PROTO_OK, 0}, {"\"ack\":true,", PROTO_OK, 0}, {"\"ack\":false,", PROTO_OK, 1},
+        {"\"ack\":0,", PROTO_E_FIELD_TYPE, 0}, {"\"ack\":\"no\",", PROTO_E_FIELD_TYPE, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(text, sizeof(text), "%s%s%s", head, cases[i].ack, tail);
+        ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), cases[i].rc);
+        if (cases[i].rc != PROTO_OK)
+            continue;
+        ck_assert_int_eq(fast_agrees((const uint8_t *)text, strlen(text)), 1);
+        static struct proto_msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = PROTO_HEARTBEAT;
+        ck_assert_int_eq(fastbeat_decode((const uint8_t *)text, strlen(text), &m), 0);
+        ck_assert_int_eq(m.u.heartbeat.no_ack, cases[i].no_ack);
+    }
+}
+END_TEST
+
+/* An agent beating every interval, answered 3 ms after each heartbeat that
+ * asks, asks once per ack period: every other beat with the defaults, every
+ * fifth at 200 ms / 2 s, every beat when the period is one interval, and
+ * again on the next beat when an answer does not come. */
+START_TEST(agent_asks_once_per_ack_period)
+{
+    struct { uint32_t interval, timeout, every_nth; } cases[] = {{1000, 5000, 2}, {200, 2000, 5}, {1000, 1500, 1}};
+    for (size_t c = 0; c < 3; c++) {
+        const uint32_t iv = cases[c].interval, every = proto_ack_every_ms(iv, cases[c].timeout, 10000);
+        uint64_t last_rx = 100000; /* WELCOME */
+        int asked = 0;
+        for (int beat = 1; beat <= 60; beat++) {
+            uint64_t now = 100000 + (uint64_t)beat * iv + (uint64_t)(beat % 3); /* timers jitter a little */
+            if (proto_ack_due(now, last_rx, iv, every)) {
+                ck_assert_msg(beat % cases[c].every_nth == 0, "case %zu asked on beat %d", c, beat);
+                last_rx = now + 3;
+                asked++;
+            }
+        }
+        ck_assert_int_eq(asked, 60 / cases[c].every_nth);
+    }
+    /* Unanswered: every later heartbeat asks. */
+    ck_assert(proto_ack_due(104000, 100000, 1000, 2000));
+    ck_assert(proto_ack_due(105000, 100000, 1000, 2000));
+    ck_assert(!proto_ack_due(101000, 100000, 1000, 2000));
+    ck_assert(proto_ack_due(99000, 100000, 1000, 2000)); /* a clock that went back asks */
+}
+END_TEST
+
+/* How often an agent asks: whole intervals within half the timeout and half
+ * the lease, and at least one interval. */
+START_TEST(ack_period_fits_the_timeout_and_the_lease)
+{
+    ck_assert_uint_eq(proto_ack_every_ms(1000, 5000, 10000), 2000); /* the defaults: every other beat */
+    ck_assert_uint_eq(proto_ack_every_ms(200, 2000, 10000), 1000);
+    ck_assert_uint_eq(proto_ack_every_ms(1000, 60000, 4000), 2000); /* the lease is the bound */
+    ck_assert_uint_eq(proto_ack_every_ms(1000, 1500, 10000), 1000); /* never less than one interval */
+    ck_assert_uint_eq(proto_ack_every_ms(300, 1000, 100000), 300);
+    ck_assert_uint_eq(proto_ack_every_ms(0, 1000, 1000), 0);
+    static const uint32_t leases[] = {0, 10000, 3600000}; /* 0: twice the interval */
+    for (uint32_t iv = 50; iv <= 5000; iv += 50)
+        for (uint32_t to = iv + 1; to <= 20000; to += 997)
+            for (size_t l = 0; l < 3; l++) {
+                uint32_t lease = leases[l] ? leases[l] : 2 * iv;
+                uint32_t p = proto_ack_every_ms(iv, to, lease), room = to / 2 < lease / 2 ? to / 2 : lease / 2;
+                ck_assert_uint_ge(p, iv);
+                ck_assert_uint_eq(p % iv, 0);
+                ck_assert(p == iv || p <= room);   /* within the room, or the one interval */
+                ck_assert_uint_gt(p + iv, room);    /* and the most whole intervals that fit */
+            }
+}
+END_TEST
+
 START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
 {
     static struct proto_msg m, back;
@@ -1793,6 +1875,7 @@ START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
             ck_assert_int_eq(fastbeat_decode(fast, (size_t)nf, &back), 0);
             ck_assert_uint_eq(back.u.heartbeat.nranks, nranks);
             ck_assert_uint_eq(back.u.heartbeat.seq, m.u.heartbeat.seq);
+            ck_assert_int_eq(back.u.heartbeat.no_ack, m.u.heartbeat.no_ack);
             for (uint32_t i = 0; i < nranks; i++) {
                 const struct proto_rank_beat *a = &m.u.heartbeat.ranks[i], *b = &back.u.heartbeat.ranks[i];
                 ck_assert(isnan(a->loss) ? isnan(b->loss) : a->loss == b->loss);
@@ -1929,6 +2012,9 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, every_field_checks_its_type);
     tcase_add_test(tc, range_errors);
     tcase_add_test(tc, unknown_fields);
+    tcase_add_test(tc, heartbeat_ack_is_read_by_both_decoders);
+    tcase_add_test(tc, ack_period_fits_the_timeout_and_the_lease);
+    tcase_add_test(tc, agent_asks_once_per_ack_period);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("stream");

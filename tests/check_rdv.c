@@ -773,6 +773,96 @@ START_TEST(status_document_has_the_promised_fields)
 }
 END_TEST
 
+/* The daemon answers the heartbeats that ask (no "ack": false), with the
+ * same seq and its generation, and no other. */
+START_TEST(heartbeat_is_answered_only_when_asked)
+{
+    form_running(3);
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.u.heartbeat.generation = 1;
+    m.u.heartbeat.seq = 77;
+    m.u.heartbeat.no_ack = 1;
+    int mark = rec.nsent;
+    rdv_message(&rdv, "a", &m, now);
+    ck_assert_ptr_null(find_sent(mark, "a", PROTO_HEARTBEAT));
+    m.u.heartbeat.seq = 78;
+    m.u.heartbeat.no_ack = 0;
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *ack = find_sent(mark, "a", PROTO_HEARTBEAT);
+    ck_assert_ptr_nonnull(ack);
+    ck_assert_uint_eq(ack->u.heartbeat.seq, 78);
+    ck_assert_uint_eq(ack->u.heartbeat.generation, 1);
+    ck_assert_uint_eq(ack->u.heartbeat.nranks, 0);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_HEARTBEAT));
+}
+END_TEST
+
+/* rdv_tick scans nodes and ranks only when one can be due: a node's loss
+ * and a rank's hang still come at the first tick past their deadlines,
+ * whatever the ticks before saw, in a later generation too. */
+START_TEST(tick_deadlines_are_exact_across_ticks_and_generations)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 3000;
+    for (int i = 0; i < 40; i++) { /* ticks every 100 ms while both nodes beat and progress */
+        now += 100;
+        if (i % 10 == 0) {
+            beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 2 + (uint64_t)i);
+            beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 2 + (uint64_t)i);
+        }
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* now = 5000; last beats at 4000 (step 32). b goes silent, a beats on at the same step. */
+    const uint64_t progressed = now - 1000 + 100;
+    while (rdv.generation == 1 && now < progressed + 5000) {
+        now += 100;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
+        rdv_tick(&rdv, now);
+    }
+    /* Progress stood still since 4100: hung at the first tick past 7100. */
+    ck_assert_uint_eq(now, progressed + 3100);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "hung"));
+    /* Generation 2 runs on both nodes; then b is heard no more. */
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 40);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 40);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    const uint64_t heard = now;
+    while (now < heard + 5000) {
+        now += 100;
+        if ((now - heard) % 1000 == 0)
+            beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 41 + (now - heard) / 1000);
+        rdv_tick(&rdv, now);
+        ck_assert_int_eq(rec.ndisconnected, 0); /* b is lost only past its 5 s */
+    }
+    now += 100;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 1);
+    ck_assert_str_eq(rec.disconnected[0], "b");
+}
+END_TEST
+
+/* Before formation a lost node is forgotten and the last node takes its
+ * place in the table: a tick still loses every node that is due. */
+START_TEST(tick_loses_every_silent_node_before_formation)
+{
+    setup_spec(4, 3);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("c", 2, 0), 0);
+    now += 2000;
+    beat("a", 0, 0, 0, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    now += 3100; /* b and c silent 5.1 s, a 3.1 s */
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 2);
+    ck_assert_int_eq(rdv.nnodes, 1);
+    ck_assert_str_eq(rdv.nodes[0].name, "a");
+}
+END_TEST
+
 START_TEST(stalled_step_is_a_hang)
 {
     form_running(3);
@@ -1569,6 +1659,9 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, crashed_rank_opens_next_generation);
     tcase_add_test(tc, stale_frames_are_refused);
     tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
+    tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
+    tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
+    tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
     tcase_add_test(tc, resumed_session_keeps_the_generation);
     tcase_add_test(tc, another_session_is_a_duplicate);

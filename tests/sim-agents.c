@@ -68,6 +68,7 @@ struct agent {
     char name[PROTO_NAME_MAX];
     uint64_t retry_ms;
     uint64_t next_beat_ms;
+    uint64_t last_rx_ms; /* the daemon's last frame */
     uint64_t seq;
     uint64_t generation; /* of the ranks it runs; 0 = none */
     uint32_t nranks;     /* assigned ranks (running while generation != 0) */
@@ -98,6 +99,7 @@ static struct {
 static struct agent *agents;
 static int epfd;
 static uint32_t heartbeat_ms = 1000;
+static uint32_t ack_every_ms = 1000; /* as muster-worker: proto_ack_every_ms of WELCOME's figures */
 static unsigned long rejects, closes, joins;
 static char reject_seen[8][32];
 
@@ -232,6 +234,7 @@ static void send_beat(struct agent *a, uint64_t now)
     hb->generation = a->generation;
     hb->seq = ++a->seq;
     hb->free_port = free_port(a); /* as muster-worker does: rank 0's is MASTER_PORT */
+    hb->no_ack = !proto_ack_due(now, a->last_rx_ms, heartbeat_ms, ack_every_ms); /* as muster-worker asks */
     if (a->generation) {
         a->step++;
         hb->nranks = a->nranks;
@@ -277,6 +280,7 @@ static void note_reject(const struct proto_reject *rj)
 
 static void on_msg(struct agent *a, const struct proto_msg *m)
 {
+    a->last_rx_ms = mono_ms();
     switch (m->type) {
     case PROTO_CHALLENGE: {
         struct proto_msg r = {.type = PROTO_RESPONSE};
@@ -291,6 +295,7 @@ static void on_msg(struct agent *a, const struct proto_msg *m)
         joins++;
         if (m->u.welcome.heartbeat_interval_ms)
             heartbeat_ms = m->u.welcome.heartbeat_interval_ms;
+        ack_every_ms = proto_ack_every_ms(heartbeat_ms, m->u.welcome.heartbeat_timeout_ms, m->u.welcome.lease_ms);
         send_beat(a, mono_ms());
         return;
     case PROTO_REJECT:

@@ -36,8 +36,12 @@ extern char **environ;
 /* A connect or handshake step that takes longer than this is abandoned. */
 #define HANDSHAKE_TIMEOUT_MS 5000
 /*
- * Link stalls. A heartbeat the daemon has not answered within a quarter of
- * heartbeat_timeout_ms (at least STALL_MIN_MS) means the stream is stalled,
+ * Link stalls. The agent asks the daemon to answer a heartbeat once every
+ * proto_ack_every_ms (the other heartbeats say "ack": false and cost the
+ * daemon no write), and on every heartbeat while a rank's exit waits to be
+ * confirmed (exit_queue.h). A heartbeat that asked and that the daemon has
+ * not answered within a quarter of heartbeat_timeout_ms (at least
+ * STALL_MIN_MS) means the stream is stalled,
  * typically behind TCP's retransmission backoff after a brief cut. The agent
  * then reconnects at once and resumes its session (HELLO.session) while the
  * daemon still counts the node as joined: until heartbeat_timeout_ms after
@@ -96,7 +100,9 @@ struct agent {
     uint64_t last_rx; /* uv_now of the last frame from the daemon */
     uint32_t heartbeat_interval_ms, heartbeat_timeout_ms, lease_ms;
     uint64_t beat_seq;
-    uint64_t unanswered_since; /* first heartbeat sent since the daemon's last frame; 0 = none */
+    uint64_t unanswered_since; /* first heartbeat that asked for an answer since the daemon's last frame; 0 = none */
+    uint32_t ack_every_ms;     /* ask for an answer this often (proto_ack_every_ms) */
+    uint64_t last_beat_at;     /* uv_now of the last heartbeat sent */
     uint64_t session;          /* WELCOME's, named in the next HELLO to resume it; 0 = none */
     struct fconn *stalled;     /* the stalled connection, kept until the session is resumed */
     uint64_t stalled_at;
@@ -754,7 +760,10 @@ static void link_stalled(struct agent *a, uint64_t now)
     a->stalled_at = now;
     a->conn = NULL;
     a->unanswered_since = 0;
-    a->resume_until = a->last_rx + a->heartbeat_timeout_ms;
+    /* The daemon's deadline: heartbeat_timeout_ms after the last heartbeat it
+     * heard, at the latest the last one sent (heartbeats that asked for no
+     * answer may have been heard after its last frame). */
+    a->resume_until = (a->last_beat_at > a->last_rx ? a->last_beat_at : a->last_rx) + a->heartbeat_timeout_ms;
     link_set_state(a, LINK_IDLE);
     uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
 }
@@ -1030,8 +1039,13 @@ static void on_beat_timer(uv_timer_t *t)
         if (r && r->generation == a->cur_gen && !quiet(r, now))
             hb->ranks[hb->nranks++] = r->beat;
     }
-    if (!a->unanswered_since)
-        a->unanswered_since = uv_now(a->loop);
+    /* Ask for an answer when the daemon's last frame will be ack_every_ms old
+     * by about now, or while an exit waits for its confirmation. */
+    const bool ask = a->exits.n > 0 || proto_ack_due(now, a->last_rx, a->heartbeat_interval_ms, a->ack_every_ms);
+    hb->no_ack = !ask;
+    if (ask && !a->unanswered_since)
+        a->unanswered_since = now;
+    a->last_beat_at = now;
     send_to_daemon(a, &m);
 }
 
@@ -1383,6 +1397,7 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     a->heartbeat_interval_ms = w->heartbeat_interval_ms ? w->heartbeat_interval_ms : 1000;
     a->heartbeat_timeout_ms = w->heartbeat_timeout_ms ? w->heartbeat_timeout_ms : 5000;
     a->lease_ms = w->lease_ms ? w->lease_ms : 10000;
+    a->ack_every_ms = proto_ack_every_ms(a->heartbeat_interval_ms, a->heartbeat_timeout_ms, a->lease_ms);
     backoff_reset(&a->backoff);
     if (a->stalled)
         log_info("session with the daemon at %s resumed on a new connection, %" PRIu64 " ms after the stall",
