@@ -243,9 +243,12 @@ static void send_beat(struct agent *a, uint64_t now)
             b->rank = a->first_rank + i;
             b->state = PROTO_RANK_RUNNING;
             b->step = a->step;
-            b->loss = 2.5;
-            b->tokens_per_s = 1.0e5;
-            b->comm_frac = 0.1;
+            /* Measured figures, as trainers report them: doubles that need
+             * all 17 digits (and a full strtod) to be read back. */
+            const double jitter = (double)((a->step * 2654435761u + b->rank * 40503u) % 100000) / 1e5;
+            b->loss = 2.0 + 1.0 / (double)a->step + jitter / 7.0;
+            b->tokens_per_s = 1.0e5 * (0.9 + jitter / 5.0);
+            b->comm_frac = 0.1 + jitter / 3.0;
         }
     }
     a->next_beat_ms = now + heartbeat_ms;
