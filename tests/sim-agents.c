@@ -74,6 +74,7 @@ struct agent {
     uint32_t nranks;     /* assigned ranks (running while generation != 0) */
     uint32_t first_rank;
     uint64_t step;
+    uint64_t gen_beats;  /* heartbeats sent in this generation */
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint8_t *wbuf;
@@ -94,6 +95,7 @@ static struct {
     double timeout_s;
     const char *prefix;
     int verbose;
+    int ack_all;
 } opt = {.daemon_host = "127.0.0.1", .nranks = 8, .timeout_s = 120, .prefix = "sim"};
 
 static struct agent *agents;
@@ -234,9 +236,10 @@ static void send_beat(struct agent *a, uint64_t now)
     hb->generation = a->generation;
     hb->seq = ++a->seq;
     hb->free_port = free_port(a); /* as muster-worker does: rank 0's is MASTER_PORT */
-    hb->no_ack = !proto_ack_due(now, a->last_rx_ms, heartbeat_ms, ack_every_ms); /* as muster-worker asks */
+    hb->no_ack = !opt.ack_all && !proto_ack_due(now, a->last_rx_ms, heartbeat_ms, ack_every_ms); /* as muster-worker */
     if (a->generation) {
         a->step++;
+        const int measured = a->gen_beats++ > 0; /* a rank just started has no figures yet */
         hb->nranks = a->nranks;
         for (uint32_t i = 0; i < a->nranks; i++) {
             struct proto_rank_beat *b = &hb->ranks[i];
@@ -246,9 +249,9 @@ static void send_beat(struct agent *a, uint64_t now)
             /* Measured figures, as trainers report them: doubles that need
              * all 17 digits (and a full strtod) to be read back. */
             const double jitter = (double)((a->step * 2654435761u + b->rank * 40503u) % 100000) / 1e5;
-            b->loss = 2.0 + 1.0 / (double)a->step + jitter / 7.0;
-            b->tokens_per_s = 1.0e5 * (0.9 + jitter / 5.0);
-            b->comm_frac = 0.1 + jitter / 3.0;
+            b->loss = measured ? 2.0 + 1.0 / (double)a->step + jitter / 7.0 : NAN;
+            b->tokens_per_s = measured ? 1.0e5 * (0.9 + jitter / 5.0) : 0;
+            b->comm_frac = measured ? 0.1 + jitter / 3.0 : 0;
         }
     }
     a->next_beat_ms = now + heartbeat_ms;
@@ -300,6 +303,10 @@ static void on_msg(struct agent *a, const struct proto_msg *m)
             heartbeat_ms = m->u.welcome.heartbeat_interval_ms;
         ack_every_ms = proto_ack_every_ms(heartbeat_ms, m->u.welcome.heartbeat_timeout_ms, m->u.welcome.lease_ms);
         send_beat(a, mono_ms());
+        /* Agents on separate hosts beat in phases of their own: the next beat
+         * comes at a random point of the interval, not with the others that
+         * joined in the same moment. */
+        a->next_beat_ms -= (uint64_t)(rand() % (int)heartbeat_ms);
         return;
     case PROTO_REJECT:
         note_reject(&m->u.reject);
@@ -309,6 +316,7 @@ static void on_msg(struct agent *a, const struct proto_msg *m)
         a->generation = m->u.assign.generation;
         a->nranks = m->u.assign.nranks;
         a->first_rank = m->u.assign.nranks ? m->u.assign.ranks[0].rank : 0;
+        a->gen_beats = 0;
         send_beat(a, mono_ms());
         return;
     case PROTO_COMMAND:
@@ -562,7 +570,9 @@ static void usage(FILE *out)
             "  --rank-exit      then report one rank exited and time the recovery\n"
             "  --timeout-s S    give up on a phase after S seconds (default 120)\n"
             "  --prefix NAME    node names are NAME-00000, ... (default sim)\n"
-            "  --verbose        say why each connection closed\n");
+            "  --verbose        say why each connection closed\n"
+            "  --ack-all        ask for an answer on every heartbeat, as agents did before\n"
+            "                   HEARTBEAT's ack (to measure the difference side by side)\n");
 }
 
 int main(int argc, char **argv)
@@ -573,7 +583,8 @@ int main(int argc, char **argv)
         {"ranks", required_argument, NULL, 'r'}, {"pid", required_argument, NULL, 'p'},
         {"steady-s", required_argument, NULL, 's'}, {"rank-exit", no_argument, NULL, 'x'},
         {"timeout-s", required_argument, NULL, 'T'}, {"prefix", required_argument, NULL, 'P'},
-        {"verbose", no_argument, NULL, 'v'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+        {"verbose", no_argument, NULL, 'v'}, {"ack-all", no_argument, NULL, 'A'},
+        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
     };
     const char *token_path = NULL;
     static char host[64];
@@ -603,6 +614,7 @@ int main(int argc, char **argv)
         case 'T': opt.timeout_s = atof(optarg); break;
         case 'P': opt.prefix = optarg; break;
         case 'v': opt.verbose = 1; break;
+        case 'A': opt.ack_all = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

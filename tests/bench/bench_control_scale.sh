@@ -10,6 +10,8 @@
 #   log       lines musterd logged over the whole run
 # MUSTERD=path measures another build (e.g. an older commit's) with the
 # same generator; a size that binary refuses is reported as such.
+# SIM_ARGS adds options to the generator, e.g. SIM_ARGS=--ack-all: every
+# heartbeat asks for an answer, as agents did before HEARTBEAT's ack.
 set -eu
 SIZES=${SIZES:-64 512 2048 4096}
 RANKS=${RANKS:-8}
@@ -40,7 +42,7 @@ JSON
         continue
     fi
     out=$("$SIM" --daemon "127.0.0.1:$CTL" --http "$HTTP" --token-file "$ITEST_DIR/token" --agents "$n" \
-        --ranks "$RANKS" --pid "$DAEMON_PID" --steady-s "$STEADY_S" --rank-exit --timeout-s "$TIMEOUT_S" \
+        --ranks "$RANKS" --pid "$DAEMON_PID" --steady-s "$STEADY_S" --rank-exit --timeout-s "$TIMEOUT_S" ${SIM_ARGS:-} \
         2> "$ITEST_DIR/sim.log") || true
     get() { echo "$out" | sed -n "s/^$1=//p" | head -n 1; }
     form=$(get form_ms); cpu=$(get steady_cpu_pct); rss=$(get steady_rss_kb); rec=$(get recovery_ms)
