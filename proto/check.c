@@ -319,9 +319,9 @@ uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t 
     return (n ? n : 1) * interval_ms;
 }
 
-int proto_ack_due(uint64_t now_ms, uint64_t last_rx_ms, uint32_t interval_ms, uint32_t ack_every_ms)
+int proto_ack_due(uint64_t beats, uint32_t interval_ms, uint32_t ack_every_ms)
 {
-    return now_ms < last_rx_ms || now_ms - last_rx_ms + interval_ms / 2 >= ack_every_ms;
+    return beats * interval_ms >= ack_every_ms;
 }
 
 int proto_check(const struct proto_msg *m)

@@ -369,10 +369,14 @@ const char *proto_strerror(int err);
  */
 uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms);
 
-/* Whether a heartbeat sent at now asks for an answer: the daemon's last
- * frame (at last_rx) will be ack_every old by about now (within half an
- * interval). An agent also asks while it holds an unconfirmed rank exit. */
-int proto_ack_due(uint64_t now_ms, uint64_t last_rx_ms, uint32_t interval_ms, uint32_t ack_every_ms);
+/* Whether a heartbeat asks for an answer: the beats-th heartbeat sent since
+ * the daemon last answered one (or welcomed the agent), this one included,
+ * asks once that many intervals make ack_every_ms, and every later one until
+ * an answer comes. Counted in heartbeats, not by the clock, so that an answer
+ * that comes late (at any time before the next heartbeat) does not put the
+ * next question off by an interval: the answers stay about ack_every_ms
+ * apart. An agent also asks while it holds an unconfirmed rank exit. */
+int proto_ack_due(uint64_t beats, uint32_t interval_ms, uint32_t ack_every_ms);
 const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);

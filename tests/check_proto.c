@@ -1811,23 +1811,61 @@ START_TEST(agent_asks_once_per_ack_period)
     struct { uint32_t interval, timeout, every_nth; } cases[] = {{1000, 5000, 2}, {200, 2000, 5}, {1000, 1500, 1}};
     for (size_t c = 0; c < 3; c++) {
         const uint32_t iv = cases[c].interval, every = proto_ack_every_ms(iv, cases[c].timeout, 10000);
-        uint64_t last_rx = 100000; /* WELCOME */
+        uint64_t beats = 0; /* since WELCOME */
         int asked = 0;
         for (int beat = 1; beat <= 60; beat++) {
-            uint64_t now = 100000 + (uint64_t)beat * iv + (uint64_t)(beat % 3); /* timers jitter a little */
-            if (proto_ack_due(now, last_rx, iv, every)) {
+            if (proto_ack_due(++beats, iv, every)) {
                 ck_assert_msg(beat % cases[c].every_nth == 0, "case %zu asked on beat %d", c, beat);
-                last_rx = now + 3;
+                beats = 0; /* answered before the next beat */
                 asked++;
             }
         }
         ck_assert_int_eq(asked, 60 / cases[c].every_nth);
     }
     /* Unanswered: every later heartbeat asks. */
-    ck_assert(proto_ack_due(104000, 100000, 1000, 2000));
-    ck_assert(proto_ack_due(105000, 100000, 1000, 2000));
-    ck_assert(!proto_ack_due(101000, 100000, 1000, 2000));
-    ck_assert(proto_ack_due(99000, 100000, 1000, 2000)); /* a clock that went back asks */
+    ck_assert(proto_ack_due(2, 1000, 2000));
+    ck_assert(proto_ack_due(3, 1000, 2000));
+    ck_assert(proto_ack_due(4, 1000, 2000));
+    ck_assert(!proto_ack_due(1, 1000, 2000));
+}
+END_TEST
+
+/* An agent beating every interval whose asking heartbeats are answered after
+ * any latency below one interval (a busy daemon, a long path), the latency
+ * changing from answer to answer: the daemon's frames are never lease_ms
+ * apart (the lease holds), and the first heartbeat that asks after an answer
+ * is sent at most ack_every_ms after that answer (the stall bound of
+ * PROTOCOL.md). With lease_ms at its least, twice the interval, every
+ * heartbeat asks. */
+START_TEST(asking_holds_the_lease_whatever_the_answer_latency)
+{
+    struct { uint32_t interval, timeout, lease; } cases[] = {
+        {1000, 5000, 10000}, {1000, 5000, 2000}, {100, 1000, 200}, {50, 100, 100},
+        {200, 2000, 10000}, {1000, 4000, 10000}, {2400, 5000, 10000}, {1000, 60000, 4000},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const uint32_t iv = cases[c].interval, lease = cases[c].lease;
+        const uint32_t every = proto_ack_every_ms(iv, cases[c].timeout, lease);
+        uint64_t last_rx = 100000, answer_at = 0; /* WELCOME; the answer on its way (0: none) */
+        uint64_t longest = 0, beats = 0;
+        for (uint32_t beat = 1; beat <= 400; beat++) {
+            const uint64_t now = 100000 + (uint64_t)beat * iv + beat % 3; /* timers jitter a little */
+            if (answer_at && answer_at <= now) { /* came before this beat */
+                longest = answer_at - last_rx > longest ? answer_at - last_rx : longest;
+                last_rx = answer_at;
+                answer_at = 0;
+                beats = 0;
+            }
+            const int ask = proto_ack_due(++beats, iv, every);
+            ck_assert_msg(ask || now + iv <= last_rx + every + 3,
+                          "case %zu: beat %u (%llu ms after the last answer) does not ask, the next one is past "
+                          "ack_every_ms %u", c, beat, (unsigned long long)(now - last_rx), every);
+            if (ask && !answer_at)
+                answer_at = now + (uint64_t)beat * 7919 % iv; /* 0 .. interval-1 ms later */
+        }
+        ck_assert_msg(longest < lease, "case %zu: the daemon's frames %llu ms apart, lease %u ms", c,
+                      (unsigned long long)longest, lease);
+    }
 }
 END_TEST
 
@@ -2015,6 +2053,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, heartbeat_ack_is_read_by_both_decoders);
     tcase_add_test(tc, ack_period_fits_the_timeout_and_the_lease);
     tcase_add_test(tc, agent_asks_once_per_ack_period);
+    tcase_add_test(tc, asking_holds_the_lease_whatever_the_answer_latency);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("stream");

@@ -68,7 +68,7 @@ struct agent {
     char name[PROTO_NAME_MAX];
     uint64_t retry_ms;
     uint64_t next_beat_ms;
-    uint64_t last_rx_ms; /* the daemon's last frame */
+    uint64_t beats_since_answer; /* heartbeats sent since the daemon's last answer or WELCOME */
     uint64_t seq;
     uint64_t generation; /* of the ranks it runs; 0 = none */
     uint32_t nranks;     /* assigned ranks (running while generation != 0) */
@@ -236,7 +236,8 @@ static void send_beat(struct agent *a, uint64_t now)
     hb->generation = a->generation;
     hb->seq = ++a->seq;
     hb->free_port = free_port(a); /* as muster-worker does: rank 0's is MASTER_PORT */
-    hb->no_ack = !opt.ack_all && !proto_ack_due(now, a->last_rx_ms, heartbeat_ms, ack_every_ms); /* as muster-worker */
+    a->beats_since_answer++;
+    hb->no_ack = !opt.ack_all && !proto_ack_due(a->beats_since_answer, heartbeat_ms, ack_every_ms); /* as muster-worker */
     if (a->generation) {
         a->step++;
         const int measured = a->gen_beats++ > 0; /* a rank just started has no figures yet */
@@ -286,7 +287,8 @@ static void note_reject(const struct proto_reject *rj)
 
 static void on_msg(struct agent *a, const struct proto_msg *m)
 {
-    a->last_rx_ms = mono_ms();
+    if (m->type == PROTO_HEARTBEAT || m->type == PROTO_WELCOME)
+        a->beats_since_answer = 0;
     switch (m->type) {
     case PROTO_CHALLENGE: {
         struct proto_msg r = {.type = PROTO_RESPONSE};

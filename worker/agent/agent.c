@@ -102,6 +102,7 @@ struct agent {
     uint64_t beat_seq;
     uint64_t unanswered_since; /* first heartbeat that asked for an answer since the daemon's last frame; 0 = none */
     uint32_t ack_every_ms;     /* ask for an answer this often (proto_ack_every_ms) */
+    uint64_t beats_since_answer; /* heartbeats sent since the daemon's last answer or WELCOME */
     uint64_t last_beat_at;     /* uv_now of the last heartbeat sent */
     uint64_t session;          /* WELCOME's, named in the next HELLO to resume it; 0 = none */
     struct fconn *stalled;     /* the stalled connection, kept until the session is resumed */
@@ -1039,9 +1040,10 @@ static void on_beat_timer(uv_timer_t *t)
         if (r && r->generation == a->cur_gen && !quiet(r, now))
             hb->ranks[hb->nranks++] = r->beat;
     }
-    /* Ask for an answer when the daemon's last frame will be ack_every_ms old
-     * by about now, or while an exit waits for its confirmation. */
-    const bool ask = a->exits.n > 0 || proto_ack_due(now, a->last_rx, a->heartbeat_interval_ms, a->ack_every_ms);
+    /* Ask for an answer once ack_every_ms of heartbeats went unanswered, or
+     * while an exit waits for its confirmation. */
+    a->beats_since_answer++;
+    const bool ask = a->exits.n > 0 || proto_ack_due(a->beats_since_answer, a->heartbeat_interval_ms, a->ack_every_ms);
     hb->no_ack = !ask;
     if (ask && !a->unanswered_since)
         a->unanswered_since = now;
@@ -1405,6 +1407,7 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     drop_stalled(a);
     a->session = w->session;
     a->unanswered_since = 0;
+    a->beats_since_answer = 0;
     link_set_state(a, LINK_JOINED);
     log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
              a->cfg->daemon, a->cfg->node, a->cfg->devices.n,
@@ -1479,6 +1482,7 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         break;
     case PROTO_HEARTBEAT:
         exitq_confirm(&a->exits, msg->u.heartbeat.seq); /* the echo: and last_rx, above */
+        a->beats_since_answer = 0;
         break;
     case PROTO_COMMAND:
         on_command(a, &msg->u.command);
