@@ -310,11 +310,22 @@ static int check_log_data(const struct proto_log_data *d)
     return 0;
 }
 
+uint32_t proto_stall_ms(uint32_t timeout_ms)
+{
+    return timeout_ms / 4 > PROTO_STALL_MIN_MS ? timeout_ms / 4 : PROTO_STALL_MIN_MS;
+}
+
 uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms)
 {
     if (interval_ms == 0)
         return 0;
-    uint32_t room = timeout_ms / 2 < lease_ms / 2 ? timeout_ms / 2 : lease_ms / 2;
+    /* A stall is seen within three quarters of the timeout of the last answer. */
+    const uint32_t seen = (uint32_t)((uint64_t)timeout_ms * 3 / 4), stall = proto_stall_ms(timeout_ms);
+    uint32_t room = seen > stall ? seen - stall : 0;
+    if (room > timeout_ms / 2)
+        room = timeout_ms / 2;
+    if (room > lease_ms / 2)
+        room = lease_ms / 2;
     uint32_t n = room / interval_ms;
     return (n ? n : 1) * interval_ms;
 }

@@ -361,11 +361,21 @@ void proto_msg_clear(struct proto_msg *msg);
 const char *proto_strerror(int err);
 
 /*
- * How often an agent asks the daemon to answer its HEARTBEAT (step 10 of
- * "A generation" in PROTOCOL.md): the longest whole number of intervals, at
- * least one, within half of heartbeat_timeout_ms and half of lease_ms. A
- * stalled stream is then noticed within this plus a quarter of the timeout
- * of the last answer, with a quarter of the timeout left to resume.
+ * How long a HEARTBEAT that asked may go unanswered before the agent takes
+ * its stream for stalled (step 10 of "A generation" in PROTOCOL.md): a
+ * quarter of heartbeat_timeout_ms, at least PROTO_STALL_MIN_MS.
+ */
+#define PROTO_STALL_MIN_MS 200
+uint32_t proto_stall_ms(uint32_t timeout_ms);
+
+/*
+ * How often an agent asks the daemon to answer its HEARTBEAT (step 6): the
+ * longest whole number of intervals, at least one, within half of lease_ms,
+ * half of heartbeat_timeout_ms, and three quarters of it less proto_stall_ms
+ * (which bounds it below 800 ms, where the stall time stays 200 ms). A
+ * stalled stream is then noticed within this plus the stall time of the
+ * last answer, within three quarters of the timeout, with a quarter left to
+ * resume; where not even one interval fits, every heartbeat asks.
  */
 uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms);
 

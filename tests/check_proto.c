@@ -1869,8 +1869,27 @@ START_TEST(asking_holds_the_lease_whatever_the_answer_latency)
 }
 END_TEST
 
-/* How often an agent asks: whole intervals within half the timeout and half
- * the lease, and at least one interval. */
+/* An agent notices a stalled stream at most ack_every_ms after the last
+ * answer (its next question) plus the stall time of PROTOCOL.md step 10 (a
+ * quarter of the timeout, at least 200 ms): within three quarters of the
+ * timeout, so that a quarter is left to resume before the daemon's deadline;
+ * or, where even one interval does not fit, asking on every heartbeat as
+ * before answers were asked for. */
+START_TEST(ack_period_leaves_the_stall_seen_within_three_quarters_of_the_timeout)
+{
+    for (uint32_t iv = 50; iv <= 2000; iv += 50)
+        for (uint32_t to = iv + 1; to <= 12000; to += 37) {
+            const uint32_t p = proto_ack_every_ms(iv, to, 3600000), stall = to / 4 > 200 ? to / 4 : 200;
+            ck_assert_msg(p == iv || (uint64_t)p + stall <= (uint64_t)to * 3 / 4,
+                          "interval %u, timeout %u: asks every %u ms, a stall is seen %u ms after the last answer",
+                          iv, to, p, p + stall);
+        }
+}
+END_TEST
+
+/* How often an agent asks: whole intervals within half the timeout, three
+ * quarters of it less the stall time, and half the lease, and at least one
+ * interval. */
 START_TEST(ack_period_fits_the_timeout_and_the_lease)
 {
     ck_assert_uint_eq(proto_ack_every_ms(1000, 5000, 10000), 2000); /* the defaults: every other beat */
@@ -1878,6 +1897,8 @@ START_TEST(ack_period_fits_the_timeout_and_the_lease)
     ck_assert_uint_eq(proto_ack_every_ms(1000, 60000, 4000), 2000); /* the lease is the bound */
     ck_assert_uint_eq(proto_ack_every_ms(1000, 1500, 10000), 1000); /* never less than one interval */
     ck_assert_uint_eq(proto_ack_every_ms(300, 1000, 100000), 300);
+    ck_assert_uint_eq(proto_ack_every_ms(100, 600, 10000), 200); /* 450 - 200 ms of stall time */
+    ck_assert_uint_eq(proto_ack_every_ms(100, 400, 10000), 100);
     ck_assert_uint_eq(proto_ack_every_ms(0, 1000, 1000), 0);
     static const uint32_t leases[] = {0, 10000, 3600000}; /* 0: twice the interval */
     for (uint32_t iv = 50; iv <= 5000; iv += 50)
@@ -1885,6 +1906,8 @@ START_TEST(ack_period_fits_the_timeout_and_the_lease)
             for (size_t l = 0; l < 3; l++) {
                 uint32_t lease = leases[l] ? leases[l] : 2 * iv;
                 uint32_t p = proto_ack_every_ms(iv, to, lease), room = to / 2 < lease / 2 ? to / 2 : lease / 2;
+                const uint32_t seen = to * 3 / 4 > proto_stall_ms(to) ? to * 3 / 4 - proto_stall_ms(to) : 0;
+                room = room < seen ? room : seen;
                 ck_assert_uint_ge(p, iv);
                 ck_assert_uint_eq(p % iv, 0);
                 ck_assert(p == iv || p <= room);   /* within the room, or the one interval */
@@ -2052,6 +2075,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, unknown_fields);
     tcase_add_test(tc, heartbeat_ack_is_read_by_both_decoders);
     tcase_add_test(tc, ack_period_fits_the_timeout_and_the_lease);
+    tcase_add_test(tc, ack_period_leaves_the_stall_seen_within_three_quarters_of_the_timeout);
     tcase_add_test(tc, agent_asks_once_per_ack_period);
     tcase_add_test(tc, asking_holds_the_lease_whatever_the_answer_latency);
     suite_add_tcase(s, tc);

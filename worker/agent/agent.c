@@ -40,8 +40,8 @@ extern char **environ;
  * proto_ack_every_ms (the other heartbeats say "ack": false and cost the
  * daemon no write), and on every heartbeat while a rank's exit waits to be
  * confirmed (exit_queue.h). A heartbeat that asked and that the daemon has
- * not answered within a quarter of heartbeat_timeout_ms (at least
- * STALL_MIN_MS) means the stream is stalled,
+ * not answered within proto_stall_ms (a quarter of heartbeat_timeout_ms, at
+ * least 200 ms) means the stream is stalled,
  * typically behind TCP's retransmission backoff after a brief cut. The agent
  * then reconnects at once and resumes its session (HELLO.session) while the
  * daemon still counts the node as joined: until heartbeat_timeout_ms after
@@ -50,7 +50,6 @@ extern char **environ;
  * a second). The stalled connection is kept open, unread, until the new one
  * is welcomed, so that the daemon never sees it close first.
  */
-#define STALL_MIN_MS 200
 #define RESUME_RETRY_MS 50
 #define RESUME_CONNECT_MS 50
 /* Period of the lease / handshake watchdog. */
@@ -740,8 +739,7 @@ static void drop_stalled(struct agent *a)
 
 static uint64_t stall_ms(const struct agent *a)
 {
-    uint64_t q = a->heartbeat_timeout_ms / 4;
-    return q > STALL_MIN_MS ? q : STALL_MIN_MS;
+    return proto_stall_ms(a->heartbeat_timeout_ms);
 }
 
 /*
