@@ -4,10 +4,11 @@
  *
  * A rank's exit is the one report that says why a generation failed, so it
  * must survive a stalled link. TCP delivers in order and the daemon answers
- * every HEARTBEAT with one of the same seq (PROTO_HEARTBEAT, step 6 of
- * proto/PROTOCOL.md), so an exit sent before the heartbeat of seq s has been
- * read once the echo of s (or a later one) comes back on the same
- * connection. Until then it stays here:
+ * a HEARTBEAT that asks with one of the same seq (PROTO_HEARTBEAT, step 6
+ * of proto/PROTOCOL.md; every heartbeat asks while this queue holds an
+ * exit), so an exit sent before the heartbeat of seq s has been read once
+ * the echo of s (or a later one) comes back on the same connection. Until
+ * then it stays here:
  *
  *   - sent on a connection: `after_seq` is the last heartbeat seq sent before
  *     it; an echo of a higher seq confirms it (exitq_confirm);
