@@ -25,20 +25,27 @@ static int eat(struct cur *c, char ch)
 
 static int is_digit(const struct cur *c, const uint8_t *at) { return at < c->end && *at >= '0' && *at <= '9'; }
 
-/* "[a-z_]{1,cap-1}": a key or an enumeration's value, with nothing to
- * unescape. Answers its length, or 0. */
-static size_t plain_string(struct cur *c, char *buf, size_t cap)
+/* "[a-z_]+": a key or an enumeration's value, with nothing to unescape,
+ * read in place: *at and *len get its text. Answers 1, or 0. */
+static int plain_string(struct cur *c, const uint8_t **at, size_t *len)
 {
     if (!eat(c, '"'))
         return 0;
-    size_t n = 0;
-    while (c->p < c->end && ((*c->p >= 'a' && *c->p <= 'z') || *c->p == '_')) {
-        if (n + 1 >= cap)
-            return 0;
-        buf[n++] = (char)*c->p++;
-    }
-    buf[n] = '\0';
-    return n > 0 && eat(c, '"') ? n : 0;
+    const uint8_t *s = c->p;
+    while (c->p < c->end && ((*c->p >= 'a' && *c->p <= 'z') || *c->p == '_'))
+        c->p++;
+    *at = s;
+    *len = (size_t)(c->p - s);
+    return *len > 0 && eat(c, '"');
+}
+
+/* Whether the len bytes at s spell k, whole. */
+static int key_is(const uint8_t *s, size_t len, const char *k)
+{
+    size_t i = 0;
+    while (i < len && k[i] == (char)s[i])
+        i++;
+    return i == len && k[i] == '\0';
 }
 
 /* A JSON integer 0 | [1-9][0-9]{0,15}, not the start of a real, at most max. */
@@ -146,43 +153,31 @@ static int null_value(struct cur *c)
 
 static int enum_value(struct cur *c, const char *const *names, int lo, int hi, int *out)
 {
-    char s[16];
-    if (!plain_string(c, s, sizeof(s)))
+    const uint8_t *at;
+    size_t len;
+    if (!plain_string(c, &at, &len))
         return 0;
     for (int i = lo; i <= hi; i++)
-        if (strcmp(s, names[i]) == 0) {
+        if (key_is(at, len, names[i])) {
             *out = i;
             return 1;
         }
     return 0;
 }
 
-/* Whether the len bytes at s spell k, whole. */
-static int key_is(const uint8_t *s, size_t len, const char *k)
-{
-    size_t i = 0;
-    while (i < len && k[i] == (char)s[i])
-        i++;
-    return i == len && k[i] == '\0';
-}
-
-/* The key at the cursor, a plain string (see plain_string) read in place,
- * as its index in keys; -1 when it is none of them. Senders write the keys
- * in table order, so the one after the last found (hint) is tried first. */
+/* The key at the cursor (a plain string) as its index in keys; -1 when it
+ * is none of them. Senders write the keys in table order, so the one after
+ * the last found (hint) is tried first. */
 static int read_key(struct cur *c, const char *const *keys, int hint)
 {
-    if (!eat(c, '"'))
+    const uint8_t *at;
+    size_t len;
+    if (!plain_string(c, &at, &len))
         return -1;
-    const uint8_t *s = c->p;
-    while (c->p < c->end && ((*c->p >= 'a' && *c->p <= 'z') || *c->p == '_'))
-        c->p++;
-    size_t len = (size_t)(c->p - s);
-    if (len == 0 || !eat(c, '"'))
-        return -1;
-    if (keys[hint] && key_is(s, len, keys[hint]))
+    if (keys[hint] && key_is(at, len, keys[hint]))
         return hint;
     for (int i = 0; keys[i]; i++)
-        if (key_is(s, len, keys[i]))
+        if (key_is(at, len, keys[i]))
             return i;
     return -1;
 }
