@@ -844,6 +844,156 @@ START_TEST(tick_deadlines_are_exact_across_ticks_and_generations)
 }
 END_TEST
 
+/* ---- rdv_tick's skipped scans against scanning every tick ---- */
+
+static uint64_t rnd_state;
+static int restarts;
+static uint32_t rnd(uint32_t n)
+{
+    rnd_state = rnd_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(rnd_state >> 33) % n;
+}
+
+/* One random run of three to four nodes that join, beat, progress, hang,
+ * go quiet or silent, yield, exit and leave, with musterd restarting now and
+ * then; trace gets the job's state after each tick. full: scan every tick
+ * (deadlines forgotten), else skip scans as rdv_tick does. */
+static void diff_run(uint64_t seed, int full, char *trace, size_t cap)
+{
+    size_t len = 0;
+    setup_spec(3, 50);
+    spec.heartbeat_timeout_ms = 1000 + (int)(seed % 5) * 300;
+    spec.progress_timeout_ms = (seed % 3) ? 1500 + (int)(seed % 7) * 200 : 0;
+    spec.rejoin_timeout_ms = 3000;
+    spec.batch = 48;
+    spec.min_nodes = 2;
+    rnd_state = seed;
+    static const char *const names[] = {"a", "b", "c", "d"};
+    uint64_t steps[4] = {0};
+    int silent[4] = {0};
+    uint64_t mute_until[4] = {0}, yield_gen[4] = {0};
+    const int rejoin = (int)(seed % 2);
+    for (int t = 0; t < 600; t++) {
+        now += 50 + rnd(100);
+        for (int i = 0; i < rec.nsent; i++)
+            if (rec.sent[i].msg.type == PROTO_COMMAND && rec.sent[i].msg.u.command.action == PROTO_CMD_YIELD)
+                for (int k = 0; k < 4; k++)
+                    if (!strcmp(rec.sent[i].node, names[k]))
+                        yield_gen[k] = rdv.generation;
+        rec.nsent = 0;
+        if (rnd(400) == 0) { /* musterd restarts */
+            static struct rdv_saved saved;
+            rdv_save(&rdv, &saved);
+            rdv_free(&rdv);
+            json_t *job = json_pack("{s:s, s:i}", "name", "t", "nodes", 3);
+            struct rdv_ops ops = {.ctx = NULL, .send = rec_send, .disconnect = rec_disconnect, .changed = rec_changed};
+            ck_assert_int_eq(rdv_init(&rdv, &spec, job, &ops, now), 0);
+            json_decref(job);
+            ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+            restarts++;
+        }
+        for (int k = 0; k < 4; k++) {
+            uint32_t r = rnd(1000);
+            int idx = -1;
+            for (uint32_t i = 0; i < rdv.nnodes; i++)
+                if (!strcmp(rdv.nodes[i].name, names[k]))
+                    idx = (int)i;
+            int is_joined = idx >= 0 && rdv.nodes[idx].state == RDV_NODE_JOINED;
+            if (!is_joined) {
+                if (r < 30)
+                    join(names[k], 2, rdv.generation);
+                continue;
+            }
+            if (r < 4) {
+                rdv_disconnected(&rdv, names[k], "test", now);
+                continue;
+            }
+            if (r < 60u + (uint32_t)k * 100u) /* node d is the quietest, a the loudest: some go silent */
+                continue;
+            if (now < mute_until[k])
+                continue;
+            if (rnd(150) == 0) {
+                mute_until[k] = now + rnd(3000);
+                continue;
+            }
+            const struct rdv_node *nd = &rdv.nodes[idx];
+            if (rnd(10) < 6)
+                steps[k]++;
+            if (rnd(50) == 0)
+                silent[k] = !silent[k];
+            if (nd->member && rdv.world_size) {
+                struct proto_msg m = {.type = PROTO_HEARTBEAT};
+                m.u.heartbeat.generation = rdv.generation;
+                m.u.heartbeat.seq = now;
+                m.u.heartbeat.free_port = node_port(names[k]);
+                m.u.heartbeat.nranks = nd->ndevices;
+                for (uint32_t i = 0; i < nd->ndevices; i++) {
+                    m.u.heartbeat.ranks[i].rank = nd->first_rank + i;
+                    m.u.heartbeat.ranks[i].state = rnd(40) ? PROTO_RANK_RUNNING : PROTO_RANK_STARTING;
+                    m.u.heartbeat.ranks[i].step = (k == 1 && (t / 100) % 2) ? 7 : steps[k]; /* b hangs at times */
+                    m.u.heartbeat.ranks[i].loss = 2.5;
+                    m.u.heartbeat.ranks[i].silent = silent[k];
+                    m.u.heartbeat.ranks[i].rejoin = rejoin;
+                    m.u.heartbeat.ranks[i].yielded = yield_gen[k] == rdv.generation && rnd(3) == 0;
+                }
+                rdv_message(&rdv, names[k], &m, now);
+                if (rnd(300) == 0) {
+                    struct proto_msg x = {.type = PROTO_RANK_EXIT};
+                    x.u.rank_exit.generation = rdv.generation;
+                    x.u.rank_exit.rank = nd->first_rank;
+                    x.u.rank_exit.exit_code = 1;
+                    rdv_message(&rdv, names[k], &x, now);
+                }
+            } else {
+                struct proto_msg m = {.type = PROTO_HEARTBEAT};
+                m.u.heartbeat.generation = rdv.generation;
+                m.u.heartbeat.seq = now;
+                m.u.heartbeat.free_port = node_port(names[k]);
+                rdv_message(&rdv, names[k], &m, now);
+            }
+        }
+        if (full)
+            rdv.lost_due_ms = rdv.hang_due_ms = 0;
+        rdv_tick(&rdv, now);
+        int n = snprintf(trace + len, cap - len, "%llu g%llu s%d n%u d%d r%s|", (unsigned long long)now,
+                         (unsigned long long)rdv.generation, (int)rdv.state, rdv.nnodes, rec.ndisconnected, rdv.reason);
+        if (n > 0 && (size_t)n < cap - len)
+            len += (size_t)n;
+    }
+    rdv_free(&rdv);
+}
+
+/* The same random runs, skipping scans and scanning every tick, take the
+ * same course tick by tick; and they exercise what the deadlines guard. */
+START_TEST(tick_skipping_agrees_with_scanning_every_tick)
+{
+    static char a[1 << 20], b[1 << 20];
+    int gens = 0, hung = 0, lost = 0;
+    restarts = 0;
+    for (uint64_t seed = 1; seed <= 400; seed++) {
+        memset(a, 0, sizeof(a)); memset(b, 0, sizeof(b));
+        diff_run(seed, 0, a, sizeof(a));
+        uint64_t g = rdv.generation;
+        lost += rec.ndisconnected;
+        diff_run(seed, 1, b, sizeof(b));
+        gens += (int)g;
+        for (const char *q = a; (q = strstr(q, "hung")); q++)
+            hung++;
+        if (strcmp(a, b) != 0) {
+            size_t i = 0;
+            while (a[i] == b[i]) i++;
+            while (i > 0 && a[i - 1] != '|') i--;
+            ck_abort_msg("seed %llu differs:\nskip: %.300s\nfull: %.300s", (unsigned long long)seed, a + i, b + i);
+        }
+    }
+    ck_assert_int_gt(gens, 400);
+    ck_assert_int_gt(hung, 0);
+    ck_assert_int_gt(lost, 100);
+    ck_assert_int_gt(restarts, 50);
+    setup_spec(3, 1); /* teardown frees */
+}
+END_TEST
+
 /* Before formation a lost node is forgotten and the last node takes its
  * place in the table: a tick still loses every node that is due. */
 START_TEST(tick_loses_every_silent_node_before_formation)
@@ -1662,6 +1812,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
     tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
     tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
+    tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
     tcase_add_test(tc, resumed_session_keeps_the_generation);
     tcase_add_test(tc, another_session_is_a_duplicate);
