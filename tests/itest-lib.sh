@@ -51,6 +51,21 @@ start_daemon() {
     wait_for 10 'True' || fail "musterd did not serve /v1/status within 10 s"
 }
 
+# start_relay SCRIPT [args]: a loopback relay to musterd's control port
+# (python3 SCRIPT PORT $CTL args, logging to $ITEST_DIR/relay.log); sets
+# RELAY (its port) and RELAY_PID, and returns once it accepts (5 s at most).
+start_relay() {
+    RELAY=$(free_port)
+    _script=$1
+    shift
+    python3 "$_script" "$RELAY" "$CTL" "$@" > "$ITEST_DIR/relay.log" 2>&1 &
+    RELAY_PID=$!
+    ITEST_PIDS="$ITEST_PIDS $RELAY_PID"
+    _i=0
+    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $RELAY), timeout=1).close()" 2>/dev/null ||
+        [ $_i -ge 50 ]; do sleep 0.1; _i=$((_i + 1)); done
+}
+
 # start_agent NAME NDEV [extra args]: sets AGENT_PID; ranks write pids to $ITEST_DIR/pids-NAME.
 start_agent() {
     name=$1; ndev=$2; shift 2

@@ -28,13 +28,7 @@ JSON
 make_token "$ITEST_DIR/token"
 RANK_CMD="$BUILD/tests/fake-rank --step-ms 50"
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
-RELAY=$(free_port)
-python3 tests/flap-relay.py "$RELAY" "$CTL" --stall-s 3 --life-s 120 > "$ITEST_DIR/relay.log" 2>&1 &
-RELAY_PID=$!
-ITEST_PIDS="$ITEST_PIDS $RELAY_PID"
-i=0
-until python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $RELAY), timeout=1).close()" 2>/dev/null ||
-    [ $i -ge 50 ]; do sleep 0.1; i=$((i + 1)); done
+start_relay tests/flap-relay.py --stall-s 3 --life-s 120
 
 real_ctl=$CTL
 CTL=$RELAY start_agent a 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"
