@@ -1253,7 +1253,7 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
     default:
-        return;
+        return; /* LOG_DATA: the node is heard, nothing more here */
     }
     if (gen == r->generation && rdv_terminal(r) && m->type == PROTO_RANK_EXIT) {
         const struct proto_rank_exit *x = &m->u.rank_exit;

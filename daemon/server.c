@@ -318,6 +318,8 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
             c->srv->speaking = NULL;
             return;
         case PROTO_LOG_DATA:
+            /* Heard from the node (any frame counts); the piece itself goes to the log fetcher. */
+            rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
             if (c->srv->log_data)
                 c->srv->log_data(c->srv->hook_ctx, c->node, &m->u.log_data);
             return;

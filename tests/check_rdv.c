@@ -340,6 +340,28 @@ START_TEST(missed_heartbeats_lose_the_node_until_it_rejoins)
 }
 END_TEST
 
+/* Any frame from a node counts as hearing from it: a node whose log pieces
+ * come while its heartbeats are late is not lost. */
+START_TEST(log_data_counts_as_hearing_from_the_node)
+{
+    form_running(3);
+    now += 3000;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 10);
+    struct proto_msg m = {.type = PROTO_LOG_DATA};
+    rdv_message(&rdv, "b", &m, now);
+    rdv_tick(&rdv, now);
+    now += 2500; /* b's last heartbeat 5.5 s ago, its last log piece 2.5 s */
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 11);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 2600;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 1);
+    ck_assert_str_eq(rec.disconnected[0], "b");
+}
+END_TEST
+
 START_TEST(closed_connection_is_lost_at_once)
 {
     form_running(3);
@@ -1814,6 +1836,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
     tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
+    tcase_add_test(tc, log_data_counts_as_hearing_from_the_node);
     tcase_add_test(tc, resumed_session_keeps_the_generation);
     tcase_add_test(tc, another_session_is_a_duplicate);
     tcase_add_test(tc, resume_while_forming_gives_back_what_was_missed);
