@@ -1,6 +1,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,22 +42,56 @@ void log_write(enum log_level level, const char *fmt, ...)
     fputs(line, stderr);
 }
 
-int log_limit_pass(struct log_limit *lim, enum log_level level, const char *fmt)
+static pthread_mutex_t limit_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct log_limit *limits; /* call sites that have held a line back */
+
+static unsigned long long mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long now = (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
-    if (lim->passed == 0 || now - lim->window_start_ms >= LOG_LIMIT_WINDOW_MS) {
-        if (lim->suppressed)
-            log_write(level, "%lu similar lines suppressed (\"%s\")", lim->suppressed, fmt);
-        lim->window_start_ms = now;
-        lim->passed = 0;
-        lim->suppressed = 0;
-    }
+    return (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
+}
+
+/* Under limit_lock: the held-back count goes out and the window starts again. */
+static void report(struct log_limit *lim, unsigned long long now)
+{
+    if (lim->suppressed)
+        log_write(lim->level, "%lu similar lines suppressed (\"%s\")", lim->suppressed, lim->fmt);
+    lim->window_start_ms = now;
+    lim->passed = 0;
+    lim->suppressed = 0;
+}
+
+int log_limit_pass(struct log_limit *lim, enum log_level level, const char *fmt)
+{
+    const unsigned long long now = mono_ms();
+    int pass = 1;
+    pthread_mutex_lock(&limit_lock);
+    if (lim->passed == 0 || now - lim->window_start_ms >= LOG_LIMIT_WINDOW_MS)
+        report(lim, now);
     if (lim->passed >= LOG_LIMIT_BURST) {
         lim->suppressed++;
-        return 0;
+        lim->level = level;
+        lim->fmt = fmt;
+        if (!lim->listed) {
+            lim->listed = 1;
+            lim->next = limits;
+            limits = lim;
+        }
+        pass = 0;
+    } else {
+        lim->passed++;
     }
-    lim->passed++;
-    return 1;
+    pthread_mutex_unlock(&limit_lock);
+    return pass;
+}
+
+void log_limit_flush(int all)
+{
+    const unsigned long long now = mono_ms();
+    pthread_mutex_lock(&limit_lock);
+    for (struct log_limit *lim = limits; lim; lim = lim->next)
+        if (lim->suppressed && (all || now - lim->window_start_ms >= LOG_LIMIT_WINDOW_MS))
+            report(lim, now);
+    pthread_mutex_unlock(&limit_lock);
 }

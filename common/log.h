@@ -28,8 +28,10 @@ void log_write(enum log_level level, const char *fmt, ...)
  * A line that can repeat without bound (one per refused connection, say):
  * each call site lets LOG_LIMIT_BURST lines through per LOG_LIMIT_WINDOW_MS
  * and counts the rest; the first line through after a window with losses
- * is preceded by "N similar lines suppressed (FORMAT)". For the thread that
- * owns the call site (state is per site, unlocked).
+ * is preceded by "N similar lines suppressed (FORMAT)". A call site that
+ * falls quiet has its count written by log_limit_flush (a program with a
+ * loop calls it every tick, and once more, with all = 1, before it exits).
+ * Any thread may log through it (one lock, taken only by limited lines).
  */
 #define LOG_LIMIT_BURST 5
 #define LOG_LIMIT_WINDOW_MS 1000
@@ -38,10 +40,19 @@ struct log_limit {
     unsigned long long window_start_ms;
     unsigned passed;
     unsigned long suppressed;
+    /* once it has held a line back: listed for log_limit_flush */
+    enum log_level level;
+    const char *fmt;
+    struct log_limit *next;
+    int listed;
 };
 
 /* 1 when this line may be written (after reporting what was held back). */
 int log_limit_pass(struct log_limit *lim, enum log_level level, const char *fmt);
+
+/* Writes the count of every call site whose window has ended with lines
+ * held back (all: every count, ended or not, as at exit). */
+void log_limit_flush(int all);
 
 #define LOG_LIMITED(level, fmt, ...)                                           \
     do {                                                                       \

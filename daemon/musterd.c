@@ -328,6 +328,7 @@ static void on_tick(uv_timer_t *t)
     server_tick(d->server);
     rdv_tick(&d->rdv, now);
     logfetch_tick(&d->logfetch, now);
+    log_limit_flush(0);
     sample_history(d, now);
     flush_changes(d);
     if (d->exit_on_end && rdv_terminal(&d->rdv)) {
@@ -648,6 +649,7 @@ int main(int argc, char **argv)
         log_error("event loop not closed cleanly: %s", uv_strerror(rc));
         return 1;
     }
+    log_limit_flush(1);
     log_info("stopped cleanly");
     return d.exit_code;
 }
