@@ -14,6 +14,10 @@ trap cleanup EXIT INT TERM
 
 fail() {
     echo "FAIL: $*" >&2
+    # How each generation began, from every log: where its state came from.
+    echo "---- generations and restores (all logs, at most 80 lines)" >&2
+    grep -h -E "rejoining in place|state of step|training from step|re-slic|from the checkpoint|from the seed|generation [0-9]+ (is over|broke)" \
+        "$ITEST_DIR"/*.log 2>/dev/null | head -n 80 >&2 || true
     for f in "$ITEST_DIR"/*.log; do
         [ -e "$f" ] || continue
         echo "---- tail of $f" >&2
