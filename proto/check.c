@@ -319,11 +319,10 @@ uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t 
 {
     if (interval_ms == 0)
         return 0;
-    /* A stall is seen within three quarters of the timeout of the last answer. */
+    /* A stall is seen within three quarters of the timeout of the last answer
+     * (the stall time is at least a quarter, so this is at most half of it). */
     const uint32_t seen = (uint32_t)((uint64_t)timeout_ms * 3 / 4), stall = proto_stall_ms(timeout_ms);
     uint32_t room = seen > stall ? seen - stall : 0;
-    if (room > timeout_ms / 2)
-        room = timeout_ms / 2;
     if (room > lease_ms / 2)
         room = lease_ms / 2;
     uint32_t n = room / interval_ms;

@@ -370,9 +370,10 @@ uint32_t proto_stall_ms(uint32_t timeout_ms);
 
 /*
  * How often an agent asks the daemon to answer its HEARTBEAT (step 6): the
- * longest whole number of intervals, at least one, within half of lease_ms,
- * half of heartbeat_timeout_ms, and three quarters of it less proto_stall_ms
- * (which bounds it below 800 ms, where the stall time stays 200 ms). A
+ * longest whole number of intervals, at least one, within half of lease_ms
+ * and within three quarters of heartbeat_timeout_ms less proto_stall_ms (at
+ * most half the timeout; less below 800 ms, where the stall time stays
+ * 200 ms). A
  * stalled stream is then noticed within this plus the stall time of the
  * last answer, within three quarters of the timeout, with a quarter left to
  * resume; where not even one interval fits, every heartbeat asks.
@@ -387,6 +388,7 @@ uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t 
  * next question off by an interval: the answers stay about ack_every_ms
  * apart. An agent also asks while it holds an unconfirmed rank exit. */
 int proto_ack_due(uint64_t beats, uint32_t interval_ms, uint32_t ack_every_ms);
+
 const char *proto_type_name(enum proto_type type);
 const char *proto_rank_state_name(enum proto_rank_state state);
 const char *proto_command_name(enum proto_command cmd);

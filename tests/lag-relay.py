@@ -18,6 +18,15 @@ import threading
 import time
 
 
+def shut_both(src, dst):
+    """One side ended: end the other too, so both peers see it."""
+    for s in (src, dst):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def pump(src, dst):
     """Agent to daemon: at once."""
     try:
@@ -28,11 +37,7 @@ def pump(src, dst):
             dst.sendall(data)
     except OSError:
         pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    shut_both(src, dst)
 
 
 def lagged(src, dst, delays):
@@ -51,11 +56,7 @@ def lagged(src, dst, delays):
                 dst.sendall(data)
             except OSError:
                 break
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut_both(src, dst)
 
     threading.Thread(target=deliver, daemon=True).start()
     last, n = 0.0, 0
