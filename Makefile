@@ -57,6 +57,9 @@ endif
 
 # SAN is set by `make asan`; user CFLAGS come last.
 ALL_CFLAGS = $(BASE_CFLAGS) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(CHECK_CFLAGS) $(SAN) $(CFLAGS)
+# The one C++ file (proto/realnum.cc) is built without exceptions or RTTI, so
+# the programs linking it need no C++ runtime and stay linked by $(CC).
+ALL_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -Wshadow -I. -fno-exceptions -fno-rtti $(SAN) $(CXXFLAGS)
 ALL_LDFLAGS = $(SAN) $(LDFLAGS)
 
 LIBS_UV := -luv
@@ -72,7 +75,7 @@ include daemon/module.mk
 include worker/module.mk
 include tests/module.mk
 
-obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(1)))
 # muster-train's loops outside sgemm run on OpenMP threads.
 $(call obj,$(TRAIN_SRCS) $(TRAIN_MAIN)): ALL_CFLAGS += -fopenmp
 
@@ -108,6 +111,11 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX     $<")
+	$(Q)$(CXX) $(ALL_CXXFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)

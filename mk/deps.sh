@@ -5,8 +5,8 @@
 # `deps.sh bench` adds what the reference benchmarks need besides.
 set -eu
 
-build_pkgs="gcc make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
-check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev curl \
+build_pkgs="gcc g++ make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
+check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev libfast-float-dev curl \
 python3 procps iproute2 python3-torch"
 bench_pkgs="python3-numpy time"
 

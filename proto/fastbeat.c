@@ -1,12 +1,11 @@
 /* proto/fastbeat.c: HEARTBEAT read and written without a JSON tree (see fastbeat.h). */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "proto/check.h"
 #include "proto/fastbeat.h"
+#include "proto/realnum.h"
 
 /* ---- reading: a cursor over the payload; every reader answers 1 (read) or 0 (not ours) ---- */
 
@@ -113,18 +112,7 @@ static int number_value(struct cur *c, double *out)
         *out = (double)(*s == '-' ? -v : v);
         return 1;
     }
-    char text[64];
-    if (len >= sizeof(text))
-        return 0;
-    memcpy(text, s, len);
-    text[len] = '\0';
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end != text + len || (errno == ERANGE && (v == HUGE_VAL || v == -HUGE_VAL)))
-        return 0;
-    *out = v;
-    return 1;
+    return proto_read_real((const char *)s, len, out);
 }
 
 static int bool_value(struct cur *c, int *out)

@@ -9,6 +9,7 @@
  * ASan catches any read past the end.
  */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "proto/check.h"
 #include "proto/fastbeat.h"
 #include "proto/proto.h"
+#include "proto/realnum.h"
 
 #define NTYPES PROTO_TYPE_MAX
 
@@ -1951,6 +1953,88 @@ START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
 }
 END_TEST
 
+/* strtod's answer, as the fast path used to take it: the whole text read,
+ * HUGE_VAL (overflow) refused, an underflow's rounding kept. */
+static int strtod_reads(const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (*end != '\0' || (errno == ERANGE && (v == HUGE_VAL || v == -HUGE_VAL)))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static void real_reads_as_strtod(const char *text)
+{
+    double want = 0, got = 0;
+    int ok_want = strtod_reads(text, &want), ok_got = proto_read_real(text, strlen(text), &got);
+    ck_assert_msg(ok_got == ok_want, "%s: read %d, strtod %d", text, ok_got, ok_want);
+    if (ok_want)
+        ck_assert_msg(memcmp(&got, &want, sizeof(got)) == 0, "%s: read %a, strtod %a", text, got, want);
+}
+
+START_TEST(reals_are_read_as_strtod_reads_them)
+{
+    static const char *const edges[] = {
+        "0.0", "-0.0", "0e0", "1e0", "-1.5", "0.1", "2.5", "1E5", "1e-5",
+        "9007199254740993.0",         /* halfway between two doubles: ties to even */
+        "9007199254740995.0",
+        "2.2250738585072011e-308",    /* just below the smallest normal */
+        "2.2250738585072014e-308",    /* the smallest normal */
+        "4.9406564584124654e-324",    /* the smallest subnormal */
+        "2.4703282292062327e-324",    /* below half of it: zero */
+        "2.4703282292062328e-324",    /* above half of it: the smallest subnormal */
+        "1e-400", "-1e-400",          /* underflow: zero, taken as strtod gives it */
+        "1.7976931348623157e308",     /* the largest double */
+        "1.7976931348623158e308",     /* rounds down to it */
+        "1.7976931348623159e308",     /* beyond: refused */
+        "1e400", "-1e400",
+        "123456789012345678901234567890.5e-10",
+        "0.30000000000000000000000000000000000000000000000000000000000000000000000000000001",
+        "7.2057594037927933e16", "3.0517578125e-05", "1.00000000000000011102230246251565404236316680908203125",
+        "1.00000000000000011102230246251565404236316680908203124",
+        "1.00000000000000011102230246251565404236316680908203126",
+    };
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+        real_reads_as_strtod(edges[i]);
+
+    /* Every double printed as agents and JSON encoders print it, and shorter. */
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    char text[512];
+    static const char *const formats[] = {"%.17g", "%.16g", "%.15g", "%.9g", "%.3e", "%.20e"};
+    for (int i = 0; i < 20000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        double v;
+        memcpy(&v, &rng, sizeof(v));
+        if (!isfinite(v))
+            continue;
+        snprintf(text, sizeof(text), formats[i % 6], v);
+        real_reads_as_strtod(text);
+        /* figures of the size trainers report */
+        snprintf(text, sizeof(text), "%.17g", (double)(rng >> 11) / 9007199254740992.0 * (i % 2 ? 1e5 : 10.0));
+        real_reads_as_strtod(text);
+    }
+    /* Random digit strings: long mantissas, exponents over the whole range and past it. */
+    for (int i = 0; i < 20000; i++) {
+        size_t n = 0;
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        if (rng & 1)
+            text[n++] = '-';
+        int digits = 1 + (int)((rng >> 8) % 40), point = (int)((rng >> 16) % (uint64_t)(digits + 1));
+        for (int d = 0; d < digits; d++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            if (d == point && d > 0)
+                text[n++] = '.';
+            text[n++] = (char)('0' + (d == 0 && digits > 1 && point != 1 ? 1 + rng % 9 : rng % 10));
+        }
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "e%d", (int)((rng >> 20) % 700) - 350);
+        real_reads_as_strtod(text);
+    }
+}
+END_TEST
+
 START_TEST(fastbeat_leaves_the_unusual_to_the_json_decoder)
 {
     static const struct {
@@ -2060,6 +2144,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, fastbeat_writes_what_jansson_writes_and_reads_it_back);
     tcase_add_test(tc, fastbeat_leaves_the_unusual_to_the_json_decoder);
     tcase_add_test(tc, fastbeat_agrees_on_mutated_payloads);
+    tcase_add_test(tc, reals_are_read_as_strtod_reads_them);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("decode_errors");
