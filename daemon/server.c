@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/namemap.h"
+#include "daemon/coalesce.h"
 
 /* A connection's life; conn_set_state() checks and logs every transition. */
 enum conn_state {
@@ -60,6 +61,7 @@ struct server {
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
     void (*node_gone)(void *ctx, const char *node);
     void *hook_ctx;
+    struct coalesce batch; /* reads of one wakeup taken together under load */
 };
 
 struct write_req {
@@ -358,6 +360,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     c->rlen += (size_t)nread;
+    coalesce_note(&c->srv->batch);
     while (c->state != CONN_CLOSING) {
         struct proto_msg m;
         size_t used = 0;
@@ -622,6 +625,7 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     uv_tcp_init(loop, &s->listener);
     s->listener.data = s;
     s->listener_open = 1;
+    coalesce_start(&s->batch, loop, SERVER_COALESCE_MIN, SERVER_COALESCE_US); /* fails only on a bad loop */
     rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&sin, 0);
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&s->listener, listen_backlog(), on_connection);
@@ -651,6 +655,7 @@ void server_close(struct server *s)
     if (s->listener_open) {
         uv_close((uv_handle_t *)&s->listener, NULL);
         s->listener_open = 0;
+        coalesce_close(&s->batch);
     }
     s->closing_all = 1;
     for (struct conn *c = s->conns; c; c = c->next) {

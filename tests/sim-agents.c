@@ -14,6 +14,8 @@
  *                  machine whose other load comes and goes
  *   steady_cpu_windows  the windows' figures, lowest first
  *   steady_rss_kb  musterd's RSS at the end
+ *   steady_wakeups_per_s  musterd's voluntary context switches per second
+ *                  (its loop going to sleep: daemon/coalesce.h)
  *   recovery_ms    one rank's RANK_EXIT (exit status 1) -> the next
  *                  generation's generation_running event (--rank-exit)
  *
@@ -525,7 +527,8 @@ static int64_t wait_running(uint64_t gen)
     return wanted_at;
 }
 
-static int proc_sample(double *cpu_s, long *rss_kb)
+/* musterd's CPU seconds, RSS and voluntary context switches (its loop's wakeups, mostly). */
+static int proc_sample(double *cpu_s, long *rss_kb, long *wakeups)
 {
     char path[64], buf[4096];
     snprintf(path, sizeof(path), "/proc/%d/stat", opt.pid);
@@ -546,9 +549,10 @@ static int proc_sample(double *cpu_s, long *rss_kb)
     if (!f)
         return -1;
     *rss_kb = 0;
+    *wakeups = 0;
     while (fgets(buf, sizeof(buf), f))
-        if (sscanf(buf, "VmRSS: %ld", rss_kb) == 1)
-            break;
+        if (sscanf(buf, "VmRSS: %ld", rss_kb) != 1)
+            sscanf(buf, "voluntary_ctxt_switches: %ld", wakeups);
     fclose(f);
     return 0;
 }
@@ -655,7 +659,7 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     if (opt.steady_s > 0) {
-        long rss = 0;
+        long rss = 0, wk0 = 0, wk1 = 0, wk = 0;
         run_for(2000, no_phase_left); /* let the formation's bursts settle */
         int nwin = (int)(opt.steady_s / STEADY_WINDOW_S);
         nwin = nwin < 1 ? 1 : nwin > STEADY_WINDOWS_MAX ? STEADY_WINDOWS_MAX : nwin;
@@ -664,11 +668,12 @@ int main(int argc, char **argv)
         for (int w = 0; w < nwin; w++) {
             double cpu0 = 0, cpu1 = 0;
             uint64_t m0 = mono_ms();
-            if (opt.pid && proc_sample(&cpu0, &rss) != 0)
+            if (opt.pid && proc_sample(&cpu0, &rss, &wk0) != 0)
                 die("cannot read /proc/%d", opt.pid);
             run_for((uint64_t)(win_s * 1000), no_phase_left);
-            if (opt.pid && proc_sample(&cpu1, &rss) != 0)
+            if (opt.pid && proc_sample(&cpu1, &rss, &wk1) != 0)
                 die("cannot read /proc/%d", opt.pid);
+            wk += wk1 - wk0;
             pct[w] = 100.0 * (cpu1 - cpu0) / ((double)(mono_ms() - m0) / 1000.0);
         }
         if (opt.pid) {
@@ -677,7 +682,7 @@ int main(int argc, char **argv)
             printf("steady_cpu_pct=%.1f\nsteady_cpu_windows=", median);
             for (int w = 0; w < nwin; w++)
                 printf("%s%.1f", w ? "," : "", pct[w]);
-            printf("\nsteady_rss_kb=%ld\n", rss);
+            printf("\nsteady_rss_kb=%ld\nsteady_wakeups_per_s=%.0f\n", rss, (double)wk / (win_s * nwin));
         }
         fflush(stdout);
     }

@@ -6,6 +6,8 @@
 #   form      agents started together -> generation 1 running (musterd's event)
 #   cpu, rss  musterd's CPU (% of one core: the median of 5 s windows of CPU
 #             seconds over wall seconds) and RSS over STEADY_S s of 1 Hz beats
+#   wakeups   musterd's voluntary context switches per second in steady
+#             state (its loop going to sleep; daemon/coalesce.h)
 #   recovery  one rank's RANK_EXIT -> generation 2 running
 #   log       lines musterd logged over the whole run
 # MUSTERD=path measures another build (e.g. an older commit's) with the
@@ -24,7 +26,7 @@ SIM=$BUILD/tests/sim-agents
 make_token "$ITEST_DIR/token"
 
 echo "== control plane at scale: agents x $RANKS ranks, loopback, $(nproc) cores ($MUSTERD)"
-printf '%-8s %-8s %-10s %-8s %-10s %-10s %s\n' agents ranks form_ms cpu_% rss_MB recovery_ms log_lines
+printf '%-8s %-8s %-10s %-8s %-10s %-10s %-12s %s\n' agents ranks form_ms cpu_% rss_MB wakeups/s recovery_ms log_lines
 for n in $SIZES; do
     world=$((n * RANKS))
     cat > "$ITEST_DIR/job.json" <<JSON
@@ -46,12 +48,13 @@ JSON
         2> "$ITEST_DIR/sim.log") || true
     get() { echo "$out" | sed -n "s/^$1=//p" | head -n 1; }
     form=$(get form_ms); cpu=$(get steady_cpu_pct); rss=$(get steady_rss_kb); rec=$(get recovery_ms)
+    wk=$(get steady_wakeups_per_s)
     [ -n "$rss" ] && rss=$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')
     kill -TERM "$DAEMON_PID" 2>/dev/null || true
     i=0; while pid_alive "$DAEMON_PID" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     kill -9 "$DAEMON_PID" 2>/dev/null || true
     lines=$(wc -l < "$ITEST_DIR/musterd.log")
-    printf '%-8s %-8s %-10s %-8s %-10s %-10s %s\n' "$n" "$world" "${form:--}" "${cpu:--}" "${rss:--}" "${rec:--}" "$lines"
+    printf '%-8s %-8s %-10s %-8s %-10s %-10s %-12s %s\n' "$n" "$world" "${form:--}" "${cpu:--}" "${rss:--}" "${wk:--}" "${rec:--}" "$lines"
     echo "$out" | grep '^steady_cpu_windows=' | sed 's/^steady_cpu_windows=/         cpu % of each 5 s window: /' || true
     echo "$out" | grep '^reject:' | sed 's/^/         /' || true
 done
