@@ -63,6 +63,8 @@ enum {
     OFFER_CKPT,        /* last committed checkpoint step + 1; 0 = none */
     OFFER_OLD_RANK,    /* survivors: its rank + 1 in the generation its state is of */
     OFFER_OLD_WORLD,   /* survivors: that generation's world size */
+    OFFER_MICRO,       /* the micro-batch it trains with in this generation: must agree (set by the
+                        * caller, not by replica_offer; replica_plan ignores it) */
     REPLICA_OFFER
 };
 

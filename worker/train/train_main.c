@@ -916,6 +916,43 @@ static int restore_in_place(struct rank_trainer *rt, const struct replica_plan *
     return rc;
 }
 
+/* Whether every rank of the generation runs a step alike (all: the
+ * gathered offers): as many micro-steps of as many sequences, hence the same
+ * collectives in the same order. Ranks that differ would not meet in their
+ * next collective (on GPUs a hang until NCCL's timeout); every rank sees
+ * the same offers and fails alike, with err naming the difference. */
+static int same_step_shape(const struct rank_trainer *rt, const uint64_t *all, char *err, size_t errlen)
+{
+    const struct job_spec *s = rt->spec;
+    for (int r = 0; r < rt->world; r++) {
+        const uint64_t theirs = all[(size_t)r * REPLICA_OFFER + OFFER_MICRO];
+        if (theirs != (uint64_t)s->micro_batch) {
+            snprintf(err, errlen, "the ranks of this generation disagree on the shape of a step (batch %d over "
+                     "%d ranks): rank %d runs micro-batches of %llu sequences, this rank (%d) of %d",
+                     s->batch, rt->world, r, (unsigned long long)theirs, rt->rank, s->micro_batch);
+            return -EPROTO;
+        }
+    }
+    return 0;
+}
+
+/* The facts the ranks of a generation must agree on, logged by each: a
+ * later collective mismatch names its cause here. Rank 0's line also says
+ * where the generation's state came from. */
+static void log_generation(const struct rank_trainer *rt, uint64_t generation, enum proto_restore from)
+{
+    const struct job_spec *s = rt->spec;
+    const int accum = s->batch / (s->micro_batch * rt->world);
+    if (rt->rank == 0)
+        log_info("generation %llu: training from step %ld (state from %s); rank 0 of %d, %d micro-step(s) of %d "
+                 "sequence(s) per step", (unsigned long long)generation, *rt->step, restore_words[from], rt->world,
+                 accum, s->micro_batch);
+    else
+        log_info("generation %llu: rank %d of %d at step %ld, %d micro-step(s) of %d sequence(s) per step, state "
+                 "from %s", (unsigned long long)generation, rt->rank, rt->world, *rt->step, accum, s->micro_batch,
+                 restore_words[from]);
+}
+
 /*
  * Collective, at the start of every generation of a world > 1 (replica.h):
  * the ranks' offers gathered, the replica ring formed, then the state of
@@ -937,6 +974,7 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
     replica_offer(ht ? ht->rep : NULL, ht != NULL, ht ? ht->rank : 0, ht ? ht->world : 0, ht ? ht->floats : 0,
                   ht ? *ht->step : 0, as->node_rank, as->local_rank, (uint64_t)(ht ? ht->spec->seed : rt->spec->seed),
                   ht ? *ht->last_checkpoint : -1, mine);
+    mine[OFFER_MICRO] = (uint64_t)rt->spec->micro_batch;
     uint64_t *all = malloc(sizeof(mine) * (size_t)world);
     int *pos = malloc(sizeof(int) * (size_t)world);
     struct replica_src *src = NULL; /* one per rank of the survivors' generation */
@@ -947,6 +985,8 @@ static int restore_state(struct rank_trainer *rt, const struct held_state *held,
         *broke = 1;
         goto out;
     }
+    if (rc == 0)
+        rc = same_step_shape(rt, all, err, errlen);
     if (rc == 0) {
         uint64_t w0 = (uint64_t)world; /* replica_plan refuses more than REPLICA_MAX_WORLD */
         for (int r = 0; r < world; r++)
@@ -1103,9 +1143,7 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
             if (rc == 0 && ops->restored)
                 ops->restored(&rt);
             if (rc == 0) {
-                if (at.rank == 0)
-                    log_info("generation %llu: training from step %ld (state from %s)",
-                             (unsigned long long)at.generation, *rt.step, restore_words[from]);
+                log_generation(&rt, at.generation, from);
                 rank_ctl_restored(ctl, from, (uint64_t)*rt.step);
                 rc = run_loop(&rt, ctl, stop_after, metrics_path, err, sizeof(err));
                 if (rc == 0 && !stop_flag) {
@@ -1332,7 +1370,14 @@ int main(int argc, char **argv)
         snprintf(err, sizeof(err), "no data: give --data FILE or \"data\" in the job spec");
         rc = -EINVAL;
     }
-    if (rc == 0 && trainer_check_spec(&spec, world, err, sizeof(err)))
+    /* Checked on a copy: micro_batch 0 resolves to batch / world for the
+     * world of each generation (common/batch.h), and each trainer resolves
+     * it for its own. Resolved here, a rank that outlives a resize would
+     * keep the first world's micro-batch while a rank started in the new
+     * world takes that world's: other micro-steps per step, other
+     * collectives, and the ranks of one generation no longer meet. */
+    struct job_spec checked = spec;
+    if (rc == 0 && trainer_check_spec(&checked, world, err, sizeof(err)))
         rc = -EINVAL;
     if (rc) {
         fprintf(stderr, "muster-train: %s: %s\n", origin, err);

@@ -514,6 +514,22 @@ static int sync_cs(struct gpu_zero *z)
     if (e != cudaSuccess)
         return gpu_report_cuda(z->err, sizeof(z->err), "cudaStreamSynchronize(compute)", e,
                                __FILE__, __LINE__);
+#ifdef MUSTER_HAVE_NCCL
+    /* A collective that a peer's failure or abort cut short leaves garbage
+     * (NaN) and no error of its own: without this, a loss or vote read
+     * next would be taken for the run's, and a rank whose generation broke
+     * would report that it diverged and leave instead of waiting for the
+     * next generation. */
+    if (z->have_nc) {
+        ncclResult_t ae = ncclSuccess;
+        NCCL_CK(ncclCommGetAsyncError(z->nc, &ae));
+        if (ae != ncclSuccess) {
+            z->nccl_failed = 1;
+            return gpu_report_nccl(z->err, sizeof(z->err), "a collective (ncclCommGetAsyncError)", ae,
+                                   __FILE__, __LINE__);
+        }
+    }
+#endif
     sample_peak(z);
     return 0;
 }
