@@ -533,7 +533,9 @@ void rdv_save(const struct rdv *r, struct rdv_saved *out)
     /* Only the members in use are written: the table is large and this runs at every state change. */
     memset(out, 0, offsetof(struct rdv_saved, members));
     snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
-    out->state = r->state;
+    /* A restored generation waiting for its members is kept as it was before
+     * the restart, so that another restart meanwhile restores it alike. */
+    out->state = r->resuming ? r->resume_to : r->state;
     snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
     out->generation = r->generation;
     out->restarts = r->restarts;
@@ -553,8 +555,9 @@ void rdv_save(const struct rdv *r, struct rdv_saved *out)
  * After a daemon restart the members are known but not connected. A job
  * that was forming, running or recovering goes on in its generation: when
  * every member rejoins saying its ranks still run that generation, training
- * never noticed; a member that comes back without them, or not in time,
- * is a failure like any other.
+ * never noticed (a generation that was still forming then waits for its
+ * ranks to report running, as in formation); a member that comes back
+ * without them, or not in time, is a failure like any other.
  */
 int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
 {
@@ -606,6 +609,7 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
         /* Ranks keep their generation until members tell us otherwise. */
         for (uint32_t i = 0; i < r->world_size; i++)
             set_rank_state(r, &r->ranks[i], RDV_RANK_STARTING);
+        r->resume_to = r->state;
         r->state = RDV_RECOVERING;
         r->resuming = 1;
         snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
@@ -618,7 +622,44 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     return 0;
 }
 
-/* After a restore: every member back in the old generation means nothing failed. */
+static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
+
+/* A node that joined while the job was forming, recovering or resuming is taken now it runs. */
+static void grow_waiting(struct rdv *r, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
+        if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+            maybe_grow(r, i, now_ms);
+}
+
+/* A forming or recovering generation runs once every rank reports running
+ * (or has finished); a restored one, not before every member is back. */
+static void check_running(struct rdv *r, uint64_t now_ms)
+{
+    if ((r->state != RDV_FORMING && r->state != RDV_RECOVERING) || r->resuming ||
+        r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] != r->world_size)
+        return;
+    r->state = RDV_RUNNING;
+    r->running_since_ms = now_ms;
+    /* The hang clock starts with the generation: a rank that rejoined in
+     * place reported running (at its old step) while the others were still
+     * starting, and was not stuck for that wait. */
+    for (uint32_t i = 0; i < r->world_size; i++)
+        r->ranks[i].progress_ms = now_ms;
+    r->reason[0] = '\0';
+    event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
+          (unsigned long long)r->generation, r->world_size, member_count(r),
+          (unsigned long long)(now_ms - r->gen_opened_ms));
+    changed(r, 1);
+    grow_waiting(r, now_ms);
+}
+
+/*
+ * After a restore: every member back in the old generation means nothing
+ * failed. A generation that ran before the restart runs on; one that was
+ * still forming waits for its ranks to report running, as in formation
+ * (check_running), its start_timeout_ms counted from now.
+ */
 static void check_resumed(struct rdv *r, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < r->nnodes; i++) {
@@ -626,13 +667,25 @@ static void check_resumed(struct rdv *r, uint64_t now_ms)
         if (nd->member && (nd->state != RDV_NODE_JOINED || nd->reported_generation != r->generation))
             return;
     }
-    r->state = RDV_RUNNING;
+    r->state = r->resume_to;
     r->resuming = 0;
-    r->reason[0] = '\0';
-    event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu; training went on",
-          (unsigned long long)r->generation);
-    (void)now_ms;
+    if (r->state == RDV_RUNNING) {
+        r->reason[0] = '\0';
+        event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu; training went on",
+              (unsigned long long)r->generation);
+        changed(r, 1);
+        grow_waiting(r, now_ms);
+        return;
+    }
+    r->assigned_ms = now_ms;
+    const uint32_t waiting = r->world_size - r->nranks_in[RDV_RANK_RUNNING] - r->nranks_in[RDV_RANK_COMPLETED];
+    snprintf(r->reason, sizeof(r->reason), "daemon restarted while generation %llu was forming; every member "
+             "rejoined, waiting for its ranks to report running", (unsigned long long)r->generation);
+    event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu, which was forming: waiting "
+          "for %u rank%s to report running (start_timeout_ms from now)", (unsigned long long)r->generation, waiting,
+          waiting == 1 ? "" : "s");
     changed(r, 1);
+    check_running(r, now_ms);
 }
 
 /*
@@ -718,8 +771,6 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->unfit_since_ms = now_ms;
 }
 
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
-
 /* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
 static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms)
 {
@@ -793,7 +844,9 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
             send_unique_id(r, idx);
         return;
     }
-    if (starting) {
+    /* No master_port: the generation was assigned before musterd restarted,
+     * and its ASSIGN cannot be told again. */
+    if (starting && r->master_port) {
         resend_assign(r, idx);
         send_unique_id(r, idx);
         return;
@@ -880,7 +933,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
 
     if (r->state == RDV_WAITING) {
         maybe_form(r, now_ms);
-    } else if (r->resuming) {
+    } else if (r->resuming && nd->member) {
         if (h->generation == r->generation) {
             check_resumed(r, now_ms);
         } else {
@@ -1130,26 +1183,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         finish_yield(r, now_ms, 0);
         return;
     }
-    if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
-        return;
-    if (r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] == r->world_size) {
-        r->state = RDV_RUNNING;
-        r->running_since_ms = now_ms;
-        /* The hang clock starts with the generation: a rank that rejoined in
-         * place reported running (at its old step) while the others were still
-         * starting, and was not stuck for that wait. */
-        for (uint32_t i = 0; i < r->world_size; i++)
-            r->ranks[i].progress_ms = now_ms;
-        r->reason[0] = '\0';
-        event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
-              (unsigned long long)r->generation, r->world_size, member_count(r),
-              (unsigned long long)(now_ms - r->gen_opened_ms));
-        changed(r, 1);
-        /* A node that joined while the job was forming or recovering is taken now. */
-        for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
-            if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-                maybe_grow(r, i, now_ms);
-    }
+    check_running(r, now_ms);
 }
 
 static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)

@@ -13,7 +13,9 @@
  *   forming     generation 1 assigned, not every rank heartbeats yet
  *   running     every rank of the current generation heartbeats "running"
  *   recovering  a failure opened generation G+1: ranks are being stopped,
- *               lost nodes awaited, then G+1 assigned and started
+ *               lost nodes awaited, then G+1 assigned and started; or
+ *               musterd restarted and awaits the members of G, which
+ *               then runs on, or forms again if it had not run yet
  *   completed   every rank of the current generation exited 0
  *   stopped     an administrator stopped the job
  *   failed      a failure came after max_restarts restarts (reason says which)
@@ -220,6 +222,11 @@ struct rdv {
     uint64_t lost_due_ms, hang_due_ms;
 
     int resuming;           /* restored from the state file, members not all back */
+    /* The state the restored generation was in before the restart, which it
+     * goes back to once every member is back (check_resumed): running, or
+     * forming (not every rank had reported running: they are waited for
+     * again, start_timeout_ms counted from then). */
+    enum rdv_job_state resume_to;
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step

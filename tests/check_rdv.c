@@ -7,11 +7,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cmdline.h"
 #include "daemon/failure.h"
 #include "daemon/rdv.h"
 #include "daemon/restdoc.h"
+#include "daemon/state.h"
 #include "daemon/view_build.h"
 
 #define MAX_SENT 256
@@ -469,6 +471,208 @@ START_TEST(restart_during_recovery_spends_nothing_more)
     const struct proto_msg *as = find_sent(0, "a", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(as);
     ck_assert_int_eq(as->u.assign.generation, 2);
+}
+END_TEST
+
+/* Generation 1 assigned on a (ranks 0, 1) and b (2, 3), rank 3 still
+ * starting, when musterd restarts: a new rdv restored from what the old one
+ * saved, start_timeout_ms 1 s. */
+static void restore_forming(void)
+{
+    setup_spec(2, 3);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 3, 1, PROTO_RANK_STARTING, 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.state, RDV_FORMING);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    spec.start_timeout_ms = 1000;
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+}
+
+START_TEST(restored_forming_generation_waits_for_its_ranks)
+{
+    restore_forming();
+    now += 200;
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    /* Every member is back, but rank 3 has not said it runs: not running yet. */
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert(has_event("generation_resumed"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for its ranks to report running"));
+    beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 3, 1, PROTO_RANK_STARTING, 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert(!has_event("generation_running"));
+    now += 300;
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert(has_event("generation_running"));
+    ck_assert_str_eq(rdv.reason, "");
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.restarts, 0);
+    ck_assert_ptr_null(find_sent(0, "a", PROTO_ASSIGN));
+    ck_assert_ptr_null(find_sent(0, "b", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(restored_forming_rank_that_never_starts_fails_after_start_timeout)
+{
+    restore_forming();
+    now += 800;
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    /* start_timeout_ms counts from the moment every member was back, not from the restore. */
+    now += 900;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 3, 1, PROTO_RANK_STARTING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    now += 200;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 0);
+    beat("b", 1, 3, 1, PROTO_RANK_STARTING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b did not start within 1.0 s"));
+}
+END_TEST
+
+/* A member whose agent comes back (on its session) without its ranks while
+ * the restored generation forms: that generation's ASSIGN went out before the
+ * restart and its MASTER_PORT is not known, so it has failed. */
+START_TEST(restored_forming_member_back_without_ranks_fails_the_generation)
+{
+    restore_forming();
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    int mark = rec.nsent;
+    ck_assert_int_eq(join_session("b", 2, 0, session_of("b")), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node b came back without its ranks of generation 1"));
+    const struct proto_msg *as = find_sent(mark, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 2);
+    ck_assert_uint_ne(as->u.assign.master_port, 0);
+}
+END_TEST
+
+/* A running generation resumes running at once; while its members come back
+ * the state file keeps it as running, so another restart meanwhile resumes
+ * it alike. */
+START_TEST(restored_running_generation_runs_at_once_across_two_restarts)
+{
+    form_running(3);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 5);
+    rdv_save(&rdv, &saved); /* what a persisting change (a checkpoint, say) writes now */
+    ck_assert_int_eq(saved.state, RDV_RUNNING);
+    rdv_free(&rdv);
+
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert(has_event("generation_resumed"));
+    ck_assert(!has_event("generation_running"));
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(rdv.restarts, 0);
+    ck_assert_ptr_null(find_sent(0, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+/* A node that is no member joining a shrunk job while musterd waits for the
+ * members after a restart: no failure; the job grows by it once it resumes. */
+START_TEST(restored_shrunk_job_grows_by_a_node_that_joined_meanwhile)
+{
+    form_running(3);
+    spec.min_nodes = 1;
+    spec.rejoin_timeout_ms = 1000;
+    spec.batch = 8;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    now += 2000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 3);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+
+    setup_spec(2, 3);
+    spec.min_nodes = 1;
+    spec.batch = 8;
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("c", 2, 0), 0);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_int_eq(join("a", 2, 3), 0);
+    ck_assert(has_event("generation_resumed"));
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv.restarts, 1);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "node c joined: growing"));
+}
+END_TEST
+
+/* A state file as musterd has always written it (version 1): its "state"
+ * says whether the generation had reached running, and nothing more is
+ * needed. A forming one waits for its ranks once the members are back; a
+ * running one runs at once. */
+START_TEST(state_file_says_whether_the_generation_ran)
+{
+    static const char *const states[] = {"forming", "running"};
+    for (int i = 0; i < 2; i++) {
+        char dir[64], path[128];
+        snprintf(dir, sizeof(dir), "/tmp/check-rdv.XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE_NAME);
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "{\"version\": 1, \"job\": \"t\", \"state\": \"%s\", \"reason\": \"\", \"generation\": 1, "
+                   "\"restarts\": 0, \"world_size\": 4, \"last_checkpoint_step\": -1, \"members\": ["
+                   "{\"name\": \"a\", \"first_rank\": 0, \"ndevices\": 2}, "
+                   "{\"name\": \"b\", \"first_rank\": 2, \"ndevices\": 2}]}\n", states[i]);
+        fclose(f);
+        static struct rdv_saved saved;
+        char err[512];
+        int rc = state_read(dir, &saved, err, sizeof(err));
+        unlink(path);
+        rmdir(dir);
+        ck_assert_msg(rc == 0, "%s", err);
+
+        setup_spec(2, 3);
+        ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+        ck_assert_int_eq(join("a", 2, 1), 0);
+        ck_assert_int_eq(join("b", 2, 1), 0);
+        ck_assert_int_eq(rdv.state, i == 0 ? RDV_FORMING : RDV_RUNNING);
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 0);
+        beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
+        ck_assert_int_eq(rdv.state, RDV_RUNNING);
+        ck_assert_int_eq(has_event("generation_running"), i == 0);
+        ck_assert_int_eq(rdv.generation, 1);
+        rdv_free(&rdv);
+    }
+    setup_spec(2, 3); /* for the teardown */
 }
 END_TEST
 
@@ -1847,6 +2051,12 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
     tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
+    tcase_add_test(tc, restored_forming_generation_waits_for_its_ranks);
+    tcase_add_test(tc, restored_forming_rank_that_never_starts_fails_after_start_timeout);
+    tcase_add_test(tc, restored_forming_member_back_without_ranks_fails_the_generation);
+    tcase_add_test(tc, restored_running_generation_runs_at_once_across_two_restarts);
+    tcase_add_test(tc, restored_shrunk_job_grows_by_a_node_that_joined_meanwhile);
+    tcase_add_test(tc, state_file_says_whether_the_generation_ran);
     tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
     tcase_add_test(tc, new_node_grows_a_job_below_its_size);
