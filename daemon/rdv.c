@@ -374,6 +374,7 @@ static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
 static void fail_job(struct rdv *r, int node, int rank)
 {
     r->state = RDV_FAILED;
+    r->resuming = 0;
     event(r, "job_failed", node, rank, "%s", r->reason);
     settle_ranks(r);
     changed(r, 1);
@@ -1245,6 +1246,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
             return;
         }
         r->state = RDV_COMPLETED;
+        r->resuming = 0; /* every rank finished while a member was still awaited after a restart */
         r->reason[0] = '\0';
         event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
               r->spec->name, (unsigned long long)r->generation, r->restarts, r->restarts == 1 ? "" : "s");
@@ -1553,6 +1555,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         if (rdv_terminal(r))
             return -EINVAL;
         r->state = RDV_STOPPED;
+        r->resuming = 0; /* members still awaited after a restart bring nothing back */
         snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
         event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
         settle_ranks(r);

@@ -221,7 +221,7 @@ struct rdv {
      * start their clocks at now. */
     uint64_t lost_due_ms, hang_due_ms;
 
-    int resuming;           /* restored from the state file, members not all back */
+    int resuming;           /* restored from the state file, members not all back; 0 once the job ends */
     /* The state the restored generation was in before the restart, which it
      * goes back to once every member is back (check_resumed): running, or
      * forming (not every rank had reported running: they are waited for

@@ -634,6 +634,52 @@ START_TEST(restored_shrunk_job_grows_by_a_node_that_joined_meanwhile)
 }
 END_TEST
 
+/* An administrator stops a restored job while musterd awaits its members: it
+ * stays stopped, in the state file too, and the members coming back do not
+ * bring the generation back. */
+START_TEST(restored_job_stopped_while_members_are_awaited_stays_stopped)
+{
+    restore_forming();
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STOP, NULL, now), 0);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.state, RDV_STOPPED);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.state, RDV_STOPPED);
+    now += 60000;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_STOPPED);
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.state, RDV_STOPPED);
+}
+END_TEST
+
+/* Every rank of a restored running generation finishes while a member that
+ * had rejoined is away again: the job is completed, and saved as such. */
+START_TEST(restored_job_completed_while_a_member_is_away_is_saved_completed)
+{
+    form_running(3);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    rank_exit("a", 1, 0, 0, 0);
+    rank_exit("a", 1, 1, 0, 0);
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    rank_exit("b", 1, 2, 0, 0);
+    rank_exit("b", 1, 3, 0, 0);
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+    rdv_save(&rdv, &saved);
+    ck_assert_int_eq(saved.state, RDV_COMPLETED);
+    ck_assert_int_eq(join("a", 2, 1), 0);
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+}
+END_TEST
+
 /* A state file as musterd has always written it (version 1): its "state"
  * says whether the generation had reached running, and nothing more is
  * needed. A forming one waits for its ranks once the members are back; a
@@ -2056,6 +2102,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_forming_member_back_without_ranks_fails_the_generation);
     tcase_add_test(tc, restored_running_generation_runs_at_once_across_two_restarts);
     tcase_add_test(tc, restored_shrunk_job_grows_by_a_node_that_joined_meanwhile);
+    tcase_add_test(tc, restored_job_stopped_while_members_are_awaited_stays_stopped);
+    tcase_add_test(tc, restored_job_completed_while_a_member_is_away_is_saved_completed);
     tcase_add_test(tc, state_file_says_whether_the_generation_ran);
     tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
