@@ -17,6 +17,7 @@ static void on_check(uv_check_t *h)
         }
     }
     c->events = 0;
+    c->pass++;
 }
 
 int coalesce_start(struct coalesce *c, uv_loop_t *loop, unsigned min_events, unsigned wait_us)

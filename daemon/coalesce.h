@@ -6,7 +6,8 @@
  * epoll_wait) cost more than reading the frames it found.
  *
  * After a loop iteration that handled at least min_events events (the
- * caller notes each one with coalesce_note), the loop sleeps wait_us before
+ * caller notes each one with coalesce_note, or coalesce_note_from for one
+ * per source), the loop sleeps wait_us before
  * it polls again, so that one wakeup then takes the frames of that time
  * together. An iteration that handled fewer never waits: an idle or lightly
  * loaded daemon answers at once. Cost: under load, a frame waits up to
@@ -24,6 +25,7 @@ struct coalesce {
     unsigned events;     /* noted in the iteration that is ending */
     unsigned min_events; /* an iteration with this many waits */
     unsigned wait_us;
+    uint64_t pass;       /* iterations ended: a source's mark for the one it noted in */
     uint64_t iterations; /* iterations that handled an event */
     uint64_t waits;      /* of those, the ones that waited */
 };
@@ -34,6 +36,18 @@ int coalesce_start(struct coalesce *c, uv_loop_t *loop, unsigned min_events, uns
 
 /* One event handled in this iteration (a read, say). */
 static inline void coalesce_note(struct coalesce *c) { c->events++; }
+
+/* An event from a source (a connection) that counts once per iteration:
+ * libuv reads a busy stream several times in one iteration, and those are
+ * one connection's frames, not many agents'. *mark is the source's own,
+ * zeroed with it. */
+static inline void coalesce_note_from(struct coalesce *c, uint64_t *mark)
+{
+    if (*mark != c->pass + 1) {
+        *mark = c->pass + 1;
+        c->events++;
+    }
+}
 
 /* Closes the handle; c must live until the loop has run its close. */
 void coalesce_close(struct coalesce *c);

@@ -146,6 +146,77 @@ START_TEST(frames_ready_together_are_read_in_one_wakeup_that_then_waits)
 }
 END_TEST
 
+/* One connection whose frames fill more than one read buffer is read several
+ * times in one iteration: still one connection, so no wait (libuv also calls
+ * back with 0 bytes once the socket is drained, which counts for nothing). */
+struct source {
+    uv_pipe_t pipe;
+    struct coalesce *c;
+    uint64_t mark;
+    char buf[16];
+    unsigned reads;
+};
+
+static void on_source_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct source *r = h->data;
+    *buf = uv_buf_init(r->buf, sizeof(r->buf));
+}
+
+static void on_source_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct source *r = s->data;
+    if (nread > 0) {
+        r->reads++;
+        coalesce_note_from(r->c, &r->mark);
+    }
+}
+
+START_TEST(one_connection_read_many_times_in_an_iteration_does_not_wait)
+{
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    struct coalesce c;
+    ck_assert_int_eq(coalesce_start(&c, &loop, 2, 30000), 0);
+    struct source r[2];
+    int far[2];
+    for (int i = 0; i < 2; i++) {
+        int sv[2];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        far[i] = sv[1];
+        r[i] = (struct source){.c = &c};
+        ck_assert_int_eq(uv_pipe_init(&loop, &r[i].pipe, 0), 0);
+        ck_assert_int_eq(uv_pipe_open(&r[i].pipe, sv[0]), 0);
+        r[i].pipe.data = &r[i];
+        ck_assert_int_eq(uv_read_start((uv_stream_t *)&r[i].pipe, on_source_alloc, on_source_read), 0);
+    }
+    static const char stream[40] = "heartbeats of one agent, more than 16";
+    ck_assert_int_eq(write(far[0], stream, sizeof(stream)), (ssize_t)sizeof(stream));
+    uint64_t t0 = now_us();
+    uv_run(&loop, UV_RUN_NOWAIT);
+    uint64_t took = now_us() - t0;
+    ck_assert_uint_eq(r[0].reads, 3);
+    ck_assert_uint_eq(c.iterations, 1);
+    ck_assert_uint_eq(c.waits, 0);
+    ck_assert_msg(took < 30000, "one connection's reads made the iteration wait (%llu us)", (unsigned long long)took);
+
+    /* The next iteration counts anew: two connections wait. */
+    ck_assert_int_eq(write(far[0], "beat", 4), 4);
+    ck_assert_int_eq(write(far[1], "beat", 4), 4);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_uint_eq(c.iterations, 2);
+    ck_assert_uint_eq(c.waits, 1);
+
+    for (int i = 0; i < 2; i++) {
+        uv_close((uv_handle_t *)&r[i].pipe, NULL);
+        close(far[i]);
+    }
+    coalesce_close(&c);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 Suite *make_coalesce_suite(void)
 {
     Suite *s = suite_create("coalesce");
@@ -153,6 +224,7 @@ Suite *make_coalesce_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, an_iteration_with_enough_events_waits_and_a_quieter_one_does_not);
     tcase_add_test(tc, frames_ready_together_are_read_in_one_wakeup_that_then_waits);
+    tcase_add_test(tc, one_connection_read_many_times_in_an_iteration_does_not_wait);
     suite_add_tcase(s, tc);
     return s;
 }
