@@ -6,12 +6,12 @@
  * epoll_wait) cost more than reading the frames it found.
  *
  * After a loop iteration that handled at least min_events events (the
- * caller notes each one with coalesce_note, or coalesce_note_from for one
- * per source), the loop sleeps wait_us before
- * it polls again, so that one wakeup then takes the frames of that time
- * together. An iteration that handled fewer never waits: an idle or lightly
- * loaded daemon answers at once. Cost: under load, a frame waits up to
- * wait_us longer before it is read, and timers run up to wait_us late.
+ * caller notes each with coalesce_note, or with coalesce_note_from to count
+ * a source once per iteration), the loop sleeps wait_us before it polls
+ * again, so that one wakeup then takes the frames of that time together.
+ * An iteration that handled fewer never waits: an idle or lightly loaded
+ * daemon answers at once. Cost: under load, a frame waits up to wait_us
+ * longer before it is read, and timers run up to wait_us late.
  */
 #ifndef MUSTER_COALESCE_H
 #define MUSTER_COALESCE_H
