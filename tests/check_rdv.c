@@ -599,9 +599,10 @@ START_TEST(restored_running_generation_runs_at_once_across_two_restarts)
 }
 END_TEST
 
-/* A node that is no member joining a shrunk job while musterd waits for the
- * members after a restart: no failure; the job grows by it once it resumes. */
-START_TEST(restored_shrunk_job_grows_by_a_node_that_joined_meanwhile)
+/* Generation 1 of a and b (min_nodes 1, batch 8): b is lost, a's ranks
+ * join generation 2, b stays away past rejoin_timeout_ms, and generation 3
+ * opens for a's two ranks alone. */
+static void shrink_to_a(void)
 {
     form_running(3);
     spec.min_nodes = 1;
@@ -611,6 +612,13 @@ START_TEST(restored_shrunk_job_grows_by_a_node_that_joined_meanwhile)
     now += 2000;
     beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
     rdv_tick(&rdv, now);
+}
+
+/* A node that is no member joining a shrunk job while musterd waits for the
+ * members after a restart: no failure; the job grows by it once it resumes. */
+START_TEST(restored_shrunk_job_grows_by_a_node_that_joined_meanwhile)
+{
+    shrink_to_a();
     beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
     ck_assert_int_eq(rdv.generation, 3);
@@ -802,14 +810,7 @@ END_TEST
  * over the larger world leaves the node idle. */
 START_TEST(new_node_grows_a_job_below_its_size)
 {
-    form_running(3);
-    spec.min_nodes = 1;
-    spec.rejoin_timeout_ms = 1000;
-    spec.batch = 8;
-    rdv_disconnected(&rdv, "b", "connection closed", now);
-    now += 2000;
-    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
-    rdv_tick(&rdv, now);
+    shrink_to_a();
     ck_assert_int_eq(rdv.world_size, 2);
     ck_assert_int_eq(rdv.generation, 3);
     ck_assert_int_eq(join("c", 2, 0), 0); /* while generation 3 forms: taken when it runs */
@@ -1959,14 +1960,7 @@ END_TEST
 
 START_TEST(new_node_grows_the_job_once_it_is_fit)
 {
-    form_running(3);
-    spec.min_nodes = 1;
-    spec.rejoin_timeout_ms = 1000;
-    spec.batch = 8;
-    rdv_disconnected(&rdv, "b", "connection closed", now);
-    now += 2000;
-    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 0);
-    rdv_tick(&rdv, now);
+    shrink_to_a();
     beat("a", 3, 0, 2, PROTO_RANK_RUNNING, 0);
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
     ck_assert_int_eq(rdv.world_size, 2);
