@@ -5,12 +5,11 @@
  * about 1300 times a second, and each wakeup (a context switch and an
  * epoll_wait) cost more than reading the frames it found.
  *
- * After a loop iteration that handled at least min_events events (the
- * caller notes each with coalesce_note, or with coalesce_note_from to count
- * a source once per iteration), the loop sleeps wait_us before it polls
- * again, so that one wakeup then takes the frames of that time together.
- * An iteration that handled fewer never waits: an idle or lightly loaded
- * daemon answers at once. Cost: under load, a frame waits up to wait_us
+ * After a loop iteration that handled events from at least min_events
+ * sources (the caller notes each with coalesce_note), the loop sleeps
+ * wait_us before it polls again, so that one wakeup then takes the frames
+ * of that time together. An iteration that handled fewer never waits: an
+ * idle or lightly loaded daemon answers at once. Cost: under load, a frame waits up to wait_us
  * longer before it is read, and timers run up to wait_us late.
  */
 #ifndef MUSTER_COALESCE_H
@@ -22,8 +21,8 @@
 
 struct coalesce {
     uv_check_t check;    /* runs after each poll phase */
-    unsigned events;     /* noted in the iteration that is ending */
-    unsigned min_events; /* an iteration with this many waits */
+    unsigned events;     /* sources noted in the iteration that is ending */
+    unsigned min_events; /* an iteration with this many sources waits */
     unsigned wait_us;
     uint64_t pass;       /* iterations ended: a source's mark for the one it noted in */
     uint64_t iterations; /* iterations that handled an event */
@@ -34,14 +33,11 @@ struct coalesce {
  * 0 or a libuv error code. */
 int coalesce_start(struct coalesce *c, uv_loop_t *loop, unsigned min_events, unsigned wait_us);
 
-/* One event handled in this iteration (a read, say). */
-static inline void coalesce_note(struct coalesce *c) { c->events++; }
-
-/* An event from a source (a connection) that counts once per iteration:
- * libuv reads a busy stream several times in one iteration, and those are
- * one connection's frames, not many agents'. *mark is the source's own,
- * zeroed with it. */
-static inline void coalesce_note_from(struct coalesce *c, uint64_t *mark)
+/* An event from a source (a connection) in this iteration: a source counts
+ * once per iteration, since libuv reads a busy stream several times in one
+ * iteration and those are one connection's frames, not many agents'. *mark
+ * is the source's own, zeroed with it. */
+static inline void coalesce_note(struct coalesce *c, uint64_t *mark)
 {
     if (*mark != c->pass + 1) {
         *mark = c->pass + 1;

@@ -37,7 +37,7 @@ struct conn {
     struct write_req *held, *held_tail; /* rdv's frames waiting for the state file (server_hold) */
     size_t held_bytes;
     size_t rlen;
-    uint64_t noted;                /* coalesce_note_from's mark: counted once per loop iteration */
+    uint64_t noted;                /* coalesce_note's mark: counted once per loop iteration */
     uint8_t rbuf[PROTO_MAX_FRAME];
     struct conn *prev, *next;
 };
@@ -362,7 +362,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
     c->rlen += (size_t)nread;
     if (nread > 0) /* 0: libuv found the socket drained and hands the buffer back */
-        coalesce_note_from(&c->srv->batch, &c->noted);
+        coalesce_note(&c->srv->batch, &c->noted);
     while (c->state != CONN_CLOSING) {
         struct proto_msg m;
         size_t used = 0;

@@ -373,10 +373,9 @@ uint32_t proto_stall_ms(uint32_t timeout_ms);
  * longest whole number of intervals, at least one, within half of lease_ms
  * and within three quarters of heartbeat_timeout_ms less proto_stall_ms (at
  * most half the timeout; less below 800 ms, where the stall time stays
- * 200 ms). A
- * stalled stream is then noticed within this plus the stall time of the
- * last answer, within three quarters of the timeout, with a quarter left to
- * resume; where not even one interval fits, every heartbeat asks.
+ * 200 ms). A stalled stream is then noticed within this plus the stall time
+ * of the last answer, within three quarters of the timeout, with a quarter
+ * left to resume; where not even one interval fits, every heartbeat asks.
  */
 uint32_t proto_ack_every_ms(uint32_t interval_ms, uint32_t timeout_ms, uint32_t lease_ms);
 

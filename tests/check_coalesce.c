@@ -17,23 +17,27 @@ static uint64_t now_us(void)
 
 /* ---- events noted from a timer ---- */
 
+#define NOTER_MAX 8
+
 struct noter {
     struct coalesce *c;
     unsigned n;
+    uint64_t marks[NOTER_MAX]; /* one source each */
 };
 
 static void note_n(uv_timer_t *t)
 {
     struct noter *w = t->data;
     for (unsigned i = 0; i < w->n; i++)
-        coalesce_note(w->c);
+        coalesce_note(w->c, &w->marks[i]);
 }
 
-/* One loop iteration in which a timer notes n events; answers the wall time it took. */
+/* One loop iteration in which a timer notes n sources (n <= NOTER_MAX);
+ * answers the wall time it took. */
 static uint64_t iteration_noting(struct coalesce *c, uv_loop_t *loop, unsigned n)
 {
     uv_timer_t t;
-    struct noter w = {c, n};
+    struct noter w = {.c = c, .n = n};
     uv_timer_init(loop, &t);
     t.data = &w;
     uv_timer_start(&t, note_n, 0, 0);
@@ -78,12 +82,11 @@ END_TEST
 
 /* ---- reads, as the control port notes them ---- */
 
-/* The near end of a socket pair, read on the loop; its reads are noted one
- * by one, or once per iteration (by_source, as the server notes a connection). */
+/* The near end of a socket pair, read on the loop, noted as the server notes
+ * a connection. */
 struct peer {
     uv_pipe_t pipe;
     struct coalesce *c;
-    int by_source;
     uint64_t mark;
     int far; /* the other end, written by the test */
     char buf[16];
@@ -102,18 +105,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread <= 0)
         return;
     p->reads++;
-    if (p->by_source)
-        coalesce_note_from(p->c, &p->mark);
-    else
-        coalesce_note(p->c);
+    coalesce_note(p->c, &p->mark);
 }
 
-static void peers_open(uv_loop_t *loop, struct coalesce *c, struct peer *p, int n, int by_source)
+static void peers_open(uv_loop_t *loop, struct coalesce *c, struct peer *p, int n)
 {
     for (int i = 0; i < n; i++) {
         int sv[2];
         ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-        p[i] = (struct peer){.c = c, .by_source = by_source, .far = sv[1]};
+        p[i] = (struct peer){.c = c, .far = sv[1]};
         ck_assert_int_eq(uv_pipe_init(loop, &p[i].pipe, 0), 0);
         ck_assert_int_eq(uv_pipe_open(&p[i].pipe, sv[0]), 0);
         p[i].pipe.data = &p[i];
@@ -142,7 +142,7 @@ START_TEST(frames_ready_together_are_read_in_one_wakeup_that_then_waits)
     struct coalesce c;
     ck_assert_int_eq(coalesce_start(&c, &loop, 2, 1000), 0);
     struct peer p[PEERS];
-    peers_open(&loop, &c, p, PEERS, 0);
+    peers_open(&loop, &c, p, PEERS);
     /* Every peer's frame is there before the loop polls: one wakeup reads them all. */
     for (int i = 0; i < PEERS; i++)
         ck_assert_int_eq(write(p[i].far, "beat", 4), 4);
@@ -171,7 +171,7 @@ START_TEST(one_connection_read_many_times_in_an_iteration_does_not_wait)
     struct coalesce c;
     ck_assert_int_eq(coalesce_start(&c, &loop, 2, 30000), 0);
     struct peer p[2];
-    peers_open(&loop, &c, p, 2, 1);
+    peers_open(&loop, &c, p, 2);
     static const char stream[40] = "heartbeats of one agent, more than 16";
     ck_assert_int_eq(write(p[0].far, stream, sizeof(stream)), (ssize_t)sizeof(stream));
     uv_run(&loop, UV_RUN_NOWAIT);

@@ -659,7 +659,7 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     if (opt.steady_s > 0) {
-        long rss = 0, wk0 = 0, wk1 = 0, wk = 0;
+        long rss = 0, wk = 0; /* wakeups over all windows */
         run_for(2000, no_phase_left); /* let the formation's bursts settle */
         int nwin = (int)(opt.steady_s / STEADY_WINDOW_S);
         nwin = nwin < 1 ? 1 : nwin > STEADY_WINDOWS_MAX ? STEADY_WINDOWS_MAX : nwin;
@@ -667,6 +667,7 @@ int main(int argc, char **argv)
         double pct[STEADY_WINDOWS_MAX];
         for (int w = 0; w < nwin; w++) {
             double cpu0 = 0, cpu1 = 0;
+            long wk0 = 0, wk1 = 0;
             uint64_t m0 = mono_ms();
             if (opt.pid && proc_sample(&cpu0, &rss, &wk0) != 0)
                 die("cannot read /proc/%d", opt.pid);
