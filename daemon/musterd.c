@@ -264,8 +264,9 @@ static void begin_shutdown(struct daemon *d);
 
 /*
  * The open-file soft limit raised to the hard one (a unit sets the hard one
- * with LimitNOFILE=), and the connection limit the job needs checked
- * against it. Returns the connection limit to use.
+ * with LimitNOFILE=), and the connections the job needs checked against it:
+ * as many joined as server_conn_limit, and as many unauthenticated again
+ * (their own pool, daemon/server.h). Returns the limit to use for each.
  */
 static unsigned fit_connection_limit(const struct job_spec *spec)
 {
@@ -279,10 +280,10 @@ static unsigned fit_connection_limit(const struct job_spec *spec)
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
             rl.rlim_cur = before;
     }
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)want + FD_RESERVE) {
-        unsigned fit = rl.rlim_cur > FD_RESERVE ? (unsigned)(rl.rlim_cur - FD_RESERVE) : 1;
-        log_warn("the open-file limit (%llu) allows %u agent connections; job %s needs %u (%d nodes + margin): "
-                 "raise it (LimitNOFILE= in musterd.service, or ulimit -n)",
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 2 * (rlim_t)want + FD_RESERVE) {
+        unsigned fit = rl.rlim_cur > FD_RESERVE + 2 ? (unsigned)(rl.rlim_cur - FD_RESERVE) / 2 : 1;
+        log_warn("the open-file limit (%llu) allows %u agent connections (and as many unauthenticated); job %s "
+                 "needs %u (%d nodes + margin): raise it (LimitNOFILE= in musterd.service, or ulimit -n)",
                  (unsigned long long)rl.rlim_cur, fit, spec->name, want, spec->nodes);
         return fit;
     }

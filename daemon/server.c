@@ -22,13 +22,35 @@ enum conn_state {
 
 static const char *const conn_state_names[] = {"hello", "auth", "joined", "closing"};
 
+/*
+ * Before its RESPONSE verifies, a connection is a stranger and costs only
+ * this struct: it reads into the server's shared pre-authentication buffer,
+ * keeps a partial frame in a small allocation, and holds its HELLO on the
+ * heap. A stranger is in the pool (an age-ordered list, and one per address)
+ * from which the oldest is evicted when the pool or its address is full;
+ * once its HELLO names a node rdv knows, it is a claim instead (one per
+ * name, in s->claims) that strangers cannot evict. The full-size read
+ * buffer comes with CONN_JOINED.
+ */
+enum conn_class {
+    CLASS_NONE,     /* joined or closing: in no pre-authentication list */
+    CLASS_POOL,     /* unauthenticated stranger */
+    CLASS_CLAIM,    /* unauthenticated, its HELLO names a node rdv knows */
+};
+
+struct addr_slot;
+
 struct conn {
     uv_tcp_t tcp;
     struct server *srv;
     enum conn_state state;
+    enum conn_class class;
     char peer[64];                 /* "ip:port" for logs */
     char node[PROTO_NAME_MAX];     /* after HELLO */
-    struct proto_hello hello;
+    struct proto_hello *hello;     /* from HELLO until RESPONSE */
+    struct addr_slot *addr;        /* its address's pool entry (CLASS_POOL) */
+    struct conn *pool_prev, *pool_next; /* the pool, oldest first (CLASS_POOL) */
+    struct conn *addr_prev, *addr_next; /* its address's pool connections, oldest first */
     uint8_t nonce[PROTO_NONCE_LEN];
     uint64_t accepted_ms;
     uint64_t closing_ms;           /* when CLOSING began: a stalled shutdown is cut short */
@@ -38,8 +60,16 @@ struct conn {
     size_t held_bytes;
     size_t rlen;
     uint64_t noted;                /* coalesce_note's mark: counted once per loop iteration */
-    uint8_t rbuf[PROTO_MAX_FRAME];
+    uint8_t *rbuf;                 /* NULL: nothing buffered before authentication */
+    size_t rcap;
     struct conn *prev, *next;
+};
+
+/* A peer address's strangers in the pool. */
+struct addr_slot {
+    char key[INET6_ADDRSTRLEN];
+    unsigned count;
+    struct conn *oldest, *newest;
 };
 
 struct server {
@@ -54,6 +84,13 @@ struct server {
     unsigned nconns;
     unsigned max_conns;
     struct namemap joined; /* node name -> its CONN_JOINED connection */
+    /* Before authentication (see struct conn): */
+    struct conn *pool_oldest, *pool_newest;
+    unsigned npool, pool_max, per_addr_max;
+    struct namemap addrs;  /* peer address -> struct addr_slot *, for addresses in the pool */
+    struct namemap claims; /* node name -> its CLASS_CLAIM connection */
+    uint64_t evicted;      /* strangers closed to make room */
+    uint8_t preauth_buf[SERVER_PREAUTH_FRAME_MAX]; /* every stranger's reads, one at a time */
     struct conn *joining; /* during rdv_join: the connection being admitted */
     struct conn *speaking; /* during rdv_message: the sender (its echo needs no lookup) */
     int closing_all;      /* server_close ran: rdv is no longer told anything */
@@ -76,6 +113,111 @@ struct write_req {
 static void conn_close(struct conn *c, const char *why, int tell_rdv);
 static void conn_lost_later(struct conn *c, const char *why);
 
+/* ---- before authentication: the pool and the claims ------------------- */
+
+static void pool_add(struct conn *c, const char *ip)
+{
+    struct server *s = c->srv;
+    uintptr_t v;
+    struct addr_slot *a;
+    if (namemap_get(&s->addrs, ip, &v) == 0) {
+        a = (struct addr_slot *)v;
+    } else {
+        a = calloc(1, sizeof(*a));
+        if (!a || namemap_put(&s->addrs, ip, (uintptr_t)a) != 0) {
+            free(a);
+            return; /* left out of the pool: the handshake deadline still applies */
+        }
+        snprintf(a->key, sizeof(a->key), "%s", ip);
+    }
+    c->class = CLASS_POOL;
+    c->addr = a;
+    c->addr_prev = a->newest;
+    if (a->newest)
+        a->newest->addr_next = c;
+    else
+        a->oldest = c;
+    a->newest = c;
+    a->count++;
+    c->pool_prev = s->pool_newest;
+    if (s->pool_newest)
+        s->pool_newest->pool_next = c;
+    else
+        s->pool_oldest = c;
+    s->pool_newest = c;
+    s->npool++;
+}
+
+/* Out of the pool or the claims; idempotent. */
+static void class_leave(struct conn *c)
+{
+    struct server *s = c->srv;
+    if (c->class == CLASS_CLAIM) {
+        uintptr_t v;
+        if (namemap_get(&s->claims, c->node, &v) == 0 && (struct conn *)v == c)
+            namemap_del(&s->claims, c->node);
+    } else if (c->class == CLASS_POOL) {
+        struct addr_slot *a = c->addr;
+        if (c->addr_prev)
+            c->addr_prev->addr_next = c->addr_next;
+        else
+            a->oldest = c->addr_next;
+        if (c->addr_next)
+            c->addr_next->addr_prev = c->addr_prev;
+        else
+            a->newest = c->addr_prev;
+        if (--a->count == 0) {
+            namemap_del(&s->addrs, a->key);
+            free(a);
+        }
+        if (c->pool_prev)
+            c->pool_prev->pool_next = c->pool_next;
+        else
+            s->pool_oldest = c->pool_next;
+        if (c->pool_next)
+            c->pool_next->pool_prev = c->pool_prev;
+        else
+            s->pool_newest = c->pool_prev;
+        s->npool--;
+    }
+    c->class = CLASS_NONE;
+    c->addr = NULL;
+    c->pool_prev = c->pool_next = c->addr_prev = c->addr_next = NULL;
+}
+
+static void evict(struct conn *c, const char *why)
+{
+    c->srv->evicted++;
+    conn_lost_later(c, why); /* nothing of ours is queued: no graceful shutdown */
+}
+
+/* Room for a new stranger from a: its address's oldest goes first, then the pool's. */
+static void pool_make_room(struct server *s, const char *ip)
+{
+    uintptr_t v;
+    if (namemap_get(&s->addrs, ip, &v) == 0 && ((struct addr_slot *)v)->count >= s->per_addr_max)
+        evict(((struct addr_slot *)v)->oldest, "evicted: its address holds the most unauthenticated connections "
+                                               "allowed per address");
+    if (s->npool >= s->pool_max && s->pool_oldest)
+        evict(s->pool_oldest, "evicted: the oldest of the unauthenticated connections when their pool was full");
+}
+
+/* A HELLO that names a node rdv knows: out of the strangers' reach. A newer
+ * claim on the name replaces an older one (the older is a dead attempt of
+ * the same agent, or an impostor that cannot answer the challenge anyway). */
+static void claim(struct conn *c)
+{
+    struct server *s = c->srv;
+    uintptr_t v;
+    if (namemap_get(&s->rdv->byname, c->node, &v) != 0)
+        return;
+    class_leave(c);
+    if (namemap_get(&s->claims, c->node, &v) == 0)
+        evict((struct conn *)v, "a newer connection claims the same node");
+    if (namemap_put(&s->claims, c->node, (uintptr_t)c) == 0)
+        c->class = CLASS_CLAIM;
+}
+
 static void conn_set_state(struct conn *c, enum conn_state to)
 {
     static const int allowed[4][4] = {
@@ -91,6 +233,8 @@ static void conn_set_state(struct conn *c, enum conn_state to)
     }
     log_debug("connection %s%s%s: %s -> %s", c->peer, c->node[0] ? " " : "", c->node,
               conn_state_names[c->state], conn_state_names[to]);
+    if (to == CONN_JOINED || to == CONN_CLOSING)
+        class_leave(c);
     /* rdv refuses a second connection under a joined name, so names are unique here. */
     if (to == CONN_JOINED)
         namemap_put(&c->srv->joined, c->node, (uintptr_t)c);
@@ -177,6 +321,9 @@ static void on_closed(uv_handle_t *h)
     struct server *s = c->srv;
     if (c->tell_rdv_later && !s->closing_all)
         rdv_disconnected(s->rdv, c->node, c->lost_why, uv_now(s->loop));
+    class_leave(c);
+    free(c->hello);
+    free(c->rbuf);
     while (c->held) {
         struct write_req *w = c->held;
         c->held = w->next;
@@ -257,8 +404,14 @@ static void on_hello(struct conn *c, const struct proto_msg *m)
 {
     struct proto_msg ch = {.type = PROTO_CHALLENGE};
 
-    c->hello = m->u.hello;
+    c->hello = malloc(sizeof(*c->hello));
+    if (!c->hello) {
+        send_reject(c, "internal", "musterd is out of memory");
+        return;
+    }
+    *c->hello = m->u.hello;
     snprintf(c->node, sizeof(c->node), "%s", m->u.hello.node);
+    claim(c);
     if (proto_nonce(c->nonce) != 0) {
         send_reject(c, "internal", "musterd could not draw a nonce");
         return;
@@ -281,14 +434,28 @@ static void on_response(struct conn *c, const struct proto_msg *m)
         send_reject(c, "auth", "wrong cluster token (the HMAC of the challenge does not match)");
         return;
     }
+    uintptr_t known;
+    if (namemap_get(&s->rdv->byname, c->node, &known) != 0 && s->joined.count >= s->max_conns) {
+        /* Only a node rdv does not know can be turned away for room: members always have theirs. */
+        snprintf(reason, sizeof(reason),
+                 "musterd is at its limit of %u joined connections (job %s: %d node%s + %d spare); retry "
+                 "later, or check for agents that are not part of this job",
+                 s->max_conns, s->rdv->spec->name, s->rdv->spec->nodes, s->rdv->spec->nodes == 1 ? "" : "s",
+                 (int)s->max_conns - s->rdv->spec->nodes);
+        LOG_LIMITED(LOG_WARN, "node %s from %s refused: %s", c->node, c->peer, reason);
+        send_reject(c, PROTO_REJECT_FULL, reason);
+        return;
+    }
     s->joining = c;
-    int rc = rdv_join(s->rdv, &c->hello, uv_now(s->loop), code, reason);
+    int rc = rdv_join(s->rdv, c->hello, uv_now(s->loop), code, reason);
     s->joining = NULL;
     if (rc != 0) {
         log_warn_limited("node %s from %s refused: %s: %s", c->node, c->peer, code, reason);
         send_reject(c, code, reason);
         return;
     }
+    free(c->hello);
+    c->hello = NULL;
     conn_set_state(c, CONN_JOINED);
 }
 
@@ -343,14 +510,50 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct conn *c = h->data;
+    if (!c->rbuf) { /* a stranger with nothing buffered: the shared buffer */
+        buf->base = (char *)c->srv->preauth_buf;
+        buf->len = sizeof(c->srv->preauth_buf);
+        return;
+    }
     buf->base = (char *)c->rbuf + c->rlen;
-    buf->len = sizeof(c->rbuf) - c->rlen;
+    buf->len = c->rcap - c->rlen;
+}
+
+/*
+ * After a read: what is left of a frame moves out of the shared buffer into
+ * the connection's own, sized by what it may still send: the largest frame
+ * once joined, SERVER_PREAUTH_FRAME_MAX before. A stranger's own buffer goes
+ * as soon as it is empty. 0, or -1 when out of memory.
+ */
+static int keep_rest(struct conn *c, const uint8_t *data)
+{
+    size_t want = c->state == CONN_JOINED ? PROTO_MAX_FRAME : SERVER_PREAUTH_FRAME_MAX;
+    if (c->state != CONN_JOINED && c->rlen == 0) {
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rcap = 0;
+        return 0;
+    }
+    if (c->rcap < want) {
+        uint8_t *b = malloc(want);
+        if (!b)
+            return -1;
+        memcpy(b, data, c->rlen);
+        free(c->rbuf);
+        c->rbuf = b;
+        c->rcap = want;
+    } else if (data != c->rbuf) {
+        memmove(c->rbuf, data, c->rlen); /* data may lie inside c->rbuf */
+    }
+    return 0;
 }
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = stream->data;
     char why[PROTO_REASON_MAX];
+    /* Frames start at data: the connection's own buffer, or the shared one. */
+    uint8_t *data = c->rbuf ? c->rbuf : c->srv->preauth_buf;
 
     if (nread == UV_EOF) {
         conn_close(c, c->rlen ? "connection closed inside a frame" : "connection closed", 1);
@@ -366,9 +569,16 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     while (c->state != CONN_CLOSING) {
         struct proto_msg m;
         size_t used = 0;
-        int rc = proto_decode(c->rbuf, c->rlen, &m, &used);
-        if (rc == PROTO_NEED_MORE)
+        int rc = proto_decode(data, c->rlen, &m, &used);
+        if (rc == PROTO_NEED_MORE) {
+            if (c->state != CONN_JOINED && c->rlen >= SERVER_PREAUTH_FRAME_MAX) {
+                snprintf(why, sizeof(why), "a frame before authentication is limited to %u bytes",
+                         (unsigned)SERVER_PREAUTH_FRAME_MAX);
+                send_reject(c, PROTO_REJECT_BAD_REQUEST, why);
+                return;
+            }
             break;
+        }
         if (rc < 0) {
             snprintf(why, sizeof(why), "bad frame: %s", proto_strerror(rc));
             if (c->state == CONN_JOINED && used > 0) {
@@ -378,7 +588,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
                 snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s (frame skipped)", why);
                 log_warn_limited("node %s sent a %s", c->node, e.u.error.reason);
                 conn_send(c, &e);
-                memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+                data += used;
                 c->rlen -= used;
                 continue;
             }
@@ -391,9 +601,11 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         }
         on_frame(c, &m);
         proto_msg_clear(&m);
-        memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+        data += used;
         c->rlen -= used;
     }
+    if (c->state != CONN_CLOSING && keep_rest(c, data) != 0)
+        conn_close(c, "out of memory for its read buffer", 1);
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -432,31 +644,9 @@ static void on_connection(uv_stream_t *listener, int status)
     }
     c->accepted_ms = uv_now(s->loop);
     uv_tcp_nodelay(&c->tcp, 1);
-    if (s->nconns > s->max_conns) {
-        char why[PROTO_REASON_MAX];
-        snprintf(why, sizeof(why),
-                 "musterd is at its limit of %u connections (job %s: %d node%s + %d spare); retry later, "
-                 "or check for agents that are not part of this job",
-                 s->max_conns, s->rdv->spec->name, s->rdv->spec->nodes, s->rdv->spec->nodes == 1 ? "" : "s",
-                 (int)s->max_conns - s->rdv->spec->nodes);
-        LOG_LIMITED(LOG_WARN, "connection %s refused: %s", c->peer, why);
-        /* The REJECT needs no HELLO first: an agent reads it in any state. */
-        struct proto_msg m = {.type = PROTO_REJECT};
-        snprintf(m.u.reject.code, sizeof(m.u.reject.code), "%s", PROTO_REJECT_FULL);
-        snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", why);
-        conn_send(c, &m);
-        conn_set_state(c, CONN_CLOSING); /* without conn_close's line: the warning said it */
-        c->closing_ms = c->accepted_ms;
-        uv_shutdown_t *req = malloc(sizeof(*req));
-        if (req) {
-            req->data = c;
-            if (uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) == 0)
-                return;
-            free(req);
-        }
-        uv_close((uv_handle_t *)&c->tcp, on_closed);
-        return;
-    }
+    /* Strangers make room among themselves; members' slots are not theirs. */
+    pool_make_room(s, ip);
+    pool_add(c, ip);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
@@ -567,7 +757,9 @@ void server_tick(struct server *s)
         return; /* every connection is joined: no deadline to watch */
     uint64_t now = uv_now(s->loop);
     for (struct conn *c = s->conns; c; c = c->next) {
-        if ((c->state == CONN_HELLO || c->state == CONN_AUTH) && now - c->accepted_ms > SERVER_HANDSHAKE_MS)
+        if (c->state == CONN_HELLO && now - c->accepted_ms > SERVER_HELLO_MS)
+            conn_close(c, "no HELLO in time", 0);
+        else if (c->state == CONN_AUTH && now - c->accepted_ms > SERVER_HANDSHAKE_MS)
             conn_close(c, "handshake not finished in time", 0);
         /* A peer that does not read keeps a graceful shutdown pending for ever. */
         if (c->state == CONN_CLOSING && now - c->closing_ms > SERVER_CLOSE_MS && !uv_is_closing((uv_handle_t *)&c->tcp))
@@ -609,7 +801,12 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     memcpy(s->token, cfg->token, cfg->token_len);
     s->token_len = cfg->token_len;
     s->max_conns = cfg->max_conns ? cfg->max_conns : server_conn_limit(rdv->spec->nodes);
-    if (namemap_init(&s->joined, s->max_conns + 1) != 0) {
+    s->pool_max = cfg->preauth_max ? cfg->preauth_max : s->max_conns;
+    s->per_addr_max = cfg->preauth_per_addr ? cfg->preauth_per_addr : SERVER_PREAUTH_PER_ADDR;
+    if (namemap_init(&s->joined, s->max_conns + 1) != 0 || namemap_init(&s->addrs, s->pool_max + 1) != 0 ||
+        namemap_init(&s->claims, RDV_MAX_NODES) != 0) {
+        namemap_free(&s->joined);
+        namemap_free(&s->addrs);
         free(s->token);
         free(s);
         return -ENOMEM;
@@ -620,6 +817,8 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
         snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);
         namemap_free(&s->joined);
+        namemap_free(&s->addrs);
+        namemap_free(&s->claims);
         free(s->token);
         free(s);
         return -EINVAL;
@@ -652,6 +851,12 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
 
 uint16_t server_port(const struct server *s) { return s->port; }
 
+void server_preauth(const struct server *s, unsigned *pooled, uint64_t *evicted)
+{
+    *pooled = s->npool;
+    *evicted = s->evicted;
+}
+
 void server_close(struct server *s)
 {
     if (s->listener_open) {
@@ -673,6 +878,8 @@ void server_free(struct server *s)
     if (!s)
         return;
     namemap_free(&s->joined);
+    namemap_free(&s->addrs);
+    namemap_free(&s->claims);
     free(s->token);
     free(s);
 }

@@ -2,9 +2,17 @@
  * server: musterd's control port. Accepts agent connections on the libuv
  * loop, runs each through the join handshake (HELLO, CHALLENGE, RESPONSE),
  * then hands its frames to rdv and sends what rdv asks for. Limits: a
- * connection count that follows the job's size (server_conn_limit), a
- * per-connection write queue, and a deadline for the handshake. An agent
- * over the connection limit gets REJECT "full" naming the limit. The
+ * joined-connection count that follows the job's size (server_conn_limit),
+ * a per-connection write queue, and deadlines for the handshake. A node
+ * rdv does not know that verifies over the limit gets REJECT "full" naming
+ * it; a node rdv knows is never refused for room.
+ *
+ * Until its RESPONSE verifies a connection costs a few hundred bytes (a
+ * shared read buffer, a small one for a partial frame) and sits in a pool
+ * of its own: pool and per-address limits, both met by closing the oldest
+ * stranger, so that a flood of unauthenticated connections neither grows
+ * musterd nor takes a member's place. A HELLO naming a node rdv knows
+ * leaves the pool (one such claim per name). The
  * listen backlog is the system's maximum (net.core.somaxconn), so that
  * thousands of agents starting together are not dropped at SYN time.
  * Under load the loop takes many agents' frames per wakeup
@@ -25,6 +33,12 @@
  * connection is not yet known dead, refused non-members, handshakes. */
 #define SERVER_CONN_MARGIN 64
 #define SERVER_HANDSHAKE_MS 5000
+#define SERVER_HELLO_MS 2000 /* from accept to HELLO: an agent sends it at once */
+/* Before authentication: the largest frame (a HELLO of PROTO_MAX_LOCAL_RANKS
+ * GPUs fits, tests/check_proto.c), and the unauthenticated connections one
+ * peer address may hold (the pool as a whole holds server_conn_limit). */
+#define SERVER_PREAUTH_FRAME_MAX (16u * 1024u)
+#define SERVER_PREAUTH_PER_ADDR 64
 #define SERVER_MAX_WRITE_QUEUE (4u * 1024u * 1024u)
 #define SERVER_CLOSE_MS 2000 /* a closing connection's queued frames get this long to go out */
 /* Under load, a loop iteration that read frames from this many connections
@@ -38,7 +52,9 @@ struct server_config {
     uint16_t port;        /* 0 = any free port (see server_port) */
     const uint8_t *token; /* cluster token (may be empty) */
     size_t token_len;
-    unsigned max_conns;   /* connections accepted at once (server_conn_limit) */
+    unsigned max_conns;   /* joined connections (server_conn_limit) */
+    unsigned preauth_max; /* unauthenticated connections; 0 = max_conns */
+    unsigned preauth_per_addr; /* of them from one address; 0 = SERVER_PREAUTH_PER_ADDR */
     /* Rank logs (daemon/logfetch.h) are none of rdv's business: LOG_DATA
      * from a joined node goes to log_data, and node_gone hears of every
      * joined node's connection that closes (NULL: neither). */
@@ -54,7 +70,9 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
 uint16_t server_port(const struct server *srv);
 /* Connections a job of `nodes` nodes needs: nodes + nodes/4 + SERVER_CONN_MARGIN. */
 unsigned server_conn_limit(int nodes);
-/* Closes pending handshakes that ran past SERVER_HANDSHAKE_MS. */
+/* Unauthenticated connections now, and those closed to make room so far. */
+void server_preauth(const struct server *srv, unsigned *pooled, uint64_t *evicted);
+/* Closes pending handshakes that ran past SERVER_HELLO_MS / SERVER_HANDSHAKE_MS. */
 void server_tick(struct server *srv);
 /* Closes the listener and every connection; memory goes in close callbacks. */
 void server_close(struct server *srv);

@@ -732,6 +732,100 @@ START_TEST(log_newest_and_missing)
 }
 END_TEST
 
+/* A file planted at path with text; returns path. */
+static void plant(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* serve() of rank `rank`, generation gen: refused, with a reason that names `why`. */
+static void assert_refused(uint32_t rank, uint64_t gen, const char *why)
+{
+    struct proto_log_data d;
+    serve(rank, gen, 0, 0, 100, &d);
+    ck_assert_msg(d.error == PROTO_LOG_UNREADABLE || d.error == PROTO_LOG_NO_LOG, "error %d (%s)", (int)d.error,
+                  d.reason);
+    ck_assert_ptr_null(d.data);
+    ck_assert_msg(strstr(d.reason, why), "reason \"%s\" does not say \"%s\"", d.reason, why);
+    ck_assert_uint_le(d.size, PROTO_U64_MAX);
+}
+
+/* What is served comes from the rank's own directory and its own files only:
+ * no hard link, no symbolic link on the way (gen-G, rank-R), no forged offset. */
+START_TEST(log_escapes_are_refused)
+{
+    char dir[256], path[300], secret[256], other[256];
+    snprintf(secret, sizeof(secret), "%s/secret", log_root);
+    plant(secret, "cluster-token\n");
+
+    /* A hard link to the token, named output.log. */
+    rank_dir_of(30, 1, dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_FILE);
+    ck_assert_int_eq(link(secret, path), 0);
+    assert_refused(1, 30, "more than one link");
+
+    /* A symbolic link as the generation's directory, and as the rank's. */
+    snprintf(other, sizeof(other), "%s/elsewhere", log_root);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+    snprintf(path, sizeof(path), "%s/rank-2", other);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/rank-2/%s", other, RANK_LOG_FILE);
+    plant(path, "not this rank's\n");
+    snprintf(path, sizeof(path), "%s/gen-31", log_root);
+    ck_assert_int_eq(symlink(other, path), 0);
+    assert_refused(2, 31, "gen-31/rank-2");
+    rank_dir_of(32, 0, dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/gen-32/rank-2", log_root);
+    snprintf(other, sizeof(other), "%s/elsewhere/rank-2", log_root);
+    ck_assert_int_eq(symlink(other, path), 0);
+    assert_refused(2, 32, "gen-32/rank-2");
+
+    /* Forged offsets: beyond the wire's numbers, negative, not a number. The
+     * answer is an error that the protocol can carry, never silence. */
+    static const char *const forged[] = {"18446744073709551615\n", "9007199254740993\n", "-5\n", "12abc\n", "\n"};
+    for (unsigned i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+        struct rank_log l;
+        rank_dir_of(40 + i, 3, dir, sizeof(dir));
+        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
+        rank_log_append(&l, "line", 4, true);
+        rank_log_close(&l);
+        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
+        plant(path, forged[i]);
+        assert_refused(3, 40 + i, RANK_LOG_OFFSET);
+    }
+    /* The largest offset the wire carries, with a file that would end past it. */
+    {
+        struct rank_log l;
+        rank_dir_of(50, 3, dir, sizeof(dir));
+        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
+        rank_log_append(&l, "line", 4, true);
+        rank_log_close(&l);
+        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
+        plant(path, "9007199254740991\n");
+        assert_refused(3, 50, "larger than a log offset");
+    }
+    /* A valid offset still serves. */
+    {
+        struct rank_log l;
+        struct proto_log_data d;
+        rank_dir_of(51, 3, dir, sizeof(dir));
+        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
+        rank_log_append(&l, "line", 4, true);
+        rank_log_close(&l);
+        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
+        plant(path, "1000\n");
+        serve(3, 51, 1000, 0, 100, &d);
+        ck_assert_int_eq(d.error, PROTO_LOG_OK);
+        ck_assert_str_eq(d.data, "line\n");
+        ck_assert_uint_eq(d.size, 1005);
+        free(d.data);
+    }
+}
+END_TEST
+
 /* Raw bytes come back as text of the same length; a character cut by max waits. */
 START_TEST(log_bytes_become_text)
 {
@@ -811,6 +905,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, log_rotates_and_reads_back);
     tcase_add_test(tc, log_newest_and_missing);
     tcase_add_test(tc, log_bytes_become_text);
+    tcase_add_test(tc, log_escapes_are_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -255,7 +255,7 @@ static void stop_all(struct agent *a, uint64_t generation)
         rank_stop(r, generation, (uint64_t)a->spec.stop_grace_ms);
 }
 
-static void send_to_daemon(struct agent *a, const struct proto_msg *m);
+static int send_to_daemon(struct agent *a, const struct proto_msg *m);
 
 /*
  * A rank ended: tell the daemon, and keep the exit until the echo of a later
@@ -767,24 +767,26 @@ static void link_stalled(struct agent *a, uint64_t now)
     uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
 }
 
-static void send_to_daemon(struct agent *a, const struct proto_msg *m)
+/* 0, or the libuv error (UV_EPROTO: m could not be encoded, nothing was sent). */
+static int send_to_daemon(struct agent *a, const struct proto_msg *m)
 {
     if (!a->conn)
-        return;
+        return UV_ENOTCONN;
     int rc = fconn_send(a->conn, m);
     if (rc == 0)
-        return;
+        return 0;
     char why[160];
     if (rc == UV_EPROTO) {
         log_error("cannot encode %s for the daemon: %s", proto_type_name(m->type),
                   proto_strerror(a->conn->encode_err));
-        return;
+        return rc;
     }
     if (rc == UV_ENOBUFS)
         snprintf(why, sizeof(why), "write queue over %u bytes", FCONN_WRITE_QUEUE_MAX);
     else
         snprintf(why, sizeof(why), "cannot send %s: %s", proto_type_name(m->type), uv_strerror(rc));
     link_lost(a, why);
+    return rc;
 }
 
 static void schedule_retry(struct agent *a, const char *why)
@@ -1240,7 +1242,18 @@ static void on_log_request(struct agent *a, const struct proto_log_request *q)
     log_debug("log of rank %u, generation %" PRIu64 ": %" PRIu64 "..%" PRIu64 " of %" PRIu64 " bytes%s%s", q->rank,
               m.u.log_data.generation, m.u.log_data.offset, m.u.log_data.next_offset, m.u.log_data.size,
               m.u.log_data.error ? ": " : "", m.u.log_data.reason);
-    send_to_daemon(a, &m);
+    if (send_to_daemon(a, &m) == UV_EPROTO) {
+        /* The request is answered all the same, or it holds a daemon slot until its deadline. */
+        int why = a->conn->encode_err;
+        proto_msg_clear(&m);
+        msg_init(&m, PROTO_LOG_DATA);
+        m.u.log_data.id = q->id;
+        m.u.log_data.rank = q->rank;
+        m.u.log_data.error = PROTO_LOG_UNREADABLE;
+        snprintf(m.u.log_data.reason, sizeof(m.u.log_data.reason), "node %s could not encode its answer: %s",
+                 a->cfg->node, proto_strerror(why));
+        send_to_daemon(a, &m);
+    }
     proto_msg_clear(&m);
 }
 

@@ -42,24 +42,40 @@ static int open_regular(const char *path, int flags, mode_t mode)
     return fd;
 }
 
-/* The offset recorded in dir/output.log.offset; 0 when there is none. */
+/*
+ * The offset text of output.log.offset: decimal digits and a newline, at
+ * most PROTO_U64_MAX (the wire's largest number: the rank can write this
+ * file, and an offset the daemon cannot be told would leave a request
+ * unanswered). 0 with *v set, or -EINVAL.
+ */
+static int parse_base(const char *text, size_t n, uint64_t *v)
+{
+    uint64_t x = 0;
+    size_t i = 0;
+    for (; i < n && text[i] >= '0' && text[i] <= '9'; i++) {
+        x = x * 10 + (uint64_t)(text[i] - '0');
+        if (x > PROTO_U64_MAX)
+            return -EINVAL;
+    }
+    if (i == 0 || (i < n && !(text[i] == '\n' && i + 1 == n)))
+        return -EINVAL;
+    *v = x;
+    return 0;
+}
+
+/* What the writer goes on from: the recorded offset, 0 when there is none or it is not valid. */
 static uint64_t read_base(const char *dir)
 {
     char path[PATH_MAX + 32], text[32];
+    uint64_t v = 0;
     if (path_in(path, sizeof(path), dir, RANK_LOG_OFFSET) != 0)
         return 0;
     int fd = open_regular(path, O_RDONLY, 0);
     if (fd < 0)
         return 0;
-    ssize_t n = read(fd, text, sizeof(text) - 1);
+    ssize_t n = read(fd, text, sizeof(text));
     close(fd);
-    if (n <= 0)
-        return 0;
-    text[n] = '\0';
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    return errno || end == text || (*end && *end != '\n') ? 0 : (uint64_t)v;
+    return n > 0 && parse_base(text, (size_t)n, &v) == 0 ? v : 0;
 }
 
 /* Written aside and renamed, so a reader finds the old value or the new one. */
@@ -193,15 +209,93 @@ void rank_log_close(struct rank_log *l)
 
 /* ---- reading ----------------------------------------------------------- */
 
-static int file_size(const char *path, uint64_t *size)
+/*
+ * The reader serves what a rank wrote to whoever may read /v1/ranks/R/log,
+ * so everything under the state directory is taken as the rank left it:
+ * gen-G and rank-R are opened one component at a time and never through a
+ * symbolic link, and a file is read only when it is a regular file with one
+ * link (a hard link to a file the agent can read, the cluster token say, is
+ * not the rank's output). The state directory itself is the operator's.
+ */
+static int open_dir_at(int at, const char *name)
+{
+    return openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/* The generation's rank directory, as a descriptor; -1 with errno set. */
+static int open_rank_dir(const char *state_dir, uint64_t gen, uint32_t rank)
+{
+    char name[48];
+    int sd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sd < 0)
+        return -1;
+    snprintf(name, sizeof(name), "gen-%" PRIu64, gen);
+    int gd = open_dir_at(sd, name);
+    int err = errno;
+    close(sd);
+    if (gd < 0) {
+        errno = err;
+        return -1;
+    }
+    snprintf(name, sizeof(name), "rank-%u", rank);
+    int rd = open_dir_at(gd, name);
+    err = errno;
+    close(gd);
+    errno = err;
+    return rd;
+}
+
+/* A regular file with one link; anything else is not the rank's log. */
+static int check_own(const struct stat *st)
+{
+    if (!S_ISREG(st->st_mode))
+        return -EINVAL; /* a link, a FIFO, a directory */
+    if (st->st_nlink != 1)
+        return -EMLINK; /* also reachable elsewhere: not a file the agent wrote */
+    return 0;
+}
+
+static int file_size_at(int dir, const char *name, uint64_t *size)
 {
     struct stat st;
-    if (lstat(path, &st) != 0)
+    if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
         return -errno;
-    if (!S_ISREG(st.st_mode))
-        return -EINVAL; /* a link, a FIFO: not a log this agent wrote */
-    *size = (uint64_t)st.st_size;
-    return 0;
+    int rc = check_own(&st);
+    if (rc == 0)
+        *size = (uint64_t)st.st_size;
+    return rc;
+}
+
+/* open(2) of a file in the rank directory, for reading, as check_own allows; -1 with errno set. */
+static int open_own_at(int dir, const char *name)
+{
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int rc = fstat(fd, &st) != 0 ? -errno : check_own(&st);
+    if (rc != 0) {
+        close(fd);
+        errno = -rc;
+        return -1;
+    }
+    return fd;
+}
+
+/* The recorded offset of output.log: 0 when there is no file, -EINVAL when it is not valid. */
+static int read_base_at(int dir, uint64_t *base)
+{
+    char text[32];
+    *base = 0;
+    int fd = open_own_at(dir, RANK_LOG_OFFSET);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    ssize_t n = read(fd, text, sizeof(text));
+    int err = errno;
+    close(fd);
+    if (n < 0)
+        return -err;
+    return parse_base(text, (size_t)n, base);
 }
 
 int rank_log_dir(char *out, size_t cap, const char *state_dir, uint64_t gen, uint32_t rank)
@@ -219,14 +313,15 @@ int rank_log_generation(const char *name, uint64_t *gen)
     return 1;
 }
 
+/* Something named like a log is there; whether it may be read is for rank_log_serve to say. */
 static bool has_log(const char *state_dir, uint64_t gen, uint32_t rank)
 {
     char dir[PATH_MAX], path[PATH_MAX + 32];
-    uint64_t size;
+    struct stat st;
     if (rank_log_dir(dir, sizeof(dir), state_dir, gen, rank) != 0)
         return false;
-    return (path_in(path, sizeof(path), dir, RANK_LOG_FILE) == 0 && file_size(path, &size) == 0) ||
-           (path_in(path, sizeof(path), dir, RANK_LOG_OLD) == 0 && file_size(path, &size) == 0);
+    return (path_in(path, sizeof(path), dir, RANK_LOG_FILE) == 0 && lstat(path, &st) == 0) ||
+           (path_in(path, sizeof(path), dir, RANK_LOG_OLD) == 0 && lstat(path, &st) == 0);
 }
 
 uint64_t rank_log_newest(const char *state_dir, uint32_t rank)
@@ -252,19 +347,29 @@ struct log_span {
     uint64_t start, base, end;
 };
 
-static int log_span(const char *dir, struct log_span *s)
+/* 0, or a negative errno; *what names the file at fault. */
+static int log_span(int dir, struct log_span *s, const char **what)
 {
-    char cur_path[PATH_MAX + 32], old_path[PATH_MAX + 32];
     uint64_t cur = 0, old = 0;
-    if (path_in(cur_path, sizeof(cur_path), dir, RANK_LOG_FILE) != 0 ||
-        path_in(old_path, sizeof(old_path), dir, RANK_LOG_OLD) != 0)
-        return -ENAMETOOLONG;
-    int rc = file_size(cur_path, &cur);
-    if (rc != 0 && file_size(old_path, &old) != 0)
+    *what = RANK_LOG_FILE;
+    int rc = file_size_at(dir, RANK_LOG_FILE, &cur);
+    if (rc == -ENOENT) {
+        *what = RANK_LOG_OLD;
+        rc = file_size_at(dir, RANK_LOG_OLD, &old);
+    } else if (rc == 0) {
+        int orc = file_size_at(dir, RANK_LOG_OLD, &old);
+        if (orc != 0 && orc != -ENOENT) {
+            *what = RANK_LOG_OLD;
+            rc = orc;
+        }
+    }
+    if (rc != 0)
         return rc;
-    if (rc == 0)
-        file_size(old_path, &old);
-    s->base = read_base(dir);
+    *what = RANK_LOG_OFFSET;
+    if ((rc = read_base_at(dir, &s->base)) != 0)
+        return rc;
+    if (cur > PROTO_U64_MAX - s->base)
+        return -EOVERFLOW; /* its end could not be told on the wire */
     s->end = s->base + cur;
     s->start = s->base - (old < s->base ? old : s->base);
     return 0;
@@ -301,6 +406,18 @@ static void fail(struct proto_log_data *d, enum proto_log_error error, const cha
         d->size = d->next_offset;
 }
 
+static const char *refusal(int err)
+{
+    switch (err) {
+    case EMLINK: return "it has more than one link (not a file the agent wrote)";
+    case EINVAL: return "not a regular file, or not valid";
+    case ELOOP: return "a symbolic link";
+    case ENOTDIR: return "not a directory (a symbolic link?)";
+    case EOVERFLOW: return "its offset and size are larger than a log offset can be";
+    default: return strerror(err);
+    }
+}
+
 /*
  * Reads [o, o + n) of the generation's log from the file holding o into a
  * new d->data. at_line: start after the first newline (a tail); cut_short:
@@ -308,19 +425,17 @@ static void fail(struct proto_log_data *d, enum proto_log_error error, const cha
  * next read (at the end of the file it is sent as it is: nothing may come to
  * complete it, and the reader must not be stuck before it).
  */
-static void read_piece(const char *dir, const struct log_span *s, uint64_t o, size_t n, bool at_line,
+static void read_piece(int dir, const char *where, const struct log_span *s, uint64_t o, size_t n, bool at_line,
                        bool cut_short, struct proto_log_data *d)
 {
     const char *name = o < s->base ? RANK_LOG_OLD : RANK_LOG_FILE;
     uint64_t file_start = o < s->base ? s->start : s->base;
-    char path[PATH_MAX + 32];
-    path_in(path, sizeof(path), dir, name);
     /* One byte more in front when the piece must begin at a line: is it a newline? */
     size_t before = at_line && o > file_start ? 1 : 0;
     char *buf = malloc(n + before + 1);
     ssize_t got = -1;
     int err = buf ? 0 : ENOMEM;
-    int fd = buf ? open_regular(path, O_RDONLY, 0) : -1;
+    int fd = buf ? open_own_at(dir, name) : -1;
     if (buf && fd < 0)
         err = errno;
     while (fd >= 0 && (got = pread(fd, buf, n + before, (off_t)(o - file_start - before))) < 0 && errno == EINTR)
@@ -332,7 +447,7 @@ static void read_piece(const char *dir, const struct log_span *s, uint64_t o, si
     d->offset = o;
     if (err) {
         free(buf);
-        fail(d, PROTO_LOG_UNREADABLE, "cannot read %s: %s", path, strerror(err));
+        fail(d, PROTO_LOG_UNREADABLE, "cannot read %s/%s: %s", where, name, refusal(err));
         return;
     }
     size_t len = (size_t)got, skip = before;
@@ -375,12 +490,19 @@ void rank_log_serve(const char *state_dir, const char *node, bool logs_off, cons
              logs_off ? " (its rank logs are off: log_max_mb is 0)" : "");
         return;
     }
-    char dir[PATH_MAX];
-    struct log_span s;
-    rank_log_dir(dir, sizeof(dir), state_dir, d->generation, q->rank);
-    int rc = log_span(dir, &s);
+    char where[PATH_MAX];
+    struct log_span s = {0};
+    const char *what;
+    rank_log_dir(where, sizeof(where), state_dir, d->generation, q->rank);
+    int dir = open_rank_dir(state_dir, d->generation, q->rank);
+    int rc = dir < 0 ? -errno : log_span(dir, &s, &what);
     if (rc != 0) {
-        fail(d, PROTO_LOG_UNREADABLE, "cannot read the log in %s: %s", dir, strerror(-rc));
+        if (dir < 0)
+            fail(d, PROTO_LOG_UNREADABLE, "cannot open %s: %s", where, refusal(-rc));
+        else
+            fail(d, PROTO_LOG_UNREADABLE, "cannot read the log in %s: %s: %s", where, what, refusal(-rc));
+        if (dir >= 0)
+            close(dir);
         return;
     }
     d->size = s.end;
@@ -391,11 +513,12 @@ void rank_log_serve(const char *state_dir, const char *node, bool logs_off, cons
         d->offset = s.end;
         fail(d, PROTO_LOG_BEYOND_END, "offset %" PRIu64 " is beyond the end of rank %u's log of generation %" PRIu64
              " (%" PRIu64 " bytes)", o, q->rank, d->generation, s.end);
-        return;
+    } else {
+        if (o < s.start)
+            o = s.start; /* rotated away: serve the oldest kept */
+        uint64_t avail = (o < s.base ? s.base : s.end) - o;
+        size_t n = (size_t)(avail < q->max ? avail : q->max);
+        read_piece(dir, where, &s, o, n, q->tail > 0, n < avail, d);
     }
-    if (o < s.start)
-        o = s.start; /* rotated away: serve the oldest kept */
-    uint64_t avail = (o < s.base ? s.base : s.end) - o;
-    size_t n = (size_t)(avail < q->max ? avail : q->max);
-    read_piece(dir, &s, o, n, q->tail > 0, n < avail, d);
+    close(dir);
 }
