@@ -41,6 +41,7 @@ struct http_server {
     http_admin_fn admin;
     void *ctx;
     char *admin_token; /* NULL: admin disabled */
+    char *read_token;  /* NULL: reads are open */
     int checkpoints;   /* the job has a checkpoint_dir */
     http_log_fn log;
     void *log_ctx;
@@ -79,8 +80,11 @@ static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct M
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     if (allow)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
-    if (status == MHD_HTTP_UNAUTHORIZED)
+    if (status == MHD_HTTP_UNAUTHORIZED) {
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"musterd\"");
+        /* A browser asks its user once (any name, the read token as the password) and sends it after. */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Basic realm=\"musterd\", charset=\"UTF-8\"");
+    }
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -500,28 +504,80 @@ static void sha256(const char *s, size_t len, unsigned char out[32])
         memset(out, 0, 32);
 }
 
-/*
- * "Bearer <token>" against the admin token. Both sides are hashed first so
- * that the comparison is constant-time whatever the lengths.
- */
-static int authorized(const struct http_server *srv, struct MHD_Connection *c)
+/* Both sides hashed first, so that the comparison is constant-time whatever the lengths. */
+static int token_equal(const char *want_tok, const char *tok, size_t len)
 {
-    const char *auth =
-        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+    unsigned char want[32], got[32];
+    sha256(want_tok, strlen(want_tok), want);
+    sha256(tok, len, got);
+    return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
+}
+
+/*
+ * The token a request carries: "Bearer <token>" (musterctl, scripts), or
+ * "Basic" with the token as the password (what a browser sends once its
+ * user has answered the prompt; the user name is ignored). Copied into
+ * out; 0 when there is none.
+ */
+static size_t request_token(struct MHD_Connection *c, char *out, size_t cap)
+{
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    int basic = auth && strncasecmp(auth, "Basic ", 6) == 0;
+    if (!auth || (!basic && strncasecmp(auth, "Bearer ", 7) != 0))
         return 0;
-    const char *tok = auth + 7;
+    const char *tok = auth + (basic ? 6 : 7);
     while (*tok == ' ')
         tok++;
     size_t len = strlen(tok);
     while (len > 0 && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
         len--;
-    if (len == 0)
+    if (len == 0 || len >= cap)
         return 0;
-    unsigned char want[32], got[32];
-    sha256(srv->admin_token, strlen(srv->admin_token), want);
-    sha256(tok, len, got);
-    return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
+    if (!basic) {
+        memcpy(out, tok, len);
+        out[len] = '\0';
+        return len;
+    }
+    if (len % 4 != 0 || len / 4 * 3 >= cap)
+        return 0;
+    unsigned char raw[1024];
+    if (len / 4 * 3 >= sizeof(raw))
+        return 0;
+    int n = EVP_DecodeBlock(raw, (const unsigned char *)tok, (int)len);
+    if (n < 0)
+        return 0;
+    n -= (tok[len - 1] == '=') + (tok[len - 2] == '='); /* EVP_DecodeBlock counts the padding */
+    const unsigned char *colon = memchr(raw, ':', (size_t)n);
+    if (!colon)
+        return 0;
+    size_t plen = (size_t)n - (size_t)(colon + 1 - raw);
+    memcpy(out, colon + 1, plen);
+    out[plen] = '\0';
+    OPENSSL_cleanse(raw, sizeof(raw));
+    return plen;
+}
+
+/* The request carries the admin token. */
+static int authorized(const struct http_server *srv, struct MHD_Connection *c)
+{
+    char tok[1024];
+    size_t len = request_token(c, tok, sizeof(tok));
+    int ok = len > 0 && token_equal(srv->admin_token, tok, len);
+    OPENSSL_cleanse(tok, sizeof(tok));
+    return ok;
+}
+
+/* A read may go ahead: reads are open, or it carries the read token (or the admin one). */
+static int may_read(const struct http_server *srv, struct MHD_Connection *c)
+{
+    if (!srv->read_token)
+        return 1;
+    char tok[1024];
+    size_t len = request_token(c, tok, sizeof(tok));
+    int ok = len > 0 && (token_equal(srv->read_token, tok, len) ||
+                         (srv->admin_token && token_equal(srv->admin_token, tok, len)));
+    OPENSSL_cleanse(tok, sizeof(tok));
+    return ok;
 }
 
 static void client_addr(struct MHD_Connection *c, char *buf, size_t len)
@@ -675,6 +731,16 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     int is_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                  strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     int is_post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+
+    /* Every read but the health check, whatever its path (endpoints added later included). */
+    if (is_get && strcmp(url, "/healthz") != 0 && !may_read(srv, c)) {
+        char peer[INET_ADDRSTRLEN];
+        client_addr(c, peer, sizeof(peer));
+        log_warn_limited("http: refused GET %s from %s: missing or wrong read token", url, peer);
+        return reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
+                           "reads need the read token: \"Authorization: Bearer <read token>\" (or the admin token)",
+                           NULL);
+    }
 
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(url, routes[i].path) != 0)
@@ -830,7 +896,10 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
     srv->log = cfg->log;
     srv->log_ctx = cfg->log_ctx;
     srv->checkpoints = cfg->checkpoints;
-    if (cfg->admin_token && !(srv->admin_token = strdup(cfg->admin_token))) {
+    if ((cfg->admin_token && !(srv->admin_token = strdup(cfg->admin_token))) ||
+        (cfg->read_token && !(srv->read_token = strdup(cfg->read_token)))) {
+        free(srv->admin_token);
+        free(srv->read_token);
         free(srv);
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
@@ -846,6 +915,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
     if (grc != 0) {
         snprintf(err, errlen, "cannot start the REST connection guard: %s", strerror(-grc));
         free(srv->admin_token);
+        free(srv->read_token);
         free(srv);
         return grc;
     }
@@ -868,6 +938,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
         bind_error(err, errlen, addr, cfg->port, rc);
         http_guard_stop(srv->guard);
         free(srv->admin_token);
+        free(srv->read_token);
         free(srv);
         return rc;
     }
@@ -902,6 +973,9 @@ void http_stop(struct http_server *srv)
     http_guard_stop(srv->guard);
     if (srv->admin_token)
         OPENSSL_cleanse(srv->admin_token, strlen(srv->admin_token));
+    if (srv->read_token)
+        OPENSSL_cleanse(srv->read_token, strlen(srv->read_token));
     free(srv->admin_token);
+    free(srv->read_token);
     free(srv);
 }

@@ -26,6 +26,9 @@
  *   POST /v1/job/checkpoint    admin: 202, or 409 when the job has no
  *                              checkpoint_dir or is not running
  *   POST /v1/nodes/{name}/drain admin
+ * With a read token, every GET but /healthz (the dashboard and endpoints
+ * added later included) needs it, as "Bearer <token>" or as Basic's
+ * password (a browser asks once): 401 otherwise.
  * Errors are JSON {"error": "...", "detail": "..."} with a fitting status; a
  * bad query parameter is a 400 whose detail names it.
  *
@@ -68,6 +71,7 @@ struct http_config {
     const char *addr;        /* IPv4 address to bind, e.g. "127.0.0.1" */
     uint16_t port;           /* 0 = pick a free port (see http_port) */
     const char *admin_token; /* NULL: admin endpoints answer 403 */
+    const char *read_token;  /* every GET but /healthz needs it (or the admin token); NULL: reads open */
     http_log_fn log;         /* NULL: rank logs answer 503 */
     int checkpoints;         /* the job has a checkpoint_dir: checkpoints can be asked for */
     void *log_ctx;

@@ -103,7 +103,11 @@ static void usage(FILE *out)
             "  --token-file FILE        cluster token agents must prove (default\n"
             "                           $CONFIGURATION_DIRECTORY/token or /etc/muster/token)\n"
             "  --admin-token-file FILE  token for admin REST calls (default: admin off)\n"
+            "  --read-token-file FILE   token every REST GET but /healthz needs (default:\n"
+            "                           reads open; a warning when --http is not loopback)\n"
             "                           (token files must be mode 0600: chmod 600 FILE)\n"
+            "  --preauth-per-address N  unauthenticated control connections one address\n"
+            "                           may hold (default 64; the oldest goes for a new one)\n"
             "  --exit-on-end            when the job completes (exit 0) or fails or stops\n"
             "                           (exit 1), shut the agents down and exit\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
@@ -443,6 +447,8 @@ int main(int argc, char **argv)
         {"state-dir", required_argument, NULL, 's'},
         {"token-file", required_argument, NULL, 't'},
         {"admin-token-file", required_argument, NULL, 'a'},
+        {"read-token-file", required_argument, NULL, 'r'},
+        {"preauth-per-address", required_argument, NULL, 'P'},
         {"exit-on-end", no_argument, NULL, 'x'},
         {"log-level", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
@@ -452,11 +458,12 @@ int main(int argc, char **argv)
     /* Flags as given (NULL = not given); they override the configuration file. */
     const char *config_path = NULL, *job_flag = NULL, *listen_flag = NULL, *http_flag = NULL;
     const char *state_flag = NULL, *token_flag = NULL, *admin_flag = NULL, *level_flag = NULL;
+    const char *read_flag = NULL, *per_addr_flag = NULL;
     static struct musterd_config cfg;
     char listen_host[64], http_host[64], err[1024];
     uint16_t listen_port, http_portnum;
-    static uint8_t token[TOKEN_MAX], admin[TOKEN_MAX + 1];
-    size_t token_len = 0, admin_len = 0;
+    static uint8_t token[TOKEN_MAX], admin[TOKEN_MAX + 1], reader[TOKEN_MAX + 1];
+    size_t token_len = 0, admin_len = 0, reader_len = 0;
     struct job_spec spec;
     json_t *job = NULL;
     int c;
@@ -473,6 +480,14 @@ int main(int argc, char **argv)
         case 's': state_flag = optarg; break;
         case 't': token_flag = optarg; break;
         case 'a': admin_flag = optarg; break;
+        case 'r': read_flag = optarg; break;
+        case 'P':
+            if (musterd_valid_count(optarg) != 0) {
+                fprintf(stderr, "musterd: --preauth-per-address: expected an integer 1..1000000, got '%s'\n", optarg);
+                return 2;
+            }
+            per_addr_flag = optarg;
+            break;
         case 'x': d.exit_on_end = 1; break;
         case 'L':
             if (conf_valid_log_level(optarg) != 0) {
@@ -508,6 +523,8 @@ int main(int argc, char **argv)
     const char *http = http_flag ? http_flag : cfg.http;
     const char *token_path = token_flag ? token_flag : cfg.token_file;
     const char *admin_path = admin_flag ? admin_flag : cfg.admin_token_file[0] ? cfg.admin_token_file : NULL;
+    const char *read_path = read_flag ? read_flag : cfg.read_token_file[0] ? cfg.read_token_file : NULL;
+    unsigned per_addr = (unsigned)atoi(per_addr_flag ? per_addr_flag : cfg.preauth_per_address);
     d.state_dir = state_flag ? state_flag : cfg.state_dir;
     if (!job_path[0]) {
         fprintf(stderr, "musterd: no job: give --job FILE, or \"job\" in musterd.json (--config FILE)\n");
@@ -536,6 +553,11 @@ int main(int argc, char **argv)
         return 1;
     }
     admin[admin_len] = '\0';
+    if (read_path && token_read(read_path, reader, TOKEN_MAX, &reader_len, err, sizeof(err)) != 0) {
+        log_error("read token: %s", err);
+        return 1;
+    }
+    reader[reader_len] = '\0';
     if (job_spec_load(job_path, &spec, &job, err, sizeof(err)) != 0) {
         log_error("%s", err);
         return 1;
@@ -577,7 +599,8 @@ int main(int argc, char **argv)
     }
 
     struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len,
-                                 .max_conns = fit_connection_limit(&spec), .log_data = on_log_data,
+                                 .max_conns = fit_connection_limit(&spec), .preauth_per_addr = per_addr,
+                                 .log_data = on_log_data,
                                  .node_gone = on_node_gone, .hook_ctx = &d};
     rc = server_start(&d.server, &d.loop, &scfg, &d.rdv, err, sizeof(err));
     if (rc != 0) {
@@ -602,7 +625,12 @@ int main(int argc, char **argv)
         server_free(d.server);
         return 1;
     }
+    if (!read_path && strncmp(http_host, "127.", 4) != 0)
+        log_warn("REST (%s:%u) is reachable beyond this host and its reads are open: status, nodes and rank logs "
+                 "answer anyone who reaches it; set read_token_file (or --read-token-file), or bind 127.0.0.1",
+                 http_host, http_portnum);
     struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL,
+                               .read_token = read_path ? (char *)reader : NULL,
                                .log = log_from_http, .log_ctx = &d, .checkpoints = spec.checkpoint_dir[0] != '\0'};
     rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));
     if (rc != 0) {

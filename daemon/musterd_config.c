@@ -1,5 +1,6 @@
 #include "daemon/musterd_config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,6 +18,10 @@ const struct conf_key musterd_config_keys[] = {
      "cluster token the agents prove; mode 0600 ($CONFIGURATION_DIRECTORY/token under systemd)"},
     {"admin_token_file", CONF_PATH, F(admin_token_file), NULL, "a file", "",
      "token for admin REST calls (stop, restart, drain); mode 0600; unset = admin calls off"},
+    {"read_token_file", CONF_PATH, F(read_token_file), NULL, "a file", "",
+     "token every REST GET but /healthz needs (Bearer, or Basic's password); mode 0600; unset = reads open"},
+    {"preauth_per_address", CONF_STRING, F(preauth_per_address), musterd_valid_count, "an integer 1..1000000", "64",
+     "unauthenticated control connections one address may hold; the oldest is closed for a new one"},
     {"job", CONF_PATH, F(job), NULL, "a file", "", "the job spec (keys in docs/jobspec.md); required"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
      "least severe level logged"},
@@ -38,4 +43,12 @@ void musterd_config_default_path(char *out, size_t cap)
 {
     const char *conf = getenv("CONFIGURATION_DIRECTORY");
     snprintf(out, cap, "%s/musterd.json", conf && conf[0] ? conf : "/etc/muster");
+}
+
+int musterd_valid_count(const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || end == s || *end || v < 1 || v > 1000000 ? -EINVAL : 0;
 }

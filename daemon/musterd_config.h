@@ -17,6 +17,8 @@ struct musterd_config {
     char state_dir[PATH_MAX];        /* where the state file lives */
     char token_file[PATH_MAX];       /* cluster token agents must prove */
     char admin_token_file[PATH_MAX]; /* "" = admin REST calls off */
+    char read_token_file[PATH_MAX];  /* "" = REST reads open to whoever reaches http */
+    char preauth_per_address[16];    /* unauthenticated control connections from one address */
     char job[PATH_MAX];              /* the job spec */
     char log_level[8];
 };
@@ -35,5 +37,8 @@ void musterd_config_defaults(struct musterd_config *c);
  * $CONFIGURATION_DIRECTORY, or in /etc/muster outside systemd.
  */
 void musterd_config_default_path(char *out, size_t cap);
+
+/* 1..1000000, decimal: preauth_per_address. */
+int musterd_valid_count(const char *s);
 
 #endif

@@ -193,9 +193,12 @@ static struct {
     unsigned max_conns, max_per_addr, request_ms, slow_answer_ms;
 } limits;
 
+static const char *read_token; /* for the next server */
+
 static void start_server(const char *token)
 {
-    struct http_config cfg = {.addr = "127.0.0.1", .port = 0, .admin_token = token, .log = fake_log,
+    struct http_config cfg = {.addr = "127.0.0.1", .port = 0, .admin_token = token, .read_token = read_token,
+                              .log = fake_log,
                               .log_ctx = &fake, .max_conns = limits.max_conns,
                               .max_per_addr = limits.max_per_addr, .request_ms = limits.request_ms,
                               .slow_answer_ms = limits.slow_answer_ms};
@@ -219,6 +222,12 @@ static void start_server(const char *token)
 
 static void setup_admin(void) { start_server(TOKEN); }
 static void setup_no_admin(void) { start_server(NULL); }
+static void setup_read_token(void)
+{
+    read_token = "reader-secret";
+    start_server(TOKEN);
+    read_token = NULL;
+}
 /* Small limits, so that the guard's work shows in a fraction of a second. */
 static void setup_guarded(void)
 {
@@ -815,6 +824,33 @@ START_TEST(test_admin_auth)
 }
 END_TEST
 
+/* With a read token every GET but /healthz needs it, whatever the path. */
+START_TEST(test_read_token)
+{
+    publish_all();
+    static const char *const paths[] = {"/", "/v1/status", "/v1/nodes", "/v1/ranks", "/v1/events", "/metrics",
+                                        "/v1/ranks/1/log", "/v1/no-such-endpoint"};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        struct resp *r = get(paths[i]);
+        ck_assert_msg(r->status == 401, "GET %s without the read token: %ld", paths[i], r->status);
+        assert_header(r, "WWW-Authenticate: Basic");
+        r = request("GET", paths[i], "Authorization: Bearer reader-secreT", NULL);
+        ck_assert_msg(r->status == 401, "GET %s with a wrong read token: %ld", paths[i], r->status);
+    }
+    ck_assert_int_eq(get("/healthz")->status, 200);
+    ck_assert_int_eq(request("GET", "/v1/status", "Authorization: Bearer reader-secret", NULL)->status, 200);
+    ck_assert_int_eq(request("GET", "/v1/status", "Authorization: Bearer " TOKEN, NULL)->status, 200);
+    ck_assert_int_eq(request("GET", "/v1/no-such-endpoint", "Authorization: Bearer reader-secret", NULL)->status, 404);
+    /* A browser's Basic answer: any user name, the token as the password ("me:reader-secret"). */
+    ck_assert_int_eq(request("GET", "/", "Authorization: Basic bWU6cmVhZGVyLXNlY3JldA==", NULL)->status, 200);
+    /* "me:reader-secreT" */
+    ck_assert_int_eq(request("GET", "/", "Authorization: Basic bWU6cmVhZGVyLXNlY3JlVA==", NULL)->status, 401);
+    ck_assert_int_eq(request("GET", "/", "Authorization: Basic !!!!", NULL)->status, 401);
+    /* The read token is not the admin token. */
+    assert_error(request("POST", "/v1/job/stop", "Authorization: Bearer reader-secret", NULL), 401, "unauthorized");
+}
+END_TEST
+
 START_TEST(test_drain_bad_names)
 {
     const char *bad[] = {"/v1/nodes//drain", "/v1/nodes/a%20b/drain", "/v1/nodes/a/b/drain",
@@ -1270,6 +1306,11 @@ Suite *make_http_suite(void)
     tcase_add_checked_fixture(tc, setup_slow_readers, teardown);
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_slow_readers_evicted);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("read_token");
+    tcase_add_checked_fixture(tc, setup_read_token, teardown);
+    tcase_add_test(tc, test_read_token);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("admin_disabled");
