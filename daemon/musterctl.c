@@ -36,6 +36,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 struct ctl {
     char server[1024];     /* base URL without a trailing slash */
     const char *token_file;
+    const char *read_token; /* $MUSTER_READ_TOKEN, sent with reads; NULL = none */
     int json;              /* print raw JSON */
     int polling;           /* events --follow, watch: errors are retried */
 };
@@ -87,6 +88,7 @@ static void usage(FILE *f)
           "                            else " DEFAULT_SERVER ")\n"
           "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain\n"
           "                            (default $MUSTER_ADMIN_TOKEN)\n"
+          "  Reads send $MUSTER_READ_TOKEN when it is set (musterd's read_token_file)\n"
           "  --json                    print the server's JSON instead of tables\n"
           "  -h, --help                show this help and exit\n"
           "  --version                 show the version and exit\n"
@@ -143,7 +145,7 @@ static json_t *fetch(const struct ctl *ctl, const char *method, const char *path
 {
     struct ctl_reply r;
     char err[1400];
-    if (ctl_request(ctl->server, method, path, token, &r, err, sizeof(err)) != 0) {
+    if (ctl_request(ctl->server, method, path, token ? token : ctl->read_token, &r, err, sizeof(err)) != 0) {
         report(ctl, err);
         return NULL;
     }
@@ -423,7 +425,8 @@ static json_t *log_get(struct log_reader *lr, const char *query, long *status, i
     struct ctl_reply r;
     snprintf(path, sizeof(path), "/v1/ranks/%s/log?%s", lr->rank, query);
     *status = 0;
-    if (ctl_request_within(lr->ctl->server, "GET", path, NULL, LOG_TIMEOUT_MS, &r, err, sizeof(err)) != 0) {
+    if (ctl_request_within(lr->ctl->server, "GET", path, lr->ctl->read_token, LOG_TIMEOUT_MS, &r, err, sizeof(err)) !=
+        0) {
         if (!quiet)
             report(lr->ctl, err);
         return NULL;
@@ -701,7 +704,7 @@ static const char *command_word(int argc, char **argv)
 /* plan and doctor parse their own options (docs/plan.md). */
 static int sub_main(int argc, char **argv, const char *word)
 {
-    struct ctl ctl = {0};
+    struct ctl ctl = {.read_token = getenv("MUSTER_READ_TOKEN")};
     const char *server = getenv("MUSTER_SERVER");
     if (!server || !*server)
         server = DEFAULT_SERVER;
@@ -764,7 +767,7 @@ int main(int argc, char **argv)
     if (word && !helping && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
         return sub_main(argc, argv, word);
 
-    struct ctl ctl = {0};
+    struct ctl ctl = {.read_token = getenv("MUSTER_READ_TOKEN")};
     const char *server = getenv("MUSTER_SERVER");
     char *args[8];
     int nargs = 0, follow = 0, force = 0;
