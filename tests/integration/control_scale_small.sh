@@ -11,7 +11,8 @@ cat > "$ITEST_DIR/job.json" <<'JSON'
 {"name": "scale-small", "nodes": 64, "max_restarts": 2, "heartbeat_interval_ms": 1000, "batch": 512}
 JSON
 make_token "$ITEST_DIR/token"
-start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
+# the simulated agents share one address: no per-address limit of unauthenticated connections
+start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token" --preauth-per-address 100000
 out=$(timeout 60 "$BUILD/tests/sim-agents" --daemon "127.0.0.1:$CTL" --http "$HTTP" --token-file "$ITEST_DIR/token" \
     --agents 64 --ranks 8 --pid "$DAEMON_PID" --steady-s 2 --rank-exit --timeout-s 20) ||
     fail "sim-agents: $out"

@@ -14,7 +14,8 @@ make_token "$ITEST_DIR/token"
 cat > "$ITEST_DIR/many.json" <<'JSON'
 {"name": "commit-many", "nodes": 256, "heartbeat_interval_ms": 1000, "batch": 256}
 JSON
-start_daemon "$ITEST_DIR/many.json" --token-file "$ITEST_DIR/token" --log-level debug
+# the simulated agents share one address: no per-address limit of unauthenticated connections
+start_daemon "$ITEST_DIR/many.json" --token-file "$ITEST_DIR/token" --log-level debug --preauth-per-address 100000
 timeout 60 "$BUILD/tests/sim-agents" --daemon "127.0.0.1:$CTL" --http "$HTTP" --token-file "$ITEST_DIR/token" \
     --agents 256 --ranks 1 --steady-s 3 --timeout-s 30 > "$ITEST_DIR/sim.out" 2>&1 &
 SIM=$!
