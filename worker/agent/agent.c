@@ -333,6 +333,7 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
             if (r->beat.restore_from != PROTO_RESTORE_NONE)
                 r->rejoined_from = 0; /* it took up the generation it was rejoined to */
             r->beat.silent = 0;
+            r->beat_unrelayed = true;
             if (r->stopping || st == PROTO_RANK_EXITED)
                 r->beat.state = st;
             else if (r->beat.state == PROTO_RANK_STARTING || r->beat.state == PROTO_RANK_EXITED)
@@ -407,6 +408,10 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         if (a->have_assign && a->assign.generation == r->generation)
             a->spawn_pending = true;
     }
+    /* Its last entry (the final step, say) goes before its exit: after the
+     * exit the daemon takes no more figures from it. */
+    if (r->beat_unrelayed && r->generation == a->cur_gen)
+        on_beat_timer(&a->beat_timer);
     send_rank_exit(a, gen, r->rank, code, sig, reason, detail, r->stopping);
     if (a->exiting)
         maybe_finish(a);
@@ -1033,12 +1038,14 @@ static void on_beat_timer(uv_timer_t *t)
     hb->free_port = a->free_port;
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
-        const struct agent_rank *r = a->ranks[i];
+        struct agent_rank *r = a->ranks[i];
         /* A running rank quiet for longer than its cadence (frozen): its last
          * entry is not news, and relaying it would make it look alive; the
          * daemon sees its age grow. */
-        if (r && r->generation == a->cur_gen && !quiet(r, now))
+        if (r && r->generation == a->cur_gen && !quiet(r, now)) {
             hb->ranks[hb->nranks++] = r->beat;
+            r->beat_unrelayed = false;
+        }
     }
     /* Ask for an answer once ack_every_ms of heartbeats went unanswered, or
      * while an exit waits for its confirmation. */

@@ -68,6 +68,7 @@ struct agent_rank {
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
+    bool beat_unrelayed;         /* beat came from the rank after the last heartbeat to the daemon */
     uint64_t rejoined_from; /* rejoined in place from this generation and has not yet said
                              * where its state in the new one came from (0: no) */
     struct rank_log log; /* its output in <rank dir>/output.log; closed at the end of both streams */

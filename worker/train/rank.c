@@ -33,6 +33,7 @@ struct rank_ctl {
     int have_uid;
     uint8_t uid[PROTO_UID_LEN];
     int have_beat, beat_sent_once;
+    int beat_unsent;      /* the beat changed since it was last sent: rank_ctl_close sends it */
     struct proto_rank_beat beat;
     void (*abort_fn)(void *);
     void *abort_arg;
@@ -265,6 +266,7 @@ static void send_beat_locked(struct rank_ctl *c)
     if (send_msg(c, &m) != 0)
         log_debug("rank %d: heartbeat not sent", c->rank);
     c->beat_sent_once = 1;
+    c->beat_unsent = 0;
 }
 
 static void *ctl_thread(void *arg)
@@ -441,6 +443,7 @@ void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens
     c->beat.comm_frac = isfinite(comm_frac) ? (comm_frac < 0 ? 0 : comm_frac > 1 ? 1 : comm_frac) : 0;
     c->beat.checkpoint_step = checkpoint_step;
     c->have_beat = 1;
+    c->beat_unsent = 1;
     if (!c->beat_sent_once)
         send_beat_locked(c); /* the first step is news: the job is running */
     pthread_mutex_unlock(&c->lock);
@@ -524,6 +527,10 @@ void rank_ctl_close(struct rank_ctl *c)
     if (!c)
         return;
     pthread_mutex_lock(&c->lock);
+    /* The last step reaches the agent before the exit does: a completed job
+     * shows its last step, not the one of the beat before. */
+    if (c->beat_unsent)
+        send_beat_locked(c);
     c->quit = 1;
     c->abort_fn = NULL;
     pthread_mutex_unlock(&c->lock);
