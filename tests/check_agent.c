@@ -753,6 +753,19 @@ static void assert_refused(uint32_t rank, uint64_t gen, const char *why)
     ck_assert_uint_le(d.size, PROTO_U64_MAX);
 }
 
+/* Rank 3's log of generation gen: one line, and offset_text in its offset file. */
+static void log_with_offset(uint64_t gen, const char *offset_text)
+{
+    char dir[256], path[300];
+    struct rank_log l;
+    rank_dir_of(gen, 3, dir, sizeof(dir));
+    ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
+    rank_log_append(&l, "line", 4, true);
+    rank_log_close(&l);
+    snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
+    plant(path, offset_text);
+}
+
 /* What is served comes from the rank's own directory and its own files only:
  * no hard link, no symbolic link on the way (gen-G, rank-R), no forged offset. */
 START_TEST(log_escapes_are_refused)
@@ -787,42 +800,20 @@ START_TEST(log_escapes_are_refused)
      * answer is an error that the protocol can carry, never silence. */
     static const char *const forged[] = {"18446744073709551615\n", "9007199254740993\n", "-5\n", "12abc\n", "\n"};
     for (unsigned i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
-        struct rank_log l;
-        rank_dir_of(40 + i, 3, dir, sizeof(dir));
-        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
-        rank_log_append(&l, "line", 4, true);
-        rank_log_close(&l);
-        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
-        plant(path, forged[i]);
+        log_with_offset(40 + i, forged[i]);
         assert_refused(3, 40 + i, RANK_LOG_OFFSET);
     }
     /* The largest offset the wire carries, with a file that would end past it. */
-    {
-        struct rank_log l;
-        rank_dir_of(50, 3, dir, sizeof(dir));
-        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
-        rank_log_append(&l, "line", 4, true);
-        rank_log_close(&l);
-        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
-        plant(path, "9007199254740991\n");
-        assert_refused(3, 50, "larger than a log offset");
-    }
+    log_with_offset(50, "9007199254740991\n");
+    assert_refused(3, 50, "larger than a log offset");
     /* A valid offset still serves. */
-    {
-        struct rank_log l;
-        struct proto_log_data d;
-        rank_dir_of(51, 3, dir, sizeof(dir));
-        ck_assert_int_eq(rank_log_open(&l, dir, 3, 1 << 20), 0);
-        rank_log_append(&l, "line", 4, true);
-        rank_log_close(&l);
-        snprintf(path, sizeof(path), "%s/%s", dir, RANK_LOG_OFFSET);
-        plant(path, "1000\n");
-        serve(3, 51, 1000, 0, 100, &d);
-        ck_assert_int_eq(d.error, PROTO_LOG_OK);
-        ck_assert_str_eq(d.data, "line\n");
-        ck_assert_uint_eq(d.size, 1005);
-        free(d.data);
-    }
+    struct proto_log_data d;
+    log_with_offset(51, "1000\n");
+    serve(3, 51, 1000, 0, 100, &d);
+    ck_assert_int_eq(d.error, PROTO_LOG_OK);
+    ck_assert_str_eq(d.data, "line\n");
+    ck_assert_uint_eq(d.size, 1005);
+    free(d.data);
 }
 END_TEST
 

@@ -80,6 +80,30 @@ start_agent() {
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
 }
 
+# start_flap_job NAME NS DADDR: a 2-node job (heartbeat 200 ms, timeout 2 s)
+# whose musterd listens on every address; node a's agent runs in network
+# namespace NS and joins DADDR, node b's on loopback; returns once
+# generation 1 runs its 4 ranks.
+start_flap_job() {
+    cat > "$ITEST_DIR/job.json" <<JSON
+{"name": "$1", "nodes": 2, "max_restarts": 5, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 10000, "stop_grace_ms": 1000}
+JSON
+    make_token "$ITEST_DIR/token"
+    _rank_cmd="$BUILD/tests/fake-rank --step-ms 50"
+    start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token" --listen "0.0.0.0:0"
+    # start_daemon chose a port for 127.0.0.1; the daemon listens on every address at the one it reports.
+    CTL=$(sed -n 's/.*control 0\.0\.0\.0:\([0-9]*\),.*/\1/p' "$ITEST_DIR/musterd.log" | head -n 1)
+    [ -n "$CTL" ] || fail "musterd did not say its control port"
+    mkdir -p "$ITEST_DIR/pids-a"
+    FAKE_RANK_PIDDIR="$ITEST_DIR/pids-a" ip netns exec "$2" "$BUILD/muster-worker" --daemon "$3:$CTL" --node a \
+        --devices cpu:2 --state-dir "$ITEST_DIR/agent-state" --token-file "$ITEST_DIR/token" --rank-cmd "$_rank_cmd" \
+        >> "$ITEST_DIR/agent-a.log" 2>&1 &
+    ITEST_PIDS="$ITEST_PIDS $!"
+    start_agent b 2 --token-file "$ITEST_DIR/token" --rank-cmd "$_rank_cmd"
+    wait_for 20 'd["state"] == "running" and d["generation"] == 1 and running == 4' || fail "generation 1 not running"
+}
+
 status() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status"; }
 
 # check PYEXPR: true when the Python expression holds for d = /v1/status with

@@ -42,22 +42,7 @@ NEIGH_RETRANS_MS=${NEIGH_RETRANS_MS:-100}
 sysctl -q -w "net.ipv4.neigh.$VD.retrans_time_ms=$NEIGH_RETRANS_MS"
 ip netns exec "$NSA" sysctl -q -w "net.ipv4.neigh.$VA.retrans_time_ms=$NEIGH_RETRANS_MS"
 
-cat > "$ITEST_DIR/job.json" <<JSON
-{"name": "down", "nodes": 2, "max_restarts": 5, "heartbeat_interval_ms": 200,
- "heartbeat_timeout_ms": 2000, "lease_ms": 10000, "stop_grace_ms": 1000}
-JSON
-make_token "$ITEST_DIR/token"
-RANK_CMD="$BUILD/tests/fake-rank --step-ms 50"
-start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token" --listen "0.0.0.0:0"
-CTL=$(sed -n 's/.*control 0\.0\.0\.0:\([0-9]*\),.*/\1/p' "$ITEST_DIR/musterd.log" | head -n 1)
-[ -n "$CTL" ] || fail "musterd did not say its control port"
-mkdir -p "$ITEST_DIR/pids-a"
-FAKE_RANK_PIDDIR="$ITEST_DIR/pids-a" ip netns exec "$NSA" "$BUILD/muster-worker" --daemon "$DADDR:$CTL" --node a \
-    --devices cpu:2 --state-dir "$ITEST_DIR/agent-state" --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD" \
-    >> "$ITEST_DIR/agent-a.log" 2>&1 &
-ITEST_PIDS="$ITEST_PIDS $!"
-start_agent b 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"
-wait_for 20 'd["state"] == "running" and d["generation"] == 1 and running == 4' || fail "generation 1 not running"
+start_flap_job down "$NSA" "$DADDR"
 echo "generation 1 running: node a in namespace $NSA over veth $VD (neighbour probes every $NEIGH_RETRANS_MS ms)"
 
 cut() { # SECONDS: carrier off on both ends
