@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/server.h" /* SERVER_PREAUTH_FRAME_MAX */
 #include "proto/check.h"
 #include "proto/fastbeat.h"
 #include "proto/proto.h"
@@ -499,6 +500,38 @@ START_TEST(session_is_optional_and_bounded)
         ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
         proto_msg_clear(&m); /* WELCOME's sample holds a job */
     }
+}
+END_TEST
+
+/* The fullest HELLO (every device a GPU with the longest name, every number
+ * at its largest) fits what musterd reads before authentication. */
+START_TEST(fullest_hello_fits_before_authentication)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    struct proto_msg m;
+    sample(PROTO_HELLO, &m);
+    struct proto_hello *h = &m.u.hello;
+    memset(h->node, 'n', PROTO_NAME_MAX - 1);
+    h->node[PROTO_NAME_MAX - 1] = '\0';
+    memset(h->addr, 'a', PROTO_NAME_MAX - 1);
+    h->addr[PROTO_NAME_MAX - 1] = '\0';
+    h->kind = PROTO_DEV_GPU;
+    h->ndevices = h->ngpus = PROTO_MAX_LOCAL_RANKS;
+    for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++) {
+        h->devices[i] = 1000000 + i;
+        memset(h->gpus[i].name, 'G', PROTO_NAME_MAX - 1);
+        h->gpus[i].name[PROTO_NAME_MAX - 1] = '\0';
+        h->gpus[i].total_mb = h->gpus[i].free_mb = PROTO_U64_MAX;
+    }
+    h->device_mem_mb = h->generation = h->session = h->host_mem_mb = PROTO_U64_MAX;
+    h->free_port = 65535;
+    memset(h->agent_version, 'v', sizeof(h->agent_version) - 1);
+    h->agent_version[sizeof(h->agent_version) - 1] = '\0';
+    h->preflight = 1;
+    int n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_le(n, SERVER_PREAUTH_FRAME_MAX);
+    roundtrip(&m);
 }
 END_TEST
 
@@ -2123,6 +2156,7 @@ Suite *make_proto_suite(void)
     tcase_add_loop_test(tc, roundtrip_each_type, PROTO_HELLO, PROTO_TYPE_MAX + 1);
     tcase_add_test(tc, roundtrip_edges);
     tcase_add_test(tc, session_is_optional_and_bounded);
+    tcase_add_test(tc, fullest_hello_fits_before_authentication);
     tcase_add_test(tc, roundtrip_log_edges);
     tcase_add_test(tc, log_sanitize_keeps_every_byte);
     tcase_add_test(tc, non_finite_loss_travels_as_null);
