@@ -46,7 +46,7 @@ static int open_regular(const char *path, int flags, mode_t mode)
  * The offset text of output.log.offset: decimal digits and a newline, at
  * most PROTO_U64_MAX (the wire's largest number: the rank can write this
  * file, and an offset the daemon cannot be told would leave a request
- * unanswered). 0 with *v set, or -EINVAL.
+ * unanswered). 0 with *v set, or -EDOM.
  */
 static int parse_base(const char *text, size_t n, uint64_t *v)
 {
@@ -55,10 +55,10 @@ static int parse_base(const char *text, size_t n, uint64_t *v)
     for (; i < n && text[i] >= '0' && text[i] <= '9'; i++) {
         x = x * 10 + (uint64_t)(text[i] - '0');
         if (x > PROTO_U64_MAX)
-            return -EINVAL;
+            return -EDOM;
     }
     if (i == 0 || (i < n && !(text[i] == '\n' && i + 1 == n)))
-        return -EINVAL;
+        return -EDOM;
     *v = x;
     return 0;
 }
@@ -282,7 +282,7 @@ static int open_own_at(int dir, const char *name)
     return fd;
 }
 
-/* The recorded offset of output.log: 0 when there is no file, -EINVAL when it is not valid. */
+/* The recorded offset of output.log: 0 when there is no file, -EDOM when it is not valid. */
 static int read_base_at(int dir, uint64_t *base)
 {
     char text[32];
@@ -410,7 +410,8 @@ static const char *refusal(int err)
 {
     switch (err) {
     case EMLINK: return "it has more than one link (not a file the agent wrote)";
-    case EINVAL: return "not a regular file, or not valid";
+    case EINVAL: return "not a regular file";
+    case EDOM: return "not an offset (decimal digits, at most 2^53-1)";
     case ELOOP: return "a symbolic link";
     case ENOTDIR: return "not a directory (a symbolic link?)";
     case EOVERFLOW: return "its offset and size are larger than a log offset can be";
