@@ -89,7 +89,6 @@ struct server {
     unsigned npool, pool_max, per_addr_max;
     struct namemap addrs;  /* peer address -> struct addr_slot *, for addresses in the pool */
     struct namemap claims; /* node name -> its CLASS_CLAIM connection */
-    uint64_t evicted;      /* strangers closed to make room */
     uint8_t preauth_buf[SERVER_PREAUTH_FRAME_MAX]; /* every stranger's reads, one at a time */
     struct conn *joining; /* during rdv_join: the connection being admitted */
     struct conn *speaking; /* during rdv_message: the sender (its echo needs no lookup) */
@@ -187,7 +186,6 @@ static void class_leave(struct conn *c)
 
 static void evict(struct conn *c, const char *why)
 {
-    c->srv->evicted++;
     conn_lost_later(c, why); /* nothing of ours is queued: no graceful shutdown */
 }
 
@@ -851,11 +849,6 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
 
 uint16_t server_port(const struct server *s) { return s->port; }
 
-void server_preauth(const struct server *s, unsigned *pooled, uint64_t *evicted)
-{
-    *pooled = s->npool;
-    *evicted = s->evicted;
-}
 
 void server_close(struct server *s)
 {

@@ -70,8 +70,6 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
 uint16_t server_port(const struct server *srv);
 /* Connections a job of `nodes` nodes needs: nodes + nodes/4 + SERVER_CONN_MARGIN. */
 unsigned server_conn_limit(int nodes);
-/* Unauthenticated connections now, and those closed to make room so far. */
-void server_preauth(const struct server *srv, unsigned *pooled, uint64_t *evicted);
 /* Closes pending handshakes that ran past SERVER_HELLO_MS / SERVER_HANDSHAKE_MS. */
 void server_tick(struct server *srv);
 /* Closes the listener and every connection; memory goes in close callbacks. */
