@@ -54,6 +54,10 @@ static const struct key_def keys[] = {
     {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
      "program of every rank: a string split on whitespace (no shell) or an array of strings; absent = the "
      "agent's (worker.json's rank_cmd, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
+    {"python_hook", KEY_INT, F(python_hook), 0, 1, 1, NULL,
+     "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
+     "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
+     "the program; 0: off"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},

@@ -361,6 +361,45 @@ START_TEST(rank_env_user_defaults_win)
 }
 END_TEST
 
+START_TEST(rank_env_python_hook)
+{
+    /* The hook goes first on PYTHONPATH, the user's path after it; the rank's directory and the
+     * stacks signal come with it. Without a hook the user's PYTHONPATH is left as it was. */
+    char long_path[3000];
+    memset(long_path, 'p', sizeof(long_path) - 1);
+    long_path[0] = '/';
+    long_path[sizeof(long_path) - 1] = '\0';
+    char user[sizeof(long_path) + 16];
+    snprintf(user, sizeof(user), "PYTHONPATH=%s", long_path);
+    char *parent[] = {user, "MUSTER_RANK_DIR=/stale", "MUSTER_STACKS_SIGNAL=1", NULL};
+    struct rank_identity id = {.rank = 2, .world_size = 4, .local_world_size = 2, .nnodes = 2, .generation = 7,
+                               .node = "n", .kind = PROTO_DEV_CPU, .python_path = "/m/python/startup:/m/python",
+                               .rank_dir = "/state/gen-7/rank-2", .stacks_signal = 39};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    char want[sizeof(long_path) + 64];
+    snprintf(want, sizeof(want), "/m/python/startup:/m/python:%s", long_path);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), want); /* longer than any fixed buffer: whole */
+    ck_assert_str_eq(env_get(env, "MUSTER_RANK_DIR"), "/state/gen-7/rank-2");
+    ck_assert_str_eq(env_get(env, "MUSTER_STACKS_SIGNAL"), "39");
+    cmdline_free(env);
+
+    char *bare[] = {NULL};
+    env = rank_env_build(bare, &id);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), "/m/python/startup:/m/python");
+    cmdline_free(env);
+
+    id.python_path = NULL;
+    id.rank_dir = NULL;
+    id.stacks_signal = 0;
+    env = rank_env_build(parent, &id);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), long_path);
+    ck_assert_ptr_null(env_get(env, "MUSTER_RANK_DIR")); /* the agent's, never a stale parent's */
+    ck_assert_ptr_null(env_get(env, "MUSTER_STACKS_SIGNAL"));
+    cmdline_free(env);
+}
+END_TEST
+
 START_TEST(cmdline_string_and_array)
 {
     char packed[CMDLINE_MAX], why[200];
@@ -797,6 +836,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_env_cpu_hides_gpus);
     tcase_add_test(tc, rank_env_torchrun_names);
     tcase_add_test(tc, rank_env_user_defaults_win);
+    tcase_add_test(tc, rank_env_python_hook);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);

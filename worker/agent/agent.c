@@ -469,6 +469,23 @@ static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
     snprintf(out, cap, "%s", dir);
 }
 
+/* The signal on which a Python rank's start-up hook dumps its stacks (MUSTER_STACKS_SIGNAL):
+ * a real-time one, which no library uses by default. */
+#define STACKS_SIGNAL (SIGRTMIN + 5)
+
+static bool runs_trainer(const struct agent *a, const struct job_spec *spec);
+
+/* PYTHONPATH's head for the ranks of spec: muster's start-up hook and client, or "" for none
+ * (muster-train ranks, python_hook off, or no client beside the agent). */
+static void python_hook_path(const struct agent *a, const struct job_spec *spec, bool trainer, char *out,
+                             size_t cap)
+{
+    out[0] = '\0';
+    if (spec->python_hook && !trainer && a->cfg->python_dir[0] &&
+        (size_t)snprintf(out, cap, "%s/startup:%s", a->cfg->python_dir, a->cfg->python_dir) >= cap)
+        out[0] = '\0';
+}
+
 /* The program of the ranks: the agent's command line, else the job's rank_cmd, else the agent's. */
 static char **rank_command(const struct agent *a, const struct job_spec *spec, bool *from_job)
 {
@@ -530,6 +547,8 @@ static void spawn_all(struct agent *a)
     char **argv = rank_command(a, spec, &own_argv);
     if (a->state_dir[0])
         prune_generations(a, as->generation);
+    char pypath[2 * sizeof(a->cfg->python_dir) + 16];
+    python_hook_path(a, spec, runs_trainer(a, spec), pypath, sizeof(pypath));
     static struct proto_msg assign_msg;
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
@@ -559,6 +578,9 @@ static void spawn_all(struct agent *a)
             .error_file = error_file,
             .omp_threads = omp_threads(as->nranks),
             .node = a->cfg->node,
+            .python_path = pypath,
+            .rank_dir = dir,
+            .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
             .kind = a->cfg->devices.kind,
             .device = slot->device,
         };
