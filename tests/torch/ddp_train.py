@@ -32,6 +32,8 @@ def parse_args():
     p.add_argument("--raise-at-step", type=int, default=-1, help="raise ValueError at this step ...")
     p.add_argument("--raise-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
+    p.add_argument("--spin-at-step", type=int, default=-1, help="spin in a Python loop for ever at this step ...")
+    p.add_argument("--spin-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
     p.add_argument("--timing-file", default="",
@@ -66,6 +68,13 @@ def batch(seed, step, rank, n, width):
     x = torch.randn(n, width, generator=g)
     y = torch.sin(x.sum(dim=1, keepdim=True))
     return x, y
+
+
+def spin_for_ever():
+    """A rank wedged in its own code (a livelock): it runs, but never reaches the next collective."""
+    n = 0
+    while True:
+        n += 1
 
 
 @record
@@ -103,6 +112,8 @@ def main():
     for step in range(start, args.steps):
         if step == args.raise_at_step and rank == args.raise_rank and restart == args.raise_restart:
             raise ValueError(f"injected failure at step {step} on rank {rank}")
+        if step == args.spin_at_step and rank == args.spin_rank:
+            spin_for_ever()
         x, y = batch(args.seed, step, rank, args.batch, args.width)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
