@@ -34,6 +34,7 @@ def parse_args():
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
     p.add_argument("--spin-at-step", type=int, default=-1, help="spin in a Python loop for ever at this step ...")
     p.add_argument("--spin-rank", type=int, default=0, help="... on this rank")
+    p.add_argument("--spin-restart", type=int, default=0, help="... in this restart only")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
     p.add_argument("--timing-file", default="",
@@ -112,7 +113,7 @@ def main():
     for step in range(start, args.steps):
         if step == args.raise_at_step and rank == args.raise_rank and restart == args.raise_restart:
             raise ValueError(f"injected failure at step {step} on rank {rank}")
-        if step == args.spin_at_step and rank == args.spin_rank:
+        if step == args.spin_at_step and rank == args.spin_rank and restart == args.spin_restart:
             spin_for_ever()
         x, y = batch(args.seed, step, rank, args.batch, args.width)
         loss = nn.functional.mse_loss(model(x), y)
