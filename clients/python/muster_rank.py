@@ -160,6 +160,13 @@ class Rank:
         self._total_steps = 0
         self._tokens_per_step = 0.0
         self._main = threading.main_thread().ident
+        self._rejoin = False          # it rejoins the next generation in place (Elastic)
+        self._parked = 0              # the generation a COMMAND park announced (0: none)
+        self._restore = None          # (from, step) of this generation's state, once known
+        try:
+            self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        except ValueError:
+            self._local_rank = 0
         self._dirty = False           # _entry changed since the last frame
         self._seq = 0
         self._sent_at = -math.inf
@@ -350,6 +357,11 @@ class Rank:
         self._sent_at = now
         self._dirty = False
         entry = dict(self._entry)
+        entry["rank"] = self.rank  # a rank that rejoined may have another one now
+        if self._rejoin:
+            entry["rejoin"] = True
+        if self._restore is not None:
+            entry["restore_from"], entry["restore_step"] = self._restore
         entry["step_age_ms"] = int((now - self._step_at) * 1000)
         if self._step_s > 0:
             entry["step_s"] = self._step_s
@@ -408,7 +420,14 @@ class Rank:
                 return
             with self._cond:
                 if mtype == _ASSIGN:
-                    self._assign = msg
+                    gen = msg.get("generation")
+                    if self._rejoin and isinstance(gen, int) and gen > self.generation:
+                        self._take_up(msg)
+                    elif self._assign is None or gen == self.generation:
+                        self._assign = msg
+                elif mtype == _COMMAND and msg.get("action") == "park":
+                    self._parked = max(self._parked, int(msg.get("generation", 0)))
+                    self._cond.notify_all()
                 elif mtype == _COMMAND and msg.get("action") == "stop":
                     self._stop = True
                 elif mtype == _COMMAND and msg.get("action") == "checkpoint":
@@ -420,6 +439,42 @@ class Rank:
                         self._cond.notify_all()
         except (ValueError, KeyError, TypeError):
             return  # not a frame the agent would send: skip it
+
+    def _take_up(self, msg):
+        """A newer generation's ASSIGN for a rank that rejoins: it becomes the
+        rank of its slot (its local rank) there. Called with the lock held."""
+        for slot in msg.get("ranks", []):
+            if slot.get("local_rank") == self._local_rank and isinstance(slot.get("rank"), int):
+                self._assign = msg
+                self.generation = msg["generation"]
+                self.rank = slot["rank"]
+                self._restore = None
+                self._uid = None
+                self._cond.notify_all()
+                return
+
+    def _wait_generation(self, after, timeout):
+        """The ASSIGN of a generation newer than after, once it came; None on
+        timeout, on stop, or when the agent went away."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.generation <= after and not self._dead and not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self._assign if self.generation > after else None
+
+    def _wait_park(self, after, timeout):
+        """True once a COMMAND park (or a newer ASSIGN) says generation after is over."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._parked <= after and self.generation <= after and not self._dead and not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return self._parked > after or self.generation > after
 
     def _gone(self, why, agent_gone=True):
         """Stops speaking for good: logs why once (None: closed on purpose)."""
@@ -650,3 +705,188 @@ def _on_optimizer_step(opt, args, kwargs):
             connect()._auto_step(step)
     except Exception:
         return
+
+
+# ---- healing in place -------------------------------------------------------
+
+class Elastic:
+    """Healing in place for a data-parallel PyTorch program.
+
+        elastic = muster_rank.Elastic(model, optimizer, wrap=DDP, step=start)
+        def train_step(step):
+            x, y = batch(step)
+            loss = loss_fn(elastic.model(x), y)   # elastic.model: wrap(model) of this generation
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            return loss
+        elastic.run(train_step, steps)
+
+    run() forms the process group (torchrun's environment: backend gloo by
+    default), brings every rank to the state of the rank that completed the
+    most steps (a rank started fresh, such as a replacement, receives model,
+    optimizer and every object passed in `state` from it by broadcast), and
+    calls train_step(step) for each step left. Under muster, when a step
+    fails because a peer died (a collective raises) and muster parks the
+    generation, the rank keeps its process and its state: it destroys the
+    process group, waits for the next generation's ASSIGN from its agent,
+    takes its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, forms the new
+    process group, brings every rank to the same state again and redoes
+    the step that failed: no completed step is lost. Outside muster (plain
+    python, torchrun) the same script runs, and a failure raises as usual.
+
+    state: objects with state_dict()/load_state_dict() (a data loader's
+    position, an LR scheduler, ...), kept alike on every rank. The step
+    count travels too; the program's RNG does not (draw batches as a
+    function of the step, as the test programs do, or pass an object).
+    """
+
+    def __init__(self, model, optimizer, wrap=None, state=None, step=0, backend="gloo", heal_wait_s=30.0):
+        self.module = model
+        self.optimizer = optimizer
+        self.model = model
+        self.step = int(step)          # completed optimizer steps
+        self._wrap = wrap
+        self._state = dict(state or {})
+        self._backend = backend
+        self._heal_wait = heal_wait_s
+        self._rank = connect()
+        self._fresh = self.step == 0   # nothing trained in this process yet
+        self._gen = 0                  # the generation of the process group it trains in
+        if self._rank.active:
+            self._rank._rejoin = True
+            self._rank._own = True  # the steps are this object's, not the start-up hook's count
+
+    def run(self, train_step, steps):
+        """train_step(step) for step in [self.step, steps); returns the last step's result.
+
+        A step counts as completed once the optimizer stepped in it, even if
+        something after that raised (its update is in the state)."""
+        import torch.distributed as dist
+        stepped = [False]
+        hook = self.optimizer.register_step_post_hook(lambda *_: stepped.__setitem__(0, True))
+        result = None
+        try:
+            self._form(dist)
+            while self.step < steps:
+                stepped[0] = False
+                try:
+                    result = train_step(self.step)
+                except RuntimeError:
+                    if stepped[0]:
+                        self.step += 1
+                        self._fresh = False
+                    if not self._heal(dist):
+                        raise
+                    continue
+                self.step += 1
+                self._fresh = False
+                loss = result.item() if hasattr(result, "item") else result
+                self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
+        finally:
+            hook.remove()
+        return result
+
+    # -- one generation's process group and state --
+
+    def _form(self, dist):
+        self._gen = self._rank.generation
+        if not dist.is_initialized():
+            dist.init_process_group(self._backend, init_method="env://")
+        import torch
+        me = dist.get_rank()
+        have = -1 if self._fresh and self.step == 0 else self.step
+        best = torch.tensor([have], dtype=torch.int64)
+        dist.all_reduce(best, op=dist.ReduceOp.MAX)
+        src = torch.tensor([me if have == best.item() else dist.get_world_size()], dtype=torch.int64)
+        dist.all_reduce(src, op=dist.ReduceOp.MIN)
+        if best.item() >= 0:
+            self._broadcast_state(dist, int(src.item()))
+            self.step = int(best.item())
+            self._rank._restore = ("memory", self.step)
+        else:
+            self._rank._restore = ("seed", 0)
+        self.model = self._wrap(self.module) if self._wrap else self.module
+
+    def _objects(self):
+        objs = {"model": self.module, "optimizer": self.optimizer}
+        objs.update(self._state)
+        return objs
+
+    def _broadcast_state(self, dist, src):
+        """Every object's state_dict from rank src: its layout as one pickled
+        object, its tensors one broadcast each, in place where they exist."""
+        import torch
+        me = dist.get_rank()
+        objs = self._objects()
+        tensors = []
+
+        def strip(x):
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+                return _TensorSlot(len(tensors) - 1, tuple(x.shape), x.dtype)
+            if isinstance(x, dict):
+                return {k: strip(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(strip(v) for v in x)
+            return x
+        layout = [{name: strip(o.state_dict()) for name, o in objs.items()} if me == src else None]
+        dist.broadcast_object_list(layout, src=src)
+        if me == src:
+            for t in tensors:
+                dist.broadcast(t.detach().contiguous(), src=src)
+            return
+        got = []
+
+        def fill(x):
+            if isinstance(x, _TensorSlot):
+                t = torch.empty(x.shape, dtype=x.dtype)
+                got.append((x.index, t))
+                return t
+            if isinstance(x, dict):
+                return {k: fill(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(fill(v) for v in x)
+            return x
+        states = {name: fill(sd) for name, sd in layout[0].items()}
+        for _, t in sorted(got, key=lambda it: it[0]):
+            dist.broadcast(t, src=src)
+        for name, o in objs.items():
+            o.load_state_dict(states[name])
+
+    def _heal(self, dist):
+        """After a failed step: True once the rank is in the next generation with the others' state."""
+        r = self._rank
+        if not r.active:
+            return False
+        # The generation the failed step ran in: the agent may have handed the
+        # next one over already (a peer's death is noticed at once, a collective
+        # fails only when the rank next calls one).
+        gen = self._gen
+        if not r._wait_park(gen, self._heal_wait):
+            return False  # no failure muster knows of: the program's own error
+        # The wrapper of the generation that ended (DDP's reducer hooks its
+        # parameters and holds the old group) goes before the new one is made.
+        self.model = self.module
+        import gc
+        gc.collect()
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        assign = r._wait_generation(gen, 3600.0)
+        if assign is None:
+            return False
+        os.environ.update(RANK=str(r.rank), WORLD_SIZE=str(assign["world_size"]),
+                          MASTER_ADDR=str(assign["master_addr"]), MASTER_PORT=str(assign["master_port"]),
+                          MUSTER_GENERATION=str(r.generation),
+                          TORCHELASTIC_RESTART_COUNT=str(assign.get("restart_count", 0)),
+                          GROUP_RANK=str(assign.get("node_rank", 0)), GROUP_WORLD_SIZE=str(assign.get("nnodes", 1)),
+                          LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
+        self._form(dist)
+        return True
+
+
+class _TensorSlot:
+    """A tensor's place in a broadcast state_dict layout."""
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
