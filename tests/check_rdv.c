@@ -203,6 +203,35 @@ static int has_event(const char *kind)
 }
 
 /* Two nodes of two ranks each, generation 1 running. */
+/* Node's agent answers COMMAND stacks for ranks first..first+n-1: a dump, or why there is none. */
+static void answer_stacks(const char *node, uint64_t generation, uint32_t first, uint32_t n, const char *error)
+{
+    static struct proto_msg m;
+    for (uint32_t i = 0; i < n; i++) {
+        memset(&m, 0, sizeof(m));
+        m.type = PROTO_STACKS;
+        m.u.stacks.generation = generation;
+        m.u.stacks.rank = first + i;
+        if (error) {
+            snprintf(m.u.stacks.error, sizeof(m.u.stacks.error), "%s", error);
+        } else {
+            m.u.stacks.pid = 1000 + first + i;
+            m.u.stacks.text = "process 1000:\n  File \"train.py\", line 88 in compute_loss\n";
+        }
+        rdv_message(&rdv, node, &m, now);
+    }
+}
+
+/* A hang found waits for its ranks' stacks (none answer here): its window runs out. */
+static void settle_hang(void)
+{
+    ck_assert_msg(rdv.hang_pending, "no hang pending (state %d, generation %llu)", rdv.state,
+                  (unsigned long long)rdv.generation);
+    now += HANG_STACKS_WAIT_MS;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.hang_pending, 0);
+}
+
 static void form_running(int max_restarts)
 {
     setup_spec(2, max_restarts);
@@ -958,6 +987,7 @@ START_TEST(hang_names_the_rank_whose_heartbeats_stopped)
         beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 4);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_msg(strstr(rdv.reason, "rank 3 on node b is hung: no heartbeat from it for"), "%s", rdv.reason);
 }
@@ -1088,13 +1118,17 @@ START_TEST(tick_deadlines_are_exact_across_ticks_and_generations)
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
     /* now = 5000; last beats at 4000 (step 32). b goes silent, a beats on at the same step. */
     const uint64_t progressed = now - 1000 + 100;
-    while (rdv.generation == 1 && now < progressed + 5000) {
+    while (!rdv.hang_pending && now < progressed + 5000) {
         now += 100;
         beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
         rdv_tick(&rdv, now);
     }
     /* Progress stood still since 4100: hung at the first tick past 7100. */
     ck_assert_uint_eq(now, progressed + 3100);
+    answer_stacks("a", 1, 0, 2, NULL); /* every rank's stacks: failed at once */
+    ck_assert_int_eq(rdv.generation, 1);
+    answer_stacks("b", 1, 2, 2, "no dump within 1.0 s");
+    ck_assert_int_eq(rdv.hang_pending, 0);
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_int_eq(rec.ndisconnected, 0);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "hung"));
@@ -1296,6 +1330,7 @@ START_TEST(stalled_step_is_a_hang)
         beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 2 on node b is hung: stuck at step 1"));
@@ -1333,6 +1368,7 @@ START_TEST(rejoined_ranks_wait_for_a_slow_replacement_without_a_hang)
         beat("b", 2, 3, 1, PROTO_RANK_RUNNING, 10);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.generation, 3);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b is hung"));
 }
@@ -1461,6 +1497,7 @@ START_TEST(silent_rank_is_never_hung)
     beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
     beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
     rdv_tick(&rdv, now);
+    settle_hang();
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
 }
 END_TEST
