@@ -1219,10 +1219,14 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
     /* The answer, when the agent asks for it (it asks as often as it needs
      * to see a stalled stream in time: proto_ack_every_ms). */
     if (!hb->no_ack) {
-        struct proto_msg ack = {.type = PROTO_HEARTBEAT};
-        ack.u.heartbeat.generation = r->generation;
-        ack.u.heartbeat.seq = hb->seq;
-        send_to(r, node, &ack);
+        struct proto_msg *ack = &r->ack; /* no rank entries: only its head is written */
+        ack->type = PROTO_HEARTBEAT;
+        ack->u.heartbeat.generation = r->generation;
+        ack->u.heartbeat.seq = hb->seq;
+        ack->u.heartbeat.free_port = 0;
+        ack->u.heartbeat.no_ack = 0;
+        ack->u.heartbeat.nranks = 0;
+        send_to(r, node, ack);
     }
     if (hb->free_port != nd->free_port) {
         nd->free_port = hb->free_port;

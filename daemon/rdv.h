@@ -287,6 +287,9 @@ struct rdv {
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */
     uint64_t stale_frames;               /* frames dropped for an old generation */
+    /* The heartbeat answer, reused: a message has room for 64 rank entries
+     * (tens of KiB) that an answer never fills, so it is not zeroed each time. */
+    struct proto_msg ack;
 };
 
 /* job: the spec as JSON (a reference is taken). Returns 0 or -ENOMEM. */

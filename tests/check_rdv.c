@@ -45,7 +45,10 @@ static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
     ck_assert_int_lt(rec.nsent, MAX_SENT);
     struct sent *s = &rec.sent[rec.nsent++];
     snprintf(s->node, sizeof(s->node), "%s", node);
-    s->msg = *m;
+    /* the part in use: a heartbeat's unused rank entries are most of a message */
+    memcpy(&s->msg, m, m->type == PROTO_HEARTBEAT ? offsetof(struct proto_msg, u.heartbeat.ranks) +
+                                                         m->u.heartbeat.nranks * sizeof(m->u.heartbeat.ranks[0])
+                                                   : sizeof(*m));
     if (m->type == PROTO_ASSIGN)
         s->msg.u.assign.job = NULL; /* not owned by the record */
 }
@@ -63,7 +66,7 @@ static int beat_rejoin, beat_yielded;
 
 static void setup_spec(int nodes, int max_restarts)
 {
-    memset(&rec, 0, sizeof(rec));
+    rec.nsent = rec.ndisconnected = rec.persists = 0; /* a message is written whole before it is read */
     no_port = 0;
     beat_rejoin = beat_yielded = 0;
     job_spec_defaults(&spec);
@@ -122,23 +125,33 @@ static const struct proto_msg *find_sent(int from, const char *node, enum proto_
     return NULL;
 }
 
+/* A heartbeat with n zeroed rank entries, reused: zeroing a whole message
+ * (room for 64 entries) for every beat would be most of a long test's time. */
+static struct proto_msg *heartbeat_msg(uint32_t n)
+{
+    static struct proto_msg m;
+    memset(&m, 0, offsetof(struct proto_msg, u.heartbeat.ranks) + n * sizeof(m.u.heartbeat.ranks[0]));
+    m.type = PROTO_HEARTBEAT;
+    m.u.heartbeat.nranks = n;
+    return &m;
+}
+
 static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t n, enum proto_rank_state st,
                  uint64_t step)
 {
-    struct proto_msg m = {.type = PROTO_HEARTBEAT};
-    m.u.heartbeat.generation = generation;
-    m.u.heartbeat.seq = now;
-    m.u.heartbeat.free_port = node_port(node);
-    m.u.heartbeat.nranks = n;
+    struct proto_msg *m = heartbeat_msg(n);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.seq = now;
+    m->u.heartbeat.free_port = node_port(node);
     for (uint32_t i = 0; i < n; i++) {
-        m.u.heartbeat.ranks[i].rank = first + i;
-        m.u.heartbeat.ranks[i].state = st;
-        m.u.heartbeat.ranks[i].step = step;
-        m.u.heartbeat.ranks[i].loss = 2.5;
-        m.u.heartbeat.ranks[i].rejoin = beat_rejoin;
-        m.u.heartbeat.ranks[i].yielded = beat_yielded;
+        m->u.heartbeat.ranks[i].rank = first + i;
+        m->u.heartbeat.ranks[i].state = st;
+        m->u.heartbeat.ranks[i].step = step;
+        m->u.heartbeat.ranks[i].loss = 2.5;
+        m->u.heartbeat.ranks[i].rejoin = beat_rejoin;
+        m->u.heartbeat.ranks[i].yielded = beat_yielded;
     }
-    rdv_message(&rdv, node, &m, now);
+    rdv_message(&rdv, node, m, now);
 }
 
 static void rank_exit_said(const char *node, uint64_t generation, uint32_t rank, int code, int sig,
@@ -1229,21 +1242,20 @@ static void diff_run(uint64_t seed, int full, char *trace, size_t cap)
             if (rnd(50) == 0)
                 silent[k] = !silent[k];
             if (nd->member && rdv.world_size) {
-                struct proto_msg m = {.type = PROTO_HEARTBEAT};
-                m.u.heartbeat.generation = rdv.generation;
-                m.u.heartbeat.seq = now;
-                m.u.heartbeat.free_port = node_port(names[k]);
-                m.u.heartbeat.nranks = nd->ndevices;
+                struct proto_msg *m = heartbeat_msg(nd->ndevices);
+                m->u.heartbeat.generation = rdv.generation;
+                m->u.heartbeat.seq = now;
+                m->u.heartbeat.free_port = node_port(names[k]);
                 for (uint32_t i = 0; i < nd->ndevices; i++) {
-                    m.u.heartbeat.ranks[i].rank = nd->first_rank + i;
-                    m.u.heartbeat.ranks[i].state = rnd(40) ? PROTO_RANK_RUNNING : PROTO_RANK_STARTING;
-                    m.u.heartbeat.ranks[i].step = (k == 1 && (t / 100) % 2) ? 7 : steps[k]; /* b hangs at times */
-                    m.u.heartbeat.ranks[i].loss = 2.5;
-                    m.u.heartbeat.ranks[i].silent = silent[k];
-                    m.u.heartbeat.ranks[i].rejoin = rejoin;
-                    m.u.heartbeat.ranks[i].yielded = yield_gen[k] == rdv.generation && rnd(3) == 0;
+                    m->u.heartbeat.ranks[i].rank = nd->first_rank + i;
+                    m->u.heartbeat.ranks[i].state = rnd(40) ? PROTO_RANK_RUNNING : PROTO_RANK_STARTING;
+                    m->u.heartbeat.ranks[i].step = (k == 1 && (t / 100) % 2) ? 7 : steps[k]; /* b hangs at times */
+                    m->u.heartbeat.ranks[i].loss = 2.5;
+                    m->u.heartbeat.ranks[i].silent = silent[k];
+                    m->u.heartbeat.ranks[i].rejoin = rejoin;
+                    m->u.heartbeat.ranks[i].yielded = yield_gen[k] == rdv.generation && rnd(3) == 0;
                 }
-                rdv_message(&rdv, names[k], &m, now);
+                rdv_message(&rdv, names[k], m, now);
                 if (rnd(300) == 0) {
                     struct proto_msg x = {.type = PROTO_RANK_EXIT};
                     x.u.rank_exit.generation = rdv.generation;
@@ -1252,11 +1264,11 @@ static void diff_run(uint64_t seed, int full, char *trace, size_t cap)
                     rdv_message(&rdv, names[k], &x, now);
                 }
             } else {
-                struct proto_msg m = {.type = PROTO_HEARTBEAT};
-                m.u.heartbeat.generation = rdv.generation;
-                m.u.heartbeat.seq = now;
-                m.u.heartbeat.free_port = node_port(names[k]);
-                rdv_message(&rdv, names[k], &m, now);
+                struct proto_msg *m = heartbeat_msg(0);
+                m->u.heartbeat.generation = rdv.generation;
+                m->u.heartbeat.seq = now;
+                m->u.heartbeat.free_port = node_port(names[k]);
+                rdv_message(&rdv, names[k], m, now);
             }
         }
         if (full)
