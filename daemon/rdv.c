@@ -1467,6 +1467,7 @@ static int ask_stacks(struct rdv *r)
     clock_gettime(CLOCK_REALTIME, &ts);
     k->wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     k->version++;
+    k->asked++;
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
             send_command(r, i, PROTO_CMD_STACKS);
@@ -1919,10 +1920,17 @@ json_t *rdv_stacks_json(const struct rdv *r)
         size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
         snprintf(when + n, sizeof(when) - n, ".%03dZ", (int)(k->wall_ms % 1000));
     }
-    return json_pack("{s:o, s:o, s:i, s:i, s:o}", "generation",
-                     k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
-                     k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered, "expected",
-                     (int)k->nranks, "ranks", ranks);
+    enum { SUMMARY_MAX = 16384 };
+    char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
+    if (summary)
+        stacks_summary(r, summary, SUMMARY_MAX);
+    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
+                            k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
+                            k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
+                            "expected", (int)k->nranks, "summary",
+                            summary && summary[0] ? json_string(summary) : json_null(), "ranks", ranks);
+    free(summary);
+    return doc;
 }
 
 static json_t *failure_json(const struct rdv_failure *f)
@@ -1981,6 +1989,11 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
                            "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
                            failure_json(&r->last_failure));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
+    double slowest = 0; /* the job steps at its slowest rank's pace */
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)
+            slowest = r->ranks[i].step_s;
+    json_object_set_new(st, "step_s", slowest > 0 ? json_real(slowest) : json_null());
     const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
     const double median = hang_median_step_s(&r->steps);
     json_object_set_new(st, "progress_timeout",

@@ -158,6 +158,7 @@ struct rdv_stacks {
     uint32_t nanswered;
     struct rdv_stack *ranks;
     uint64_t version;      /* counts changes, for musterd's rendering */
+    uint64_t asked;        /* sets asked for so far: this one's number ("set" in GET /v1/stacks) */
 };
 
 /* The latest rank failure, with what the rank itself said (error file, stderr). */
