@@ -209,14 +209,15 @@ static void rank_row(char (*row)[CELL], const json_t *r)
     fmt_rate(row[7], r, "tokens_per_s");
     fmt_pct(row[8], r, "comm_frac");
     fmt_age(row[9], r, "heartbeat_age_ms");
-    /* where it is: a stopped or hung rank says so first (cut to the cell) */
+    /* where it is: a stopped or hung rank says so first (cut to the cell); a
+     * stopped one's frame says more than the call it was stopped in */
     const char *where = str(r, "where", NULL), *waiting = str(r, "waiting", NULL);
-    const char *mark = json_is_true(json_object_get(r, "stopped")) ? "stopped "
-                       : json_is_true(json_object_get(r, "hung")) ? "hung " : "";
-    if (waiting)
-        snprintf(row[10], CELL, "%swaiting in %s", mark, waiting);
-    else if (where || mark[0])
-        snprintf(row[10], CELL, "%s%s%s", mark, where && mark[0] ? "at " : "", where ? where : "");
+    const char *mark = json_is_true(json_object_get(r, "stopped")) ? "stopped"
+                       : json_is_true(json_object_get(r, "hung")) ? "hung" : NULL;
+    if (waiting && !(mark && mark[0] == 's' && where))
+        snprintf(row[10], CELL, "%s%swaiting in %s", mark ? mark : "", mark ? ", " : "", waiting);
+    else if (where || mark)
+        snprintf(row[10], CELL, "%s%s%s", mark ? mark : "", mark && where ? " at " : "", where ? where : "");
     else
         snprintf(row[10], CELL, "-");
 }
