@@ -1389,6 +1389,16 @@ START_TEST(hang_names_the_stopped_rank_with_where_it_is)
     now += HANG_STACKS_WAIT_MS - 100;
     rdv_tick(&rdv, now);
     ck_assert_int_eq(rdv.generation, 1);
+    /* REST flags the hung rank while its stacks are collected, with where each rank is. */
+    json_t *st = rest_status(now);
+    const json_t *r0 = json_array_get(json_object_get(st, "ranks"), 0);
+    const json_t *r3 = json_array_get(json_object_get(st, "ranks"), 3);
+    ck_assert(json_is_true(json_object_get(r3, "hung")) && json_is_true(json_object_get(r3, "stopped")));
+    ck_assert(json_is_false(json_object_get(r0, "hung")) && json_is_false(json_object_get(r0, "stopped")));
+    ck_assert_str_eq(json_string_value(json_object_get(r0, "waiting")), AR);
+    ck_assert_str_eq(json_string_value(json_object_get(r3, "where")), "train.py:88 in compute_loss");
+    ck_assert(json_is_null(json_object_get(r3, "waiting")));
+    json_decref(st);
     answer_stacks("b", 1, 2, 2, NULL); /* the last ones: failed at once */
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_msg(strstr(rdv.last_failure.detail, "rank 3 (node b, pid 1003, stopped): train.py:88 in compute_loss"),
