@@ -48,6 +48,7 @@
 /* The run's curve (GET /v1/history): a sample a second while the step moves,
  * at most HISTORY_POINTS points over the whole run. */
 #define HISTORY_SAMPLE_MS 1000
+#define STACKS_RENDER_MS 500
 #define HISTORY_POINTS 1024
 
 struct admin_req {
@@ -73,6 +74,7 @@ struct daemon {
     uint64_t history_step; /* the step of that sample */
     struct snap_shared *stacks; /* GET /v1/stacks as last rendered, shared by the views */
     uint64_t stacks_version;    /* of rdv.stacks when rendered */
+    uint64_t stacks_at;         /* when */
     const char *state_dir;
     struct persist persist; /* the state file, written off the loop (group commit) */
     int dirty;            /* snapshot out of date: the job's state changed */
@@ -230,14 +232,19 @@ static void publish(struct daemon *d)
             d->history_text = h;
         }
     }
-    if (!d->stacks || d->rdv.stacks.version != d->stacks_version) {
+    /* The set is rendered whole (up to 60 KiB a rank): while its answers come,
+     * at most every STACKS_RENDER_MS, and at once when the last one came. */
+    const struct rdv_stacks *k = &d->rdv.stacks;
+    if (!d->stacks || (k->version != d->stacks_version &&
+                       (k->nanswered >= k->nranks || now - d->stacks_at >= STACKS_RENDER_MS))) {
+        d->stacks_at = now;
         char *text = render(rdv_stacks_json(&d->rdv), "stacks");
-        struct snap_shared *k = text ? snap_shared_new(text) : NULL;
+        struct snap_shared *shared = text ? snap_shared_new(text) : NULL;
         free(text);
-        if (k) {
+        if (shared) {
             snap_shared_unref(d->stacks);
-            d->stacks = k;
-            d->stacks_version = d->rdv.stacks.version;
+            d->stacks = shared;
+            d->stacks_version = k->version;
         }
     }
     char *events = render(rdv_events_json(&d->rdv), "events");
