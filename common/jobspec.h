@@ -31,7 +31,7 @@ struct job_spec {
     int heartbeat_timeout_ms;  /* node lost after this much silence */
     int lease_ms;              /* agent fences its ranks after this */
     int stop_grace_ms;         /* SIGTERM -> SIGKILL grace for ranks */
-    int progress_timeout_ms;   /* a running rank whose step stalls this long is hung; 0 = off */
+    int progress_timeout_ms;   /* a running rank whose step stalls this long is hung; 0 = off; -1 = auto (daemon/hang.h) */
     int start_timeout_ms;      /* assigned ranks must all run within this; 0 = off */
     int rejoin_timeout_ms;     /* a lost member gets this long to come back */
     int min_nodes;             /* after rejoin_timeout the job may shrink to this many nodes; 0 = nodes */
