@@ -44,6 +44,11 @@ int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signu
     d->nprocs = 0;
     d->error[0] = '\0';
     d->stopped = rank_stopped(rank_pid);
+    if (d->stopped) { /* it cannot dump now, and a signal left pending would dump it later for nobody */
+        snprintf(d->error, sizeof(d->error),
+                 "its process is stopped (SIGSTOP or a debugger): it cannot dump its stacks until it continues");
+        return 0;
+    }
     DIR *dp = dir && dir[0] ? opendir(dir) : NULL;
     struct dirent *e;
     while (dp && (e = readdir(dp)) != NULL && d->nprocs < STACKS_MAX_PROCS) {
@@ -67,14 +72,11 @@ int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signu
     }
     if (dp)
         closedir(dp);
-    if (d->stopped)
-        snprintf(d->error, sizeof(d->error),
-                 "its process is stopped (SIGSTOP or a debugger): it dumps its stacks when it continues");
-    else if (d->nprocs == 0)
+    if (d->nprocs == 0)
         snprintf(d->error, sizeof(d->error),
                  "the rank has no stack hook (not a Python rank, python_hook is off, or it has not started Python "
                  "yet)");
-    return !d->stopped && d->nprocs > 0;
+    return d->nprocs > 0;
 }
 
 int stacks_poll(struct stacks_dump *d)

@@ -8,8 +8,8 @@
  * blocked in native code (a collective) dumps too. A dump starts by
  * truncating each armed process's file and signalling it; it is complete
  * once every file holds bytes that stopped growing, or at the deadline.
- * A stopped process (SIGSTOP, a debugger) cannot dump: the signal waits
- * until it continues, and the dump says so at once.
+ * A stopped process (SIGSTOP, a debugger) cannot dump: it is not
+ * signalled, and the answer says so at once.
  *
  * No loop here: the agent polls stacks_poll from a timer.
  */
