@@ -105,7 +105,13 @@ LIBMUSTER := $(BUILD)/libmuster.a
 BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
 
 .PHONY: all deps check check-run demo demo-run bench bench-run asan install uninstall clean tests docs
-all: $(BINS) $(GPU_MODULE)
+all: $(BINS) $(GPU_MODULE) $(BUILD)/python
+
+# muster-worker finds the Python client and its start-up hook (startup/) in
+# python/ beside it in a build directory, ../lib/muster/python once installed.
+$(BUILD)/python:
+	@mkdir -p $(BUILD)
+	ln -sfn $(CURDIR)/clients/python $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -262,7 +268,7 @@ UNITDIR := $(PREFIX)/lib/systemd/system
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/muster/etc \
 	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8 \
-	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python
+	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python/startup
 	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	for u in systemd/*.service; do \
 	    sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(UNITDIR)/$${u#systemd/} && \
@@ -273,6 +279,7 @@ install: all
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 clients/python/muster_rank.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	install -m 0644 clients/python/startup/sitecustomize.py $(DESTDIR)$(PREFIX)/lib/muster/python/startup/
 	$(if $(GPU_MODULE),install -m 0755 $(GPU_MODULE) $(DESTDIR)$(PREFIX)/lib/muster/)
 
 uninstall:

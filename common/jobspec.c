@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-enum key_type { KEY_INT, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD };
+enum key_type { KEY_INT, KEY_INT_AUTO, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD }; /* INT_AUTO: or "auto" (-1) */
 
 struct key_def {
     const char *name;
@@ -36,8 +36,11 @@ static const struct key_def keys[] = {
      "an agent that cannot reach the daemon this long stops its ranks"},
     {"stop_grace_ms", KEY_INT, F(stop_grace_ms), 0, 600000, 5000, NULL,
      "time between SIGTERM and SIGKILL when ranks are stopped"},
-    {"progress_timeout_ms", KEY_INT, F(progress_timeout_ms), 0, 86400000, 300000, NULL,
-     "a running rank whose step does not advance this long is hung and its generation restarted; 0 = off"},
+    {"progress_timeout_ms", KEY_INT_AUTO, F(progress_timeout_ms), 0, 86400000, -1, NULL,
+     "a running rank whose step does not advance this long is hung and its generation restarted; 0 = off; "
+     "\"auto\" (or absent): 300 s until a generation has run 5 steps (or 3 x its longest first step), then the "
+     "largest of 30 s, 20 x the median step time and 3 x the longest step seen after the first ones "
+     "(docs/troubleshooting.md)"},
     {"start_timeout_ms", KEY_INT, F(start_timeout_ms), 0, 86400000, 600000, NULL,
      "assigned ranks that do not all heartbeat running within this are a failure; 0 = off"},
     {"rejoin_timeout_ms", KEY_INT, F(rejoin_timeout_ms), 1000, 86400000, 300000, NULL,
@@ -54,6 +57,10 @@ static const struct key_def keys[] = {
     {"rank_cmd", KEY_CMD, F(rank_cmd), 0, 0, 0, "",
      "program of every rank: a string split on whitespace (no shell) or an array of strings; absent = the "
      "agent's (worker.json's rank_cmd, else muster-train). The agent's command line (--rank-cmd or -- CMD) wins"},
+    {"python_hook", KEY_INT, F(python_hook), 0, 1, 1, NULL,
+     "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
+     "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
+     "the program; 0: off"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
@@ -113,7 +120,8 @@ void job_spec_defaults(struct job_spec *spec)
         const struct key_def *k = &keys[i];
         char *p = (char *)spec + k->offset;
         switch (k->type) {
-        case KEY_INT: *(int *)p = (int)k->def; break;
+        case KEY_INT:
+        case KEY_INT_AUTO: *(int *)p = (int)k->def; break;
         case KEY_I64: *(int64_t *)p = (int64_t)k->def; break;
         case KEY_DOUBLE: *(double *)p = k->def; break;
         case KEY_STRING: snprintf(p, k->size, "%s", k->sdef); break;
@@ -156,6 +164,10 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
         memcpy(p, s, strlen(s) + 1);
         return 0;
     }
+    if (k->type == KEY_INT_AUTO && json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) {
+        *(int *)p = -1;
+        return 0;
+    }
     double d;
     if (k->type == KEY_DOUBLE) {
         if (!json_is_number(v)) {
@@ -166,8 +178,8 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
         d = json_number_value(v);
     } else {
         if (!json_is_integer(v)) {
-            fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f], got %s", origin,
-                 k->name, k->min, k->max, conf_json_kind(v));
+            fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f]%s, got %s", origin,
+                 k->name, k->min, k->max, k->type == KEY_INT_AUTO ? " or \"auto\"" : "", conf_json_kind(v));
             return -EINVAL;
         }
         d = (double)json_integer_value(v);
@@ -182,7 +194,8 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
         return -EINVAL;
     }
     switch (k->type) {
-    case KEY_INT: *(int *)p = (int)json_integer_value(v); break;
+    case KEY_INT:
+    case KEY_INT_AUTO: *(int *)p = (int)json_integer_value(v); break;
     case KEY_I64: *(int64_t *)p = (int64_t)json_integer_value(v); break;
     case KEY_DOUBLE: *(double *)p = d; break;
     case KEY_STRING:
@@ -286,6 +299,10 @@ void job_spec_print_doc(FILE *out)
             break;
         case KEY_DOUBLE:
             fprintf(out, "| `%s` | number | %g | %g to %g | %s |\n", k->name, k->def, k->min, k->max,
+                    k->doc);
+            break;
+        case KEY_INT_AUTO:
+            fprintf(out, "| `%s` | integer or `\"auto\"` | `\"auto\"` | %.0f to %.0f | %s |\n", k->name, k->min, k->max,
                     k->doc);
             break;
         case KEY_CMD:

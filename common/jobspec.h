@@ -31,13 +31,14 @@ struct job_spec {
     int heartbeat_timeout_ms;  /* node lost after this much silence */
     int lease_ms;              /* agent fences its ranks after this */
     int stop_grace_ms;         /* SIGTERM -> SIGKILL grace for ranks */
-    int progress_timeout_ms;   /* a running rank whose step stalls this long is hung; 0 = off */
+    int progress_timeout_ms;   /* a running rank whose step stalls this long is hung; 0 = off; -1 = auto (daemon/hang.h) */
     int start_timeout_ms;      /* assigned ranks must all run within this; 0 = off */
     int rejoin_timeout_ms;     /* a lost member gets this long to come back */
     int min_nodes;             /* after rejoin_timeout the job may shrink to this many nodes; 0 = nodes */
     int restart_backoff_ms;    /* wait before the 2nd restart in a row, doubling; 0 = no backoff */
     int restart_backoff_max_ms; /* longest wait; also what disk-full and OOM failures wait */
     int restart_window_s;      /* only restarts this recent count toward max_restarts; 0 = all */
+    int python_hook;           /* Python ranks start with muster's start-up hook (1) or not (0) */
     char rank_cmd[CMDLINE_MAX]; /* the program of every rank, packed (common/cmdline.h); unset = the agent's */
 
     /* training (muster-train) */

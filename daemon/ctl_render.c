@@ -209,18 +209,29 @@ static void rank_row(char (*row)[CELL], const json_t *r)
     fmt_rate(row[7], r, "tokens_per_s");
     fmt_pct(row[8], r, "comm_frac");
     fmt_age(row[9], r, "heartbeat_age_ms");
+    /* where it is: a stopped or hung rank says so first (cut to the cell); a
+     * stopped one's frame says more than the call it was stopped in */
+    const char *where = str(r, "where", NULL), *waiting = str(r, "waiting", NULL);
+    const char *mark = json_is_true(json_object_get(r, "stopped")) ? "stopped"
+                       : json_is_true(json_object_get(r, "hung")) ? "hung" : NULL;
+    if (waiting && !(mark && mark[0] == 's' && where))
+        snprintf(row[10], CELL, "%s%swaiting in %s", mark ? mark : "", mark ? ", " : "", waiting);
+    else if (where || mark)
+        snprintf(row[10], CELL, "%s%s%s", mark ? mark : "", mark && where ? " at " : "", where ? where : "");
+    else
+        snprintf(row[10], CELL, "-");
 }
 
 void render_ranks(FILE *f, const json_t *ranks)
 {
-    static const char *const titles[] = {"RANK", "NODE", "LOCAL", "DEVICE", "STATE",
-                                         "STEP", "LOSS", "TOKENS/S", "COMM", "HEARTBEAT"};
-    static const int right[] = {1, 0, 1, 1, 0, 1, 1, 1, 1, 1};
+    static const char *const titles[] = {"RANK", "NODE", "LOCAL", "DEVICE", "STATE", "STEP",
+                                         "LOSS", "TOKENS/S", "COMM", "HEARTBEAT", "WHERE"};
+    static const int right[] = {1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 0};
     if (json_array_size(ranks) == 0) {
         fputs("no ranks\n", f);
         return;
     }
-    table_render(f, ranks, 10, titles, right, rank_row);
+    table_render(f, ranks, 11, titles, right, rank_row);
 }
 
 /* ---- summary, events, progress ------------------------------------------ */
@@ -267,10 +278,15 @@ void render_summary(FILE *f, const json_t *st)
             integer(st, "max_restarts"), up);
     counts_line(f, "ranks", json_object_get(st, "ranks_by_state"));
     counts_line(f, "node health", json_object_get(st, "nodes_by_health"));
-    if (num(st, "step", &v))
-        fprintf(f, "  step %lld, loss %s, %s tokens/s, %s of step time in communication\n", (long long)v, loss,
-                rate, comm);
-    else
+    if (num(st, "step", &v)) {
+        double steps, step_s;
+        fprintf(f, "  step %lld", (long long)v);
+        if (num(st, "steps", &steps))
+            fprintf(f, " of %lld", (long long)steps);
+        if (num(st, "step_s", &step_s) && step_s > 0)
+            fprintf(f, " (%.3g steps/s)", 1 / step_s);
+        fprintf(f, ", loss %s, %s tokens/s, %s of step time in communication\n", loss, rate, comm);
+    } else
         fputs("  step unknown: the ranks do not report progress (see the rank contract in PROTOCOL.md)\n", f);
     const json_t *plan = json_object_get(st, "plan"), *me = json_object_get(st, "measured");
     if (json_is_object(plan)) {
@@ -363,4 +379,36 @@ void render_status_line(FILE *f, const json_t *st)
             stamp, str(st, "state", "?"), integer(st, "generation"), integer(st, "world_size"),
             integer(st, "restarts"), integer(st, "step"), loss,
             json_number_value(json_object_get(st, "tokens_per_s")));
+}
+
+void render_stacks(FILE *f, const json_t *k, int full)
+{
+    const json_t *ranks = json_object_get(k, "ranks");
+    if (!json_is_integer(json_object_get(k, "generation"))) {
+        fputs("no stacks asked for yet\n", f);
+        return;
+    }
+    fprintf(f, "stacks of generation %lld, asked for at %s: %lld of %lld ranks answered\n", integer(k, "generation"),
+            str(k, "requested", "?"), integer(k, "answered"), integer(k, "expected"));
+    const char *summary = str(k, "summary", NULL);
+    if (summary)
+        fprintf(f, "%s\n", summary);
+    if (!full)
+        return;
+    size_t i;
+    const json_t *r;
+    json_array_foreach(ranks, i, r) {
+        double pid;
+        fprintf(f, "\n--- rank %lld (node %s", integer(r, "rank"), str(r, "node", "?"));
+        if (num(r, "pid", &pid))
+            fprintf(f, ", pid %lld", (long long)pid);
+        fprintf(f, "%s) ---\n", json_is_true(json_object_get(r, "stopped")) ? ", stopped" : "");
+        const char *text = str(r, "text", NULL), *error = str(r, "error", NULL);
+        if (text)
+            fprintf(f, "%s%s", text, text[0] && text[strlen(text) - 1] != '\n' ? "\n" : "");
+        else if (error)
+            fprintf(f, "no stack: %s\n", error);
+        else
+            fputs(json_is_true(json_object_get(r, "answered")) ? "no stack\n" : "no answer\n", f);
+    }
 }

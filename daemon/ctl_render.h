@@ -22,6 +22,9 @@ void render_event(FILE *f, const json_t *event);
  * with a bar), loss, throughput, and steps_per_s when >= 0.
  */
 void render_progress(FILE *f, const json_t *status, double steps_per_s);
+/* A set of GET /v1/stacks: a head line, where the ranks are (ranks in the
+ * same place on one line), and with full each rank's stack text. */
+void render_stacks(FILE *f, const json_t *stacks, int full);
 /* key=value line of a status, for `watch` into a pipe or file. */
 void render_status_line(FILE *f, const json_t *status);
 

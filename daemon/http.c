@@ -238,6 +238,21 @@ static enum MHD_Result get_history(struct http_server *srv, struct MHD_Connectio
     return get_loop_doc(srv, c, "/v1/history", 1);
 }
 
+/* The latest set of stacks: JSON text the loop rendered when the set changed. */
+static enum MHD_Result get_stacks(struct http_server *srv, struct MHD_Connection *c)
+{
+    struct query_walk w = {no_param, "/v1/stacks", ""};
+    enum MHD_Result ret;
+    struct snap_view *v = view_for(srv, c, &w, &ret);
+    if (!v)
+        return ret;
+    if (!v->stacks) {
+        snap_view_unref(v);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error", "no stacks were published", NULL);
+    }
+    return reply_view(c, v, v->stacks->text, v->stacks->len, CT_JSON);
+}
+
 /* /v1/plan's query: network_gbit and tflops, at most once each (their values are plan_http_doc's to check). */
 struct plan_params {
     const char *network, *tflops;
@@ -495,6 +510,7 @@ static const char *const action_names[] = {
     [HTTP_ADMIN_RESTART] = "restart",
     [HTTP_ADMIN_DRAIN] = "drain",
     [HTTP_ADMIN_CHECKPOINT] = "checkpoint",
+    [HTTP_ADMIN_STACKS] = "stacks",
 };
 
 static void sha256(const char *s, size_t len, unsigned char out[32])
@@ -624,13 +640,13 @@ static void job_state(struct http_server *srv, char *state, size_t len)
     snap_view_unref(v);
 }
 
-/* Whether a checkpoint can be asked for now; else the answer that says why. */
-static enum MHD_Result checkpoint_refused(struct http_server *srv, struct MHD_Connection *c,
-                                          int *refused)
+/* Whether a checkpoint or stacks can be asked for now; else the answer that says why. */
+static enum MHD_Result action_refused(struct http_server *srv, struct MHD_Connection *c,
+                                      enum http_admin_action action, int *refused)
 {
     char state[32], detail[160];
     *refused = 1;
-    if (!srv->checkpoints)
+    if (action == HTTP_ADMIN_CHECKPOINT && !srv->checkpoints)
         return reply_error(c, MHD_HTTP_CONFLICT, "no checkpoint_dir",
                            "this job has no checkpoint_dir: its ranks have nowhere to write a "
                            "checkpoint (set checkpoint_dir in the job spec)",
@@ -638,9 +654,11 @@ static enum MHD_Result checkpoint_refused(struct http_server *srv, struct MHD_Co
     job_state(srv, state, sizeof(state));
     if (!state[0])
         return reply_starting(c);
-    if (strcmp(state, "running") != 0) {
-        snprintf(detail, sizeof(detail),
-                 "the job is %s: a checkpoint is taken by running ranks (state running)", state);
+    if (strcmp(state, "running") != 0 && (action == HTTP_ADMIN_CHECKPOINT || strcmp(state, "forming") != 0)) {
+        snprintf(detail, sizeof(detail), "the job is %s: %s", state,
+                 action == HTTP_ADMIN_CHECKPOINT ? "a checkpoint is taken by running ranks (state running)"
+                                                 : "stacks are dumped by the ranks of a generation (state "
+                                                   "running or forming)");
         return reply_error(c, MHD_HTTP_CONFLICT, "not running", detail, NULL);
     }
     *refused = 0;
@@ -662,12 +680,13 @@ static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
                            "send \"Authorization: Bearer <admin token>\"", NULL);
     }
 
-    if (action == HTTP_ADMIN_CHECKPOINT) {
+    if (action == HTTP_ADMIN_CHECKPOINT || action == HTTP_ADMIN_STACKS) {
         int refused;
-        enum MHD_Result r = checkpoint_refused(srv, c, &refused);
+        enum MHD_Result r = action_refused(srv, c, action, &refused);
         if (refused) {
-            log_warn("http: refused checkpoint from %s: %s", peer,
-                     srv->checkpoints ? "the job is not running" : "the job has no checkpoint_dir");
+            log_warn("http: refused %s from %s: %s", action_names[action], peer,
+                     action == HTTP_ADMIN_STACKS || srv->checkpoints ? "the job is not running"
+                                                                     : "the job has no checkpoint_dir");
             return r;
         }
     }
@@ -706,20 +725,22 @@ typedef enum MHD_Result (*get_fn)(struct http_server *srv, struct MHD_Connection
 static const struct {
     const char *path;
     get_fn get;                    /* GET and HEAD, else NULL */
-    enum http_admin_action action; /* POST, when get is NULL */
+    int post;                      /* POST carries out action */
+    enum http_admin_action action;
 } routes[] = {
-    {"/", get_dashboard, 0},
-    {"/healthz", get_healthz, 0},
-    {"/metrics", get_metrics, 0},
-    {"/v1/status", get_status, 0},
-    {"/v1/nodes", get_nodes, 0},
-    {"/v1/ranks", get_ranks, 0},
-    {"/v1/events", get_events, 0},
-    {"/v1/history", get_history, 0},
-    {"/v1/plan", get_plan, 0},
-    {"/v1/job/stop", NULL, HTTP_ADMIN_STOP},
-    {"/v1/job/restart", NULL, HTTP_ADMIN_RESTART},
-    {"/v1/job/checkpoint", NULL, HTTP_ADMIN_CHECKPOINT},
+    {"/", get_dashboard, 0, 0},
+    {"/healthz", get_healthz, 0, 0},
+    {"/metrics", get_metrics, 0, 0},
+    {"/v1/status", get_status, 0, 0},
+    {"/v1/nodes", get_nodes, 0, 0},
+    {"/v1/ranks", get_ranks, 0, 0},
+    {"/v1/events", get_events, 0, 0},
+    {"/v1/history", get_history, 0, 0},
+    {"/v1/plan", get_plan, 0, 0},
+    {"/v1/stacks", get_stacks, 1, HTTP_ADMIN_STACKS},
+    {"/v1/job/stop", NULL, 1, HTTP_ADMIN_STOP},
+    {"/v1/job/restart", NULL, 1, HTTP_ADMIN_RESTART},
+    {"/v1/job/checkpoint", NULL, 1, HTTP_ADMIN_CHECKPOINT},
 };
 
 #define DRAIN_PREFIX "/v1/nodes/"
@@ -745,13 +766,15 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(url, routes[i].path) != 0)
             continue;
-        if (routes[i].get)
-            return is_get ? routes[i].get(srv, c)
-                          : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
-                                        "this endpoint takes GET", "GET, HEAD");
-        return is_post ? admin(srv, c, routes[i].action, NULL, 0)
-                       : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
-                                     "this endpoint takes POST", "POST");
+        if (is_get && routes[i].get)
+            return routes[i].get(srv, c);
+        if (is_post && routes[i].post)
+            return admin(srv, c, routes[i].action, NULL, 0);
+        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
+                           routes[i].get && routes[i].post ? "this endpoint takes GET or POST"
+                           : routes[i].get                 ? "this endpoint takes GET"
+                                                           : "this endpoint takes POST",
+                           routes[i].get && routes[i].post ? "GET, HEAD, POST" : routes[i].get ? "GET, HEAD" : "POST");
     }
 
     size_t len = strlen(url), pre = strlen(LOG_PREFIX), suf = strlen(LOG_SUFFIX);
@@ -774,7 +797,7 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     }
     return reply_error(c, MHD_HTTP_NOT_FOUND, "not found",
                        "see GET /v1/status, /v1/nodes, /v1/ranks, /v1/ranks/{rank}/log, /v1/events, "
-                       "/v1/history, /metrics, /healthz",
+                       "/v1/history, /v1/stacks, /metrics, /healthz",
                        NULL);
 }
 

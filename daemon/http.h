@@ -18,6 +18,8 @@
  *   GET  /v1/ranks/{rank}/log  a piece of a rank's output log, fetched from its
  *                              node by the loop (daemon/logfetch.h): the
  *                              connection is suspended until the answer comes
+ *   GET  /v1/stacks            the latest set of the ranks' stacks (a hang's,
+ *                              or one asked for), rendered by the loop
  *   GET  /metrics              Prometheus text: job and node series;
  *                              ?ranks=1 adds the per-rank ones
  *   GET  /                     the dashboard
@@ -26,6 +28,8 @@
  *   POST /v1/job/checkpoint    admin: 202, or 409 when the job has no
  *                              checkpoint_dir or is not running
  *   POST /v1/nodes/{name}/drain admin
+ *   POST /v1/stacks            admin: 202, fresh stacks asked of every node;
+ *                              409 when no generation runs
  * With a read token, every GET but /healthz (the dashboard and endpoints
  * added later included) needs it, as "Bearer <token>" or as Basic's
  * password (a browser asks once): 401 otherwise.
@@ -46,7 +50,7 @@
 #include "daemon/logfetch.h"
 #include "daemon/snapshot.h"
 
-enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN, HTTP_ADMIN_CHECKPOINT };
+enum http_admin_action { HTTP_ADMIN_STOP, HTTP_ADMIN_RESTART, HTTP_ADMIN_DRAIN, HTTP_ADMIN_CHECKPOINT, HTTP_ADMIN_STACKS };
 
 /*
  * Called on the HTTP thread for an authorised admin request; must only

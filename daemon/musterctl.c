@@ -72,6 +72,9 @@ static void usage(FILE *f)
           "  restart             restart the job in a new generation (admin)\n"
           "  checkpoint          checkpoint the running job at its next step boundary (admin)\n"
           "  drain NODE          take NODE out of the job (admin)\n"
+          "  stacks [--full]     ask every rank for its stack and say where each is, ranks\n"
+          "                      in the same place on one line; --full prints the stacks\n"
+          "                      (admin)\n"
           "  plan [JOB|PRESET] [--nodes N] [--devices-per-node G] [--device cpu|gpu]\n"
           "       [--device-memory GB] [--network GBIT] [--tflops X] [--batch N]\n"
           "       [--micro-batch N] [--seq-len N]\n"
@@ -86,7 +89,8 @@ static void usage(FILE *f)
           "Options:\n"
           "  --server URL              musterd's REST address (default $MUSTER_SERVER,\n"
           "                            else " DEFAULT_SERVER ")\n"
-          "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain\n"
+          "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain,\n"
+          "                            stacks\n"
           "                            (default $MUSTER_ADMIN_TOKEN)\n"
           "  Reads send $MUSTER_READ_TOKEN when it is set (musterd's read_token_file)\n"
           "  --json                    print the server's JSON instead of tables\n"
@@ -350,7 +354,10 @@ static int cmd_watch(struct ctl *ctl)
         json_t *st = fetch(ctl, "GET", "/v1/status", NULL, &raw);
         if (st) {
             double step = json_number_value(json_object_get(st, "step"));
-            if (last_step >= 0 && step >= last_step && t0 > last_t)
+            double step_s = json_number_value(json_object_get(st, "step_s"));
+            if (step_s > 0) /* the ranks time their steps: no need to guess from two polls */
+                rate = 1 / step_s;
+            else if (last_step >= 0 && step >= last_step && t0 > last_t)
                 rate = rate < 0 ? (step - last_step) / (t0 - last_t)
                                 : 0.7 * rate + 0.3 * (step - last_step) / (t0 - last_t);
             else if (step < last_step)
@@ -614,6 +621,58 @@ static int cmd_admin(const struct ctl *ctl, const char *path)
     return EXIT_OK;
 }
 
+/* ---- stacks ------------------------------------------------------------- */
+
+/* How long `stacks` waits for every rank's answer, and how often it looks. */
+#define STACKS_WAIT_MS 3000
+#define STACKS_POLL_MS 200
+
+/* POST /v1/stacks, then GET /v1/stacks until the new set is whole or
+ * STACKS_WAIT_MS passed; prints the set where each rank is (full: and the
+ * stack texts). */
+static int cmd_stacks(const struct ctl *ctl, int full)
+{
+    char token[TOKEN_MAX], *raw = NULL;
+    int rc = load_token(ctl, token, sizeof(token));
+    if (rc != EXIT_OK)
+        return rc;
+    json_t *doc = fetch(ctl, "GET", "/v1/stacks", NULL, NULL); /* the set before ours */
+    json_t *accepted = doc ? fetch(ctl, "POST", "/v1/stacks", token, NULL) : NULL;
+    OPENSSL_cleanse(token, sizeof(token));
+    if (!accepted) {
+        json_decref(doc);
+        return EXIT_FAIL;
+    }
+    json_decref(accepted);
+    json_int_t before = json_integer_value(json_object_get(doc, "set"));
+    double until = now_s() + STACKS_WAIT_MS / 1000.0;
+    int fresh = 0;
+    for (;;) {
+        json_decref(doc);
+        free(raw);
+        raw = NULL;
+        if (!(doc = fetch(ctl, "GET", "/v1/stacks", NULL, &raw)))
+            return EXIT_FAIL;
+        fresh = json_integer_value(json_object_get(doc, "set")) > before;
+        if ((fresh && json_integer_value(json_object_get(doc, "answered")) >=
+                          json_integer_value(json_object_get(doc, "expected"))) ||
+            now_s() >= until || interrupted)
+            break;
+        nap(STACKS_POLL_MS);
+    }
+    if (ctl->json) {
+        printf("%s\n", raw);
+    } else {
+        if (!fresh)
+            printf("(no new set within %.0f s: a hang's stacks were being collected; the latest set follows)\n",
+                   STACKS_WAIT_MS / 1000.0);
+        render_stacks(stdout, doc, full);
+    }
+    free(raw);
+    json_decref(doc);
+    return EXIT_OK;
+}
+
 /* ---- token new ---------------------------------------------------------- */
 
 static int cmd_token_new(const char *path, int force)
@@ -770,7 +829,7 @@ int main(int argc, char **argv)
     struct ctl ctl = {.read_token = getenv("MUSTER_READ_TOKEN")};
     const char *server = getenv("MUSTER_SERVER");
     char *args[8];
-    int nargs = 0, follow = 0, force = 0;
+    int nargs = 0, follow = 0, force = 0, full = 0;
     const char *generation_arg = NULL, *tail_arg = NULL;
     /* list filters, passed on as the query of /v1/nodes or /v1/ranks */
     static const char *const filters[] = {"state", "node", "health", "order", "offset", "limit"};
@@ -793,6 +852,8 @@ int main(int argc, char **argv)
             follow = 1;
         } else if (strcmp(argv[i], "--force") == 0) {
             force = 1;
+        } else if (strcmp(argv[i], "--full") == 0) {
+            full = 1;
         } else if ((v = ctl_option_value(argc, argv, &i, "--server", &missing))) {
             server = v;
         } else if ((v = ctl_option_value(argc, argv, &i, "--admin-token-file", &missing))) {
@@ -845,12 +906,14 @@ int main(int argc, char **argv)
         return usage_error("--tail: expected a number of bytes 1..4294967295, got '%s'", tail_arg);
     if (force && strcmp(cmd, "token") != 0)
         return usage_error("--force only goes with 'token new'%s", "");
+    if (full && strcmp(cmd, "stacks") != 0)
+        return usage_error("--full only goes with 'stacks'%s", "");
     int rc = filter_query(cmd, filters, filter_arg, query, sizeof(query));
     if (rc != EXIT_OK)
         return rc;
 
     static const char *const known[] = {"status", "nodes", "ranks", "events", "watch",
-                                        "stop", "restart", "checkpoint", "drain", "token", "logs"};
+                                        "stop", "restart", "checkpoint", "drain", "token", "logs", "stacks"};
     int is_known = 0;
     for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
         is_known |= strcmp(cmd, known[k]) == 0;
@@ -899,6 +962,8 @@ int main(int argc, char **argv)
         rc = cmd_admin(&ctl, "/v1/job/restart");
     } else if (strcmp(cmd, "checkpoint") == 0) {
         rc = cmd_admin(&ctl, "/v1/job/checkpoint");
+    } else if (strcmp(cmd, "stacks") == 0) {
+        rc = cmd_stacks(&ctl, full);
     } else {
         char path[256];
         const char *node = args[1];

@@ -48,6 +48,7 @@
 /* The run's curve (GET /v1/history): a sample a second while the step moves,
  * at most HISTORY_POINTS points over the whole run. */
 #define HISTORY_SAMPLE_MS 1000
+#define STACKS_RENDER_MS 500
 #define HISTORY_POINTS 1024
 
 struct admin_req {
@@ -71,6 +72,9 @@ struct daemon {
     char *history_text;    /* its JSON as last rendered */
     uint64_t history_at;   /* when it was last sampled */
     uint64_t history_step; /* the step of that sample */
+    struct snap_shared *stacks; /* GET /v1/stacks as last rendered, shared by the views */
+    uint64_t stacks_version;    /* of rdv.stacks when rendered */
+    uint64_t stacks_at;         /* when */
     const char *state_dir;
     struct persist persist; /* the state file, written off the loop (group commit) */
     int dirty;            /* snapshot out of date: the job's state changed */
@@ -232,6 +236,21 @@ static void publish(struct daemon *d)
             d->history_text = h;
         }
     }
+    /* The set is rendered whole (up to 60 KiB a rank): while its answers come,
+     * at most every STACKS_RENDER_MS, and at once when the last one came. */
+    const struct rdv_stacks *k = &d->rdv.stacks;
+    if (!d->stacks || (k->version != d->stacks_version &&
+                       (k->nanswered >= k->nranks || now - d->stacks_at >= STACKS_RENDER_MS))) {
+        d->stacks_at = now;
+        char *text = render(rdv_stacks_json(&d->rdv), "stacks");
+        struct snap_shared *shared = text ? snap_shared_new(text) : NULL;
+        free(text);
+        if (shared) {
+            snap_shared_unref(d->stacks);
+            d->stacks = shared;
+            d->stacks_version = k->version;
+        }
+    }
     char *events = render(rdv_events_json(&d->rdv), "events");
     char *history = d->history_text ? strdup(d->history_text) : NULL;
     struct snap_view *v = NULL;
@@ -240,6 +259,10 @@ static void publish(struct daemon *d)
     } else {
         free(events);
         free(history);
+    }
+    if (v && d->stacks) {
+        snap_shared_ref(d->stacks);
+        v->stacks = d->stacks;
     }
     if (v)
         snapshot_publish(&d->snap, v);
@@ -371,12 +394,14 @@ static void on_admin(uv_async_t *a)
             [HTTP_ADMIN_RESTART] = RDV_ADMIN_RESTART,
             [HTTP_ADMIN_DRAIN] = RDV_ADMIN_DRAIN,
             [HTTP_ADMIN_CHECKPOINT] = RDV_ADMIN_CHECKPOINT,
+            [HTTP_ADMIN_STACKS] = RDV_ADMIN_STACKS,
         };
         static const char *const names[] = {
             [HTTP_ADMIN_STOP] = "stop",
             [HTTP_ADMIN_RESTART] = "restart",
             [HTTP_ADMIN_DRAIN] = "drain",
             [HTTP_ADMIN_CHECKPOINT] = "checkpoint",
+            [HTTP_ADMIN_STACKS] = "stacks",
         };
         int rc = rdv_admin(&d->rdv, map[reqs[i].action], reqs[i].node[0] ? reqs[i].node : NULL,
                            uv_now(&d->loop));
@@ -671,6 +696,7 @@ int main(int argc, char **argv)
     snapshot_destroy(&d.snap);
     history_free(&d.history);
     free(d.history_text);
+    snap_shared_unref(d.stacks);
     persist_free(&d.persist);
     pthread_mutex_destroy(&d.admin_lock);
     rc = uv_loop_close(&d.loop);

@@ -416,6 +416,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
         return;
     r->resuming = 0;
     r->yielding = 0;
+    r->hang_pending = 0;
     if (spend && failure_fatal(cls)) {
         snprintf(r->reason, sizeof(r->reason), "%s; not retried: the rank's program cannot run as configured "
                  "(%s failure)", what, failure_class_name(cls));
@@ -516,8 +517,18 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     return 0;
 }
 
+static void stacks_clear(struct rdv_stacks *k)
+{
+    for (uint32_t i = 0; i < k->nranks; i++)
+        free(k->ranks[i].text);
+    free(k->ranks);
+    k->ranks = NULL;
+    k->nranks = k->nanswered = 0;
+}
+
 void rdv_free(struct rdv *r)
 {
+    stacks_clear(&r->stacks);
     free(r->ranks);
     r->ranks = NULL;
     free(r->restart_times);
@@ -645,8 +656,12 @@ static void check_running(struct rdv *r, uint64_t now_ms)
     /* The hang clock starts with the generation: a rank that rejoined in
      * place reported running (at its old step) while the others were still
      * starting, and was not stuck for that wait. */
-    for (uint32_t i = 0; i < r->world_size; i++)
+    for (uint32_t i = 0; i < r->world_size; i++) {
         r->ranks[i].progress_ms = now_ms;
+        r->ranks[i].stepped = 0;
+    }
+    hang_steps_new_generation(&r->steps);
+    r->hang_due_ms = 0;
     r->reason[0] = '\0';
     event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
           (unsigned long long)r->generation, r->world_size, member_count(r),
@@ -966,7 +981,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
  * boundary: min(progress_timeout_ms, 30 s); a step takes less than that. */
 static uint64_t yield_wait_ms(const struct rdv *r)
 {
-    const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
+    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
     return limit && limit < YIELD_WAIT_MS ? limit : YIELD_WAIT_MS;
 }
 
@@ -1124,16 +1139,94 @@ static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_b
     changed(r, 0);
 }
 
+/*
+ * When a rank's step last changed: now, or by its own clock now -
+ * step_age_ms when it says (never later than now, never earlier than the
+ * generation opened). A step change is a step time for the timeout
+ * (hang.h): the rank's step_s, or else the time since its last change.
+ */
+static void note_progress(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
+{
+    /* it began running or reporting, or went back (restored from an older step) */
+    const int began = rk->state != RDV_RANK_RUNNING || (rk->silent && !b->silent) || b->step < rk->step;
+    if (b->state != PROTO_RANK_RUNNING || (!began && b->step == rk->step))
+        return;
+    uint64_t at = now_ms;
+    if (b->has_step_age)
+        at = b->step_age_ms < now_ms - r->gen_opened_ms ? now_ms - b->step_age_ms : r->gen_opened_ms;
+    if (began) {
+        rk->progress_ms = at;
+        rk->stepped = 0;
+        return;
+    }
+    if (at < rk->progress_ms)
+        at = rk->progress_ms; /* progress only moves later */
+    double step_s = b->step_s;
+    if (!(step_s > 0) && rk->stepped && b->step > rk->step)
+        step_s = (double)(at - rk->progress_ms) / 1000.0 / (double)(b->step - rk->step);
+    if (r->state == RDV_RUNNING && b->step > rk->step) {
+        uint64_t before = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
+        hang_steps_note(&r->steps, b->step, step_s);
+        if (hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms) < before)
+            r->hang_due_ms = 0; /* a shorter timeout: the next tick scans again */
+    }
+    rk->progress_ms = at;
+    rk->stepped = 1;
+}
+
+/* One rank entry of a heartbeat of its node. An entry of a stopped process
+ * (its agent relays the last one) is not news from the rank: it does not
+ * count as hearing from it. */
+static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
+{
+    note_progress(r, rk, b, now_ms);
+    switch (b->state) {
+    case PROTO_RANK_STARTING: set_rank_state(r, rk, RDV_RANK_STARTING); break;
+    case PROTO_RANK_RUNNING: set_rank_state(r, rk, RDV_RANK_RUNNING); break;
+    case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
+    case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
+    }
+    if (b->stopped && !rk->stopped)
+        rk->stopped_since_ms = now_ms;
+    rk->stopped = b->stopped;
+    if (!b->stopped)
+        rk->stopped_since_ms = 0;
+    rk->entry_ms = now_ms;
+    rk->timed = b->has_step_age;
+    rk->loss = b->loss;
+    rk->tokens_per_s = b->tokens_per_s;
+    rk->comm_frac = b->comm_frac;
+    rk->step_bytes = b->step_bytes;
+    rk->peak_mem = b->peak_mem;
+    rk->step = b->step;
+    rk->silent = b->silent;
+    rk->rejoin = b->rejoin;
+    rk->yielded = b->yielded;
+    rk->step_s = b->step_s;
+    rk->total_steps = b->total_steps;
+    memcpy(rk->where, b->where, sizeof(rk->where));
+    memcpy(rk->waiting, b->waiting, sizeof(rk->waiting));
+    if (!b->stopped)
+        rk->last_beat_ms = now_ms;
+    else if (!rk->last_beat_ms) /* stopped before its first entry came: quiet since now */
+        rk->last_beat_ms = now_ms;
+    r->figures_changed = 1;
+}
+
 static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
     /* The answer, when the agent asks for it (it asks as often as it needs
      * to see a stalled stream in time: proto_ack_every_ms). */
     if (!hb->no_ack) {
-        struct proto_msg ack = {.type = PROTO_HEARTBEAT};
-        ack.u.heartbeat.generation = r->generation;
-        ack.u.heartbeat.seq = hb->seq;
-        send_to(r, node, &ack);
+        struct proto_msg *ack = &r->ack; /* no rank entries: only its head is written */
+        ack->type = PROTO_HEARTBEAT;
+        ack->u.heartbeat.generation = r->generation;
+        ack->u.heartbeat.seq = hb->seq;
+        ack->u.heartbeat.free_port = 0;
+        ack->u.heartbeat.no_ack = 0;
+        ack->u.heartbeat.nranks = 0;
+        send_to(r, node, ack);
     }
     if (hb->free_port != nd->free_port) {
         nd->free_port = hb->free_port;
@@ -1149,17 +1242,6 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         struct rdv_rank *rk = &r->ranks[b->rank];
         if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
             continue;
-        /* Progress: the step moved, the rank began running, or it began reporting at all
-         * (a silent rank's step meant nothing, so its first report starts the clock). */
-        if (b->state == PROTO_RANK_RUNNING &&
-            (rk->state != RDV_RANK_RUNNING || b->step != rk->step || (rk->silent && !b->silent)))
-            rk->progress_ms = now_ms;
-        switch (b->state) {
-        case PROTO_RANK_STARTING: set_rank_state(r, rk, RDV_RANK_STARTING); break;
-        case PROTO_RANK_RUNNING: set_rank_state(r, rk, RDV_RANK_RUNNING); break;
-        case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
-        case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
-        }
         if (b->rank == 0 && b->checkpoint_step && (int64_t)b->checkpoint_step > r->last_checkpoint_step) {
             r->last_checkpoint_step = (int64_t)b->checkpoint_step;
             event(r, "checkpoint_committed", (int)node, 0, "checkpoint of step %llu committed",
@@ -1168,17 +1250,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         }
         if (b->rank == 0 && b->restore_from != PROTO_RESTORE_NONE && !r->restore_noted)
             note_restore(r, node, b);
-        rk->loss = b->loss;
-        rk->tokens_per_s = b->tokens_per_s;
-        rk->comm_frac = b->comm_frac;
-        rk->step_bytes = b->step_bytes;
-        rk->peak_mem = b->peak_mem;
-        rk->step = b->step;
-        rk->silent = b->silent;
-        rk->rejoin = b->rejoin;
-        rk->yielded = b->yielded;
-        rk->last_beat_ms = now_ms;
-        r->figures_changed = 1;
+        take_beat(r, rk, b, now_ms);
     }
     if (r->state == RDV_RUNNING && all_yielded(r)) {
         finish_yield(r, now_ms, 0);
@@ -1268,6 +1340,11 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
 }
 
+static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
+static int stacks_complete(const struct rdv *r);
+static void finish_hang(struct rdv *r, uint64_t now_ms);
+static int ask_stacks(struct rdv *r);
+
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
 {
     int idx = find_node(r, name);
@@ -1287,6 +1364,11 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         return;
     case PROTO_PREFLIGHT:
         on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
+        return;
+    case PROTO_STACKS:
+        on_stacks(r, (uint32_t)idx, &m->u.stacks);
+        if (r->hang_pending && stacks_complete(r))
+            finish_hang(r, now_ms);
         return;
     default:
         return; /* LOG_DATA: the node is heard, nothing more here */
@@ -1360,28 +1442,184 @@ void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t
     node_lost(r, (uint32_t)idx, why, now_ms);
 }
 
-/* The running rank whose last heartbeat entry is oldest, when that is older
- * than three heartbeat intervals while its node still beats (agents leave
- * out ranks they stopped hearing from); world_size when there is none. */
-static uint32_t quietest_rank(const struct rdv *r, uint64_t now_ms)
+/* How long rank rk's step has stood still. A rank that times its own
+ * steps (step_age_ms) is judged as of its latest entry, by its own clock,
+ * while its entries come (a step seen late is not a stall); by now once it
+ * is quiet, and a rank that does not time them by now. */
+static uint64_t stalled_ms(const struct rdv *r, const struct rdv_rank *rk, uint64_t now_ms)
 {
     const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
-    uint32_t best = r->world_size;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state != RDV_RANK_RUNNING || rk->silent || !rk->last_beat_ms || now_ms - rk->last_beat_ms <= quiet ||
-            now_ms - r->nodes[rk->node].last_seen_ms > quiet)
-            continue;
-        if (best == r->world_size || rk->last_beat_ms < r->ranks[best].last_beat_ms)
-            best = i;
-    }
-    return best;
+    uint64_t as_of = rk->timed && rk->entry_ms && now_ms - rk->entry_ms <= quiet ? rk->entry_ms : now_ms;
+    return as_of > rk->progress_ms ? as_of - rk->progress_ms : 0;
 }
 
-/* A rank that heartbeats but whose step stands still is hung (e.g. in a collective). */
+/* Asks every member node for its ranks' stacks (COMMAND stacks): the set
+ * of r->stacks starts over for the current generation. */
+static int ask_stacks(struct rdv *r)
+{
+    struct rdv_stacks *k = &r->stacks;
+    stacks_clear(k);
+    if (!(k->ranks = calloc(r->world_size ? r->world_size : 1, sizeof(*k->ranks))))
+        return -ENOMEM;
+    k->nranks = r->world_size;
+    k->generation = r->generation;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    k->wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    k->version++;
+    k->asked++;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+            send_command(r, i, PROTO_CMD_STACKS);
+    return 0;
+}
+
+/* Every running rank of the generation asked for has answered. */
+static int stacks_complete(const struct rdv *r)
+{
+    const struct rdv_stacks *k = &r->stacks;
+    if (k->generation != r->generation || k->nranks != r->world_size)
+        return 0;
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state == RDV_RANK_RUNNING && !k->ranks[i].answered)
+            return 0;
+    return 1;
+}
+
+static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
+{
+    struct rdv_stacks *k = &r->stacks;
+    const struct rdv_node *nd = &r->nodes[node];
+    if (x->generation != k->generation || x->rank >= k->nranks || !nd->member || x->rank < nd->first_rank ||
+        x->rank >= nd->first_rank + nd->ndevices)
+        return;
+    struct rdv_stack *e = &k->ranks[x->rank];
+    char *text = NULL;
+    if (x->text && x->text[0] && !(text = strdup(x->text)))
+        return;
+    free(e->text);
+    e->text = text;
+    if (!e->answered)
+        k->nanswered++;
+    e->answered = 1;
+    e->pid = x->pid;
+    e->stopped = x->stopped;
+    snprintf(e->error, sizeof(e->error), "%s", x->error);
+    k->version++;
+    changed(r, 0);
+}
+
+/* One line per group of ranks in the same place, into out: "rank 3 (node b,
+ * pid 1234, stopped): train.py:88 in compute_loss", "ranks 0-2: waiting in
+ * all_reduce (...)", "rank 1: no stack: <its error>". From what the ranks
+ * said in their heartbeats and what their STACKS said. */
+static void stacks_summary(const struct rdv *r, char *out, size_t cap)
+{
+    size_t len = 0;
+    uint32_t *group = malloc((size_t)r->world_size * sizeof(uint32_t));
+    char *done = calloc(r->world_size ? r->world_size : 1, 1);
+    out[0] = '\0';
+    if (!group || !done) {
+        free(group);
+        free(done);
+        return;
+    }
+    const struct rdv_stacks *k = &r->stacks;
+    int have = k->generation == r->generation && k->nranks == r->world_size;
+    for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
+        if (done[i])
+            continue;
+        char line[PROTO_REASON_MAX + PROTO_WHERE_MAX + 200];
+        if (rk->stopped || (e && e->stopped) || (!rk->waiting[0] && rk->where[0])) {
+            /* a rank of its own: stopped, or busy outside a collective */
+            snprintf(line, sizeof(line), "rank %u (node %s%s%.0u%s): %s%s%s\n", i, r->nodes[rk->node].name,
+                     e && e->pid ? ", pid " : "", e && e->pid ? e->pid : 0, rk->stopped || (e && e->stopped) ?
+                     ", stopped" : "", rk->where[0] ? rk->where : "where is not known",
+                     e && !e->text && e->error[0] ? "; no stack: " : "", e && !e->text ? e->error : "");
+            done[i] = 1;
+        } else {
+            /* the ranks in the same call (or in the same unknown place) */
+            uint32_t n = 0;
+            for (uint32_t j = i; j < r->world_size; j++) {
+                const struct rdv_rank *o = &r->ranks[j];
+                if (!done[j] && !o->stopped && !(have && k->ranks[j].stopped) && (o->waiting[0] || !o->where[0]) &&
+                    strcmp(o->waiting, rk->waiting) == 0) {
+                    group[n++] = j;
+                    done[j] = 1;
+                }
+            }
+            char ranks[200];
+            hang_ranges(ranks, sizeof(ranks), group, n);
+            if (rk->waiting[0])
+                snprintf(line, sizeof(line), "%s: waiting in %s\n", ranks, rk->waiting);
+            else
+                snprintf(line, sizeof(line), "%s: where is not known (no report of it%s%s)\n", ranks,
+                         e && !e->text && e->error[0] ? "; " : "", e && !e->text ? e->error : "");
+        }
+        size_t n = strlen(line);
+        if (len + n >= cap)
+            break;
+        memcpy(out + len, line, n + 1);
+        len += n;
+    }
+    if (len && out[len - 1] == '\n')
+        out[--len] = '\0';
+    proto_text_sanitize(out);
+    free(group);
+    free(done);
+}
+
+/* The hung generation's stacks came (or their wait ran out): fail it, with
+ * where each rank was in the event and in last_failure. */
+static void finish_hang(struct rdv *r, uint64_t now_ms)
+{
+    r->hang_pending = 0;
+    struct rdv_failure *f = &r->last_failure;
+    memset(f, 0, sizeof(*f));
+    f->generation = r->generation;
+    f->rank = (uint32_t)r->hang_rank;
+    snprintf(f->node, sizeof(f->node), "%s", r->nodes[r->hang_node].name);
+    snprintf(f->how, sizeof(f->how), "is hung");
+    f->cls = (int)FAILURE_EXIT;
+    snprintf(f->reason, sizeof(f->reason), "%s", r->hang_what);
+    stacks_summary(r, f->detail, sizeof(f->detail));
+    event(r, "rank_hung", r->hang_node, r->hang_rank, "%s", r->hang_what);
+    if (f->detail[0])
+        event(r, "rank_stacks", r->hang_node, r->hang_rank, "%s", f->detail);
+    fail_generation(r, now_ms, r->hang_node, r->hang_rank, r->hang_what);
+}
+
+/* A hung rank found: ask for the stacks first, so that they are dumped
+ * before the ranks are stopped; finish_hang fails the generation. */
+static void found_hung(struct rdv *r, uint32_t stuck, uint64_t limit, uint64_t now_ms)
+{
+    uint32_t culprit = stuck;
+    hang_describe(r, stuck, now_ms, limit, &culprit, r->hang_what, sizeof(r->hang_what));
+    proto_text_sanitize(r->hang_what);
+    r->hang_rank = (int)culprit;
+    r->hang_node = (int)r->ranks[culprit].node;
+    r->hang_generation = r->generation;
+    r->hang_fail_at_ms = now_ms + HANG_STACKS_WAIT_MS;
+    r->hang_pending = 1;
+    if (ask_stacks(r) != 0 || stacks_complete(r))
+        finish_hang(r, now_ms);
+}
+
+/* A rank that heartbeats but whose step stands still is hung (e.g. in a
+ * collective); so is a silent one whose process stays stopped. */
 static void check_progress(struct rdv *r, uint64_t now_ms)
 {
-    const uint64_t limit = (uint64_t)r->spec->progress_timeout_ms;
+    if (r->hang_pending) {
+        if (r->hang_generation != r->generation || r->state != RDV_RUNNING)
+            r->hang_pending = 0;
+        else if (now_ms >= r->hang_fail_at_ms || stacks_complete(r))
+            finish_hang(r, now_ms);
+        return;
+    }
+    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
+    r->progress_limit_ms = limit;
     if (limit == 0 || r->state != RDV_RUNNING || r->yielding) /* yielding ranks stop on purpose */
         return;
     if (now_ms < r->hang_due_ms)
@@ -1389,35 +1627,28 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
     uint64_t oldest = now_ms;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state == RDV_RANK_RUNNING && !rk->silent && rk->progress_ms < oldest)
-            oldest = rk->progress_ms;
-        if (rk->state == RDV_RANK_RUNNING && !rk->silent && now_ms - rk->progress_ms > limit) {
-            char what[PROTO_REASON_MAX];
-            /* One stuck rank holds up every other in the next collective, so all
-             * stand still; the one whose own heartbeats stopped (its agent left
-             * it out: frozen, stopped, wedged) is the cause, not rank i. */
-            uint32_t culprit = quietest_rank(r, now_ms);
-            if (culprit < r->world_size) {
-                const struct rdv_rank *q = &r->ranks[culprit];
-                snprintf(what, sizeof(what), "rank %u on node %s is hung: no heartbeat from it for %.1f s while its "
-                         "node answers, and every rank stuck at step %llu for %.1f s (progress_timeout_ms=%llu)",
-                         culprit, r->nodes[q->node].name, (double)(now_ms - q->last_beat_ms) / 1000.0,
-                         (unsigned long long)rk->step, (double)(now_ms - rk->progress_ms) / 1000.0,
-                         (unsigned long long)limit);
-                rk = q;
-                i = culprit;
-            } else {
-                snprintf(what, sizeof(what), "rank %u on node %s is hung: stuck at step %llu for %.1f s "
-                         "(progress_timeout_ms=%llu)", i, r->nodes[rk->node].name, (unsigned long long)rk->step,
-                         (double)(now_ms - rk->progress_ms) / 1000.0, (unsigned long long)limit);
+        if (rk->state != RDV_RANK_RUNNING)
+            continue;
+        if (rk->silent) { /* only a process seen stopped counts */
+            if (!rk->stopped)
+                continue;
+            if (rk->stopped_since_ms < oldest)
+                oldest = rk->stopped_since_ms;
+            if (now_ms - rk->stopped_since_ms > limit) {
+                found_hung(r, i, limit, now_ms);
+                return;
             }
-            event(r, "rank_hung", (int)rk->node, (int)i, "%s", what);
-            fail_generation(r, now_ms, (int)rk->node, (int)i, what);
+            continue;
+        }
+        if (rk->progress_ms < oldest)
+            oldest = rk->progress_ms;
+        if (stalled_ms(r, rk, now_ms) > limit) {
+            found_hung(r, i, limit, now_ms);
             return;
         }
     }
     /* A rank's progress only moves later, and one that starts to count
-     * (running, or no longer silent) starts its clock now. */
+     * (running, no longer silent, stopped) starts its clock now. */
     r->hang_due_ms = oldest + limit + 1;
 }
 
@@ -1580,6 +1811,17 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
               "checkpoint requested by an administrator: taken at the next step boundary");
         changed(r, 0);
         return 0;
+    case RDV_ADMIN_STACKS:
+        if (r->state != RDV_RUNNING && r->state != RDV_FORMING)
+            return -EINVAL;
+        if (r->hang_pending)
+            return 0; /* a hang's stacks are being collected: that set answers */
+        if (ask_stacks(r) != 0)
+            return -ENOMEM;
+        event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
+              (unsigned long long)r->generation);
+        changed(r, 0);
+        return 0;
     case RDV_ADMIN_DRAIN: {
         int idx = name ? find_node(r, name) : -1;
         if (idx < 0)
@@ -1640,6 +1882,57 @@ uint64_t rdv_job_step(const struct rdv *r)
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+/* The steps the job will run, when known: the job spec's `steps` (muster-train's), else the most any
+ * rank says (total_steps); null otherwise. */
+static json_t *total_steps_json(const struct rdv *r)
+{
+    if (json_object_get(r->job, "steps"))
+        return json_integer(r->spec->steps);
+    uint64_t most = 0;
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].total_steps > most)
+            most = r->ranks[i].total_steps;
+    return most ? json_integer((json_int_t)most) : json_null();
+}
+
+json_t *rdv_stacks_json(const struct rdv *r)
+{
+    const struct rdv_stacks *k = &r->stacks;
+    json_t *ranks = json_array();
+    for (uint32_t i = 0; i < k->nranks; i++) {
+        const struct rdv_stack *e = &k->ranks[i];
+        const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
+        json_array_append_new(
+            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
+                             rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
+                             "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
+                             e->stopped || (rk && rk->stopped), "where",
+                             rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
+                             rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "text",
+                             e->text ? json_string(e->text) : json_null(), "error",
+                             e->error[0] ? json_string(e->error) : json_null()));
+    }
+    char when[40] = "";
+    if (k->generation) {
+        time_t secs = (time_t)(k->wall_ms / 1000);
+        struct tm tm;
+        gmtime_r(&secs, &tm);
+        size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(when + n, sizeof(when) - n, ".%03dZ", (int)(k->wall_ms % 1000));
+    }
+    enum { SUMMARY_MAX = 16384 };
+    char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
+    if (summary)
+        stacks_summary(r, summary, SUMMARY_MAX);
+    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
+                            k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
+                            k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
+                            "expected", (int)k->nranks, "summary",
+                            summary && summary[0] ? json_string(summary) : json_null(), "ranks", ranks);
+    free(summary);
+    return doc;
+}
+
 static json_t *failure_json(const struct rdv_failure *f)
 {
     if (!f->generation)
@@ -1689,13 +1982,26 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
                            (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
                            r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
                            "step", known ? json_integer((json_int_t)fig.step) : json_null(), "steps",
-                           known ? json_integer(r->spec->steps) : json_null(), "loss", num_or_null(fig.loss),
+                           total_steps_json(r), "loss", num_or_null(fig.loss),
                            "tokens_per_s", num_or_null(fig.tokens_per_s), "comm_frac", fig.comm_frac, "uptime_s",
                            (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
                            r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
                            "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
                            failure_json(&r->last_failure));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
+    double slowest = 0; /* the job steps at its slowest rank's pace */
+    for (uint32_t i = 0; i < r->world_size; i++)
+        if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)
+            slowest = r->ranks[i].step_s;
+    json_object_set_new(st, "step_s", slowest > 0 ? json_real(slowest) : json_null());
+    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
+    const double median = hang_median_step_s(&r->steps);
+    json_object_set_new(st, "progress_timeout",
+                        json_pack("{s:I, s:s, s:o}", "ms", (json_int_t)limit, "basis",
+                                  r->spec->progress_timeout_ms >= 0 ? "fixed"
+                                  : r->steps.seen <= HANG_JUDGE_STEPS || !r->steps.nrecent ? "start"
+                                                                                          : "steps",
+                                  "median_step_s", median > 0 ? json_real(median) : json_null()));
     return st;
 }
 

@@ -46,6 +46,7 @@
 
 #include "common/jobspec.h"
 #include "common/namemap.h"
+#include "daemon/hang.h"
 #include "proto/proto.h"
 
 enum rdv_job_state {
@@ -128,6 +129,36 @@ struct rdv_rank {
     uint64_t peak_mem;     /* its peak memory, bytes (0 = not reported) */
     int rejoin;            /* it said it joins the next generation in place */
     int yielded;           /* it left the generation at a step boundary (COMMAND yield) */
+    /* What it says of its progress and where it is (proto_rank_beat). */
+    double step_s;         /* its last step's duration, s (0 = not reported) */
+    uint64_t total_steps;  /* the steps it says it will run (0 = not said) */
+    int timed;             /* its entries carry step_age_ms: it is judged by its own clock */
+    int stepped;           /* its step changed in this generation (the interval since is a step) */
+    uint64_t entry_ms;     /* when its last entry came, stopped ones included (0 = never) */
+    int stopped;           /* its agent sees its process stopped */
+    uint64_t stopped_since_ms; /* when that was first said (0 = not stopped) */
+    char where[PROTO_WHERE_MAX];     /* "" = unknown */
+    char waiting[PROTO_WAITING_MAX]; /* "" = not in a collective */
+};
+
+/* One rank's answer to COMMAND stacks. */
+struct rdv_stack {
+    int answered;
+    uint32_t pid;          /* 0 = none dumped */
+    int stopped;
+    char error[PROTO_REASON_MAX];
+    char *text;            /* malloc'd; NULL = none */
+};
+
+/* The latest set of stacks asked for (a hang, or POST /v1/stacks). */
+struct rdv_stacks {
+    uint64_t generation;   /* 0 = none asked for yet */
+    int64_t wall_ms;       /* when it was asked for (CLOCK_REALTIME) */
+    uint32_t nranks;       /* the world size then: entries of ranks */
+    uint32_t nanswered;
+    struct rdv_stack *ranks;
+    uint64_t version;      /* counts changes, for musterd's rendering */
+    uint64_t asked;        /* sets asked for so far: this one's number ("set" in GET /v1/stacks) */
 };
 
 /* The latest rank failure, with what the rank itself said (error file, stderr). */
@@ -243,10 +274,23 @@ struct rdv {
     uint64_t *restart_times; /* when restarts were spent, a ring of max_restarts + 1 (restart_window_s) */
     uint32_t nrestart_times;
     struct rdv_failure last_failure;
+    /* Hang detection (daemon/hang.h): step times, the timeout last in force,
+     * and a hang found, waiting up to HANG_STACKS_WAIT_MS for its stacks. */
+    struct hang_steps steps;
+    uint64_t progress_limit_ms;
+    int hang_pending;
+    uint64_t hang_fail_at_ms;
+    uint64_t hang_generation;
+    int hang_node, hang_rank;
+    char hang_what[PROTO_REASON_MAX];
+    struct rdv_stacks stacks;
 
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */
     uint64_t stale_frames;               /* frames dropped for an old generation */
+    /* The heartbeat answer, reused: a message has room for 64 rank entries
+     * (tens of KiB) that an answer never fills, so it is not zeroed each time. */
+    struct proto_msg ack;
 };
 
 /* job: the spec as JSON (a reference is taken). Returns 0 or -ENOMEM. */
@@ -279,12 +323,14 @@ void rdv_disconnected(struct rdv *r, const char *node, const char *why,
 /* Time passed: heartbeat deadlines. Call every ~100 ms. */
 void rdv_tick(struct rdv *r, uint64_t now_ms);
 
-enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT };
+enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT, RDV_ADMIN_STACKS };
 /* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now) /
  * -ENOTSUP (checkpoint: the job has no checkpoint_dir). CHECKPOINT sends
  * COMMAND checkpoint of the current generation to every member node, whose
  * agent forwards it to its ranks; the checkpoint is then reported as any
- * other (last_checkpoint_step, event checkpoint_committed). */
+ * other (last_checkpoint_step, event checkpoint_committed). STACKS asks
+ * every member node for its ranks' stacks (COMMAND stacks); the answers
+ * fill r->stacks (-EINVAL when no generation runs). */
 int rdv_admin(struct rdv *r, enum rdv_admin action, const char *node, uint64_t now_ms);
 
 int rdv_terminal(const struct rdv *r);
@@ -312,6 +358,8 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out);
  * rank tables (daemon/view_build.h adds those); new references. */
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
 json_t *rdv_events_json(const struct rdv *r);
+/* GET /v1/stacks (docs/rest.md): the latest set of stacks; a new reference. */
+json_t *rdv_stacks_json(const struct rdv *r);
 
 const char *rdv_job_state_name(enum rdv_job_state s);
 int rdv_job_state_parse(const char *name, enum rdv_job_state *out);

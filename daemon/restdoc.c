@@ -176,6 +176,11 @@ static void rank_json(struct sbuf *b, const struct snap_view *v, const struct sn
     field_str(b, "error", rk->failed ? v->failure_reason : NULL);
     field_count(b, "step_bytes", rk->step_bytes);
     field_count(b, "peak_mem", rk->peak_mem);
+    field_str(b, "where", rk->where);
+    field_str(b, "waiting", rk->waiting);
+    sb_printf(b, ",\"stopped\":%s,\"hung\":%s", rk->stopped ? "true" : "false", rk->hung ? "true" : "false");
+    field_num(b, "step_s", rk->step_s > 0 ? rk->step_s : NAN);
+    field_count(b, "total_steps", rk->total_steps);
     sb_put(b, "}", 1);
 }
 

@@ -481,6 +481,7 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
         case PROTO_RANK_EXIT:
         case PROTO_ERROR:
         case PROTO_PREFLIGHT:
+        case PROTO_STACKS:
             c->srv->speaking = c;
             rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
             c->srv->speaking = NULL;

@@ -72,9 +72,34 @@ void snap_view_unref(struct snap_view *v)
     free(v->history);
     free(v->nodes);
     free(v->strings);
+    free(v->rank_strings);
+    snap_shared_unref(v->stacks);
     free(v->node_order);
     free(v->ranks);
     free(v);
+}
+
+struct snap_shared *snap_shared_new(const char *text)
+{
+    size_t len = strlen(text);
+    struct snap_shared *s = malloc(sizeof(*s) + len + 1);
+    if (!s)
+        return NULL;
+    atomic_init(&s->refs, 1);
+    s->len = len;
+    memcpy(s->text, text, len + 1);
+    return s;
+}
+
+void snap_shared_ref(struct snap_shared *s)
+{
+    atomic_fetch_add(&s->refs, 1);
+}
+
+void snap_shared_unref(struct snap_shared *s)
+{
+    if (s && atomic_fetch_sub(&s->refs, 1) == 1)
+        free(s);
 }
 
 void snapshot_init(struct snapshot *s)

@@ -71,6 +71,12 @@ struct snap_rank {
     int64_t heartbeat_age_ms; /* -1 = never */
     uint64_t step_bytes; /* bytes it sent in its last step; 0 = not reported */
     uint64_t peak_mem;   /* its peak memory, bytes; 0 = not reported */
+    uint8_t stopped;     /* its agent sees its process stopped (SIGSTOP, a debugger) */
+    uint8_t hung;        /* the rank a hang was found in, this generation or the failed one */
+    double step_s;       /* its last step's duration, s; 0 = not reported */
+    uint64_t total_steps; /* the steps it says it will run; 0 = not said */
+    const char *where;   /* its innermost frame as last sampled; NULL = unknown; in view->rank_strings */
+    const char *waiting; /* the collective it waits in; NULL = none; in view->rank_strings */
 };
 
 /* One node (states: enum rdv_node_state), with a rollup of its ranks. */
@@ -114,6 +120,19 @@ enum snap_doc {
     SNAP_NDOCS,
 };
 
+/* JSON text the loop rendered once and that several views share (GET
+ * /v1/stacks: up to 60 KiB per rank, not copied into every view). */
+struct snap_shared {
+    atomic_int refs;
+    size_t len;
+    char text[];
+};
+/* A shared copy of text (one reference); NULL on ENOMEM. */
+struct snap_shared *snap_shared_new(const char *text);
+void snap_shared_ref(struct snap_shared *s);
+/* Drops a reference (NULL is fine); the last one frees it. Any thread. */
+void snap_shared_unref(struct snap_shared *s);
+
 struct snap_text {
     pthread_mutex_t lock; /* held while the first request renders it */
     char *text;           /* NULL until rendered */
@@ -137,6 +156,7 @@ struct snap_view {
     uint32_t *node_order;      /* node indices by health, then name */
     struct snap_rank *ranks;   /* by rank */
     uint32_t nranks;
+    char *rank_strings;        /* the ranks' where and waiting, one allocation (NULL: none) */
 
     uint32_t ranks_in[SNAP_RANK_NSTATES];  /* ranks by state */
     uint32_t nodes_in[SNAP_NODE_NSTATES];  /* nodes by state */
@@ -150,6 +170,7 @@ struct snap_view {
     size_t events_len;
     char *history; /* GET /v1/history, rendered by the loop */
     size_t history_len;
+    struct snap_shared *stacks; /* GET /v1/stacks, rendered by the loop when its set changes */
 
     struct snap_text doc[SNAP_NDOCS];
 };

@@ -177,6 +177,23 @@ static void node_facts(struct snap_node *nd, const struct rdv_node *src, char **
     nd->host_mem_mb = src->host_mem_mb;
 }
 
+/* Room a rank's where or waiting takes in the view's pool: none when "". */
+static size_t rank_said_len(const char *s)
+{
+    return s[0] ? strlen(s) + 1 : 0;
+}
+
+/* s copied to *pool, or NULL when "". */
+static const char *rank_said(const char *s, char **pool)
+{
+    size_t n = rank_said_len(s);
+    if (!n)
+        return NULL;
+    char *at = memcpy(*pool, s, n);
+    *pool += n;
+    return at;
+}
+
 struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events, char *history)
 {
     struct snap_view *v = snap_view_new(r->nnodes, r->world_size);
@@ -220,9 +237,24 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         nd->heartbeat_age_ms = src->state == RDV_NODE_JOINED ? (int64_t)(now_ms - src->last_seen_ms) : -1;
         node_facts(nd, src, &pool);
     }
+    size_t said = 0; /* bytes of the ranks' where and waiting */
+    for (uint32_t i = 0; i < r->world_size; i++)
+        said += rank_said_len(r->ranks[i].where) + rank_said_len(r->ranks[i].waiting);
+    if (said && !(v->rank_strings = malloc(said))) {
+        snap_view_unref(v);
+        return NULL;
+    }
+    pool = v->rank_strings;
+    const int hang_failed = f->generation == r->generation && strcmp(f->how, "is hung") == 0;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *src = &r->ranks[i];
         struct snap_rank *rk = &v->ranks[i];
+        rk->where = rank_said(src->where, &pool);
+        rk->waiting = rank_said(src->waiting, &pool);
+        rk->stopped = (uint8_t)src->stopped;
+        rk->hung = (r->hang_pending && r->hang_rank == (int)i) || (hang_failed && f->rank == i);
+        rk->step_s = src->step_s;
+        rk->total_steps = src->total_steps;
         rk->rank = i;
         rk->node = src->node;
         rk->local_rank = src->local_rank;

@@ -27,6 +27,7 @@ const char *const proto_command_json[PROTO_CMD_MAX + 1] = {
     [PROTO_CMD_CHECKPOINT] = "checkpoint",
     [PROTO_CMD_PARK] = "park",
     [PROTO_CMD_YIELD] = "yield",
+    [PROTO_CMD_STACKS] = "stacks",
 };
 
 const char *const proto_restore_json[PROTO_RESTORE_MAX + 1] = {
@@ -150,6 +151,22 @@ static int valid_log_text(const char *s, size_t max)
     return 1;
 }
 
+int proto_valid_label(const char *s, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strnlen(s, cap);
+
+    if (n == 0 || n == cap)
+        return 0;
+    for (size_t i = 0, k; i < n; i += k) {
+        if ((k = utf8_seq(p + i, n - i)) == 0)
+            return 0;
+        if ((k == 1 && (p[i] < 0x20 || p[i] == 0x7f)) || (k == 2 && p[i] == 0xc2 && p[i + 1] < 0xa0))
+            return 0; /* C0, DEL, C1 (U+0080..U+009F) */
+    }
+    return 1;
+}
+
 void proto_text_sanitize(char *s)
 {
     unsigned char *p = (unsigned char *)s;
@@ -260,7 +277,11 @@ static int check_heartbeat(const struct proto_heartbeat *h)
             !isfinite(b->tokens_per_s) || b->tokens_per_s < 0 ||
             !isfinite(b->comm_frac) || b->comm_frac < 0 || b->comm_frac > 1 ||
             b->step_bytes > PROTO_U64_MAX || b->peak_mem > PROTO_U64_MAX ||
-            (unsigned int)b->restore_from > PROTO_RESTORE_MAX || b->restore_step > PROTO_U64_MAX)
+            (unsigned int)b->restore_from > PROTO_RESTORE_MAX || b->restore_step > PROTO_U64_MAX ||
+            !isfinite(b->step_s) || b->step_s < 0 || b->step_age_ms > PROTO_U64_MAX ||
+            (!b->has_step_age && b->step_age_ms != 0) || b->total_steps > PROTO_U64_MAX ||
+            (b->where[0] && !proto_valid_label(b->where, sizeof(b->where))) ||
+            (b->waiting[0] && !proto_valid_label(b->waiting, sizeof(b->waiting))))
             return PROTO_E_RANGE;
         for (uint32_t j = 0; j < i; j++)
             if (b->rank == h->ranks[j].rank)
@@ -306,6 +327,19 @@ static int check_log_data(const struct proto_log_data *d)
         d->next_offset > d->size)
         return PROTO_E_RANGE;
     if (d->error != PROTO_LOG_OK && (data[0] != '\0' || d->reason[0] == '\0'))
+        return PROTO_E_RANGE;
+    return 0;
+}
+
+/* A text or words for its absence; no text without a process that dumped it. */
+static int check_stacks(const struct proto_stacks *k)
+{
+    const char *text = k->text ? k->text : "";
+
+    if (k->generation > PROTO_U64_MAX || k->pid > INT32_MAX ||
+        !valid_utf8(k->error, sizeof(k->error)) || !valid_log_text(text, PROTO_STACKS_MAX))
+        return PROTO_E_RANGE;
+    if ((text[0] == '\0' && k->error[0] == '\0') || (k->pid == 0 && text[0] != '\0'))
         return PROTO_E_RANGE;
     return 0;
 }
@@ -361,6 +395,7 @@ int proto_check(const struct proto_msg *m)
     case PROTO_LOG_REQUEST: return check_log_request(&m->u.log_request);
     case PROTO_LOG_DATA: return check_log_data(&m->u.log_data);
     case PROTO_PREFLIGHT: return check_preflight(&m->u.preflight);
+    case PROTO_STACKS: return check_stacks(&m->u.stacks);
     }
     return PROTO_E_TYPE;
 }
@@ -396,6 +431,7 @@ const char *proto_type_name(enum proto_type type)
         [PROTO_RANK_EXIT] = "RANK_EXIT", [PROTO_COMMAND] = "COMMAND",
         [PROTO_ERROR] = "ERROR",         [PROTO_LOG_REQUEST] = "LOG_REQUEST",
         [PROTO_LOG_DATA] = "LOG_DATA",   [PROTO_PREFLIGHT] = "PREFLIGHT",
+        [PROTO_STACKS] = "STACKS",
     };
 
     if ((unsigned int)type > PROTO_TYPE_MAX || !names[type])

@@ -202,6 +202,35 @@ static int get_bool(json_t *obj, const char *key, int *out)
     return 0;
 }
 
+/* An optional label: absent is "", present is at least one byte (proto_check
+ * checks the rest). */
+static int get_label(json_t *obj, const char *key, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (!json_object_get(obj, key))
+        return 0;
+    TRY(get_str(obj, key, buf, cap));
+    return buf[0] ? 0 : PROTO_E_RANGE;
+}
+
+/* A required string of at most max bytes, as a malloc'd copy (content is checked later). */
+static int get_owned_str(json_t *obj, const char *key, size_t max, char **out)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_string(v))
+        return PROTO_E_FIELD_TYPE;
+    if (json_string_length(v) > max)
+        return PROTO_E_RANGE;
+    *out = malloc(json_string_length(v) + 1); /* freed by proto_msg_clear */
+    if (!*out)
+        return PROTO_E_NOMEM;
+    memcpy(*out, json_string_value(v), json_string_length(v) + 1);
+    return 0;
+}
+
 static int dec_gpu(json_t *o, struct proto_gpu *g)
 {
     static const char *const keys[] = {"name", "total_mb", "free_mb", NULL};
@@ -368,7 +397,8 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
 {
     static const char *const keys[] = {"rank", "state", "step", "loss",
         "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "step_bytes",
-        "peak_mem", "rejoin", "restore_from", "restore_step", "yielded", NULL};
+        "peak_mem", "rejoin", "restore_from", "restore_step", "yielded", "step_s", "step_age_ms",
+        "total_steps", "where", "waiting", "stopped", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -426,7 +456,20 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
         return PROTO_E_MISSING;
     }
     b->restore_from = (enum proto_restore)from;
-    return PROTO_OK;
+    /* Optional: the rank's own account of its progress and of where it is. */
+    b->step_s = 0;
+    if (json_object_get(o, "step_s"))
+        TRY(get_number(o, "step_s", 0, &b->step_s));
+    b->has_step_age = json_object_get(o, "step_age_ms") != NULL;
+    b->step_age_ms = 0;
+    if (b->has_step_age)
+        TRY(get_u64(o, "step_age_ms", &b->step_age_ms));
+    b->total_steps = 0;
+    if (json_object_get(o, "total_steps"))
+        TRY(get_u64(o, "total_steps", &b->total_steps));
+    TRY(get_label(o, "where", b->where, sizeof(b->where)));
+    TRY(get_label(o, "waiting", b->waiting, sizeof(b->waiting)));
+    return get_bool(o, "stopped", &b->stopped);
 }
 
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
@@ -502,7 +545,6 @@ static int dec_log_data(json_t *o, struct proto_log_data *d)
 {
     static const char *const keys[] = {"id", "rank", "generation", "newest", "offset",
         "next_offset", "size", "error", "reason", "data", NULL};
-    json_t *data;
     int error;
 
     TRY(check_keys(o, keys));
@@ -516,18 +558,21 @@ static int dec_log_data(json_t *o, struct proto_log_data *d)
     TRY(get_enum(o, "error", proto_log_error_json, PROTO_LOG_OK, PROTO_LOG_ERROR_MAX, &error));
     d->error = (enum proto_log_error)error;
     TRY(get_str(o, "reason", d->reason, sizeof(d->reason)));
-    data = json_object_get(o, "data");
-    if (!data)
-        return PROTO_E_MISSING;
-    if (!json_is_string(data))
-        return PROTO_E_FIELD_TYPE;
-    if (json_string_length(data) > PROTO_LOG_MAX)
-        return PROTO_E_RANGE;
-    d->data = malloc(json_string_length(data) + 1); /* freed by proto_msg_clear */
-    if (!d->data)
-        return PROTO_E_NOMEM;
-    memcpy(d->data, json_string_value(data), json_string_length(data) + 1);
-    return 0;
+    return get_owned_str(o, "data", PROTO_LOG_MAX, &d->data);
+}
+
+static int dec_stacks(json_t *o, struct proto_stacks *k)
+{
+    static const char *const keys[] = {"generation", "rank", "pid", "stopped", "text", "error", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_u64(o, "generation", &k->generation));
+    TRY(get_u32(o, "rank", &k->rank));
+    TRY(get_u32(o, "pid", &k->pid));
+    TRY(get_bool(o, "stopped", &k->stopped));
+    TRY(get_owned_str(o, "text", PROTO_STACKS_MAX, &k->text));
+    k->error[0] = '\0'; /* optional */
+    return json_object_get(o, "error") ? get_str(o, "error", k->error, sizeof(k->error)) : 0;
 }
 
 static int dec_body(json_t *o, struct proto_msg *m)
@@ -551,6 +596,7 @@ static int dec_body(json_t *o, struct proto_msg *m)
     case PROTO_LOG_REQUEST: return dec_log_request(o, &m->u.log_request);
     case PROTO_LOG_DATA: return dec_log_data(o, &m->u.log_data);
     case PROTO_PREFLIGHT: return dec_preflight(o, &m->u.preflight);
+    case PROTO_STACKS: return dec_stacks(o, &m->u.stacks);
     }
     return PROTO_E_TYPE;
 }
@@ -652,6 +698,10 @@ void proto_msg_clear(struct proto_msg *msg)
     if (msg && msg->type == PROTO_LOG_DATA) {
         free(msg->u.log_data.data);
         msg->u.log_data.data = NULL;
+    }
+    if (msg && msg->type == PROTO_STACKS) {
+        free(msg->u.stacks.text);
+        msg->u.stacks.text = NULL;
     }
 }
 
@@ -776,7 +826,19 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
         TRY(put(o, "restore_from", json_string(proto_restore_json[b->restore_from])));
         TRY(put_uint(o, "restore_step", b->restore_step));
     }
-    return b->silent ? put(o, "silent", json_true()) : PROTO_OK;
+    if (b->silent)
+        TRY(put(o, "silent", json_true()));
+    if (b->step_s != 0)
+        TRY(put(o, "step_s", json_real(b->step_s)));
+    if (b->has_step_age)
+        TRY(put_uint(o, "step_age_ms", b->step_age_ms));
+    if (b->total_steps)
+        TRY(put_uint(o, "total_steps", b->total_steps));
+    if (b->where[0])
+        TRY(put(o, "where", json_string(b->where)));
+    if (b->waiting[0])
+        TRY(put(o, "waiting", json_string(b->waiting)));
+    return b->stopped ? put(o, "stopped", json_true()) : PROTO_OK;
 }
 
 static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
@@ -869,6 +931,14 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         TRY(put(o, "fit", json_boolean(m->u.preflight.fit)));
         TRY(put(o, "reason", json_string(m->u.preflight.reason)));
         return m->u.preflight.trainer ? put(o, "trainer", json_true()) : PROTO_OK;
+    case PROTO_STACKS:
+        TRY(put_uint(o, "generation", m->u.stacks.generation));
+        TRY(put_uint(o, "rank", m->u.stacks.rank));
+        TRY(put_uint(o, "pid", m->u.stacks.pid));
+        if (m->u.stacks.stopped)
+            TRY(put(o, "stopped", json_true()));
+        TRY(put(o, "text", json_string(m->u.stacks.text ? m->u.stacks.text : "")));
+        return m->u.stacks.error[0] ? put(o, "error", json_string(m->u.stacks.error)) : PROTO_OK;
     }
     return PROTO_E_TYPE;
 }

@@ -115,6 +115,24 @@ static int number_value(struct cur *c, double *out)
     return proto_read_real((const char *)s, len, out);
 }
 
+/* A string with nothing to unescape (no backslash: those are left to the
+ * JSON decoder) of 1..cap-1 bytes, copied into buf with its NUL. Control
+ * bytes are not JSON; the rest of the label rules is proto_check's. */
+static int label_value(struct cur *c, char *buf, size_t cap)
+{
+    if (!eat(c, '"'))
+        return 0;
+    const uint8_t *s = c->p;
+    while (c->p < c->end && *c->p != '"' && *c->p != '\\' && *c->p >= 0x20)
+        c->p++;
+    size_t len = (size_t)(c->p - s);
+    if (len == 0 || len >= cap || !eat(c, '"'))
+        return 0;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    return 1;
+}
+
 static int bool_value(struct cur *c, int *out)
 {
     if (c->end - c->p >= 4 && memcmp(c->p, "true", 4) == 0) {
@@ -193,11 +211,12 @@ static int object(struct cur *c, const char *const *keys, unsigned *seen,
 
 enum beat_key {
     B_RANK, B_STATE, B_STEP, B_LOSS, B_TOKENS, B_COMM, B_CKPT, B_SILENT, B_STEP_BYTES, B_PEAK, B_REJOIN,
-    B_RESTORE_FROM, B_RESTORE_STEP, B_YIELDED,
+    B_RESTORE_FROM, B_RESTORE_STEP, B_YIELDED, B_STEP_S, B_STEP_AGE, B_TOTAL_STEPS, B_WHERE, B_WAITING,
+    B_STOPPED,
 };
 static const char *const beat_keys[] = {"rank", "state", "step", "loss", "tokens_per_s", "comm_frac",
     "checkpoint_step", "silent", "step_bytes", "peak_mem", "rejoin", "restore_from", "restore_step", "yielded",
-    NULL};
+    "step_s", "step_age_ms", "total_steps", "where", "waiting", "stopped", NULL};
 #define BEAT_REQUIRED (1u << B_RANK | 1u << B_STATE | 1u << B_STEP | 1u << B_LOSS | 1u << B_TOKENS | 1u << B_COMM)
 
 static int beat_value(struct cur *c, int key, void *ctx)
@@ -232,6 +251,14 @@ static int beat_value(struct cur *c, int key, void *ctx)
         return 1;
     case B_RESTORE_STEP: return u64_value(c, &b->restore_step);
     case B_YIELDED: return bool_value(c, &b->yielded);
+    case B_STEP_S: return number_value(c, &b->step_s);
+    case B_STEP_AGE:
+        b->has_step_age = 1;
+        return u64_value(c, &b->step_age_ms);
+    case B_TOTAL_STEPS: return u64_value(c, &b->total_steps);
+    case B_WHERE: return label_value(c, b->where, sizeof(b->where));
+    case B_WAITING: return label_value(c, b->waiting, sizeof(b->waiting));
+    case B_STOPPED: return bool_value(c, &b->stopped);
     }
     return 0;
 }
@@ -366,6 +393,24 @@ static void put_name(struct out *o, const char *key, const char *name)
     puts_(o, "\"");
 }
 
+/* "text" with '"' and '\\' escaped, as jansson writes a string that
+ * proto_check allows (no control characters, UTF-8 as it is). */
+static void put_text(struct out *o, const char *key, const char *text)
+{
+    put_key(o, key);
+    puts_(o, "\"");
+    for (const char *run = text; *run;) {
+        size_t n = strcspn(run, "\"\\");
+        put(o, run, n);
+        run += n;
+        if (*run) {
+            char esc[2] = {'\\', *run++};
+            put(o, esc, 2);
+        }
+    }
+    puts_(o, "\"");
+}
+
 static void put_literal(struct out *o, const char *key, const char *lit)
 {
     put_key(o, key);
@@ -411,6 +456,18 @@ int fastbeat_encode(const struct proto_heartbeat *h, uint8_t *out, size_t cap)
         }
         if (b->silent)
             put_literal(&o, "silent", "true");
+        if (b->step_s != 0)
+            put_real(&o, "step_s", b->step_s);
+        if (b->has_step_age)
+            put_uint(&o, "step_age_ms", b->step_age_ms);
+        if (b->total_steps)
+            put_uint(&o, "total_steps", b->total_steps);
+        if (b->where[0])
+            put_text(&o, "where", b->where);
+        if (b->waiting[0])
+            put_text(&o, "waiting", b->waiting);
+        if (b->stopped)
+            put_literal(&o, "stopped", "true");
         puts_(&o, "}");
     }
     puts_(&o, "]}");

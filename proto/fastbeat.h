@@ -9,7 +9,8 @@
  * writes (jansson, JSON_COMPACT: fields in table order, reals as "%.17g"
  * with ".0" added to integral values and the exponent's '+' and leading
  * zeros dropped). The decoder reads a subset of the valid payloads: compact
- * JSON (no whitespace) whose keys and strings are plain lowercase ASCII,
+ * JSON (no whitespace) whose keys and enumerations are plain lowercase
+ * ASCII and whose free text (`where`, `waiting`) holds no escape,
  * integers of at most 16 digits, every field of the right type in any
  * order, each key once; reals are read by proto_read_real (realnum.h), to
  * the double strtod gives, six times faster. It never answers an error:

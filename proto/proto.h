@@ -13,10 +13,10 @@
  * takes bytes and answers a message, PROTO_NEED_MORE, or a distinct
  * negative error code; proto_strerror() turns a code into words.
  *
- * Decoded messages are plain C structs (no JSON left in them) except three
+ * Decoded messages are plain C structs (no JSON left in them) except four
  * fields owned by the message: the job spec carried by ASSIGN and by WELCOME
- * (a jansson object) and the log bytes carried by LOG_DATA (a malloc'd string);
- * proto_msg_clear() releases them. Encoders write a complete frame into a
+ * (a jansson object), the log bytes carried by LOG_DATA and the stack text
+ * carried by STACKS (malloc'd strings); proto_msg_clear() releases them. Encoders write a complete frame into a
  * caller-supplied buffer.
  */
 #ifndef MUSTER_PROTO_H
@@ -44,6 +44,11 @@
  * doubles them (data holds no control characters but newline and tab), so
  * an answer always fits PROTO_MAX_PAYLOAD. */
 #define PROTO_LOG_MAX 65536
+#define PROTO_WHERE_MAX 256   /* HEARTBEAT rank entry `where`: bytes incl. NUL */
+#define PROTO_WAITING_MAX 128 /* HEARTBEAT rank entry `waiting`: bytes incl. NUL */
+/* STACKS: most bytes of one rank's dumped stacks (escaped at most twice over,
+ * they fit PROTO_MAX_PAYLOAD). */
+#define PROTO_STACKS_MAX 61440
 
 /* Machine-readable REJECT codes (daemon -> agent, then close). */
 #define PROTO_REJECT_AUTH "auth"               /* wrong HMAC response */
@@ -90,7 +95,8 @@ enum proto_type {
     PROTO_LOG_REQUEST = 12, /* daemon -> agent: read a rank's output log */
     PROTO_LOG_DATA = 13, /* agent -> daemon: the bytes asked for, or why not */
     PROTO_PREFLIGHT = 14, /* agent -> daemon: whether the node can run the job, and why not */
-    PROTO_TYPE_MAX = 14,
+    PROTO_STACKS = 15,   /* agent -> daemon: one rank's dumped stacks, or why there are none */
+    PROTO_TYPE_MAX = 15,
 };
 
 /* Lifecycle of one rank process as reported in heartbeats. */
@@ -117,7 +123,8 @@ enum proto_command {
     PROTO_CMD_CHECKPOINT = 4, /* rank: write a checkpoint now */
     PROTO_CMD_PARK = 5,       /* generation over by a failure: rejoining ranks wait, others stop */
     PROTO_CMD_YIELD = 6,      /* rank: leave this generation at the next step boundary and wait */
-    PROTO_CMD_MAX = 6,
+    PROTO_CMD_STACKS = 7,     /* agent: dump the stacks of the generation's ranks, answer STACKS */
+    PROTO_CMD_MAX = 7,
 };
 
 /* Why a LOG_DATA carries no bytes. */
@@ -240,6 +247,21 @@ struct proto_rank_beat {
     uint64_t restore_step; /* the step it resumed at (with restore_from) */
     int yielded;          /* on COMMAND yield it finished its step, left the generation
                            * with the others at that step boundary and waits (optional) */
+    /* Optional, what a rank says of its progress and where it is (absent: 0 / ""): */
+    double step_s;        /* duration of its last completed step, seconds, as it measured
+                           * it; finite, >= 0; 0 = unknown */
+    int has_step_age;     /* step_age_ms is given */
+    uint64_t step_age_ms; /* ms from when its step last changed (or it began running) to
+                           * the sending of this entry; a relaying agent adds the time it
+                           * held the entry. 0 when !has_step_age */
+    uint64_t total_steps; /* the steps the program says it will run; 0 = unknown */
+    int stopped;          /* agent -> daemon: the rank's process is stopped (state T or t):
+                           * the entry is its last one, not news from it */
+    char where[PROTO_WHERE_MAX];     /* its innermost frame as last sampled ("train.py:88 in
+                                      * compute_loss"); "" = unknown. Label text: UTF-8, no
+                                      * control characters */
+    char waiting[PROTO_WAITING_MAX]; /* the communication call its main thread is inside
+                                      * ("all_reduce (distributed_c10d.py)"); "" = none */
 };
 
 struct proto_heartbeat {
@@ -302,6 +324,19 @@ struct proto_log_data {
                  * byte of the log, so offsets stay exact */
 };
 
+/* STACKS: what one rank's processes dumped on COMMAND stacks. */
+struct proto_stacks {
+    uint64_t generation;
+    uint32_t rank;
+    uint32_t pid;        /* the rank's process, 0..2^31-1; 0 = none dumped */
+    int stopped;         /* its process is stopped (optional) */
+    char error[PROTO_REASON_MAX]; /* why there is no stack (or only part); "" = none (optional) */
+    char *text; /* malloc'd, owned by the message (NULL reads as ""): at most
+                 * PROTO_STACKS_MAX bytes of UTF-8 without control characters
+                 * but newline and tab (proto_log_sanitize makes it so); each
+                 * process's part headed by a line "process PID:" */
+};
+
 struct proto_msg {
     enum proto_type type;
     union {
@@ -319,6 +354,7 @@ struct proto_msg {
         struct proto_log_request log_request;
         struct proto_log_data log_data;
         struct proto_preflight preflight;
+        struct proto_stacks stacks;
     } u;
 };
 
@@ -429,6 +465,10 @@ void proto_text_sanitize(char *s);
  * becomes the terminating NUL. The text keeps its len bytes.
  */
 void proto_log_sanitize(char *buf, size_t len);
+
+/* Valid label (a rank entry's `where` and `waiting`): 1..cap-1 bytes of
+ * UTF-8 without control characters (C0, DEL, C1). */
+int proto_valid_label(const char *s, size_t cap);
 
 /* Valid node name: 1..63 bytes of [A-Za-z0-9._-]. */
 int proto_valid_name(const char *s);

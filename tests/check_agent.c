@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,11 @@
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
+#include "worker/agent/rank_stacks.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 
 /* ---- --devices --------------------------------------------------------- */
 
@@ -357,6 +363,45 @@ START_TEST(rank_env_user_defaults_win)
     ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "16");
     ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
     ck_assert_ptr_null(env_get(env, "TORCHELASTIC_ERROR_FILE")); /* none given: unset */
+    cmdline_free(env);
+}
+END_TEST
+
+START_TEST(rank_env_python_hook)
+{
+    /* The hook goes first on PYTHONPATH, the user's path after it; the rank's directory and the
+     * stacks signal come with it. Without a hook the user's PYTHONPATH is left as it was. */
+    char long_path[3000];
+    memset(long_path, 'p', sizeof(long_path) - 1);
+    long_path[0] = '/';
+    long_path[sizeof(long_path) - 1] = '\0';
+    char user[sizeof(long_path) + 16];
+    snprintf(user, sizeof(user), "PYTHONPATH=%s", long_path);
+    char *parent[] = {user, "MUSTER_RANK_DIR=/stale", "MUSTER_STACKS_SIGNAL=1", NULL};
+    struct rank_identity id = {.rank = 2, .world_size = 4, .local_world_size = 2, .nnodes = 2, .generation = 7,
+                               .node = "n", .kind = PROTO_DEV_CPU, .python_path = "/m/python/startup:/m/python",
+                               .rank_dir = "/state/gen-7/rank-2", .stacks_signal = 39};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    char want[sizeof(long_path) + 64];
+    snprintf(want, sizeof(want), "/m/python/startup:/m/python:%s", long_path);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), want); /* longer than any fixed buffer: whole */
+    ck_assert_str_eq(env_get(env, "MUSTER_RANK_DIR"), "/state/gen-7/rank-2");
+    ck_assert_str_eq(env_get(env, "MUSTER_STACKS_SIGNAL"), "39");
+    cmdline_free(env);
+
+    char *bare[] = {NULL};
+    env = rank_env_build(bare, &id);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), "/m/python/startup:/m/python");
+    cmdline_free(env);
+
+    id.python_path = NULL;
+    id.rank_dir = NULL;
+    id.stacks_signal = 0;
+    env = rank_env_build(parent, &id);
+    ck_assert_str_eq(env_get(env, "PYTHONPATH"), long_path);
+    ck_assert_ptr_null(env_get(env, "MUSTER_RANK_DIR")); /* the agent's, never a stale parent's */
+    ck_assert_ptr_null(env_get(env, "MUSTER_STACKS_SIGNAL"));
     cmdline_free(env);
 }
 END_TEST
@@ -854,6 +899,111 @@ START_TEST(log_bytes_become_text)
 }
 END_TEST
 
+
+/* ---- rank_stacks: a rank's processes dump on a signal, as the Python hook's faulthandler does ---- */
+
+static int dump_fd = -1;
+static void dump_handler(int sig)
+{
+    (void)sig;
+    static const char text[] = "Thread 0x01 (most recent call first):\n  File \"train.py\", line 88 in step\n";
+    if (write(dump_fd, text, sizeof(text) - 1) < 0)
+        _exit(3);
+}
+
+/* A child in a process group of its own, armed like a hooked Python rank: writes to
+ * dir/stacks-PID.txt on signum. Returns its pid once it is armed. */
+static pid_t armed_child(const char *dir, int signum)
+{
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        char path[512];
+        snprintf(path, sizeof(path), "%s/stacks-%d.txt", dir, (int)getpid());
+        dump_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        signal(signum, dump_handler);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(2);
+        for (;;)
+            pause();
+    }
+    char c;
+    close(ready[1]);
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    return pid;
+}
+
+static void reap(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+START_TEST(stacks_dump_a_rank_and_say_why_not)
+{
+    char dir[] = "/tmp/check_stacksXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const int sig = SIGRTMIN + 5;
+    pid_t child = armed_child(dir, sig);
+
+    /* A file of a pid outside the rank's process group (ours) is never signalled. */
+    char stray[600];
+    snprintf(stray, sizeof(stray), "%s/stacks-%d.txt", dir, (int)getpid());
+    FILE *f = fopen(stray, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+
+    struct stacks_dump d = {.generation = 4, .rank = 3};
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 1);
+    ck_assert_uint_eq(d.nprocs, 1);
+    int done = 0;
+    for (int i = 0; i < 100 && !done; i++) { /* 2 s at most */
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        done = stacks_poll(&d);
+    }
+    ck_assert_msg(done, "the dump did not complete");
+    struct proto_msg m;
+    ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
+    ck_assert_int_eq(m.type, PROTO_STACKS);
+    ck_assert_uint_eq(m.u.stacks.rank, 3);
+    ck_assert_uint_eq(m.u.stacks.pid, (uint32_t)child);
+    ck_assert_str_eq(m.u.stacks.error, "");
+    char head[64];
+    snprintf(head, sizeof(head), "process %d:\nThread 0x01", (int)child);
+    ck_assert_msg(strstr(m.u.stacks.text, head) && strstr(m.u.stacks.text, "train.py\", line 88 in step"),
+                  "unexpected dump: %s", m.u.stacks.text);
+    proto_msg_clear(&m);
+
+    /* Stopped: not signalled, and the answer says why at once. */
+    kill(child, SIGSTOP);
+    for (int i = 0; i < 100 && !rank_stopped(child); i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(rank_stopped(child), 1);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_ptr_nonnull(strstr(d.error, "stopped"));
+    ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
+    ck_assert_int_eq(m.u.stacks.stopped, 1);
+    proto_msg_clear(&m);
+    kill(child, SIGCONT);
+    ck_assert_int_eq(rank_stopped(child), 0);
+    reap(child);
+
+    /* No armed process: no hook. */
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_ptr_nonnull(strstr(d.error, "no stack hook"));
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 Suite *make_agent_suite(void)
 {
     Suite *s = suite_create("agent");
@@ -882,6 +1032,8 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_env_cpu_hides_gpus);
     tcase_add_test(tc, rank_env_torchrun_names);
     tcase_add_test(tc, rank_env_user_defaults_win);
+    tcase_add_test(tc, rank_env_python_hook);
+    tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);

@@ -172,10 +172,14 @@ static void sample(int type, struct proto_msg *m)
         h->no_ack = 1;
         h->nranks = 3;
         h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
-                                               1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1};
-        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0, 0};
+                                               1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1, 0.8125, 1, 1234, 5000, 1,
+                                               "tr\"ain\\.py:88 in compute_loss \xc3\xbc\xe2\x82\xac",
+                                               "all_reduce (distributed_c10d.py)"};
+        /* has_step_age with 0 ms: the step changed as the entry was sent */
+        h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0, 0,
+                                               0, 1, 0, 0, 0, "", ""};
         h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, 0, 0,
-                                               PROTO_RESTORE_NONE, 0, 0};
+                                               PROTO_RESTORE_NONE, 0, 0, 0, 0, 0, 0, 0, "", ""};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -215,6 +219,18 @@ static void sample(int type, struct proto_msg *m)
         m->u.preflight.trainer = 1;
         strcpy(m->u.preflight.reason, "data /data/shard0.bin: No such file or directory \xe2\x82\xac");
         break;
+    case PROTO_STACKS: {
+        struct proto_stacks *k = &m->u.stacks;
+        k->generation = 3;
+        k->rank = 9;
+        k->pid = 4242;
+        k->stopped = 1;
+        k->text = strdup("process 4242:\nThread 0x7f (most recent call first):\n"
+                         "  File \"train.py\", line 88 in compute_loss\n\t\\ \xe2\x82\xac\n");
+        ck_assert_ptr_nonnull(k->text);
+        strcpy(k->error, "its process is stopped (SIGSTOP or a debugger): it dumps when it continues");
+        break;
+    }
     default:
         ck_abort_msg("no sample for type %d", type);
     }
@@ -322,6 +338,13 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
             ck_assert_int_eq(p->yielded, q->yielded);
             ck_assert_int_eq(p->restore_from, q->restore_from);
             ck_assert_uint_eq(p->restore_step, q->restore_step);
+            ck_assert_msg(p->step_s == q->step_s, "step_s %.17g != %.17g", p->step_s, q->step_s);
+            ck_assert_int_eq(p->has_step_age, q->has_step_age);
+            ck_assert_uint_eq(p->step_age_ms, q->step_age_ms);
+            ck_assert_uint_eq(p->total_steps, q->total_steps);
+            ck_assert_str_eq(p->where, q->where);
+            ck_assert_str_eq(p->waiting, q->waiting);
+            ck_assert_int_eq(p->stopped, q->stopped);
         }
         ck_assert_uint_eq(x->free_port, y->free_port);
         break;
@@ -364,6 +387,16 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_int_eq(x->error, y->error);
         ck_assert_str_eq(x->reason, y->reason);
         ck_assert_str_eq(x->data ? x->data : "", y->data ? y->data : "");
+        break;
+    }
+    case PROTO_STACKS: {
+        const struct proto_stacks *x = &a->u.stacks, *y = &b->u.stacks;
+        ck_assert_uint_eq(x->generation, y->generation);
+        ck_assert_uint_eq(x->rank, y->rank);
+        ck_assert_uint_eq(x->pid, y->pid);
+        ck_assert_int_eq(x->stopped, y->stopped);
+        ck_assert_str_eq(x->error, y->error);
+        ck_assert_str_eq(x->text ? x->text : "", y->text ? y->text : "");
         break;
     }
     default:
@@ -441,7 +474,12 @@ START_TEST(roundtrip_edges)
             1.0 / (i + 3), 1e300 / (i + 1), 1.0 / (i + 1), (uint64_t)i, (int)(i % 2), PROTO_U64_MAX - i,
             (uint64_t)i << 30, (int)(i % 3 == 0), (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
             i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0, /* a step only with a source */
-            (int)(i % 5 == 1)};
+            (int)(i % 5 == 1), 1e300 / (i + 1), (int)(i % 2), i % 2 ? PROTO_U64_MAX - i : 0, PROTO_U64_MAX - i,
+            (int)(i % 3 == 1), {0}, {0}};
+    for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++) { /* labels at their longest */
+        memset(m.u.heartbeat.ranks[i].where, 'a' + (int)(i % 26), PROTO_WHERE_MAX - 1);
+        memset(m.u.heartbeat.ranks[i].waiting, i % 2 ? '"' : '\\', PROTO_WAITING_MAX - 1);
+    }
     roundtrip(&m);
 
     /* The daemon's answer to a heartbeat: no ranks. */
@@ -952,7 +990,9 @@ START_TEST(missing_fields)
 END_TEST
 
 /* Every field of every message (and of the nested objects), removed; the
- * optional fields (a rank's checkpoint_step, silent, rejoin and yielded, a heartbeat's ack and
+ * optional fields (a rank's checkpoint_step, silent, rejoin, yielded, step_s,
+ * step_age_ms, total_steps, where, waiting and stopped, STACKS' stopped and
+ * error, a heartbeat's ack and
  * free_port, a rank exit's reason and detail, the session of HELLO and
  * WELCOME) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
@@ -972,7 +1012,8 @@ START_TEST(every_field_is_required)
                            (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
-                           (t == PROTO_PREFLIGHT && !strcmp(key, "trainer"));
+                           (t == PROTO_PREFLIGHT && !strcmp(key, "trainer")) ||
+                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error")));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
@@ -986,7 +1027,10 @@ START_TEST(every_field_is_required)
                     /* restore_from and restore_step go together: one without the other is missing */
                     int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
                                        !strcmp(inner, "step_bytes") || !strcmp(inner, "peak_mem") ||
-                                       !strcmp(inner, "rejoin") || !strcmp(inner, "yielded")
+                                       !strcmp(inner, "rejoin") || !strcmp(inner, "yielded") ||
+                                       !strcmp(inner, "step_s") || !strcmp(inner, "step_age_ms") ||
+                                       !strcmp(inner, "total_steps") || !strcmp(inner, "where") ||
+                                       !strcmp(inner, "waiting") || !strcmp(inner, "stopped")
                                    ? PROTO_OK
                                    : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,
@@ -1290,6 +1334,135 @@ START_TEST(range_errors)
         strcpy(big + at + PROTO_LOG_MAX + 1, "\"}");
         ck_assert_int_eq(decode_text(PROTO_LOG_DATA, big), PROTO_E_RANGE);
     }
+}
+END_TEST
+
+/* A rank entry's progress and place: step_s finite and >= 0, step_age_ms a
+ * u64, labels 1..cap-1 bytes of UTF-8 without control characters. */
+START_TEST(rank_progress_fields_are_bounded)
+{
+#define BEAT_WITH(more) "{\"generation\":1,\"seq\":1,\"ranks\":[{\"rank\":0,\"state\":\"running\",\"step\":1," \
+                        "\"loss\":null,\"tokens_per_s\":0,\"comm_frac\":0," more "}]}"
+    static const struct {
+        const char *payload;
+        int rc;
+    } cases[] = {
+        {BEAT_WITH("\"step_s\":0.25,\"step_age_ms\":0,\"total_steps\":9007199254740991"), PROTO_OK},
+        {BEAT_WITH("\"step_s\":-0.5"), PROTO_E_RANGE},
+        {BEAT_WITH("\"step_s\":1e999"), PROTO_E_JSON},
+        {BEAT_WITH("\"step_s\":null"), PROTO_E_FIELD_TYPE},
+        {BEAT_WITH("\"step_age_ms\":-1"), PROTO_E_RANGE},
+        {BEAT_WITH("\"step_age_ms\":1.5"), PROTO_E_FIELD_TYPE},
+        {BEAT_WITH("\"step_age_ms\":9007199254740992"), PROTO_E_RANGE},
+        {BEAT_WITH("\"total_steps\":-3"), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"waiting\":\"\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"a\\tb\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"a\\nb\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"a\\u007fb\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"a\\u0085b\""), PROTO_E_RANGE},
+        {BEAT_WITH("\"where\":\"a\\u00a0b \\u20ac\""), PROTO_OK},
+        {BEAT_WITH("\"where\":\"a\\\\b \\\"c\\\"\""), PROTO_OK},
+        {BEAT_WITH("\"stopped\":1"), PROTO_E_FIELD_TYPE},
+        {BEAT_WITH("\"stopped\":false"), PROTO_OK},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_msg(decode_text(PROTO_HEARTBEAT, cases[i].payload) == cases[i].rc, "case %zu (%s): %d, not %d",
+                      i, cases[i].payload, decode_text(PROTO_HEARTBEAT, cases[i].payload), cases[i].rc);
+
+    /* Lengths: 255 bytes of where and 127 of waiting fit, one more does not. */
+    static char text[1024], label[300];
+    for (int w = 0; w < 2; w++) {
+        size_t cap = w ? PROTO_WAITING_MAX : PROTO_WHERE_MAX;
+        for (size_t len = cap - 1; len <= cap; len++) {
+            memset(label, 'x', len);
+            label[len] = '\0';
+            snprintf(text, sizeof(text), BEAT_WITH("\"%s\":\"%s\""), w ? "waiting" : "where", label);
+            ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), len < cap ? PROTO_OK : PROTO_E_RANGE);
+        }
+    }
+#undef BEAT_WITH
+
+    /* The encoder refuses the same. */
+    static uint8_t buf[PROTO_MAX_FRAME];
+    struct proto_msg m;
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[1].step_s = -1;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    m.u.heartbeat.ranks[1].step_s = INFINITY;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[2].step_age_ms = 5; /* without has_step_age it would not come back */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    strcpy(m.u.heartbeat.ranks[0].where, "cut \xe2\x82");
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    strcpy(m.u.heartbeat.ranks[0].waiting, "esc\x1b[31m");
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    memset(m.u.heartbeat.ranks[0].waiting, 'w', sizeof(m.u.heartbeat.ranks[0].waiting)); /* no NUL */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+}
+END_TEST
+
+/* STACKS: a text (log text, at most PROTO_STACKS_MAX bytes) or an error
+ * saying why there is none; a text only from a process (pid > 0). */
+START_TEST(stacks_are_bounded)
+{
+#define STACKS(pid, more) "{\"generation\":2,\"rank\":1,\"pid\":" pid "," more "}"
+    static const struct {
+        const char *payload;
+        int rc;
+    } cases[] = {
+        {STACKS("77", "\"text\":\"process 77:\\n  File \\\"t.py\\\", line 3\\n\""), PROTO_OK},
+        {STACKS("0", "\"text\":\"\",\"error\":\"the rank has no stack hook\""), PROTO_OK},
+        {STACKS("77", "\"stopped\":true,\"text\":\"\",\"error\":\"its process is stopped\""), PROTO_OK},
+        {STACKS("77", "\"text\":\"\""), PROTO_E_RANGE},                  /* neither text nor why */
+        {STACKS("0", "\"text\":\"x\",\"error\":\"e\""), PROTO_E_RANGE},  /* a text from no process */
+        {STACKS("2147483647", "\"text\":\"x\""), PROTO_OK},
+        {STACKS("2147483648", "\"text\":\"x\""), PROTO_E_RANGE},
+        {STACKS("-1", "\"text\":\"x\""), PROTO_E_RANGE},
+        {STACKS("7", "\"text\":\"a\\rb\""), PROTO_E_RANGE},
+        {STACKS("7", "\"text\":\"a\\u001b[31m\""), PROTO_E_RANGE},
+        {STACKS("7", "\"text\":\"x\",\"stopped\":\"yes\""), PROTO_E_FIELD_TYPE},
+        {STACKS("7", "\"text\":5"), PROTO_E_FIELD_TYPE},
+        {STACKS("7", "\"error\":\"e\""), PROTO_E_MISSING},
+        {STACKS("7", "\"text\":\"x\",\"where\":\"t.py:1\""), PROTO_E_UNKNOWN_FIELD},
+        {"{\"generation\":2,\"pid\":7,\"text\":\"x\"}", PROTO_E_MISSING},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_msg(decode_text(PROTO_STACKS, cases[i].payload) == cases[i].rc, "case %zu (%s): %d, not %d", i,
+                      cases[i].payload, decode_text(PROTO_STACKS, cases[i].payload), cases[i].rc);
+#undef STACKS
+
+    /* PROTO_STACKS_MAX bytes fit and travel; one more does not; an error of 511 bytes fits. */
+    static uint8_t buf[PROTO_MAX_FRAME];
+    struct proto_msg m, back;
+    for (size_t len = PROTO_STACKS_MAX; len <= PROTO_STACKS_MAX + 1; len++) {
+        sample(PROTO_STACKS, &m);
+        free(m.u.stacks.text);
+        m.u.stacks.text = malloc(len + 1);
+        ck_assert_ptr_nonnull(m.u.stacks.text);
+        for (size_t i = 0; i < len; i++)
+            m.u.stacks.text[i] = "\"\\\n"[i % 3]; /* each one escaped: the worst case */
+        m.u.stacks.text[len] = '\0';
+        memset(m.u.stacks.error, 'e', PROTO_REASON_MAX - 1);
+        m.u.stacks.error[PROTO_REASON_MAX - 1] = '\0';
+        int n = proto_encode(&m, buf, sizeof(buf));
+        if (len > PROTO_STACKS_MAX) {
+            ck_assert_int_eq(n, PROTO_E_RANGE);
+        } else {
+            ck_assert_int_gt(n, 0);
+            ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, NULL), PROTO_OK);
+            assert_msg_eq(&m, &back);
+            proto_msg_clear(&back);
+        }
+        proto_msg_clear(&m);
+    }
+    /* COMMAND stacks is an action like the others. */
+    ck_assert_int_eq(decode_text(PROTO_COMMAND, "{\"generation\":2,\"action\":\"stacks\"}"), PROTO_OK);
+    ck_assert_str_eq(proto_command_name(PROTO_CMD_STACKS), "stacks");
 }
 END_TEST
 
@@ -1782,6 +1955,18 @@ static void varied_heartbeat(struct proto_msg *m, uint32_t nranks, uint64_t salt
         b->yielded = k % 7 == 3;
         b->restore_from = (enum proto_restore)(k % (PROTO_RESTORE_MAX + 1));
         b->restore_step = b->restore_from != PROTO_RESTORE_NONE ? k : 0;
+        static const char *const labels[] = {"", "train.py:88 in compute_loss", "all_reduce (distributed_c10d.py)",
+                                             "/a/b.py:1 in <module> \xc3\xbc", "x"};
+        const size_t nl = sizeof(labels) / sizeof(labels[0]);
+        b->step_s = k % 3 ? fabs(reals[(k + 4) % nr]) : 0;
+        b->has_step_age = k % 4 != 2;
+        b->step_age_ms = b->has_step_age ? k * 37 % 100000 : 0;
+        b->total_steps = k % 5 == 1 ? k * 1000 : 0;
+        strcpy(b->where, labels[k % nl]);
+        strcpy(b->waiting, labels[(k + 3) % nl]);
+        if (salt % 3 == 0 && i == 0) /* an escape in every third: the fast path leaves those to jansson */
+            strcpy(b->where, salt % 2 ? "q\"uo\\te \xc3\xbc" : "\\");
+        b->stopped = k % 6 == 5;
     }
 }
 
@@ -1965,7 +2150,13 @@ START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
             ck_assert_int_eq(nf, nj);
             ck_assert_msg(memcmp(fast, json, (size_t)nf) == 0, "fast:  %.*s\njson:  %.*s", nf, (const char *)fast,
                           nj, (const char *)json);
-            ck_assert_int_eq(fast_agrees(fast, (size_t)nf), 1);
+            /* It reads back what it wrote, but for a string with an escape, which it leaves to jansson. */
+            int escaped = salt % 3 == 0 && nranks > 0;
+            ck_assert_int_eq(fast_agrees(fast, (size_t)nf), !escaped);
+            if (escaped) {
+                ck_assert_int_eq(fastbeat_encode(&m.u.heartbeat, fast, (size_t)nf - 1), PROTO_E_NOSPACE);
+                continue;
+            }
             memset(&back, 0, sizeof(back));
             back.type = PROTO_HEARTBEAT;
             ck_assert_int_eq(fastbeat_decode(fast, (size_t)nf, &back), 0);
@@ -1978,6 +2169,10 @@ START_TEST(fastbeat_writes_what_jansson_writes_and_reads_it_back)
                 ck_assert(a->tokens_per_s == b->tokens_per_s && a->comm_frac == b->comm_frac);
                 ck_assert_uint_eq(a->step, b->step);
                 ck_assert_int_eq(a->restore_from, b->restore_from);
+                ck_assert(a->step_s == b->step_s);
+                ck_assert_uint_eq(a->step_age_ms, b->step_age_ms);
+                ck_assert_str_eq(a->where, b->where);
+                ck_assert_str_eq(a->waiting, b->waiting);
             }
             /* Every buffer too short by one byte or more is refused. */
             ck_assert_int_eq(fastbeat_encode(&m.u.heartbeat, fast, (size_t)nf - 1), PROTO_E_NOSPACE);
@@ -2100,6 +2295,18 @@ START_TEST(fastbeat_leaves_the_unusual_to_the_json_decoder)
         {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
          "\"tokens_per_s\":1,\"comm_frac\":0,\"restore_step\":4}]}", 0},      /* half a pair */
         {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"where\":\"t.py:3 in f \xe2\x82\xac\",\"stopped\":true}]}", 1},
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"where\":\"t.py:3 \\\"f\\\"\"}]}", 0},   /* an escape */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"waiting\":\"\"}]}", 0},        /* an empty label */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"where\":\"a\x7f\"}]}", 0},     /* DEL: proto_check */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"where\":\"a\xe2\x82\"}]}", 0},  /* cut UTF-8 */
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
+         "\"tokens_per_s\":1,\"comm_frac\":0,\"step_age_ms\":0,\"step_s\":2.5}]}", 1},
+        {"{\"generation\":1,\"seq\":2,\"ranks\":[{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
          "\"tokens_per_s\":1,\"comm_frac\":0},{\"rank\":3,\"state\":\"running\",\"step\":0,\"loss\":1,"
          "\"tokens_per_s\":1,\"comm_frac\":0}]}", 0},                        /* a rank twice */
     };
@@ -2191,6 +2398,8 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, field_type_errors);
     tcase_add_test(tc, every_field_checks_its_type);
     tcase_add_test(tc, range_errors);
+    tcase_add_test(tc, rank_progress_fields_are_bounded);
+    tcase_add_test(tc, stacks_are_bounded);
     tcase_add_test(tc, unknown_fields);
     tcase_add_test(tc, heartbeat_ack_is_read_by_both_decoders);
     tcase_add_test(tc, ack_period_fits_the_timeout_and_the_lease);

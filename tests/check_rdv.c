@@ -45,7 +45,10 @@ static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
     ck_assert_int_lt(rec.nsent, MAX_SENT);
     struct sent *s = &rec.sent[rec.nsent++];
     snprintf(s->node, sizeof(s->node), "%s", node);
-    s->msg = *m;
+    /* the part in use: a heartbeat's unused rank entries are most of a message */
+    memcpy(&s->msg, m, m->type == PROTO_HEARTBEAT ? offsetof(struct proto_msg, u.heartbeat.ranks) +
+                                                         m->u.heartbeat.nranks * sizeof(m->u.heartbeat.ranks[0])
+                                                   : sizeof(*m));
     if (m->type == PROTO_ASSIGN)
         s->msg.u.assign.job = NULL; /* not owned by the record */
 }
@@ -63,7 +66,7 @@ static int beat_rejoin, beat_yielded;
 
 static void setup_spec(int nodes, int max_restarts)
 {
-    memset(&rec, 0, sizeof(rec));
+    rec.nsent = rec.ndisconnected = rec.persists = 0; /* a message is written whole before it is read */
     no_port = 0;
     beat_rejoin = beat_yielded = 0;
     job_spec_defaults(&spec);
@@ -122,23 +125,33 @@ static const struct proto_msg *find_sent(int from, const char *node, enum proto_
     return NULL;
 }
 
+/* A heartbeat with n zeroed rank entries, reused: zeroing a whole message
+ * (room for 64 entries) for every beat would be most of a long test's time. */
+static struct proto_msg *heartbeat_msg(uint32_t n)
+{
+    static struct proto_msg m;
+    memset(&m, 0, offsetof(struct proto_msg, u.heartbeat.ranks) + n * sizeof(m.u.heartbeat.ranks[0]));
+    m.type = PROTO_HEARTBEAT;
+    m.u.heartbeat.nranks = n;
+    return &m;
+}
+
 static void beat(const char *node, uint64_t generation, uint32_t first, uint32_t n, enum proto_rank_state st,
                  uint64_t step)
 {
-    struct proto_msg m = {.type = PROTO_HEARTBEAT};
-    m.u.heartbeat.generation = generation;
-    m.u.heartbeat.seq = now;
-    m.u.heartbeat.free_port = node_port(node);
-    m.u.heartbeat.nranks = n;
+    struct proto_msg *m = heartbeat_msg(n);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.seq = now;
+    m->u.heartbeat.free_port = node_port(node);
     for (uint32_t i = 0; i < n; i++) {
-        m.u.heartbeat.ranks[i].rank = first + i;
-        m.u.heartbeat.ranks[i].state = st;
-        m.u.heartbeat.ranks[i].step = step;
-        m.u.heartbeat.ranks[i].loss = 2.5;
-        m.u.heartbeat.ranks[i].rejoin = beat_rejoin;
-        m.u.heartbeat.ranks[i].yielded = beat_yielded;
+        m->u.heartbeat.ranks[i].rank = first + i;
+        m->u.heartbeat.ranks[i].state = st;
+        m->u.heartbeat.ranks[i].step = step;
+        m->u.heartbeat.ranks[i].loss = 2.5;
+        m->u.heartbeat.ranks[i].rejoin = beat_rejoin;
+        m->u.heartbeat.ranks[i].yielded = beat_yielded;
     }
-    rdv_message(&rdv, node, &m, now);
+    rdv_message(&rdv, node, m, now);
 }
 
 static void rank_exit_said(const char *node, uint64_t generation, uint32_t rank, int code, int sig,
@@ -203,6 +216,35 @@ static int has_event(const char *kind)
 }
 
 /* Two nodes of two ranks each, generation 1 running. */
+/* Node's agent answers COMMAND stacks for ranks first..first+n-1: a dump, or why there is none. */
+static void answer_stacks(const char *node, uint64_t generation, uint32_t first, uint32_t n, const char *error)
+{
+    static struct proto_msg m;
+    for (uint32_t i = 0; i < n; i++) {
+        memset(&m, 0, sizeof(m));
+        m.type = PROTO_STACKS;
+        m.u.stacks.generation = generation;
+        m.u.stacks.rank = first + i;
+        if (error) {
+            snprintf(m.u.stacks.error, sizeof(m.u.stacks.error), "%s", error);
+        } else {
+            m.u.stacks.pid = 1000 + first + i;
+            m.u.stacks.text = "process 1000:\n  File \"train.py\", line 88 in compute_loss\n";
+        }
+        rdv_message(&rdv, node, &m, now);
+    }
+}
+
+/* A hang found waits for its ranks' stacks (none answer here): its window runs out. */
+static void settle_hang(void)
+{
+    ck_assert_msg(rdv.hang_pending, "no hang pending (state %d, generation %llu)", rdv.state,
+                  (unsigned long long)rdv.generation);
+    now += HANG_STACKS_WAIT_MS;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.hang_pending, 0);
+}
+
 static void form_running(int max_restarts)
 {
     setup_spec(2, max_restarts);
@@ -958,6 +1000,7 @@ START_TEST(hang_names_the_rank_whose_heartbeats_stopped)
         beat("b", 1, 2, 1, PROTO_RANK_RUNNING, 4);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_msg(strstr(rdv.reason, "rank 3 on node b is hung: no heartbeat from it for"), "%s", rdv.reason);
 }
@@ -1088,13 +1131,17 @@ START_TEST(tick_deadlines_are_exact_across_ticks_and_generations)
     ck_assert_int_eq(rdv.state, RDV_RUNNING);
     /* now = 5000; last beats at 4000 (step 32). b goes silent, a beats on at the same step. */
     const uint64_t progressed = now - 1000 + 100;
-    while (rdv.generation == 1 && now < progressed + 5000) {
+    while (!rdv.hang_pending && now < progressed + 5000) {
         now += 100;
         beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
         rdv_tick(&rdv, now);
     }
     /* Progress stood still since 4100: hung at the first tick past 7100. */
     ck_assert_uint_eq(now, progressed + 3100);
+    answer_stacks("a", 1, 0, 2, NULL); /* every rank's stacks: failed at once */
+    ck_assert_int_eq(rdv.generation, 1);
+    answer_stacks("b", 1, 2, 2, "no dump within 1.0 s");
+    ck_assert_int_eq(rdv.hang_pending, 0);
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_int_eq(rec.ndisconnected, 0);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "hung"));
@@ -1195,21 +1242,20 @@ static void diff_run(uint64_t seed, int full, char *trace, size_t cap)
             if (rnd(50) == 0)
                 silent[k] = !silent[k];
             if (nd->member && rdv.world_size) {
-                struct proto_msg m = {.type = PROTO_HEARTBEAT};
-                m.u.heartbeat.generation = rdv.generation;
-                m.u.heartbeat.seq = now;
-                m.u.heartbeat.free_port = node_port(names[k]);
-                m.u.heartbeat.nranks = nd->ndevices;
+                struct proto_msg *m = heartbeat_msg(nd->ndevices);
+                m->u.heartbeat.generation = rdv.generation;
+                m->u.heartbeat.seq = now;
+                m->u.heartbeat.free_port = node_port(names[k]);
                 for (uint32_t i = 0; i < nd->ndevices; i++) {
-                    m.u.heartbeat.ranks[i].rank = nd->first_rank + i;
-                    m.u.heartbeat.ranks[i].state = rnd(40) ? PROTO_RANK_RUNNING : PROTO_RANK_STARTING;
-                    m.u.heartbeat.ranks[i].step = (k == 1 && (t / 100) % 2) ? 7 : steps[k]; /* b hangs at times */
-                    m.u.heartbeat.ranks[i].loss = 2.5;
-                    m.u.heartbeat.ranks[i].silent = silent[k];
-                    m.u.heartbeat.ranks[i].rejoin = rejoin;
-                    m.u.heartbeat.ranks[i].yielded = yield_gen[k] == rdv.generation && rnd(3) == 0;
+                    m->u.heartbeat.ranks[i].rank = nd->first_rank + i;
+                    m->u.heartbeat.ranks[i].state = rnd(40) ? PROTO_RANK_RUNNING : PROTO_RANK_STARTING;
+                    m->u.heartbeat.ranks[i].step = (k == 1 && (t / 100) % 2) ? 7 : steps[k]; /* b hangs at times */
+                    m->u.heartbeat.ranks[i].loss = 2.5;
+                    m->u.heartbeat.ranks[i].silent = silent[k];
+                    m->u.heartbeat.ranks[i].rejoin = rejoin;
+                    m->u.heartbeat.ranks[i].yielded = yield_gen[k] == rdv.generation && rnd(3) == 0;
                 }
-                rdv_message(&rdv, names[k], &m, now);
+                rdv_message(&rdv, names[k], m, now);
                 if (rnd(300) == 0) {
                     struct proto_msg x = {.type = PROTO_RANK_EXIT};
                     x.u.rank_exit.generation = rdv.generation;
@@ -1218,11 +1264,11 @@ static void diff_run(uint64_t seed, int full, char *trace, size_t cap)
                     rdv_message(&rdv, names[k], &x, now);
                 }
             } else {
-                struct proto_msg m = {.type = PROTO_HEARTBEAT};
-                m.u.heartbeat.generation = rdv.generation;
-                m.u.heartbeat.seq = now;
-                m.u.heartbeat.free_port = node_port(names[k]);
-                rdv_message(&rdv, names[k], &m, now);
+                struct proto_msg *m = heartbeat_msg(0);
+                m->u.heartbeat.generation = rdv.generation;
+                m->u.heartbeat.seq = now;
+                m->u.heartbeat.free_port = node_port(names[k]);
+                rdv_message(&rdv, names[k], m, now);
             }
         }
         if (full)
@@ -1286,6 +1332,238 @@ START_TEST(tick_loses_every_silent_node_before_formation)
 }
 END_TEST
 
+/* One rank's entry, as its agent relays it: age_ms < 0 = no step_age_ms. */
+static void beat_one(const char *node, uint32_t rank, uint64_t step, int64_t age_ms, const char *where,
+                     const char *waiting, int stopped, int silent)
+{
+    static struct proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_HEARTBEAT;
+    m.u.heartbeat.generation = rdv.generation;
+    m.u.heartbeat.seq = now;
+    m.u.heartbeat.free_port = node_port(node);
+    m.u.heartbeat.nranks = 1;
+    struct proto_rank_beat *b = &m.u.heartbeat.ranks[0];
+    b->rank = rank;
+    b->state = PROTO_RANK_RUNNING;
+    b->step = step;
+    b->loss = silent ? NAN : 2.5;
+    b->silent = silent;
+    b->stopped = stopped;
+    b->has_step_age = age_ms >= 0;
+    b->step_age_ms = age_ms >= 0 ? (uint64_t)age_ms : 0;
+    snprintf(b->where, sizeof(b->where), "%s", where ? where : "");
+    snprintf(b->waiting, sizeof(b->waiting), "%s", waiting ? waiting : "");
+    rdv_message(&rdv, node, &m, now);
+}
+
+#define AR "all_reduce (distributed_c10d.py)"
+
+/* (a) A stopped process is named before the quiet and the waiting ones, with
+ * where it is; the generation fails once every rank's stacks came. */
+START_TEST(hang_names_the_stopped_rank_with_where_it_is)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    spec.heartbeat_interval_ms = 200;
+    for (int i = 0; i < 30 && !rdv.hang_pending; i++) {
+        now += 100;
+        for (uint32_t k = 0; k < 3; k++)
+            beat_one(k < 2 ? "a" : "b", k, 4, -1, "distributed_c10d.py:2050 in all_reduce", AR, 0, 0);
+        beat_one("b", 3, 4, -1, "train.py:88 in compute_loss", "", 1, 0); /* relayed: stopped */
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.hang_pending, 1);
+    ck_assert_msg(strstr(rdv.hang_what, "rank 3 on node b is hung: its process is stopped (SIGSTOP or a debugger) at "
+                                        "train.py:88 in compute_loss; ranks 0-2 wait in " AR),
+                  "%s", rdv.hang_what);
+    const struct proto_msg *cmd = find_sent(0, "b", PROTO_COMMAND);
+    for (int i = 0; i < rec.nsent; i++) /* the stacks asked of both nodes, for this generation */
+        if (rec.sent[i].msg.type == PROTO_COMMAND && rec.sent[i].msg.u.command.action == PROTO_CMD_STACKS)
+            cmd = &rec.sent[i].msg;
+    ck_assert_ptr_nonnull(cmd);
+    ck_assert_int_eq(cmd->u.command.action, PROTO_CMD_STACKS);
+    ck_assert_uint_eq(cmd->u.command.generation, 1);
+    /* Some answers: it waits for the rest, up to 2 s. */
+    answer_stacks("a", 1, 0, 2, NULL);
+    now += HANG_STACKS_WAIT_MS - 100;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.generation, 1);
+    /* REST flags the hung rank while its stacks are collected, with where each rank is. */
+    json_t *st = rest_status(now);
+    const json_t *r0 = json_array_get(json_object_get(st, "ranks"), 0);
+    const json_t *r3 = json_array_get(json_object_get(st, "ranks"), 3);
+    ck_assert(json_is_true(json_object_get(r3, "hung")) && json_is_true(json_object_get(r3, "stopped")));
+    ck_assert(json_is_false(json_object_get(r0, "hung")) && json_is_false(json_object_get(r0, "stopped")));
+    ck_assert_str_eq(json_string_value(json_object_get(r0, "waiting")), AR);
+    ck_assert_str_eq(json_string_value(json_object_get(r3, "where")), "train.py:88 in compute_loss");
+    ck_assert(json_is_null(json_object_get(r3, "waiting")));
+    json_decref(st);
+    answer_stacks("b", 1, 2, 2, NULL); /* the last ones: failed at once */
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_msg(strstr(rdv.last_failure.detail, "rank 3 (node b, pid 1003, stopped): train.py:88 in compute_loss"),
+                  "%s", rdv.last_failure.detail);
+    ck_assert_msg(strstr(rdv.last_failure.detail, "ranks 0-2: waiting in " AR), "%s", rdv.last_failure.detail);
+    ck_assert_str_eq(rdv.last_failure.how, "is hung");
+    ck_assert_uint_eq(rdv.last_failure.rank, 3);
+    ck_assert(has_event("rank_hung"));
+    json_t *k = rdv_stacks_json(&rdv);
+    ck_assert_int_eq(json_integer_value(json_object_get(k, "answered")), 4);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(k, "ranks"), 3), "text")),
+                     "process 1000:\n  File \"train.py\", line 88 in compute_loss\n");
+    json_decref(k);
+}
+END_TEST
+
+/* (c) The rank outside any collective while the others wait in one is named,
+ * not the first stuck one; (d) when all wait, the stuck one, with the call. */
+START_TEST(hang_names_the_rank_not_in_a_collective)
+{
+    for (int all_wait = 0; all_wait < 2; all_wait++) {
+        if (all_wait)
+            teardown();
+        form_running(3);
+        spec.progress_timeout_ms = 2000;
+        spec.heartbeat_interval_ms = 200;
+        for (int i = 0; i < 30 && !rdv.hang_pending; i++) {
+            now += 100;
+            for (uint32_t k = 0; k < 4; k++)
+                beat_one(k < 2 ? "a" : "b", k, 4, -1, k == 2 ? "train.py:12 in spin" : "c10d.py:1 in all_reduce",
+                         k == 2 && !all_wait ? "" : AR, 0, 0);
+            rdv_tick(&rdv, now);
+        }
+        settle_hang();
+        const char *want = all_wait ? "rank 0 on node a is hung: stuck at step 4 for"
+                                    : "rank 2 on node b is hung: it is not in a collective (at train.py:12 in spin) "
+                                      "while ranks 0-1, 3 wait in " AR;
+        ck_assert_msg(strstr(rdv.last_failure.reason, want), "%s", rdv.last_failure.reason);
+        if (all_wait)
+            ck_assert_msg(strstr(rdv.last_failure.reason, "; ranks 0-3 wait in " AR), "%s", rdv.last_failure.reason);
+        ck_assert_uint_eq(rdv.last_failure.rank, all_wait ? 0 : 2);
+    }
+}
+END_TEST
+
+/* A silent rank (no reports of its own) whose process stays stopped longer
+ * than the progress timeout is hung; a shorter stop is not. */
+START_TEST(silent_rank_stopped_past_the_timeout_is_hung)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 2000;
+    for (int i = 0; i < 10; i++) { /* 1 s stopped, then it continues: nothing */
+        now += 100;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 2 + (uint64_t)i);
+        beat_one("b", 2, 0, -1, NULL, NULL, 0, 1);
+        beat_one("b", 3, 0, -1, NULL, NULL, 1, 1);
+        rdv_tick(&rdv, now);
+    }
+    beat_one("b", 3, 0, -1, NULL, NULL, 0, 1);
+    for (int i = 0; i < 30 && !rdv.hang_pending; i++) {
+        now += 100;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 20 + (uint64_t)i);
+        beat_one("b", 2, 0, -1, NULL, NULL, 0, 1);
+        beat_one("b", 3, 0, -1, NULL, NULL, 1, 1);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.hang_pending, 1);
+    settle_hang();
+    ck_assert_msg(strstr(rdv.last_failure.reason, "rank 3 on node b is hung: its process is stopped"), "%s",
+                  rdv.last_failure.reason);
+}
+END_TEST
+
+/* Issue 27 F5: a stop of 2.4 s under a 3 s timeout, whose next step reaches
+ * musterd 1.2 s late, is never a hang: the stall is judged by the ranks' own
+ * clock (step_age_ms) as of their latest entry. */
+START_TEST(step_seen_late_is_not_a_stall)
+{
+    form_running(3);
+    spec.progress_timeout_ms = 3000;
+    spec.heartbeat_interval_ms = 1000;
+    const uint64_t t0 = now;
+    for (uint32_t k = 0; k < 4; k++)
+        beat_one(k < 2 ? "a" : "b", k, 10, 0, NULL, NULL, 0, 0);
+    while (now < t0 + 3600) { /* keepalives with the age grown, every second at +900 */
+        now += 100;
+        if ((now - t0) % 1000 == 900 && now < t0 + 3600)
+            for (uint32_t k = 0; k < 4; k++)
+                beat_one(k < 2 ? "a" : "b", k, 10, (int64_t)(now - t0), NULL, AR, 0, 0);
+        rdv_tick(&rdv, now);
+        ck_assert_msg(!rdv.hang_pending && rdv.state == RDV_RUNNING, "hung at +%llu ms: %s",
+                      (unsigned long long)(now - t0), rdv.hang_what);
+    }
+    for (uint32_t k = 0; k < 4; k++) /* stepped at +2400, heard at +3600 */
+        beat_one(k < 2 ? "a" : "b", k, 11, 1200, NULL, NULL, 0, 0);
+    ck_assert_uint_eq(rdv.ranks[3].progress_ms, t0 + 2400);
+    for (int i = 0; i < 20; i++) {
+        now += 100;
+        rdv_tick(&rdv, now);
+        ck_assert_int_eq(rdv.hang_pending, 0);
+    }
+    /* Without step_age_ms the same entries would have been a stall by now. */
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+END_TEST
+
+/* The automatic timeout: the start allowance until 5 steps, then the floor,
+ * 20 x the median, 3 x the longest after the first steps. */
+START_TEST(auto_timeout_follows_the_steps)
+{
+    struct hang_steps h;
+    memset(&h, 0, sizeof(h));
+    ck_assert_uint_eq(hang_timeout_ms(&h, 4000), 4000);
+    ck_assert_uint_eq(hang_timeout_ms(&h, 0), 0);
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_START_MS);
+    hang_steps_note(&h, 1, 200.0); /* a first step that compiles: 3 x 200 s */
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), 600000);
+    for (uint64_t s = 2; s <= 5; s++)
+        hang_steps_note(&h, s, 1.0);
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), 600000); /* 5 steps: still starting */
+    for (uint64_t s = 6; s <= 20; s++)
+        hang_steps_note(&h, s, 1.0);
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_FLOOR_MS); /* 20 x 1 s < 30 s */
+    for (uint64_t s = 21; s <= 60; s++)
+        hang_steps_note(&h, s, 2.5);
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), 50000); /* 20 x the median 2.5 s */
+    hang_steps_note(&h, 61, 30.0); /* an evaluation step */
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), 90000); /* 3 x 30 s */
+    hang_steps_new_generation(&h);
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_START_MS);
+
+    /* Through rdv: steps of 0.5 s as the ranks measured them. */
+    form_running(3);
+    spec.progress_timeout_ms = -1;
+    for (uint64_t s = 2; s <= 12; s++) {
+        now += 500;
+        for (uint32_t k = 0; k < 4; k++)
+            beat_one(k < 2 ? "a" : "b", k, s, 0, NULL, NULL, 0, 0);
+        rdv_tick(&rdv, now);
+    }
+    json_t *st = rdv_summary_json(&rdv, now);
+    json_t *pt = json_object_get(st, "progress_timeout");
+    ck_assert_int_eq(json_integer_value(json_object_get(pt, "ms")), HANG_FLOOR_MS);
+    ck_assert_str_eq(json_string_value(json_object_get(pt, "basis")), "steps");
+    ck_assert(json_is_null(json_object_get(st, "steps"))); /* no steps key, no rank said */
+    json_decref(st);
+}
+END_TEST
+
+START_TEST(rank_ranges_compress)
+{
+    char out[64];
+    const uint32_t a[] = {0, 1, 2, 5, 7, 8};
+    hang_ranges(out, sizeof(out), a, 6);
+    ck_assert_str_eq(out, "ranks 0-2, 5, 7-8");
+    hang_ranges(out, sizeof(out), a + 3, 1);
+    ck_assert_str_eq(out, "rank 5");
+    uint32_t many[40];
+    for (uint32_t i = 0; i < 40; i++)
+        many[i] = 3 * i;
+    hang_ranges(out, 40, many, 40);
+    ck_assert_msg(strlen(out) < 40 && strstr(out, ", ..."), "%s", out);
+}
+END_TEST
+
 START_TEST(stalled_step_is_a_hang)
 {
     form_running(3);
@@ -1296,6 +1574,7 @@ START_TEST(stalled_step_is_a_hang)
         beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
     ck_assert_int_eq(rdv.generation, 2);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 2 on node b is hung: stuck at step 1"));
@@ -1333,6 +1612,7 @@ START_TEST(rejoined_ranks_wait_for_a_slow_replacement_without_a_hang)
         beat("b", 2, 3, 1, PROTO_RANK_RUNNING, 10);
         rdv_tick(&rdv, now);
     }
+    settle_hang();
     ck_assert_int_eq(rdv.generation, 3);
     ck_assert_ptr_nonnull(strstr(rdv.reason, "rank 3 on node b is hung"));
 }
@@ -1461,6 +1741,7 @@ START_TEST(silent_rank_is_never_hung)
     beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 32);
     beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 0);
     rdv_tick(&rdv, now);
+    settle_hang();
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
 }
 END_TEST
@@ -2113,6 +2394,12 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
     tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, stalled_step_is_a_hang);
+    tcase_add_test(tc, hang_names_the_stopped_rank_with_where_it_is);
+    tcase_add_test(tc, hang_names_the_rank_not_in_a_collective);
+    tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
+    tcase_add_test(tc, step_seen_late_is_not_a_stall);
+    tcase_add_test(tc, auto_timeout_follows_the_steps);
+    tcase_add_test(tc, rank_ranges_compress);
     tcase_add_test(tc, rank0_reports_committed_checkpoints);
     tcase_add_test(tc, admin_stop_and_restart);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);

@@ -25,6 +25,23 @@ takes in what the agent sends (ASSIGN, UNIQUE_ID, COMMAND) so that the
 agent's writes never back up, and a writer sends at most one HEARTBEAT per
 BEAT_INTERVAL seconds, always the latest, within BEAT_INTERVAL of the call
 that made it. Every method may be called from any thread. Python 3.9+.
+
+Once a rank has reported, the writer also sends a keepalive every
+KEEPALIVE_INTERVAL seconds while the program is busy (in a long collective,
+say), so that a quiet rank means one that cannot run (stopped, frozen, or
+its interpreter held by native code), not one that waits. Each heartbeat
+says where the program's main thread is (`where`, its innermost frame of
+the program's own code) and, when it is inside a collective or a backward
+pass, what it waits in (`waiting`): when every rank stands still, musterd
+names the one that is not waiting on the others.
+
+Programs that do not use this module are seen too: under muster-worker a
+Python rank starts with muster's start-up hook (startup/sitecustomize.py
+beside this file), which calls _startup() below. It arms faulthandler so
+that the agent can ask for every thread's stack, and once the program
+imports torch (2.0 or later), it counts optimizer steps through torch's
+global optimizer step hook and reports them here, as beat() would (a
+program that calls beat() itself keeps its own figures).
 """
 
 import json
@@ -36,7 +53,7 @@ import sys
 import threading
 import time
 
-__all__ = ["connect", "Rank", "BEAT_INTERVAL"]
+__all__ = ["connect", "Rank", "BEAT_INTERVAL", "KEEPALIVE_INTERVAL"]
 
 # Frame header: payload length, protocol version, message type (big-endian).
 _HEADER = struct.Struct(">IHH")
@@ -50,6 +67,11 @@ _UID_LEN = 128
 # its ranks' latest entries every heartbeat_interval_ms (>= 50) and hang
 # detection counts in seconds, so ten frames a second lose nothing.
 BEAT_INTERVAL = 0.1
+# A rank that reported once sends its latest entry at least this often, so
+# that the agent (which leaves out a rank quiet for 1.5 s) and musterd can
+# tell a rank that waits from one that cannot run.
+KEEPALIVE_INTERVAL = 0.5
+_WHERE_MAX, _WAITING_MAX = 255, 127
 
 _connect_lock = threading.Lock()
 _connected = None
@@ -132,6 +154,19 @@ class Rank:
         self._out = []                # frames other than heartbeats, in order
         self._entry = None            # latest rank entry given by the program
         self._checkpoint_step = 0
+        self._own = False             # the program calls beat() itself
+        self._step_at = None          # monotonic time the step last changed
+        self._step_s = 0.0            # the last step's duration
+        self._total_steps = 0
+        self._tokens_per_step = 0.0
+        self._main = threading.main_thread().ident
+        self._rejoin = False          # it rejoins the next generation in place (Elastic)
+        self._parked = 0              # the generation a COMMAND park announced (0: none)
+        self._restore = None          # (from, step) of this generation's state, once known
+        try:
+            self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        except ValueError:
+            self._local_rank = 0
         self._dirty = False           # _entry changed since the last frame
         self._seq = 0
         self._sent_at = -math.inf
@@ -160,23 +195,65 @@ class Rank:
         """The ASSIGN the agent sent (a dict: generation, world_size, ranks, job, ...), or None."""
         return self._assign
 
-    def beat(self, step, loss=None, tokens_per_s=0.0, comm_frac=0.0):
+    def beat(self, step, loss=None, tokens_per_s=None, comm_frac=0.0):
         """Progress after a step: step is the last completed optimizer step.
 
         loss None, NaN or infinite is sent as null; tokens_per_s (this rank's
         throughput) is clamped to >= 0 and comm_frac (share of step time spent
-        waiting on communication) to 0..1. Raises only for a negative step
-        or an argument that is not a number; never for I/O.
+        waiting on communication) to 0..1. Without tokens_per_s, it is
+        tokens_per_step / the step's duration when the program set
+        tokens_per_step, else 0. Raises only for a negative step or an
+        argument that is not a number; never for I/O. Once the program
+        calls it, muster's start-up hook no longer reports steps for it.
         """
+        self._own = True
+        self._report(step, loss, tokens_per_s, comm_frac)
+
+    @property
+    def total_steps(self):
+        """The steps the program will run, as it said (0: unknown)."""
+        return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, n):
+        n = _step(n)
+        with self._cond:
+            self._total_steps = n
+
+    @property
+    def tokens_per_step(self):
+        """Tokens one optimizer step of this rank consumes (0: unknown); gives tokens/s."""
+        return self._tokens_per_step
+
+    @tokens_per_step.setter
+    def tokens_per_step(self, n):
+        n = float(n)
+        if not math.isfinite(n) or n < 0:
+            raise ValueError("tokens_per_step must be a finite number >= 0, got %r" % n)
+        self._tokens_per_step = n
+
+    def _auto_step(self, step):
+        """A step counted by the start-up hook; ignored once the program reports itself."""
+        if not self._own:
+            self._report(step, None, None, 0.0)
+
+    def _report(self, step, loss, tokens_per_s, comm_frac):
         if self._dead:
             return
+        step = _step(step)
         loss = None if loss is None else float(loss)
-        entry = {"rank": self.rank, "state": "running", "step": _step(step),
-                 "loss": loss if loss is not None and math.isfinite(loss) else None,
-                 "tokens_per_s": _finite(tokens_per_s, 0.0, math.inf),
-                 "comm_frac": _finite(comm_frac, 0.0, 1.0)}
+        now = time.monotonic()
         with self._cond:
-            self._entry = entry
+            if self._entry is None or step != self._entry["step"]:
+                if self._entry is not None and self._step_at is not None:
+                    self._step_s = now - self._step_at
+                self._step_at = now
+            if tokens_per_s is None:
+                tokens_per_s = self._tokens_per_step / self._step_s if self._tokens_per_step and self._step_s else 0.0
+            self._entry = {"rank": self.rank, "state": "running", "step": step,
+                           "loss": loss if loss is not None and math.isfinite(loss) else None,
+                           "tokens_per_s": _finite(tokens_per_s, 0.0, math.inf),
+                           "comm_frac": _finite(comm_frac, 0.0, 1.0)}
             self._changed()
 
     def checkpoint_committed(self, step):
@@ -259,25 +336,45 @@ class Rank:
         with self._cond:
             while not self._dead:
                 frames, self._out = self._out, []
-                if self._dirty:
-                    wait = self._sent_at + BEAT_INTERVAL - time.monotonic()
-                    if wait <= 0:
-                        self._seq += 1
-                        self._sent_at = time.monotonic()
-                        self._dirty = False
-                        entry = dict(self._entry)
-                        if self._checkpoint_step > 0:
-                            entry["checkpoint_step"] = self._checkpoint_step
-                        frames.append(_frame(_HEARTBEAT, {"generation": self.generation,
-                                                          "seq": self._seq, "ranks": [entry]}))
-                else:
-                    wait = None
+                wait = None
+                if self._entry is not None:
+                    now = time.monotonic()
+                    due = self._sent_at + (BEAT_INTERVAL if self._dirty else KEEPALIVE_INTERVAL)
+                    if now >= due or (self._closing and self._dirty):
+                        frames.append(self._heartbeat(now))
+                    else:
+                        wait = due - now
                 if frames:
                     return frames
                 if self._closing:
                     return None
                 self._cond.wait(wait)
             return None
+
+    def _heartbeat(self, now):
+        """The HEARTBEAT frame of the latest entry; called with the lock held."""
+        self._seq += 1
+        self._sent_at = now
+        self._dirty = False
+        entry = dict(self._entry)
+        entry["rank"] = self.rank  # a rank that rejoined may have another one now
+        if self._rejoin:
+            entry["rejoin"] = True
+        if self._restore is not None:
+            entry["restore_from"], entry["restore_step"] = self._restore
+        entry["step_age_ms"] = int((now - self._step_at) * 1000)
+        if self._step_s > 0:
+            entry["step_s"] = self._step_s
+        if self._total_steps:
+            entry["total_steps"] = self._total_steps
+        if self._checkpoint_step > 0:
+            entry["checkpoint_step"] = self._checkpoint_step
+        where, waiting = _where(self._main)
+        if where:
+            entry["where"] = where
+        if waiting:
+            entry["waiting"] = waiting
+        return _frame(_HEARTBEAT, {"generation": self.generation, "seq": self._seq, "ranks": [entry]})
 
     def _write_loop(self):
         flags = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -323,7 +420,14 @@ class Rank:
                 return
             with self._cond:
                 if mtype == _ASSIGN:
-                    self._assign = msg
+                    gen = msg.get("generation")
+                    if self._rejoin and isinstance(gen, int) and gen > self.generation:
+                        self._take_up(msg)
+                    elif self._assign is None or gen == self.generation:
+                        self._assign = msg
+                elif mtype == _COMMAND and msg.get("action") == "park":
+                    self._parked = max(self._parked, int(msg.get("generation", 0)))
+                    self._cond.notify_all()
                 elif mtype == _COMMAND and msg.get("action") == "stop":
                     self._stop = True
                 elif mtype == _COMMAND and msg.get("action") == "checkpoint":
@@ -335,6 +439,42 @@ class Rank:
                         self._cond.notify_all()
         except (ValueError, KeyError, TypeError):
             return  # not a frame the agent would send: skip it
+
+    def _take_up(self, msg):
+        """A newer generation's ASSIGN for a rank that rejoins: it becomes the
+        rank of its slot (its local rank) there. Called with the lock held."""
+        for slot in msg.get("ranks", []):
+            if slot.get("local_rank") == self._local_rank and isinstance(slot.get("rank"), int):
+                self._assign = msg
+                self.generation = msg["generation"]
+                self.rank = slot["rank"]
+                self._restore = None
+                self._uid = None
+                self._cond.notify_all()
+                return
+
+    def _wait_generation(self, after, timeout):
+        """The ASSIGN of a generation newer than after, once it came; None on
+        timeout, on stop, or when the agent went away."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.generation <= after and not self._dead and not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self._assign if self.generation > after else None
+
+    def _wait_park(self, after, timeout):
+        """True once a COMMAND park (or a newer ASSIGN) says generation after is over."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._parked <= after and self.generation <= after and not self._dead and not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return self._parked > after or self.generation > after
 
     def _gone(self, why, agent_gone=True):
         """Stops speaking for good: logs why once (None: closed on purpose)."""
@@ -363,3 +503,390 @@ class Rank:
 def _frame(mtype, payload):
     body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("utf-8")
     return _HEADER.pack(len(body), _VERSION, mtype) + body
+
+
+# ---- where the program is ---------------------------------------------------
+
+# Packages whose frames are not the program's own: the frameworks a training
+# program calls into. Frames of the standard library and of this module are
+# not the program's either; everything else is (a program installed as a
+# package included).
+_FRAMEWORKS = frozenset(["torch", "deepspeed", "accelerate", "transformers", "lightning", "pytorch_lightning",
+                         "numpy", "triton", "apex", "torchft", "functorch", "_pytest"])
+# Inside these a program's main thread waits on its peers (a collective, or a
+# backward pass whose gradients are reduced as they come).
+_COMM = ("torch/distributed/", "torch/nn/parallel/", "torch/autograd/", "torch/_tensor.py",
+         "deepspeed/comm/", "deepspeed/runtime/zero/")
+_LIB, _COMMS, _PROGRAM = 0, 1, 2
+_kinds = {}      # filename -> (kind, short name)
+_roots = None    # (library roots, package roots)
+
+
+def _library_roots():
+    import site
+    import sysconfig
+    paths = sysconfig.get_paths()
+    lib = {paths.get("stdlib"), paths.get("platstdlib"), os.path.dirname(os.path.abspath(__file__))}
+    pkgs = {paths.get("purelib"), paths.get("platlib")}
+    try:
+        pkgs.update(site.getsitepackages())
+        pkgs.add(site.getusersitepackages())
+    except AttributeError:  # a virtualenv's old site.py
+        pass
+    norm = lambda ps: tuple(sorted((os.path.join(os.path.abspath(p), "") for p in ps if p), key=len, reverse=True))
+    return norm(lib), norm(pkgs)
+
+
+def _kind(filename):
+    """(kind, short name) of a source file, cached."""
+    k = _kinds.get(filename)
+    if k is not None:
+        return k
+    global _roots
+    if _roots is None:
+        _roots = _library_roots()
+    lib, pkgs = _roots
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    k = (_PROGRAM, os.path.basename(path))
+    if path.startswith("<frozen"):
+        k = (_LIB, path)
+    for root in pkgs:  # site-packages may lie inside the standard library's tree
+        if path.startswith(root):
+            rel = path[len(root):]
+            if rel.split("/", 1)[0].split(".", 1)[0] in _FRAMEWORKS:
+                short = rel if os.path.basename(rel) == "__init__.py" else os.path.basename(rel)
+                k = (_COMMS if rel.startswith(_COMM) else _LIB, short)
+            break
+    else:
+        if any(path.startswith(root) for root in lib):
+            k = (_LIB, os.path.basename(path))
+    if len(_kinds) < 4096:
+        _kinds[filename] = k
+    return k
+
+
+def _where(thread_id):
+    """(where, waiting) of a thread: its innermost frame of the program's own
+    code ("train.py:88 in step"), and the call it waits in on its peers when
+    its innermost frames are a collective or a backward pass
+    ("all_reduce (distributed_c10d.py)"), else None."""
+    frame = sys._current_frames().get(thread_id)
+    where = waiting = None
+    comm = None
+    depth = 0
+    while frame is not None and depth < 256:
+        code = frame.f_code
+        kind, short = _kind(code.co_filename)
+        if kind == _PROGRAM:
+            where = "%s:%d in %s" % (short, frame.f_lineno, code.co_name)
+            break
+        if kind == _COMMS and (comm is None or comm[1].startswith("_")):
+            comm = (short, code.co_name)  # the public call the program made, not a private helper
+        frame = frame.f_back
+        depth += 1
+    if comm is not None:
+        waiting = "%s (%s)" % (comm[1], comm[0])
+    return (where[:_WHERE_MAX] if where else None), (waiting[:_WAITING_MAX] if waiting else None)
+
+
+# ---- the start-up hook ------------------------------------------------------
+
+_hook = {"stacks": None, "counts": {}, "step": 0}
+
+
+def _startup():
+    """Run by muster's sitecustomize in every Python process of a rank."""
+    if "MUSTER_CTL_FD" not in os.environ:
+        return  # not a rank's own process (or not under muster)
+    _arm_stacks()
+    sys.meta_path.insert(0, _TorchWatch())
+
+
+def _arm_stacks():
+    """faulthandler dumps every thread's stack on MUSTER_STACKS_SIGNAL into
+    MUSTER_RANK_DIR/stacks-PID.txt, where the agent reads it. It works while
+    the main thread is blocked in native code, where no Python handler runs."""
+    sig, where = os.environ.get("MUSTER_STACKS_SIGNAL", ""), os.environ.get("MUSTER_RANK_DIR", "")
+    if not (sig.isdigit() and where):
+        return
+    import faulthandler
+    path = os.path.join(where, "stacks-%d.txt" % os.getpid())
+    try:
+        f = open(path, "a")
+        faulthandler.register(int(sig), file=f, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return
+    _hook["stacks"] = f  # faulthandler keeps the descriptor, not the file object
+    import atexit
+
+    def _unarm():
+        try:
+            faulthandler.unregister(int(sig))
+            os.unlink(path)
+        except (OSError, ValueError):
+            pass
+    atexit.register(_unarm)
+
+
+class _TorchWatch:
+    """A meta path finder that finds nothing: when torch is first imported, it
+    lets the real finders find it and hooks the optimizer step once torch's
+    own import is complete. It is removed from sys.meta_path at once."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_hook(module):
+            exec_module(module)
+            try:
+                del loader.exec_module
+            except AttributeError:
+                pass
+            _torch_imported(module)
+        loader.exec_module = exec_then_hook
+        return spec
+
+
+def _torch_imported(torch):
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:
+        return  # torch before 2.0 has no global optimizer step hook
+    try:
+        register_optimizer_step_post_hook(_on_optimizer_step)
+    except Exception:  # a torch that changed the hook: say nothing, change nothing
+        return
+
+
+def _optimizer_step(opt):
+    """The optimizer's own step count when it keeps one on the CPU (Adam,
+    AdamW...: it survives the program's checkpoint), else None."""
+    try:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                st = opt.state.get(p)
+                if not st:
+                    continue
+                s = st.get("step")
+                if isinstance(s, (int, float)):
+                    return int(s)
+                if s is not None and getattr(s, "device", None) is not None and s.device.type == "cpu":
+                    return int(s.item())
+                return None
+            return None
+    except Exception:
+        return None
+    return None
+
+
+def _on_optimizer_step(opt, args, kwargs):
+    """torch's global optimizer step post-hook: the rank's step is the
+    optimizer's own count, or the steps this process ran; with several
+    optimizers, the one that stepped most."""
+    try:
+        counts = _hook["counts"]
+        n = counts.get(id(opt), 0) + 1
+        counts[id(opt)] = n
+        own = _optimizer_step(opt)
+        step = own if own is not None and own >= n else n
+        if step > _hook["step"] or own is not None:
+            _hook["step"] = step
+            connect()._auto_step(step)
+    except Exception:
+        return
+
+
+# ---- healing in place -------------------------------------------------------
+
+class Elastic:
+    """Healing in place for a data-parallel PyTorch program.
+
+        elastic = muster_rank.Elastic(model, optimizer, wrap=DDP, step=start)
+        def train_step(step):
+            x, y = batch(step)
+            loss = loss_fn(elastic.model(x), y)   # elastic.model: wrap(model) of this generation
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            return loss
+        elastic.run(train_step, steps)
+
+    run() forms the process group (torchrun's environment: backend gloo by
+    default), brings every rank to the state of the rank that completed the
+    most steps (a rank started fresh, such as a replacement, receives model,
+    optimizer and every object passed in `state` from it by broadcast), and
+    calls train_step(step) for each step left. Under muster, when a step
+    fails because a peer died (a collective raises) and muster parks the
+    generation, the rank keeps its process and its state: it destroys the
+    process group, waits for the next generation's ASSIGN from its agent,
+    takes its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, forms the new
+    process group, brings every rank to the same state again and redoes
+    the step that failed: no completed step is lost. Outside muster (plain
+    python, torchrun) the same script runs, and a failure raises as usual.
+
+    state: objects with state_dict()/load_state_dict() (a data loader's
+    position, an LR scheduler, ...), kept alike on every rank. The step
+    count travels too; the program's RNG does not (draw batches as a
+    function of the step, as the test programs do, or pass an object).
+    """
+
+    def __init__(self, model, optimizer, wrap=None, state=None, step=0, backend="gloo", heal_wait_s=30.0):
+        self.module = model
+        self.optimizer = optimizer
+        self.model = model
+        self.step = int(step)          # completed optimizer steps
+        self._wrap = wrap
+        self._state = dict(state or {})
+        self._backend = backend
+        self._heal_wait = heal_wait_s
+        self._rank = connect()
+        self._fresh = self.step == 0   # nothing trained in this process yet
+        self._gen = 0                  # the generation of the process group it trains in
+        if self._rank.active:
+            self._rank._rejoin = True
+            self._rank._own = True  # the steps are this object's, not the start-up hook's count
+
+    def run(self, train_step, steps):
+        """train_step(step) for step in [self.step, steps); returns the last step's result.
+
+        A step counts as completed once the optimizer stepped in it, even if
+        something after that raised (its update is in the state)."""
+        import torch.distributed as dist
+        stepped = [False]
+        hook = self.optimizer.register_step_post_hook(lambda *_: stepped.__setitem__(0, True))
+        result = None
+        try:
+            self._form(dist)
+            while self.step < steps:
+                stepped[0] = False
+                try:
+                    result = train_step(self.step)
+                except RuntimeError:
+                    if stepped[0]:
+                        self.step += 1
+                        self._fresh = False
+                    if not self._heal(dist):
+                        raise
+                    continue
+                self.step += 1
+                self._fresh = False
+                loss = result.item() if hasattr(result, "item") else result
+                self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
+        finally:
+            hook.remove()
+        return result
+
+    # -- one generation's process group and state --
+
+    def _form(self, dist):
+        self._gen = self._rank.generation
+        if not dist.is_initialized():
+            dist.init_process_group(self._backend, init_method="env://")
+        import torch
+        me = dist.get_rank()
+        have = -1 if self._fresh and self.step == 0 else self.step
+        best = torch.tensor([have], dtype=torch.int64)
+        dist.all_reduce(best, op=dist.ReduceOp.MAX)
+        src = torch.tensor([me if have == best.item() else dist.get_world_size()], dtype=torch.int64)
+        dist.all_reduce(src, op=dist.ReduceOp.MIN)
+        if best.item() >= 0:
+            self._broadcast_state(dist, int(src.item()))
+            self.step = int(best.item())
+            self._rank._restore = ("memory", self.step)
+        else:
+            self._rank._restore = ("seed", 0)
+        self.model = self._wrap(self.module) if self._wrap else self.module
+
+    def _objects(self):
+        objs = {"model": self.module, "optimizer": self.optimizer}
+        objs.update(self._state)
+        return objs
+
+    def _broadcast_state(self, dist, src):
+        """Every object's state_dict from rank src: its layout as one pickled
+        object, its tensors one broadcast each, in place where they exist."""
+        import torch
+        me = dist.get_rank()
+        objs = self._objects()
+        tensors = []
+
+        def strip(x):
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+                return _TensorSlot(len(tensors) - 1, tuple(x.shape), x.dtype)
+            if isinstance(x, dict):
+                return {k: strip(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(strip(v) for v in x)
+            return x
+        layout = [{name: strip(o.state_dict()) for name, o in objs.items()} if me == src else None]
+        dist.broadcast_object_list(layout, src=src)
+        if me == src:
+            for t in tensors:
+                dist.broadcast(t.detach().contiguous(), src=src)
+            return
+        got = []
+
+        def fill(x):
+            if isinstance(x, _TensorSlot):
+                t = torch.empty(x.shape, dtype=x.dtype)
+                got.append((x.index, t))
+                return t
+            if isinstance(x, dict):
+                return {k: fill(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(fill(v) for v in x)
+            return x
+        states = {name: fill(sd) for name, sd in layout[0].items()}
+        for _, t in sorted(got, key=lambda it: it[0]):
+            dist.broadcast(t, src=src)
+        for name, o in objs.items():
+            o.load_state_dict(states[name])
+
+    def _heal(self, dist):
+        """After a failed step: True once the rank is in the next generation with the others' state."""
+        r = self._rank
+        if not r.active:
+            return False
+        # The generation the failed step ran in: the agent may have handed the
+        # next one over already (a peer's death is noticed at once, a collective
+        # fails only when the rank next calls one).
+        gen = self._gen
+        if not r._wait_park(gen, self._heal_wait):
+            return False  # no failure muster knows of: the program's own error
+        # The wrapper of the generation that ended (DDP's reducer hooks its
+        # parameters and holds the old group) goes before the new one is made.
+        self.model = self.module
+        import gc
+        gc.collect()
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        assign = r._wait_generation(gen, 3600.0)
+        if assign is None:
+            return False
+        os.environ.update(RANK=str(r.rank), WORLD_SIZE=str(assign["world_size"]),
+                          MASTER_ADDR=str(assign["master_addr"]), MASTER_PORT=str(assign["master_port"]),
+                          MUSTER_GENERATION=str(r.generation),
+                          TORCHELASTIC_RESTART_COUNT=str(assign.get("restart_count", 0)),
+                          GROUP_RANK=str(assign.get("node_rank", 0)), GROUP_WORLD_SIZE=str(assign.get("nnodes", 1)),
+                          LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
+        self._form(dist)
+        return True
+
+
+class _TensorSlot:
+    """A tensor's place in a broadcast state_dict layout."""
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype

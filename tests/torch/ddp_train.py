@@ -32,7 +32,13 @@ def parse_args():
     p.add_argument("--raise-at-step", type=int, default=-1, help="raise ValueError at this step ...")
     p.add_argument("--raise-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
+    p.add_argument("--spin-at-step", type=int, default=-1, help="spin in a Python loop for ever at this step ...")
+    p.add_argument("--spin-rank", type=int, default=0, help="... on this rank")
+    p.add_argument("--spin-restart", type=int, default=0, help="... in this restart only")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
+    p.add_argument("--elastic", action="store_true",
+                   help="heal in place through muster_rank.Elastic (survivors keep process and state)")
+    p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' checksum and loss here")
     p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
     p.add_argument("--timing-file", default="",
                    help="append to this file 'start RANK RESTART PID -1 TIME MAIN CREATED' once init_process_group "
@@ -68,9 +74,56 @@ def batch(seed, step, rank, n, width):
     return x, y
 
 
+def spin_for_ever():
+    """A rank wedged in its own code (a livelock): it runs, but never reaches the next collective."""
+    n = 0
+    while True:
+        n += 1
+
+
+def main_elastic(args):
+    """The same training through muster_rank.Elastic: under muster a peer's death
+    costs the survivors neither their process nor their state."""
+    import muster_rank
+    torch.manual_seed(args.seed)
+    net = nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    elastic = muster_rank.Elastic(net, opt, wrap=DDP)
+    print(f"rank {os.environ.get('RANK')} pid {os.getpid()} generation {os.environ.get('MUSTER_GENERATION')} "
+          f"started", flush=True)
+
+    def train_step(step):
+        rank = dist.get_rank()
+        if step == args.raise_at_step and rank == args.raise_rank:
+            raise ValueError(f"injected failure at step {step} on rank {rank}")
+        x, y = batch(args.seed, step, rank, args.batch, args.width)
+        loss = nn.functional.mse_loss(elastic.model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if args.timing_file:
+            timing_line(args.timing_file, "step", rank, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                        os.getpid(), step + 1, f"{time.time():.6f}")
+        if rank == 0:
+            print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        return loss
+
+    loss = elastic.run(train_step, args.steps)
+    if args.final_file and dist.get_rank() == 0:
+        digest = sum(float(p.detach().double().sum()) for p in net.parameters())
+        with open(args.final_file, "w") as f:
+            f.write(f"{digest!r} {float(loss)!r}\n")
+    dist.destroy_process_group()
+    print(f"rank {dist.get_rank() if dist.is_initialized() else os.environ.get('RANK')} done", flush=True)
+
+
 @record
 def main():
     args = parse_args()
+    if args.elastic:
+        return main_elastic(args)
     t_start = time.time()
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -103,6 +156,8 @@ def main():
     for step in range(start, args.steps):
         if step == args.raise_at_step and rank == args.raise_rank and restart == args.raise_restart:
             raise ValueError(f"injected failure at step {step} on rank {rank}")
+        if step == args.spin_at_step and rank == args.spin_rank and restart == args.spin_restart:
+            spin_for_ever()
         x, y = batch(args.seed, step, rank, args.batch, args.width)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()

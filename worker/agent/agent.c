@@ -28,6 +28,7 @@
 #include "worker/agent/exit_queue.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
+#include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 
@@ -139,6 +140,12 @@ struct agent {
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
+
+    /* COMMAND stacks being answered: one dump per rank of the generation (rank_stacks.h) */
+    uv_timer_t stacks_timer;
+    struct stacks_dump *stacks; /* malloc'd while a request is answered; NULL = none */
+    uint32_t nstacks;
+    uint64_t stacks_since;      /* uv_now when it began */
     uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
     bool port_warned;         /* "no free port" is in the log */
 
@@ -330,6 +337,8 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
             enum proto_rank_state st = r->beat.state;
             int was_yielded = r->beat.yielded;
             r->beat = hb->ranks[i];
+            r->beat.stopped = 0; /* the agent's word, from /proc, never the rank's */
+            r->beat_ms = uv_now(a->loop);
             if (r->beat.restore_from != PROTO_RESTORE_NONE)
                 r->rejoined_from = 0; /* it took up the generation it was rejoined to */
             r->beat.silent = 0;
@@ -474,6 +483,23 @@ static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
     snprintf(out, cap, "%s", dir);
 }
 
+/* The signal on which a Python rank's start-up hook dumps its stacks (MUSTER_STACKS_SIGNAL):
+ * a real-time one, which no library uses by default. */
+#define STACKS_SIGNAL (SIGRTMIN + 5)
+
+static bool runs_trainer(const struct agent *a, const struct job_spec *spec);
+
+/* PYTHONPATH's head for the ranks of spec: muster's start-up hook and client, or "" for none
+ * (muster-train ranks, python_hook off, or no client beside the agent). */
+static void python_hook_path(const struct agent *a, const struct job_spec *spec, bool trainer, char *out,
+                             size_t cap)
+{
+    out[0] = '\0';
+    if (spec->python_hook && !trainer && a->cfg->python_dir[0] &&
+        (size_t)snprintf(out, cap, "%s/startup:%s", a->cfg->python_dir, a->cfg->python_dir) >= cap)
+        out[0] = '\0';
+}
+
 /* The program of the ranks: the agent's command line, else the job's rank_cmd, else the agent's. */
 static char **rank_command(const struct agent *a, const struct job_spec *spec, bool *from_job)
 {
@@ -535,6 +561,8 @@ static void spawn_all(struct agent *a)
     char **argv = rank_command(a, spec, &own_argv);
     if (a->state_dir[0])
         prune_generations(a, as->generation);
+    char pypath[2 * sizeof(a->cfg->python_dir) + 16];
+    python_hook_path(a, spec, runs_trainer(a, spec), pypath, sizeof(pypath));
     static struct proto_msg assign_msg;
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
@@ -564,6 +592,9 @@ static void spawn_all(struct agent *a)
             .error_file = error_file,
             .omp_threads = omp_threads(as->nranks),
             .node = a->cfg->node,
+            .python_path = pypath,
+            .rank_dir = dir,
+            .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
             .kind = a->cfg->devices.kind,
             .device = slot->device,
         };
@@ -1039,13 +1070,23 @@ static void on_beat_timer(uv_timer_t *t)
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];
+        if (!r || r->generation != a->cur_gen)
+            continue;
         /* A running rank quiet for longer than its cadence (frozen): its last
          * entry is not news, and relaying it would make it look alive; the
-         * daemon sees its age grow. */
-        if (r && r->generation == a->cur_gen && !quiet(r, now)) {
-            hb->ranks[hb->nranks++] = r->beat;
-            r->beat_unrelayed = false;
-        }
+         * daemon sees its age grow. Unless its process is stopped (SIGSTOP, a
+         * debugger): then its last entry goes up marked so, which the daemon
+         * does not count as hearing from it. A silent rank may be stopped too. */
+        const bool q = quiet(r, now);
+        const bool stopped = (q || r->beat.silent) && rank_stopped(r->pid);
+        if (q && !stopped)
+            continue;
+        struct proto_rank_beat *b = &hb->ranks[hb->nranks++];
+        *b = r->beat;
+        b->stopped = stopped;
+        if (b->has_step_age && r->beat_ms) /* its age when it came, plus the time held here */
+            b->step_age_ms += now - r->beat_ms;
+        r->beat_unrelayed = false;
     }
     /* Ask for an answer once ack_every_ms of heartbeats went unanswered, or
      * while an exit waits for its confirmation. */
@@ -1266,6 +1307,75 @@ static void on_log_request(struct agent *a, const struct proto_log_request *q)
 
 static void agent_exit(struct agent *a, int code);
 
+/* ---- stacks (COMMAND stacks) ------------------------------------------ */
+
+#define STACKS_POLL_MS 20
+
+/* Sends one STACKS per rank of the request, as far as each got, and ends it. */
+static void finish_stacks(struct agent *a, bool timed_out)
+{
+    uv_timer_stop(&a->stacks_timer);
+    for (uint32_t i = 0; i < a->nstacks; i++) {
+        struct proto_msg m;
+        if (stacks_message(&a->stacks[i], &m, timed_out) != 0) {
+            log_warn("rank %u: out of memory for its stacks", a->stacks[i].rank);
+            continue;
+        }
+        send_to_daemon(a, &m);
+        proto_msg_clear(&m);
+    }
+    log_info("stacks of %u rank(s) sent (%" PRIu64 " ms%s)", a->nstacks, uv_now(a->loop) - a->stacks_since,
+             timed_out ? ", some cut short at the deadline" : "");
+    free(a->stacks);
+    a->stacks = NULL;
+    a->nstacks = 0;
+}
+
+static void on_stacks_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    bool all = true;
+    for (uint32_t i = 0; i < a->nstacks; i++)
+        if (!stacks_poll(&a->stacks[i]))
+            all = false;
+    if (all || uv_now(a->loop) - a->stacks_since >= STACKS_DEADLINE_MS)
+        finish_stacks(a, !all);
+}
+
+/* Asks every rank of generation gen on this node for its stacks; the answers go up as STACKS. */
+static void begin_stacks(struct agent *a, uint64_t gen)
+{
+    if (a->stacks) {
+        log_info("daemon: stacks (generation %" PRIu64 ") while a dump is under way: answered by that one", gen);
+        return;
+    }
+    a->stacks = calloc(PROTO_MAX_LOCAL_RANKS, sizeof(*a->stacks));
+    if (!a->stacks) {
+        log_warn("daemon: stacks: out of memory");
+        return;
+    }
+    a->nstacks = 0;
+    a->stacks_since = uv_now(a->loop);
+    bool waiting = false;
+    for (uint32_t i = 0; i < a->nranks; i++) {
+        const struct agent_rank *r = a->ranks[i];
+        if (!r || !r->running || r->generation != gen)
+            continue;
+        struct stacks_dump *d = &a->stacks[a->nstacks++];
+        d->generation = gen;
+        d->rank = r->rank;
+        char dir[PATH_MAX];
+        rank_dir(a, r->generation, r->rank, dir, sizeof(dir));
+        if (stacks_begin(d, dir, r->pid, STACKS_SIGNAL))
+            waiting = true;
+    }
+    log_info("daemon: stacks (generation %" PRIu64 "): %u rank(s) asked", gen, a->nstacks);
+    if (waiting)
+        uv_timer_start(&a->stacks_timer, on_stacks_timer, STACKS_POLL_MS, STACKS_POLL_MS);
+    else
+        finish_stacks(a, false);
+}
+
 static void on_command(struct agent *a, const struct proto_command_msg *c)
 {
     if (stale(a, "COMMAND", c->generation))
@@ -1336,6 +1446,9 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         log_info("daemon: yield (generation %" PRIu64 ") forwarded to the ranks", c->generation);
         break;
     }
+    case PROTO_CMD_STACKS:
+        begin_stacks(a, c->generation);
+        break;
     default:
         log_warn("daemon: unknown command %d ignored", (int)c->action);
     }
@@ -1597,6 +1710,9 @@ static void maybe_finish(struct agent *a)
     uv_close((uv_handle_t *)&a->beat_timer, NULL);
     uv_close((uv_handle_t *)&a->tick_timer, NULL);
     uv_close((uv_handle_t *)&a->connect_timer, NULL);
+    uv_close((uv_handle_t *)&a->stacks_timer, NULL);
+    free(a->stacks);
+    a->stacks = NULL;
     agent_preflight_close(&a->pf);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
@@ -1666,7 +1782,8 @@ int agent_run(const struct agent_config *cfg)
     uv_timer_init(&loop, &a->beat_timer);
     uv_timer_init(&loop, &a->tick_timer);
     uv_timer_init(&loop, &a->connect_timer);
-    a->connect_timer.data = a;
+    uv_timer_init(&loop, &a->stacks_timer);
+    a->connect_timer.data = a->stacks_timer.data = a;
     uv_signal_init(&loop, &a->sigterm);
     uv_signal_init(&loop, &a->sigint);
     a->retry_timer.data = a->beat_timer.data = a->tick_timer.data = a;

@@ -27,6 +27,7 @@ struct agent_config {
     char **rank_argv;      /* the agent's rank command, NULL-terminated (worker.json, flag or default) */
     int rank_argv_pinned;  /* given on the command line: it wins over the job's rank_cmd */
     char state_dir[4096];  /* rank directories live here (error files, logs) */
+    char python_dir[4096]; /* muster's Python client with its start-up hook (startup/); "" = none found */
     uint16_t port_lo, port_hi; /* master_port_range */
     uint64_t log_max_bytes; /* per rank log file (log_max_mb); 0 = no rank logs */
 };

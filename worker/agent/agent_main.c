@@ -99,6 +99,30 @@ static int default_rank_cmd(char *out, size_t cap)
     return 0;
 }
 
+/* muster's Python client beside this executable: lib/muster/python of an
+ * installation (bin/../lib/muster/python) or python/ of a build directory;
+ * "" when neither holds the start-up hook. */
+static void find_python_dir(char *out, size_t cap)
+{
+    char self[PATH_MAX];
+    out[0] = '\0';
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n < 0)
+        return;
+    self[n] = '\0';
+    const char *dir = dirname(self);
+    static const char *const tries[] = {"%s/../lib/muster/python", "%s/python"};
+    for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
+        char cand[PATH_MAX], hook[PATH_MAX + 32];
+        if ((size_t)snprintf(cand, sizeof(cand), tries[i], dir) >= sizeof(cand) ||
+            (size_t)snprintf(hook, sizeof(hook), "%s/startup/sitecustomize.py", cand) >= sizeof(hook))
+            continue;
+        if (access(hook, R_OK) == 0 && realpath(cand, out) != NULL)
+            return;
+    }
+    out[0] = '\0';
+}
+
 /* prog names a file this user may execute: a path, or a name found on $PATH. */
 static bool program_runnable(const char *prog, char *why, size_t cap)
 {
@@ -356,6 +380,7 @@ int main(int argc, char **argv)
         packed = cmd_packed;
     }
     cfg.rank_argv = cmdline_argv(packed);
+    find_python_dir(cfg.python_dir, sizeof(cfg.python_dir));
     if (!cfg.rank_argv) {
         log_error("out of memory");
         return 1;

@@ -63,6 +63,7 @@ struct agent_rank {
     uint64_t spawned_ms; /* uv_now at spawn */
     bool spoke;          /* it has sent a frame on its control socket */
     uint64_t heard_ms;   /* uv_now when its last frame came (0: none yet) */
+    uint64_t beat_ms;    /* uv_now when its last HEARTBEAT came (0: none yet) */
     uint64_t frame_gap_ms; /* the longest time between two of its frames (0: fewer than two):
                             * its cadence, once a step for a program with long steps */
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */

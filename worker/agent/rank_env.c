@@ -14,6 +14,7 @@ static const char *const owned[] = {
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE", "MUSTER_GENERATION", "MUSTER_NODE", "MUSTER_CTL_FD", "CUDA_VISIBLE_DEVICES",
+    "MUSTER_RANK_DIR", "MUSTER_STACKS_SIGNAL",
 };
 #define NOWNED (sizeof(owned) / sizeof(owned[0]))
 /* Set to 1 unless the parent has an entry of the name: a collective whose peer died
@@ -49,12 +50,18 @@ static int put_var(char **env, size_t *n, const char *name, const char *fmt, ...
 
 static int put_var(char **env, size_t *n, const char *name, const char *fmt, ...)
 {
-    char value[1024];
+    char *value;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(value, sizeof(value), fmt, ap);
+    int len = vasprintf(&value, fmt, ap);
     va_end(ap);
-    if (asprintf(&env[*n], "%s=%s", name, value) < 0) {
+    if (len < 0) {
+        env[*n] = NULL;
+        return -1;
+    }
+    int rc = asprintf(&env[*n], "%s=%s", name, value);
+    free(value);
+    if (rc < 0) {
         env[*n] = NULL;
         return -1;
     }
@@ -67,12 +74,13 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     size_t np = 0;
     while (parent && parent[np])
         np++;
-    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + NNCCL + 1, sizeof(char *));
+    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + NNCCL + 1 /* PYTHONPATH */ + 1, sizeof(char *));
     if (!env)
         return NULL;
     size_t n = 0;
+    const int hook = id->python_path && id->python_path[0];
     for (size_t i = 0; i < np; i++) {
-        if (is_owned(parent[i]))
+        if (is_owned(parent[i]) || (hook && has_name(parent[i], "PYTHONPATH")))
             continue;
         if (!(env[n++] = strdup(parent[i])))
             goto oom;
@@ -103,6 +111,14 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         goto oom;
     if (id->omp_threads && !rank_env_get(parent, "OMP_NUM_THREADS") &&
         put_var(env, &n, "OMP_NUM_THREADS", "%" PRIu32, id->omp_threads))
+        goto oom;
+    /* The hook first, then the parent's PYTHONPATH, as the user set it. */
+    const char *pp = rank_env_get(parent, "PYTHONPATH");
+    if (hook && put_var(env, &n, "PYTHONPATH", "%s%s%s", id->python_path, pp && pp[0] ? ":" : "", pp ? pp : ""))
+        goto oom;
+    if (id->rank_dir && id->rank_dir[0] && put_var(env, &n, "MUSTER_RANK_DIR", "%s", id->rank_dir))
+        goto oom;
+    if (id->stacks_signal && put_var(env, &n, "MUSTER_STACKS_SIGNAL", "%d", id->stacks_signal))
         goto oom;
     for (size_t i = 0; i < NNCCL; i++)
         if (!rank_env_get(parent, nccl_error_handling[i]) && put_var(env, &n, nccl_error_handling[i], "%s", "1"))

@@ -31,6 +31,9 @@ struct rank_identity {
     const char *error_file;    /* TORCHELASTIC_ERROR_FILE; NULL or "" = unset */
     uint32_t omp_threads;      /* OMP_NUM_THREADS unless the parent sets it; 0 = leave */
     const char *node;
+    const char *python_path;   /* muster's start-up hook, put first on PYTHONPATH; NULL or "" = none */
+    const char *rank_dir;      /* MUSTER_RANK_DIR: the rank's directory on the node; NULL or "" = unset */
+    int stacks_signal;         /* MUSTER_STACKS_SIGNAL: dumps the hook's stacks there; 0 = unset */
     enum proto_device_kind kind;
     uint32_t device; /* gpu ordinal; ignored for cpu */
 };

@@ -35,6 +35,7 @@ struct rank_ctl {
     int have_beat, beat_sent_once;
     int beat_unsent;      /* the beat changed since it was last sent: rank_ctl_close sends it */
     struct proto_rank_beat beat;
+    uint64_t step_changed_ms; /* when beat.step last changed, or the generation began (step_age_ms) */
     void (*abort_fn)(void *);
     void *abort_arg;
     size_t rlen;
@@ -181,6 +182,7 @@ static void on_new_assign(struct rank_ctl *c, const struct proto_assign *as)
         c->beat.restore_from = PROTO_RESTORE_NONE;
         c->beat.restore_step = 0;
         c->beat.yielded = 0; /* of the generation before */
+        c->step_changed_ms = now_ms();
         atomic_store(&c->superseded, 1);
         abort_locked(c);
         pthread_cond_broadcast(&c->cond);
@@ -263,6 +265,8 @@ static void send_beat_locked(struct rank_ctl *c)
     m.u.heartbeat.seq = ++c->seq;
     m.u.heartbeat.nranks = 1;
     m.u.heartbeat.ranks[0] = c->beat;
+    m.u.heartbeat.ranks[0].has_step_age = 1; /* musterd counts progress by this clock (PROTOCOL.md) */
+    m.u.heartbeat.ranks[0].step_age_ms = now_ms() - c->step_changed_ms;
     if (send_msg(c, &m) != 0)
         log_debug("rank %d: heartbeat not sent", c->rank);
     c->beat_sent_once = 1;
@@ -320,6 +324,7 @@ int rank_ctl_open(struct rank_ctl **out, struct rank_assign *a, volatile sig_ato
     c->beat.rank = (uint32_t)rank;
     c->beat.state = PROTO_RANK_RUNNING;
     c->beat.loss = NAN;
+    c->step_changed_ms = now_ms();
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -437,6 +442,13 @@ void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens
                    uint64_t checkpoint_step)
 {
     pthread_mutex_lock(&c->lock);
+    if (step != c->beat.step || !c->have_beat) {
+        const uint64_t t = now_ms();
+        /* A step's time: since the one before (not the first after a start, which loads too). */
+        if (c->have_beat && step > c->beat.step)
+            c->beat.step_s = (double)(t - c->step_changed_ms) / 1000.0 / (double)(step - c->beat.step);
+        c->step_changed_ms = t;
+    }
     c->beat.step = step;
     c->beat.loss = loss;
     c->beat.tokens_per_s = isfinite(tokens_per_s) && tokens_per_s > 0 ? tokens_per_s : 0;

@@ -1,0 +1,72 @@
+/*
+ * hang: what musterd needs to call a job hung and to name the right rank.
+ *
+ * The progress timeout that fits the job (progress_timeout_ms absent or
+ * "auto"): until the generation has seen HANG_JUDGE_STEPS steps, a start
+ * allowance of HANG_START_MS (or three times the longest of those first
+ * steps, when longer: first steps compile and load); afterwards the largest
+ * of HANG_FLOOR_MS, 20 times the median of the recent step times and three
+ * times the longest step seen after the first ones, in any generation. Step
+ * times are what the ranks measured (`step_s`), or else the time between
+ * two of a rank's step changes.
+ *
+ * Naming (hang_describe): a rank whose process is stopped, else a quiet
+ * one (no heartbeat entry for three intervals while its node beats), else
+ * the ranks not inside a collective while others wait in one, else the
+ * rank found stuck; with where each is and the ranks waiting as ranges
+ * ("ranks 0-2, 5").
+ */
+#ifndef MUSTER_DAEMON_HANG_H
+#define MUSTER_DAEMON_HANG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HANG_SAMPLES 64         /* recent step times kept for the median */
+#define HANG_JUDGE_STEPS 5      /* steps of a generation before the timeout follows them */
+#define HANG_START_MS 300000u   /* the start allowance */
+#define HANG_FLOOR_MS 30000u    /* the least a derived timeout is */
+#define HANG_MEDIAN_TIMES 20    /* the derived timeout: this many median steps... */
+#define HANG_LONGEST_TIMES 3    /* ...or this many of the longest, whichever is more */
+#define HANG_STACKS_WAIT_MS 2000u /* a hung generation waits this long for its ranks' stacks */
+
+struct hang_steps {
+    double recent[HANG_SAMPLES]; /* ring of step times after the first steps, seconds */
+    uint32_t nrecent, next;
+    double longest_s;        /* longest after the first steps of its generation, any generation */
+    double first_longest_s;  /* longest of this generation's first steps */
+    uint32_t seen;           /* distinct steps this generation reached */
+    uint64_t top_step;       /* the highest of them */
+};
+
+/* A generation began: its first steps are counted again. */
+void hang_steps_new_generation(struct hang_steps *h);
+
+/* A rank reached step, having taken step_s seconds over its last one. */
+void hang_steps_note(struct hang_steps *h, uint64_t step, double step_s);
+
+/* The progress timeout in force, ms: spec_ms itself when >= 0 (0 = off),
+ * the derived one (above) when spec_ms < 0 (auto). */
+uint64_t hang_timeout_ms(const struct hang_steps *h, int spec_ms);
+
+/* The median of the recent step times, seconds; 0 when none. */
+double hang_median_step_s(const struct hang_steps *h);
+
+/* "rank 3" or "ranks 0-2, 5" for ranks[0..n) (ascending) into out; a list
+ * too long for out ends in ", ...". Returns strlen(out). */
+size_t hang_ranges(char *out, size_t cap, const uint32_t *ranks, uint32_t n);
+
+struct rdv;
+/*
+ * Says which rank of r is hung, now that rank stuck (running, its step
+ * still for limit_ms) was found: *culprit (the rank to fail the generation
+ * for) and the sentence into what.
+ */
+void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_t limit_ms, uint32_t *culprit,
+                   char *what, size_t cap);
+
+/* Whether rank i of r is quiet: running and reporting, but no heartbeat
+ * entry from it for three intervals while its node beats. */
+int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms);
+
+#endif

@@ -1,0 +1,131 @@
+#!/bin/sh
+# An unmodified PyTorch 2.x DDP program (tests/torch/ddp_train.py without
+# muster's client) as muster's ranks, seen through muster's start-up hook
+# (clients/python/startup/), on musterd + 2 agents x 2 ranks on loopback:
+#  (a) its optimizer steps reach /v1/ranks (no rank silent), with where each
+#      rank is; the user's own sitecustomize still runs;
+#  (b) a SIGSTOPped rank 3 is the one named hung, as stopped, within the
+#      progress timeout, and the stacks collected on the hang are in
+#      /v1/stacks;
+#  (c) a rank spinning in its own Python loop is the one named hung ("not in
+#      a collective"), where it spins is in its stack and in the event;
+#  (d) with python_hook 0 the same program runs silent, as before.
+set -eu
+. tests/itest-lib.sh
+
+PY=${MUSTER_TORCH_PY:-.venv/bin/python}
+if ! "$PY" -c 'import torch, sys; sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 else 1)' 2>/dev/null; then
+    [ -n "${CI:-}" ] && fail "PyTorch 2.x is missing at $PY; mk/deps.sh installs it for make check"
+    echo "torch_hook: skipped: $PY has no PyTorch 2.x (run mk/deps.sh build)"
+    exit 0
+fi
+SCRIPT="$(pwd)/tests/torch/ddp_train.py"
+make_token "$ITEST_DIR/token"
+
+# rank_pid R: the pid of the python process of global rank R (newest generation).
+rank_pid() {
+    best=""; bestgen=0
+    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/ckpt" || true); do
+        env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
+        printf '%s\n' "$env" | grep -qx "RANK=$1" || continue
+        g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
+        [ "${g:-0}" -ge "$bestgen" ] && { best=$p; bestgen=$g; }
+    done
+    echo "$best"
+}
+events() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events"; }
+# hung_event GEN: the text of the rank_hung event that ended generation GEN ("" = none yet).
+hung_event() {
+    events | python3 -c '
+import json, sys
+ev = [e for e in json.load(sys.stdin)["events"] if e.get("kind") == "rank_hung" and e.get("generation") == int(sys.argv[1])]
+print(ev[-1]["message"] if ev else "")' "$1"
+}
+
+# The user's own sitecustomize, on the agents' PYTHONPATH: muster's hook must run it too.
+mkdir -p "$ITEST_DIR/usersite"
+printf 'import os\nopen(os.path.join(%s, "user-site-%%d" %% os.getpid()), "w").close()\n' \
+    "'$ITEST_DIR/usersite'" > "$ITEST_DIR/usersite/sitecustomize.py"
+
+cat > "$ITEST_DIR/job.json" <<JSON
+{"name": "torch-hook", "nodes": 2, "max_restarts": 6, "batch": 4, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 500, "progress_timeout_ms": 4000,
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "100000", "--step-sleep", "0.05", "--ckpt-dir", "$ITEST_DIR/ckpt",
+              "--ckpt-every", "1000000", "--spin-at-step", "15", "--spin-rank", "1", "--spin-restart", "1"]}
+JSON
+start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
+PYTHONPATH="$ITEST_DIR/usersite" start_agent a 2 --token-file "$ITEST_DIR/token"
+PYTHONPATH="$ITEST_DIR/usersite" start_agent b 2 --token-file "$ITEST_DIR/token"
+
+# (a) steps without the client, and where every rank is.
+wait_for 90 'd["state"] == "running" and running == 4 and all(not r["silent"] and (r["step"] or 0) > 3 and r.get("where") for r in d["ranks"])' \
+    || fail "(a) the unmodified DDP program's steps do not reach /v1/ranks through the hook"
+check 'all("ddp_train.py:" in r["where"] for r in d["ranks"])' \
+    || fail "(a) where is not the program's own frame: $(curl -sf "http://127.0.0.1:$HTTP/v1/ranks")"
+n=$(ls "$ITEST_DIR/usersite" | grep -c '^user-site-' || true)
+[ "$n" -ge 4 ] || fail "(a) the user's sitecustomize ran in $n processes, expected every rank's (4)"
+echo "(a) unmodified DDP program: steps and where in status, user's sitecustomize chained: ok"
+
+# (b) SIGSTOP rank 3: named, as stopped, within the progress timeout (4 s) plus the relay and stack window.
+pid=$(rank_pid 3)
+[ -n "$pid" ] || fail "(b) no process for rank 3"
+t0=$(now_ms)
+kill -STOP "$pid"
+i=0; msg=""
+while [ $i -lt 300 ] && [ -z "$msg" ]; do msg=$(hung_event 1); [ -n "$msg" ] || sleep 0.05; i=$((i + 1)); done
+t1=$(now_ms)
+kill -CONT "$pid" 2>/dev/null || true
+[ -n "$msg" ] || fail "(b) the SIGSTOPped rank was not found hung within 15 s"
+case "$msg" in
+"rank 3 on node b is hung: its process is stopped"*) ;;
+*) fail "(b) the wrong rank, or not as stopped: $msg" ;;
+esac
+case "$msg" in *ddp_train.py*) ;; *) fail "(b) the event does not say where rank 3 stopped: $msg" ;; esac
+echo "(b) SIGSTOP of rank 3 -> named after $((t1 - t0)) ms: $msg"
+curl -sf "http://127.0.0.1:$HTTP/v1/stacks" > "$ITEST_DIR/stacks1.json" || fail "(b) GET /v1/stacks failed"
+python3 - "$ITEST_DIR/stacks1.json" <<'PY' || fail "(b) /v1/stacks after the hang: $(head -c 2000 "$ITEST_DIR/stacks1.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+by = {r["rank"]: r for r in d["ranks"]}
+assert by[3]["stopped"], by[3]
+for r in (0, 1, 2):  # the others dumped their stacks: the program's frames are in them
+    assert "ddp_train.py" in (by[r].get("text") or ""), (r, by[r])
+PY
+echo "(b) stacks collected on the hang: ok"
+
+# (c) generation 2: rank 1 spins in its own loop at step 15 while the others wait for it.
+wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "(c) no generation 2 after the hang"
+i=0; msg=""
+while [ $i -lt 900 ] && [ -z "$msg" ]; do msg=$(hung_event 2); [ -n "$msg" ] || sleep 0.05; i=$((i + 1)); done
+[ -n "$msg" ] || fail "(c) the spinning rank was not found hung"
+case "$msg" in
+"rank 1 on node a is hung: it is not in a collective"*spin_for_ever*) ;;
+*) fail "(c) the wrong rank, or not where it spins: $msg" ;;
+esac
+curl -sf "http://127.0.0.1:$HTTP/v1/stacks" > "$ITEST_DIR/stacks2.json" || fail "(c) GET /v1/stacks failed"
+python3 - "$ITEST_DIR/stacks2.json" <<'PY' || fail "(c) rank 1's stack lacks spin_for_ever: $(head -c 3000 "$ITEST_DIR/stacks2.json")"
+import json, sys
+by = {r["rank"]: r for r in json.load(open(sys.argv[1]))["ranks"]}
+assert "in spin_for_ever" in by[1]["text"], by[1]
+PY
+echo "(c) rank spinning in a Python loop -> $msg: ok"
+kill "$DAEMON_PID" 2>/dev/null || true
+wait "$DAEMON_PID" 2>/dev/null || true
+pkill -9 -f "$SCRIPT.*$ITEST_DIR" 2>/dev/null || true
+for p in $ITEST_PIDS; do kill "$p" 2>/dev/null || true; done
+rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+
+# (d) python_hook 0: the program runs silent, as without muster's hook.
+cat > "$ITEST_DIR/job2.json" <<JSON
+{"name": "torch-nohook", "nodes": 1, "max_restarts": 0, "batch": 4, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "python_hook": 0,
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "8", "--ckpt-dir", "$ITEST_DIR/ckpt2"]}
+JSON
+start_daemon "$ITEST_DIR/job2.json" --token-file "$ITEST_DIR/token"
+start_agent c 2 --token-file "$ITEST_DIR/token"
+wait_for 60 'd["state"] == "running" and running == 2 and all(r["silent"] for r in d["ranks"])' \
+    || wait_for 1 'd["state"] == "completed"' || fail "(d) with python_hook 0 the ranks are not silent"
+wait_for 60 'd["state"] == "completed"' || fail "(d) the job without the hook did not complete"
+ls "$ITEST_DIR"/agent-state/c/gen-1/rank-0/stacks-* >/dev/null 2>&1 && fail "(d) python_hook 0 still armed the stack hook"
+echo "(d) python_hook 0: silent ranks, no hook: ok"
+echo "torch_hook: ok"

@@ -1,0 +1,152 @@
+#include "worker/agent/rank_stacks.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int rank_stopped(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* "PID (COMM) S ...": the command may hold ')' itself, so take the last one. */
+    const char *close_paren = strrchr(buf, ')');
+    if (!close_paren || close_paren[1] != ' ')
+        return 0;
+    return close_paren[2] == 'T' || close_paren[2] == 't';
+}
+
+/* "stacks-PID.txt" -> PID; 0 for any other name. */
+static int armed_pid(const char *name)
+{
+    int pid = 0, end = 0;
+    if (sscanf(name, "stacks-%d.txt%n", &pid, &end) != 1 || name[end] || pid <= 0)
+        return 0;
+    return pid;
+}
+
+int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signum)
+{
+    d->rank_pid = rank_pid;
+    d->nprocs = 0;
+    d->error[0] = '\0';
+    d->stopped = rank_stopped(rank_pid);
+    if (d->stopped) { /* it cannot dump now, and a signal left pending would dump it later for nobody */
+        snprintf(d->error, sizeof(d->error),
+                 "its process is stopped (SIGSTOP or a debugger): it cannot dump its stacks until it continues");
+        return 0;
+    }
+    DIR *dp = dir && dir[0] ? opendir(dir) : NULL;
+    struct dirent *e;
+    while (dp && (e = readdir(dp)) != NULL && d->nprocs < STACKS_MAX_PROCS) {
+        int pid = armed_pid(e->d_name);
+        /* Only a live process of this rank: a file of one that is gone may name a pid reused since. */
+        if (!pid || getpgid(pid) != rank_pid)
+            continue;
+        struct stacks_proc *p = &d->procs[d->nprocs];
+        if ((size_t)snprintf(p->path, sizeof(p->path), "%s/%s", dir, e->d_name) >= sizeof(p->path))
+            continue;
+        int fd = open(p->path, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        close(fd);
+        if (kill(pid, signum) != 0)
+            continue;
+        p->pid = pid;
+        p->last_size = -1;
+        p->done = 0;
+        d->nprocs++;
+    }
+    if (dp)
+        closedir(dp);
+    if (d->nprocs == 0)
+        snprintf(d->error, sizeof(d->error),
+                 "the rank has no stack hook (not a Python rank, python_hook is off, or it has not started Python "
+                 "yet)");
+    return d->nprocs > 0;
+}
+
+int stacks_poll(struct stacks_dump *d)
+{
+    int all = 1;
+    for (unsigned i = 0; i < d->nprocs; i++) {
+        struct stacks_proc *p = &d->procs[i];
+        if (p->done)
+            continue;
+        struct stat st;
+        int64_t size = stat(p->path, &st) == 0 ? (int64_t)st.st_size : -1;
+        /* faulthandler writes from the handler in a burst: bytes that stopped growing are the dump. */
+        if (size > 0 && size == p->last_size)
+            p->done = 1;
+        else
+            all = 0;
+        p->last_size = size;
+    }
+    return all;
+}
+
+/* Appends up to the room left of path's bytes to buf at *len. */
+static void append_file(const char *path, char *buf, size_t *len, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    while (*len < cap) {
+        ssize_t n = read(fd, buf + *len, cap - *len);
+        if (n <= 0)
+            break;
+        *len += (size_t)n;
+    }
+    close(fd);
+}
+
+int stacks_message(const struct stacks_dump *d, struct proto_msg *m, int timed_out)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = PROTO_STACKS;
+    struct proto_stacks *s = &m->u.stacks;
+    s->generation = d->generation;
+    s->rank = d->rank;
+    s->pid = d->rank_pid > 0 ? (uint32_t)d->rank_pid : 0;
+    s->stopped = d->stopped;
+    snprintf(s->error, sizeof(s->error), "%s", d->error);
+    const size_t cap = PROTO_STACKS_MAX;
+    char *buf = malloc(cap + 1);
+    if (!buf)
+        return -ENOMEM;
+    size_t len = 0;
+    unsigned missing = 0;
+    for (unsigned i = 0; i < d->nprocs && len < cap; i++) {
+        const struct stacks_proc *p = &d->procs[i];
+        int head = snprintf(buf + len, cap - len, "process %d:\n", p->pid);
+        if (head < 0 || (size_t)head >= cap - len)
+            break;
+        len += (size_t)head;
+        size_t before = len;
+        append_file(p->path, buf, &len, cap);
+        if (len == before)
+            missing++;
+        if (len < cap && len > 0 && buf[len - 1] != '\n')
+            buf[len++] = '\n';
+    }
+    buf[len] = '\0';
+    proto_log_sanitize(buf, len);
+    s->text = buf;
+    if (!s->error[0] && timed_out && missing)
+        snprintf(s->error, sizeof(s->error), "%u of %u processes wrote no dump within %.1f s", missing, d->nprocs,
+                 STACKS_DEADLINE_MS / 1000.0);
+    return 0;
+}
