@@ -94,7 +94,7 @@ static void check_tiny(void)
 
     char err[1024], name[96];
     struct gpu_zero *z;
-    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, err, sizeof(err))) {
+    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, NULL, err, sizeof(err))) {
         CHECK(0, "gpu_zero_init: %s", err);
         goto out;
     }
@@ -122,7 +122,7 @@ static void check_tiny(void)
         printf("  skipped: built without NCCL\n");
         goto out;
     }
-    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, id, err, sizeof(err))) {
+    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, id, NULL, err, sizeof(err))) {
         CHECK(0, "gpu_zero_init with NCCL: %s", err);
         goto out;
     }
@@ -178,7 +178,7 @@ static void check_train(const char *data, const char *model, int steps, double b
         CHECK(0, "CPU trainer: %s", err);
         return;
     }
-    if (gpu_trainer_init(&gpu, &spec, 0, 1, NULL, err, sizeof(err))) {
+    if (gpu_trainer_init(&gpu, &spec, 0, 1, NULL, NULL, err, sizeof(err))) {
         CHECK(0, "GPU trainer: %s", err);
         trainer_free(&cpu);
         return;
@@ -274,7 +274,7 @@ static void check_checkpoints(const char *data)
     CHECK(rc == 0, "CPU trainer: 5 steps and a checkpoint%s%s", rc ? ": " : "", rc ? err : "");
     if (rc)
         goto out;
-    rc = gpu_trainer_init(&gpu, &spec, 0, 1, NULL, err, sizeof(err));
+    rc = gpu_trainer_init(&gpu, &spec, 0, 1, NULL, NULL, err, sizeof(err));
     if (!rc)
         rc = gpu_trainer_load(&gpu, from_cpu, err, sizeof(err));
     CHECK(rc == 0, "the GPU trainer loads the CPU checkpoint%s%s", rc ? ": " : "", rc ? err : "");
@@ -303,7 +303,7 @@ static void check_checkpoints(const char *data)
     CHECK(rc == 0 && cpu.step == 10 && same_state(&cpu, full),
           "the CPU trainer loads the GPU checkpoint at step 10, bit for bit%s%s", rc ? ": " : "",
           rc ? err : "");
-    if (!rc && (rc = gpu_trainer_init(&again, &spec, 0, 1, NULL, err, sizeof(err))) == 0) {
+    if (!rc && (rc = gpu_trainer_init(&again, &spec, 0, 1, NULL, NULL, err, sizeof(err))) == 0) {
         rc = gpu_trainer_load(&again, from_gpu, err, sizeof(err));
         float *mine[3];
         for (int k = 0; k < 3; k++)
@@ -323,7 +323,7 @@ static void check_checkpoints(const char *data)
     struct gpu_zero *z;
     if (gpu_unique_id(id) == -ENOTSUP) {
         printf("  skipped the NCCL all-gather: built without NCCL\n");
-    } else if (gpu_zero_init(&z, &cfg, 1, cfg.T, 0, 1, id, err, sizeof(err)) == 0) {
+    } else if (gpu_zero_init(&z, &cfg, 1, cfg.T, 0, 1, id, NULL, err, sizeof(err)) == 0) {
         const uint64_t words[3] = {~0ull, 12345, 1ull << 60};
         uint64_t got[3] = {0};
         rc = gpu_zero_gather_u64(z, words, 3, got);

@@ -691,10 +691,17 @@ static int gpu_create(const struct job_spec *spec, int rank, int world, struct g
     char err[2048];
     struct gpu_trainer *tr = calloc(1, sizeof(*tr));
     (void)threads;
-    if (!tr || gpu->trainer_init(tr, spec, rank, world, world > 1 ? gc->id : NULL, err, sizeof(err)) != 0) {
-        log_error("%s", tr ? err : "out of memory");
+    /* the NCCL communicator forms inside: a newer generation cancels it */
+    int rc = tr ? gpu->trainer_init(tr, spec, rank, world, world > 1 ? gc->id : NULL, (const int *)superseded, err,
+                                    sizeof(err))
+                : -ENOMEM;
+    if (rc != 0) {
+        if (rc == -ECANCELED)
+            log_warn("%s", err);
+        else
+            log_error("%s", tr ? err : "out of memory");
         free(tr);
-        return -1;
+        return rc;
     }
     *rt = (struct rank_trainer){&gpu_ops, tr, NULL, &tr->spec, &tr->step, &tr->last_checkpoint_step, rank, world,
                                 gpu->zero_state_bytes(tr->z), NULL};
@@ -720,12 +727,18 @@ static int gpu_create(const struct job_spec *spec, int rank, int world, struct g
 
 static int gpu_attach(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen)
 {
-    int rc = gpu->trainer_set_comm(rt->tr, gc->id, err, errlen);
+    int rc = gpu->trainer_set_comm(rt->tr, gc->id, (const int *)superseded, err, errlen);
     gc->gpu = gpt(rt)->z;
     return rc;
 }
 
-static void gpu_detach(struct rank_trainer *rt) { gpu->zero_abort(gpt(rt)->z); }
+/* The training thread owns the communicator: it aborts it here (the
+ * control thread's abort only raised the flag). */
+static void gpu_detach(struct rank_trainer *rt)
+{
+    gpu->zero_abort(gpt(rt)->z);
+    gpu->zero_release(gpt(rt)->z);
+}
 
 static void gpu_leave(struct rank_trainer *rt) { gpu->zero_release(gpt(rt)->z); }
 
@@ -1123,7 +1136,10 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
         struct held_state held = {rt, valid};
         struct rank_trainer nrt = rt;
         if (rc == 0 && (!rt.tr || rt.rank != at.rank || rt.world != at.world)) {
-            if (ops->create(spec, at.rank, at.world, &gc, threads, &nrt) != 0)
+            /* a GPU trainer's communicator forms here: cancelled by a newer generation, it waits for that one */
+            if ((rc = ops->create(spec, at.rank, at.world, &gc, threads, &nrt)) == -ECANCELED)
+                snprintf(err, sizeof(err), "the NCCL communicator's formation was cancelled: a newer generation came");
+            else if (rc != 0)
                 break;
         } else if (rc == 0) {
             rc = ops->attach(&rt, &gc, err, sizeof(err));

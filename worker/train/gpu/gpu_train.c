@@ -20,7 +20,7 @@ static double now_s(void)
 }
 
 int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int rank, int world,
-                     const uint8_t *id, char *err, size_t errlen)
+                     const uint8_t *id, const int *cancel, char *err, size_t errlen)
 {
     memset(tr, 0, sizeof(*tr));
     tr->spec = *spec;
@@ -51,7 +51,8 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
         gpu_trainer_free(tr);
         return -ENOMEM;
     }
-    rc = gpu_zero_init(&tr->z, &tr->cfg, s->micro_batch, s->seq_len, rank, world, id, err, errlen);
+    rc = gpu_zero_init(&tr->z, &tr->cfg, s->micro_batch, s->seq_len, rank, world, id, cancel, err,
+                       errlen);
     if (rc == 0 && (rc = gpu_zero_init_weights(tr->z, (uint64_t)s->seed)) != 0)
         snprintf(err, errlen, "%s", gpu_zero_error(tr->z));
     if (rc)
@@ -201,9 +202,10 @@ int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t er
     return 0;
 }
 
-int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen)
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, const int *cancel, char *err,
+                         size_t errlen)
 {
-    int rc = gpu_zero_set_comm(tr->z, id);
+    int rc = gpu_zero_set_comm(tr->z, id, cancel);
     if (rc)
         snprintf(err, errlen, "NCCL communicator (rank %d of %d) did not form: %s", tr->rank, tr->world,
                  gpu_zero_error(tr->z));

@@ -38,9 +38,10 @@ struct gpu_trainer {
     int snap_cur, snap_next; /* the block that is the snapshot, the one being taken; -1: none */
 };
 
-/* id: the NCCL unique id of the world (NULL: world 1 without NCCL). */
+/* id: the NCCL unique id of the world (NULL: world 1 without NCCL);
+ * cancel: the formation's cancellation (gpu_zero_init; NULL: none). */
 int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int rank, int world,
-                     const uint8_t *id, char *err, size_t errlen);
+                     const uint8_t *id, const int *cancel, char *err, size_t errlen);
 void gpu_trainer_free(struct gpu_trainer *tr);
 int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char *err,
                      size_t errlen);
@@ -66,7 +67,8 @@ int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_ho
  * failed) rather than this rank.
  */
 int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t errlen);
-int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, const int *cancel, char *err,
+                         size_t errlen);
 int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen);
 
 /* Re-slicing from peers' memory (collective), as trainer_reslice (train.h)
