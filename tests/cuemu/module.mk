@@ -63,7 +63,7 @@ CUEMU_BINS += $(BUILD)/cuemu/gpu-faults
 # the GPU path's communicator code and cuemu are built instrumented here,
 # each in its own object directory; the CPU code they call is linked as is.
 comma := ,
-GPU_FAULTS_SRCS := tests/cuemu/gpu-faults.c $(CUEMU_SRCS) $(GPU_CU_SRCS)
+GPU_FAULTS_SRCS := tests/cuemu/gpu-faults.c $(CUEMU_SRCS) $(GPU_CU_SRCS) $(COMM_NCCL_SRC)
 define gpu_faults_san
 $(BUILD)/cuemu-$(1)/obj/%.o: %.c
 	@mkdir -p $$(dir $$@)
