@@ -147,6 +147,14 @@ const char *gpu_strerror(int code);
  * shards): zero_shards_init(lay, world, GPU_SHARD_ALIGN) is this trainer's
  * slicing. */
 #define GPU_SHARD_ALIGN 64
+/* The tied head computes logits for the vocabulary padded to a multiple of
+ * this many tokens (V = 50257 -> 50304): every row of the logits and of
+ * their bf16 gradient starts 256-byte aligned and the head's products have
+ * a multiple of 64 rows. The padding is the GPU's own: the model state,
+ * its shards and checkpoints hold V rows; the padded rows of the head's
+ * weights are zero, the loss masks their logits out and their gradient is
+ * zero. */
+#define GPU_VOCAB_ALIGN 64
 /*
  * Checkpoints (worker/train/ckpt.h, through worker/train/gpu/gpu_train.c): this
  * rank's shards as host arrays. Unit u is cut into shards of shard[u] floats

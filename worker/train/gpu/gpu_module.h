@@ -30,7 +30,7 @@
 #define GPU_MODULE_FILE "muster-train-gpu.so"
 #define GPU_MODULE_ENTRY "gpu_module_entry"
 /* Bumped whenever the table or a type it passes changes. */
-#define GPU_MODULE_ABI 4
+#define GPU_MODULE_ABI 5
 
 /* The first three fields stay where they are in every version: they are
  * what tells a module of another build. */
@@ -62,6 +62,7 @@ struct gpu_module {
     int (*trainer_reslice)(struct gpu_trainer *tr, int my_rc, int old_world, int ncontrib, const float *const *mine,
                            int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen);
     int (*trainer_read_state)(struct gpu_trainer *tr, int snapshot, float *block);
+    int (*trainer_to_host)(struct gpu_trainer *tr, char *err, size_t errlen);
     int (*trainer_failed)(struct gpu_trainer *tr);
     int (*zero_gather_u64)(struct gpu_zero *z, const uint64_t *mine, size_t n, uint64_t *all);
 

@@ -59,8 +59,8 @@ struct gpu_acts {
     float *res3[GPT_MAX_LAYERS];                      /* (N,C) block output */
     bf16 *lnf;
     float *lnf_mean, *lnf_rstd;
-    float *logits;                                    /* (N,V); probabilities after the loss */
-    bf16 *dlogits;                                    /* (N,V) */
+    float *logits;                                    /* (N,Vp); probabilities after the loss */
+    bf16 *dlogits;                                    /* (N,Vp) */
     float *losses;                                    /* (N) */
     float *dres, *dsmall;                             /* (N,C) */
     float *scr_a;                                     /* (N,4C) GEMM outputs */
@@ -82,6 +82,8 @@ struct gpu_zero {
     float *p, *m, *v, *g;
     unsigned char *decay;
     bf16 *pbf;                                 /* bf16 copy of p, the all-gathers' source */
+    int Vp;                                    /* the vocabulary padded to GPU_VOCAB_ALIGN */
+    bf16 *head_w;                              /* (Vp,C): wte of the gathered embedding, zero rows past V */
     /* transient */
     bf16 *slot[NSLOT];                         /* gathered units (world * shard) */
     float *gbuf[NSLOT];                        /* full unit gradients */
@@ -122,6 +124,8 @@ struct gpu_zero {
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+static size_t vocab_padded(int V) { return round_up((size_t)V, GPU_VOCAB_ALIGN); }
+
 static size_t shard_of(size_t numel, int world)
 {
     return round_up((numel + (size_t)world - 1) / (size_t)world, ALIGN_FLOATS);
@@ -130,7 +134,7 @@ static size_t shard_of(size_t numel, int world)
 /* Carves the activations from mem (NULL: only counts); returns bytes. */
 static size_t carve_acts(struct gpu_acts *a, char *mem, const struct gpt_config *cfg, int B, int T)
 {
-    const size_t N = (size_t)B * T, C = (size_t)cfg->C, V = (size_t)cfg->V;
+    const size_t N = (size_t)B * T, C = (size_t)cfg->C, V = vocab_padded(cfg->V);
     const size_t att = (size_t)B * cfg->NH * T * T;
     size_t used = 0;
 #define TAKE(ptr, type, count)                                                 \
@@ -193,7 +197,8 @@ static void sizes_of(const struct gpt_config *cfg, int maxB, int T, int world, s
     sz->transient = (size_t)world * (s0 + 2 * max_shard) * (sizeof(bf16) + sizeof(float)) +
                     (world > 1 ? (s0 + 2 * max_shard) * sizeof(float) : 0);
     sz->acts = carve_acts(&a, NULL, cfg, maxB, T);
-    sz->other = BLAS_WORKSPACE + 2 * (size_t)maxB * T * sizeof(int) + 4 * sizeof(double);
+    sz->other = BLAS_WORKSPACE + 2 * (size_t)maxB * T * sizeof(int) + 4 * sizeof(double) +
+                vocab_padded(cfg->V) * cfg->C * sizeof(bf16); /* the padded head */
 }
 
 size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, int world)
@@ -374,12 +379,15 @@ static int head_fwd(struct gpu_zero *z, const bf16 *nw, const bf16 *ew, int with
                     double *acc)
 {
     struct gpu_acts *a = &z->a;
-    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V;
+    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V, Vp = z->Vp;
     CUDA_CK(k_layernorm_fwd(z->cs, a->lnf, a->lnf_mean, a->lnf_rstd, a->res3[z->cfg.L - 1],
                             nw + z->noff[0], nw + z->noff[1], N, C));
-    TRY(linear_fwd(z, a->logits, a->lnf, ew + z->eoff[0], NULL, N, C, V)); /* tied head */
+    /* tied head over the padded vocabulary: the logits of padding are 0, masked in the loss */
+    CUDA_CK(cudaMemcpyAsync(z->head_w, ew + z->eoff[0], sizeof(bf16) * (size_t)V * C, cudaMemcpyDeviceToDevice,
+                            z->cs));
+    TRY(linear_fwd(z, a->logits, a->lnf, z->head_w, NULL, N, C, Vp));
     if (with_targets)
-        CUDA_CK(k_crossentropy_fwd(z->cs, a->logits, a->losses, acc, z->d_tgt, N, V));
+        CUDA_CK(k_crossentropy_fwd(z->cs, a->logits, a->losses, acc, z->d_tgt, N, V, Vp));
     return 0;
 }
 
@@ -387,10 +395,12 @@ static int head_bwd(struct gpu_zero *z, float *dn, float *de, const bf16 *nw, co
                     float dloss)
 {
     struct gpu_acts *a = &z->a;
-    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V;
-    CUDA_CK(k_crossentropy_bwd(z->cs, a->dlogits, a->logits, z->d_tgt, dloss, N, V));
-    TRY(linear_bwd(z, a->dsmall, de + z->eoff[0], NULL, NULL, a->dlogits, a->lnf, ew + z->eoff[0],
-                   N, C, V));
+    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V, Vp = z->Vp;
+    (void)ew; /* the head's weights are z->head_w, copied from ew in head_fwd */
+    CUDA_CK(k_crossentropy_bwd(z->cs, a->dlogits, a->logits, z->d_tgt, dloss, N, V, Vp));
+    /* d(lnf) over all Vp columns (the padding's are zero), d(wte) for its V real rows only */
+    TRY(gemm(z, 0, 0, C, N, Vp, z->head_w, C, 0, a->dlogits, Vp, 0, a->dsmall, C, 0, 1, 1.0f, 0.0f));
+    TRY(gemm(z, 0, 1, C, V, N, a->lnf, C, 0, a->dlogits, Vp, 0, de + z->eoff[0], C, 0, 1, 1.0f, 1.0f));
     CUDA_CK(cudaMemsetAsync(a->dres, 0, sizeof(float) * (size_t)N * C, z->cs));
     CUDA_CK(k_layernorm_bwd(z->cs, a->dres, dn + z->noff[0], dn + z->noff[1], a->dsmall,
                             a->res3[z->cfg.L - 1], nw + z->noff[0], a->lnf_mean, a->lnf_rstd, N,
@@ -773,6 +783,11 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     TRY(gpu_alloc(z, (void **)&z->g, tf, "gradient shard"));
     TRY(gpu_alloc(z, (void **)&z->pbf, z->total * sizeof(bf16), "bf16 weight shard"));
     TRY(gpu_alloc(z, (void **)&z->decay, z->total, "weight-decay mask"));
+    z->Vp = (int)vocab_padded(cfg->V);
+    const size_t head_rows = (size_t)z->Vp * cfg->C;
+    TRY(gpu_alloc(z, (void **)&z->head_w, head_rows * sizeof(bf16), "padded head weights"));
+    /* rows V..Vp-1 stay zero; rows 0..V-1 are copied from each gathered embedding */
+    CUDA_CK(cudaMemsetAsync(z->head_w, 0, head_rows * sizeof(bf16), z->cs));
     /* On cs, not the legacy stream: cudaMemset is asynchronous, and the
      * legacy stream does not order work on the non-blocking cs and ns. */
     CUDA_CK(cudaMemsetAsync(z->p, 0, tf, z->cs));
@@ -880,7 +895,7 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
     gpu_zero_release_comm(z); /* then every stream can run out */
     if (z->blas) /* before its workspace goes */
         cublasDestroy(z->blas);
-    void *bufs[] = {z->p, z->m, z->v, z->g, z->pbf, z->decay, z->acts_mem, z->d_inp, z->d_tgt,
+    void *bufs[] = {z->p, z->m, z->v, z->g, z->pbf, z->decay, z->head_w, z->acts_mem, z->d_inp, z->d_tgt,
                     z->d_stats, z->workspace, z->slot[0], z->slot[1], z->slot[2], z->gbuf[0],
                     z->gbuf[1], z->gbuf[2], z->rsbuf[0], z->rsbuf[1], z->rsbuf[2]};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
