@@ -15,6 +15,9 @@
  * holds a 32 MiB cuBLAS workspace. */
 #define GPU_ALIGN_FLOATS 64
 #define GPU_BLAS_WORKSPACE (32u << 20)
+/* ... and computes the tied head over the vocabulary padded to a multiple
+ * of 64, from a bf16 copy of wte with that many rows (gpu.h GPU_VOCAB_ALIGN). */
+#define GPU_VOCAB_ALIGN 64
 #define BF16 2
 
 const char *plan_device_name(enum plan_device d) { return d == PLAN_GPU ? "gpu" : "cpu"; }
@@ -67,7 +70,7 @@ static uint64_t cpu_act_floats(const struct gpt_config *c, uint64_t B, uint64_t 
  * buffers in bf16 or fp32 as that file says, each rounded up to 256 bytes. */
 static uint64_t gpu_act_bytes(const struct gpt_config *c, uint64_t B, uint64_t T)
 {
-    const uint64_t N = B * T, C = (uint64_t)c->C, V = (uint64_t)c->V;
+    const uint64_t N = B * T, C = (uint64_t)c->C, V = round_up((uint64_t)c->V, GPU_VOCAB_ALIGN);
     const uint64_t att = B * (uint64_t)c->NH * T * T, F = sizeof(float);
 #define R(x) round_up((x), 256)
     uint64_t block = R(N * C * BF16) + 2 * R(N * F) + R(3 * N * C * BF16) + R(att * BF16) +
@@ -135,7 +138,8 @@ static void memory(struct plan *p, const struct zero_shards *zs, int B)
         const uint64_t three = zs->shard[0] + 2 * zs->max_shard;
         p->transient = N * three * (BF16 + sizeof(float)) + (N > 1 ? three * sizeof(float) : 0);
         p->workspace = 0; /* NCCL's buffers are its own and not predicted */
-        p->fixed = GPU_BLAS_WORKSPACE + 4 * sizeof(double);
+        p->fixed = GPU_BLAS_WORKSPACE + 4 * sizeof(double) +
+                   round_up((uint64_t)in->cfg.V, GPU_VOCAB_ALIGN) * (uint64_t)in->cfg.C * BF16;
     } else {
         p->state = zero_shards_state_bytes(zs);
         p->transient = zero_shards_transient_bytes(zs);

@@ -283,7 +283,8 @@ static const char *env_get(char **env, const char *name)
 
 START_TEST(rank_env_gpu)
 {
-    char *parent[] = {"PATH=/usr/bin", "RANK=99", "CUDA_VISIBLE_DEVICES=0,1,2,3", "HOME=/root", NULL};
+    char *parent[] = {"PATH=/usr/bin", "RANK=99", "CUDA_VISIBLE_DEVICES=0,1,2,3", "HOME=/root",
+                      "CUDA_DEVICE_ORDER=FASTEST_FIRST", NULL};
     struct rank_identity id = {.rank = 9, .local_rank = 1, .world_size = 16, .local_world_size = 8,
                                .generation = 4, .node = "node-b", .kind = PROTO_DEV_GPU, .device = 5};
     char **env = rank_env_build(parent, &id);
@@ -298,6 +299,8 @@ START_TEST(rank_env_gpu)
     ck_assert_str_eq(env_get(env, "MUSTER_NODE"), "node-b");
     ck_assert_str_eq(env_get(env, "MUSTER_CTL_FD"), "3");
     ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "5");
+    /* the device is NVML's ordinal (PCI bus order): CUDA must count the same way */
+    ck_assert_str_eq(env_get(env, "CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
     cmdline_free(env);
 }
 END_TEST

@@ -5,7 +5,11 @@
  *
  *   1. tiny forward and backward, same weights and batch, GPU vs CPU:
  *      loss within 2e-2 relative; every tensor's gradient within 5e-2 in
- *      normalised L2 (|g_gpu - g_cpu| / |g_cpu|). Why these bounds: the GPU
+ *      normalised L2 (|g_gpu - g_cpu| / |g_cpu|); again with a vocabulary
+ *      of 129, which the GPU's head pads to 192 (gpu.h GPU_VOCAB_ALIGN):
+ *      the padding's logits leaking into the softmax would move the loss by
+ *      ~8% (log(192/129) over ~ln(129)) and every gradient with it; padded
+ *      head rows left unset (NaN under cuemu) would make them NaN. Why these bounds: the GPU
  *      rounds weights and matrix-product inputs to bf16 (8 bits of mantissa,
  *      relative rounding 2^-9 = 2e-3 per value); through ~10 chained
  *      products and the softmax the errors add up to about 1e-2 on the
@@ -69,11 +73,16 @@ static int gpu_fwd_bwd(struct gpu_zero *z, const int *inp, const int *tgt, int B
     return rc;
 }
 
-static void check_tiny(void)
+/* vocab 0: tiny's own (256), then NCCL world 1 and an abort; otherwise tiny
+ * with that vocabulary, which the GPU pads (GPU_VOCAB_ALIGN). */
+static void check_tiny(int vocab)
 {
-    printf("tiny forward/backward, GPU (bf16) vs CPU (fp32):\n");
     struct gpt_config cfg;
     gpt_preset("tiny", &cfg);
+    if (vocab)
+        cfg.V = vocab;
+    const int Vp = (cfg.V + GPU_VOCAB_ALIGN - 1) / GPU_VOCAB_ALIGN * GPU_VOCAB_ALIGN;
+    printf("tiny (vocab %d, %d on the GPU) forward/backward, GPU (bf16) vs CPU (fp32):\n", cfg.V, Vp);
     const int B = 4, T = cfg.T;
     struct gpt cpu;
     if (gpt_create(&cpu, &cfg, B, T)) {
@@ -94,7 +103,7 @@ static void check_tiny(void)
 
     char err[1024], name[96];
     struct gpu_zero *z;
-    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, err, sizeof(err))) {
+    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, NULL, err, sizeof(err))) {
         CHECK(0, "gpu_zero_init: %s", err);
         goto out;
     }
@@ -115,6 +124,8 @@ static void check_tiny(void)
         CHECK(e <= 5e-2, "gradients: worst normalised L2 error %.2e in %s (bound 5e-2)", e, name);
     }
     gpu_zero_free(z);
+    if (vocab)
+        goto out;
 
     printf("NCCL world 1 through the ZeRO-3 path, then abort:\n");
     uint8_t id[GPU_ID_BYTES];
@@ -122,7 +133,7 @@ static void check_tiny(void)
         printf("  skipped: built without NCCL\n");
         goto out;
     }
-    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, id, err, sizeof(err))) {
+    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, id, NULL, err, sizeof(err))) {
         CHECK(0, "gpu_zero_init with NCCL: %s", err);
         goto out;
     }
@@ -178,7 +189,7 @@ static void check_train(const char *data, const char *model, int steps, double b
         CHECK(0, "CPU trainer: %s", err);
         return;
     }
-    if (gpu_trainer_init(&gpu, &spec, 0, 1, NULL, err, sizeof(err))) {
+    if (gpu_trainer_init(&gpu, &spec, 0, 1, NULL, NULL, err, sizeof(err))) {
         CHECK(0, "GPU trainer: %s", err);
         trainer_free(&cpu);
         return;
@@ -274,7 +285,7 @@ static void check_checkpoints(const char *data)
     CHECK(rc == 0, "CPU trainer: 5 steps and a checkpoint%s%s", rc ? ": " : "", rc ? err : "");
     if (rc)
         goto out;
-    rc = gpu_trainer_init(&gpu, &spec, 0, 1, NULL, err, sizeof(err));
+    rc = gpu_trainer_init(&gpu, &spec, 0, 1, NULL, NULL, err, sizeof(err));
     if (!rc)
         rc = gpu_trainer_load(&gpu, from_cpu, err, sizeof(err));
     CHECK(rc == 0, "the GPU trainer loads the CPU checkpoint%s%s", rc ? ": " : "", rc ? err : "");
@@ -303,7 +314,7 @@ static void check_checkpoints(const char *data)
     CHECK(rc == 0 && cpu.step == 10 && same_state(&cpu, full),
           "the CPU trainer loads the GPU checkpoint at step 10, bit for bit%s%s", rc ? ": " : "",
           rc ? err : "");
-    if (!rc && (rc = gpu_trainer_init(&again, &spec, 0, 1, NULL, err, sizeof(err))) == 0) {
+    if (!rc && (rc = gpu_trainer_init(&again, &spec, 0, 1, NULL, NULL, err, sizeof(err))) == 0) {
         rc = gpu_trainer_load(&again, from_gpu, err, sizeof(err));
         float *mine[3];
         for (int k = 0; k < 3; k++)
@@ -323,7 +334,7 @@ static void check_checkpoints(const char *data)
     struct gpu_zero *z;
     if (gpu_unique_id(id) == -ENOTSUP) {
         printf("  skipped the NCCL all-gather: built without NCCL\n");
-    } else if (gpu_zero_init(&z, &cfg, 1, cfg.T, 0, 1, id, err, sizeof(err)) == 0) {
+    } else if (gpu_zero_init(&z, &cfg, 1, cfg.T, 0, 1, id, NULL, err, sizeof(err)) == 0) {
         const uint64_t words[3] = {~0ull, 12345, 1ull << 60};
         uint64_t got[3] = {0};
         rc = gpu_zero_gather_u64(z, words, 3, got);
@@ -403,7 +414,8 @@ int main(int argc, char **argv)
     gpu_device_name(name, sizeof(name));
     printf("gpu-check on %s\n", name);
     check_plan_estimate();
-    check_tiny();
+    check_tiny(0);
+    check_tiny(129); /* padded to 192: unmasked, the 63 zero logits would add ~0.4 nats to the loss */
     check_train(argv[1], model, steps, bound);
     check_checkpoints(argv[1]);
     printf("gpu-check: %s (%d failure%s)\n", failures ? "FAILED" : "passed", failures,

@@ -28,6 +28,10 @@ cublasStatus_t cublasDestroy(cublasHandle_t h)
 {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    /* cuBLAS may still use its workspace until the handle is destroyed */
+    if (h->workspace_bytes && !cuemu::is_device(h->workspace, h->workspace_bytes))
+        cuemu::fatal("cublasDestroy: the workspace given to cublasSetWorkspace was freed before "
+                     "the handle was destroyed");
     delete h;
     return CUBLAS_STATUS_SUCCESS;
 }

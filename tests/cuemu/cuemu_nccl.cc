@@ -1,23 +1,34 @@
 /*
  * cuemu_nccl: NCCL collectives between ranks that are processes or threads
- * (see include/nccl.h and tests/cuemu/README.md).
+ * (see include/nccl.h and tests/cuemu/README.md), as strict as NCCL's
+ * documented semantics where healing depends on them.
  *
  * ncclGetUniqueId creates a world: a POSIX shared-memory segment, named in
  * the id, holding a process-shared robust mutex (waiters poll it), the
- * state of the collective being gathered and one staging area per rank. For collective
- * number c every rank waits until the world is at c, copies what it sends
- * into its staging area and records the call; the last to arrive checks
- * that the calls agree (operation, count, type, reduction, root) and opens
- * the reading phase; each rank computes its own result from the staging
- * areas (reductions in rank order, in the element type, bf16 through fp32)
- * and leaves; the last to leave moves the world on to c + 1. A rank that
- * waits longer than CUEMU_NCCL_TIMEOUT_S (default 60) seconds is reported
- * with what every rank was doing, and the process stops: real NCCL would
- * hang. ncclCommAbort marks the world aborted, and so does a rank that
- * died holding the lock; collectives of an aborted world leave NaN in
- * their receive buffers. The segment is unlinked once every rank has
- * joined; segments left by processes that died before that are removed by
- * the next ncclGetUniqueId.
+ * state of the collective being gathered and one staging area per rank.
+ * A collective is an operation on its stream that finishes only when every
+ * rank has arrived at the same collective number: each copies what it sends
+ * into its staging area, the last to arrive checks that the calls agree
+ * (operation, count, type, reduction, root), each rank computes its own
+ * result (reductions in rank order, in the element type, bf16 through fp32)
+ * and the last to leave moves the world on. A peer that died or aborted
+ * never arrives, so the collective never finishes: a stream query says not
+ * ready, a host wait waits (reported as a hang after CUEMU_NCCL_TIMEOUT_S).
+ * Only this rank's own ncclCommAbort ends it, leaving NaN (0xff bytes) in
+ * its receive buffer.
+ *
+ * The handle is checked as NCCL's contract says: after ncclCommAbort or
+ * ncclCommDestroy every use is reported (the handle is freed there); two
+ * threads inside calls on one communicator at once are reported (abort
+ * frees what the other call uses). ncclCommInitRank waits for every rank
+ * for ever; with config.blocking = 0 init, finalize and collectives return
+ * ncclInProgress and ncclCommGetAsyncError says when they are done (calling
+ * anything else before is reported). ncclCommFinalize completes once every
+ * rank has finalized (never with a peer gone); ncclCommDestroy of a
+ * communicator that was not finalized finalizes it first, so with a peer
+ * gone it blocks. ncclCommGetAsyncError answers ncclRemoteError for a dead
+ * or aborted peer only with CUEMU_NCCL_REMOTE_ERROR=1 (NCCL over sockets
+ * notices a closed peer; over NVLink or shared memory it does not).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -63,12 +75,15 @@ struct part {
 struct world {
     uint32_t magic;
     pthread_mutex_t mu;
-    int n, joined, aborted;
+    int n, joined;
     unsigned long long round; /* the collective being gathered */
     int reading;              /* all have arrived: the staging areas are read */
     int arrived, left;
     part parts[MAX_RANKS];
     int present[MAX_RANKS];
+    pid_t pid[MAX_RANKS];     /* each rank's process */
+    int gone[MAX_RANKS];      /* aborted its communicator */
+    int finalized[MAX_RANKS];
     unsigned long long at[MAX_RANKS]; /* each rank's next collective */
     size_t stage_bytes;       /* per rank */
 };
@@ -78,37 +93,31 @@ char *stage_of(world *w, int rank) { return (char *)w + header_bytes() + (size_t
 
 }
 
+enum comm_state { LIVE, ABORTED, DESTROYED };
+/* A call of a non-blocking communicator not yet done (ncclInProgress). */
+enum comm_pending { NONE, INIT, FINALIZE, ENQUEUE };
+
 struct cuemu_comm {
     world *w;
     size_t map_bytes;
     int rank;
     unsigned long long next;
-    bool aborted;
+    bool blocking;
+    bool finalized;                  /* a finalize completed */
+    std::atomic<int> state;          /* comm_state */
+    std::atomic<int> in_call;        /* threads inside an NCCL call on it */
+    std::atomic<const char *> in_what;
+    std::atomic<int> pending;        /* comm_pending */
 };
 
 namespace {
 
-long timeout_s()
-{
-    const char *s = getenv("CUEMU_NCCL_TIMEOUT_S");
-    long v = s ? strtol(s, NULL, 10) : 60;
-    return v > 0 ? v : 60;
-}
-
-struct timespec deadline()
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_s();
-    return ts;
-}
-
-/* A lock holder that died counts as an abort. */
+/* A rank that died holding the lock never arrives again: nothing else
+ * needs doing (its collective cannot finish). */
 void lock(world *w)
 {
     int e = pthread_mutex_lock(&w->mu);
     if (e == EOWNERDEAD) {
-        w->aborted = 1;
         pthread_mutex_consistent(&w->mu);
     } else if (e) {
         cuemu::fatal("NCCL world: pthread_mutex_lock: %s", strerror(e));
@@ -117,19 +126,24 @@ void lock(world *w)
 
 void unlock(world *w) { pthread_mutex_unlock(&w->mu); }
 
-/* Lets the others move, then looks again (caller holds the lock); false at
- * the deadline. Polling, not a process-shared condition variable: glibc's
- * pthread_cond_broadcast can wait for every waiter to let go, and a rank
- * SIGKILLed while waiting never does. */
-bool wait_for(world *w, const struct timespec *dl)
+void nap()
 {
-    unlock(w);
-    const struct timespec nap = {0, 200 * 1000};
-    nanosleep(&nap, NULL);
-    lock(w);
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return now.tv_sec < dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec < dl->tv_nsec);
+    const struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Rank r left the world: it aborted, or its process is gone. Caller holds the lock. */
+bool rank_lost(const world *w, int r)
+{
+    return w->gone[r] || (w->pid[r] > 0 && kill(w->pid[r], 0) != 0 && errno == ESRCH);
+}
+
+bool peer_lost(const world *w, int me)
+{
+    for (int r = 0; r < w->n; r++)
+        if (r != me && rank_lost(w, r))
+            return true;
+    return false;
 }
 
 size_t type_size(ncclDataType_t t)
@@ -262,58 +276,68 @@ void compute(world *w, int rank, const part &p)
     }
 }
 
-[[noreturn]] void stuck(world *w, const cuemu_comm *me, unsigned long long seq, const part &p)
+/* What every rank is doing, for the report of a collective that cannot finish. */
+std::string why_stuck(const world *w, const cuemu_comm *me, unsigned long long seq, const part &p)
 {
-    std::string who;
+    std::string who = "rank " + std::to_string(me->rank) + " is in NCCL collective #" +
+                      std::to_string(seq + 1) + ", " + describe(p);
     for (int r = 0; r < w->n; r++) {
-        std::string what = w->present[r] ? "waits in " + describe(w->parts[r])
+        if (r == me->rank)
+            continue;
+        std::string what = rank_lost(w, r) ? "is gone (aborted or dead): real NCCL waits for it "
+                                             "until this rank aborts"
+                           : w->present[r] ? "waits in " + describe(w->parts[r])
                            : w->at[r] > seq ? "is past it" : "has not reached it";
         who += "; rank " + std::to_string(r) + " " + what;
     }
-    cuemu::fatal("rank %d waited %ld s in NCCL collective #%llu, %s%s", me->rank, timeout_s(),
-                 seq + 1, describe(p).c_str(), who.c_str());
+    return who;
 }
 
-/* What a collective of an aborted world leaves: garbage (0xff bytes: NaN),
- * never a plausible result. */
+/* What a collective that this rank's abort cut short leaves: garbage
+ * (0xff bytes: NaN), never a plausible result. */
 void aborted_result(const part &p, int n)
 {
     memset(p.recv, 0xff, recv_bytes(p, n));
 }
 
-void collective(cuemu_comm *c, const part &p)
+/* Collective number seq of this rank, as far as it can go now; true once
+ * it is done (phase: 0 not arrived, 1 arrived). */
+bool collective_step(cuemu_comm *c, const part &p, unsigned long long seq, int *phase)
 {
     world *w = c->w;
-    const struct timespec dl = deadline();
+    if (c->state.load() != LIVE) {
+        aborted_result(p, w->n);
+        return true;
+    }
     lock(w);
-    const unsigned long long seq = c->next++;
-    w->at[c->rank] = c->next;
-    while (!w->aborted && (w->round != seq || w->reading))
-        if (!wait_for(w, &dl))
-            stuck(w, c, seq, p);
-    if (w->aborted) {
+    if (c->state.load() != LIVE) { /* ncclCommAbort sets it under the lock */
         unlock(w);
         aborted_result(p, w->n);
-        return;
+        return true;
     }
-    const size_t sb = send_bytes(p, w->n);
-    if (sb > w->stage_bytes)
-        cuemu::fatal("%s of %zu bytes: more than cuemu's staging area of %zu bytes per rank "
-                     "(CUEMU_NCCL_STAGING_MB)", op_name[p.op], sb, w->stage_bytes);
-    memcpy(stage_of(w, c->rank), p.send, sb);
-    w->parts[c->rank] = p;
-    w->present[c->rank] = 1;
-    if (++w->arrived == w->n) {
-        check_agreement(w, seq);
-        w->reading = 1;
+    if (*phase == 0) {
+        if (w->round != seq || w->reading) {
+            cuemu::note_stuck(why_stuck(w, c, seq, p));
+            unlock(w);
+            return false;
+        }
+        const size_t sb = send_bytes(p, w->n);
+        if (sb > w->stage_bytes)
+            cuemu::fatal("%s of %zu bytes: more than cuemu's staging area of %zu bytes per rank "
+                         "(CUEMU_NCCL_STAGING_MB)", op_name[p.op], sb, w->stage_bytes);
+        memcpy(stage_of(w, c->rank), p.send, sb);
+        w->parts[c->rank] = p;
+        w->present[c->rank] = 1;
+        if (++w->arrived == w->n) {
+            check_agreement(w, seq);
+            w->reading = 1;
+        }
+        *phase = 1;
     }
-    while (!w->aborted && !w->reading)
-        if (!wait_for(w, &dl))
-            stuck(w, c, seq, p);
-    if (w->aborted) {
+    if (!w->reading) {
+        cuemu::note_stuck(why_stuck(w, c, seq, p));
         unlock(w);
-        aborted_result(p, w->n);
-        return;
+        return false;
     }
     unlock(w);
     compute(w, c->rank, p); /* nobody writes the staging areas while reading */
@@ -325,19 +349,95 @@ void collective(cuemu_comm *c, const part &p)
         w->round++;
     }
     unlock(w);
+    return true;
 }
 
-ncclResult_t queue(cuemu_comm *c, const part &p, cudaStream_t s)
+/* Every NCCL call on a communicator goes through enter/leave: a handle
+ * that was aborted or destroyed is freed memory in NCCL, and two threads
+ * in calls on one communicator at once is what NCCL forbids. */
+void enter(cuemu_comm *c, const char *what, bool check_pending = true)
 {
-    if (!c || c->aborted)
-        return ncclInvalidUsage;
+    if (c->in_call.fetch_add(1) != 0)
+        cuemu::fatal("%s while another thread is inside %s on the same communicator: NCCL "
+                     "communicators are not thread-safe", what, c->in_what.load());
+    c->in_what.store(what);
+    if (c->state.load() != LIVE)
+        cuemu::fatal("%s on a communicator after %s: NCCL freed it there (use after free)", what,
+                     c->state.load() == ABORTED ? "ncclCommAbort" : "ncclCommDestroy");
+    if (check_pending && c->pending.load() != NONE)
+        cuemu::fatal("%s while the communicator's last call is still ncclInProgress: poll "
+                     "ncclCommGetAsyncError until it is not", what);
+    /* a real call takes microseconds: a racing thread has time to meet it */
+    const struct timespec ts = {0, 20 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+void leave(cuemu_comm *c) { c->in_call.fetch_sub(1); }
+
+ncclResult_t queue(cuemu_comm *c, const char *what, const part &p, cudaStream_t s)
+{
+    if (!c)
+        return ncclInvalidArgument;
+    enter(c, what);
     const int n = c->w->n;
     if (!type_size(p.type) || !cuemu::is_device(p.send, send_bytes(p, n)) ||
-        !cuemu::is_device(p.recv, recv_bytes(p, n)))
+        !cuemu::is_device(p.recv, recv_bytes(p, n)) || (p.op == BROADCAST && (p.root < 0 || p.root >= n))) {
+        leave(c);
         return ncclInvalidArgument;
-    cuemu::enqueue(s, op_name[p.op], [c, p]() { collective(c, p); });
-    return ncclSuccess;
+    }
+    const unsigned long long seq = c->next++;
+    lock(c->w);
+    c->w->at[c->rank] = c->next;
+    unlock(c->w);
+    int *phase = new int(0);
+    cuemu::enqueue_poll(s, op_name[p.op], [c, p, seq, phase]() {
+        if (!collective_step(c, p, seq, phase))
+            return false;
+        delete phase;
+        return true;
+    });
+    ncclResult_t r = ncclSuccess;
+    if (!c->blocking) { /* a non-blocking communicator may answer "in progress" */
+        c->pending.store(ENQUEUE);
+        r = ncclInProgress;
+    }
+    leave(c);
+    return r;
 }
+
+bool all_finalized(const world *w)
+{
+    for (int r = 0; r < w->n; r++)
+        if (!w->finalized[r])
+            return false;
+    return true;
+}
+
+/* A blocking NCCL call waiting on the other ranks: on a GPU it would wait
+ * for ever; reported once that is clear. */
+void wait_all(cuemu_comm *c, const char *what, bool (*done)(const world *))
+{
+    world *w = c->w;
+    const time_t t0 = time(NULL);
+    lock(w);
+    while (!done(w)) {
+        if (time(NULL) - t0 > cuemu::hang_timeout_s()) {
+            std::string who;
+            for (int r = 0; r < w->n; r++)
+                if (rank_lost(w, r))
+                    who += " " + std::to_string(r);
+            cuemu::fatal("%s: rank %d waited %ld s for the others (gone:%s); real NCCL waits for "
+                         "ever (use a non-blocking communicator and abort it)", what, c->rank,
+                         cuemu::hang_timeout_s(), who.empty() ? " none, they never called it" : who.c_str());
+        }
+        unlock(w);
+        nap();
+        lock(w);
+    }
+    unlock(w);
+}
+
+bool all_joined(const world *w) { return w->joined == w->n; }
 
 /* /dev/shm/cuemu-nccl-PID-* of processes that are gone. */
 void remove_stale_worlds()
@@ -405,7 +505,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+/* Joins the world; blocking: waits for every rank. */
+static ncclResult_t init_rank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, bool blocking)
 {
     *comm = NULL;
     if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks ||
@@ -440,54 +541,90 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
         munmap(m, (size_t)st.st_size);
         return ncclInvalidUsage;
     }
+    w->pid[rank] = getpid();
     if (++w->joined == w->n)
         shm_unlink(name); /* everyone has it mapped */
-    const struct timespec dl = deadline();
-    while (w->joined < w->n && !w->aborted)
-        if (!wait_for(w, &dl)) {
-            unlock(w);
-            fprintf(stderr, "cuemu: ncclCommInitRank: rank %d of %d waited %ld s for the others\n",
-                    rank, nranks, timeout_s());
-            return ncclSystemError;
-        }
     unlock(w);
     cuemu_comm *c = new cuemu_comm();
     c->w = w;
     c->map_bytes = (size_t)st.st_size;
     c->rank = rank;
+    c->blocking = blocking;
+    if (blocking) {
+        wait_all(c, "ncclCommInitRank", all_joined);
+        *comm = c;
+        return ncclSuccess;
+    }
+    c->pending.store(INIT);
     *comm = c;
-    return ncclSuccess;
+    return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+    return init_rank(comm, nranks, id, rank, true);
 }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t *config)
 {
-    (void)config; /* the communicator is ready on return either way */
-    return ncclCommInitRank(comm, nranks, id, rank);
+    return init_rank(comm, nranks, id, rank, !config || config->blocking);
 }
 
-ncclResult_t ncclCommFinalize(ncclComm_t comm) { return comm ? ncclSuccess : ncclInvalidArgument; }
+ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    if (!comm)
+        return ncclInvalidArgument;
+    enter(comm, "ncclCommFinalize");
+    lock(comm->w);
+    comm->w->finalized[comm->rank] = 1;
+    unlock(comm->w);
+    ncclResult_t r = ncclSuccess;
+    if (comm->blocking) {
+        wait_all(comm, "ncclCommFinalize", all_finalized);
+        comm->finalized = true;
+    } else {
+        comm->pending.store(FINALIZE);
+        r = ncclInProgress;
+    }
+    leave(comm);
+    return r;
+}
 
+/* Without a finalize first, NCCL finalizes here: with a peer gone it blocks. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclInvalidArgument;
-    munmap(comm->w, comm->map_bytes);
-    delete comm;
+    enter(comm, "ncclCommDestroy");
+    if (!comm->finalized) {
+        lock(comm->w);
+        comm->w->finalized[comm->rank] = 1;
+        unlock(comm->w);
+        wait_all(comm, "ncclCommDestroy (not finalized first: it finalizes)", all_finalized);
+    }
+    comm->state.store(DESTROYED);
+    leave(comm);
     return ncclSuccess;
 }
 
-/* Wakes every rank waiting in a collective of this world. The handle and
- * its mapping are kept: another thread may still be inside a collective
- * with it (a few hundred bytes, for the life of the process). */
+/* Ends this rank's collectives (their buffers get garbage) and frees the
+ * handle: the peers' collectives do not finish until they abort too. The
+ * object is kept as a tombstone, so that later uses are reported. */
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)
         return ncclInvalidArgument;
+    if (comm->state.load() != LIVE)
+        cuemu::fatal("ncclCommAbort on a communicator after %s: NCCL freed it there (use after free)",
+                     comm->state.load() == ABORTED ? "ncclCommAbort" : "ncclCommDestroy");
     lock(comm->w);
-    comm->aborted = true;
-    comm->w->aborted = 1;
+    comm->state.store(ABORTED);
+    comm->w->gone[comm->rank] = 1;
     unlock(comm->w);
+    if (comm->in_call.load() != 0)
+        cuemu::fatal("ncclCommAbort while another thread is inside %s on the same communicator: "
+                     "the abort frees what that call uses", comm->in_what.load());
     return ncclSuccess;
 }
 
@@ -495,9 +632,29 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 {
     if (!comm)
         return ncclInvalidArgument;
-    lock(comm->w);
-    *err = comm->w->aborted ? ncclRemoteError : ncclSuccess;
-    unlock(comm->w);
+    enter(comm, "ncclCommGetAsyncError", false);
+    world *w = comm->w;
+    lock(w);
+    *err = ncclSuccess;
+    switch (comm->pending.load()) {
+    case INIT:
+        *err = all_joined(w) ? ncclSuccess : ncclInProgress;
+        break;
+    case FINALIZE:
+        *err = all_finalized(w) ? ncclSuccess : ncclInProgress;
+        comm->finalized = *err == ncclSuccess;
+        break;
+    default:
+        break;
+    }
+    if (*err == ncclSuccess) {
+        comm->pending.store(NONE);
+        const char *e = getenv("CUEMU_NCCL_REMOTE_ERROR");
+        if (e && strcmp(e, "1") == 0 && peer_lost(w, comm->rank))
+            *err = ncclRemoteError;
+    }
+    unlock(w);
+    leave(comm);
     return ncclSuccess;
 }
 
@@ -525,27 +682,25 @@ const char *ncclGetLastError(ncclComm_t comm)
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t t,
                            ncclComm_t comm, cudaStream_t s)
 {
-    return queue(comm, part{ALL_GATHER, sendcount, t, ncclSum, 0, send, recv}, s);
+    return queue(comm, "ncclAllGather", part{ALL_GATHER, sendcount, t, ncclSum, 0, send, recv}, s);
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t t,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t s)
 {
-    return queue(comm, part{REDUCE_SCATTER, recvcount, t, op, 0, send, recv}, s);
+    return queue(comm, "ncclReduceScatter", part{REDUCE_SCATTER, recvcount, t, op, 0, send, recv}, s);
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t s)
 {
-    return queue(comm, part{ALL_REDUCE, count, t, op, 0, send, recv}, s);
+    return queue(comm, "ncclAllReduce", part{ALL_REDUCE, count, t, op, 0, send, recv}, s);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
                            ncclComm_t comm, cudaStream_t s)
 {
-    if (!comm || root < 0 || root >= comm->w->n)
-        return ncclInvalidArgument;
-    return queue(comm, part{BROADCAST, count, t, ncclSum, root, send, recv}, s);
+    return queue(comm, "ncclBroadcast", part{BROADCAST, count, t, ncclSum, root, send, recv}, s);
 }
 
 } /* extern "C" */

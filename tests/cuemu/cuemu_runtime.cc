@@ -19,6 +19,13 @@
  * (numbered per OS thread in creation order, or "all") that run each
  * operation as soon as it is queued: running the same test with the
  * communication stream eager and then lazy exercises both orders.
+ *
+ * An operation may be unable to finish (an NCCL collective whose peer is
+ * gone, or has not called it): a query (cudaStreamQuery, cudaEventQuery)
+ * then answers cudaErrorNotReady, and a host wait (stream or event
+ * synchronisation, cudaFree, a copy into pageable memory) waits, as on a
+ * device, forever: after CUEMU_NCCL_TIMEOUT_S seconds it is reported as the
+ * hang it is and the process stops.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,7 +48,7 @@ struct cuemu_stream {
     int number;                  /* 1, 2, ... per OS thread */
     bool eager;
     bool draining;
-    std::deque<std::function<void()>> queue;
+    std::deque<std::function<bool()>> queue; /* true: done */
     std::deque<std::string> what; /* for messages */
     unsigned long long issued, done;
     pthread_t owner;
@@ -145,11 +152,23 @@ static void count_op()
     ops_run++;
 }
 
-/* Runs s's queue until s->done >= target. */
-static void drain_to(cuemu_stream *s, unsigned long long target)
+static thread_local std::string stuck_why;
+
+void note_stuck(const std::string &why) { stuck_why = why; }
+
+long hang_timeout_s()
+{
+    const char *s = getenv("CUEMU_NCCL_TIMEOUT_S");
+    long v = s ? strtol(s, NULL, 10) : 60;
+    return v > 0 ? v : 60;
+}
+
+/* Runs s's queue while its operations finish, up to target; true once
+ * s->done >= target. Never waits. */
+static bool try_drain(cuemu_stream *s, unsigned long long target)
 {
     if (!s)
-        return;
+        return true;
     if (s->draining && s->done < target)
         fatal("stream %d must run further (to operation %llu) while it waits at operation %llu "
               "(\"%s\"): a cycle of cudaStreamWaitEvent, which would hang the device",
@@ -159,14 +178,34 @@ static void drain_to(cuemu_stream *s, unsigned long long target)
               "streams on their own thread)", s->number);
     s->draining = true;
     while (s->done < target) {
-        std::function<void()> fn = std::move(s->queue.front());
+        if (!s->queue.front()())
+            break;
         s->queue.pop_front();
         s->what.pop_front();
-        fn();
         s->done++;
         count_op();
     }
     s->draining = false;
+    return s->done >= target;
+}
+
+/* A host wait: until s->done >= target, however long that takes on a
+ * device; reported once it is clearly never. */
+static void drain_to(cuemu_stream *s, unsigned long long target)
+{
+    if (try_drain(s, target))
+        return;
+    const double t0 = now_ms();
+    const struct timespec nap = {0, 200 * 1000};
+    while (!try_drain(s, target)) {
+        if (now_ms() - t0 > hang_timeout_s() * 1e3)
+            fatal("a host wait for stream %d has not returned for %ld s: its operation \"%s\" "
+                  "cannot finish (%s); on a GPU this wait never returns: poll "
+                  "(cudaStreamQuery/cudaEventQuery) and abort the communicator instead",
+                  s->number, hang_timeout_s(), s->what.front().c_str(),
+                  stuck_why.empty() ? "it waits for another stream" : stuck_why.c_str());
+        nanosleep(&nap, NULL);
+    }
 }
 
 void drain_stream(cudaStream_t s)
@@ -176,7 +215,7 @@ void drain_stream(cudaStream_t s)
     drain_to(s, s->issued);
 }
 
-void enqueue(cudaStream_t s, const char *what, std::function<void()> fn)
+void enqueue_poll(cudaStream_t s, const char *what, std::function<bool()> fn)
 {
     if (!s)
         s = legacy();
@@ -184,7 +223,15 @@ void enqueue(cudaStream_t s, const char *what, std::function<void()> fn)
     s->what.push_back(what);
     s->issued++;
     if (s->eager && !s->draining)
-        drain_to(s, s->issued);
+        try_drain(s, s->issued);
+}
+
+void enqueue(cudaStream_t s, const char *what, std::function<void()> fn)
+{
+    enqueue_poll(s, what, [fn]() {
+        fn();
+        return true;
+    });
 }
 
 static bool eager_number(int n)
@@ -461,15 +508,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     return cudaSuccess;
 }
 
-/* Polling makes progress one operation at a time. */
+/* Polling runs what can run; an operation that cannot finish yet leaves
+ * the stream not ready. */
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
     if (!s)
         s = legacy();
-    if (s->done == s->issued)
-        return cudaSuccess;
-    drain_to(s, s->done + 1);
-    return s->done == s->issued ? cudaSuccess : cudaErrorNotReady;
+    return try_drain(s, s->issued) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaDeviceSynchronize(void)
@@ -520,7 +565,11 @@ cudaError_t cudaEventQuery(cudaEvent_t e)
 {
     if (!e)
         return cudaErrorInvalidResourceHandle;
-    return !e->stream || e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
+    if (!e->stream || e->stream->done >= e->seq)
+        return cudaSuccess;
+    if (pthread_equal(e->stream->owner, pthread_self())) /* its thread runs it */
+        try_drain(e->stream, e->seq);
+    return e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -544,7 +593,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
     const unsigned long long seq = e->seq;
     if (!other || other == s)
         return cudaSuccess;
-    enqueue(s, "cudaStreamWaitEvent", [other, seq]() { drain_to(other, seq); });
+    enqueue_poll(s, "cudaStreamWaitEvent", [other, seq]() { return try_drain(other, seq); });
     return cudaSuccess;
 }
 

@@ -50,3 +50,38 @@ $(BUILD)/cuemu/zero-world: $(call cuemu_obj,tests/cuemu/zero-world.c) $(CUEMU_OB
 	$(Q)$(CUEMU_LINK)
 
 CUEMU_BINS += $(BUILD)/cuemu/zero-world
+
+# The communicator under failures (tests/cuemu/gpu-faults.c).
+$(BUILD)/cuemu/gpu-faults: $(call cuemu_obj,tests/cuemu/gpu-faults.c) $(CUEMU_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CUEMU_LINK)
+
+CUEMU_BINS += $(BUILD)/cuemu/gpu-faults
+
+# The same program under ASan+UBSan and under TSan, for its abort race: the
+# race runs no kernel (cuemu's fibers are what sanitizers cannot follow), so
+# the GPU path's communicator code and cuemu are built instrumented here,
+# each in its own object directory; the CPU code they call is linked as is.
+comma := ,
+GPU_FAULTS_SRCS := tests/cuemu/gpu-faults.c $(CUEMU_SRCS) $(GPU_CU_SRCS) $(COMM_NCCL_SRC)
+define gpu_faults_san
+$(BUILD)/cuemu-$(1)/obj/%.o: %.c
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  CC      $$< (cuemu, $(1))")
+	$$(Q)$$(CC) $$(ALL_CFLAGS) $(2) -fopenmp $$(CUEMU_DEFS) -MMD -MP -c -o $$@ $$<
+$(BUILD)/cuemu-$(1)/obj/%.o: %.cc
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  CXX     $$< ($(1))")
+	$$(Q)$$(CXX) $$(CUEMU_CXXFLAGS) $(2) -MMD -MP -c -o $$@ $$<
+$(BUILD)/cuemu-$(1)/obj/%.o: %.cu
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  CXX     $$< (cuemu, $(1))")
+	$$(Q)$$(CXX) $$(CUEMU_CXXFLAGS) $(2) -x c++ -MMD -MP -c -o $$@ $$<
+$(BUILD)/cuemu/gpu-faults-$(1): $(patsubst %,$(BUILD)/cuemu-$(1)/obj/%.o,$(basename $(GPU_FAULTS_SRCS))) \
+		$(call obj,$(TRAIN_SRCS)) $(LIBMUSTER)
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CXX) $$(ALL_LDFLAGS) $(2) -fopenmp -o $$@ $$^ $$(BLAS_LIBS) $$(LIBS_JSON) -lpthread -lm
+CUEMU_BINS += $(BUILD)/cuemu/gpu-faults-$(1)
+endef
+$(eval $(call gpu_faults_san,asan,-fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined))
+$(eval $(call gpu_faults_san,tsan,-fsanitize=thread))

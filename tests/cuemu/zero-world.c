@@ -20,12 +20,7 @@
  * either sign. Bounds: 1e-2, 1e-4, 1e-2, 2e-2; a wrong shard offset, a unit
  * reduced twice or AdamW on the wrong shard is off by order 1e-1 and more.
  *
- * Then a peer's abort: rank 1 of 2 aborts its communicator (as a rank does
- * when its generation breaks) before rank 0 sums a number over both. Rank
- * 0's sum must fail and its gpu_zero count as failed (the generation's
- * failure), not return the garbage an aborted collective leaves: that
- * garbage, read as a loss, once made a rank report that the run diverged
- * and leave instead of waiting for the next generation.
+ * A peer's failure (abort, death, formation) is gpu-faults.c's.
  */
 #include <errno.h>
 #include <math.h>
@@ -108,7 +103,7 @@ static void *rank_main(void *p)
     const int rank = a->rank, b = G / r->world, T = r->cfg.T;
     char err[1024];
     struct gpu_zero *z;
-    int rc = gpu_zero_init(&z, &r->cfg, b, T, rank, r->world, r->world > 1 ? r->id : NULL, err,
+    int rc = gpu_zero_init(&z, &r->cfg, b, T, rank, r->world, r->world > 1 ? r->id : NULL, NULL, err,
                            sizeof(err));
     if (rc) {
         fail(r, rc, err);
@@ -167,60 +162,6 @@ static int train(struct run *r)
     for (int k = 0; k < r->world; k++)
         pthread_join(th[k], NULL);
     return r->rc;
-}
-
-/* Both ranks of a world of 2: rank 1 aborts, then rank 0 sums. */
-struct abort_run {
-    struct gpt_config cfg;
-    uint8_t id[GPU_ID_BYTES];
-    pthread_barrier_t aborted;
-    int init_rc[2], sum_rc, failed;
-    double sum;
-};
-
-struct abort_arg {
-    struct abort_run *run;
-    int rank;
-};
-
-static void *abort_rank(void *p)
-{
-    struct abort_arg *a = p;
-    struct abort_run *r = a->run;
-    char err[1024];
-    struct gpu_zero *z = NULL;
-    r->init_rc[a->rank] = gpu_zero_init(&z, &r->cfg, 1, r->cfg.T, a->rank, 2, r->id, err, sizeof(err));
-    if (z && a->rank == 1)
-        gpu_zero_abort(z);
-    pthread_barrier_wait(&r->aborted);
-    if (z && a->rank == 0) {
-        r->sum = 1.0;
-        r->sum_rc = gpu_zero_sum(z, &r->sum);
-        r->failed = gpu_zero_failed(z);
-    }
-    gpu_zero_free(z);
-    return NULL;
-}
-
-static void peer_abort(const struct gpt_config *cfg)
-{
-    struct abort_run r = {.cfg = *cfg};
-    pthread_t th[2];
-    struct abort_arg args[2] = {{&r, 0}, {&r, 1}};
-    if (gpu_unique_id(r.id)) {
-        CHECK(0, "peer abort: gpu_unique_id failed");
-        return;
-    }
-    pthread_barrier_init(&r.aborted, NULL, 2);
-    for (int k = 0; k < 2; k++)
-        pthread_create(&th[k], NULL, abort_rank, &args[k]);
-    for (int k = 0; k < 2; k++)
-        pthread_join(th[k], NULL);
-    pthread_barrier_destroy(&r.aborted);
-    CHECK(r.init_rc[0] == 0 && r.init_rc[1] == 0, "peer abort: both ranks joined (%d, %d)", r.init_rc[0],
-          r.init_rc[1]);
-    CHECK(r.sum_rc != 0 && r.failed, "peer abort: rank 0's sum after rank 1 aborted fails (got %d, sum %g) and "
-          "its communicator counts as failed (%d)", r.sum_rc, r.sum, r.failed);
 }
 
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1); }
@@ -285,7 +226,6 @@ int main(void)
     }
     free(base.final);
     free(base.grad1);
-    peer_abort(&cfg);
     free(inp);
     free(tgt);
     gpt_destroy(&cpu);

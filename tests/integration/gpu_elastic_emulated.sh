@@ -16,6 +16,15 @@
 # put in the wrong place, starts over near ln(vocab)), and a's ranks are
 # never restarted. The re-slice itself is checked bit for bit by the ckpt
 # and zero suites (ckpt_reslice, GPU slicing included).
+# Every emulated GPU has 48 MiB (CUEMU_DEVICE_MB): one tiny trainer takes
+# about 33 MiB (32 of them cuBLAS's workspace; 32 MiB is too little), two
+# do not fit. A rank that re-slices copies its state to the host and frees
+# its old trainer before it builds the new one; built the other way round
+# (the old order), both of a's ranks failed at the shrink building the new
+# trainer ("cudaMalloc(cuBLAS workspace, 0.031 GiB): ... out of memory:
+# 0.015 GiB free of 0.047 GiB on the device"), exited with status 1, and
+# the job restarted them from the seed ("did not shrink to 2 GPU ranks from
+# memory"). Each re-slice must also say that the old trainer left first.
 set -eu
 if [ "${CUEMU:-on}" = off ]; then
     echo "gpu_elastic_emulated: skipped (sanitizer build: cuemu is not built there, see the Makefile)"
@@ -34,7 +43,7 @@ cat > "$ITEST_DIR/job.json" <<JSON
 JSON
 M=$ITEST_DIR/gpu.metrics
 agent() { # NAME: an agent with two (emulated) GPUs
-    "$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" --node "$1" --devices gpu:0,1 --state-dir "$ITEST_DIR/agent-state" \
+    CUEMU_DEVICE_MB=48 "$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" --node "$1" --devices gpu:0,1 --state-dir "$ITEST_DIR/agent-state" \
         --token-file "$ITEST_DIR/token" --rank-cmd "$E/muster-train --metrics $M" >> "$ITEST_DIR/agent-$1.log" 2>&1 &
     AGENT_PID=$!
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
@@ -91,6 +100,11 @@ for p in $before_a; do
     grep -q "(pid $p, generation $gen) exited with status 0" "$ITEST_DIR/agent-a.log" \
         || fail "node a's GPU rank (pid $p) did not finish generation $gen: it was restarted"
 done
+[ "$(grep -c 'its trainer left the device before the one of rank' "$ITEST_DIR/agent-a.log")" -ge 4 ] \
+    || fail "a's ranks did not free their old trainers before building new ones (2 re-slices x 2 ranks)"
+if grep -q 'out of memory\|stays on the device' "$ITEST_DIR/agent-a.log"; then
+    fail "a re-slice did not free the old trainer first: $(grep -m 1 'out of memory\|stays on the device' "$ITEST_DIR/agent-a.log")"
+fi
 [ "$(grep -c '(state from the seed)' "$ITEST_DIR/agent-a.log")" = 1 ] \
     || fail "a generation after the first started from the seed: $(grep 'state from' "$ITEST_DIR/agent-a.log")"
-echo "gpu elastic: shrank 4 -> 2 and grew 2 -> 4 from memory; node a's GPU ranks kept throughout"
+echo "gpu elastic: shrank 4 -> 2 and grew 2 -> 4 from memory on GPUs of 48 MiB (one trainer at a time); node a's GPU ranks kept throughout"

@@ -6,6 +6,11 @@
 #     checkpoints between the paths; with every stream lazy and again with
 #     the communication stream eager (the two orders cuemu can force);
 #   - zero-world: ZeRO-3 over 2 and 3 ranks (threads) against world 1;
+#   - gpu-faults: the communicator under cuemu's strict NCCL (a peer gone
+#     inside a collective, a wait deadline, a free with a peer gone, a
+#     cancelled formation, 1000 aborts racing collectives), the race again
+#     under ASan+UBSan and under TSan (leaks off: cuemu keeps aborted
+#     handles on purpose, to report a later use);
 #   - muster-train --device gpu: checkpoints on the GPU path, resumed on the
 #     GPU path, on the CPU and back, --sample; a rank of a job under the
 #     local launcher on an emulated gpu:0 device;
@@ -20,7 +25,7 @@ if [ "${CUEMU:-on}" = off ]; then
 fi
 . tests/itest-lib.sh
 E=$BUILD/cuemu
-for b in gpu-check zero-world muster-train; do [ -x "$E/$b" ] || fail "$E/$b not built"; done
+for b in gpu-check zero-world gpu-faults gpu-faults-asan gpu-faults-tsan muster-train; do [ -x "$E/$b" ] || fail "$E/$b not built"; done
 
 for i in 1 2 3 4; do cat README.md docs/*.md; done > "$ITEST_DIR/text.txt"
 
@@ -37,6 +42,17 @@ for eager in "" 2; do
         || fail "zero-world under cuemu ($what): $(grep -E 'FAIL|cuemu:' "$ITEST_DIR/world$eager.log")"
 done
 grep -E 'gradients:|world 3: step 1' "$ITEST_DIR/check.log" "$ITEST_DIR/world.log" | sed 's/^[^:]*: */  /'
+
+# A wait cuemu sees can never end is reported after 20 s: far more than any
+# of these needs (each bounds its own waits at 10 s).
+for v in "" -asan -tsan; do
+    args=1000; [ -n "$v" ] && args="1000 race"
+    CUEMU_NCCL_TIMEOUT_S=20 ASAN_OPTIONS=detect_leaks=0 TSAN_OPTIONS=halt_on_error=1 timeout 300 \
+        "$E/gpu-faults$v" $args > "$ITEST_DIR/faults$v.log" 2>&1 \
+        || fail "gpu-faults$v: $(grep -E 'FAIL|cuemu:|Sanitizer|WARNING' "$ITEST_DIR/faults$v.log" | head -5)"
+    grep -q '^gpu-faults: passed' "$ITEST_DIR/faults$v.log" || fail "gpu-faults$v did not pass"
+done
+grep -E 'racing' "$ITEST_DIR/faults-tsan.log" | sed 's/^ *ok */  tsan: /'
 
 train() {
     timeout 120 "$E/muster-train" --standalone --model tiny --data "$ITEST_DIR/text.txt" \

@@ -14,7 +14,7 @@ static const char *const owned[] = {
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE", "MUSTER_GENERATION", "MUSTER_NODE", "MUSTER_CTL_FD", "CUDA_VISIBLE_DEVICES",
-    "MUSTER_RANK_DIR", "MUSTER_STACKS_SIGNAL",
+    "MUSTER_RANK_DIR", "MUSTER_STACKS_SIGNAL", "CUDA_DEVICE_ORDER",
 };
 #define NOWNED (sizeof(owned) / sizeof(owned[0]))
 /* Set to 1 unless the parent has an entry of the name: a collective whose peer died
@@ -105,9 +105,13 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         put_var(env, &n, "MUSTER_NODE", "%s", id->node ? id->node : "") ||
         put_var(env, &n, "MUSTER_CTL_FD", "%d", RANK_CTL_FD))
         goto oom;
-    /* One visible device: the ordinal for a gpu, none for a cpu rank. */
+    /* One visible device: the ordinal for a gpu, none for a cpu rank. The
+     * ordinal is NVML's (the agent's discovery), which is PCI bus order;
+     * CUDA's default order (fastest first) can differ, so it is made the same. */
     if (id->kind == PROTO_DEV_GPU ? put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%" PRIu32, id->device)
                                   : put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%s", ""))
+        goto oom;
+    if (put_var(env, &n, "CUDA_DEVICE_ORDER", "%s", "PCI_BUS_ID"))
         goto oom;
     if (id->omp_threads && !rank_env_get(parent, "OMP_NUM_THREADS") &&
         put_var(env, &n, "OMP_NUM_THREADS", "%" PRIu32, id->omp_threads))

@@ -352,6 +352,8 @@ struct rank_trainer {
     size_t floats;                 /* per shard buffer, which the replica offers compare (the GPU
                                     * trainer without replicas: its state's bytes, as telling) */
     const struct zero *zero;       /* the CPU path's shards (report_measured); NULL on the GPU */
+    int on_host;                   /* its state was copied to the host and its device freed (to_host):
+                                    * a re-slice's source only */
 };
 
 /* The state each rank brings into a generation: the trainer (and replicas)
@@ -408,6 +410,12 @@ struct rank_ops {
                    int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen);
     /* after a restore (a test hook; may be NULL) */
     void (*restored)(struct rank_trainer *rt);
+    /* Before the trainer of another place is built: the state (and the
+     * kept snapshot) copied to host memory and the device's memory freed,
+     * so that two trainers are never on one device; own_block and the
+     * replicas still work (NULL: nothing to free first). 0 or an error,
+     * err set, rt unchanged. */
+    int (*to_host)(struct rank_trainer *rt, char *err, size_t errlen);
 };
 
 /*
@@ -511,7 +519,7 @@ static int cpu_create(const struct job_spec *spec, int rank, int world, struct g
     }
     inject_faults(tr);
     *rt = (struct rank_trainer){&cpu_ops, tr, NULL, &tr->spec, &tr->step, &tr->last_checkpoint_step, rank, world,
-                                tr->zero.plan.total, &tr->zero};
+                                tr->zero.plan.total, &tr->zero, 0};
     if (world > 1 && spec->replicate_every > 0) {
         rt->rep = calloc(1, sizeof(*rt->rep));
         if (!rt->rep || replica_init(rt->rep, &tr->zero, spec->replicate_every, rank) != 0) {
@@ -658,7 +666,7 @@ static void cpu_restored(struct rank_trainer *rt)
 
 static const struct rank_ops cpu_ops = {
     cpu_connect, cpu_create, cpu_attach, cpu_detach, NULL, cpu_destroy, cpu_gather_u64, cpu_broken,
-    cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_own_block, cpu_reslice, cpu_restored,
+    cpu_load, cpu_reset, cpu_train, cpu_sample, cpu_own_block, cpu_reslice, cpu_restored, NULL,
 };
 
 /* ---- the GPU trainer (worker/train/gpu/, in the GPU module) ---- */
@@ -691,13 +699,20 @@ static int gpu_create(const struct job_spec *spec, int rank, int world, struct g
     char err[2048];
     struct gpu_trainer *tr = calloc(1, sizeof(*tr));
     (void)threads;
-    if (!tr || gpu->trainer_init(tr, spec, rank, world, world > 1 ? gc->id : NULL, err, sizeof(err)) != 0) {
-        log_error("%s", tr ? err : "out of memory");
+    /* the NCCL communicator forms inside: a newer generation cancels it */
+    int rc = tr ? gpu->trainer_init(tr, spec, rank, world, world > 1 ? gc->id : NULL, (const int *)superseded, err,
+                                    sizeof(err))
+                : -ENOMEM;
+    if (rc != 0) {
+        if (rc == -ECANCELED)
+            log_warn("%s", err);
+        else
+            log_error("%s", tr ? err : "out of memory");
         free(tr);
-        return -1;
+        return rc;
     }
     *rt = (struct rank_trainer){&gpu_ops, tr, NULL, &tr->spec, &tr->step, &tr->last_checkpoint_step, rank, world,
-                                gpu->zero_state_bytes(tr->z), NULL};
+                                gpu->zero_state_bytes(tr->z), NULL, 0};
     if (world > 1 && spec->replicate_every > 0) {
         if (gpu->trainer_replicas(tr, spec->replicate_every, err, sizeof(err)) != 0) {
             log_error("%s", err);
@@ -720,12 +735,18 @@ static int gpu_create(const struct job_spec *spec, int rank, int world, struct g
 
 static int gpu_attach(struct rank_trainer *rt, struct gen_comms *gc, char *err, size_t errlen)
 {
-    int rc = gpu->trainer_set_comm(rt->tr, gc->id, err, errlen);
+    int rc = gpu->trainer_set_comm(rt->tr, gc->id, (const int *)superseded, err, errlen);
     gc->gpu = gpt(rt)->z;
     return rc;
 }
 
-static void gpu_detach(struct rank_trainer *rt) { gpu->zero_abort(gpt(rt)->z); }
+/* The training thread owns the communicator: it aborts it here (the
+ * control thread's abort only raised the flag). */
+static void gpu_detach(struct rank_trainer *rt)
+{
+    gpu->zero_abort(gpt(rt)->z);
+    gpu->zero_release(gpt(rt)->z);
+}
 
 static void gpu_leave(struct rank_trainer *rt) { gpu->zero_release(gpt(rt)->z); }
 
@@ -774,9 +795,16 @@ static int gpu_reslice(struct rank_trainer *rt, int my_rc, int old_world, int nc
                                 errlen);
 }
 
+static int gpu_to_host(struct rank_trainer *rt, char *err, size_t errlen)
+{
+    int rc = gpu->trainer_to_host(rt->tr, err, errlen);
+    rt->on_host = rc == 0;
+    return rc;
+}
+
 static const struct rank_ops gpu_ops = {
     gpu_connect, gpu_create, gpu_attach, gpu_detach, gpu_leave, gpu_destroy, gpu_gather_u64, gpu_broken,
-    gpu_load, gpu_reset, gpu_train, gpu_sample, gpu_own_block, gpu_reslice, NULL,
+    gpu_load, gpu_reset, gpu_train, gpu_sample, gpu_own_block, gpu_reslice, NULL, gpu_to_host,
 };
 
 /* The trainer table for a device ("cpu" or "gpu"); NULL, logged, when the GPU module cannot be loaded. */
@@ -1097,9 +1125,9 @@ out:
  * GPU the CUDA context and the device state), waits for the next generation
  * of its slot, forms the communicators anew and restores (restore_state);
  * when its rank or the world size changed it builds the trainer of its new
- * place and re-slices the state into it (the GPU trainer: it resumes from
- * the checkpoint). It exits when the job is done, when stopped, and when it
- * fails on its own.
+ * place and re-slices the state into it (the GPU trainer first moves its
+ * state to the host and leaves the device: one trainer on a GPU at a time).
+ * It exits when the job is done, when stopped, and when it fails on its own.
  */
 static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, struct rank_ctl *ctl,
                     const struct rank_assign *as, long long sample, long long stop_after, const char *metrics_path,
@@ -1120,10 +1148,30 @@ static int run_rank(const struct rank_ops *ops, const struct job_spec *spec, str
             log_error("%s", err);
             break;
         }
+        if (rc == 0 && rt.on_host && rt.rank == at.rank && rt.world == at.world && valid) {
+            /* its place came back after a cancelled formation, but its state is on the host now:
+             * a new trainer takes it, and the generation restores it as a new rank's */
+            log_warn("generation %llu: this rank's state was copied off its GPU for a re-slice that did not "
+                     "happen: it is restored like a new rank's", (unsigned long long)at.generation);
+            valid = 0;
+        }
+        if (rc == 0 && rt.tr && !rt.on_host && ops->to_host && (rt.rank != at.rank || rt.world != at.world)) {
+            /* a re-slice: the old trainer leaves the device before the new one is built */
+            char why[1024];
+            if (ops->to_host(&rt, why, sizeof(why)) != 0)
+                log_warn("%s: the old trainer stays on the device while the new one is built", why);
+            else
+                log_info("generation %llu: the state of rank %d of %d is in host memory and its trainer left the "
+                         "device before the one of rank %d of %d is built", (unsigned long long)at.generation,
+                         rt.rank, rt.world, at.rank, at.world);
+        }
         struct held_state held = {rt, valid};
         struct rank_trainer nrt = rt;
-        if (rc == 0 && (!rt.tr || rt.rank != at.rank || rt.world != at.world)) {
-            if (ops->create(spec, at.rank, at.world, &gc, threads, &nrt) != 0)
+        if (rc == 0 && (!rt.tr || rt.on_host || rt.rank != at.rank || rt.world != at.world)) {
+            /* a GPU trainer's communicator forms here: cancelled by a newer generation, it waits for that one */
+            if ((rc = ops->create(spec, at.rank, at.world, &gc, threads, &nrt)) == -ECANCELED)
+                snprintf(err, sizeof(err), "the NCCL communicator's formation was cancelled: a newer generation came");
+            else if (rc != 0)
                 break;
         } else if (rc == 0) {
             rc = ops->attach(&rt, &gc, err, sizeof(err));

@@ -62,7 +62,7 @@ int main(void)
     gpt_layout_init(&lay, &cfg);
 
     struct gpu_zero *z;
-    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, err, sizeof(err))) {
+    if (gpu_zero_init(&z, &cfg, B, T, 0, 1, NULL, NULL, err, sizeof(err))) {
         fprintf(stderr, "gpu-bench: %s\n", err);
         return 1;
     }

@@ -58,29 +58,47 @@ struct gpu_zero;
  * the world's communicator (world >= 1), or NULL for world 1 without NCCL
  * (then "gathers" are device copies). Weights are zero. Returns 0 or a
  * negative code with the reason in err.
+ *
+ * The communicator forms non-blocking and is polled: cancel (NULL: none)
+ * is a C11 atomic_int read atomically; once non-zero (a newer generation
+ * came) the formation is aborted and -ECANCELED returned; a formation not
+ * done within the wait deadline gives -ETIMEDOUT. The thread that calls
+ * gpu_zero_init owns the communicator: every gpu_zero_* call but
+ * gpu_zero_abort and gpu_zero_failed comes from it.
  */
 int gpu_zero_init(struct gpu_zero **out, const struct gpt_config *cfg, int maxB, int T,
-                  int rank, int world, const uint8_t *id, char *err, size_t errlen);
+                  int rank, int world, const uint8_t *id, const int *cancel, char *err,
+                  size_t errlen);
 void gpu_zero_free(struct gpu_zero *z);
 /* The last error's message. */
 const char *gpu_zero_error(const struct gpu_zero *z);
 
-/* Aborts the NCCL communicator (ncclCommAbort): pending and later calls fail
- * with -ECANCELED. Any thread, any time before gpu_zero_free; idempotent. */
+/* Asks for the NCCL communicator to be aborted: an atomic flag, so it
+ * never blocks (muster-train's control thread calls it under its lock).
+ * The owner thread runs ncclCommAbort at its next call or within its
+ * current wait, which then fails with -ECANCELED, as do later calls until
+ * gpu_zero_set_comm. Any thread, any time before gpu_zero_free; idempotent. */
 void gpu_zero_abort(struct gpu_zero *z);
+/* Every host wait with NCCL work queued fails with -ETIMEDOUT (the
+ * communicator aborted) after this long (<= 0: GPU_WAIT_TIMEOUT_MS): the
+ * backstop for a rank that nobody tells its generation broke. */
+void gpu_zero_set_timeout(struct gpu_zero *z, int timeout_ms);
+#define GPU_WAIT_TIMEOUT_MS 300000
 /* Non-zero once the communicator was aborted or an NCCL call failed: the
  * generation broke, as opposed to a CUDA error of this rank's own. */
 int gpu_zero_failed(const struct gpu_zero *z);
-/* Healing in place (docs/training.md): after the abort, lets the work the
- * broken generation queued run out, drops the old communicator and joins
- * the new generation's (id: its NCCL unique id; same rank and world),
- * keeping the device, the streams and the state (weights, moments). Blocks
- * in ncclCommInitRank until every rank has joined. 0 or an error. */
-int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id);
-/* Its first half: the queued work runs out and the old communicator is let
- * go (the zero stays aborted until set_comm joins a new one). After an
- * abort gpu_zero_read_state does this itself: the state of a trainer whose
- * generation broke can be read, for a re-slice into another world. */
+/* Healing in place (docs/training.md): drops the old communicator
+ * (gpu_zero_release_comm) and joins the new generation's (id: its NCCL
+ * unique id; same rank and world), keeping the device, the streams and the
+ * state (weights, moments); the formation as gpu_zero_init's, cancel
+ * included. 0 or an error. */
+int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id, const int *cancel);
+/* Its first half: the communicator is let go (ncclCommFinalize then
+ * ncclCommDestroy when the generation ended cleanly and every rank
+ * finalizes within 10 s or the wait deadline; ncclCommAbort otherwise), then the queued work
+ * runs out. The zero counts as failed until set_comm joins a new one.
+ * After an abort gpu_zero_read_state does this itself: the state of a
+ * trainer whose generation broke can be read, for a re-slice. */
 void gpu_zero_release_comm(struct gpu_zero *z);
 
 /* gpt_init_range for this rank's shards, uploaded. */
@@ -129,6 +147,14 @@ const char *gpu_strerror(int code);
  * shards): zero_shards_init(lay, world, GPU_SHARD_ALIGN) is this trainer's
  * slicing. */
 #define GPU_SHARD_ALIGN 64
+/* The tied head computes logits for the vocabulary padded to a multiple of
+ * this many tokens (V = 50257 -> 50304): every row of the logits and of
+ * their bf16 gradient starts 256-byte aligned and the head's products have
+ * a multiple of 64 rows. The padding is the GPU's own: the model state,
+ * its shards and checkpoints hold V rows; the padded rows of the head's
+ * weights are zero, the loss masks their logits out and their gradient is
+ * zero. */
+#define GPU_VOCAB_ALIGN 64
 /*
  * Checkpoints (worker/train/ckpt.h, through worker/train/gpu/gpu_train.c): this
  * rank's shards as host arrays. Unit u is cut into shards of shard[u] floats

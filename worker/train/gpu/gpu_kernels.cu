@@ -509,10 +509,10 @@ cudaError_t k_softmax_causal_bwd(cudaStream_t s, bf16 *dpre, const float *datt, 
 /* ---- cross-entropy: one block per row ---- */
 
 __global__ void crossentropy_fwd_kernel(float *logits, float *losses, double *acc,
-                                        const int *targets, int N, int V)
+                                        const int *targets, int N, int V, int Vp)
 {
     const int row = blockIdx.x;
-    float *z = logits + (size_t)row * V;
+    float *z = logits + (size_t)row * Vp;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
         mx = fmaxf(mx, z[i]);
@@ -529,6 +529,8 @@ __global__ void crossentropy_fwd_kernel(float *logits, float *losses, double *ac
     const float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
         z[i] *= inv;
+    for (int i = V + threadIdx.x; i < Vp; i += blockDim.x)
+        z[i] = 0; /* the padding is no token: probability 0 */
     if (threadIdx.x == 0) {
         /* logsumexp(z) - z[target], without log(p) */
         float loss = logf(sum) - (zt - mx);
@@ -538,30 +540,31 @@ __global__ void crossentropy_fwd_kernel(float *logits, float *losses, double *ac
 }
 
 cudaError_t k_crossentropy_fwd(cudaStream_t s, float *logits, float *losses, double *acc,
-                               const int *targets, int N, int V)
+                               const int *targets, int N, int V, int Vp)
 {
-    LAUNCH(crossentropy_fwd_kernel, N, 512, 0, s)(logits, losses, acc, targets, N, V);
+    LAUNCH(crossentropy_fwd_kernel, N, 512, 0, s)(logits, losses, acc, targets, N, V, Vp);
     return cudaGetLastError();
 }
 
 __global__ void crossentropy_bwd_kernel(bf16 *dlogits, const float *probs, const int *targets,
-                                        float dloss, int N, int V)
+                                        float dloss, int N, int V, int Vp)
 {
-    const size_t total = (size_t)N * V;
+    const size_t total = (size_t)N * Vp;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
-        size_t n = i / V;
-        int c = (int)(i % V);
-        float p = probs[i] - (c == targets[n] ? 1.0f : 0.0f);
+        size_t n = i / Vp;
+        int c = (int)(i % Vp);
+        /* the padding's gradient is zero */
+        float p = c < V ? probs[i] - (c == targets[n] ? 1.0f : 0.0f) : 0.0f;
         dlogits[i] = __float2bfloat16(p * dloss);
     }
 }
 
 cudaError_t k_crossentropy_bwd(cudaStream_t s, bf16 *dlogits, const float *probs,
-                               const int *targets, float dloss, int N, int V)
+                               const int *targets, float dloss, int N, int V, int Vp)
 {
-    LAUNCH(crossentropy_bwd_kernel, blocks_for((size_t)N * V, 256), 256, 0, s)(dlogits, probs,
-                                                                           targets, dloss, N, V);
+    LAUNCH(crossentropy_bwd_kernel, blocks_for((size_t)N * Vp, 256), 256, 0, s)(dlogits, probs,
+                                                                            targets, dloss, N, V, Vp);
     return cudaGetLastError();
 }
 

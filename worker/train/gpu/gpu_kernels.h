@@ -87,12 +87,14 @@ cudaError_t k_gelu_fwd(cudaStream_t s, bf16 *out, const float *inp, size_t n);
 /* d (n) *= gelu'(inp), in place, and d_h = bf16(d). */
 cudaError_t k_gelu_bwd(cudaStream_t s, float *d, bf16 *d_h, const float *inp, size_t n);
 
-/* logits (N,V) become probabilities in place; losses (N); *acc += mean loss. */
+/* logits (N,Vp), rows of the vocabulary padded to Vp >= V, become
+ * probabilities in place over the V real tokens (the padding's: 0, whatever
+ * its logits); losses (N); *acc += mean loss. */
 cudaError_t k_crossentropy_fwd(cudaStream_t s, float *logits, float *losses, double *acc,
-                               const int *targets, int N, int V);
-/* dlogits (N,V) bf16 = (probs - onehot(target)) * dloss. */
+                               const int *targets, int N, int V, int Vp);
+/* dlogits (N,Vp) bf16 = (probs - onehot(target)) * dloss, 0 in the padding. */
 cudaError_t k_crossentropy_bwd(cudaStream_t s, bf16 *dlogits, const float *probs,
-                               const int *targets, float dloss, int N, int V);
+                               const int *targets, float dloss, int N, int V, int Vp);
 
 /* AdamW as worker/train/optim.c, per element decay mask (1: decay). */
 cudaError_t k_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v,

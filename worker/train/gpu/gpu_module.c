@@ -23,6 +23,7 @@ static const struct gpu_module table = {
     .trainer_reset = gpu_trainer_reset,
     .trainer_reslice = gpu_trainer_reslice,
     .trainer_read_state = gpu_trainer_read_state,
+    .trainer_to_host = gpu_trainer_to_host,
     .trainer_failed = gpu_trainer_failed,
     .zero_gather_u64 = gpu_zero_gather_u64,
     .comm_nccl_unique_id = comm_nccl_unique_id,

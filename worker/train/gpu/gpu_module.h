@@ -30,7 +30,7 @@
 #define GPU_MODULE_FILE "muster-train-gpu.so"
 #define GPU_MODULE_ENTRY "gpu_module_entry"
 /* Bumped whenever the table or a type it passes changes. */
-#define GPU_MODULE_ABI 3
+#define GPU_MODULE_ABI 5
 
 /* The first three fields stay where they are in every version: they are
  * what tells a module of another build. */
@@ -47,7 +47,7 @@ struct gpu_module {
     void (*zero_release)(struct gpu_zero *z);
     size_t (*zero_state_bytes)(const struct gpu_zero *z);
     int (*trainer_init)(struct gpu_trainer *tr, const struct job_spec *spec, int rank, int world,
-                        const uint8_t *id, char *err, size_t errlen);
+                        const uint8_t *id, const int *cancel, char *err, size_t errlen);
     void (*trainer_free)(struct gpu_trainer *tr);
     int (*trainer_load)(struct gpu_trainer *tr, const char *path, char *err, size_t errlen);
     int (*trainer_sample)(struct gpu_trainer *tr, int prompt, int *out, int n, char *err,
@@ -56,11 +56,13 @@ struct gpu_module {
                      volatile sig_atomic_t *stop, char *err, size_t errlen);
     /* Healing in place (gpu_train.h). */
     int (*trainer_replicas)(struct gpu_trainer *tr, int every, char *err, size_t errlen);
-    int (*trainer_set_comm)(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
+    int (*trainer_set_comm)(struct gpu_trainer *tr, const uint8_t *id, const int *cancel, char *err,
+                            size_t errlen);
     int (*trainer_reset)(struct gpu_trainer *tr, char *err, size_t errlen);
     int (*trainer_reslice)(struct gpu_trainer *tr, int my_rc, int old_world, int ncontrib, const float *const *mine,
                            int nmine, const int *from_rank, const int *from_index, char *err, size_t errlen);
     int (*trainer_read_state)(struct gpu_trainer *tr, int snapshot, float *block);
+    int (*trainer_to_host)(struct gpu_trainer *tr, char *err, size_t errlen);
     int (*trainer_failed)(struct gpu_trainer *tr);
     int (*zero_gather_u64)(struct gpu_zero *z, const uint64_t *mine, size_t n, uint64_t *all);
 

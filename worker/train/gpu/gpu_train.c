@@ -20,7 +20,7 @@ static double now_s(void)
 }
 
 int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int rank, int world,
-                     const uint8_t *id, char *err, size_t errlen)
+                     const uint8_t *id, const int *cancel, char *err, size_t errlen)
 {
     memset(tr, 0, sizeof(*tr));
     tr->spec = *spec;
@@ -51,7 +51,8 @@ int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int ra
         gpu_trainer_free(tr);
         return -ENOMEM;
     }
-    rc = gpu_zero_init(&tr->z, &tr->cfg, s->micro_batch, s->seq_len, rank, world, id, err, errlen);
+    rc = gpu_zero_init(&tr->z, &tr->cfg, s->micro_batch, s->seq_len, rank, world, id, cancel, err,
+                       errlen);
     if (rc == 0 && (rc = gpu_zero_init_weights(tr->z, (uint64_t)s->seed)) != 0)
         snprintf(err, errlen, "%s", gpu_zero_error(tr->z));
     if (rc)
@@ -66,6 +67,8 @@ void gpu_trainer_free(struct gpu_trainer *tr)
         free(tr->replica);
     }
     gpu_zero_free(tr->z);
+    free(tr->host_state);
+    free(tr->host_snap);
     dataset_close(&tr->data);
     free(tr->inputs);
     free(tr->targets);
@@ -201,9 +204,10 @@ int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t er
     return 0;
 }
 
-int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen)
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, const int *cancel, char *err,
+                         size_t errlen)
 {
-    int rc = gpu_zero_set_comm(tr->z, id);
+    int rc = gpu_zero_set_comm(tr->z, id, cancel);
     if (rc)
         snprintf(err, errlen, "NCCL communicator (rank %d of %d) did not form: %s", tr->rank, tr->world,
                  gpu_zero_error(tr->z));
@@ -229,6 +233,8 @@ int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen)
 
 int gpu_trainer_failed(struct gpu_trainer *tr)
 {
+    if (!tr->z) /* on the host: no generation of its own */
+        return 0;
     return gpu_zero_failed(tr->z) || (tr->replica && replica_failed(tr->replica));
 }
 
@@ -392,12 +398,45 @@ int gpu_trainer_reslice(struct gpu_trainer *tr, int my_rc, int old_world, int nc
 
 int gpu_trainer_read_state(struct gpu_trainer *tr, int snapshot, float *block)
 {
+    if (!tr->z) { /* on the host (gpu_trainer_to_host) */
+        const float *from = snapshot ? tr->host_snap : tr->host_state;
+        if (!from)
+            return -EINVAL;
+        memcpy(block, from, 3 * tr->host_floats * sizeof(float));
+        return 0;
+    }
     const size_t n = state_floats(tr);
     if (!snapshot)
         return gpu_zero_read_state(tr->z, block, block + n, block + 2 * n);
     if (tr->snap_cur < 0)
         return -EINVAL;
     memcpy(block, tr->snap[tr->snap_cur], 3 * n * sizeof(float)); /* pinned host memory already */
+    return 0;
+}
+
+int gpu_trainer_to_host(struct gpu_trainer *tr, char *err, size_t errlen)
+{
+    const size_t n = state_floats(tr), bytes = 3 * n * sizeof(float);
+    float *state = malloc(bytes), *snap = tr->snap_cur >= 0 ? malloc(bytes) : NULL;
+    int rc = state && (tr->snap_cur < 0 || snap) ? 0 : -ENOMEM;
+    if (rc)
+        snprintf(err, errlen, "no host memory for a copy of this rank's state (%.1f MiB)",
+                 (tr->snap_cur >= 0 ? 2.0 : 1.0) * (double)bytes / 1048576.0);
+    else if ((rc = gpu_trainer_read_state(tr, 0, state)) != 0)
+        snprintf(err, errlen, "copying this rank's state from its GPU: %s", gpu_zero_error(tr->z));
+    else if (snap)
+        rc = gpu_trainer_read_state(tr, 1, snap);
+    if (rc) {
+        free(state);
+        free(snap);
+        return rc;
+    }
+    gpu_zero_free(tr->z); /* the pinned snapshot blocks with it */
+    tr->z = NULL;
+    tr->snap[0] = tr->snap[1] = NULL;
+    tr->host_state = state;
+    tr->host_snap = snap;
+    tr->host_floats = n;
     return 0;
 }
 

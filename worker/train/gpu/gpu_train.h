@@ -36,11 +36,17 @@ struct gpu_trainer {
     struct replica *replica; /* peer replicas (worker/train/replica.h), or NULL */
     float *snap[2];          /* their pinned snapshot blocks (gpu_zero_keep_snapshots) */
     int snap_cur, snap_next; /* the block that is the snapshot, the one being taken; -1: none */
+    /* after gpu_trainer_to_host: z is freed (NULL) and the state of the
+     * last step, and the kept snapshot (NULL: none), are host copies of
+     * 3 x host_floats floats each (weights, m, v) */
+    float *host_state, *host_snap;
+    size_t host_floats;
 };
 
-/* id: the NCCL unique id of the world (NULL: world 1 without NCCL). */
+/* id: the NCCL unique id of the world (NULL: world 1 without NCCL);
+ * cancel: the formation's cancellation (gpu_zero_init; NULL: none). */
 int gpu_trainer_init(struct gpu_trainer *tr, const struct job_spec *spec, int rank, int world,
-                     const uint8_t *id, char *err, size_t errlen);
+                     const uint8_t *id, const int *cancel, char *err, size_t errlen);
 void gpu_trainer_free(struct gpu_trainer *tr);
 int gpu_trainer_step(struct gpu_trainer *tr, struct train_step_info *info, char *err,
                      size_t errlen);
@@ -66,7 +72,8 @@ int gpu_train_run(struct gpu_trainer *tr, long stop_after, const struct train_ho
  * failed) rather than this rank.
  */
 int gpu_trainer_replicas(struct gpu_trainer *tr, int every, char *err, size_t errlen);
-int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, char *err, size_t errlen);
+int gpu_trainer_set_comm(struct gpu_trainer *tr, const uint8_t *id, const int *cancel, char *err,
+                         size_t errlen);
 int gpu_trainer_reset(struct gpu_trainer *tr, char *err, size_t errlen);
 
 /* Re-slicing from peers' memory (collective), as trainer_reslice (train.h)
@@ -82,6 +89,15 @@ int gpu_trainer_reslice(struct gpu_trainer *tr, int my_rc, int old_world, int nc
                         const float *const *mine, int nmine, const int *from_rank, const int *from_index,
                         char *err, size_t errlen);
 int gpu_trainer_read_state(struct gpu_trainer *tr, int snapshot, float *block);
+/* Before the trainer of another place is built (a re-slice): this rank's
+ * state and its kept snapshot copied to host memory and everything on the
+ * device freed (the communicator was released before), so that the old and
+ * the new trainer are never on the device together. What stays is what a
+ * re-slice reads: gpu_trainer_read_state (from the host copies), the
+ * replicas held for peers (host memory) and the step; nothing else may be
+ * called but gpu_trainer_free. 0, or -ENOMEM / -EIO with err set and the
+ * trainer unchanged (still on its device). */
+int gpu_trainer_to_host(struct gpu_trainer *tr, char *err, size_t errlen);
 int gpu_trainer_failed(struct gpu_trainer *tr);
 
 /* Checkpoints, collective, as trainer_save / trainer_load (train.h). */

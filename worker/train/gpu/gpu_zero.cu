@@ -16,10 +16,19 @@
  * Slots 0 and 1 alternate between the blocks (unit u in slot (u-1) % 2, the
  * final norm in slot L % 2); slot 2 is the embedding, gathered once per
  * forward and held through the backward for the tied head.
+ *
+ * The NCCL communicator has one owner: the thread that calls gpu_zero_*
+ * (muster-train's training thread). Only it calls NCCL, ncclCommAbort
+ * included; gpu_zero_abort, from any thread, sets an atomic flag the owner
+ * acts on. The communicator is non-blocking (config.blocking = 0) and no
+ * host wait blocks: each polls its event, ncclCommGetAsyncError, the abort
+ * flag and a deadline, since on NCCL a collective whose peer died never
+ * completes until this rank aborts.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -50,8 +59,8 @@ struct gpu_acts {
     float *res3[GPT_MAX_LAYERS];                      /* (N,C) block output */
     bf16 *lnf;
     float *lnf_mean, *lnf_rstd;
-    float *logits;                                    /* (N,V); probabilities after the loss */
-    bf16 *dlogits;                                    /* (N,V) */
+    float *logits;                                    /* (N,Vp); probabilities after the loss */
+    bf16 *dlogits;                                    /* (N,Vp) */
     float *losses;                                    /* (N) */
     float *dres, *dsmall;                             /* (N,C) */
     float *scr_a;                                     /* (N,4C) GEMM outputs */
@@ -73,6 +82,8 @@ struct gpu_zero {
     float *p, *m, *v, *g;
     unsigned char *decay;
     bf16 *pbf;                                 /* bf16 copy of p, the all-gathers' source */
+    int Vp;                                    /* the vocabulary padded to GPU_VOCAB_ALIGN */
+    bf16 *head_w;                              /* (Vp,C): wte of the gathered embedding, zero rows past V */
     /* transient */
     bf16 *slot[NSLOT];                         /* gathered units (world * shard) */
     float *gbuf[NSLOT];                        /* full unit gradients */
@@ -89,7 +100,7 @@ struct gpu_zero {
     float *snap[2];                            /* pinned, 3 x total each: p, m, v */
     int snap_pending;                          /* a snapshot copy the next AdamW must wait for */
     cudaEvent_t ev_gath[NSLOT], ev_free[NSLOT], ev_gready[NSLOT], ev_gfree[NSLOT];
-    cudaEvent_t ev_cast, ev_ns, ev_cs, ev_upload;
+    cudaEvent_t ev_cast, ev_ns, ev_cs, ev_upload, ev_host;
     /* compute-stream stalls on communication: a timing event before and
      * after each wait of cs on ns, a ring of NSTALL pairs */
     cudaEvent_t stall[NSTALL][2];
@@ -100,8 +111,11 @@ struct gpu_zero {
     ncclComm_t nc;
 #endif
     int have_nc;
-    volatile int aborted;
-    int nccl_failed;                           /* an NCCL call failed: the communicator is gone */
+    int abort_req;                             /* gpu_zero_abort was called (any thread; __atomic) */
+    int comm_gone;                             /* the owner ran ncclCommAbort */
+    int nccl_failed;                           /* an NCCL call failed, or a wait timed out */
+    const int *cancel;                         /* formation gives up when non-zero (__atomic) */
+    int timeout_ms;                            /* a host wait with NCCL work fails after this */
     size_t alloc_bytes, peak_bytes, device_total;
     char err[1024];
 };
@@ -109,6 +123,8 @@ struct gpu_zero {
 /* ---- sizes ---- */
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static size_t vocab_padded(int V) { return round_up((size_t)V, GPU_VOCAB_ALIGN); }
 
 static size_t shard_of(size_t numel, int world)
 {
@@ -118,7 +134,7 @@ static size_t shard_of(size_t numel, int world)
 /* Carves the activations from mem (NULL: only counts); returns bytes. */
 static size_t carve_acts(struct gpu_acts *a, char *mem, const struct gpt_config *cfg, int B, int T)
 {
-    const size_t N = (size_t)B * T, C = (size_t)cfg->C, V = (size_t)cfg->V;
+    const size_t N = (size_t)B * T, C = (size_t)cfg->C, V = vocab_padded(cfg->V);
     const size_t att = (size_t)B * cfg->NH * T * T;
     size_t used = 0;
 #define TAKE(ptr, type, count)                                                 \
@@ -181,7 +197,8 @@ static void sizes_of(const struct gpt_config *cfg, int maxB, int T, int world, s
     sz->transient = (size_t)world * (s0 + 2 * max_shard) * (sizeof(bf16) + sizeof(float)) +
                     (world > 1 ? (s0 + 2 * max_shard) * sizeof(float) : 0);
     sz->acts = carve_acts(&a, NULL, cfg, maxB, T);
-    sz->other = BLAS_WORKSPACE + 2 * (size_t)maxB * T * sizeof(int) + 4 * sizeof(double);
+    sz->other = BLAS_WORKSPACE + 2 * (size_t)maxB * T * sizeof(int) + 4 * sizeof(double) +
+                vocab_padded(cfg->V) * cfg->C * sizeof(bf16); /* the padded head */
 }
 
 size_t gpu_zero_estimate_bytes(const struct gpt_config *cfg, int maxB, int T, int world)
@@ -362,12 +379,15 @@ static int head_fwd(struct gpu_zero *z, const bf16 *nw, const bf16 *ew, int with
                     double *acc)
 {
     struct gpu_acts *a = &z->a;
-    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V;
+    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V, Vp = z->Vp;
     CUDA_CK(k_layernorm_fwd(z->cs, a->lnf, a->lnf_mean, a->lnf_rstd, a->res3[z->cfg.L - 1],
                             nw + z->noff[0], nw + z->noff[1], N, C));
-    TRY(linear_fwd(z, a->logits, a->lnf, ew + z->eoff[0], NULL, N, C, V)); /* tied head */
+    /* tied head over the padded vocabulary: the logits of padding are 0, masked in the loss */
+    CUDA_CK(cudaMemcpyAsync(z->head_w, ew + z->eoff[0], sizeof(bf16) * (size_t)V * C, cudaMemcpyDeviceToDevice,
+                            z->cs));
+    TRY(linear_fwd(z, a->logits, a->lnf, z->head_w, NULL, N, C, Vp));
     if (with_targets)
-        CUDA_CK(k_crossentropy_fwd(z->cs, a->logits, a->losses, acc, z->d_tgt, N, V));
+        CUDA_CK(k_crossentropy_fwd(z->cs, a->logits, a->losses, acc, z->d_tgt, N, V, Vp));
     return 0;
 }
 
@@ -375,10 +395,12 @@ static int head_bwd(struct gpu_zero *z, float *dn, float *de, const bf16 *nw, co
                     float dloss)
 {
     struct gpu_acts *a = &z->a;
-    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V;
-    CUDA_CK(k_crossentropy_bwd(z->cs, a->dlogits, a->logits, z->d_tgt, dloss, N, V));
-    TRY(linear_bwd(z, a->dsmall, de + z->eoff[0], NULL, NULL, a->dlogits, a->lnf, ew + z->eoff[0],
-                   N, C, V));
+    const int N = z->B * z->T, C = z->cfg.C, V = z->cfg.V, Vp = z->Vp;
+    (void)ew; /* the head's weights are z->head_w, copied from ew in head_fwd */
+    CUDA_CK(k_crossentropy_bwd(z->cs, a->dlogits, a->logits, z->d_tgt, dloss, N, V, Vp));
+    /* d(lnf) over all Vp columns (the padding's are zero), d(wte) for its V real rows only */
+    TRY(gemm(z, 0, 0, C, N, Vp, z->head_w, C, 0, a->dlogits, Vp, 0, a->dsmall, C, 0, 1, 1.0f, 0.0f));
+    TRY(gemm(z, 0, 1, C, V, N, a->lnf, C, 0, a->dlogits, Vp, 0, de + z->eoff[0], C, 0, 1, 1.0f, 1.0f));
     CUDA_CK(cudaMemsetAsync(a->dres, 0, sizeof(float) * (size_t)N * C, z->cs));
     CUDA_CK(k_layernorm_bwd(z->cs, a->dres, dn + z->noff[0], dn + z->noff[1], a->dsmall,
                             a->res3[z->cfg.L - 1], nw + z->noff[0], a->lnf_mean, a->lnf_rstd, N,
@@ -388,13 +410,133 @@ static int head_bwd(struct gpu_zero *z, float *dn, float *de, const bf16 *nw, co
 
 /* ---- ZeRO-3 traffic on ns ---- */
 
+#define FINALIZE_MS 10000 /* a clean finish of the communicator gets this long at most */
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Between polls: spin briefly, then nap. */
+static void poll_nap(double t0)
+{
+    if (mono_ms() - t0 < 2)
+        return;
+    const struct timespec ts = {0, 50 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int abort_requested(const struct gpu_zero *z) { return __atomic_load_n(&z->abort_req, __ATOMIC_ACQUIRE); }
+
+/* The owner ends the communicator: NCCL's way out of a broken one (its
+ * collectives end, the handle is freed). */
+static void comm_abort_now(struct gpu_zero *z)
+{
+#ifdef MUSTER_HAVE_NCCL
+    if (z->have_nc && !z->comm_gone)
+        ncclCommAbort(z->nc);
+#endif
+    z->comm_gone = 1;
+}
+
 static int alive(struct gpu_zero *z)
 {
-    if (z->aborted) {
+    if (abort_requested(z) || z->comm_gone) {
+        comm_abort_now(z);
         snprintf(z->err, sizeof(z->err), "the communicator was aborted (ncclCommAbort)");
         return -ECANCELED;
     }
     return 0;
+}
+
+#ifdef MUSTER_HAVE_NCCL
+/* An NCCL failure: the generation's; the communicator is aborted. */
+static int nccl_fail(struct gpu_zero *z, const char *call, ncclResult_t r, const char *file, int line)
+{
+    z->nccl_failed = 1;
+    gpu_report_nccl(z->err, sizeof(z->err), call, r, file, line);
+    comm_abort_now(z);
+    return GPU_E_NCCL;
+}
+
+/* Until the communicator's last call is no longer ncclInProgress, watching
+ * the formation's cancellation, the abort flag and the deadline. */
+static int nccl_poll(struct gpu_zero *z, const char *call, int timeout_ms, const char *file, int line)
+{
+    const double t0 = mono_ms();
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(z->nc, &st);
+        if (r != ncclSuccess)
+            st = r;
+        if (st == ncclSuccess)
+            return 0;
+        if (st != ncclInProgress)
+            return nccl_fail(z, call, st, file, line);
+        if (z->cancel && __atomic_load_n(z->cancel, __ATOMIC_ACQUIRE)) {
+            comm_abort_now(z);
+            snprintf(z->err, sizeof(z->err), "%s: cancelled (a newer generation came)", call);
+            return -ECANCELED;
+        }
+        TRY(alive(z));
+        if (mono_ms() - t0 > timeout_ms) {
+            comm_abort_now(z);
+            z->nccl_failed = 1;
+            snprintf(z->err, sizeof(z->err), "%s: not done after %d ms (a peer is gone or never came); "
+                     "the communicator was aborted", call, timeout_ms);
+            return -ETIMEDOUT;
+        }
+        poll_nap(t0);
+    }
+}
+
+/* A call on the non-blocking communicator: done, still in progress (polled), or failed. */
+static int nccl_settle(struct gpu_zero *z, ncclResult_t r, const char *call, const char *file, int line)
+{
+    if (r == ncclInProgress)
+        return nccl_poll(z, call, z->timeout_ms, file, line);
+    return r == ncclSuccess ? 0 : nccl_fail(z, call, r, file, line);
+}
+#define NCCL_Q(call) TRY(nccl_settle(z, (call), #call, __FILE__, __LINE__))
+#endif
+
+/* A host wait for event ev, as host code must wait on NCCL work: its
+ * query, the communicator's asynchronous error, the abort flag and the
+ * deadline, in a loop. A CUDA error of this rank is reported as such
+ * before anything else; the deadline applies once NCCL work may be queued. */
+static int wait_event(struct gpu_zero *z, cudaEvent_t ev, const char *what)
+{
+    const double t0 = mono_ms();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return gpu_report_cuda(z->err, sizeof(z->err), what, e, __FILE__, __LINE__);
+        if (e == cudaErrorNotReady)
+            cudaGetLastError(); /* not an error */
+#ifdef MUSTER_HAVE_NCCL
+        if (z->have_nc && !z->comm_gone) {
+            ncclResult_t ae = ncclSuccess;
+            ncclResult_t r = ncclCommGetAsyncError(z->nc, &ae);
+            if (r != ncclSuccess)
+                ae = r;
+            if (ae != ncclSuccess && ae != ncclInProgress)
+                return nccl_fail(z, "a collective (ncclCommGetAsyncError)", ae, __FILE__, __LINE__);
+        }
+#endif
+        TRY(alive(z)); /* also when done: an aborted collective completes with garbage */
+        if (e == cudaSuccess)
+            return 0;
+        if (z->have_nc && mono_ms() - t0 > z->timeout_ms) {
+            comm_abort_now(z);
+            z->nccl_failed = 1;
+            snprintf(z->err, sizeof(z->err), "%s: not done after %d ms: a peer is gone or stuck in a "
+                     "collective (the communicator was aborted)", what, z->timeout_ms);
+            return -ETIMEDOUT;
+        }
+        poll_nap(t0);
+    }
 }
 
 /* cs waits for the snapshot copy under way before the state changes. */
@@ -415,7 +557,7 @@ static int gather(struct gpu_zero *z, int u, int s)
     CUDA_CK(cudaStreamWaitEvent(z->ns, z->ev_free[s], 0));
 #ifdef MUSTER_HAVE_NCCL
     if (z->have_nc)
-        NCCL_CK(ncclAllGather(z->pbf + z->off[u], z->slot[s], z->shard[u] * sizeof(bf16), ncclUint8,
+        NCCL_Q(ncclAllGather(z->pbf + z->off[u], z->slot[s], z->shard[u] * sizeof(bf16), ncclUint8,
                               z->nc, z->ns));
     else
 #endif
@@ -489,7 +631,7 @@ static int reduce(struct gpu_zero *z, int u, int s)
     const float *src = z->gbuf[s];
 #ifdef MUSTER_HAVE_NCCL
     if (z->have_nc) {
-        NCCL_CK(ncclReduceScatter(z->gbuf[s], z->rsbuf[s], z->shard[u], ncclFloat, ncclAvg, z->nc,
+        NCCL_Q(ncclReduceScatter(z->gbuf[s], z->rsbuf[s], z->shard[u], ncclFloat, ncclAvg, z->nc,
                                   z->ns));
         src = z->rsbuf[s];
     }
@@ -507,29 +649,11 @@ static int join_ns(struct gpu_zero *z)
     return 0;
 }
 
+/* The host waits for everything queued on cs (polling). */
 static int sync_cs(struct gpu_zero *z)
 {
-    cudaError_t e = cudaStreamSynchronize(z->cs);
-    TRY(alive(z));
-    if (e != cudaSuccess)
-        return gpu_report_cuda(z->err, sizeof(z->err), "cudaStreamSynchronize(compute)", e,
-                               __FILE__, __LINE__);
-#ifdef MUSTER_HAVE_NCCL
-    /* A collective that a peer's failure or abort cut short leaves garbage
-     * (NaN) and no error of its own: without this, a loss or vote read
-     * next would be taken for the run's, and a rank whose generation broke
-     * would report that it diverged and leave instead of waiting for the
-     * next generation. */
-    if (z->have_nc) {
-        ncclResult_t ae = ncclSuccess;
-        NCCL_CK(ncclCommGetAsyncError(z->nc, &ae));
-        if (ae != ncclSuccess) {
-            z->nccl_failed = 1;
-            return gpu_report_nccl(z->err, sizeof(z->err), "a collective (ncclCommGetAsyncError)", ae,
-                                   __FILE__, __LINE__);
-        }
-    }
-#endif
+    CUDA_CK(cudaEventRecord(z->ev_host, z->cs));
+    TRY(wait_event(z, z->ev_host, "the compute stream (cudaEventQuery)"));
     sample_peak(z);
     return 0;
 }
@@ -577,6 +701,33 @@ extern "C" int gpu_unique_id(uint8_t id[GPU_ID_BYTES])
 #endif
 }
 
+#ifdef MUSTER_HAVE_NCCL
+/* Joins the communicator of id, non-blocking, polled against the
+ * generation's cancellation, the abort flag and the deadline: a peer that
+ * dies while it forms never completes it. */
+static int comm_form(struct gpu_zero *z, const uint8_t *id)
+{
+    ncclUniqueId u;
+    memcpy(u.internal, id, GPU_ID_BYTES);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    z->nc = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&z->nc, z->world, u, z->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        if (z->nc)
+            ncclCommAbort(z->nc);
+        z->nccl_failed = 1;
+        return gpu_report_nccl(z->err, sizeof(z->err), "ncclCommInitRankConfig", r, __FILE__, __LINE__);
+    }
+    z->have_nc = 1;
+    z->comm_gone = 0;
+    int rc = r == ncclInProgress ? nccl_poll(z, "ncclCommInitRankConfig", z->timeout_ms, __FILE__, __LINE__) : 0;
+    if (rc)
+        z->have_nc = 0; /* aborted */
+    return rc;
+}
+#endif
+
 static int setup(struct gpu_zero *z, const uint8_t *id)
 {
     const struct gpt_config *cfg = &z->cfg;
@@ -587,7 +738,8 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     CUDA_CK(cudaStreamCreateWithFlags(&z->ns, cudaStreamNonBlocking));
     /* created after cs and ns: cuemu numbers streams in creation order (CUEMU_EAGER=2 is ns) */
     CUDA_CK(cudaStreamCreateWithFlags(&z->xs, cudaStreamNonBlocking));
-    cudaEvent_t *evs[] = {&z->ev_cast, &z->ev_ns, &z->ev_cs, &z->ev_upload, &z->ev_updated, &z->ev_snap};
+    cudaEvent_t *evs[] = {&z->ev_cast, &z->ev_ns, &z->ev_cs, &z->ev_upload, &z->ev_updated, &z->ev_snap,
+                          &z->ev_host};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         CUDA_CK(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming));
     for (int s = 0; s < NSLOT; s++) {
@@ -631,6 +783,11 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
     TRY(gpu_alloc(z, (void **)&z->g, tf, "gradient shard"));
     TRY(gpu_alloc(z, (void **)&z->pbf, z->total * sizeof(bf16), "bf16 weight shard"));
     TRY(gpu_alloc(z, (void **)&z->decay, z->total, "weight-decay mask"));
+    z->Vp = (int)vocab_padded(cfg->V);
+    const size_t head_rows = (size_t)z->Vp * cfg->C;
+    TRY(gpu_alloc(z, (void **)&z->head_w, head_rows * sizeof(bf16), "padded head weights"));
+    /* rows V..Vp-1 stay zero; rows 0..V-1 are copied from each gathered embedding */
+    CUDA_CK(cudaMemsetAsync(z->head_w, 0, head_rows * sizeof(bf16), z->cs));
     /* On cs, not the legacy stream: cudaMemset is asynchronous, and the
      * legacy stream does not order work on the non-blocking cs and ns. */
     CUDA_CK(cudaMemsetAsync(z->p, 0, tf, z->cs));
@@ -685,10 +842,7 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
 
     if (id) {
 #ifdef MUSTER_HAVE_NCCL
-        ncclUniqueId u;
-        memcpy(u.internal, id, GPU_ID_BYTES);
-        NCCL_CK(ncclCommInitRank(&z->nc, z->world, u, z->rank));
-        z->have_nc = 1;
+        TRY(comm_form(z, id));
 #else
         snprintf(z->err, sizeof(z->err), "this muster-train was built without NCCL "
                                          "(nccl.h not found at build time): world > 1 needs it");
@@ -700,7 +854,8 @@ static int setup(struct gpu_zero *z, const uint8_t *id)
 }
 
 extern "C" int gpu_zero_init(struct gpu_zero **out, const struct gpt_config *cfg, int maxB, int T,
-                             int rank, int world, const uint8_t *id, char *err, size_t errlen)
+                             int rank, int world, const uint8_t *id, const int *cancel, char *err,
+                             size_t errlen)
 {
     *out = NULL;
     if (maxB < 1 || T < 1 || T > cfg->T || world < 1 || rank < 0 || rank >= world ||
@@ -720,7 +875,10 @@ extern "C" int gpu_zero_init(struct gpu_zero **out, const struct gpt_config *cfg
     z->world = world;
     z->maxB = maxB;
     z->maxT = T;
+    z->cancel = cancel;
+    z->timeout_ms = GPU_WAIT_TIMEOUT_MS;
     int rc = setup(z, id);
+    z->cancel = NULL; /* the caller's, for the formation only */
     if (rc) {
         snprintf(err, errlen, "%s", z->err);
         gpu_zero_free(z);
@@ -734,15 +892,10 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
 {
     if (!z)
         return;
-    if (z->cs)
-        cudaStreamSynchronize(z->cs);
-    if (z->ns)
-        cudaStreamSynchronize(z->ns);
-#ifdef MUSTER_HAVE_NCCL
-    if (z->have_nc && !z->aborted)
-        ncclCommDestroy(z->nc);
-#endif
-    void *bufs[] = {z->p, z->m, z->v, z->g, z->pbf, z->decay, z->acts_mem, z->d_inp, z->d_tgt,
+    gpu_zero_release_comm(z); /* then every stream can run out */
+    if (z->blas) /* before its workspace goes */
+        cublasDestroy(z->blas);
+    void *bufs[] = {z->p, z->m, z->v, z->g, z->pbf, z->decay, z->head_w, z->acts_mem, z->d_inp, z->d_tgt,
                     z->d_stats, z->workspace, z->slot[0], z->slot[1], z->slot[2], z->gbuf[0],
                     z->gbuf[1], z->gbuf[2], z->rsbuf[0], z->rsbuf[1], z->rsbuf[2]};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -752,11 +905,7 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
     cudaFreeHost(z->h_stats);
     cudaFreeHost(z->snap[0]);
     cudaFreeHost(z->snap[1]);
-    if (z->blas)
-        cublasDestroy(z->blas);
-    if (z->xs)
-        cudaStreamSynchronize(z->xs);
-    cudaEvent_t evs[] = {z->ev_cast, z->ev_ns, z->ev_cs, z->ev_upload, z->ev_updated, z->ev_snap};
+    cudaEvent_t evs[] = {z->ev_cast, z->ev_ns, z->ev_cs, z->ev_upload, z->ev_updated, z->ev_snap, z->ev_host};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             cudaEventDestroy(evs[i]);
@@ -781,41 +930,69 @@ extern "C" void gpu_zero_free(struct gpu_zero *z)
 
 extern "C" const char *gpu_zero_error(const struct gpu_zero *z) { return z->err; }
 
-extern "C" int gpu_zero_failed(const struct gpu_zero *z) { return z->aborted || z->nccl_failed; }
+extern "C" int gpu_zero_failed(const struct gpu_zero *z)
+{
+    return abort_requested(z) || z->comm_gone || z->nccl_failed;
+}
+
+#ifdef MUSTER_HAVE_NCCL
+/* A clean end: ncclCommFinalize completes with every rank's, then the
+ * destroy is local. 0, or the communicator was aborted instead. */
+static int comm_finish(struct gpu_zero *z)
+{
+    ncclResult_t r = ncclCommFinalize(z->nc);
+    const int ms = z->timeout_ms < FINALIZE_MS ? z->timeout_ms : FINALIZE_MS;
+    int rc = r == ncclInProgress ? nccl_poll(z, "ncclCommFinalize", ms, __FILE__, __LINE__)
+             : r == ncclSuccess ? 0 : nccl_fail(z, "ncclCommFinalize", r, __FILE__, __LINE__);
+    if (rc == 0)
+        ncclCommDestroy(z->nc);
+    return rc;
+}
+#endif
 
 extern "C" void gpu_zero_release_comm(struct gpu_zero *z)
 {
-    /* What the broken generation queued runs out first (its collectives fail
-     * or leave NaN behind: nothing of it is kept; the state is as of the
-     * last AdamW, which needs no peer). */
-    cudaStreamSynchronize(z->ns);
-    cudaStreamSynchronize(z->cs);
-    cudaStreamSynchronize(z->xs);
-    cudaGetLastError();
 #ifdef MUSTER_HAVE_NCCL
-    if (z->have_nc && !z->aborted)
-        ncclCommDestroy(z->nc); /* ncclCommAbort already freed an aborted one */
+    /* Destroy only after a clean finalize (the generation ended well and
+     * this rank's work is done); abort otherwise: a destroy would wait for
+     * peers that may be gone. */
+    if (z->have_nc && !z->comm_gone) {
+        int clean = !gpu_zero_failed(z) && z->cs && z->ns && join_ns(z) == 0 && sync_cs(z) == 0;
+        if (!clean || comm_finish(z) != 0)
+            comm_abort_now(z);
+    }
 #endif
+    /* Now the queued work can run out (an aborted collective ends, leaving
+     * garbage: nothing of it is kept; the state is the last AdamW's). */
+    cudaStream_t ss[] = {z->ns, z->cs, z->xs};
+    for (int i = 0; i < 3; i++)
+        if (ss[i])
+            cudaStreamSynchronize(ss[i]);
+    cudaGetLastError();
     z->have_nc = 0;
+    z->comm_gone = 1; /* no communicator until set_comm joins one */
     z->stall_first = z->stall_n = 0; /* complete, after the syncs; the broken step is not reported */
     z->stall_ms = 0;
     z->stale = 1; /* the slots may hold what an aborted gather left */
     z->snap_pending = 0;
 }
 
-extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
+extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id, const int *cancel)
 {
     gpu_zero_release_comm(z);
 #ifdef MUSTER_HAVE_NCCL
-    ncclUniqueId u;
-    memcpy(u.internal, id, GPU_ID_BYTES);
-    NCCL_CK(ncclCommInitRank(&z->nc, z->world, u, z->rank));
-    z->have_nc = 1;
-    z->aborted = 0;
+    /* a new generation: what aborted the old one is past (the caller
+     * registers the new abort hook after this returns) */
+    __atomic_store_n(&z->abort_req, 0, __ATOMIC_RELEASE);
     z->nccl_failed = 0;
-    return 0;
+    z->comm_gone = 0;
+    z->cancel = cancel;
+    int rc = comm_form(z, id);
+    z->cancel = NULL;
+    return rc;
 #else
     (void)id;
+    (void)cancel;
     snprintf(z->err, sizeof(z->err), "this muster-train was built without NCCL: world > 1 needs it");
     return -ENOTSUP;
 #endif
@@ -823,13 +1000,13 @@ extern "C" int gpu_zero_set_comm(struct gpu_zero *z, const uint8_t *id)
 
 extern "C" void gpu_zero_abort(struct gpu_zero *z)
 {
-    if (!z || z->aborted)
-        return;
-    z->aborted = 1;
-#ifdef MUSTER_HAVE_NCCL
-    if (z->have_nc)
-        ncclCommAbort(z->nc);
-#endif
+    if (z) /* the owner aborts the communicator at its next call or poll */
+        __atomic_store_n(&z->abort_req, 1, __ATOMIC_RELEASE);
+}
+
+extern "C" void gpu_zero_set_timeout(struct gpu_zero *z, int timeout_ms)
+{
+    z->timeout_ms = timeout_ms > 0 ? timeout_ms : GPU_WAIT_TIMEOUT_MS;
 }
 
 extern "C" int gpu_zero_init_weights(struct gpu_zero *z, uint64_t seed)
@@ -906,7 +1083,7 @@ extern "C" int gpu_zero_forward(struct gpu_zero *z, const int *inputs, const int
     z->B = B;
     z->T = T;
     /* the staging buffers are free once the previous upload is done */
-    CUDA_CK(cudaEventSynchronize(z->ev_upload));
+    TRY(wait_event(z, z->ev_upload, "the staging buffers' last upload (cudaEventQuery)"));
     const size_t nb = sizeof(int) * (size_t)B * T;
     memcpy(z->h_inp, inputs, nb);
     CUDA_CK(cudaMemcpyAsync(z->d_inp, z->h_inp, nb, cudaMemcpyHostToDevice, z->cs));
@@ -996,7 +1173,7 @@ extern "C" int gpu_zero_step_stats(struct gpu_zero *z, double *loss_sum, double 
     if (z->have_nc) {
         CUDA_CK(cudaEventRecord(z->ev_cs, z->cs));
         CUDA_CK(cudaStreamWaitEvent(z->ns, z->ev_cs, 0));
-        NCCL_CK(ncclAllReduce(z->d_stats, z->d_stats, 2, ncclDouble, ncclSum, z->nc, z->ns));
+        NCCL_Q(ncclAllReduce(z->d_stats, z->d_stats, 2, ncclDouble, ncclSum, z->nc, z->ns));
         TRY(join_ns(z));
     }
 #endif
@@ -1021,7 +1198,7 @@ extern "C" int gpu_zero_sum(struct gpu_zero *z, double *x)
                                 cudaMemcpyHostToDevice, z->cs));
         CUDA_CK(cudaEventRecord(z->ev_cs, z->cs));
         CUDA_CK(cudaStreamWaitEvent(z->ns, z->ev_cs, 0));
-        NCCL_CK(ncclAllReduce(z->d_stats + 3, z->d_stats + 3, 1, ncclDouble, ncclSum, z->nc, z->ns));
+        NCCL_Q(ncclAllReduce(z->d_stats + 3, z->d_stats + 3, 1, ncclDouble, ncclSum, z->nc, z->ns));
         TRY(join_ns(z));
         CUDA_CK(cudaMemcpyAsync(z->h_stats + 3, z->d_stats + 3, sizeof(double),
                                 cudaMemcpyDeviceToHost, z->cs));
@@ -1085,7 +1262,7 @@ extern "C" size_t gpu_zero_shard_layout(const struct gpu_zero *z, size_t shard[G
 
 extern "C" int gpu_zero_read_state(struct gpu_zero *z, float *params, float *m, float *v)
 {
-    if (z->aborted) { /* a generation that broke: its queued work runs out; the state is its last AdamW's */
+    if (gpu_zero_failed(z)) { /* a generation that broke: its queued work runs out; the state is its last AdamW's */
         gpu_zero_release_comm(z);
     } else { /* after the last AdamW (cs) and whatever ns still holds */
         TRY(join_ns(z));
@@ -1157,8 +1334,7 @@ extern "C" int gpu_zero_snapshot(struct gpu_zero *z, int k)
 
 extern "C" int gpu_zero_snapshot_wait(struct gpu_zero *z)
 {
-    CUDA_CK(cudaEventSynchronize(z->ev_snap));
-    return 0;
+    return wait_event(z, z->ev_snap, "the snapshot copy (cudaEventQuery)");
 }
 
 #ifdef MUSTER_HAVE_NCCL
@@ -1170,7 +1346,7 @@ static int gather_u64_via(struct gpu_zero *z, uint64_t *d, const uint64_t *mine,
     CUDA_CK(cudaMemcpyAsync(d, mine, n * sizeof(uint64_t), cudaMemcpyHostToDevice, z->cs));
     CUDA_CK(cudaEventRecord(z->ev_cs, z->cs));
     CUDA_CK(cudaStreamWaitEvent(z->ns, z->ev_cs, 0));
-    NCCL_CK(ncclAllGather(d, d_all, n, ncclUint64, z->nc, z->ns));
+    NCCL_Q(ncclAllGather(d, d_all, n, ncclUint64, z->nc, z->ns));
     TRY(join_ns(z));
     CUDA_CK(cudaMemcpyAsync(all, d_all, (size_t)z->world * n * sizeof(uint64_t),
                             cudaMemcpyDeviceToHost, z->cs));
