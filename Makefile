@@ -134,7 +134,7 @@ $(LIBMUSTER): $(LIB_OBJS)
 
 $(BUILD)/musterd: $(call obj,$(DAEMON_SRCS) $(DAEMON_MAIN)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
 
 $(BUILD)/musterctl: $(call obj,$(CTL_SRCS)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
