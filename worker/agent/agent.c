@@ -1605,13 +1605,17 @@ static void on_tick(uv_timer_t *t)
                  "rejoining", a->daemon, a->heartbeat_timeout_ms);
         drop_stalled(a);
     }
-    if (a->link == LINK_CONNECTING && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+    /* Several daemons: one that does not answer (stopped, or its host gone) gives way to the next soon. */
+    uint64_t handshake_ms = a->daemons.n > 1 ? FOLLOW_CONNECT_MS : HANDSHAKE_TIMEOUT_MS;
+    if (a->link == LINK_CONNECTING && now - a->link_since > handshake_ms) {
         a->last_connect_err = UV_ETIMEDOUT;
         fconn_close(a->conn);
         a->conn = NULL;
         try_next_addr(a);
-    } else if ((a->link == LINK_HELLO || a->link == LINK_AUTH) && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+    } else if ((a->link == LINK_HELLO || a->link == LINK_AUTH) && now - a->link_since > handshake_ms) {
         link_lost(a, "handshake timed out");
+        daemon_list_next(&a->daemons);
+        use_daemon(a);
     } else if (a->link == LINK_JOINED && silent >= a->lease_ms) {
         char why[160];
         snprintf(why, sizeof(why), "no frame from the daemon for %" PRIu64 " ms (lease %u ms)", silent, a->lease_ms);
