@@ -140,7 +140,7 @@ $(LIBMUSTER): $(LIB_OBJS)
 
 $(BUILD)/musterd: $(call obj,$(DAEMON_SRCS) $(DAEMON_MAIN)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_HTTP) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread
 
 $(BUILD)/musterctl: $(call obj,$(CTL_SRCS)) $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
@@ -177,6 +177,12 @@ $(BUILD)/tests/comm-bench: $(call obj,tests/comm-bench.c worker/train/comm/comm.
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(NCCL_LIBS) -lpthread -lm
+
+# State write cost, file against etcd, for tests/bench/bench_failover.sh.
+$(BUILD)/tests/store-bench: $(call obj,tests/store-bench.c daemon/state.c daemon/store_etcd.c daemon/etcd_codec.c daemon/leader.c daemon/rdv.c daemon/fitness.c daemon/failure.c) $(LIBMUSTER)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_CURL) $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
 
 # ZeRO-3 vs plain data-parallel step times for tests/bench/bench_zero.sh.
 $(BUILD)/tests/zero-bench: $(call obj,tests/zero-bench.c $(TRAIN_SRCS) $(COMM_NCCL_SRC)) $(LIBMUSTER)
@@ -245,7 +251,7 @@ bench: deps
 	@sh mk/deps.sh bench
 	@$(MAKE) --no-print-directory bench-run
 
-bench-run: all $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents $(BUILD)/tests/rest-load
+bench-run: all $(BUILD)/tests/store-bench $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents $(BUILD)/tests/rest-load
 	@BUILD=$(BUILD) sh tests/bench/run.sh
 
 # AddressSanitizer + UBSan build of everything, then the whole test suite.

@@ -22,6 +22,7 @@
 #include "common/notify.h"
 #include "common/token.h"
 #include "daemon/history.h"
+#include "daemon/etcd_codec.h"
 #include "daemon/http.h"
 #include "daemon/logfetch.h"
 #include "daemon/musterd_config.h"
@@ -30,6 +31,7 @@
 #include "daemon/server.h"
 #include "daemon/snapshot.h"
 #include "daemon/state.h"
+#include "daemon/store_etcd.h"
 #include "daemon/view_build.h"
 
 #define TICK_MS 100
@@ -77,6 +79,8 @@ struct daemon {
     uint64_t stacks_at;         /* when */
     const char *state_dir;
     struct persist persist; /* the state file, written off the loop (group commit) */
+    struct store *store;  /* the job's state in etcd, NULL = the state file */
+    int leading;          /* with a store: elected, state loaded, agents admitted */
     int dirty;            /* snapshot out of date: the job's state changed */
     uint64_t last_publish;
     int exit_on_end;
@@ -112,6 +116,12 @@ static void usage(FILE *out)
             "                           (token files must be mode 0600: chmod 600 FILE)\n"
             "  --preauth-per-address N  unauthenticated control connections one address\n"
             "                           may hold (default 64; the oldest goes for a new one)\n"
+            "  --store etcd://HOST:PORT[,HOST:PORT...]\n"
+            "                           keep the job's state in etcd and lead the job only when\n"
+            "                           elected among the musterd given the same store; the\n"
+            "                           others stand by and take over (docs/operator-guide.md)\n"
+            "  --advertise HOST:PORT    control address agents reach this musterd at (with\n"
+            "                           --store; default: from --listen)\n"
             "  --exit-on-end            when the job completes (exit 0) or fails or stops\n"
             "                           (exit 1), shut the agents down and exit\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
@@ -146,9 +156,20 @@ static void on_changed(void *ctx, int persist)
         persist_state(d); /* frames naming a new generation may follow: they wait for the write */
 }
 
+/* With a store, only a leader whose lease cannot have ended acts: a frame
+ * rdv sends otherwise is dropped (and the store tells the loop it is deposed). */
+static int acting(struct daemon *d)
+{
+    return !d->store || (d->leading && store_acting(d->store));
+}
+
 static void ops_send(void *ctx, const char *node, const struct proto_msg *m)
 {
     struct daemon *d = ctx;
+    if (!acting(d)) {
+        log_debug("%s to %s not sent: this musterd does not lead", proto_type_name(m->type), node);
+        return;
+    }
     server_send(d->server, node, m);
 }
 
@@ -204,6 +225,8 @@ static void log_from_http(void *ctx, struct logfetch_req *req)
 
 static void persist_state(struct daemon *d)
 {
+    if (d->store && !d->leading)
+        return; /* a standby's rdv holds nothing of the job's */
     uint64_t seq = persist_request(&d->persist, &d->rdv);
     if (d->server)
         server_hold(d->server, seq);
@@ -212,8 +235,98 @@ static void persist_state(struct daemon *d)
 static void on_durable(void *ctx, uint64_t seq)
 {
     struct daemon *d = ctx;
-    if (d->server)
+    if (d->server && acting(d))
         server_release(d->server, seq);
+}
+
+/* ---- the store (several musterd for one job) --------------------------- */
+
+/* persist's pool thread: the state to etcd, if this musterd still leads. */
+static int store_sink(void *ctx, const struct rdv_saved *saved, char *err, size_t errlen)
+{
+    struct daemon *d = ctx;
+    char *text = state_to_text(saved);
+    if (!text) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = store_write_state(d->store, text, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* A standby refuses every agent, naming the leader. */
+static int admit(void *ctx, char code[32], char reason[PROTO_REASON_MAX])
+{
+    struct daemon *d = ctx;
+    char leader[LEADER_ADDR_MAX];
+    if (!d->store || d->leading)
+        return 0;
+    store_leader(d->store, leader, sizeof(leader));
+    snprintf(code, 32, "%s", PROTO_REJECT_NOT_LEADER);
+    if (leader[0])
+        snprintf(reason, PROTO_REASON_MAX, "%s leads; this musterd stands by", leader);
+    else
+        snprintf(reason, PROTO_REASON_MAX, "no leader; this musterd stands by until one is elected");
+    return -1;
+}
+
+static void begin_shutdown(struct daemon *d);
+
+/* Elected: the job's state from etcd (none: a fresh job), then agents are admitted. */
+static void take_over(struct daemon *d, struct store_event *ev)
+{
+    static struct rdv_saved saved;
+    char err[1024];
+    if (ev->state) {
+        int rc = state_from_text(ev->state, "etcd key " STORE_PREFIX "<job>/state", &saved, err, sizeof(err));
+        if (rc == 0 && strcmp(saved.job, d->rdv.spec->name) != 0) {
+            snprintf(err, sizeof(err), "the stored state belongs to job '%s', not '%s'", saved.job,
+                     d->rdv.spec->name);
+            rc = -EINVAL;
+        }
+        if (rc == 0 && rdv_restore(&d->rdv, &saved, uv_now(&d->loop)) != 0) {
+            snprintf(err, sizeof(err), "the stored state's membership is inconsistent");
+            rc = -EINVAL;
+        }
+        if (rc != 0) {
+            log_error("elected, but cannot lead: %s", err);
+            d->exit_code = 1;
+            begin_shutdown(d);
+            return;
+        }
+    }
+    d->leading = 1;
+    log_info("leading job %s (term %lld): %s", d->rdv.spec->name, (long long)ev->term,
+             ev->state ? "state loaded from etcd; agents resume their sessions" : "no stored state: a fresh job");
+    char note[PROTO_REASON_MAX];
+    snprintf(note, sizeof(note), "this musterd leads the job (term %lld)", (long long)ev->term);
+    rdv_note(&d->rdv, "leader_elected", note);
+    d->dirty = 1;
+    persist_state(d);
+}
+
+static void on_store_event(void *ctx, struct store_event *ev)
+{
+    struct daemon *d = ctx;
+    if (!d->stopping) {
+        switch (ev->kind) {
+        case STORE_ELECTED: take_over(d, ev); break;
+        case STORE_STANDBY:
+            log_info("standing by: %s leads job %s (term %lld)", ev->leader[0] ? ev->leader : "another musterd",
+                     d->rdv.spec->name, (long long)ev->term);
+            break;
+        case STORE_DEPOSED:
+            /* Never acts again: it goes, and comes back (systemd's Restart=) as a standby. */
+            log_error("no longer leading job %s (term %lld): %s; stepping down", d->rdv.spec->name,
+                      (long long)ev->term, ev->why);
+            notify_sendf("STATUS=stepped down: %s", ev->why);
+            d->exit_code = 1;
+            begin_shutdown(d);
+            break;
+        }
+    }
+    free(ev->state);
 }
 
 /* JSON text of doc (a new reference, taken), or NULL after saying so. */
@@ -286,8 +399,6 @@ static void publish(struct daemon *d)
         notify_sendf("STATUS=%s", line);
     }
 }
-
-static void begin_shutdown(struct daemon *d);
 
 /*
  * The open-file soft limit raised to the hard one (a unit sets the hard one
@@ -475,6 +586,8 @@ int main(int argc, char **argv)
         {"read-token-file", required_argument, NULL, 'r'},
         {"preauth-per-address", required_argument, NULL, 'P'},
         {"exit-on-end", no_argument, NULL, 'x'},
+        {"store", required_argument, NULL, 'S'},
+        {"advertise", required_argument, NULL, 'A'},
         {"log-level", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
@@ -484,6 +597,7 @@ int main(int argc, char **argv)
     const char *config_path = NULL, *job_flag = NULL, *listen_flag = NULL, *http_flag = NULL;
     const char *state_flag = NULL, *token_flag = NULL, *admin_flag = NULL, *level_flag = NULL;
     const char *read_flag = NULL, *per_addr_flag = NULL;
+    const char *store_flag = NULL, *advertise_flag = NULL;
     static struct musterd_config cfg;
     char listen_host[64], http_host[64], err[1024];
     uint16_t listen_port, http_portnum;
@@ -514,6 +628,8 @@ int main(int argc, char **argv)
             per_addr_flag = optarg;
             break;
         case 'x': d.exit_on_end = 1; break;
+        case 'S': store_flag = optarg; break;
+        case 'A': advertise_flag = optarg; break;
         case 'L':
             if (conf_valid_log_level(optarg) != 0) {
                 fprintf(stderr, "musterd: --log-level: expected error, warn, info or debug, got '%s'\n", optarg);
@@ -551,6 +667,17 @@ int main(int argc, char **argv)
     const char *read_path = read_flag ? read_flag : cfg.read_token_file[0] ? cfg.read_token_file : NULL;
     unsigned per_addr = (unsigned)atoi(per_addr_flag ? per_addr_flag : cfg.preauth_per_address);
     d.state_dir = state_flag ? state_flag : cfg.state_dir;
+    const char *store_url = store_flag ? store_flag : cfg.store;
+    const char *advertise = advertise_flag ? advertise_flag : cfg.advertise;
+    struct etcd_endpoints store_ep;
+    if (store_url[0] && etcd_endpoints_parse(store_url, &store_ep, err, sizeof(err)) != 0) {
+        fprintf(stderr, "musterd: --store: %s\n", err);
+        return 2;
+    }
+    if (advertise[0] && conf_valid_hostport(advertise) != 0) {
+        fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
+        return 2;
+    }
     if (!job_path[0]) {
         fprintf(stderr, "musterd: no job: give --job FILE, or \"job\" in musterd.json (--config FILE)\n");
         usage(stderr);
@@ -608,7 +735,8 @@ int main(int argc, char **argv)
     json_decref(job);
 
     static struct rdv_saved saved;
-    int rc = state_read(d.state_dir, &saved, err, sizeof(err));
+    /* With a store, the state comes from etcd once elected (take_over). */
+    int rc = store_url[0] ? -ENOENT : state_read(d.state_dir, &saved, err, sizeof(err));
     if (rc == 0 && strcmp(saved.job, spec.name) != 0) {
         log_error("%s/%s belongs to job '%s', not '%s': use another --state-dir or move the file away",
                   d.state_dir, STATE_FILE_NAME, saved.job, spec.name);
@@ -626,7 +754,8 @@ int main(int argc, char **argv)
     struct server_config scfg = {.addr = listen_host, .port = listen_port, .token = token, .token_len = token_len,
                                  .max_conns = fit_connection_limit(&spec), .preauth_per_addr = per_addr,
                                  .log_data = on_log_data,
-                                 .node_gone = on_node_gone, .hook_ctx = &d};
+                                 .node_gone = on_node_gone, .admit = store_url[0] ? admit : NULL,
+                                 .hook_ctx = &d};
     rc = server_start(&d.server, &d.loop, &scfg, &d.rdv, err, sizeof(err));
     if (rc != 0) {
         log_error("%s", err);
@@ -668,6 +797,27 @@ int main(int argc, char **argv)
         logfetch_destroy(&d.logfetch);
         return 1;
     }
+    if (store_url[0]) {
+        char adv[LEADER_ADDR_MAX], host[256];
+        if (advertise[0])
+            snprintf(adv, sizeof(adv), "%s", advertise);
+        else if (strcmp(listen_host, "0.0.0.0") != 0)
+            snprintf(adv, sizeof(adv), "%s:%u", listen_host, server_port(d.server));
+        else if (gethostname(host, sizeof(host)) == 0)
+            snprintf(adv, sizeof(adv), "%s:%u", host, server_port(d.server));
+        else
+            snprintf(adv, sizeof(adv), "localhost:%u", server_port(d.server));
+        struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv,
+                                   .ttl_s = atoi(cfg.store_lease_s)};
+        rc = store_open(&d.store, &d.loop, &stc, on_store_event, &d, err, sizeof(err));
+        if (rc != 0) {
+            log_error("store %s: %s", store_url, err);
+            return 1;
+        }
+        persist_set_sink(&d.persist, store_sink, &d);
+        log_info("job %s: state in etcd (%s), lease %s s; running for leader as %s", spec.name, store_url,
+                 cfg.store_lease_s, adv);
+    }
     uv_timer_init(&d.loop, &d.tick);
     d.tick.data = &d;
     uv_timer_start(&d.tick, on_tick, TICK_MS, TICK_MS);
@@ -688,6 +838,12 @@ int main(int argc, char **argv)
              server_port(d.server), http_host, http_port(d.http), d.state_dir, STATE_FILE_NAME);
 
     uv_run(&d.loop, UV_RUN_DEFAULT);
+    /* After the last state write: the lease goes (a standby leads at once). */
+    if (d.store) {
+        store_close(d.store);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        store_free(d.store);
+    }
 
     http_stop(d.http);
     logfetch_destroy(&d.logfetch);

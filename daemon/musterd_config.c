@@ -3,8 +3,27 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "daemon/etcd_codec.h"
 
 #define F(field) offsetof(struct musterd_config, field), sizeof(((struct musterd_config *)0)->field)
+
+static int valid_store(const char *s)
+{
+    struct etcd_endpoints ep;
+    char err[64];
+    return s[0] ? etcd_endpoints_parse(s, &ep, err, sizeof(err)) : 0;
+}
+
+static int valid_lease(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *s && !*end && v >= MUSTERD_LEASE_MIN_S && v <= MUSTERD_LEASE_MAX_S ? 0 : -1;
+}
+
+static int valid_advertise(const char *s) { return s[0] ? conf_valid_hostport(s) : 0; }
 
 /* The one table of musterd.json keys. Keep docs/config.md in step. */
 const struct conf_key musterd_config_keys[] = {
@@ -23,6 +42,13 @@ const struct conf_key musterd_config_keys[] = {
     {"preauth_per_address", CONF_STRING, F(preauth_per_address), musterd_valid_count, "an integer 1..1000000", "64",
      "unauthenticated control connections one address may hold; the oldest is closed for a new one"},
     {"job", CONF_PATH, F(job), NULL, "a file", "", "the job spec (keys in docs/jobspec.md); required"},
+    {"store", CONF_STRING, F(store), valid_store, "etcd://HOST:PORT[,HOST:PORT...] (the etcd members)", "",
+     "job state in etcd, with a leader elected among the musterd of the job; unset = the state file"},
+    {"advertise", CONF_STRING, F(advertise), valid_advertise, "HOST:PORT", "",
+     "control address agents reach this musterd at, told to them by a standby; unset = the listen address "
+     "(its port with the host name when it listens on 0.0.0.0)"},
+    {"store_lease_s", CONF_STRING, F(store_lease_s), valid_lease, "whole seconds, 2..60", "3",
+     "TTL of the leader's etcd lease: a lost leader is replaced after about this long"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
      "least severe level logged"},
 };

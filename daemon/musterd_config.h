@@ -21,7 +21,13 @@ struct musterd_config {
     char preauth_per_address[16];    /* unauthenticated control connections from one address */
     char job[PATH_MAX];              /* the job spec */
     char log_level[8];
+    char store[1024];                /* "" = the state file; etcd://... = etcd */
+    char advertise[256];             /* "" = from listen */
+    char store_lease_s[8];
 };
+
+#define MUSTERD_LEASE_MIN_S 2
+#define MUSTERD_LEASE_MAX_S 60
 
 extern const struct conf_key musterd_config_keys[];
 extern const size_t musterd_config_nkeys;

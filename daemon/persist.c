@@ -57,7 +57,8 @@ static void on_timer(uv_timer_t *t) { kick(t->data); }
 static void do_write(uv_work_t *w)
 {
     struct persist *p = w->data;
-    p->rc = state_write(p->dir, p->inflight, p->err, sizeof(p->err));
+    p->rc = p->sink ? p->sink(p->sink_ctx, p->inflight, p->err, sizeof(p->err))
+                    : state_write(p->dir, p->inflight, p->err, sizeof(p->err));
 }
 
 static void after_write(uv_work_t *w, int status)
@@ -70,14 +71,19 @@ static void after_write(uv_work_t *w, int status)
                   (unsigned long long)p->writing, p->inflight->nmembers, (unsigned long long)p->writes);
     } else {
         p->failures++;
-        log_error("state file not written: %s; retrying every %d ms", status ? uv_strerror(status) : p->err,
-                  PERSIST_RETRY_MS);
+        log_error("%s not written: %s; retrying every %d ms", p->sink ? "state" : "state file",
+                  status ? uv_strerror(status) : p->err, PERSIST_RETRY_MS);
         p->have_last = 0;           /* the next write goes to disk whatever its content */
         if (!p->closing)
             p->pending = 1;         /* retried with the state as it is then */
         p->last_start_ms = uv_now(p->loop) + PERSIST_RETRY_MS - PERSIST_SPACING_MS;
     }
-    /* Frames held for this write go out either way: see persist.h. */
+    /* Frames held for this write go out either way (see persist.h), but
+     * for a store that is shared by several musterd (persist_set_sink). */
+    if (p->sink && !(status == 0 && p->rc == 0)) {
+        kick(p);
+        return;
+    }
     if (p->writing > p->durable)
         p->durable = p->writing;
     p->on_durable(p->ctx, p->durable);
@@ -125,6 +131,12 @@ static void kick(struct persist *p)
 idle:
     if (p->closing && !p->busy && !p->pending && !uv_is_closing((uv_handle_t *)&p->timer))
         uv_close((uv_handle_t *)&p->timer, NULL);
+}
+
+void persist_set_sink(struct persist *p, persist_sink_fn sink, void *ctx)
+{
+    p->sink = sink;
+    p->sink_ctx = ctx;
 }
 
 uint64_t persist_request(struct persist *p, const struct rdv *r)

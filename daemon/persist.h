@@ -25,6 +25,7 @@
 #ifndef MUSTER_PERSIST_H
 #define MUSTER_PERSIST_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <uv.h>
@@ -32,6 +33,9 @@
 #include "daemon/rdv.h"
 
 #define PERSIST_SPACING_MS 20
+
+/* Where the state goes instead of the file (runs on the pool thread). */
+typedef int (*persist_sink_fn)(void *ctx, const struct rdv_saved *s, char *err, size_t errlen);
 #define PERSIST_RETRY_MS 1000
 
 struct persist {
@@ -41,6 +45,8 @@ struct persist {
     uv_timer_t timer;       /* spacing and retries */
     void (*on_durable)(void *ctx, uint64_t seq);
     void *ctx;
+    persist_sink_fn sink;   /* NULL: the state file */
+    void *sink_ctx;
     const struct rdv *rdv;      /* copied from when a write starts */
 
     struct rdv_saved *next;     /* scratch for the next write's content (loop's) */
@@ -64,6 +70,14 @@ struct persist {
 /* on_durable runs on the loop thread. Returns 0 or -ENOMEM. */
 int persist_init(struct persist *p, uv_loop_t *loop, const char *dir,
                  void (*on_durable)(void *ctx, uint64_t seq), void *ctx);
+
+/*
+ * The state goes to sink instead of the file (daemon/store_etcd.h). A write
+ * that fails there holds its frames until a later write succeeds: another
+ * musterd may take over from that store, and must not find a generation
+ * older than one an agent has seen.
+ */
+void persist_set_sink(struct persist *p, persist_sink_fn sink, void *ctx);
 
 /*
  * rdv's state is to be made durable (r must outlive p). Returns the

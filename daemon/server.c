@@ -97,6 +97,7 @@ struct server {
     uint64_t durable;     /* newest state write number durable (server_release) */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
     void (*node_gone)(void *ctx, const char *node);
+    int (*admit)(void *ctx, char code[32], char reason[PROTO_REASON_MAX]);
     void *hook_ctx;
     struct coalesce batch; /* reads of one wakeup taken together under load */
 };
@@ -430,6 +431,11 @@ static void on_response(struct conn *c, const struct proto_msg *m)
         log_warn_limited("%s", note);
         rdv_note(s->rdv, "auth_failed", note);
         send_reject(c, "auth", "wrong cluster token (the HMAC of the challenge does not match)");
+        return;
+    }
+    if (s->admit && s->admit(s->hook_ctx, code, reason) != 0) {
+        log_debug("node %s from %s refused: %s: %s", c->node, c->peer, code, reason);
+        send_reject(c, code, reason);
         return;
     }
     uintptr_t known;
@@ -812,6 +818,7 @@ int server_start(struct server **out, uv_loop_t *loop, const struct server_confi
     }
     s->log_data = cfg->log_data;
     s->node_gone = cfg->node_gone;
+    s->admit = cfg->admit;
     s->hook_ctx = cfg->hook_ctx;
     if ((rc = uv_ip4_addr(cfg->addr, cfg->port, &sin)) != 0) {
         snprintf(err, errlen, "--listen: %s is not an IPv4 address", cfg->addr);

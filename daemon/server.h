@@ -60,6 +60,10 @@ struct server_config {
      * joined node's connection that closes (NULL: neither). */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
     void (*node_gone)(void *ctx, const char *node);
+    /* Asked for every authenticated HELLO before rdv is: nonzero refuses
+     * it with REJECT code and reason (a standby musterd: daemon/store_etcd.h).
+     * NULL: every HELLO goes to rdv. */
+    int (*admit)(void *ctx, char code[32], char reason[PROTO_REASON_MAX]);
     void *hook_ctx;
 };
 

@@ -24,14 +24,20 @@ static json_t *to_json(const struct rdv_saved *s)
                      "last_checkpoint_step", (json_int_t)s->last_checkpoint_step, "members", members);
 }
 
+char *state_to_text(const struct rdv_saved *s)
+{
+    json_t *obj = to_json(s);
+    char *text = obj ? json_dumps(obj, JSON_INDENT(2)) : NULL;
+    json_decref(obj);
+    return text;
+}
+
 int state_write(const char *dir, const struct rdv_saved *s, char *err, size_t errlen)
 {
     char path[4096], tmp[4200];
-    json_t *obj = to_json(s);
-    char *text = obj ? json_dumps(obj, JSON_INDENT(2)) : NULL;
+    char *text = state_to_text(s);
     int rc = 0, fd = -1;
 
-    json_decref(obj);
     if (!text) {
         snprintf(err, errlen, "cannot render the state file: out of memory");
         return -ENOMEM;
@@ -90,22 +96,14 @@ static int bad(char *err, size_t errlen, const char *path, const char *what)
     return -EINVAL;
 }
 
-int state_read(const char *dir, struct rdv_saved *s, char *err, size_t errlen)
+/* The content of a state document (obj: taken); path names where it came from. */
+static int from_json(json_t *obj, const char *path, struct rdv_saved *s, char *err, size_t errlen)
 {
-    char path[4096];
     json_error_t jerr;
     const char *job, *state, *reason;
     json_int_t version, generation, restarts, world, ckpt;
     json_t *members;
 
-    snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE_NAME);
-    if (access(path, F_OK) != 0)
-        return -ENOENT;
-    json_t *obj = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!obj) {
-        snprintf(err, errlen, "%s: not valid JSON: %s (line %d)", path, jerr.text, jerr.line);
-        return -EINVAL;
-    }
     memset(s, 0, sizeof(*s));
     int rc = 0;
     if (json_unpack_ex(obj, &jerr, JSON_STRICT, "{s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o}", "version",
@@ -155,4 +153,31 @@ int state_read(const char *dir, struct rdv_saved *s, char *err, size_t errlen)
 out:
     json_decref(obj);
     return rc;
+}
+
+int state_read(const char *dir, struct rdv_saved *s, char *err, size_t errlen)
+{
+    char path[4096];
+    json_error_t jerr;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE_NAME);
+    if (access(path, F_OK) != 0)
+        return -ENOENT;
+    json_t *obj = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!obj) {
+        snprintf(err, errlen, "%s: not valid JSON: %s (line %d)", path, jerr.text, jerr.line);
+        return -EINVAL;
+    }
+    return from_json(obj, path, s, err, errlen);
+}
+
+int state_from_text(const char *text, const char *origin, struct rdv_saved *s, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *obj = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!obj) {
+        snprintf(err, errlen, "%s: not valid JSON: %s (line %d)", origin, jerr.text, jerr.line);
+        return -EINVAL;
+    }
+    return from_json(obj, origin, s, err, errlen);
 }

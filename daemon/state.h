@@ -23,4 +23,10 @@ int state_write(const char *dir, const struct rdv_saved *s, char *err, size_t er
  */
 int state_read(const char *dir, struct rdv_saved *s, char *err, size_t errlen);
 
+/* The state file's JSON text (malloc'd; NULL = out of memory): what a
+ * store other than the file (daemon/store_etcd.h) keeps. */
+char *state_to_text(const struct rdv_saved *s);
+/* Reads that text; origin names where it came from in err. */
+int state_from_text(const char *text, const char *origin, struct rdv_saved *s, char *err, size_t errlen);
+
 #endif

@@ -1,13 +1,14 @@
 #!/bin/sh
 # Installs the Debian packages muster needs that are missing, and does
 # nothing when all are there. `deps.sh build` covers building and testing
-# (PyTorch included: make check runs a real DDP program as ranks);
+# (PyTorch included: make check runs a real DDP program as ranks; etcd-server:
+# the failover tests run three etcd members on loopback);
 # `deps.sh bench` adds what the reference benchmarks need besides.
 set -eu
 
 build_pkgs="gcc g++ make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
 check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev libfast-float-dev curl \
-python3 procps iproute2 python3-torch"
+python3 procps iproute2 python3-torch etcd-server"
 bench_pkgs="python3-numpy time"
 
 case "${1:-build}" in

@@ -57,6 +57,9 @@
 #define PROTO_REJECT_FULL "full"               /* job has its nodes; not a member */
 #define PROTO_REJECT_BAD_REQUEST "bad_request" /* undecodable or out-of-order frame */
 #define PROTO_REJECT_FINISHED "finished"       /* the job has ended */
+/* A standby musterd (of several for one job): the reason starts with the
+ * leader's control address, "HOST:PORT leads; ...", or "no leader; ...". */
+#define PROTO_REJECT_NOT_LEADER "not_leader"
 /* ERROR codes (informational, never fatal by themselves). */
 #define PROTO_ERROR_STALE_GENERATION "stale_generation" /* older than mine */
 #define PROTO_ERROR_BAD_REQUEST "bad_request" /* frame did not decode; skipped */

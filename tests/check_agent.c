@@ -143,6 +143,34 @@ static void expect_bad_hp(const char *s, const char *needle)
     ck_assert_msg(strstr(err, needle) != NULL, "hostport_parse(\"%s\"): expected \"%s\" in \"%s\"", s, needle, err);
 }
 
+/* Several daemons: a list, and the leader a standby's REJECT names. */
+START_TEST(daemon_list_follows_the_leader)
+{
+    struct daemon_list l;
+    char err[256];
+    ck_assert_int_eq(daemon_list_parse("a:1,b:2", &l, err, sizeof(err)), 0);
+    ck_assert_uint_eq(l.n, 2);
+    ck_assert_str_eq(l.addr[l.cur], "a:1");
+    ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
+    ck_assert_str_eq(l.addr[l.cur], "b:2");
+    /* A leader not in the list is added. */
+    ck_assert_int_eq(daemon_list_follow(&l, "c:3 leads; this musterd stands by"), 1);
+    ck_assert_uint_eq(l.n, 3);
+    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    /* No leader named (an election under way), or garbage: nothing moves. */
+    ck_assert_int_eq(daemon_list_follow(&l, "no leader; this musterd stands by until one is elected"), 0);
+    ck_assert_int_eq(daemon_list_follow(&l, "c:0 leads"), 0);
+    ck_assert_int_eq(daemon_list_follow(&l, ""), 0);
+    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    daemon_list_next(&l);
+    ck_assert_str_eq(l.addr[l.cur], "a:1");
+    ck_assert_int_eq(daemon_list_parse("a:1,", &l, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(daemon_list_parse("a:1,b", &l, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "'b'"));
+    ck_assert_int_eq(daemon_list_parse("a:1,b:2,c:3,d:4,e:5,f:6,g:7,h:8,i:9", &l, err, sizeof(err)), -EINVAL);
+}
+END_TEST
+
 START_TEST(hostport_bad)
 {
     expect_bad_hp("localhost", "no port");
@@ -1022,6 +1050,7 @@ Suite *make_agent_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, hostport_good);
     tcase_add_test(tc, hostport_bad);
+    tcase_add_test(tc, daemon_list_follows_the_leader);
     tcase_add_test(tc, backoff_grows_to_cap_with_jitter_in_bounds);
     tcase_add_test(tc, backoff_reset_starts_over);
     tcase_add_test(tc, exitq_echo_of_a_later_beat_confirms);

@@ -89,9 +89,9 @@ START_TEST(unknown_key_and_bad_values_name_file_key_and_expectation)
     ck_assert_int_eq(load_worker("{\"devices\": \"tpu:1\"}", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "devices: expected cpu:N (N in 1..64), gpu:all or gpu:I,J,..., got \"tpu:1\"");
     ck_assert_int_eq(load_worker("{\"daemon\": \"master\"}", &f, err, sizeof(err)), -EINVAL);
-    expect_err(err, "daemon: expected HOST:PORT (a name, IPv4 or [IPv6], port 1..65535), got \"master\"");
+    expect_err(err, "daemon: expected HOST:PORT[,HOST:PORT...] (each a name, IPv4 or [IPv6], port 1..65535), got \"master\"");
     ck_assert_int_eq(load_worker("{\"daemon\": 29470}", &f, err, sizeof(err)), -EINVAL);
-    expect_err(err, "daemon: expected HOST:PORT (a name, IPv4 or [IPv6], port 1..65535) as a string, got an integer");
+    expect_err(err, "daemon: expected HOST:PORT[,HOST:PORT...] (each a name, IPv4 or [IPv6], port 1..65535) as a string, got an integer");
     ck_assert_int_eq(load_worker("{\"node\": \"a b\"}", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "node: expected 1..63 characters of [A-Za-z0-9._-], got \"a b\"");
     ck_assert_int_eq(load_worker("{\"log_level\": \"loud\"}", &f, err, sizeof(err)), -EINVAL);

@@ -7,6 +7,7 @@
  * closed.
  */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,47 @@ START_TEST(unwritable_directory_is_reported_and_lets_frames_go)
 }
 END_TEST
 
+/* A sink (etcd) that refuses its first writes, then takes them. */
+static int sink_refusals, sink_writes;
+static uint64_t sink_generation;
+static int refusing_sink(void *ctx, const struct rdv_saved *s, char *err, size_t errlen)
+{
+    if (sink_refusals > 0) {
+        sink_refusals--;
+        snprintf(err, errlen, "no quorum");
+        return -EIO;
+    }
+    sink_writes++;
+    sink_generation = s->generation;
+    return 0;
+}
+
+/* With a store shared by several musterd, a failed write holds its frames
+ * until a later write makes the state durable there. */
+START_TEST(sink_failure_holds_frames_until_a_write_succeeds)
+{
+    ck_assert_int_eq(persist_init(&ps, &loop, dir, count_durable, NULL), 0);
+    persist_set_sink(&ps, refusing_sink, NULL);
+    sink_refusals = 1;
+    sink_writes = 0;
+    rdv.generation = 5;
+    uint64_t seq = persist_request(&ps, &rdv);
+    while (ps.failures == 0 && uv_run(&loop, UV_RUN_ONCE))
+        ;
+    ck_assert_int_eq(ps.failures, 1);
+    ck_assert_int_eq(ndurable, 0); /* nothing released on the failure */
+    while (ndurable == 0 && uv_run(&loop, UV_RUN_ONCE))
+        ;
+    ck_assert_int_eq(sink_writes, 1);
+    ck_assert_uint_eq(sink_generation, 5);
+    ck_assert_uint_eq(durable_seq, seq);
+    /* The file was never written: the sink replaces it. */
+    char path[128];
+    snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE_NAME);
+    ck_assert_int_ne(access(path, F_OK), 0);
+}
+END_TEST
+
 Suite *make_persist_suite(void)
 {
     Suite *s = suite_create("persist");
@@ -189,6 +231,7 @@ Suite *make_persist_suite(void)
     tcase_add_test(tc, equal_content_costs_no_write);
     tcase_add_test(tc, writes_are_spaced);
     tcase_add_test(tc, unwritable_directory_is_reported_and_lets_frames_go);
+    tcase_add_test(tc, sink_failure_holds_frames_until_a_write_succeeds);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -52,6 +52,10 @@ extern char **environ;
  * is welcomed, so that the daemon never sees it close first.
  */
 #define RESUME_RETRY_MS 50
+/* A standby that names no leader (an election is under way) is asked again after this long. */
+#define FOLLOW_RETRY_MS 250
+/* Several daemons: a connection attempt that takes longer moves to the next. */
+#define FOLLOW_CONNECT_MS 1000
 #define RESUME_CONNECT_MS 50
 /* Period of the lease / handshake watchdog. */
 #define TICK_MS 100
@@ -82,6 +86,14 @@ static const char *const link_names[] = {"idle", "resolving", "connecting", "hel
 struct agent {
     const struct agent_config *cfg;
     uv_loop_t *loop;
+
+    /* the daemon joined or tried now (one of daemons) */
+    struct daemon_list daemons;
+    char daemon[DAEMON_ADDR_MAX];
+    char host[HOSTPORT_HOST_MAX];
+    uint16_t port;
+    unsigned tried;  /* daemons tried since the last join (a round through the list) */
+    bool followed;   /* a standby's REJECT named the leader since the last join */
 
     /* link to the daemon */
     enum link_state link;
@@ -731,6 +743,14 @@ static void choose_state_dir(struct agent *a)
 
 /* ---- the daemon link --------------------------------------------------- */
 
+/* The current entry of the daemon list becomes the daemon joined. */
+static void use_daemon(struct agent *a)
+{
+    char err[160];
+    snprintf(a->daemon, sizeof(a->daemon), "%s", a->daemons.addr[a->daemons.cur]);
+    hostport_parse(a->daemon, a->host, &a->port, err, sizeof(err)); /* valid: daemon_list_parse checked it */
+}
+
 static void link_close(struct agent *a)
 {
     uv_timer_stop(&a->beat_timer);
@@ -751,15 +771,15 @@ static void notify_joined(struct agent *a)
     char ranks[64] = "no ranks yet";
     if (a->have_assign)
         snprintf(ranks, sizeof(ranks), "generation %" PRIu64 ", %u ranks", a->assign.generation, a->assign.nranks);
-    notify_sendf("%sSTATUS=joined daemon %s as %s, %s", a->told_ready ? "" : "READY=1\n", a->cfg->daemon,
+    notify_sendf("%sSTATUS=joined daemon %s as %s, %s", a->told_ready ? "" : "READY=1\n", a->daemon,
                  a->cfg->node, ranks);
     a->told_ready = true;
 }
 
 static void link_lost(struct agent *a, const char *why)
 {
-    notify_sendf("STATUS=lost the daemon at %s: %s; rejoining", a->cfg->daemon, why);
-    log_warn("lost the daemon at %s: %s; rejoining", a->cfg->daemon, why);
+    notify_sendf("STATUS=lost the daemon at %s: %s; rejoining", a->daemon, why);
+    log_warn("lost the daemon at %s: %s; rejoining", a->daemon, why);
     link_close(a);
     schedule_retry(a, NULL);
 }
@@ -787,8 +807,8 @@ static void link_stalled(struct agent *a, uint64_t now)
 {
     log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
              "resuming the session on a new connection",
-             a->cfg->daemon, now - a->last_rx, now - a->unanswered_since);
-    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->cfg->daemon);
+             a->daemon, now - a->last_rx, now - a->unanswered_since);
+    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->daemon);
     uv_timer_stop(&a->beat_timer);
     drop_stalled(a);
     a->stalled = a->conn;
@@ -836,9 +856,12 @@ static void schedule_retry(struct agent *a, const char *why)
         uv_timer_start(&a->retry_timer, on_retry_timer, RESUME_RETRY_MS, 0);
         return;
     }
-    uint64_t delay = backoff_next(&a->backoff, rng_next(a));
+    /* Several daemons: one of them leads, or will within the election's
+     * lease; asked again soon (jittered), not after a growing backoff. */
+    uint64_t delay = a->daemons.n > 1 ? FOLLOW_RETRY_MS / 2 + rng_next(a) % FOLLOW_RETRY_MS
+                                      : backoff_next(&a->backoff, rng_next(a));
     if (why)
-        log_warn("cannot reach daemon at %s: %s; retry %u in %.1f s", a->cfg->daemon, why, a->backoff.attempt,
+        log_warn("cannot reach daemon at %s: %s; retry %u in %.1f s", a->daemon, why, a->backoff.attempt,
                  (double)delay / 1000.0);
     else
         log_debug("rejoin attempt %u in %.1f s", a->backoff.attempt, (double)delay / 1000.0);
@@ -856,7 +879,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
     if (status < 0) {
         char why[200];
-        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->cfg->host, uv_strerror(status));
+        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->host, uv_strerror(status));
         schedule_retry(a, why);
         return;
     }
@@ -869,16 +892,16 @@ static void on_retry_timer(uv_timer_t *t)
 {
     struct agent *a = t->data;
     char port[8];
-    snprintf(port, sizeof(port), "%u", a->cfg->port);
+    snprintf(port, sizeof(port), "%u", a->port);
     struct addrinfo hints;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     link_set_state(a, LINK_RESOLVING);
-    int rc = uv_getaddrinfo(a->loop, &a->gai, on_resolved, a->cfg->host, port, &hints);
+    int rc = uv_getaddrinfo(a->loop, &a->gai, on_resolved, a->host, port, &hints);
     if (rc != 0) {
         char why[200];
-        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->cfg->host, uv_strerror(rc));
+        snprintf(why, sizeof(why), "cannot resolve %s: %s", a->host, uv_strerror(rc));
         schedule_retry(a, why);
         return;
     }
@@ -1002,7 +1025,7 @@ static void on_connected(uv_connect_t *req, int status)
         schedule_retry(a, why);
         return;
     }
-    log_debug("connected to %s from %s", a->cfg->daemon, a->local_addr);
+    log_debug("connected to %s from %s", a->daemon, a->local_addr);
     link_set_state(a, LINK_HELLO);
     send_hello(a);
 }
@@ -1021,6 +1044,18 @@ static void on_connect_deadline(uv_timer_t *t)
 
 static void try_next_addr(struct agent *a)
 {
+    if (!a->ai_next && a->daemons.n > 1 && ++a->tried < a->daemons.n) {
+        /* Another musterd of the job may lead: it is tried at once, the backoff
+         * counting only a round through all of them. */
+        log_info("cannot reach daemon at %s: %s; trying %s", a->daemon, uv_strerror(a->last_connect_err),
+                 a->daemons.addr[(a->daemons.cur + 1) % a->daemons.n]);
+        link_close(a);
+        daemon_list_next(&a->daemons);
+        use_daemon(a);
+        link_set_state(a, LINK_IDLE);
+        uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
+        return;
+    }
     if (!a->ai_next) {
         char why[160];
         snprintf(why, sizeof(why), "%s", uv_strerror(a->last_connect_err));
@@ -1029,6 +1064,10 @@ static void try_next_addr(struct agent *a)
             why[0] = (char)(why[0] - 'A' + 'a');
         link_close(a);
         schedule_retry(a, why);
+        /* The round through the daemons starts again with the next one. */
+        a->tried = 0;
+        daemon_list_next(&a->daemons);
+        use_daemon(a);
         return;
     }
     struct addrinfo *ai = a->ai_next;
@@ -1047,6 +1086,8 @@ static void try_next_addr(struct agent *a)
     int rc = uv_tcp_connect(&a->connect_req, &a->conn->h.tcp, ai->ai_addr, on_connected);
     if (rc == 0 && a->resume_until)
         uv_timer_start(&a->connect_timer, on_connect_deadline, RESUME_CONNECT_MS, 0);
+    else if (rc == 0 && a->daemons.n > 1)
+        uv_timer_start(&a->connect_timer, on_connect_deadline, FOLLOW_CONNECT_MS, 0); /* a host gone: the next */
     if (rc != 0) {
         a->last_connect_err = rc;
         fconn_close(a->conn);
@@ -1454,10 +1495,35 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
     }
 }
 
+/* A standby refused the join: the leader it names is tried at once; when it
+ * names none (an election is under way), the next daemon a moment later. */
+static void follow_leader(struct agent *a, const struct proto_reject *rj)
+{
+    char was[DAEMON_ADDR_MAX];
+    snprintf(was, sizeof(was), "%s", a->daemon);
+    if (!daemon_list_follow(&a->daemons, rj->reason) || strcmp(a->daemons.addr[a->daemons.cur], was) == 0)
+        daemon_list_next(&a->daemons);
+    use_daemon(a);
+    bool named = strncmp(rj->reason, a->daemon, strlen(a->daemon)) == 0;
+    log_info("daemon at %s stands by (%s): trying %s%s", was, rj->reason, a->daemon,
+             named ? "" : " in a moment");
+    link_close(a);
+    link_set_state(a, LINK_IDLE);
+    /* At once to a leader named for the first time since the last join; a
+     * name that failed already (its lease has not ended yet) waits. */
+    bool at_once = named && !a->followed;
+    a->followed = true;
+    uv_timer_start(&a->retry_timer, on_retry_timer, at_once ? 0 : FOLLOW_RETRY_MS, 0);
+}
+
 static void on_reject(struct agent *a, const struct proto_reject *rj)
 {
+    if (strcmp(rj->code, PROTO_REJECT_NOT_LEADER) == 0) {
+        follow_leader(a, rj);
+        return;
+    }
     bool fatal = strcmp(rj->code, PROTO_REJECT_AUTH) == 0 || strcmp(rj->code, PROTO_REJECT_VERSION) == 0;
-    log_error("daemon at %s refused node %s: %s: %s%s", a->cfg->daemon, a->cfg->node, rj->code, rj->reason,
+    log_error("daemon at %s refused node %s: %s: %s%s", a->daemon, a->cfg->node, rj->code, rj->reason,
               fatal ? "" : "; retrying");
     link_close(a);
     if (fatal)
@@ -1532,16 +1598,18 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     a->lease_ms = w->lease_ms ? w->lease_ms : 10000;
     a->ack_every_ms = proto_ack_every_ms(a->heartbeat_interval_ms, a->heartbeat_timeout_ms, a->lease_ms);
     backoff_reset(&a->backoff);
+    a->tried = 0;
+    a->followed = false;
     if (a->stalled)
         log_info("session with the daemon at %s resumed on a new connection, %" PRIu64 " ms after the stall",
-                 a->cfg->daemon, uv_now(a->loop) - a->stalled_at);
+                 a->daemon, uv_now(a->loop) - a->stalled_at);
     drop_stalled(a);
     a->session = w->session;
     a->unanswered_since = 0;
     a->beats_since_answer = 0;
     link_set_state(a, LINK_JOINED);
     log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
-             a->cfg->daemon, a->cfg->node, a->cfg->devices.n,
+             a->daemon, a->cfg->node, a->cfg->devices.n,
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
              a->heartbeat_interval_ms, a->lease_ms);
     send_unread_exits(a);
@@ -1667,16 +1735,20 @@ static void on_tick(uv_timer_t *t)
     uint64_t silent = now - a->last_rx;
     if (a->resume_until && now >= a->resume_until) {
         log_warn("could not resume the session with the daemon at %s within heartbeat_timeout_ms (%u ms); "
-                 "rejoining", a->cfg->daemon, a->heartbeat_timeout_ms);
+                 "rejoining", a->daemon, a->heartbeat_timeout_ms);
         drop_stalled(a);
     }
-    if (a->link == LINK_CONNECTING && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+    /* Several daemons: one that does not answer (stopped, or its host gone) gives way to the next soon. */
+    uint64_t handshake_ms = a->daemons.n > 1 ? FOLLOW_CONNECT_MS : HANDSHAKE_TIMEOUT_MS;
+    if (a->link == LINK_CONNECTING && now - a->link_since > handshake_ms) {
         a->last_connect_err = UV_ETIMEDOUT;
         fconn_close(a->conn);
         a->conn = NULL;
         try_next_addr(a);
-    } else if ((a->link == LINK_HELLO || a->link == LINK_AUTH) && now - a->link_since > HANDSHAKE_TIMEOUT_MS) {
+    } else if ((a->link == LINK_HELLO || a->link == LINK_AUTH) && now - a->link_since > handshake_ms) {
         link_lost(a, "handshake timed out");
+        daemon_list_next(&a->daemons);
+        use_daemon(a);
     } else if (a->link == LINK_JOINED && silent >= a->lease_ms) {
         char why[160];
         snprintf(why, sizeof(why), "no frame from the daemon for %" PRIu64 " ms (lease %u ms)", silent, a->lease_ms);
@@ -1688,7 +1760,7 @@ static void on_tick(uv_timer_t *t)
     if (a->link != LINK_JOINED && silent >= a->lease_ms && any_unstopped(a)) {
         log_error("SELF-FENCING: daemon at %s unreachable for %" PRIu64 " ms, longer than the lease (%u ms); "
                   "stopping the ranks of generation %" PRIu64,
-                  a->cfg->daemon, silent, a->lease_ms, a->cur_gen);
+                  a->daemon, silent, a->lease_ms, a->cur_gen);
         a->spawn_pending = false;
         stop_all(a, a->cur_gen);
     }
@@ -1766,6 +1838,13 @@ int agent_run(const struct agent_config *cfg)
         return 1;
     }
     a->cfg = cfg;
+    if (cfg->daemons.n) {
+        a->daemons = cfg->daemons;
+    } else {
+        a->daemons.n = 1;
+        snprintf(a->daemons.addr[0], sizeof(a->daemons.addr[0]), "%s", cfg->daemon);
+    }
+    use_daemon(a);
     a->loop = &loop;
     a->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
     a->heartbeat_interval_ms = 1000;

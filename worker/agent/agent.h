@@ -19,6 +19,8 @@ struct agent_config {
     char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT as given, for messages */
     char host[HOSTPORT_HOST_MAX];
     uint16_t port;
+    /* Every musterd of the job (--daemon a:P,b:P); n = 0: only daemon. */
+    struct daemon_list daemons;
     char node[PROTO_NAME_MAX];
     char addr[PROTO_NAME_MAX]; /* "" = local address of the daemon connection */
     struct device_set devices;

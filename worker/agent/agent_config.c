@@ -10,9 +10,9 @@
 
 static int valid_daemon(const char *s)
 {
-    char host[HOSTPORT_HOST_MAX], err[256];
-    uint16_t port;
-    return hostport_parse(s, host, &port, err, sizeof(err));
+    static struct daemon_list l;
+    char err[256];
+    return daemon_list_parse(s, &l, err, sizeof(err));
 }
 
 static int valid_node(const char *s) { return proto_valid_name(s) ? 0 : -1; }
@@ -66,7 +66,7 @@ static int valid_log_max(const char *s)
 
 /* The one table of worker.json keys. Keep docs/config.md in step. */
 const struct conf_key agent_config_keys[] = {
-    {"daemon", CONF_STRING, F(daemon), valid_daemon, "HOST:PORT (a name, IPv4 or [IPv6], port 1..65535)", "",
+    {"daemon", CONF_STRING, F(daemon), valid_daemon, "HOST:PORT[,HOST:PORT...] (each a name, IPv4 or [IPv6], port 1..65535)", "",
      "musterd's control address; required (no default)"},
     {"node", CONF_STRING, F(node), valid_node, "1..63 characters of [A-Za-z0-9._-]", "",
      "node name; unset = the host name"},

@@ -17,6 +17,31 @@
 int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, char *err,
                    size_t errlen);
 
+/*
+ * The daemons an agent may join (--daemon a:29470,b:29470: the musterd of
+ * one job, one leading, the others standing by). The agent joins the
+ * current one; when it is unreachable the next one is tried, and a standby's
+ * REJECT not_leader names the leader, which becomes current.
+ */
+#define AGENT_MAX_DAEMONS 8
+#define DAEMON_ADDR_MAX (HOSTPORT_HOST_MAX + 16)
+
+struct daemon_list {
+    unsigned n, cur;
+    char addr[AGENT_MAX_DAEMONS][DAEMON_ADDR_MAX]; /* HOST:PORT, each valid for hostport_parse */
+};
+
+/* "HOST:PORT[,HOST:PORT...]". Returns 0 or -EINVAL with the reason in err. */
+int daemon_list_parse(const char *s, struct daemon_list *l, char *err, size_t errlen);
+/*
+ * A REJECT not_leader's reason, "HOST:PORT leads; ...": the leader becomes
+ * current (added to the list when it is not in it and there is room).
+ * Returns 1 then; 0 when the reason names no leader (current is unchanged).
+ */
+int daemon_list_follow(struct daemon_list *l, const char *reason);
+/* The next daemon in the list becomes current. */
+void daemon_list_next(struct daemon_list *l);
+
 #define BACKOFF_BASE_MS 200
 #define BACKOFF_CAP_MS 5000
 

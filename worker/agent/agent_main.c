@@ -45,7 +45,9 @@ static void usage(FILE *out)
             "runs the daemon and exits with the job's status.\n"
             "\n"
             "  --config FILE        worker.json (keys in docs/config.md); options override it\n"
-            "  --daemon HOST:PORT   daemon control address (name, IPv4, or [IPv6]:PORT)\n"
+            "  --daemon HOST:PORT[,HOST:PORT...]\n"
+            "                       daemon control address (name, IPv4, or [IPv6]:PORT); several:\n"
+            "                       the musterd of one job, the agent joins whichever leads\n"
             "  --devices SPEC       cpu:N (N in 1..64), gpu:all, or gpu:I,J,... (GPU ordinals)\n"
             "  --node NAME          node name, [A-Za-z0-9._-]{1,63} (default: the host name;\n"
             "                       with --from-env: node<RANK>, zero-padded)\n"
@@ -323,9 +325,10 @@ int main(int argc, char **argv)
             cloud_node_name(&cloud, cfg.node, sizeof(cfg.node));
     }
     if (daemon) {
-        if (hostport_parse(daemon, cfg.host, &cfg.port, err, sizeof(err)) != 0)
+        if (daemon_list_parse(daemon, &cfg.daemons, err, sizeof(err)) != 0)
             return usage_error("%s", err);
-        snprintf(cfg.daemon, sizeof(cfg.daemon), "%s", daemon);
+        snprintf(cfg.daemon, sizeof(cfg.daemon), "%s", cfg.daemons.addr[0]);
+        hostport_parse(cfg.daemon, cfg.host, &cfg.port, err, sizeof(err));
     }
     if (node)
         snprintf(cfg.node, sizeof(cfg.node), "%s", node);

@@ -1,0 +1,142 @@
+#include "daemon/leader.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A candidate whose request failed tries again after this long. */
+#define LEADER_RETRY_MS 500
+
+void leader_init(struct leader *l, int ttl_s)
+{
+    memset(l, 0, sizeof(*l));
+    l->role = LEADER_CANDIDATE;
+    l->ttl_ms = (uint64_t)ttl_s * 1000;
+}
+
+enum leader_action leader_next(struct leader *l, uint64_t now_ms, uint64_t *due_ms)
+{
+    *due_ms = UINT64_MAX;
+    switch (l->role) {
+    case LEADER_CANDIDATE:
+        if (now_ms < l->retry_at) {
+            *due_ms = l->retry_at;
+            return LEADER_WAIT;
+        }
+        return l->lease ? LEADER_CAMPAIGN : LEADER_GRANT;
+    case LEADER_LEADING:
+        if (now_ms < l->next_keepalive) {
+            *due_ms = l->next_keepalive < l->acting_until ? l->next_keepalive : l->acting_until;
+            return LEADER_WAIT;
+        }
+        return LEADER_KEEPALIVE;
+    case LEADER_STANDBY:
+        return LEADER_WATCH;
+    case LEADER_DEPOSED:
+        break;
+    }
+    return LEADER_WAIT;
+}
+
+void leader_granted(struct leader *l, int64_t lease)
+{
+    if (l->role == LEADER_CANDIDATE)
+        l->lease = lease;
+}
+
+void leader_campaigned(struct leader *l, int won, int64_t rev, const char *holder, int64_t holder_term)
+{
+    if (l->role != LEADER_CANDIDATE)
+        return;
+    if (won) {
+        l->role = LEADER_LEADING;
+        l->term = rev;
+        /* Not acting before the first keepalive answers: the grant's time is not known here. */
+        l->acting_until = 0;
+        l->next_keepalive = 0;
+        return;
+    }
+    /* The lease is left to end: a standby holds none. */
+    l->lease = 0;
+    l->role = LEADER_STANDBY;
+    snprintf(l->leader, sizeof(l->leader), "%s", holder ? holder : "");
+    l->leader_term = holder_term;
+    l->watch_from = rev + 1;
+}
+
+void leader_kept(struct leader *l, uint64_t sent_ms, int64_t ttl_s)
+{
+    if (l->role != LEADER_LEADING)
+        return;
+    if (ttl_s <= 0) {
+        leader_depose(l, "etcd says the lease has ended");
+        return;
+    }
+    uint64_t ttl = (uint64_t)ttl_s * 1000;
+    uint64_t until = sent_ms + ttl - ttl / 3;
+    if (until > l->acting_until)
+        l->acting_until = until;
+    l->next_keepalive = sent_ms + l->ttl_ms / 4;
+}
+
+void leader_failed(struct leader *l, uint64_t now_ms)
+{
+    switch (l->role) {
+    case LEADER_CANDIDATE:
+        l->retry_at = now_ms + LEADER_RETRY_MS;
+        break;
+    case LEADER_LEADING:
+        /* Again at once (the store's thread moves to the next member). */
+        l->next_keepalive = now_ms;
+        break;
+    case LEADER_STANDBY:
+        /* The watch starts again from where it was. */
+        break;
+    case LEADER_DEPOSED:
+        break;
+    }
+}
+
+void leader_watch_deleted(struct leader *l, int64_t rev)
+{
+    if (l->role != LEADER_STANDBY)
+        return;
+    l->role = LEADER_CANDIDATE;
+    l->leader[0] = '\0';
+    l->leader_term = 0;
+    l->watch_from = rev + 1;
+    l->retry_at = 0;
+}
+
+void leader_depose(struct leader *l, const char *why)
+{
+    if (l->role != LEADER_LEADING)
+        return;
+    l->role = LEADER_DEPOSED;
+    l->acting_until = 0;
+    snprintf(l->why, sizeof(l->why), "%s", why);
+}
+
+int leader_acting(struct leader *l, uint64_t now_ms)
+{
+    if (l->role != LEADER_LEADING)
+        return 0;
+    if (l->acting_until && now_ms >= l->acting_until) {
+        char why[LEADER_WHY_MAX];
+        snprintf(why, sizeof(why), "no keepalive of the lease answered in time (it could end %llu ms after the last one)",
+                 (unsigned long long)(l->ttl_ms / 3));
+        leader_depose(l, why);
+        return 0;
+    }
+    return now_ms < l->acting_until;
+}
+
+const char *leader_role_name(enum leader_role r)
+{
+    switch (r) {
+    case LEADER_CANDIDATE: return "candidate";
+    case LEADER_LEADING: return "leader";
+    case LEADER_STANDBY: return "standby";
+    case LEADER_DEPOSED: return "deposed";
+    }
+    return "?";
+}

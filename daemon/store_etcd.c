@@ -1,0 +1,625 @@
+#include "daemon/store_etcd.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "common/log.h"
+#include "daemon/etcd_codec.h"
+
+#define STORE_KEY_MAX 320
+#define STORE_EVENTS 16
+/* Requests other than the watch: a member that does not answer in this
+ * long is taken as lost (the next request goes to the next member). */
+#define STORE_REQUEST_MS 1000
+#define STORE_CONNECT_MS 500
+/* A watch that broke is set up again after this long. */
+#define STORE_REWATCH_MS 200
+
+struct buf {
+    char *p;
+    size_t len, cap;
+};
+
+struct store {
+    uv_loop_t *loop;
+    uv_async_t async;
+    void (*on_event)(void *ctx, struct store_event *ev);
+    void *ctx;
+    struct etcd_endpoints ep;
+    char leader_key[STORE_KEY_MAX], state_key[STORE_KEY_MAX];
+    char advertise[LEADER_ADDR_MAX];
+
+    pthread_t thread;
+    int started;
+    pthread_mutex_t lock;   /* everything below */
+    pthread_cond_t wake;
+    int stop;
+    int cur;                /* the member requests go to */
+    struct leader el;
+    int elected_told;       /* STORE_ELECTED was queued */
+    int deposed_told;       /* STORE_DEPOSED was queued */
+    struct store_event events[STORE_EVENTS];
+    int nevents;
+
+    pthread_mutex_t write_lock; /* the pool thread's handle */
+    CURL *wh;
+};
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- loop side --------------------------------------------------------- */
+
+/* Called with the lock held: an event for the loop. */
+static void post(struct store *s, const struct store_event *ev)
+{
+    if (s->nevents == STORE_EVENTS) {
+        free(ev->state);
+        log_error("internal: the store's event queue is full; an event is dropped");
+        return;
+    }
+    s->events[s->nevents++] = *ev;
+    uv_async_send(&s->async);
+}
+
+/* Called with the lock held: a deposition not yet told is queued. */
+static void tell_deposed(struct store *s)
+{
+    if (s->el.role != LEADER_DEPOSED || s->deposed_told)
+        return;
+    s->deposed_told = 1;
+    struct store_event ev = {.kind = STORE_DEPOSED, .term = s->el.term};
+    snprintf(ev.why, sizeof(ev.why), "%s", s->el.why);
+    post(s, &ev);
+    pthread_cond_signal(&s->wake);
+}
+
+static void on_async(uv_async_t *a)
+{
+    struct store *s = a->data;
+    struct store_event evs[STORE_EVENTS];
+    pthread_mutex_lock(&s->lock);
+    int n = s->nevents;
+    memcpy(evs, s->events, sizeof(evs[0]) * (size_t)n);
+    s->nevents = 0;
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < n; i++)
+        s->on_event(s->ctx, &evs[i]);
+}
+
+int store_acting(struct store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    int acting = leader_acting(&s->el, mono_ms());
+    tell_deposed(s);
+    pthread_mutex_unlock(&s->lock);
+    return acting;
+}
+
+void store_leader(struct store *s, char *out, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    snprintf(out, cap, "%s", s->el.role == LEADER_LEADING ? s->advertise : s->el.leader);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- HTTP -------------------------------------------------------------- */
+
+static size_t on_body(char *data, size_t size, size_t n, void *ctx)
+{
+    struct buf *b = ctx;
+    size_t len = size * n;
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = (b->len + len + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return 0;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, len);
+    b->len += len;
+    b->p[b->len] = '\0';
+    return len;
+}
+
+static int member(struct store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    int i = s->cur;
+    pthread_mutex_unlock(&s->lock);
+    return i;
+}
+
+/* The member i failed: later requests go to the next one (unless another
+ * thread moved on already). */
+static void next_member(struct store *s, int i, const char *why)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->cur == i) {
+        s->cur = (i + 1) % s->ep.n;
+        log_warn("etcd member %s: %s; asking %s from now on", s->ep.url[i], why, s->ep.url[s->cur]);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void set_common(CURL *h, const char *url, const char *body, struct buf *resp)
+{
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, resp);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)STORE_CONNECT_MS);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 2L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 1L);
+}
+
+/*
+ * POSTs body to path on the current member (one try). Returns 0 with the
+ * answer in resp (an etcd error too: its parser says so), or -EIO when the
+ * member did not answer (and the next member is the current one).
+ */
+static int request(struct store *s, CURL *h, const char *path, const char *body, long timeout_ms, struct buf *resp,
+                   char *err, size_t errlen)
+{
+    char url[ETCD_URL_MAX + 64];
+    int i = member(s);
+    snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
+    resp->len = 0;
+    set_common(h, url, body, resp);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    CURLcode rc = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (rc == CURLE_OK && resp->len > 0 && (status == 200 || status >= 400))
+        return 0;
+    if (rc == CURLE_OK)
+        snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
+    else
+        snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, curl_easy_strerror(rc));
+    next_member(s, i, rc == CURLE_OK ? "no answer" : curl_easy_strerror(rc));
+    return -EIO;
+}
+
+/* ---- the thread -------------------------------------------------------- */
+
+static void wait_until(struct store *s, uint64_t due)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->stop && due > mono_ms()) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ms = due - mono_ms();
+        if (ms > 1000)
+            ms = 1000;
+        ts.tv_sec += (time_t)(ms / 1000);
+        ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static int stopping(struct store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    int stop = s->stop;
+    pthread_mutex_unlock(&s->lock);
+    return stop;
+}
+
+static void do_grant(struct store *s, CURL *h, struct buf *resp, int ttl_s)
+{
+    char err[512];
+    int64_t id = 0, ttl = 0;
+    char *body = etcd_body_grant(ttl_s);
+    int rc = body ? request(s, h, "/v3/lease/grant", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
+    free(body);
+    if (rc == 0)
+        rc = etcd_parse_grant(resp->p, resp->len, &id, &ttl, err, sizeof(err));
+    pthread_mutex_lock(&s->lock);
+    if (rc == 0)
+        leader_granted(&s->el, id);
+    else
+        leader_failed(&s->el, mono_ms());
+    pthread_mutex_unlock(&s->lock);
+    if (rc != 0)
+        log_warn_limited("etcd: no lease: %s", rc == -ENOMEM ? "out of memory" : err);
+}
+
+/* The stored state after winning: read until a member answers (a bounded
+ * number of rounds); NULL and *ok = 1 when there is none. */
+static char *read_state(struct store *s, CURL *h, struct buf *resp, int *ok)
+{
+    char err[512];
+    char *body = etcd_body_range(s->state_key);
+    *ok = 0;
+    for (int tries = 0; body && tries < 3 * s->ep.n && !stopping(s); tries++) {
+        int64_t rev;
+        struct etcd_kv kv;
+        int rc = request(s, h, "/v3/kv/range", body, STORE_REQUEST_MS, resp, err, sizeof(err));
+        if (rc == 0)
+            rc = etcd_parse_range(resp->p, resp->len, &rev, &kv, err, sizeof(err));
+        if (rc == 0) {
+            free(body);
+            *ok = 1;
+            return kv.present ? kv.value : NULL;
+        }
+        log_warn("etcd: cannot read the job's state: %s", err);
+    }
+    free(body);
+    return NULL;
+}
+
+static void do_campaign(struct store *s, CURL *h, struct buf *resp)
+{
+    char err[512];
+    int succeeded = 0;
+    int64_t rev = 0;
+    struct etcd_kv kv = {0};
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->el.lease;
+    pthread_mutex_unlock(&s->lock);
+    char *body = etcd_body_campaign(s->leader_key, s->advertise, lease);
+    int rc = body ? request(s, h, "/v3/kv/txn", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
+    free(body);
+    if (rc == 0)
+        rc = etcd_parse_txn(resp->p, resp->len, &succeeded, &rev, &kv, err, sizeof(err));
+    if (rc == 0 && !succeeded && !kv.present) {
+        /* Deleted between the compare and the range: run again. */
+        rc = -EAGAIN;
+        snprintf(err, sizeof(err), "the leader key went away during the campaign");
+    }
+    if (rc != 0) {
+        etcd_kv_free(&kv);
+        pthread_mutex_lock(&s->lock);
+        leader_failed(&s->el, mono_ms());
+        pthread_mutex_unlock(&s->lock);
+        log_warn_limited("etcd: campaign for %s not decided: %s", s->leader_key, err);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    leader_campaigned(&s->el, succeeded, rev, kv.value, kv.create_rev);
+    pthread_mutex_unlock(&s->lock);
+    if (succeeded) {
+        /* Told to the loop once the first keepalive answers (announce). */
+        log_info("etcd: won the election for %s (term %lld)", s->leader_key, (long long)rev);
+    } else {
+        struct store_event ev = {.kind = STORE_STANDBY, .term = kv.create_rev};
+        snprintf(ev.leader, sizeof(ev.leader), "%s", kv.value ? kv.value : "");
+        pthread_mutex_lock(&s->lock);
+        post(s, &ev);
+        pthread_mutex_unlock(&s->lock);
+    }
+    etcd_kv_free(&kv);
+}
+
+/* Leading and acting for the first time: the loop is told, with the stored state. */
+static void announce(struct store *s, CURL *h, struct buf *resp)
+{
+    int ok;
+    struct store_event ev = {.kind = STORE_ELECTED};
+    ev.state = read_state(s, h, resp, &ok);
+    pthread_mutex_lock(&s->lock);
+    ev.term = s->el.term;
+    if (!ok)
+        leader_depose(&s->el, "elected, but no etcd member gave the job's state");
+    if (s->el.role == LEADER_LEADING)
+        post(s, &ev);
+    else
+        free(ev.state);
+    s->elected_told = 1;
+    tell_deposed(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
+{
+    char err[512];
+    int64_t ttl = 0;
+    uint64_t sent = mono_ms();
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->el.lease;
+    /* Not longer than a quarter of the lease: the next member gets its turn in time. */
+    long timeout = (long)(s->el.ttl_ms / 4);
+    pthread_mutex_unlock(&s->lock);
+    char *body = etcd_body_lease(lease);
+    int rc = body ? request(s, h, "/v3/lease/keepalive", body, timeout, resp, err, sizeof(err)) : -ENOMEM;
+    free(body);
+    if (rc == 0)
+        rc = etcd_parse_keepalive(resp->p, resp->len, &ttl, err, sizeof(err));
+    pthread_mutex_lock(&s->lock);
+    if (rc == 0)
+        leader_kept(&s->el, sent, ttl);
+    else
+        leader_failed(&s->el, mono_ms());
+    leader_acting(&s->el, mono_ms());
+    tell_deposed(s);
+    pthread_mutex_unlock(&s->lock);
+    if (rc != 0)
+        log_warn_limited("etcd: lease keepalive failed: %s", err);
+}
+
+struct watch_ctx {
+    struct store *s;
+    struct buf line;
+    int deleted, canceled;
+    int64_t revision;
+};
+
+/* Stream bytes: complete lines are messages. Returning less than given ends the transfer. */
+static size_t on_watch(char *data, size_t size, size_t n, void *ctx)
+{
+    struct watch_ctx *w = ctx;
+    size_t len = size * n;
+    if (on_body(data, 1, len, &w->line) != len)
+        return 0;
+    char *nl;
+    while ((nl = memchr(w->line.p, '\n', w->line.len)) != NULL) {
+        size_t one = (size_t)(nl - w->line.p);
+        struct etcd_watch_msg m;
+        char err[512];
+        if (etcd_parse_watch(w->line.p, one, &m, err, sizeof(err)) != 0) {
+            log_warn("etcd: watch of the leader: %s", err);
+            w->canceled = 1;
+            return 0;
+        }
+        memmove(w->line.p, nl + 1, w->line.len - one - 1);
+        w->line.len -= one + 1;
+        w->revision = m.revision;
+        if (m.deleted || m.canceled) {
+            w->deleted = m.deleted;
+            w->canceled = m.canceled;
+            return 0;
+        }
+    }
+    return len;
+}
+
+static int watch_progress(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    (void)a, (void)b, (void)c, (void)d;
+    return stopping(ctx);
+}
+
+static void do_watch(struct store *s, CURL *h)
+{
+    char url[ETCD_URL_MAX + 64];
+    pthread_mutex_lock(&s->lock);
+    int64_t from = s->el.watch_from;
+    pthread_mutex_unlock(&s->lock);
+    int i = member(s);
+    char *body = etcd_body_watch(s->leader_key, from);
+    struct watch_ctx w = {.s = s};
+    if (!body)
+        return;
+    snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
+    set_common(h, url, body, &w.line);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, watch_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
+    CURLcode rc = curl_easy_perform(h);
+    free(body);
+    free(w.line.p);
+    pthread_mutex_lock(&s->lock);
+    if (w.deleted) {
+        log_info("etcd: the leader key was deleted (revision %lld): running for leader",
+                 (long long)w.revision);
+        leader_watch_deleted(&s->el, w.revision);
+    } else if (w.canceled) {
+        /* The revision to start from is gone (compacted): campaign again, which reads the key afresh. */
+        s->el.role = LEADER_CANDIDATE;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!w.deleted && !w.canceled && rc != CURLE_ABORTED_BY_CALLBACK) {
+        next_member(s, i, rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
+        wait_until(s, mono_ms() + STORE_REWATCH_MS);
+    }
+}
+
+static void revoke_lease(struct store *s, CURL *h, struct buf *resp)
+{
+    char err[512];
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->el.role == LEADER_LEADING ? s->el.lease : 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!lease)
+        return;
+    char *body = etcd_body_lease(lease);
+    for (int tries = 0; body && tries < s->ep.n; tries++)
+        if (request(s, h, "/v3/lease/revoke", body, STORE_REQUEST_MS, resp, err, sizeof(err)) == 0) {
+            log_info("etcd: lease revoked: a standby leads now");
+            break;
+        }
+    free(body);
+}
+
+static void *thread_main(void *arg)
+{
+    struct store *s = arg;
+    CURL *h = curl_easy_init();
+    struct buf resp = {0};
+    if (!h) {
+        pthread_mutex_lock(&s->lock);
+        s->el.role = LEADER_DEPOSED;
+        pthread_mutex_unlock(&s->lock);
+        log_error("etcd: cannot set up libcurl: the store is not reachable");
+        return NULL;
+    }
+    int ttl_s = (int)(s->el.ttl_ms / 1000);
+    while (!stopping(s)) {
+        uint64_t due;
+        pthread_mutex_lock(&s->lock);
+        enum leader_action act = leader_next(&s->el, mono_ms(), &due);
+        pthread_mutex_unlock(&s->lock);
+        switch (act) {
+        case LEADER_GRANT: do_grant(s, h, &resp, ttl_s); break;
+        case LEADER_CAMPAIGN: do_campaign(s, h, &resp); break;
+        case LEADER_KEEPALIVE: do_keepalive(s, h, &resp); break;
+        case LEADER_WATCH: do_watch(s, h); break;
+        case LEADER_WAIT:
+            pthread_mutex_lock(&s->lock);
+            leader_acting(&s->el, mono_ms());
+            tell_deposed(s);
+            pthread_mutex_unlock(&s->lock);
+            wait_until(s, due);
+            break;
+        }
+        pthread_mutex_lock(&s->lock);
+        int first = s->el.role == LEADER_LEADING && !s->elected_told && leader_acting(&s->el, mono_ms());
+        pthread_mutex_unlock(&s->lock);
+        if (first)
+            announce(s, h, &resp);
+    }
+    revoke_lease(s, h, &resp);
+    free(resp.p);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* ---- writes ------------------------------------------------------------ */
+
+int store_write_state(struct store *s, const char *text, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&s->lock);
+    int64_t term = s->el.role == LEADER_LEADING ? s->el.term : 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!term) {
+        snprintf(err, errlen, "this musterd does not lead the job");
+        return -EPERM;
+    }
+    char *body = etcd_body_put_if(s->leader_key, term, s->state_key, text);
+    if (!body) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    struct buf resp = {0};
+    int rc = -EIO;
+    pthread_mutex_lock(&s->write_lock);
+    for (int tries = 0; tries < s->ep.n; tries++) {
+        int succeeded = 0;
+        int64_t rev;
+        struct etcd_kv kv;
+        rc = request(s, s->wh, "/v3/kv/txn", body, STORE_REQUEST_MS, &resp, err, errlen);
+        if (rc == 0)
+            rc = etcd_parse_txn(resp.p, resp.len, &succeeded, &rev, &kv, err, errlen);
+        if (rc == 0) {
+            etcd_kv_free(&kv);
+            if (!succeeded) {
+                snprintf(err, errlen, "the leader key %s is no longer of term %lld", s->leader_key,
+                         (long long)term);
+                pthread_mutex_lock(&s->lock);
+                leader_depose(&s->el, "a state write was refused: another musterd leads");
+                tell_deposed(s);
+                pthread_mutex_unlock(&s->lock);
+                rc = -EPERM;
+            }
+            break;
+        }
+        rc = -EIO; /* an etcd error (e.g. no quorum) or no answer: the next member */
+    }
+    pthread_mutex_unlock(&s->write_lock);
+    free(resp.p);
+    free(body);
+    return rc;
+}
+
+/* ---- life -------------------------------------------------------------- */
+
+int store_open(struct store **out, uv_loop_t *loop, const struct store_config *cfg,
+               void (*on_event)(void *ctx, struct store_event *ev), void *ctx, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct store *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = etcd_endpoints_parse(cfg->endpoints, &s->ep, err, errlen);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
+    s->loop = loop;
+    s->on_event = on_event;
+    s->ctx = ctx;
+    snprintf(s->leader_key, sizeof(s->leader_key), STORE_PREFIX "%s/leader", cfg->job);
+    snprintf(s->state_key, sizeof(s->state_key), STORE_PREFIX "%s/state", cfg->job);
+    snprintf(s->advertise, sizeof(s->advertise), "%s", cfg->advertise);
+    leader_init(&s->el, cfg->ttl_s);
+    curl_global_init(CURL_GLOBAL_DEFAULT); /* before the thread: not thread-safe */
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->write_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    s->wh = curl_easy_init();
+    if (!s->wh || uv_async_init(loop, &s->async, on_async) != 0) {
+        snprintf(err, errlen, "cannot set up libcurl or the loop's wakeup");
+        if (s->wh)
+            curl_easy_cleanup(s->wh);
+        free(s);
+        return -ENOMEM;
+    }
+    s->async.data = s;
+    /* The loop's life is not the store's: musterd's shutdown ends the loop, then closes the store. */
+    uv_unref((uv_handle_t *)&s->async);
+    rc = pthread_create(&s->thread, NULL, thread_main, s);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the store's thread: %s", strerror(rc));
+        uv_close((uv_handle_t *)&s->async, NULL);
+        *out = s; /* store_free after the loop ran the close */
+        return -rc;
+    }
+    s->started = 1;
+    *out = s;
+    return 0;
+}
+
+void store_close(struct store *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->stop = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    if (s->started)
+        pthread_join(s->thread, NULL);
+    s->started = 0;
+    if (!uv_is_closing((uv_handle_t *)&s->async))
+        uv_close((uv_handle_t *)&s->async, NULL);
+}
+
+void store_free(struct store *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->nevents; i++)
+        free(s->events[i].state);
+    curl_easy_cleanup(s->wh);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->write_lock);
+    pthread_cond_destroy(&s->wake);
+    free(s);
+}
