@@ -175,8 +175,9 @@ echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step)"
 finish hang
 grep -q '"rank_hung"' "$ITEST_DIR/hang.events" || fail "hang: the frozen rank was not found hung"
 frozen_rank=$(grep -o "rank [0-9]* (pid $frozen, generation" "$ITEST_DIR/agent-b.log" | head -n 1 | cut -d' ' -f2)
-hung=$(grep -o 'rank [0-9]* on node [a-z]* is hung: no heartbeat from it' "$ITEST_DIR/hang.events" | head -n 1)
-[ "$hung" = "rank $frozen_rank on node b is hung: no heartbeat from it" ] \
+# A stopped process is named as such (the agent sees its state in /proc).
+hung=$(grep -o 'rank [0-9]* on node [a-z]* is hung: its process is stopped' "$ITEST_DIR/hang.events" | head -n 1)
+[ "$hung" = "rank $frozen_rank on node b is hung: its process is stopped" ] \
     || fail "hang: the report names '$hung', not the frozen rank $frozen_rank on node b: $(grep -o '"rank [0-9]* on node [a-z]* is hung[^"]*' "$ITEST_DIR/hang.events" | head -n 1)"
 echo "the hang report names the frozen rank: $hung"
 grep -q '"state_restored"' "$ITEST_DIR/hang.events" || fail "hang: no state_restored event after the hang"
