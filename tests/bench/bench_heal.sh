@@ -129,7 +129,7 @@ open(f"{d}/total_ms", "w").write("%.1f" % fig("total")[0])
 PY
 TOTAL=$(cat "$ITEST_DIR/total_ms")
 
-PY=${BENCH_PYTHON:-/usr/bin/python3}
+PY=${BENCH_PYTHON:-${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}}
 if "$PY" -c 'import torch' 2> /dev/null; then
     RUNS=$TORCH_RUNS sh tests/bench/bench_torch_launch.sh > "$ITEST_DIR/torch.out" 2>&1 || true
     tr_line=$(grep '^(b) kill -> first step after recovery' "$ITEST_DIR/torch.out" | head -n 1 || true)

@@ -27,14 +27,14 @@ KILL_AFTER=${KILL_AFTER:-8}
 CKPT_EVERY=${CKPT_EVERY:-5}
 MONITOR=${TORCHRUN_MONITOR_INTERVAL:-0.2}
 WAIT_S=${WAIT_S:-90}
-# Debian's PyTorch; `python3` on PATH may be another interpreter without it.
-PY=${BENCH_PYTHON:-/usr/bin/python3}
+# The build's PyTorch 2.x environment (mk/deps.sh; the Makefile exports MUSTER_TORCH_PY).
+PY=${BENCH_PYTHON:-${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}}
 SCRIPT=tests/torch/ddp_train.py
 # Never reached: the job is torn down once recovery is measured.
 STEPS=100000
 
 if ! "$PY" -c 'import torch' 2> /dev/null; then
-    echo "== torch_launch: PyTorch not installed (sh mk/deps.sh bench): skipped"
+    echo "== torch_launch: $PY cannot import torch (run: sh mk/deps.sh venv): skipped"
     exit 0
 fi
 
