@@ -42,7 +42,7 @@ torch_env() {
     $pip --only-binary :all: -r "$venv/wheels.txt"
     # shellcheck disable=SC2046
     DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
-        $pip --no-build-isolation $(grep '^deepspeed==' "$req")
+        $pip --no-build-isolation --use-pep517 $(grep '^deepspeed==' "$req")
     # Editable: the environment runs this tree's client as it is edited.
     $pip --no-build-isolation --editable "$root/clients/python"
     # Build backend for tests/integration/rank_client_package.sh's offline `pip install clients/python`.

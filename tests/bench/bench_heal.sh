@@ -139,5 +139,5 @@ if "$PY" -c 'import torch' 2> /dev/null; then
     echo "$tr_line" | sed 's/^.\{46\} *//' | awk -v m="$TOTAL" 'NF { t = $1 + 0; m2 = $3 + 0;
         printf "  kill -> next step: torchrun %.2f s, muster with a PyTorch rank (whole restart) %.2f s, muster-train healing in place %.3f s: %.0fx faster than torchrun\n", t, m2, m / 1000, t * 1000 / m }'
 else
-    echo "  torchrun: PyTorch not installed (sh mk/deps.sh bench): not measured"
+    echo "  torchrun: $PY cannot import torch (sh mk/deps.sh venv): not measured"
 fi
