@@ -15,7 +15,10 @@ if ! ls "$WHEELS"/setuptools-*.whl > /dev/null 2>&1; then
 fi
 /usr/bin/python3 -m venv "$ITEST_DIR/venv" || fail "python3 -m venv failed (Debian: python3-venv)"
 V=$ITEST_DIR/venv/bin
-"$V/pip" install --no-index --find-links "$WHEELS" clients/python > "$ITEST_DIR/pip.log" 2>&1 \
+# From a copy (without what an earlier pip install left), as setuptools builds inside the directory.
+cp -r clients/python "$ITEST_DIR/src"
+rm -rf "$ITEST_DIR/src/build" "$ITEST_DIR"/src/*.egg-info
+"$V/pip" install --no-index --find-links "$WHEELS" "$ITEST_DIR/src" > "$ITEST_DIR/pip.log" 2>&1 \
     || fail "pip install clients/python failed: $(tail -n 5 "$ITEST_DIR/pip.log")"
 (cd "$ITEST_DIR" && env -u PYTHONPATH "$V/python" -c '
 import muster_rank, sys
