@@ -21,7 +21,7 @@ PY=$TORCH_PY
 DS_SCRIPT="$(pwd)/tests/torch/ds_zero3_train.py"
 DS_CONFIG="$(pwd)/tests/torch/ds_zero3_config.json"
 ACC_SCRIPT="$(pwd)/tests/torch/accel_train.py"
-STEPS=30
+STEPS=20
 make_token "$ITEST_DIR/token"
 
 # losses FILE: rank 0's losses in order, one per line, from an agent's log.
