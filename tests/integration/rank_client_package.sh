@@ -26,7 +26,7 @@ assert muster_rank.__file__.startswith(sys.prefix), muster_rank.__file__
 assert not muster_rank.connect().active
 ') || fail "the installed muster_rank does not import from the environment"
 version=$(sed -n 's/^VERSION := //p' Makefile)
-"$V/pip" show muster-rank | grep -qx "Version: $version" || fail "the package's version is not the build's ($version)"
+"$V/pip" show muster-rank | grep -x "Version: $version" > /dev/null || fail "the package's version is not the build's ($version)"
 files=$("$V/pip" show --files muster-rank | sed -n 's/^  //p' | grep -v -e '^muster_rank-.*\.dist-info/' -e '^__pycache__/muster_rank\.' | sort | tr '\n' ' ')
 [ "$files" = "muster_rank.py " ] || fail "the package installs more than muster_rank.py: $files"
 echo "rank_client_package: pip install clients/python -> muster_rank $version, one module: ok"

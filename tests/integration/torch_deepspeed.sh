@@ -66,7 +66,7 @@ echo "(a) DeepSpeed ZeRO-3: 4 ranks on gloo, training: ok"
 
 # (b) SIGKILL rank 3 (node b) once the checkpoint of step 10 is on disk.
 i=0
-until grep -qx step1[05] "$ITEST_DIR/ds-ckpt/latest" 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done
+until grep -qx 'step1[05]' "$ITEST_DIR/ds-ckpt/latest" 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done
 pid=$(rank_pid "$DS_SCRIPT.*$ITEST_DIR/ds-ckpt" 3)
 [ -n "$pid" ] || fail "(b) no process for rank 3"
 kill -9 "$pid"
