@@ -235,6 +235,12 @@ tests: $(BINS) $(GPU_MODULE) $(TEST_BINS)
 deps:
 	@sh mk/deps.sh build
 
+# The interpreter of the build's PyTorch 2.x environment (.venv, made by
+# mk/deps.sh), with which the tests and benches run PyTorch, DeepSpeed and
+# accelerate programs as ranks.
+MUSTER_TORCH_PY ?= $(CURDIR)/.venv/bin/python
+export MUSTER_TORCH_PY
+
 check: deps
 	@$(MAKE) --no-print-directory check-run
 

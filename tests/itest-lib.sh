@@ -33,6 +33,45 @@ need_data() {
     DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
 }
 
+# need_torch NAME MODULE...: TORCH_PY, the interpreter of the build's
+# PyTorch 2.x environment (MUSTER_TORCH_PY, else .venv/bin/python, which
+# mk/deps.sh makes), checked to import each MODULE. Without them: under CI
+# a failure, else a skip (exit 0) that says how to get them.
+need_torch() {
+    name=$1; shift
+    TORCH_PY=${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}
+    if ! why=$("$TORCH_PY" -c "import $(echo "$@" | tr ' ' ',')" 2>&1); then
+        why=$(printf '%s\n' "$why" | tail -n 1)
+        [ -n "${CI:-}" ] && fail "$name: $TORCH_PY cannot import $* ($why); mk/deps.sh makes it for make check"
+        echo "$name: skipped: $TORCH_PY cannot import $* ($why); run: sh mk/deps.sh venv"
+        exit 0
+    fi
+}
+
+# rank_pid PATTERN R: the pid of the process of global rank R (newest
+# generation) among those whose command line matches PATTERN (pgrep -f;
+# name the test's directory in it, so that only this test's ranks match).
+rank_pid() {
+    best=""; bestgen=0
+    for p in $(pgrep -f "$1" || true); do
+        env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
+        printf '%s\n' "$env" | grep -qx "RANK=$2" || continue
+        g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
+        [ "${g:-0}" -ge "$bestgen" ] && { best=$p; bestgen=$g; }
+    done
+    echo "$best"
+}
+
+# wait_log SECONDS FILE PATTERN: a line matching PATTERN in FILE (polls every 50 ms).
+wait_log() {
+    i=0
+    while [ $i -lt $(( $1 * 20 )) ]; do
+        grep -q "$3" "$2" 2>/dev/null && return 0
+        sleep 0.05; i=$((i + 1))
+    done
+    return 1
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

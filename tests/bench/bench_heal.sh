@@ -129,7 +129,7 @@ open(f"{d}/total_ms", "w").write("%.1f" % fig("total")[0])
 PY
 TOTAL=$(cat "$ITEST_DIR/total_ms")
 
-PY=${BENCH_PYTHON:-/usr/bin/python3}
+PY=${BENCH_PYTHON:-${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}}
 if "$PY" -c 'import torch' 2> /dev/null; then
     RUNS=$TORCH_RUNS sh tests/bench/bench_torch_launch.sh > "$ITEST_DIR/torch.out" 2>&1 || true
     tr_line=$(grep '^(b) kill -> first step after recovery' "$ITEST_DIR/torch.out" | head -n 1 || true)
@@ -139,5 +139,5 @@ if "$PY" -c 'import torch' 2> /dev/null; then
     echo "$tr_line" | sed 's/^.\{46\} *//' | awk -v m="$TOTAL" 'NF { t = $1 + 0; m2 = $3 + 0;
         printf "  kill -> next step: torchrun %.2f s, muster with a PyTorch rank (whole restart) %.2f s, muster-train healing in place %.3f s: %.0fx faster than torchrun\n", t, m2, m / 1000, t * 1000 / m }'
 else
-    echo "  torchrun: PyTorch not installed (sh mk/deps.sh bench): not measured"
+    echo "  torchrun: $PY cannot import torch (sh mk/deps.sh venv): not measured"
 fi

@@ -27,14 +27,14 @@ KILL_AFTER=${KILL_AFTER:-8}
 CKPT_EVERY=${CKPT_EVERY:-5}
 MONITOR=${TORCHRUN_MONITOR_INTERVAL:-0.2}
 WAIT_S=${WAIT_S:-90}
-# Debian's PyTorch; `python3` on PATH may be another interpreter without it.
-PY=${BENCH_PYTHON:-/usr/bin/python3}
+# The build's PyTorch 2.x environment (mk/deps.sh; the Makefile exports MUSTER_TORCH_PY).
+PY=${BENCH_PYTHON:-${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}}
 SCRIPT=tests/torch/ddp_train.py
 # Never reached: the job is torn down once recovery is measured.
 STEPS=100000
 
 if ! "$PY" -c 'import torch' 2> /dev/null; then
-    echo "== torch_launch: PyTorch not installed (sh mk/deps.sh bench): skipped"
+    echo "== torch_launch: $PY cannot import torch (run: sh mk/deps.sh venv): skipped"
     exit 0
 fi
 
@@ -156,6 +156,12 @@ train_args() {
     echo "$SCRIPT --steps $STEPS --step-sleep $STEP_SLEEP --ckpt-dir $RUN/ckpt --ckpt-every $CKPT_EVERY --timing-file $RUN/timing"
 }
 
+# torchrun, torch 2.x: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, each round's
+# workers on a store of their own, as in 1.13. With the rendezvous store
+# shared (2.x's default), the workers' keys are prefixed by the restart
+# count, which only the agent whose worker failed increments: after the
+# kill, node 0's new ranks (still restart 0) found the first round's gloo
+# addresses and every round failed to connect, until max_restarts.
 # torchrun, torch 1.13: --rdzv_backend c10d with --node_rank is accepted but
 # the c10d rendezvous assigns group ranks by arrival, so "the second node" is
 # the agent that holds ranks 2..3. Both agents name 127.0.0.1 as the endpoint,
@@ -177,10 +183,10 @@ prepare_torchrun() {
 }
 start_torchrun() {
     # shellcheck disable=SC2086 # word splitting of the command is intended
-    OMP_NUM_THREADS=1 setsid $TORCHRUN_0 > "$RUN/torchrun-0.log" 2>&1 &
+    OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 setsid $TORCHRUN_0 > "$RUN/torchrun-0.log" 2>&1 &
     ROOTS="$ROOTS $!"
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 setsid $TORCHRUN_1 > "$RUN/torchrun-1.log" 2>&1 &
+    OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 setsid $TORCHRUN_1 > "$RUN/torchrun-1.log" 2>&1 &
     ROOTS="$ROOTS $!"
 }
 

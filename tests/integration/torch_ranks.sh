@@ -14,36 +14,10 @@
 set -eu
 . tests/itest-lib.sh
 
-PY=/usr/bin/python3
-if ! "$PY" -c 'import torch.distributed' 2>/dev/null; then
-    [ -n "${CI:-}" ] && fail "PyTorch (python3-torch) is missing; mk/deps.sh installs it for make check"
-    echo "torch_ranks: skipped: $PY cannot import torch (run mk/deps.sh build as root)"
-    exit 0
-fi
+need_torch torch_ranks torch.distributed
+PY=$TORCH_PY
 SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 make_token "$ITEST_DIR/token"
-
-# rank_pid R: the pid of the python process of global rank R (newest generation).
-rank_pid() {
-    best=""; bestgen=0
-    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/ckpt" || true); do # this test's ranks only
-        env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
-        printf '%s\n' "$env" | grep -qx "RANK=$1" || continue
-        g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
-        [ "${g:-0}" -ge "$bestgen" ] && { best=$p; bestgen=$g; }
-    done
-    echo "$best"
-}
-
-# wait_log SECONDS FILE PATTERN: a line matching PATTERN in FILE.
-wait_log() {
-    i=0
-    while [ $i -lt $(( $1 * 20 )) ]; do
-        grep -q "$3" "$2" 2>/dev/null && return 0
-        sleep 0.05; i=$((i + 1))
-    done
-    return 1
-}
 
 # ---- job 1: the unmodified script ------------------------------------------
 cat > "$ITEST_DIR/job.json" <<JSON
@@ -70,7 +44,7 @@ echo "(a) unmodified DDP script: running, 4 silent ranks, step unknown: ok"
 
 # (b) SIGKILL rank 3 (node b) after the checkpoint of step 5.
 wait_log 30 "$ITEST_DIR/agent-a.log" "rank 0: step 10 loss" || fail "(b) no step 10"
-pid=$(rank_pid 3)
+pid=$(rank_pid "$SCRIPT.*$ITEST_DIR/ckpt" 3)
 [ -n "$pid" ] || fail "(b) no process for rank 3"
 kill -9 "$pid"
 wait_for 60 'd["generation"] == 2 and d["state"] == "running" and running == 4' \
@@ -125,7 +99,7 @@ start_agent c 2 --token-file "$ITEST_DIR/token"
 start_agent d 2 --token-file "$ITEST_DIR/token"
 wait_for 60 'd["state"] == "running" and running == 4 and all(not r["silent"] and (r["step"] or 0) > 2 and r["loss"] is not None for r in d["ranks"])' \
     || fail "(d) the client does not bring step and loss to status"
-pid=$(rank_pid 1)
+pid=$(rank_pid "$SCRIPT.*$ITEST_DIR/ckpt" 1)
 [ -n "$pid" ] || fail "(d) no process for rank 1"
 kill -STOP "$pid"
 # Every DDP rank stalls with the stopped one (they wait in its all-reduce), so any may be named.

@@ -1,0 +1,104 @@
+#!/bin/sh
+# The stack muster's users run, as ranks, unmodified: a DeepSpeed ZeRO stage 3
+# script (tests/torch/ds_zero3_train.py: deepspeed.initialize with a JSON
+# config, bf16, DeepSpeed's own checkpoints; CPU accelerator, gloo) and an
+# accelerate script (tests/torch/accel_train.py: Accelerator, prepare,
+# backward, save_state/load_state), on musterd + 2 agents x 2 ranks on
+# loopback, with the build's PyTorch 2.x environment (mk/deps.sh):
+#  (a) DeepSpeed: the 4 ranks form from muster's torchrun environment and
+#      train (the loss falls);
+#  (b) a SIGKILLed rank: the next generation resumes, every rank from the
+#      newest checkpoint DeepSpeed had written (engine.load_checkpoint), and
+#      the job completes with every step done;
+#  (c) accelerate: with ACCELERATE_USE_CPU=true (what `accelerate launch
+#      --cpu` sets) put in the job's rank_cmd, the 4 ranks run multi-CPU
+#      data parallel, train and complete.
+set -eu
+. tests/itest-lib.sh
+
+need_torch torch_deepspeed torch.distributed deepspeed accelerate
+PY=$TORCH_PY
+DS_SCRIPT="$(pwd)/tests/torch/ds_zero3_train.py"
+DS_CONFIG="$(pwd)/tests/torch/ds_zero3_config.json"
+ACC_SCRIPT="$(pwd)/tests/torch/accel_train.py"
+STEPS=20
+make_token "$ITEST_DIR/token"
+
+# losses FILE: rank 0's losses in order, one per line, from an agent's log.
+losses() { sed -n 's/.*rank 0: step [0-9]* loss \([0-9.]*\).*/\1/p' "$1"; }
+
+# falls FILE: the mean of the last 5 losses is below half the mean of the first 5.
+falls() {
+    losses "$1" | awk '{ l[NR] = $1 } END {
+        if (NR < 10) exit 1
+        for (i = 1; i <= 5; i++) { a += l[i]; b += l[NR - 5 + i] }
+        printf "loss: first 5 steps %.4f, last 5 %.4f\n", a / 5, b / 5
+        exit !(b < a / 2) }'
+}
+
+run_job() { # JOBFILE NODE1 NODE2: musterd and two agents of 2 ranks each (logs agent-NODE.log)
+    start_daemon "$1" --token-file "$ITEST_DIR/token"
+    start_agent "$2" 2 --token-file "$ITEST_DIR/token"
+    AGENT_A=$AGENT_PID
+    start_agent "$3" 2 --token-file "$ITEST_DIR/token"
+    AGENT_B=$AGENT_PID
+}
+
+stop_job() {
+    kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    rm -rf "$ITEST_DIR/state" # a new job needs a fresh daemon state
+}
+
+# ---- job 1: DeepSpeed ZeRO-3 --------------------------------------------------
+cat > "$ITEST_DIR/ds.json" <<JSON
+{"name": "deepspeed-zero3", "nodes": 2, "max_restarts": 2, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 2000,
+ "rank_cmd": ["$PY", "$DS_SCRIPT", "--deepspeed_config", "$DS_CONFIG", "--steps", "$STEPS",
+              "--step-sleep", "0.1", "--ckpt-dir", "$ITEST_DIR/ds-ckpt", "--ckpt-every", "5"]}
+JSON
+run_job "$ITEST_DIR/ds.json" a b
+wait_for 90 'd["state"] == "running" and running == 4' || fail "(a) the DeepSpeed job is not running with 4 ranks"
+wait_log 90 "$ITEST_DIR/agent-a.log" "rank 0: step 12 loss" || fail "(a) rank 0 of the DeepSpeed job does not train"
+grep -q "rank 0: rank 0/4 restart 0 master 127.0.0.1:[0-9]* backend gloo" "$ITEST_DIR/agent-a.log" \
+    || fail "(a) rank 0 did not form a gloo group of 4 from muster's environment"
+echo "(a) DeepSpeed ZeRO-3: 4 ranks on gloo, training: ok"
+
+# (b) SIGKILL rank 3 (node b) once the checkpoint of step 10 is on disk.
+i=0
+until grep -qx 'step1[05]' "$ITEST_DIR/ds-ckpt/latest" 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done
+pid=$(rank_pid "$DS_SCRIPT.*$ITEST_DIR/ds-ckpt" 3)
+[ -n "$pid" ] || fail "(b) no process for rank 3"
+kill -9 "$pid"
+wait_for 90 'd["generation"] == 2 and d["state"] == "running" and running == 4' \
+    || fail "(b) generation 2 is not running after SIGKILL of rank 3"
+wait_log 90 "$ITEST_DIR/agent-b.log" "rank 3: rank 3 resumed at step" || fail "(b) rank 3 did not resume from DeepSpeed's checkpoint"
+at=$(sed -n 's/.*rank 3: rank 3 resumed at step \([0-9]*\).*/\1/p' "$ITEST_DIR/agent-b.log")
+for r in 0 1 2; do
+    log=$ITEST_DIR/agent-a.log; [ $r -ge 2 ] && log=$ITEST_DIR/agent-b.log
+    wait_log 30 "$log" "rank $r: rank $r resumed at step $at\$" || fail "(b) rank $r did not resume at step $at as rank 3 did"
+done
+[ "$at" -ge 10 ] || fail "(b) resumed at step $at, before the checkpoint of step 10 that was on disk"
+wait_for 120 'd["state"] == "completed"' || fail "the DeepSpeed job did not complete"
+wait_log 10 "$ITEST_DIR/agent-a.log" "rank 0: step $STEPS loss" || fail "the DeepSpeed job completed without step $STEPS"
+echo "(b) SIGKILL of rank 3: generation 2 resumed at step $at from engine.load_checkpoint; completed: ok"
+falls "$ITEST_DIR/agent-a.log" || fail "(a) the DeepSpeed job's loss did not fall: $(losses "$ITEST_DIR/agent-a.log" | tr '\n' ' ')"
+stop_job
+
+# ---- job 2: accelerate ---------------------------------------------------------
+cat > "$ITEST_DIR/acc.json" <<JSON
+{"name": "accelerate", "nodes": 2, "max_restarts": 0, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 2000,
+ "rank_cmd": ["env", "ACCELERATE_USE_CPU=true", "$PY", "$ACC_SCRIPT", "--steps", "$STEPS",
+              "--ckpt-dir", "$ITEST_DIR/acc-ckpt", "--ckpt-every", "10"]}
+JSON
+run_job "$ITEST_DIR/acc.json" c d
+wait_for 90 'd["state"] == "completed"' || fail "(c) the accelerate job did not complete"
+grep -q "rank 0: rank 0/4 restart 0 DistributedType.MULTI_CPU" "$ITEST_DIR/agent-c.log" \
+    || fail "(c) accelerate did not run multi-CPU data parallel over 4 ranks"
+wait_log 10 "$ITEST_DIR/agent-c.log" "rank 0: step $STEPS loss" || fail "(c) the accelerate job completed without step $STEPS"
+[ "$(cat "$ITEST_DIR/acc-ckpt/latest")" = "step_$STEPS" ] || fail "(c) accelerate's save_state of step $STEPS is missing"
+falls "$ITEST_DIR/agent-c.log" || fail "(c) the accelerate job's loss did not fall: $(losses "$ITEST_DIR/agent-c.log" | tr '\n' ' ')"
+echo "(c) accelerate: 4 ranks multi-CPU, trained, completed: ok"
+stop_job
+echo "torch_deepspeed: ok"
