@@ -16,6 +16,20 @@ void hang_steps_new_generation(struct hang_steps *h)
     h->first_longest_s = 0;
 }
 
+/* The first index of a[0..n) (ascending) whose value is not below x. */
+static uint32_t lower_bound(const double *a, uint32_t n, double x)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 void hang_steps_note(struct hang_steps *h, uint64_t step, double step_s)
 {
     if (step > h->top_step) {
@@ -29,28 +43,29 @@ void hang_steps_note(struct hang_steps *h, uint64_t step, double step_s)
             h->first_longest_s = step_s;
         return;
     }
+    uint32_t n = h->nrecent;
+    if (n == HANG_SAMPLES) { /* the oldest time leaves the sorted copy */
+        uint32_t at = lower_bound(h->sorted, n, h->recent[h->next]);
+        memmove(&h->sorted[at], &h->sorted[at + 1], (n - at - 1) * sizeof(double));
+        n--;
+    }
+    uint32_t at = lower_bound(h->sorted, n, step_s);
+    memmove(&h->sorted[at + 1], &h->sorted[at], (n - at) * sizeof(double));
+    h->sorted[at] = step_s;
     h->recent[h->next] = step_s;
     h->next = (h->next + 1) % HANG_SAMPLES;
-    if (h->nrecent < HANG_SAMPLES)
-        h->nrecent++;
+    h->nrecent = n + 1;
     if (step_s > h->longest_s)
         h->longest_s = step_s;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 double hang_median_step_s(const struct hang_steps *h)
 {
-    double sorted[HANG_SAMPLES];
-    if (h->nrecent == 0)
+    const double *s = h->sorted;
+    const uint32_t n = h->nrecent;
+    if (n == 0)
         return 0;
-    memcpy(sorted, h->recent, h->nrecent * sizeof(double));
-    qsort(sorted, h->nrecent, sizeof(double), cmp_double);
-    return h->nrecent % 2 ? sorted[h->nrecent / 2] : (sorted[h->nrecent / 2 - 1] + sorted[h->nrecent / 2]) / 2;
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
 static uint64_t ms_of(double s) { return s >= 1e12 ? UINT64_C(1000000000000000) : (uint64_t)ceil(s * 1000.0); }

@@ -32,6 +32,8 @@
 
 struct hang_steps {
     double recent[HANG_SAMPLES]; /* ring of step times after the first steps, seconds */
+    double sorted[HANG_SAMPLES]; /* the same nrecent times, ascending: the median without a sort
+                                  * (a note comes for every rank's every step) */
     uint32_t nrecent, next;
     double longest_s;        /* longest after the first steps of its generation, any generation */
     double first_longest_s;  /* longest of this generation's first steps */

@@ -109,9 +109,9 @@ static void send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
 
 static void send_command(struct rdv *r, uint32_t node, enum proto_command action)
 {
-    struct proto_msg m = {.type = PROTO_COMMAND};
-    m.u.command.generation = r->generation;
-    m.u.command.action = action;
+    struct proto_msg m; /* sent to each node in turn: only the command is written, not the whole union */
+    m.type = PROTO_COMMAND;
+    m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action};
     send_to(r, node, &m);
 }
 
@@ -212,7 +212,9 @@ static const struct rdv_node *rank0_node(const struct rdv *r)
 static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32_t nnodes, uint32_t master_port)
 {
     const struct rdv_node *nd = &r->nodes[node];
-    struct proto_msg m = {.type = PROTO_ASSIGN};
+    struct proto_msg m; /* to each member: the assignment is zeroed, not the whole union */
+    m.type = PROTO_ASSIGN;
+    m.u.assign = (struct proto_assign){0};
     m.u.assign.generation = r->generation;
     m.u.assign.world_size = r->world_size;
     m.u.assign.nranks = nd->ndevices;
@@ -819,7 +821,8 @@ static void send_unique_id(struct rdv *r, uint32_t node)
 {
     if (r->generation == 0 || r->uid.generation != r->generation)
         return;
-    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    struct proto_msg m;
+    m.type = PROTO_UNIQUE_ID;
     m.u.unique_id = r->uid;
     send_to(r, node, &m);
 }
@@ -1204,8 +1207,8 @@ static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_ran
     rk->yielded = b->yielded;
     rk->step_s = b->step_s;
     rk->total_steps = b->total_steps;
-    memcpy(rk->where, b->where, sizeof(rk->where));
-    memcpy(rk->waiting, b->waiting, sizeof(rk->waiting));
+    memcpy(rk->where, b->where, strlen(b->where) + 1); /* proto_check: NUL-terminated in its array */
+    memcpy(rk->waiting, b->waiting, strlen(b->waiting) + 1);
     if (!b->stopped)
         rk->last_beat_ms = now_ms;
     else if (!rk->last_beat_ms) /* stopped before its first entry came: quiet since now */
@@ -1220,12 +1223,9 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
      * to see a stalled stream in time: proto_ack_every_ms). */
     if (!hb->no_ack) {
         struct proto_msg *ack = &r->ack; /* no rank entries: only its head is written */
-        ack->type = PROTO_HEARTBEAT;
+        proto_heartbeat_start(ack);
         ack->u.heartbeat.generation = r->generation;
         ack->u.heartbeat.seq = hb->seq;
-        ack->u.heartbeat.free_port = 0;
-        ack->u.heartbeat.no_ack = 0;
-        ack->u.heartbeat.nranks = 0;
         send_to(r, node, ack);
     }
     if (hb->free_port != nd->free_port) {

@@ -11,6 +11,7 @@
  * then the checks that span fields.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -491,8 +492,10 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
     }
     TRY(get_array(o, "ranks", PROTO_MAX_LOCAL_RANKS, &ranks));
     h->nranks = (uint32_t)json_array_size(ranks);
-    for (uint32_t i = 0; i < h->nranks; i++)
+    for (uint32_t i = 0; i < h->nranks; i++) {
+        memset(&h->ranks[i], 0, sizeof(h->ranks[i])); /* proto_decode leaves the entries as they were */
         TRY(dec_beat(json_array_get(ranks, i), &h->ranks[i]));
+    }
     return 0;
 }
 
@@ -644,23 +647,32 @@ int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
     uint16_t type;
     int rc;
 
-    memset(msg, 0, sizeof(*msg));
+    /* Not the whole message for a frame not all here (a read loop asks once
+     * more after its last frame): only its type, so that it owns nothing. */
+    msg->type = (enum proto_type)0;
     if (consumed)
         *consumed = 0;
     if (len < PROTO_HEADER_LEN)
         return PROTO_NEED_MORE;
     plen = get_be32(buf);
     type = get_be16(buf + 6);
-    if (plen > PROTO_MAX_PAYLOAD)
-        return PROTO_E_OVERSIZE;
-    if (get_be16(buf + 4) != PROTO_VERSION)
-        return PROTO_E_VERSION;
-    if (type < PROTO_HELLO || type > PROTO_TYPE_MAX)
-        return PROTO_E_TYPE;
+    rc = plen > PROTO_MAX_PAYLOAD ? PROTO_E_OVERSIZE
+         : get_be16(buf + 4) != PROTO_VERSION ? PROTO_E_VERSION
+         : type < PROTO_HELLO || type > PROTO_TYPE_MAX ? PROTO_E_TYPE : PROTO_OK;
+    if (rc < 0) {
+        memset(msg, 0, sizeof(*msg));
+        return rc;
+    }
     if (len - PROTO_HEADER_LEN < plen)
         return PROTO_NEED_MORE;
 
-    msg->type = (enum proto_type)type;
+    /* A heartbeat's decoders clear each rank entry they fill (proto_decode's contract). */
+    if (type == PROTO_HEARTBEAT) {
+        proto_heartbeat_start(msg);
+    } else {
+        memset(msg, 0, sizeof(*msg));
+        msg->type = (enum proto_type)type;
+    }
     /* Heartbeats, nearly every frame musterd reads, take the fast path when they can. */
     if (msg->type == PROTO_HEARTBEAT && fastbeat_decode(buf + PROTO_HEADER_LEN, plen, msg) == 0)
         rc = PROTO_OK;
@@ -683,6 +695,12 @@ int proto_decode_eof(const uint8_t *buf, size_t len, struct proto_msg *msg,
     int rc = proto_decode(buf, len, msg, consumed);
 
     return rc == PROTO_NEED_MORE && len > 0 ? PROTO_E_TRUNCATED : rc;
+}
+
+void proto_heartbeat_start(struct proto_msg *msg)
+{
+    msg->type = PROTO_HEARTBEAT;
+    memset(&msg->u.heartbeat, 0, offsetof(struct proto_heartbeat, ranks));
 }
 
 void proto_msg_clear(struct proto_msg *msg)

@@ -1,5 +1,6 @@
 /* proto/fastbeat.c: HEARTBEAT read and written without a JSON tree (see fastbeat.h). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -317,7 +318,9 @@ int fastbeat_decode(const uint8_t *p, size_t n, struct proto_msg *m)
     if (object(&c, hb_keys, &seen, hb_value, h) && (seen & HB_REQUIRED) == HB_REQUIRED && c.p == c.end &&
         proto_check(m) == 0)
         return 0;
-    memset(h, 0, sizeof(*h));
+    /* Zeroed again as far as it was written: its head, the entries read and the one that failed. */
+    uint32_t written = h->nranks < PROTO_MAX_LOCAL_RANKS ? h->nranks + 1 : PROTO_MAX_LOCAL_RANKS;
+    memset(h, 0, offsetof(struct proto_heartbeat, ranks) + written * sizeof(h->ranks[0]));
     return 1;
 }
 

@@ -29,8 +29,9 @@
 #include "proto/proto.h"
 
 /* A HEARTBEAT payload (no header) into m (type set), checked by proto_check.
- * Returns 0 when it was read, 1 when it is left to the JSON decoder (m's
- * heartbeat is zeroed again then). */
+ * Writes the heartbeat's head and the rank entries it reads, each whole.
+ * Returns 0 when it was read, 1 when it is left to the JSON decoder (what it
+ * wrote is zeroed again then: a heartbeat zeroed before is zeroed after). */
 int fastbeat_decode(const uint8_t *p, size_t n, struct proto_msg *m);
 
 /* h (already proto_check'ed) as its payload into out. Returns the length,

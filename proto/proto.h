@@ -369,8 +369,13 @@ struct proto_msg {
  * reported as soon as the 8 header bytes are present. On PROTO_OK the caller
  * must call proto_msg_clear(msg) when done with it.
  *
- * msg is overwritten (clear a previous message first); on any result other
- * than PROTO_OK it is left zeroed and owns nothing. On an error in the
+ * msg is overwritten (clear a previous message first). A HEARTBEAT is
+ * written as proto_heartbeat_start leaves it, then its rank entries
+ * ranks[0..nranks) whole; the entries past nranks are not written (most of a
+ * message's bytes are rank entries: a frame that uses one must not cost a
+ * write of all of them). Every other type's message is zeroed, then filled.
+ * On PROTO_NEED_MORE only msg->type is written (0: nothing, owns nothing);
+ * on an error msg is left zeroed and owns nothing. On an error in the
  * payload of a complete frame (PROTO_E_JSON, _MISSING, _FIELD_TYPE, _RANGE,
  * _UNKNOWN_FIELD) *consumed is the frame's length, so that a receiver may
  * skip the frame and answer ERROR; on every other result it is 0.
@@ -396,6 +401,13 @@ int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap);
 
 /* Release what a decoded (or hand-built) message owns; safe to call twice. */
 void proto_msg_clear(struct proto_msg *msg);
+
+/* Makes msg an empty HEARTBEAT: the type set, every field before ranks
+ * zeroed (nranks 0), the rank entries left as they are, for the sender to
+ * fill ranks[0..nranks) whole. msg must own nothing (cleared). For the paths
+ * that build a heartbeat per beat: zeroing the whole message writes its 64
+ * entries, ~33 KiB. */
+void proto_heartbeat_start(struct proto_msg *msg);
 
 const char *proto_strerror(int err);
 

@@ -1548,6 +1548,38 @@ START_TEST(auto_timeout_follows_the_steps)
 }
 END_TEST
 
+static int cmp_seconds(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median kept sorted as times come and go is the median of the last
+ * HANG_SAMPLES times, sorted afresh, through repeats and the ring's turns. */
+START_TEST(median_is_of_the_last_samples)
+{
+    struct hang_steps h;
+    double last[HANG_SAMPLES], sorted[HANG_SAMPLES];
+    memset(&h, 0, sizeof(h));
+    uint64_t step = HANG_JUDGE_STEPS + 1, x = 12345;
+    for (uint64_t s = 1; s < step; s++)
+        hang_steps_note(&h, s, 1.0); /* the first steps are not samples */
+    ck_assert_double_eq(hang_median_step_s(&h), 0);
+    for (uint32_t i = 0; i < 1000; i++, step++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        const double t = (double)(x >> 58) / 4.0 + 0.25; /* 64 values: many repeats */
+        hang_steps_note(&h, step, t);
+        last[i % HANG_SAMPLES] = t;
+        const uint32_t n = i + 1 < HANG_SAMPLES ? i + 1 : HANG_SAMPLES;
+        memcpy(sorted, last, n * sizeof(double));
+        qsort(sorted, n, sizeof(double), cmp_seconds);
+        const double want = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+        ck_assert_msg(hang_median_step_s(&h) == want, "after %u times: %g, want %g", i + 1, hang_median_step_s(&h),
+                      want);
+    }
+}
+END_TEST
+
 START_TEST(rank_ranges_compress)
 {
     char out[64];
@@ -2399,6 +2431,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
     tcase_add_test(tc, step_seen_late_is_not_a_stall);
     tcase_add_test(tc, auto_timeout_follows_the_steps);
+    tcase_add_test(tc, median_is_of_the_last_samples);
     tcase_add_test(tc, rank_ranges_compress);
     tcase_add_test(tc, rank0_reports_committed_checkpoints);
     tcase_add_test(tc, admin_stop_and_restart);

@@ -233,7 +233,8 @@ static uint32_t free_port(const struct agent *a) { return (uint32_t)(20000 + (a 
 
 static void send_beat(struct agent *a, uint64_t now)
 {
-    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    struct proto_msg m;
+    proto_heartbeat_start(&m); /* as muster-worker: the message's 64 entries are not all zeroed */
     struct proto_heartbeat *hb = &m.u.heartbeat;
     hb->generation = a->generation;
     hb->seq = ++a->seq;
@@ -246,6 +247,7 @@ static void send_beat(struct agent *a, uint64_t now)
         hb->nranks = a->nranks;
         for (uint32_t i = 0; i < a->nranks; i++) {
             struct proto_rank_beat *b = &hb->ranks[i];
+            *b = (struct proto_rank_beat){0};
             b->rank = a->first_rank + i;
             b->state = PROTO_RANK_RUNNING;
             b->step = a->step;

@@ -1102,7 +1102,7 @@ static void on_beat_timer(uv_timer_t *t)
     if (a->link != LINK_JOINED)
         return;
     struct proto_msg m;
-    msg_init(&m, PROTO_HEARTBEAT);
+    proto_heartbeat_start(&m); /* the entries are copied in whole; the rest is not written */
     struct proto_heartbeat *hb = &m.u.heartbeat;
     hb->generation = a->cur_gen;
     hb->seq = ++a->beat_seq;

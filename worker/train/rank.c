@@ -260,7 +260,8 @@ static void handle(struct rank_ctl *c, const struct proto_msg *m)
 
 static void send_beat_locked(struct rank_ctl *c)
 {
-    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    struct proto_msg m;
+    proto_heartbeat_start(&m); /* one entry, copied in whole: the other 63 are not written */
     m.u.heartbeat.generation = c->generation;
     m.u.heartbeat.seq = ++c->seq;
     m.u.heartbeat.nranks = 1;
