@@ -6,12 +6,13 @@
 #  (b) rank 3 SIGKILLed mid-run: ranks 0-2 keep their processes (same PIDs),
 #      only rank 3's slot gets a new one, which receives the state from a
 #      peer ("state_restored" from memory); the job completes with final
-#      parameters and loss bit-identical to (a), no completed step lost;
+#      parameters and loss equal to (a)'s within 1e-6, no completed step lost;
 #  (c) a rank whose own code raises is not healed away: it fails as before.
-# The ranks run with MKL_CBWR=AUTO,STRICT: without it MKL's sgemm may round
-# differently in a fresh process (it picks kernels by the buffers' alignment),
-# so the replacement's first gradients could differ from the uninterrupted
-# run's in the last bits (seen: parameters equal to 1e-8, loss bit-identical).
+# Equal, not bit-identical: the survivors wrap the model in a new DDP for
+# the new process group, and a new DDP reduces its first step's gradients
+# in its initial bucket layout (DDP rebuilds the layout after the first
+# step), so the floats are summed in another order. Re-wrapping DDP at a
+# step without any failure changes the result as much (about 1e-8).
 set -eu
 . tests/itest-lib.sh
 
@@ -37,7 +38,7 @@ run_job() {
     cat > "$ITEST_DIR/$1.json" <<JSON
 {"name": "$1", "nodes": 2, "max_restarts": 4, "batch": 4, "heartbeat_interval_ms": 200,
  "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000,
- "rank_cmd": ["env", "MKL_CBWR=AUTO,STRICT", "$PY", "$SCRIPT", "--elastic", "--steps", "$STEPS", "--step-sleep", "0.1",
+ "rank_cmd": ["$PY", "$SCRIPT", "--elastic", "--steps", "$STEPS", "--step-sleep", "0.1",
               "--final-file", "$ITEST_DIR/$1.final", "--ckpt-dir", "$ITEST_DIR/$1" $2]}
 JSON
     rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
@@ -80,10 +81,15 @@ done
 curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
     || fail "(b) no state_restored event: the replacement's state did not come from memory"
 [ -s "$ITEST_DIR/heal.final" ] || fail "(b) no final parameters written"
-[ "$(cat "$ITEST_DIR/heal.final")" = "$(cat "$ITEST_DIR/ref.final")" ] \
+python3 - "$ITEST_DIR/heal.final" "$ITEST_DIR/ref.final" <<'PY' \
     || fail "(b) final parameters differ from the uninterrupted run: $(cat "$ITEST_DIR/heal.final") vs $(cat "$ITEST_DIR/ref.final")"
+import sys
+healed, ref = ([float(x) for x in open(p).read().split()] for p in sys.argv[1:3])
+for h, r in zip(healed, ref):
+    assert abs(h - r) <= 1e-6 * abs(r), (h, r)
+PY
 end_job
-echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, state from a peer, final bit-identical: ok"
+echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, state from a peer, final $(cat "$ITEST_DIR/heal.final") vs $(cat "$ITEST_DIR/ref.final"): ok"
 
 # (c) an error of the program's own is not a peer's death: it fails the rank, with its reason.
 run_job own '"--raise-at-step", "10", "--raise-rank", "1"'
