@@ -10,6 +10,9 @@
 #  (b) a SIGKILLed rank: the next generation resumes, every rank from the
 #      newest checkpoint DeepSpeed had written (engine.load_checkpoint), and
 #      the job completes with every step done;
+#  (d) muster's start-up hook sees the DeepSpeed script's steps (no client in
+#      it), and a SIGSTOPped rank is named hung, as stopped, within the
+#      progress timeout, with the others' stacks collected;
 #  (c) accelerate: with ACCELERATE_USE_CPU=true (what `accelerate launch
 #      --cpu` sets) put in the job's rank_cmd, the 4 ranks run multi-CPU
 #      data parallel, train and complete.
@@ -83,6 +86,33 @@ wait_for 120 'd["state"] == "completed"' || fail "the DeepSpeed job did not comp
 wait_log 10 "$ITEST_DIR/agent-a.log" "rank 0: step $STEPS loss" || fail "the DeepSpeed job completed without step $STEPS"
 echo "(b) SIGKILL of rank 3: generation 2 resumed at step $at from engine.load_checkpoint; completed: ok"
 falls "$ITEST_DIR/agent-a.log" || fail "(a) the DeepSpeed job's loss did not fall: $(losses "$ITEST_DIR/agent-a.log" | tr '\n' ' ')"
+stop_job
+
+# ---- job 3: the DeepSpeed script seen through the hook, and a hung rank named ----
+cat > "$ITEST_DIR/ds-hang.json" <<JSON
+{"name": "deepspeed-hang", "nodes": 2, "max_restarts": 2, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 500, "progress_timeout_ms": 5000,
+ "rank_cmd": ["$PY", "$DS_SCRIPT", "--deepspeed_config", "$DS_CONFIG", "--steps", "100000",
+              "--step-sleep", "0.05", "--ckpt-dir", "$ITEST_DIR/ds-hang-ckpt", "--ckpt-every", "100000"]}
+JSON
+run_job "$ITEST_DIR/ds-hang.json" e f
+wait_for 120 'd["state"] == "running" and running == 4 and all(not r["silent"] and (r["step"] or 0) >= 5 and r.get("where") for r in d["ranks"])' \
+    || fail "(d) the DeepSpeed script's steps do not reach status through the hook"
+pid=$(rank_pid "$DS_SCRIPT.*$ITEST_DIR/ds-hang-ckpt" 2)
+[ -n "$pid" ] || fail "(d) no process for rank 2"
+kill -STOP "$pid"
+wait_event 30 'rank 2 on node f is hung: its process is stopped' \
+    || { kill -CONT "$pid" 2>/dev/null || true; fail "(d) the SIGSTOPped DeepSpeed rank was not named hung as stopped"; }
+kill -CONT "$pid" 2>/dev/null || true
+curl -sf "http://127.0.0.1:$HTTP/v1/stacks" > "$ITEST_DIR/ds-stacks.json" || fail "(d) GET /v1/stacks failed"
+python3 - "$ITEST_DIR/ds-stacks.json" <<'PY' || fail "(d) the stacks after the hang: $(head -c 2000 "$ITEST_DIR/ds-stacks.json")"
+import json, sys
+by = {r["rank"]: r for r in json.load(open(sys.argv[1]))["ranks"]}
+assert by[2]["stopped"], by[2]
+for r in (0, 1, 3):
+    assert "ds_zero3_train.py" in (by[r].get("text") or ""), (r, by[r])
+PY
+echo "(d) DeepSpeed through the hook: steps in status; SIGSTOPped rank 2 named, stacks collected: ok"
 stop_job
 
 # ---- job 2: accelerate ---------------------------------------------------------

@@ -114,7 +114,7 @@ def main_elastic(args):
     if args.final_file and dist.get_rank() == 0:
         digest = sum(float(p.detach().double().sum()) for p in net.parameters())
         with open(args.final_file, "w") as f:
-            f.write(f"{digest!r} {float(loss)!r}\n")
+            f.write(f"{digest!r} {float(loss.detach())!r}\n")
     dist.destroy_process_group()
     print(f"rank {dist.get_rank() if dist.is_initialized() else os.environ.get('RANK')} done", flush=True)
 
