@@ -25,7 +25,8 @@ enum leader_action leader_next(struct leader *l, uint64_t now_ms, uint64_t *due_
         return l->lease ? LEADER_CAMPAIGN : LEADER_GRANT;
     case LEADER_LEADING:
         if (now_ms < l->next_keepalive) {
-            *due_ms = l->next_keepalive < l->acting_until ? l->next_keepalive : l->acting_until;
+            /* Woken by lease_until too: leader_acting deposes then. */
+            *due_ms = l->lease_until && l->lease_until < l->next_keepalive ? l->lease_until : l->next_keepalive;
             return LEADER_WAIT;
         }
         return LEADER_KEEPALIVE;
@@ -52,6 +53,7 @@ void leader_campaigned(struct leader *l, int won, int64_t rev, const char *holde
         l->term = rev;
         /* Not acting before the first keepalive answers: the grant's time is not known here. */
         l->acting_until = 0;
+        l->lease_until = 0;
         l->next_keepalive = 0;
         return;
     }
@@ -75,7 +77,9 @@ void leader_kept(struct leader *l, uint64_t sent_ms, int64_t ttl_s)
     uint64_t until = sent_ms + ttl - ttl / 3;
     if (until > l->acting_until)
         l->acting_until = until;
-    l->next_keepalive = sent_ms + l->ttl_ms / 4;
+    if (sent_ms + ttl > l->lease_until)
+        l->lease_until = sent_ms + ttl;
+    l->next_keepalive = sent_ms + l->ttl_ms / LEADER_KEEPALIVES;
 }
 
 void leader_failed(struct leader *l, uint64_t now_ms)
@@ -113,6 +117,7 @@ void leader_depose(struct leader *l, const char *why)
         return;
     l->role = LEADER_DEPOSED;
     l->acting_until = 0;
+    l->lease_until = 0;
     snprintf(l->why, sizeof(l->why), "%s", why);
 }
 
@@ -120,14 +125,21 @@ int leader_acting(struct leader *l, uint64_t now_ms)
 {
     if (l->role != LEADER_LEADING)
         return 0;
-    if (l->acting_until && now_ms >= l->acting_until) {
+    if (l->lease_until && now_ms >= l->lease_until) {
         char why[LEADER_WHY_MAX];
-        snprintf(why, sizeof(why), "no keepalive of the lease answered in time (it could end %llu ms after the last one)",
-                 (unsigned long long)(l->ttl_ms / 3));
+        snprintf(why, sizeof(why), "no keepalive of the lease answered within its TTL (%llu ms): it may have ended",
+                 (unsigned long long)l->ttl_ms);
         leader_depose(l, why);
         return 0;
     }
     return now_ms < l->acting_until;
+}
+
+uint64_t leader_unsure(const struct leader *l, uint64_t now_ms)
+{
+    if (l->role != LEADER_LEADING || !l->acting_until || now_ms < l->acting_until || now_ms >= l->lease_until)
+        return 0;
+    return l->lease_until;
 }
 
 const char *leader_role_name(enum leader_role r)

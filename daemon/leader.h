@@ -7,17 +7,24 @@
  *   candidate  no leader known: get a lease (TTL ttl_s), then create the
  *              leader key under it if nobody holds it (a transaction)
  *   leader     this musterd created the key: its term is the key's create
- *              revision. It keeps the lease alive every ttl/4, and acts
+ *              revision. It keeps the lease alive every ttl/6, and acts
  *              (ASSIGN, COMMAND, new generations) only until
  *              acting_until = (send time of the newest keepalive etcd
  *              answered) + ttl - ttl/3: etcd renews the lease when the
  *              keepalive arrives, after it was sent, so the lease cannot
- *              end before that deadline, and ttl/3 is left for frames in
- *              flight and clocks that run at different rates.
+ *              end before lease_until = that send time + ttl, and ttl/3 is
+ *              left for frames in flight and clocks that run at different
+ *              rates. Between acting_until and lease_until it is unsure:
+ *              it does not act, but a keepalive answered then (the lease
+ *              is alive, so the key is still its own) makes it act again.
+ *              This rides out the loss of etcd's raft leader: no member
+ *              answers a keepalive until the others elect a new one (one
+ *              to two election timeouts), and the new one gives every
+ *              lease a whole TTL again, so the lease never ends meanwhile.
  *   standby    another musterd holds the key (leader, term): watch the
  *              key, and run again (candidate) when it is deleted.
  *   deposed    was leader and lost it (keepalive answered "gone", a state
- *              write refused, or acting_until passed): never acts again.
+ *              write refused, or lease_until passed): never acts again.
  */
 #ifndef MUSTER_LEADER_H
 #define MUSTER_LEADER_H
@@ -26,6 +33,8 @@
 
 #define LEADER_ADDR_MAX 280
 #define LEADER_WHY_MAX 200
+/* Keepalives per TTL: a recent answer leaves time to ride out an etcd election. */
+#define LEADER_KEEPALIVES 6
 
 enum leader_role { LEADER_CANDIDATE, LEADER_LEADING, LEADER_STANDBY, LEADER_DEPOSED };
 
@@ -47,6 +56,7 @@ struct leader {
     int64_t leader_term;    /* standby: its term */
     int64_t watch_from;     /* standby: first revision the watch must see */
     uint64_t acting_until;  /* leading: see above */
+    uint64_t lease_until;   /* leading: see above */
     uint64_t next_keepalive;
     uint64_t retry_at;      /* candidate: after a failed request, wait until then */
     char why[LEADER_WHY_MAX]; /* deposed: why */
@@ -64,15 +74,18 @@ void leader_granted(struct leader *l, int64_t lease);
 void leader_campaigned(struct leader *l, int won, int64_t rev, const char *holder, int64_t holder_term);
 void leader_kept(struct leader *l, uint64_t sent_ms, int64_t ttl_s);
 /* A request failed (etcd unreachable or refused): a candidate waits and
- * starts again; a leader keeps trying until acting_until. */
+ * starts again; a leader keeps trying until lease_until. */
 void leader_failed(struct leader *l, uint64_t now_ms);
 /* The watched key was deleted (rev: the deletion's revision). */
 void leader_watch_deleted(struct leader *l, int64_t rev);
 /* Leadership is gone for a reason the store saw (lease ended, write refused). */
 void leader_depose(struct leader *l, const char *why);
 
-/* Leading and within acting_until; once past it, deposed (says why). */
+/* Leading and within acting_until; once past lease_until, deposed (says why). */
 int leader_acting(struct leader *l, uint64_t now_ms);
+/* Leading, past acting_until but not lease_until: lease_until (the caller
+ * may wait that long for a keepalive's answer); 0 otherwise. */
+uint64_t leader_unsure(const struct leader *l, uint64_t now_ms);
 
 const char *leader_role_name(enum leader_role r);
 

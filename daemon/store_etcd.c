@@ -39,6 +39,7 @@ struct store {
     int started;
     pthread_mutex_t lock;   /* everything below */
     pthread_cond_t wake;
+    pthread_cond_t kept;    /* a keepalive answered or failed, or deposed, or stop */
     int stop;
     int cur;                /* the member requests go to */
     struct leader el;
@@ -82,6 +83,7 @@ static void tell_deposed(struct store *s)
     snprintf(ev.why, sizeof(ev.why), "%s", s->el.why);
     post(s, &ev);
     pthread_cond_signal(&s->wake);
+    pthread_cond_broadcast(&s->kept);
 }
 
 static void on_async(uv_async_t *a)
@@ -97,10 +99,34 @@ static void on_async(uv_async_t *a)
         s->on_event(s->ctx, &evs[i]);
 }
 
+/* An absolute CLOCK_MONOTONIC time for pthread_cond_timedwait. */
+static struct timespec mono_at(uint64_t due)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = mono_ms(), ms = due > now ? due - now : 0;
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 int store_acting(struct store *s)
 {
     pthread_mutex_lock(&s->lock);
     int acting = leader_acting(&s->el, mono_ms());
+    /* Unsure (no keepalive answered lately, e.g. while etcd elects a new
+     * raft leader): the loop waits for one, at most until the lease could
+     * have ended, rather than act or drop what it sends. */
+    uint64_t until;
+    while (!acting && !s->stop && (until = leader_unsure(&s->el, mono_ms())) != 0) {
+        struct timespec ts = mono_at(until);
+        pthread_cond_timedwait(&s->kept, &s->lock, &ts);
+        acting = leader_acting(&s->el, mono_ms());
+    }
     tell_deposed(s);
     pthread_mutex_unlock(&s->lock);
     return acting;
@@ -199,18 +225,9 @@ static int request(struct store *s, CURL *h, const char *path, const char *body,
 static void wait_until(struct store *s, uint64_t due)
 {
     pthread_mutex_lock(&s->lock);
-    if (!s->stop && due > mono_ms()) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ms = due - mono_ms();
-        if (ms > 1000)
-            ms = 1000;
-        ts.tv_sec += (time_t)(ms / 1000);
-        ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+    uint64_t now = mono_ms();
+    if (!s->stop && due > now) {
+        struct timespec ts = mono_at(due - now > 1000 ? now + 1000 : due);
         pthread_cond_timedwait(&s->wake, &s->lock, &ts);
     }
     pthread_mutex_unlock(&s->lock);
@@ -345,13 +362,18 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
     if (rc == 0)
         rc = etcd_parse_keepalive(resp->p, resp->len, &ttl, err, sizeof(err));
     pthread_mutex_lock(&s->lock);
+    uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now);
     if (rc == 0)
         leader_kept(&s->el, sent, ttl);
     else
-        leader_failed(&s->el, mono_ms());
-    leader_acting(&s->el, mono_ms());
+        leader_failed(&s->el, now);
+    int acting = leader_acting(&s->el, now);
     tell_deposed(s);
+    pthread_cond_broadcast(&s->kept);
     pthread_mutex_unlock(&s->lock);
+    if (unsure && acting)
+        log_info("etcd: a keepalive answered %llu ms before the lease could have ended: acting again",
+                 (unsigned long long)(unsure - now));
     if (rc != 0)
         log_warn_limited("etcd: lease keepalive failed: %s", err);
 }
@@ -572,6 +594,7 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->wake, &ca);
+    pthread_cond_init(&s->kept, &ca);
     pthread_condattr_destroy(&ca);
     s->wh = curl_easy_init();
     if (!s->wh || uv_async_init(loop, &s->async, on_async) != 0) {
@@ -603,6 +626,7 @@ void store_close(struct store *s)
     pthread_mutex_lock(&s->lock);
     s->stop = 1;
     pthread_cond_signal(&s->wake);
+    pthread_cond_broadcast(&s->kept);
     pthread_mutex_unlock(&s->lock);
     if (s->started)
         pthread_join(s->thread, NULL);
@@ -621,5 +645,6 @@ void store_free(struct store *s)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->write_lock);
     pthread_cond_destroy(&s->wake);
+    pthread_cond_destroy(&s->kept);
     free(s);
 }

@@ -214,18 +214,60 @@ START_TEST(candidate_grants_campaigns_and_leads)
     ck_assert_int_eq(leader_next(&l, 10, &due), LEADER_KEEPALIVE);
     leader_kept(&l, 10, 3);
     ck_assert_int_eq(leader_acting(&l, 20), 1);
-    /* The next keepalive a quarter of the TTL later. */
+    /* The next keepalive a sixth of the TTL later. */
     ck_assert_int_eq(leader_next(&l, 20, &due), LEADER_WAIT);
-    ck_assert_uint_eq(due, 10 + 750);
-    /* Acting stops a third of the TTL before the lease could end. */
+    ck_assert_uint_eq(due, 10 + 500);
+    ck_assert_uint_eq(leader_unsure(&l, 20), 0);
+    /* Acting stops a third of the TTL before the lease could end... */
     ck_assert_int_eq(leader_acting(&l, 10 + 1999), 1);
     ck_assert_int_eq(leader_acting(&l, 10 + 2000), 0);
+    /* ...but it is only unsure until then: still the leader. */
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+    ck_assert_uint_eq(leader_unsure(&l, 10 + 2000), 10 + 3000);
+    ck_assert_uint_eq(leader_unsure(&l, 10 + 2999), 10 + 3000);
+    ck_assert_int_eq(leader_next(&l, 10 + 2000, &due), LEADER_KEEPALIVE);
+    leader_failed(&l, 10 + 2000);
+    /* The lease could have ended: deposed. */
+    ck_assert_int_eq(leader_acting(&l, 10 + 3000), 0);
     ck_assert_int_eq(l.role, LEADER_DEPOSED);
+    ck_assert_uint_eq(leader_unsure(&l, 10 + 3000), 0);
     ck_assert_ptr_nonnull(strstr(l.why, "keepalive"));
     /* Deposed for good: a late keepalive answer changes nothing. */
-    leader_kept(&l, 2100, 3);
-    ck_assert_int_eq(leader_acting(&l, 2101), 0);
-    ck_assert_int_eq(leader_next(&l, 2101, &due), LEADER_WAIT);
+    leader_kept(&l, 3100, 3);
+    ck_assert_int_eq(leader_acting(&l, 3101), 0);
+    ck_assert_int_eq(leader_next(&l, 3101, &due), LEADER_WAIT);
+}
+END_TEST
+
+/* etcd loses its raft leader: no keepalive answers until a new one is
+ * elected (up to two election timeouts), which keeps the lease. */
+START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
+{
+    struct leader l;
+    uint64_t due;
+    leader_init(&l, 3);
+    leader_granted(&l, 1);
+    leader_campaigned(&l, 1, 5, NULL, 0);
+    leader_kept(&l, 1000, 3);
+    ck_assert_int_eq(leader_acting(&l, 1400), 1);
+    /* Every member fails or times out from 1500 on. */
+    ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
+    leader_failed(&l, 1500);
+    ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
+    ck_assert_int_eq(leader_acting(&l, 3500), 0);
+    ck_assert_uint_eq(leader_unsure(&l, 3500), 4000);
+    /* The keepalive sent at 2200 answers at 3700 (the new raft leader's). */
+    leader_kept(&l, 2200, 3);
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+    ck_assert_uint_eq(leader_unsure(&l, 3700), 0);
+    ck_assert_int_eq(leader_acting(&l, 3700), 1);
+    ck_assert_int_eq(leader_acting(&l, 2200 + 1999), 1);
+    ck_assert_int_eq(leader_acting(&l, 2200 + 2000), 0);
+    /* Woken when the lease could end, to depose then. */
+    ck_assert_int_eq(leader_next(&l, 2200 + 2000, &due), LEADER_KEEPALIVE);
+    leader_kept(&l, 2200 + 2000, 0);
+    ck_assert_int_eq(l.role, LEADER_DEPOSED);
+    ck_assert_ptr_nonnull(strstr(l.why, "ended"));
 }
 END_TEST
 
@@ -300,6 +342,7 @@ Suite *make_etcd_suite(void)
     tc = tcase_create("election");
     tcase_add_test(tc, candidate_grants_campaigns_and_leads);
     tcase_add_test(tc, keepalives_extend_and_failures_retry);
+    tcase_add_test(tc, unsure_leader_acts_again_when_a_keepalive_answers);
     tcase_add_test(tc, loser_stands_by_and_runs_when_the_key_goes);
     suite_add_tcase(s, tc);
     return s;
