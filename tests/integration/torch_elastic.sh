@@ -92,7 +92,7 @@ end_job
 echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, state from a peer, final $(cat "$ITEST_DIR/heal.final") vs $(cat "$ITEST_DIR/ref.final"): ok"
 
 # (c) an error of the program's own is not a peer's death: it fails the rank, with its reason.
-run_job own '"--raise-at-step", "10", "--raise-rank", "1"'
+run_job own ', "--raise-at-step", "10", "--raise-rank", "1"'
 wait_for 60 '(d["last_failure"] or {}).get("rank") == 1' || fail "(c) the program's own error did not fail rank 1"
 check '"ValueError: injected failure at step 10 on rank 1" in d["last_failure"]["reason"]' \
     || fail "(c) the failure's reason is not the program's exception"
