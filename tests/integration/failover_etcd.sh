@@ -19,7 +19,9 @@ set -eu
 etcd_need failover_etcd
 need_data
 make_token "$ITEST_DIR/token"
-STEPS=${FAILOVER_STEPS:-120}
+# Enough steps that the job still runs when the last fault is over, on a quiet
+# machine too (about 12 steps a second there: the faults take some 25 s).
+STEPS=${FAILOVER_STEPS:-400}
 
 job() { # NAME
     cat > "$ITEST_DIR/$1.json" <<JSON
