@@ -6,7 +6,7 @@
 #       by muster_rank (its fake agent a socketpair), rounds alternating,
 #       median of ROUNDS rounds of STEPS steps;
 #   (b) SIGSTOP -> the stopped rank named hung in /v1/events: RUNS trials
-#       (default 10), each stopping a rank chosen in turn (3, 1, 2, 0, ...),
+#       (default 10), each stopping a rank chosen in turn (3, 2, 1, 0, ...),
 #       progress_timeout_ms PROGRESS_MS (default 3000): median and range of
 #       the time from the stop to the event, and how many named the right rank;
 #   (c) the same SIGSTOP under torchrun (--max_restarts 0): whether anything
@@ -74,16 +74,6 @@ JSON
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
 start_agent a 2 --token-file "$ITEST_DIR/token"
 start_agent b 2 --token-file "$ITEST_DIR/token"
-rank_pid() { # newest generation's python process of global rank $1
-    best=""; bestgen=0
-    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/ckpt" || true); do
-        env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
-        printf '%s\n' "$env" | grep -qx "RANK=$1" || continue
-        g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
-        [ "${g:-0}" -ge "$bestgen" ] && { best=$p; bestgen=$g; }
-    done
-    echo "$best"
-}
 hung_event() {
     curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events" | python3 -c '
 import json, sys
@@ -92,20 +82,20 @@ print(ev[-1]["message"] if ev else "")' "$1"
 }
 : > "$ITEST_DIR/lat"
 right=0
-for i in $(seq 1 "$RUNS"); do
-    gen=$i
-    victim=$(( (3 + 2 * i) % 4 ))
+for t in $(seq 1 "$RUNS"); do # (wait_for uses i)
+    gen=$t
+    victim=$(( (3 + 3 * (t - 1)) % 4 ))
     wait_for 120 "d['generation'] == $gen and d['state'] == 'running' and running == 4 and all((r['step'] or 0) > 3 for r in d['ranks'])" \
-        || fail "trial $i: generation $gen not running with steps"
-    pid=$(rank_pid "$victim")
+        || fail "trial $t: generation $gen not running with steps"
+    pid=$(rank_pid "$SCRIPT.*$ITEST_DIR/ckpt" "$victim")
     t0=$(now_ms); kill -STOP "$pid"
     j=0; msg=""
     while [ $j -lt 600 ] && [ -z "$msg" ]; do msg=$(hung_event "$gen"); [ -n "$msg" ] || sleep 0.02; j=$((j + 1)); done
     t1=$(now_ms); kill -CONT "$pid" 2>/dev/null || true
-    [ -n "$msg" ] || fail "trial $i: rank $victim not found hung"
+    [ -n "$msg" ] || fail "trial $t: rank $victim not found hung"
     case "$msg" in "rank $victim on node "*) right=$((right + 1)) ;; esac
     echo "$((t1 - t0))" >> "$ITEST_DIR/lat"
-    echo "   trial $i: rank $victim stopped -> $((t1 - t0)) ms: $(echo "$msg" | cut -c1-110)"
+    echo "   trial $t: rank $victim stopped -> $((t1 - t0)) ms: $(echo "$msg" | cut -c1-110)"
 done
 python3 - "$ITEST_DIR/lat" "$right" "$RUNS" <<'PY'
 import statistics, sys
@@ -113,7 +103,7 @@ v = [int(x) for x in open(sys.argv[1])]
 print("   SIGSTOP -> named: median %.2f s (range %.2f..%.2f) over %d, right rank named %s/%s" % (
     statistics.median(v) / 1e3, min(v) / 1e3, max(v) / 1e3, len(v), sys.argv[2], sys.argv[3]))
 PY
-kill "$DAEMON_PID" 2>/dev/null || true
+for p in $ITEST_PIDS; do kill "$p" 2>/dev/null || true; done
 pkill -9 -f "$SCRIPT.*$ITEST_DIR" 2>/dev/null || true
 
 echo "== hang: (c) the same SIGSTOP under torchrun"
@@ -122,6 +112,7 @@ for n in 0 1; do
     "$PY" -m torch.distributed.run --nnodes 2 --node-rank $n --nproc-per-node 2 --master-addr 127.0.0.1 \
         --master-port "$port" --max-restarts 0 "$SCRIPT" --steps 1000000 --step-sleep 0.05 \
         --ckpt-dir "$ITEST_DIR/ckpt-tr" --ckpt-every 100000000 > "$ITEST_DIR/torchrun-$n.log" 2>&1 &
+    TORCHRUNS="${TORCHRUNS:-} $!"
     ITEST_PIDS="$ITEST_PIDS $!"
 done
 j=0
@@ -133,7 +124,7 @@ kill -STOP "$victim"
 sleep "$TORCHRUN_WAIT_S"
 after=$(wc -l < "$ITEST_DIR/torchrun-0.log")
 alive=0
-for p in $ITEST_PIDS; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
+for p in $TORCHRUNS; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
 kill -CONT "$victim" 2>/dev/null || true
 echo "   torchrun: rank 3 stopped for ${TORCHRUN_WAIT_S} s: $((after - before)) new log lines on node 0, $alive of 2 torchrun" \
      "agents still waiting, nothing named (its figure is the collective timeout, 1800 s for gloo by default)"

@@ -22,17 +22,6 @@ fi
 SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 make_token "$ITEST_DIR/token"
 
-# rank_pid R: the pid of the python process of global rank R (newest generation).
-rank_pid() {
-    best=""; bestgen=0
-    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/ckpt" || true); do
-        env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
-        printf '%s\n' "$env" | grep -qx "RANK=$1" || continue
-        g=$(printf '%s\n' "$env" | sed -n 's/^MUSTER_GENERATION=//p')
-        [ "${g:-0}" -ge "$bestgen" ] && { best=$p; bestgen=$g; }
-    done
-    echo "$best"
-}
 events() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events"; }
 # hung_event GEN: the text of the rank_hung event that ended generation GEN ("" = none yet).
 hung_event() {
@@ -67,7 +56,7 @@ n=$(ls "$ITEST_DIR/usersite" | grep -c '^user-site-' || true)
 echo "(a) unmodified DDP program: steps and where in status, user's sitecustomize chained: ok"
 
 # (b) SIGSTOP rank 3: named, as stopped, within the progress timeout (4 s) plus the relay and stack window.
-pid=$(rank_pid 3)
+pid=$(rank_pid "$SCRIPT.*$ITEST_DIR/ckpt" 3)
 [ -n "$pid" ] || fail "(b) no process for rank 3"
 t0=$(now_ms)
 kill -STOP "$pid"
