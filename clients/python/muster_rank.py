@@ -749,7 +749,6 @@ class Elastic:
         self._backend = backend
         self._heal_wait = heal_wait_s
         self._rank = connect()
-        self._fresh = self.step == 0   # nothing trained in this process yet
         self._gen = 0                  # the generation of the process group it trains in
         if self._rank.active:
             self._rank._rejoin = True
@@ -773,12 +772,10 @@ class Elastic:
                 except RuntimeError:
                     if stepped[0]:
                         self.step += 1
-                        self._fresh = False
                     if not self._heal(dist):
                         raise
                     continue
                 self.step += 1
-                self._fresh = False
                 loss = result.item() if hasattr(result, "item") else result
                 self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
         finally:
@@ -793,7 +790,7 @@ class Elastic:
             dist.init_process_group(self._backend, init_method="env://")
         import torch
         me = dist.get_rank()
-        have = -1 if self._fresh and self.step == 0 else self.step
+        have = self.step if self.step > 0 else -1  # -1: nothing trained, the seed's state
         best = torch.tensor([have], dtype=torch.int64)
         dist.all_reduce(best, op=dist.ReduceOp.MAX)
         src = torch.tensor([me if have == best.item() else dist.get_world_size()], dtype=torch.int64)

@@ -16,12 +16,8 @@
 set -eu
 . tests/itest-lib.sh
 
-PY=${MUSTER_TORCH_PY:-.venv/bin/python}
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 else 1)' 2>/dev/null; then
-    [ -n "${CI:-}" ] && fail "PyTorch 2.x is missing at $PY; mk/deps.sh installs it for make check"
-    echo "torch_elastic: skipped: $PY has no PyTorch 2.x (run mk/deps.sh build)"
-    exit 0
-fi
+need_torch torch_elastic torch.distributed
+PY=$TORCH_PY
 SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 STEPS=60
 make_token "$ITEST_DIR/token"
