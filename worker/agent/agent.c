@@ -152,14 +152,14 @@ struct agent {
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
+    uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
+    bool port_warned;         /* "no free port" is in the log */
 
     /* COMMAND stacks being answered: one dump per rank of the generation (rank_stacks.h) */
     uv_timer_t stacks_timer;
     struct stacks_dump *stacks; /* malloc'd while a request is answered; NULL = none */
     uint32_t nstacks;
     uint64_t stacks_since;      /* uv_now when it began */
-    uint32_t free_port;       /* latest port found free for MASTER_PORT; 0 = none */
-    bool port_warned;         /* "no free port" is in the log */
 
     /* shutdown */
     bool exiting;
