@@ -72,6 +72,7 @@ LIBS_CURL := -lcurl
 include common/module.mk
 include proto/module.mk
 include daemon/module.mk
+include ctl/module.mk
 include worker/module.mk
 include tests/module.mk
 

@@ -2,4 +2,3 @@
 # DAEMON_SRCS are linked into the unit-test runner too; mains are not.
 DAEMON_SRCS := daemon/snapshot.c daemon/musterd_config.c daemon/rdv.c daemon/hang.c daemon/state.c daemon/persist.c daemon/server.c daemon/coalesce.c daemon/http.c daemon/http_guard.c daemon/restdoc.c daemon/view_build.c daemon/history.c daemon/metrics.c daemon/dashboard.c daemon/logfetch.c daemon/failure.c daemon/fitness.c daemon/plan_http.c daemon/etcd_codec.c daemon/leader.c daemon/store_etcd.c
 DAEMON_MAIN := daemon/musterd.c
-CTL_SRCS := daemon/musterctl.c daemon/ctl_http.c daemon/ctl_render.c daemon/ctl_args.c daemon/ctl_plan.c daemon/ctl_doctor.c

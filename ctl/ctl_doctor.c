@@ -6,7 +6,7 @@
  * data file, checkpoint directory and whether its plan fits this node. One
  * table row per check, with what to do for each failure.
  */
-#include "daemon/ctl_doctor.h"
+#include "ctl/ctl_doctor.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -21,11 +21,11 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 
-#include "daemon/ctl_http.h"
-#include "daemon/ctl_args.h"
-#include "daemon/ctl_doctor.h"
-#include "daemon/ctl_plan.h"
-#include "daemon/ctl_render.h"
+#include "ctl/ctl_http.h"
+#include "ctl/ctl_args.h"
+#include "ctl/ctl_doctor.h"
+#include "ctl/ctl_plan.h"
+#include "ctl/ctl_render.h"
 
 #define DEFAULT_SERVER "http://127.0.0.1:29471"
 #define TOKEN_BYTES 32

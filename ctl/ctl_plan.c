@@ -3,7 +3,7 @@
  * (common/plan.h), for a job spec file or a preset on the command line, or
  * for the running job through GET /v1/plan; and the table that shows it.
  */
-#include "daemon/ctl_plan.h"
+#include "ctl/ctl_plan.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,7 +14,7 @@
 
 #include "common/plan.h"
 #include "common/preflight.h"
-#include "daemon/ctl_args.h"
+#include "ctl/ctl_args.h"
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 static long long integer(const json_t *o, const char *key)

@@ -1,4 +1,4 @@
-#include "daemon/ctl_render.h"
+#include "ctl/ctl_render.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

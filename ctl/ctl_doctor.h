@@ -7,7 +7,7 @@
 #ifndef MUSTER_CTL_DOCTOR_H
 #define MUSTER_CTL_DOCTOR_H
 
-#include "daemon/ctl_plan.h"
+#include "ctl/ctl_plan.h"
 
 /* argv holds the whole command line; returns 0 when every check passed, 1
  * when one failed, 2 on a usage error. */

@@ -1,4 +1,4 @@
-#include "daemon/ctl_http.h"
+#include "ctl/ctl_http.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-#include "daemon/ctl_args.h"
+#include "ctl/ctl_args.h"
 
 #include <string.h>
 
