@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 
-__all__ = ["connect", "Rank", "BEAT_INTERVAL", "KEEPALIVE_INTERVAL"]
+__all__ = ["connect", "Rank", "Elastic", "ShardedElastic", "BEAT_INTERVAL", "KEEPALIVE_INTERVAL"]
 
 # Frame header: payload length, protocol version, message type (big-endian).
 _HEADER = struct.Struct(">IHH")
@@ -761,7 +761,7 @@ class Elastic:
         something after that raised (its update is in the state)."""
         import torch.distributed as dist
         stepped = [False]
-        hook = self.optimizer.register_step_post_hook(lambda *_: stepped.__setitem__(0, True))
+        hook = self._watch_steps(lambda *_: stepped.__setitem__(0, True))
         result = None
         try:
             self._form(dist)
@@ -781,6 +781,10 @@ class Elastic:
         finally:
             hook.remove()
         return result
+
+    def _watch_steps(self, fn):
+        """fn() after each step of the program's optimizer; returns the hook's handle."""
+        return self.optimizer.register_step_post_hook(fn)
 
     # -- one generation's process group and state --
 
@@ -883,7 +887,460 @@ class Elastic:
 
 
 class _TensorSlot:
-    """A tensor's place in a broadcast state_dict layout."""
+    """A tensor's place in a broadcast state_dict layout (spec: a DTensor's, see _local)."""
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, spec=None):
+        self.index, self.shape, self.dtype, self.spec = index, shape, dtype, spec
+
+
+# ---- sharded state: buddy replicas -----------------------------------------
+
+def _align(n):
+    return (n + 63) & ~63
+
+
+class _Snapshot:
+    """One rank's shard state at one step, in host memory: every tensor of
+    its model's and optimizer's state_dicts (a DTensor's local shard, not the
+    whole) in one flat byte buffer, and the rest (the layout, the objects'
+    state, RNG) as one pickled layout. Taken by the main thread between
+    steps; sent to the buddy whole, as three tensors (header, layout, flat).
+    """
+
+    def __init__(self):
+        self.step = -1       # the step it holds (-1: nothing yet)
+        self.rank = -1       # whose: that rank's number and world size when taken
+        self.world = 0
+        self.layout = None   # pickled: see take()
+        self.flat = None     # uint8 tensor
+        self.complete = False  # a received one: every byte came
+
+    def take(self, step, rank, world, model, optimizer, objects):
+        import pickle
+        import torch
+        tensors = []
+
+        def strip(x):
+            if isinstance(x, torch.Tensor):
+                local, spec = _local(x)
+                tensors.append(local)
+                return _TensorSlot(len(tensors) - 1, tuple(local.shape), local.dtype, spec)
+            if isinstance(x, dict):
+                return {k: strip(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(strip(v) for v in x)
+            return x
+        with torch.no_grad():
+            layout = {"model": strip(model.state_dict()), "optimizer": strip(optimizer.state_dict()),
+                      "objects": {name: o.state_dict() for name, o in objects.items()},
+                      "rng": torch.get_rng_state(),
+                      "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+            offsets, size = [], 0
+            for t in tensors:
+                offsets.append(size)
+                size = _align(size + t.numel() * t.element_size())
+            layout["offsets"] = offsets
+            if self.flat is None or self.flat.numel() != size:
+                self.flat = None  # the old buffer goes before the new one comes
+                self.flat = torch.empty(size, dtype=torch.uint8)
+            for off, t in zip(offsets, tensors):
+                self._view(off, t.dtype, t.shape).copy_(t)
+        self.layout = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+        self.step, self.rank, self.world, self.complete = step, rank, world, True
+
+    def _view(self, off, dtype, shape):
+        import torch
+        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        return self.flat[off:off + n].view(dtype).view(shape)
+
+    def apply(self, model, optimizer, objects):
+        """Puts the state back into a model and optimizer built for the same
+        world size (a fresh optimizer included: its state is made here)."""
+        import pickle
+        import torch
+        layout = pickle.loads(self.layout)
+        offsets = layout["offsets"]
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+
+        def fill(x, like=None):
+            if isinstance(x, _TensorSlot):
+                t = self._view(offsets[x.index], x.dtype, x.shape).clone()
+                return _from_local(t, x.spec, like)
+            if isinstance(x, dict):
+                return {k: fill(v, like) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(fill(v, like) for v in x)
+            return x
+        with torch.no_grad():
+            mine = model.state_dict()
+            for name, slot in layout["model"].items():
+                if name not in mine:
+                    raise ValueError("rank %d's state of step %d has %s, which this model has not"
+                                     % (self.rank, self.step, name))
+                _copy_into(mine[name], self._view(offsets[slot.index], slot.dtype, slot.shape), name)
+        opt = layout["optimizer"]
+        opt["state"] = {i: fill(st, params[i] if i < len(params) else None) for i, st in opt["state"].items()}
+        optimizer.load_state_dict(opt)
+        for name, o in objects.items():
+            o.load_state_dict(layout["objects"][name])
+        torch.set_rng_state(layout["rng"])
+        if layout["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(layout["cuda_rng"])
+
+    def header(self):
+        import torch
+        return torch.tensor([self.step, self.rank, self.world, len(self.layout), self.flat.numel()],
+                            dtype=torch.int64)
+
+    def send(self, dist, dst, group):
+        """Works (not waited on) that send this snapshot to rank dst."""
+        import torch
+        layout = torch.frombuffer(bytearray(self.layout), dtype=torch.uint8)
+        return [dist.isend(t, dst, group=group) for t in (self.header(), layout, self.flat)]
+
+    def recv(self, dist, src, group):
+        """Receives a snapshot from rank src into this one (blocks)."""
+        import torch
+        self.complete = False
+        head = torch.empty(5, dtype=torch.int64)
+        dist.recv(head, src, group=group)
+        step, rank, world, nlayout, nflat = (int(v) for v in head.tolist())
+        layout = torch.empty(nlayout, dtype=torch.uint8)
+        if self.flat is None or self.flat.numel() != nflat:
+            self.flat = None
+            self.flat = torch.empty(nflat, dtype=torch.uint8)
+        dist.recv(layout, src, group=group)
+        dist.recv(self.flat, src, group=group)
+        self.layout = layout.numpy().tobytes()
+        self.step, self.rank, self.world, self.complete = step, rank, world, True
+
+
+def _local(t):
+    """(a tensor's local part as a plain tensor, its DTensor spec or None)."""
+    if hasattr(t, "to_local") and hasattr(t, "placements"):
+        return t.to_local().detach(), (tuple(t.placements), tuple(t.shape), tuple(t.stride()))
+    return t.detach(), None
+
+
+def _from_local(t, spec, like):
+    """A tensor restored from its local part: a DTensor again where it was
+    one, on the mesh of the parameter it belongs to (like) in this generation."""
+    if spec is None:
+        return t  # load_state_dict moves it where the optimizer keeps it
+    from torch.distributed.tensor import DTensor
+    placements, shape, stride = spec
+    t = t.to(_local(like)[0].device)
+    return DTensor.from_local(t, like.device_mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+def _copy_into(dst, src, name):
+    local, _ = _local(dst)
+    if tuple(local.shape) != tuple(src.shape):
+        raise ValueError("%s: the saved shard is %s, this model's %s (another world size?)"
+                         % (name, tuple(src.shape), tuple(local.shape)))
+    local.copy_(src)
+
+
+class _Buddy:
+    """Buddy replicas of one generation: a thread that ships this rank's
+    snapshot to its buddy (a rank on another node) and receives its wards'
+    (the ranks whose buddy it is), over a gloo group of its own.
+
+    Memory: two own snapshots (the last one every buddy is known to hold,
+    and the one in flight) and two per ward (the same two steps). A round
+    is committed when every rank has done its part of it, which the main
+    thread learns at the next round with one all-reduce of a flag.
+    """
+
+    def __init__(self, dist, group, rank, world, buddy, wards, own=None, held=None):
+        self.dist, self.group = dist, group
+        self.rank, self.world, self.buddy, self.wards = rank, world, buddy, wards
+        self.own = own or []          # [_Snapshot], oldest first, at most 2
+        self.held = held or {}        # ward -> [_Snapshot], at most 2
+        self._cond = threading.Condition()
+        self._job = None              # the snapshot of the round to ship
+        self._busy = False
+        self._error = None
+        self._quit = False
+        self._round = -1              # the step of the round shipped last
+        self._thread = threading.Thread(target=self._loop, name="muster_rank-buddy", daemon=True)
+        self._thread.start()
+        if self.own:  # restored: its buddy gets the step restored at once
+            self._post(self.own[-1])
+
+    def holdings(self):
+        """[(rank, world, step)] of every whole snapshot this rank holds."""
+        snaps = self.own + [s for ss in self.held.values() for s in ss]
+        return sorted({(s.rank, s.world, s.step) for s in snaps if s.complete and s.step >= 0})
+
+    def find(self, rank, world, step):
+        for s in self.own + [s for ss in self.held.values() for s in ss]:
+            if s.complete and (s.rank, s.world, s.step) == (rank, world, step):
+                return s
+        return None
+
+    def replicate(self, step, model, optimizer, objects):
+        """At a step boundary, on every rank: commits the last round, snapshots
+        this step and ships it in the background. Raises RuntimeError when the
+        last round failed (a peer died: the program's healing follows)."""
+        import torch
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            error = self._error
+        if self._round >= 0:
+            # Once every rank got its wards' snapshots of the last round, that
+            # round is held everywhere and what is older can go.
+            ok = torch.tensor([0 if error else 1], dtype=torch.int64)
+            self.dist.all_reduce(ok, op=self.dist.ReduceOp.MIN, group=self.group)
+            if ok.item() != 1:
+                raise RuntimeError("buddy replicas of step %d: %s" % (self._round, error or "a peer's failed"))
+            self._keep_after(self._round)
+        snap = _slot(self.own)
+        snap.take(step, self.rank, self.world, model, optimizer, objects)
+        self._post(snap)
+
+    def _post(self, snap):
+        with self._cond:
+            self._job, self._busy, self._round = snap, True, snap.step
+            self._cond.notify_all()
+
+    def _keep_after(self, step):
+        """Frees the own and held snapshots older than step (their buffers stay for reuse)."""
+        for ss in [self.own] + list(self.held.values()):
+            if any(s.complete and s.step >= step for s in ss):
+                for s in ss:
+                    if s.step < step:
+                        s.complete, s.step = False, -1
+
+    def idle(self, timeout):
+        """Waits for the round in flight; True once none is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def stop(self, timeout):
+        """Lets the round in flight end (or fail) within timeout, then ends the thread."""
+        done = self.idle(timeout)
+        with self._cond:
+            self._quit = True
+            self._cond.notify_all()
+        if done:
+            self._thread.join(timeout)
+        return done
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while self._job is None and not self._quit:
+                    self._cond.wait()
+                if self._quit:
+                    return
+                snap, self._job = self._job, None
+            error = None
+            try:
+                self._ship(snap)
+            except Exception as e:  # a peer's death: the main thread's next round raises it
+                error = str(e) or type(e).__name__
+            with self._cond:
+                self._error, self._busy = error, False
+                self._cond.notify_all()
+
+    def _ship(self, snap):
+        works = snap.send(self.dist, self.buddy, self.group) if self.buddy is not None else []
+        for w in self.wards:
+            _slot(self.held.setdefault(w, [])).recv(self.dist, w, self.group)
+        for w in works:
+            w.wait()
+
+
+def _slot(snaps):
+    """The snapshot of snaps (at most 2) to fill next, moved to its end:
+    a free one, else the older of two, else a new one."""
+    snap = next((s for s in snaps if not s.complete), None)
+    if snap is None and len(snaps) >= 2:
+        snap = snaps[0]
+    if snap is None:
+        snap = _Snapshot()
+    else:
+        snaps.remove(snap)
+    snap.complete, snap.step = False, -1
+    snaps.append(snap)
+    return snap
+
+
+def _buddies(dist, rank, world):
+    """(buddy, wards) of this rank: its buddy is the rank of the same index
+    on the next node (nodes in the order of their first rank), so that a
+    node's loss leaves its ranks' replicas on another; with one node, the
+    next rank on it."""
+    node = os.environ.get("MUSTER_NODE") or os.environ.get("GROUP_RANK") or socket.gethostname()
+    names = [None] * world
+    dist.all_gather_object(names, node)
+    nodes = []
+    for r, n in enumerate(names):
+        if not nodes or nodes[-1][0] != n:
+            nodes.append((n, []))
+        nodes[-1][1].append(r)
+    if len(nodes) == 1:
+        nodes = [(r, [r]) for r in range(world)]
+
+    def buddy_of(r):
+        i = next(i for i, (_, ranks) in enumerate(nodes) if r in ranks)
+        if len(nodes) < 2:
+            return None
+        here, there = nodes[i][1], nodes[(i + 1) % len(nodes)][1]
+        return there[here.index(r) % len(there)]
+    return buddy_of(rank), [r for r in range(world) if r != rank and buddy_of(r) == rank]
+
+
+class ShardedElastic(Elastic):
+    """Healing in place for a sharded program (FSDP2's fully_shard, or any
+    model whose state_dict holds DTensors), with buddy replicas.
+
+        def build():                       # called once per generation
+            model = Net()
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        elastic = muster_rank.ShardedElastic(build, replica_every=10, checkpoint=load_ckpt)
+        def train_step(step):
+            loss = loss_fn(elastic.model(x), y)
+            elastic.optimizer.zero_grad(); loss.backward(); elastic.optimizer.step()
+            return loss
+        elastic.run(train_step, steps)
+
+    A survivor holds only its shard, so the model is built anew in every
+    generation's process group (build(): the model sharded, its optimizer),
+    and every rank's state is put back from host memory: every replica_every
+    steps each rank snapshots its shard state (its local parameter and
+    optimizer shards, the objects in `state`, the step, torch's RNG) and a
+    thread ships it to its buddy, a rank on another node, while training
+    goes on. When a generation forms, all ranks go back to the latest step
+    whose state exists for every rank: a survivor's own snapshot, the
+    replacement's at its buddy. So a failure redoes the steps since the last
+    replica (fewer than replica_every, or up to twice that when the round
+    in flight was lost too). When a rank and its buddy were both lost (or
+    the world changed size), every rank, the survivors in place, calls
+    checkpoint(model, optimizer), the program's own loader, which returns the
+    step it loaded (None: no checkpoint, start from the seed). It is also what
+    a job started anew resumes from.
+    """
+
+    def __init__(self, build, replica_every=10, state=None, checkpoint=None, backend="gloo",
+                 heal_wait_s=30.0, replica_timeout_s=300.0):
+        if int(replica_every) < 0:
+            raise ValueError("replica_every must be >= 0 (0: no replicas), got %r" % (replica_every,))
+        super().__init__(None, None, state=state, backend=backend, heal_wait_s=heal_wait_s)
+        self._build = build
+        self._every = int(replica_every)
+        self._checkpoint = checkpoint
+        self._replica_timeout = float(replica_timeout_s)
+        self._buddy = None
+        self.restored = None   # (from, step, steps redone) of the last generation formed
+
+    def run(self, train_step, steps):
+        def step_then_replicate(step):
+            result = train_step(step)
+            if self._every and (step + 1) % self._every == 0 and step + 1 < steps:
+                self._buddy.replicate(step + 1, self.module, self.optimizer, self._state)
+            return result
+        try:
+            return super().run(step_then_replicate, steps)
+        finally:
+            if self._buddy is not None:
+                self._buddy.stop(min(self._replica_timeout, 30.0))
+
+    def _watch_steps(self, fn):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        return register_optimizer_step_post_hook(lambda opt, *_: fn() if opt is self.optimizer else None)
+
+    def _heal(self, dist):
+        r = self._rank
+        if r.active and r._wait_park(self._gen, self._heal_wait) and self._buddy is not None:
+            self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
+        return super()._heal(dist)
+
+    def _form(self, dist):
+        import datetime
+        import gc
+        import torch
+        self._gen = self._rank.generation
+        if not dist.is_initialized():
+            dist.init_process_group(self._backend, init_method="env://")
+        me, world = dist.get_rank(), dist.get_world_size()
+        was = self.step
+        old = self._buddy
+        self.model = self.module = self.optimizer = None
+        gc.collect()
+        self.model, self.optimizer = self._build()
+        self.module = self.model
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self._replica_timeout))
+        buddy, wards = _buddies(dist, me, world)
+        offers = [None] * world
+        dist.all_gather_object(offers, old.holdings() if old is not None else [])
+        plan = _restore_plan(offers, world)
+        if plan is not None:
+            step, sources = plan
+            snap = self._fetch(dist, group, old, me, world, step, sources)
+            snap.apply(self.module, self.optimizer, self._state)
+            self.step = step
+            own, held = [snap], {}
+            if old is not None:  # the replicas of this step it holds stay (its wards may be survivors)
+                for w in wards:
+                    s = old.find(w, world, step)
+                    if s is not None:
+                        held[w] = [s]
+            how = ("memory", step)
+        else:
+            own, held = [], {}
+            loaded = self._checkpoint(self.module, self.optimizer) if self._checkpoint else None
+            self.step = int(loaded) if loaded is not None else 0
+            how = ("disk" if loaded is not None else "seed", self.step)
+        old = None
+        self._buddy = _Buddy(dist, group, me, world, buddy, wards, own, held)
+        self._rank._restore = how
+        self.restored = (how[0], how[1], max(was - how[1], 0))
+        if me == 0 and was > 0:
+            _log("generation %d: every rank at step %d from %s (%d steps redone)"
+                 % (self._gen, how[1], "buddy replicas" if how[0] == "memory" else
+                    "the program's checkpoint" if how[0] == "disk" else "the seed", max(was - how[1], 0)))
+
+    def _fetch(self, dist, group, old, me, world, step, sources):
+        """This rank's snapshot of step: its own, or sent by the rank that holds it;
+        sends what it holds of step for ranks that have it nowhere else."""
+        works = []
+        for r, src in enumerate(sources):
+            if src == me and r != me:
+                works += old.find(r, world, step).send(dist, r, group)
+        if sources[me] == me:
+            snap = old.find(me, world, step)
+        else:
+            snap = _Snapshot()
+            snap.recv(dist, sources[me], group)
+        for w in works:
+            w.wait()
+        return snap
+
+
+def _restore_plan(offers, world):
+    """(step, source rank per rank) of the latest step whose state every rank
+    of this world can have (its own snapshot, else a holder's), or None."""
+    steps = sorted({s for held in offers for (r, w, s) in held if w == world}, reverse=True)
+    for step in steps:
+        sources = []
+        for r in range(world):
+            if (r, world, step) in offers[r]:
+                sources.append(r)
+            else:
+                sources.append(next((q for q in range(world) if (r, world, step) in offers[q]), None))
+        if None not in sources:
+            return step, sources
+    return None

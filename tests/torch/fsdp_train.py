@@ -1,0 +1,131 @@
+"""A sharded PyTorch program (FSDP2: torch.distributed.fsdp.fully_shard) that
+heals in place through muster_rank.ShardedElastic: gloo, init_method="env://",
+AdamW, checkpoints with torch.distributed.checkpoint (each rank writes its
+shards). Every --replica-every steps each rank's shard state goes to its
+buddy on another node; a replacement rank is restored from there, and when a
+rank and its buddy are both lost every rank loads the last checkpoint.
+
+The data is a pure function of (seed, step, rank), so a run that went back
+to an earlier step sees the batches it would have seen.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import fully_shard
+
+import muster_rank
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--depth", type=int, default=3, help="hidden layers, each sharded on its own")
+    p.add_argument("--batch", type=int, default=16, help="per rank")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--replica-every", type=int, default=5, help="buddy replicas every K steps (0: none)")
+    p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
+    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
+    p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' sum and loss here")
+    p.add_argument("--timing-file", default="", help="rank 0 writes the steps' wall times here at the end")
+    return p.parse_args()
+
+
+def batch(seed, step, rank, n, width):
+    g = torch.Generator().manual_seed(seed * 1000003 + step * 1009 + rank)
+    x = torch.randn(n, width, generator=g)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def build(args):
+    """The model sharded over this generation's process group, and its optimizer."""
+    torch.manual_seed(args.seed)  # every rank the same initial weights, before sharding
+    layers = []
+    for _ in range(args.depth):
+        layers += [nn.Linear(args.width, args.width), nn.Tanh()]
+    model = nn.Sequential(*layers, nn.Linear(args.width, 1))
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+def save_checkpoint(args, model, opt, step):
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(args.ckpt_dir, f"step-{step}"))
+    dist.barrier()
+    if dist.get_rank() == 0:  # the checkpoint counts once every rank wrote its part
+        tmp = os.path.join(args.ckpt_dir, "latest.tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{step}\n")
+        os.replace(tmp, os.path.join(args.ckpt_dir, "latest"))
+
+
+def load_checkpoint(args, model, opt):
+    """The step of the last checkpoint, loaded into model and opt; None without one."""
+    try:
+        with open(os.path.join(args.ckpt_dir, "latest")) as f:
+            step = int(f.read())
+    except (OSError, ValueError):
+        return None
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=os.path.join(args.ckpt_dir, f"step-{step}"))
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    return step
+
+
+@record
+def main():
+    args = parse_args()
+    if args.ckpt_dir:
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+    elastic = muster_rank.ShardedElastic(
+        lambda: build(args), replica_every=args.replica_every,
+        checkpoint=(lambda m, o: load_checkpoint(args, m, o)) if args.ckpt_dir else None)
+    print(f"rank {os.environ.get('RANK')} pid {os.getpid()} generation {os.environ.get('MUSTER_GENERATION')} "
+          f"started", flush=True)
+    times = []
+
+    def train_step(step):
+        rank = dist.get_rank()
+        x, y = batch(args.seed, step, rank, args.batch, args.width)
+        loss = nn.functional.mse_loss(elastic.model(x), y)
+        elastic.optimizer.zero_grad()
+        loss.backward()
+        elastic.optimizer.step()
+        times.append(time.perf_counter())
+        if rank == 0:
+            print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
+        if args.ckpt_dir and (step + 1) % args.ckpt_every == 0:
+            save_checkpoint(args, elastic.model, elastic.optimizer, step + 1)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        return loss
+
+    loss = elastic.run(train_step, args.steps)
+    digest = sum(float(p.detach().full_tensor().double().sum()) for p in elastic.model.parameters())
+    if dist.get_rank() == 0:
+        if args.final_file:
+            with open(args.final_file, "w") as f:
+                f.write(f"{digest!r} {float(loss.detach())!r}\n")
+        if args.timing_file:
+            with open(args.timing_file, "w") as f:
+                f.write(" ".join(f"{t:.6f}" for t in times) + "\n")
+    dist.destroy_process_group()
+    print(f"rank {os.environ.get('RANK')} done", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
