@@ -52,6 +52,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 
 __all__ = ["connect", "Rank", "Elastic", "ShardedElastic", "BEAT_INTERVAL", "KEEPALIVE_INTERVAL"]
 
@@ -1251,7 +1252,8 @@ class ShardedElastic(Elastic):
             result = train_step(step)
             if self._every and (step + 1) % self._every == 0 and step + 1 < steps:
                 self._buddy.replicate(step + 1, self.module, self.optimizer, self._state)
-            return result
+            # the result outlives the step: without its autograd graph (see _heal)
+            return result.detach() if hasattr(result, "detach") else result
         try:
             return super().run(step_then_replicate, steps)
         finally:
@@ -1264,8 +1266,20 @@ class ShardedElastic(Elastic):
 
     def _heal(self, dist):
         r = self._rank
-        if r.active and r._wait_park(self._gen, self._heal_wait) and self._buddy is not None:
-            self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
+        if r.active and r._wait_park(self._gen, self._heal_wait):
+            if self._buddy is not None:
+                self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
+                self._buddy.group = None
+            # A gloo group closes its connections only once nothing refers to
+            # it, and the peers that still wait in one of its collectives fail
+            # only then. The sharded model and its optimizer refer to it, so do
+            # the failed step's frames (its loss's autograd graph holds FSDP's
+            # hooks), and so does the device mesh, which DTensor's sharding
+            # caches keep: all let go of it before the group is destroyed.
+            traceback.clear_frames(sys.exc_info()[2])
+            meshes = {id(p.device_mesh): p.device_mesh for p in self.module.parameters() if hasattr(p, "device_mesh")}
+            self.model = self.module = self.optimizer = None
+            _release_meshes(meshes.values())
         return super()._heal(dist)
 
     def _form(self, dist):
@@ -1328,6 +1342,25 @@ class ShardedElastic(Elastic):
         for w in works:
             w.wait()
         return snap
+
+
+def _release_meshes(meshes):
+    """Makes device meshes of a generation that ended let go of its process
+    groups, and empties DTensor's sharding caches, which hold such meshes
+    (the next generation's equal meshes must not find them there)."""
+    for mesh in meshes:
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    try:
+        from torch.distributed.tensor import DTensor
+        prop = DTensor._op_dispatcher.sharding_propagator
+    except (ImportError, AttributeError):
+        return
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        clear = getattr(getattr(prop, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def _restore_plan(offers, world):

@@ -1,0 +1,108 @@
+#!/bin/sh
+# A sharded PyTorch program (FSDP2's fully_shard, tests/torch/fsdp_train.py)
+# that heals in place through the Python client's ShardedElastic, with buddy
+# replicas every 5 steps and a checkpoint every 10: musterd + 2 agents x 2
+# ranks on loopback (rank r's buddy is the rank of the same index on the
+# other node: 0<->2, 1<->3).
+#  (a) uninterrupted, it trains to the end: the reference;
+#  (b) rank 3 SIGKILLed mid-run: ranks 0-2 keep their processes, every rank
+#      goes back to the last replica step (the survivors from their own
+#      snapshot, rank 3's new process from rank 1's replica: the event
+#      state_restored), fewer than 2 x 5 steps are redone, and the final
+#      parameters and loss are bit-identical to (a)'s: the same shards, the
+#      same batches (a function of the step) and the same collectives in the
+#      same world give the same floats;
+#  (c) ranks 1 and 3 (buddies) SIGKILLed together: rank 3's state is nowhere
+#      in memory, so every rank loads the program's last checkpoint, ranks 0
+#      and 2 in place (state_from_checkpoint), and the result is again (a)'s.
+set -eu
+. tests/itest-lib.sh
+
+need_torch torch_fsdp_buddy torch.distributed.fsdp
+PY=$TORCH_PY
+SCRIPT="$(pwd)/tests/torch/fsdp_train.py"
+STEPS=40
+make_token "$ITEST_DIR/token"
+
+rank_pids() { # "RANK PID" of this test's live python ranks, by rank
+    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/$1" || true); do
+        r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^RANK=//p') || continue
+        [ -n "$r" ] && echo "$r $p"
+    done | sort -n
+}
+
+run_job() { # run_job NAME: musterd and two agents on a job of STEPS steps
+    cat > "$ITEST_DIR/$1.json" <<JSON
+{"name": "$1", "nodes": 2, "max_restarts": 4, "batch": 4, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000,
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.1", "--replica-every", "5",
+              "--ckpt-every", "10", "--final-file", "$ITEST_DIR/$1.final", "--ckpt-dir", "$ITEST_DIR/$1"]}
+JSON
+    rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+    start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token"
+    start_agent a 2 --token-file "$ITEST_DIR/token"
+    AGENT_A=$AGENT_PID
+    start_agent b 2 --token-file "$ITEST_DIR/token"
+    AGENT_B=$AGENT_PID
+}
+end_job() {
+    kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+}
+
+# kill_at NAME STEP RANK...: SIGKILLs the ranks once every rank passed STEP;
+# then the job must heal in place into generation 2 and complete.
+kill_at() {
+    name=$1 at=$2
+    shift 2
+    wait_for 120 "d[\"state\"] == \"running\" and all((r[\"step\"] or 0) >= $at for r in d[\"ranks\"])" \
+        || fail "($name) the job does not reach step $at"
+    rank_pids "$name" > "$ITEST_DIR/pids-$name"
+    [ "$(wc -l < "$ITEST_DIR/pids-$name")" -eq 4 ] || fail "($name) expected 4 rank processes: $(cat "$ITEST_DIR/pids-$name")"
+    for r in "$@"; do
+        kill -9 "$(sed -n "s/^$r //p" "$ITEST_DIR/pids-$name")"
+    done
+    wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "($name) generation 2 is not running"
+    wait_for 120 'd["state"] == "completed"' || fail "($name) the healed job did not complete"
+    for r in 0 1 2 3; do
+        case " $* " in *" $r "*) continue ;; esac
+        pid=$(sed -n "s/^$r //p" "$ITEST_DIR/pids-$name")
+        grep -q "rank $r (pid $pid) rejoins in place for generation 2" "$ITEST_DIR"/agent-[ab].log \
+            || fail "($name) rank $r (pid $pid) did not keep its process"
+    done
+}
+
+same_as_ref() { # the final parameters' sum and loss are (a)'s, bit for bit
+    [ -s "$ITEST_DIR/$1.final" ] || fail "($1) no final parameters written"
+    [ "$(cat "$ITEST_DIR/$1.final")" = "$(cat "$ITEST_DIR/ref.final")" ] \
+        || fail "($1) final parameters differ from the uninterrupted run: $(cat "$ITEST_DIR/$1.final") vs $(cat "$ITEST_DIR/ref.final")"
+}
+
+# (a) the reference.
+run_job ref
+wait_for 120 'd["state"] == "completed"' || fail "(a) the uninterrupted job did not complete"
+[ -s "$ITEST_DIR/ref.final" ] || fail "(a) no final parameters written"
+end_job
+echo "(a) uninterrupted: $(cat "$ITEST_DIR/ref.final")"
+
+# (b) rank 3 SIGKILLed after step 17: back to step 15 (or 10 when the round
+# of 15 was still in flight), rank 3 from its buddy's replica.
+run_job heal
+kill_at heal 17 3
+check 'd["restored"]["from"] == "memory" and d["restored"]["step"] in (10, 15)' \
+    || fail "(b) not restored from buddy replicas at step 10 or 15: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
+curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
+    || fail "(b) no state_restored event"
+same_as_ref heal
+end_job
+echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, rank 3 from its buddy's replica, final bit-identical: ok"
+
+# (c) ranks 1 and 3 together after step 23: rank 3's replica died with rank 1.
+run_job both
+kill_at both 23 1 3
+check 'd["restored"]["from"] == "disk" and d["restored"]["step"] == 20' \
+    || fail "(c) not restored from the checkpoint of step 20: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
+same_as_ref both
+end_job
+echo "(c) SIGKILL of ranks 1 and 3 (buddies): ranks 0 and 2 kept their processes, all from the checkpoint, final bit-identical: ok"
+echo "torch_fsdp_buddy: ok"
