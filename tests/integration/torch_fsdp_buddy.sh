@@ -50,13 +50,15 @@ end_job() {
     wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
 }
 
-# kill_at NAME STEP RANK...: SIGKILLs the ranks once every rank passed STEP;
-# then the job must heal in place into generation 2 and complete.
+# kill_at NAME STEP RANK...: SIGKILLs the ranks once every rank passed STEP
+# (AT: the step every rank had passed just before); then the job must heal in
+# place into generation 2 and complete.
 kill_at() {
     name=$1 at=$2
     shift 2
     wait_for 120 "d[\"state\"] == \"running\" and all((r[\"step\"] or 0) >= $at for r in d[\"ranks\"])" \
         || fail "($name) the job does not reach step $at"
+    AT=$(status | python3 -c 'import json, sys; print(min(r["step"] or 0 for r in json.load(sys.stdin)["ranks"]))')
     rank_pids "$name" > "$ITEST_DIR/pids-$name"
     [ "$(wc -l < "$ITEST_DIR/pids-$name")" -eq 4 ] || fail "($name) expected 4 rank processes: $(cat "$ITEST_DIR/pids-$name")"
     for r in "$@"; do
@@ -85,24 +87,29 @@ wait_for 120 'd["state"] == "completed"' || fail "(a) the uninterrupted job did 
 end_job
 echo "(a) uninterrupted: $(cat "$ITEST_DIR/ref.final")"
 
-# (b) rank 3 SIGKILLed after step 17: back to step 15 (or 10 when the round
-# of 15 was still in flight), rank 3 from its buddy's replica.
+# (b) rank 3 SIGKILLed after step 12: every rank back to the last replica
+# step (a multiple of 5: the last one, or the one before when the round was
+# still in flight), rank 3 from its buddy's replica.
 run_job heal
-kill_at heal 17 3
-check 'd["restored"]["from"] == "memory" and d["restored"]["step"] in (10, 15)' \
-    || fail "(b) not restored from buddy replicas at step 10 or 15: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
+kill_at heal 12 3
+check "d[\"restored\"][\"from\"] == \"memory\" and d[\"restored\"][\"step\"] % 5 == 0 and d[\"restored\"][\"step\"] >= $((AT / 5 * 5 - 5))" \
+    || fail "(b) not restored from buddy replicas at a step of 5 since $AT - 5: $(status)"
+redone=$(sed -n 's/.*every rank at step [0-9]* from buddy replicas (\([0-9]*\) steps redone).*/\1/p' "$ITEST_DIR/agent-a.log")
+[ -n "$redone" ] && [ "$redone" -lt 10 ] || fail "(b) steps redone: '$redone', expected fewer than 2 x 5"
 curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
     || fail "(b) no state_restored event"
 same_as_ref heal
 end_job
-echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, rank 3 from its buddy's replica, final bit-identical: ok"
+echo "(b) SIGKILL of rank 3 after step $AT: ranks 0-2 kept their processes, rank 3 from its buddy's replica, $redone step(s) redone, final bit-identical: ok"
 
-# (c) ranks 1 and 3 together after step 23: rank 3's replica died with rank 1.
+# (c) ranks 1 and 3 together after step 13: rank 3's replica died with rank 1.
 run_job both
-kill_at both 23 1 3
-check 'd["restored"]["from"] == "disk" and d["restored"]["step"] == 20' \
-    || fail "(c) not restored from the checkpoint of step 20: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
+kill_at both 13 1 3
+check "d[\"restored\"][\"from\"] == \"disk\" and d[\"restored\"][\"step\"] % 10 == 0 and d[\"restored\"][\"step\"] >= $((AT / 10 * 10 - 10))" \
+    || fail "(c) not restored from a checkpoint (every 10 steps) since $AT - 10: $(status)"
+curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_from_checkpoint"' \
+    || fail "(c) no state_from_checkpoint event"
 same_as_ref both
 end_job
-echo "(c) SIGKILL of ranks 1 and 3 (buddies): ranks 0 and 2 kept their processes, all from the checkpoint, final bit-identical: ok"
+echo "(c) SIGKILL of ranks 1 and 3 (buddies) after step $AT: ranks 0 and 2 kept their processes, all from the checkpoint, final bit-identical: ok"
 echo "torch_fsdp_buddy: ok"
