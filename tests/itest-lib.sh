@@ -119,6 +119,31 @@ start_agent() {
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
 }
 
+# start_pair_job SPEC: musterd on the job spec SPEC (token $ITEST_DIR/token)
+# and agents a and b with 2 CPU ranks each, from fresh state (their PIDs in
+# AGENT_A, AGENT_B); end_pair_job stops the three.
+start_pair_job() {
+    rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+    start_daemon "$1" --token-file "$ITEST_DIR/token"
+    start_agent a 2 --token-file "$ITEST_DIR/token"
+    AGENT_A=$AGENT_PID
+    start_agent b 2 --token-file "$ITEST_DIR/token"
+    AGENT_B=$AGENT_PID
+}
+end_pair_job() {
+    kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+}
+
+# rank_pids TAG: "RANK PID" of the live ranks running $SCRIPT with an
+# argument under $ITEST_DIR/TAG, by rank (RANK from their environment).
+rank_pids() {
+    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/$1" || true); do
+        r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^RANK=//p') || continue
+        [ -n "$r" ] && echo "$r $p"
+    done | sort -n
+}
+
 # start_flap_job NAME NS DADDR: a 2-node job (heartbeat 200 ms, timeout 2 s)
 # whose musterd listens on every address; node a's agent runs in network
 # namespace NS and joins DADDR, node b's on loopback; returns once

@@ -22,13 +22,6 @@ SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 STEPS=60
 make_token "$ITEST_DIR/token"
 
-rank_pids() { # "RANK PID" of this test's live python ranks, by rank
-    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/$1" || true); do
-        r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^RANK=//p') || continue
-        [ -n "$r" ] && echo "$r $p"
-    done | sort -n
-}
-
 # run_job NAME [extra job keys]: starts musterd and two agents on a job of STEPS steps.
 run_job() {
     cat > "$ITEST_DIR/$1.json" <<JSON
@@ -37,23 +30,14 @@ run_job() {
  "rank_cmd": ["$PY", "$SCRIPT", "--elastic", "--steps", "$STEPS", "--step-sleep", "0.1",
               "--final-file", "$ITEST_DIR/$1.final", "--ckpt-dir", "$ITEST_DIR/$1" $2]}
 JSON
-    rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
-    start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token"
-    start_agent a 2 --token-file "$ITEST_DIR/token"
-    AGENT_A=$AGENT_PID
-    start_agent b 2 --token-file "$ITEST_DIR/token"
-    AGENT_B=$AGENT_PID
-}
-end_job() {
-    kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
-    wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    start_pair_job "$ITEST_DIR/$1.json"
 }
 
 # (a) the reference.
 run_job ref ""
 wait_for 120 'd["state"] == "completed"' || fail "(a) the uninterrupted elastic job did not complete"
 [ -s "$ITEST_DIR/ref.final" ] || fail "(a) no final parameters written"
-end_job
+end_pair_job
 echo "(a) uninterrupted: $(cat "$ITEST_DIR/ref.final")"
 
 # (b) SIGKILL rank 3 at step 20 or so.
@@ -84,7 +68,7 @@ healed, ref = ([float(x) for x in open(p).read().split()] for p in sys.argv[1:3]
 for h, r in zip(healed, ref):
     assert abs(h - r) <= 1e-6 * abs(r), (h, r)
 PY
-end_job
+end_pair_job
 echo "(b) SIGKILL of rank 3: ranks 0-2 kept their processes, state from a peer, final $(cat "$ITEST_DIR/heal.final") vs $(cat "$ITEST_DIR/ref.final"): ok"
 
 # (c) an error of the program's own is not a peer's death: it fails the rank, with its reason.
@@ -92,6 +76,6 @@ run_job own ', "--raise-at-step", "10", "--raise-rank", "1"'
 wait_for 60 '(d["last_failure"] or {}).get("rank") == 1' || fail "(c) the program's own error did not fail rank 1"
 check '"ValueError: injected failure at step 10 on rank 1" in d["last_failure"]["reason"]' \
     || fail "(c) the failure's reason is not the program's exception"
-end_job
+end_pair_job
 echo "(c) the program's own exception fails its rank as before: ok"
 echo "torch_elastic: ok"

@@ -24,13 +24,6 @@ SCRIPT="$(pwd)/tests/torch/fsdp_train.py"
 STEPS=40
 make_token "$ITEST_DIR/token"
 
-rank_pids() { # "RANK PID" of this test's live python ranks, by rank
-    for p in $(pgrep -f "$SCRIPT.*$ITEST_DIR/$1" || true); do
-        r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^RANK=//p') || continue
-        [ -n "$r" ] && echo "$r $p"
-    done | sort -n
-}
-
 run_job() { # run_job NAME: musterd and two agents on a job of STEPS steps
     cat > "$ITEST_DIR/$1.json" <<JSON
 {"name": "$1", "nodes": 2, "max_restarts": 4, "batch": 4, "heartbeat_interval_ms": 200,
@@ -38,16 +31,7 @@ run_job() { # run_job NAME: musterd and two agents on a job of STEPS steps
  "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.1", "--replica-every", "5",
               "--ckpt-every", "10", "--final-file", "$ITEST_DIR/$1.final", "--ckpt-dir", "$ITEST_DIR/$1"]}
 JSON
-    rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
-    start_daemon "$ITEST_DIR/$1.json" --token-file "$ITEST_DIR/token"
-    start_agent a 2 --token-file "$ITEST_DIR/token"
-    AGENT_A=$AGENT_PID
-    start_agent b 2 --token-file "$ITEST_DIR/token"
-    AGENT_B=$AGENT_PID
-}
-end_job() {
-    kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
-    wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+    start_pair_job "$ITEST_DIR/$1.json"
 }
 
 # kill_at NAME STEP RANK...: SIGKILLs the ranks once every rank passed STEP
@@ -58,7 +42,8 @@ kill_at() {
     shift 2
     wait_for 120 "d[\"state\"] == \"running\" and all((r[\"step\"] or 0) >= $at for r in d[\"ranks\"])" \
         || fail "($name) the job does not reach step $at"
-    AT=$(status | python3 -c 'import json, sys; print(min(r["step"] or 0 for r in json.load(sys.stdin)["ranks"]))')
+    AT=$(curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/ranks" \
+        | python3 -c 'import json, sys; print(min(r["step"] or 0 for r in json.load(sys.stdin)["ranks"]))')
     rank_pids "$name" > "$ITEST_DIR/pids-$name"
     [ "$(wc -l < "$ITEST_DIR/pids-$name")" -eq 4 ] || fail "($name) expected 4 rank processes: $(cat "$ITEST_DIR/pids-$name")"
     for r in "$@"; do
@@ -84,7 +69,7 @@ same_as_ref() { # the final parameters' sum and loss are (a)'s, bit for bit
 run_job ref
 wait_for 120 'd["state"] == "completed"' || fail "(a) the uninterrupted job did not complete"
 [ -s "$ITEST_DIR/ref.final" ] || fail "(a) no final parameters written"
-end_job
+end_pair_job
 echo "(a) uninterrupted: $(cat "$ITEST_DIR/ref.final")"
 
 # (b) rank 3 SIGKILLed after step 12: every rank back to the last replica
@@ -99,7 +84,7 @@ redone=$(sed -n 's/.*every rank at step [0-9]* from buddy replicas (\([0-9]*\) s
 curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
     || fail "(b) no state_restored event"
 same_as_ref heal
-end_job
+end_pair_job
 echo "(b) SIGKILL of rank 3 after step $AT: ranks 0-2 kept their processes, rank 3 from its buddy's replica, $redone step(s) redone, final bit-identical: ok"
 
 # (c) ranks 1 and 3 together after step 13: rank 3's replica died with rank 1.
@@ -110,6 +95,6 @@ check "d[\"restored\"][\"from\"] == \"disk\" and d[\"restored\"][\"step\"] % 10 
 curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_from_checkpoint"' \
     || fail "(c) no state_from_checkpoint event"
 same_as_ref both
-end_job
+end_pair_job
 echo "(c) SIGKILL of ranks 1 and 3 (buddies) after step $AT: ranks 0 and 2 kept their processes, all from the checkpoint, final bit-identical: ok"
 echo "torch_fsdp_buddy: ok"
