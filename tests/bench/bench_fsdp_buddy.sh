@@ -8,12 +8,12 @@
 # not a median, so that the one step in K that replicates counts). With one node, each
 # rank's buddy is the next rank (docs/pytorch.md): the same traffic, one
 # snapshot out and one in per rank and round, as across nodes.
-# Knobs: STEPS (default 60), WARMUP (10), WIDTH (1024), DEPTH (4), RUNS (3:
+# Knobs: STEPS (default 40), WARMUP (5), WIDTH (512), DEPTH (4), RUNS (3:
 # the figure is the median over runs of each run's mean).
 set -eu
-STEPS=${STEPS:-60}
-WARMUP=${WARMUP:-10}
-WIDTH=${WIDTH:-1024}
+STEPS=${STEPS:-40}
+WARMUP=${WARMUP:-5}
+WIDTH=${WIDTH:-512}
 DEPTH=${DEPTH:-4}
 RUNS=${RUNS:-3}
 PY=${BENCH_PYTHON:-${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}}
@@ -29,8 +29,9 @@ echo "== fsdp_buddy: FSDP2 MLP width $WIDTH depth $DEPTH, 4 CPU ranks, $STEPS st
 run=1
 while [ "$run" -le "$RUNS" ]; do
     for k in 0 1 10; do
+        port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         PYTHONPATH="$PWD/clients/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
-            "$PY" -m torch.distributed.run --nproc-per-node 4 --master-port 0 \
+            "$PY" -m torch.distributed.run --nproc-per-node 4 --master-addr 127.0.0.1 --master-port "$port" \
             tests/torch/fsdp_train.py --steps "$STEPS" --width "$WIDTH" --depth "$DEPTH" \
             --replica-every "$k" --timing-file "$T/k$k-$run" > "$T/log-k$k-$run" 2>&1 \
             || { echo "fsdp_buddy: the run with K=$k failed:"; tail -20 "$T/log-k$k-$run"; exit 1; }
