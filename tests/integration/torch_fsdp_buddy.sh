@@ -31,6 +31,9 @@ run_job() { # run_job NAME: musterd and two agents on a job of STEPS steps
  "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.1", "--replica-every", "5",
               "--ckpt-every", "10", "--final-file", "$ITEST_DIR/$1.final", "--ckpt-dir", "$ITEST_DIR/$1"]}
 JSON
+    for n in a b; do # each job's agents log afresh (kill_at reads rank 0's steps there)
+        [ ! -e "$ITEST_DIR/agent-$n.log" ] || mv "$ITEST_DIR/agent-$n.log" "$ITEST_DIR/agent-$n.before-$1.log"
+    done
     start_pair_job "$ITEST_DIR/$1.json"
 }
 
