@@ -1236,7 +1236,7 @@ class ShardedElastic(Elastic):
     """
 
     def __init__(self, build, replica_every=10, state=None, checkpoint=None, backend="gloo",
-                 heal_wait_s=30.0, replica_timeout_s=300.0):
+                 heal_wait_s=30.0, replica_timeout_s=300.0, timeout_s=300.0):
         if int(replica_every) < 0:
             raise ValueError("replica_every must be >= 0 (0: no replicas), got %r" % (replica_every,))
         super().__init__(None, None, state=state, backend=backend, heal_wait_s=heal_wait_s)
@@ -1244,6 +1244,7 @@ class ShardedElastic(Elastic):
         self._every = int(replica_every)
         self._checkpoint = checkpoint
         self._replica_timeout = float(replica_timeout_s)
+        self._timeout = float(timeout_s)
         self._buddy = None
         self.restored = None   # (from, step, steps redone) of the last generation formed
 
@@ -1276,7 +1277,10 @@ class ShardedElastic(Elastic):
             # the failed step's frames (its loss's autograd graph holds FSDP's
             # hooks), and so does the device mesh, which DTensor's sharding
             # caches keep: all let go of it before the group is destroyed.
-            traceback.clear_frames(sys.exc_info()[2])
+            error = sys.exc_info()[1]
+            while error is not None:  # the error and those it came from
+                traceback.clear_frames(error.__traceback__)
+                error = error.__cause__ or error.__context__
             meshes = {id(p.device_mesh): p.device_mesh for p in self.module.parameters() if hasattr(p, "device_mesh")}
             self.model = self.module = self.optimizer = None
             _release_meshes(meshes.values())
@@ -1288,7 +1292,10 @@ class ShardedElastic(Elastic):
         import torch
         self._gen = self._rank.generation
         if not dist.is_initialized():
-            dist.init_process_group(self._backend, init_method="env://")
+            # a bound on every collective: the last resort of a survivor whose
+            # peers left a collective of the old group that it still waits in
+            dist.init_process_group(self._backend, init_method="env://",
+                                    timeout=datetime.timedelta(seconds=self._timeout))
         me, world = dist.get_rank(), dist.get_world_size()
         was = self.step
         old = self._buddy
