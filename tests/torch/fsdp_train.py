@@ -35,7 +35,8 @@ def parse_args():
     p.add_argument("--replica-every", type=int, default=5, help="buddy replicas every K steps (0: none)")
     p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
     p.add_argument("--ckpt-every", type=int, default=10)
-    p.add_argument("--timeout-s", type=float, default=60.0, help="bound on every collective (ShardedElastic timeout_s)")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="bound on every collective and on the rendezvous (ShardedElastic timeout_s)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' sum and loss here")
     p.add_argument("--timing-file", default="", help="rank 0 writes the steps' wall times here at the end")
