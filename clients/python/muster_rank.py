@@ -1281,9 +1281,8 @@ class ShardedElastic(Elastic):
             while error is not None:  # the error and those it came from
                 traceback.clear_frames(error.__traceback__)
                 error = error.__cause__ or error.__context__
-            meshes = {id(p.device_mesh): p.device_mesh for p in self.module.parameters() if hasattr(p, "device_mesh")}
             self.model = self.module = self.optimizer = None
-            _release_meshes(meshes.values())
+            _release_meshes()
         return super()._heal(dist)
 
     def _form(self, dist):
@@ -1351,19 +1350,23 @@ class ShardedElastic(Elastic):
         return snap
 
 
-def _release_meshes(meshes):
-    """Makes device meshes of a generation that ended let go of its process
+def _release_meshes():
+    """Makes every device mesh (those of a generation that ended: FSDP makes
+    one per fully_shard call, and caches keep them) let go of its process
     groups, and empties DTensor's sharding caches, which hold such meshes
     (the next generation's equal meshes must not find them there)."""
-    for mesh in meshes:
-        registry = getattr(mesh, "_pg_registry", None)
-        if isinstance(registry, dict):
-            registry.clear()
+    import gc
     try:
+        from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import DTensor
         prop = DTensor._op_dispatcher.sharding_propagator
     except (ImportError, AttributeError):
         return
+    for mesh in gc.get_objects():
+        if isinstance(mesh, DeviceMesh):
+            registry = getattr(mesh, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
     for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
         clear = getattr(getattr(prop, name, None), "cache_clear", None)
         if clear is not None:
