@@ -1,5 +1,6 @@
 #include "common/jobspec.h"
 #include "common/conf.h"
+#include "common/plan_prog.h"
 
 #include <errno.h>
 #include <math.h>
@@ -96,6 +97,17 @@ static const struct key_def keys[] = {
     {"replicate_every", KEY_INT, F(replicate_every), 0, 100000000, 1, NULL,
      "muster-train: mirror each rank's shard (weights, both moments) into a peer's memory, on another node where "
      "the layout allows, every N steps, so that a replaced rank resumes from it; 0 = off (docs/training.md)"},
+    {"parallelism", KEY_STRING, F(parallelism), 0, 0, 0, "muster-train",
+     "how the ranks share the model, for the plan (docs/plan.md): muster-train (its own ZeRO-3), or what a "
+     "rank_cmd program does: ddp, zero1, zero2, zero3 (DeepSpeed ZeRO stages), fsdp (FULL_SHARD), fsdp-grad-op "
+     "(SHARD_GRAD_OP); a program's plan takes params (or the model keys), precision, batch, micro_batch and "
+     "seq_len from this spec"},
+    {"precision", KEY_STRING, F(precision), 0, 0, 0, "bf16",
+     "a rank_cmd program's precision, for the plan: fp32, bf16 or fp16 (both mixed, fp32 master weights)"},
+    {"params", KEY_I64, F(params), 0, 1e15, 0, NULL,
+     "a rank_cmd program's parameter count, for the plan; 0 = from the model keys"},
+    {"activation_checkpointing", KEY_INT, F(activation_checkpointing), 0, 1, 0, NULL,
+     "1: the rank_cmd program recomputes activations (the plan's activation memory and compute say so)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -224,6 +236,31 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         int rc = set_key(k, v, origin, spec, err, errlen);
         if (rc)
             return rc;
+        if (strcmp(name, "model") == 0 || strncmp(name, "n_", 2) == 0 || strcmp(name, "context") == 0 ||
+            strcmp(name, "vocab") == 0)
+            spec->shape_given = 1;
+    }
+    enum plan_par par;
+    enum plan_prec prec;
+    const int program = strcmp(spec->parallelism, "muster-train") != 0;
+    if (program && plan_par_parse(spec->parallelism, &par)) {
+        fail(err, errlen, "%s: parallelism: expected muster-train or one of %s, got \"%s\"", origin, plan_par_list(),
+             spec->parallelism);
+        return -EINVAL;
+    }
+    if (plan_prec_parse(spec->precision, &prec)) {
+        fail(err, errlen, "%s: precision: expected fp32, bf16 or fp16, got \"%s\"", origin, spec->precision);
+        return -EINVAL;
+    }
+    if (!program && prec == PLAN_FP16) {
+        fail(err, errlen, "%s: precision: muster-train computes in bf16 on GPUs and fp32 on CPUs; fp16 describes a "
+             "rank_cmd program (set parallelism)", origin);
+        return -EINVAL;
+    }
+    if (program && !spec->params && !spec->shape_given) {
+        fail(err, errlen, "%s: params: the plan of a %s program needs its parameter count (params) or its shape "
+             "(model, n_layer, n_embd, vocab)", origin, spec->parallelism);
+        return -EINVAL;
     }
     if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
         fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
@@ -236,7 +273,7 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: %s", origin, why);
         return -EINVAL;
     }
-    if (spec->seq_len > model.T) {
+    if (spec->seq_len > model.T && (!program || spec->shape_given)) {
         fail(err, errlen, "%s: seq_len: expected at most the model's context (%d), got %d", origin, model.T,
              spec->seq_len);
         return -EINVAL;

@@ -62,6 +62,13 @@ struct job_spec {
     int checkpoint_every;      /* steps between checkpoints; 0 = off */
     int checkpoint_keep;       /* committed checkpoints kept; 0 = all */
     int replicate_every;       /* steps between in-memory peer replicas; 0 = off */
+
+    /* what a rank_cmd program does, for its plan (common/plan_prog.h) */
+    char parallelism[16];      /* muster-train, ddp, zero1..3, fsdp, fsdp-grad-op */
+    char precision[8];         /* fp32, bf16, fp16 */
+    int64_t params;            /* the program's parameters; 0 = from the model keys */
+    int activation_checkpointing;
+    int shape_given;           /* the spec names model or one of its dimensions (not a key) */
 };
 
 /* Fills *spec with every key's default (name and data stay empty). */

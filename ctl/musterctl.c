@@ -820,10 +820,11 @@ static int filter_query(const char *cmd, const char *const *names, const char **
 int main(int argc, char **argv)
 {
     const char *word = command_word(argc, argv);
-    int helping = 0;
+    int version = 0;
     for (int i = 1; i < argc; i++)
-        helping |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--version") == 0;
-    if (word && !helping && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
+        version |= strcmp(argv[i], "--version") == 0;
+    /* plan and doctor answer --help with their own flags */
+    if (word && !version && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
         return sub_main(argc, argv, word);
 
     struct ctl ctl = {.read_token = getenv("MUSTER_READ_TOKEN")};
