@@ -458,7 +458,12 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
             spec.micro_batch = a->micro_batch;
         if (a->seq_len)
             spec.seq_len = a->seq_len;
-        if (plan_prog_input_from_spec(&in, &spec, a->nodes ? a->nodes : spec.nodes, gpus, err, sizeof(err))) {
+        const int spec_nodes = a->nodes ? a->nodes : spec.nodes;
+        if (a->accum) { /* the global batch that many micro-steps make */
+            spec.micro_batch = spec.micro_batch ? spec.micro_batch : 1;
+            spec.batch = a->accum * spec.micro_batch * spec_nodes * gpus;
+        }
+        if (plan_prog_input_from_spec(&in, &spec, spec_nodes, gpus, err, sizeof(err))) {
             fprintf(stderr, "musterctl plan: %s\n", err);
             return 2;
         }
