@@ -426,12 +426,18 @@ static int plan_local(const struct plan_args *a, int json)
     return p.fits == 0 ? 1 : 0;
 }
 
-/* The running job's step time (GET /v1/status "step_s"), or 0 when it reports none. */
+/* The running job's step time (GET /v1/status: the slowest rank's step_s, or
+ * else the median of the steps musterd saw), or 0 when it has none. */
 static double measured_step_time(const char *server, ctl_get_fn get, void *ctx)
 {
     json_t *st = get(ctx, server, "/v1/status");
     const char *state = json_string_value(json_object_get(st, "state"));
-    double s = state && strcmp(state, "running") == 0 ? json_number_value(json_object_get(st, "step_s")) : 0;
+    double s = 0;
+    if (state && strcmp(state, "running") == 0) {
+        s = json_number_value(json_object_get(st, "step_s"));
+        if (!(s > 0))
+            s = json_number_value(json_object_get(json_object_get(st, "progress_timeout"), "median_step_s"));
+    }
     json_decref(st);
     return s > 0 ? s : 0;
 }

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/plan_prog.h"
+
 #define MiB (1024.0 * 1024.0)
 #define GiB (1024.0 * 1024.0 * 1024.0)
 
@@ -47,8 +49,13 @@ static int planned(const struct rdv_node *nd)
 
 int fitness_plan(const struct rdv *r, int candidates, struct plan *p, char *why, size_t len)
 {
+    if (strcmp(r->spec->parallelism, "muster-train") != 0) {
+        snprintf(why, len, "the job's program is %s, not muster-train", r->spec->parallelism);
+        return -ENOTSUP;
+    }
     if (r->spec->rank_cmd[0]) {
-        snprintf(why, len, "the job runs its own rank program (rank_cmd): its memory and traffic are the program's");
+        snprintf(why, len, "the job runs its own rank program (rank_cmd): describe it with parallelism and params "
+                 "(or the model keys) in the job spec to plan it (docs/plan.md)");
         return -ENOTSUP;
     }
     struct plan_input in;
@@ -115,13 +122,51 @@ int fitness_check(struct rdv *r, int candidates)
     return unfit;
 }
 
+/* The plan of a rank_cmd program the spec describes (parallelism, params...),
+ * on the picked nodes' GPUs, its compute time the job's median step. */
+static json_t *program_plan_json(const struct rdv *r, char *why, size_t len)
+{
+    uint32_t nodes = 0, world = 0;
+    uint64_t mem = UINT64_MAX;
+    for (int candidates = 0; candidates < 2 && !nodes; candidates++)
+        for (uint32_t i = 0; i < r->nnodes; i++) {
+            const struct rdv_node *nd = &r->nodes[i];
+            if (!picked(nd, candidates))
+                continue;
+            nodes++;
+            world += nd->ndevices;
+            uint64_t m = nd->kind == PROTO_DEV_GPU ? node_memory(nd) : 0;
+            mem = m < mem ? m : mem;
+        }
+    if (nodes == 0) {
+        snprintf(why, len, "no node has joined yet");
+        return NULL;
+    }
+    struct plan_prog_input in;
+    struct plan_prog p;
+    const int n = world % nodes ? (int)world : (int)nodes, g = world % nodes ? 1 : (int)(world / nodes);
+    if (plan_prog_input_from_spec(&in, r->spec, n, g, why, len))
+        return NULL;
+    in.gpu_mem = mem == UINT64_MAX ? 0 : mem;
+    const double step = hang_median_step_s(&r->steps);
+    in.step_time = r->state == RDV_RUNNING && step > 0 && step <= 1e6 ? step : 0;
+    if (plan_prog_compute(&in, &p, why, len))
+        return NULL;
+    json_t *doc = plan_prog_json(&p);
+    json_object_set_new(doc, "step_time_measured", json_boolean(in.step_time > 0));
+    return doc;
+}
+
 json_t *fitness_plan_json(const struct rdv *r)
 {
     struct plan p;
     char why[PROTO_REASON_MAX];
+    json_t *prog = NULL;
     int rc = fitness_plan(r, 0, &p, why, sizeof(why));
     if (rc == -ENOENT)
         rc = fitness_plan(r, 1, &p, why, sizeof(why));
+    if (rc == -ENOTSUP && strcmp(r->spec->parallelism, "muster-train") != 0)
+        rc = (prog = program_plan_json(r, why, sizeof(why))) ? 0 : -EINVAL;
     /* measured: the largest figure over the running ranks */
     double comm = -1;
     uint64_t sent = 0, peak = 0;
@@ -137,6 +182,7 @@ json_t *fitness_plan_json(const struct rdv *r)
     json_t *measured = json_pack("{s:o, s:o, s:o}", "comm_frac", comm >= 0 ? json_real(comm) : json_null(),
                                  "sent_per_step", sent ? json_integer((json_int_t)sent) : json_null(), "peak_mem",
                                  peak ? json_integer((json_int_t)peak) : json_null());
-    return json_pack("{s:o, s:o, s:o}", "plan", rc ? json_null() : plan_json(&p, r->spec->model), "plan_note",
+    return json_pack("{s:o, s:o, s:o}", "plan", rc ? json_null() : prog ? prog : plan_json(&p, r->spec->model),
+                     "plan_note",
                      rc ? json_string(why) : json_null(), "measured", measured);
 }
