@@ -22,7 +22,7 @@ static void mem_row(FILE *f, const char *what, double bytes, const char *note)
 
 static void net_row(FILE *f, const char *what, double bytes, const char *note)
 {
-    fprintf(f, "  %-34s %9.1f MB  %s\n", what, bytes / 1e6, note);
+    fprintf(f, "  %-34s %9.1f MB%s%s\n", what, bytes / 1e6, *note ? "  " : "", note);
 }
 
 /* Per parameter: the ZeRO paper's bytes of weights + gradients + optimizer state at this stage. */
