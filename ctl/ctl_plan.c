@@ -209,6 +209,25 @@ struct plan_args {
     int server_given;
 };
 
+/* flag describes a program's plan (muster-train's refuses it): the first such is named */
+static void program_only(struct plan_args *a, const char *flag)
+{
+    if (!a->program_flag)
+        a->program_flag = flag;
+}
+
+/* A latency in microseconds; 0, or the usage error's status. */
+static int latency_opt(const char *name, const char *v, double *out, int *have)
+{
+    if (parse_num(v, out) || *out < 0 || *out > 1e6) {
+        char fmt[96];
+        snprintf(fmt, sizeof(fmt), "%s: expected 0 to 1000000 microseconds, got '%%s'", name);
+        return usage(fmt, v);
+    }
+    *have = 1;
+    return 0;
+}
+
 /* An option whose value is an int in [lo, hi]; 1 when argv[*i] was it, -1 on a bad value. */
 static int int_opt(int argc, char **argv, int *i, const char *name, int lo, int hi, int *out, int *missing, int *rc)
 {
@@ -243,7 +262,7 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
             *json = 1;
         } else if (strcmp(argv[i], "--activation-checkpointing") == 0) {
             a->act_ckpt = 1;
-            a->program_flag = a->program_flag ? a->program_flag : argv[i];
+            program_only(a, argv[i]);
         } else if ((v = ctl_option_value(argc, argv, &i, "--server", &missing))) {
             *server = v;
             a->server_given = 1;
@@ -265,7 +284,7 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
                    (r = int_opt(argc, argv, &i, "--vocab", 1, 16777216, &a->vocab, &missing, &rc))) {
             if (r < 0)
                 return rc;
-            a->program_flag = a->program_flag ? a->program_flag : argv[i - (strchr(argv[i], '=') ? 0 : 1)];
+            program_only(a, argv[i - (strchr(argv[i], '=') ? 0 : 1)]);
         } else if ((v = ctl_option_value(argc, argv, &i, "--parallelism", &missing))) {
             if (strcmp(v, "muster-train") == 0)
                 a->program = 0;
@@ -278,11 +297,11 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
             if (plan_prec_parse(v, &a->prec))
                 return usage("--precision: expected fp32, bf16 or fp16, got '%s'", v);
             a->have_prec = 1;
-            a->program_flag = a->program_flag ? a->program_flag : "--precision";
+            program_only(a, "--precision");
         } else if ((v = ctl_option_value(argc, argv, &i, "--params", &missing))) {
             if (parse_count(v, &a->params))
                 return usage("--params: expected a parameter count from 1 to 10^15 (50M, 1.3B, 124439808), got '%s'", v);
-            a->program_flag = a->program_flag ? a->program_flag : "--params";
+            program_only(a, "--params");
         } else if ((v = ctl_option_value(argc, argv, &i, "--device", &missing))) {
             if (strcmp(v, "cpu") && strcmp(v, "gpu"))
                 return usage("--device: expected cpu or gpu, got '%s'", v);
@@ -301,17 +320,15 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
             if (plan_link_parse(v, &a->intra))
                 return usage("--intra: expected nvlink, pcie or Gbit/s from 0.001 to 100000, got '%s'", v);
             a->have_intra = 1;
-            a->program_flag = a->program_flag ? a->program_flag : "--intra";
+            program_only(a, "--intra");
         } else if ((v = ctl_option_value(argc, argv, &i, "--latency", &missing))) {
-            if (parse_num(v, &a->latency) || a->latency < 0 || a->latency > 1e6)
-                return usage("--latency: expected 0 to 1000000 microseconds, got '%s'", v);
-            a->have_latency = 1;
-            a->program_flag = a->program_flag ? a->program_flag : "--latency";
+            if ((rc = latency_opt("--latency", v, &a->latency, &a->have_latency)))
+                return rc;
+            program_only(a, "--latency");
         } else if ((v = ctl_option_value(argc, argv, &i, "--intra-latency", &missing))) {
-            if (parse_num(v, &a->intra_latency) || a->intra_latency < 0 || a->intra_latency > 1e6)
-                return usage("--intra-latency: expected 0 to 1000000 microseconds, got '%s'", v);
-            a->have_intra_latency = 1;
-            a->program_flag = a->program_flag ? a->program_flag : "--intra-latency";
+            if ((rc = latency_opt("--intra-latency", v, &a->intra_latency, &a->have_intra_latency)))
+                return rc;
+            program_only(a, "--intra-latency");
         } else if ((v = ctl_option_value(argc, argv, &i, "--tflops", &missing))) {
             if (parse_num(v, &a->tflops) || a->tflops < PLAN_MIN_TFLOPS || a->tflops > PLAN_MAX_TFLOPS)
                 return usage("--tflops: expected effective TFLOPS per rank from 0.000001 to 100000, got '%s'", v);
@@ -321,7 +338,7 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
                 return usage("--step-time: expected seconds per optimizer step above 0 and up to 1000000, got '%s'",
                              v);
             a->have_step_time = 1;
-            a->program_flag = a->program_flag ? a->program_flag : "--step-time";
+            program_only(a, "--step-time");
         } else if (missing) {
             return usage("option '%s' needs a value", argv[i]);
         } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
@@ -500,30 +517,21 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
             in.accum = bp.accum;
         }
     }
+    /* the flags given override the JOB's figures */
     in.par = a->par;
-    if (a->params)
-        in.params = a->params;
-    if (a->layers)
-        in.layers = a->layers;
-    if (a->d_model)
-        in.d_model = a->d_model;
-    if (a->heads)
-        in.heads = a->heads;
-    if (a->vocab)
-        in.vocab = a->vocab;
-    if (a->accum)
-        in.accum = a->accum;
+    in.params = a->params ? a->params : in.params;
+    in.layers = a->layers ? a->layers : in.layers;
+    in.d_model = a->d_model ? a->d_model : in.d_model;
+    in.heads = a->heads ? a->heads : in.heads;
+    in.vocab = a->vocab ? a->vocab : in.vocab;
+    in.accum = a->accum ? a->accum : in.accum;
     in.act_ckpt |= a->act_ckpt;
     in.inter = a->inter;
     in.intra = a->intra;
-    if (a->have_latency)
-        in.inter.latency_us = a->latency;
-    if (a->have_intra_latency)
-        in.intra.latency_us = a->intra_latency;
-    if (a->have_mem)
-        in.gpu_mem = (uint64_t)(a->mem_gb * 1024.0 * 1024.0 * 1024.0);
-    if (a->have_tflops)
-        in.tflops = a->tflops;
+    in.inter.latency_us = a->have_latency ? a->latency : in.inter.latency_us;
+    in.intra.latency_us = a->have_intra_latency ? a->intra_latency : in.intra.latency_us;
+    in.gpu_mem = a->have_mem ? (uint64_t)(a->mem_gb * 1024.0 * 1024.0 * 1024.0) : in.gpu_mem;
+    in.tflops = a->have_tflops ? a->tflops : in.tflops;
     int measured = 0;
     if (a->have_step_time)
         in.step_time = a->step_time;

@@ -47,6 +47,36 @@ static int planned(const struct rdv_node *nd)
     return nd->fitness == RDV_FIT_UNCHECKED || nd->fitness == RDV_FIT_CHECKING || nd->trainer;
 }
 
+/* The nodes picked, as a plan sees them. */
+struct picked_set {
+    uint32_t nodes, world;
+    int plan_nodes, per_node; /* mixed device counts: planned rank by rank (the fit is checked node by node) */
+    int gpu, cpu;             /* some node offers GPUs, CPUs */
+    uint64_t mem;             /* the least memory of a device; UINT64_MAX: none known */
+};
+
+static struct picked_set pick(const struct rdv *r, int candidates)
+{
+    struct picked_set ps = {.mem = UINT64_MAX};
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!picked(nd, candidates))
+            continue;
+        ps.nodes++;
+        ps.world += nd->ndevices;
+        ps.gpu |= nd->kind == PROTO_DEV_GPU;
+        ps.cpu |= nd->kind != PROTO_DEV_GPU;
+        uint64_t m = node_memory(nd);
+        if (m < ps.mem)
+            ps.mem = m;
+    }
+    if (ps.nodes) {
+        ps.plan_nodes = ps.world % ps.nodes ? (int)ps.world : (int)ps.nodes;
+        ps.per_node = ps.world % ps.nodes ? 1 : (int)(ps.world / ps.nodes);
+    }
+    return ps;
+}
+
 int fitness_plan(const struct rdv *r, int candidates, struct plan *p, char *why, size_t len)
 {
     if (strcmp(r->spec->parallelism, "muster-train") != 0) {
@@ -61,30 +91,16 @@ int fitness_plan(const struct rdv *r, int candidates, struct plan *p, char *why,
     struct plan_input in;
     if (plan_input_from_spec(&in, r->spec, why, len))
         return -EINVAL;
-    uint32_t nodes = 0, world = 0;
-    uint64_t mem = UINT64_MAX;
-    int gpu = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!picked(nd, candidates))
-            continue;
-        nodes++;
-        world += nd->ndevices;
-        gpu |= nd->kind == PROTO_DEV_GPU;
-        uint64_t m = node_memory(nd);
-        if (m < mem)
-            mem = m;
-    }
-    if (nodes == 0) {
+    struct picked_set ps = pick(r, candidates);
+    if (ps.nodes == 0) {
         snprintf(why, len, "no node has joined yet");
         return -ENOENT;
     }
-    /* mixed device counts: plan rank by rank (the fit is checked node by node) */
-    in.nodes = world % nodes ? (int)world : (int)nodes;
-    in.devices_per_node = world % nodes ? 1 : (int)(world / nodes);
-    in.device = gpu ? PLAN_GPU : PLAN_CPU;
-    in.tflops = gpu ? PLAN_DEFAULT_TFLOPS_GPU : PLAN_DEFAULT_TFLOPS_CPU;
-    in.device_mem = mem == UINT64_MAX ? 0 : mem;
+    in.nodes = ps.plan_nodes;
+    in.devices_per_node = ps.per_node;
+    in.device = ps.gpu ? PLAN_GPU : PLAN_CPU;
+    in.tflops = ps.gpu ? PLAN_DEFAULT_TFLOPS_GPU : PLAN_DEFAULT_TFLOPS_CPU;
+    in.device_mem = ps.mem == UINT64_MAX ? 0 : ps.mem;
     return plan_compute(&in, p, why, len) ? -EINVAL : 0;
 }
 
@@ -126,28 +142,18 @@ int fitness_check(struct rdv *r, int candidates)
  * on the picked nodes' GPUs, its compute time the job's median step. */
 static json_t *program_plan_json(const struct rdv *r, char *why, size_t len)
 {
-    uint32_t nodes = 0, world = 0;
-    uint64_t mem = UINT64_MAX;
-    for (int candidates = 0; candidates < 2 && !nodes; candidates++)
-        for (uint32_t i = 0; i < r->nnodes; i++) {
-            const struct rdv_node *nd = &r->nodes[i];
-            if (!picked(nd, candidates))
-                continue;
-            nodes++;
-            world += nd->ndevices;
-            uint64_t m = nd->kind == PROTO_DEV_GPU ? node_memory(nd) : 0;
-            mem = m < mem ? m : mem;
-        }
-    if (nodes == 0) {
+    struct picked_set ps = pick(r, 0);
+    if (ps.nodes == 0)
+        ps = pick(r, 1);
+    if (ps.nodes == 0) {
         snprintf(why, len, "no node has joined yet");
         return NULL;
     }
     struct plan_prog_input in;
     struct plan_prog p;
-    const int n = world % nodes ? (int)world : (int)nodes, g = world % nodes ? 1 : (int)(world / nodes);
-    if (plan_prog_input_from_spec(&in, r->spec, n, g, why, len))
+    if (plan_prog_input_from_spec(&in, r->spec, ps.plan_nodes, ps.per_node, why, len))
         return NULL;
-    in.gpu_mem = mem == UINT64_MAX ? 0 : mem;
+    in.gpu_mem = ps.cpu || ps.mem == UINT64_MAX ? 0 : ps.mem; /* GPU memory, when every node has GPUs */
     const double step = hang_median_step_s(&r->steps);
     in.step_time = r->state == RDV_RUNNING && step > 0 && step <= 1e6 ? step : 0;
     if (plan_prog_compute(&in, &p, why, len))
