@@ -352,11 +352,13 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
     return 0;
 }
 
-/* The spec of JOB: a job spec file, or else a preset name with the defaults. */
-static int load_job(const char *job, struct job_spec *spec)
+/* The spec of JOB: a job spec file, or else a preset name with the defaults
+ * (*preset set). */
+static int load_job(const char *job, struct job_spec *spec, int *preset)
 {
     char err[1024];
     struct stat st;
+    *preset = 0;
     if (stat(job, &st) == 0) {
         if (job_spec_load(job, spec, NULL, err, sizeof(err))) {
             fprintf(stderr, "musterctl plan: %s\n", err);
@@ -375,6 +377,7 @@ static int load_job(const char *job, struct job_spec *spec)
     job_spec_defaults(spec);
     snprintf(spec->model, sizeof(spec->model), "%s", job);
     spec->shape_given = 1;
+    *preset = 1;
     return 0;
 }
 
@@ -396,7 +399,7 @@ static int plan_local(const struct plan_args *a, int json)
                      "(muster-train computes in bf16 on GPUs and fp32 on CPUs, with its own model presets)",
                      a->program_flag);
     struct job_spec spec;
-    int rc = load_job(a->job, &spec);
+    int preset, rc = load_job(a->job, &spec, &preset);
     if (rc)
         return rc;
     if (a->batch)
@@ -468,7 +471,7 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
         return usage("%s", "--device cpu: a program's plan is for GPUs (muster-train plans cpu ranks)");
     if (a->job) {
         struct job_spec spec;
-        int rc = load_job(a->job, &spec);
+        int preset, rc = load_job(a->job, &spec, &preset);
         if (rc)
             return rc;
         /* a muster-train spec's model is meaningful: plan it as this program */
@@ -482,9 +485,9 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
         if (a->seq_len)
             spec.seq_len = a->seq_len;
         const int spec_nodes = a->nodes ? a->nodes : spec.nodes;
-        if (a->accum) { /* the global batch that many micro-steps make */
+        if (a->accum || (preset && !a->batch)) { /* the global batch that many micro-steps make (a preset: 1) */
             spec.micro_batch = spec.micro_batch ? spec.micro_batch : 1;
-            spec.batch = a->accum * spec.micro_batch * spec_nodes * gpus;
+            spec.batch = (a->accum ? a->accum : 1) * spec.micro_batch * spec_nodes * gpus;
         }
         if (plan_prog_input_from_spec(&in, &spec, spec_nodes, gpus, err, sizeof(err))) {
             fprintf(stderr, "musterctl plan: %s\n", err);

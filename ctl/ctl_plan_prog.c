@@ -85,6 +85,10 @@ void render_plan_prog(FILE *f, const json_t *plan)
                  plan_bytes_str(b, sizeof(b), num(mem, "activations_per_seq")),
                  json_is_true(json_object_get(plan, "activation_checkpointing")) ? ", checkpointed" : "");
         mem_row(f, "activations", num(mem, "activations"), note);
+        fprintf(f, "  %-34s %12s  %s\n", "", "",
+                json_is_true(json_object_get(plan, "activation_checkpointing"))
+                    ? "(per layer 2·s·h kept, one layer's s·h·(34 + 5·a·s/h) recomputed, + 4·s·V logits)"
+                    : "(per layer s·h·(34 + 5·a·s/h) in 16 bits, Korthikanti et al. 2022, + 4·s·V logits)");
     } else {
         fprintf(f, "  %-34s %12s  %s\n", "activations", "unknown",
                 "give --layers, --d-model, --heads and --vocab (or a preset) to count them");
