@@ -81,7 +81,9 @@ void render_plan(FILE *f, const json_t *plan)
         fprintf(f, "  %-40s %12s  %s\n", "device memory", "unknown", "--device-memory GB to check the fit");
     }
 
-    fprintf(f, "\ncommunication of one rank per step (sent; it receives as much)\n");
+    fprintf(f, "\ncommunication of one rank per step (sent; it receives as much): muster-train's ZeRO-3 gathers\n"
+               "and reduce-scatters on each of the %lld micro-step%s (a DDP program: --parallelism ddp)\n",
+            integer(plan, "accum"), integer(plan, "accum") == 1 ? "" : "s");
     row(f, "all-gathers, forward", num(comm, "fwd_gather"), gpu ? "bf16" : "fp32");
     row(f, "all-gathers, backward", num(comm, "bwd_gather"), NULL);
     row(f, "reduce-scatters of gradients", num(comm, "reduce_scatter"), "fp32");
