@@ -252,7 +252,7 @@ demo: deps
 	@$(MAKE) --no-print-directory demo-run
 
 demo-run: all
-	@BUILD=$(BUILD) sh mk/demo.sh
+	@BUILD=$(BUILD) python3 mk/demo.py
 
 bench: deps
 	@sh mk/deps.sh bench
