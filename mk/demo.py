@@ -93,7 +93,6 @@ class Screen:
 
     def __init__(self):
         self.shown = ""   # the status line on screen (terminal only)
-        self.last = ""    # the last status printed as a plain line
 
     def say(self, text):
         if TTY and self.shown:
@@ -109,9 +108,8 @@ class Screen:
             self.shown = text[:width]
             sys.stdout.write("\r\033[K" + self.shown)
             sys.stdout.flush()
-        elif plain_now and text != self.last:
+        elif plain_now:
             print(text, flush=True)
-            self.last = text
 
     def done(self):
         if TTY and self.shown:
@@ -160,7 +158,7 @@ class Demo:
             "name": "demo", "nodes": len(NODES), "max_restarts": 3,
             "model": "small", "data": self.data, "steps": self.steps,
             "batch": batch, "seq_len": seq, "lr": 0.003, "lr_min": 0.0003,
-            "warmup_steps": 10, "eval_every": self.steps, "eval_batches": 4,
+            "warmup_steps": 20, "eval_every": self.steps, "eval_batches": 4,
             "checkpoint_dir": os.path.join(DIR, "checkpoints"),
             "checkpoint_every": 50, "restart_backoff_ms": 0,
         }
@@ -190,7 +188,7 @@ class Demo:
             [f"{BUILD}/musterd", "--job", self.job_path, "--listen", f"127.0.0.1:{ctl}",
              "--http", f"127.0.0.1:{http}", "--state-dir", os.path.join(DIR, "state"),
              "--token-file", token], "musterd.log")
-        while self.get("/healthz") is None and self.get("/v1/status") is None:
+        while self.get("/v1/status") is None:
             if self.daemon.poll() is not None:
                 raise DemoError(f"musterd exited with status {self.daemon.returncode}")
             self.check_deadline("musterd's REST API")
@@ -253,22 +251,23 @@ class Demo:
         return out
 
     def rank_pids(self):
-        """{rank: pid} of the live muster-train children of the agents, from /proc."""
+        """{rank: pid} of the live muster-train processes the agents started, from /proc."""
+        agents = {a.pid for a in self.agents.values()}
         pids = {}
-        for agent in self.agents.values():
-            try:
-                with open(f"/proc/{agent.pid}/task/{agent.pid}/children") as f:
-                    children = [int(p) for p in f.read().split()]
-            except OSError:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
                 continue
-            for pid in children:
-                try:
-                    with open(f"/proc/{pid}/environ", "rb") as f:
-                        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                except OSError:
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid not in agents:
                     continue
-                if b"RANK" in env:
-                    pids[int(env[b"RANK"])] = pid
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"RANK" in env:
+                pids[int(env[b"RANK"])] = int(entry)
         return pids
 
     # ---- the run
@@ -284,7 +283,7 @@ class Demo:
 
     def follow(self):
         kill_at = max(5, self.steps * 2 // 5)
-        next_plain = 1
+        next_plain, shown = 1, None
         while True:
             self.check_deadline("the job")
             if self.daemon.poll() is not None:
@@ -296,10 +295,14 @@ class Demo:
             if st["state"] == "running" and st["plan"] and st["measured"]["comm_frac"] is not None:
                 self.plan_seen = (st["plan"], st["measured"], st["step_s"])
             step = st["step"] or 0
-            plain = step >= next_plain or st["state"] != "running"
+            # Plain lines: at every change of state or generation, and
+            # four times over the run.
+            plain = step >= next_plain or (st["state"], st["generation"]) != shown
             self.screen.status(self.status_line(st), plain)
-            if plain and step >= next_plain:
-                next_plain = step + max(1, self.steps // 4)
+            if plain:
+                shown = (st["state"], st["generation"])
+                if step >= next_plain:
+                    next_plain = step + max(1, self.steps // 4)
             if st["state"] in ("completed", "failed", "stopped"):
                 self.screen.done()
                 return st
@@ -373,10 +376,10 @@ class Demo:
             return "plan vs measured: no measurement was seen while the job ran"
         plan, measured, step_s = self.plan_seen
         comm = plan["comm"]
-        waited = f", {1000 * measured['comm_frac'] * step_s:.0f} ms of a {1000 * step_s:.0f} ms step" \
+        waited = f": {1000 * measured['comm_frac'] * step_s:.0f} ms of a {1000 * step_s:.0f} ms step" \
             if step_s else ""
         return (f"plan vs measured: communication {100 * comm['comm_frac']:.1f} % planned, "
-                f"{100 * measured['comm_frac']:.1f} % measured{waited}. The plan counts the time "
+                f"{100 * measured['comm_frac']:.1f} % measured (the rank that waited most{waited}). The plan counts the time "
                 f"to move the bytes ({size(comm['sent_per_step'])} per step at "
                 f"{comm['network_gbit']:g} Gbit/s: {1000 * comm['comm_s']:.0f} ms) against "
                 f"{comm['tflops']:g} TFLOPS of compute per rank ({1000 * comm['compute_s']:.0f} ms); "
@@ -465,6 +468,7 @@ def main():
         print(f"demo: {e}; the logs are in {DIR}/", file=sys.stderr)
         ok = False
     except KeyboardInterrupt:
+        print("demo: interrupted", file=sys.stderr)
         ok = False
     finally:
         if demo:
