@@ -375,18 +375,18 @@ class Demo:
         if not self.plan_seen:
             return "plan vs measured: no measurement was seen while the job ran"
         plan, measured, step_s = self.plan_seen
-        comm = plan["comm"]
-        waited = f": {1000 * measured['comm_frac'] * step_s:.0f} ms of a {1000 * step_s:.0f} ms step" \
-            if step_s else ""
+        comm, frac = plan["comm"], measured["comm_frac"]
+        waited = f": {1000 * frac * step_s:.0f} ms of a {1000 * step_s:.0f} ms step" if step_s else ""
+        sent = size(comm["sent_per_step"])
         return (f"plan vs measured: communication {100 * comm['comm_frac']:.1f} % planned, "
-                f"{100 * measured['comm_frac']:.1f} % measured (the rank that waited most{waited}). The plan counts the time "
-                f"to move the bytes ({size(comm['sent_per_step'])} per step at "
+                f"{100 * frac:.1f} % measured (the rank that waited most{waited}). "
+                f"The plan counts the time to move the bytes ({sent} per step at "
                 f"{comm['network_gbit']:g} Gbit/s: {1000 * comm['comm_s']:.0f} ms) against "
                 f"{comm['tflops']:g} TFLOPS of compute per rank ({1000 * comm['compute_s']:.0f} ms); "
-                f"a rank measures all the time it waits in collectives, and here {self.world} ranks "
-                f"share {os.cpu_count()} cores, so most of that is waiting for peers that are still "
-                f"computing or not scheduled, not moving bytes. Bytes per step agree: "
-                f"{size(comm['sent_per_step'])} planned, {size(measured['sent_per_step'] or 0)} sent.")
+                f"a rank measures all the time it waits in collectives, and here {self.world} "
+                f"ranks share {os.cpu_count()} cores, so most of that is waiting for peers that "
+                f"are still computing or not scheduled, not moving bytes. Bytes per step agree: "
+                f"{sent} planned, {size(measured['sent_per_step'] or 0)} sent.")
 
     def val_loss(self):
         with open(os.path.join(DIR, "node-a.log"), errors="replace") as f:
