@@ -6,8 +6,9 @@ musterd and two agents (node-a, node-b) of two CPU ranks each train the
 muster-train rank is SIGKILLed: musterd opens the next generation, the three
 survivors keep their processes and state, and the replacement takes its
 shard from a peer's memory. The demo shows the agents as musterd reports
-them joined, one status line while the job runs (a new line per change when
-the output is not a terminal), the heal as the ranks and musterd saw it,
+them joined, one status line while the job runs (redrawn in place on a
+terminal; otherwise a plain line at each change of state or generation and
+four times over the run), the heal as the ranks and musterd saw it,
 then a summary: the loss, the heal, the plan beside what the ranks measured,
 and a sample of text from the trained model.
 
@@ -23,6 +24,9 @@ Environment:
   DEMO_DIR=dir   the run's files: state, logs, checkpoints, events.json
                  (default demo-run; removed at the end unless KEEP=1)
   KEEP=1         keep DEMO_DIR afterwards (it is always kept on a failure)
+
+Exit status: 0 the job completed, 1 it did not (or the demo could not run
+it), 2 a bad setting above or no binaries in BUILD.
 """
 
 import json
@@ -124,6 +128,9 @@ class Demo:
         self.procs = []
         self.t0 = time.monotonic()
         self.steps = env_int("STEPS", 60 if SHORT else 200, 20, 100000)
+        for prog in ("musterd", "muster-worker", "muster-train", "musterctl"):
+            if not os.access(f"{BUILD}/{prog}", os.X_OK):
+                raise DemoError(f"no {BUILD}/{prog}: build first (make), or set BUILD=dir")
         data = os.environ.get("DATA", "../shared/data/tinyshakespeare.txt")
         if not os.access(data, os.R_OK):
             raise DemoError(f"cannot read the training text '{data}'; "
@@ -457,22 +464,24 @@ def wrap(indent, text):
 
 
 def main():
-    demo = None
     try:
         demo = Demo()
+    except DemoError as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
+    try:
         demo.run()
         ok = True
     except DemoError as e:
-        if demo:
-            demo.screen.done()
+        demo.screen.done()
         print(f"demo: {e}; the logs are in {DIR}/", file=sys.stderr)
         ok = False
     except KeyboardInterrupt:
+        demo.screen.done()
         print("demo: interrupted", file=sys.stderr)
         ok = False
     finally:
-        if demo:
-            demo.stop()
+        demo.stop()
     if ok and not KEEP:
         shutil.rmtree(DIR, ignore_errors=True)
     print(f"demo: {'done' if ok else 'failed'} ({'kept' if KEEP or not ok else 'removed'} {DIR}/)")
