@@ -319,11 +319,26 @@ class Demo:
                 next_plain = 1
             time.sleep(0.25 if TTY else 0.5)
 
+    def next_rank0_step(self):
+        """Waits for rank 0 to log a step beyond those logged now; the time it saw it."""
+        seen = len(self.rank0_steps())
+        while len(self.rank0_steps()) <= seen:
+            self.check_deadline("the next step")
+            time.sleep(0.01)
+        return time.monotonic()
+
     def kill_one(self, st):
         pids = self.rank_pids()
         if VICTIM_RANK not in pids or len(pids) != len(NODES) * RANKS_PER_NODE:
             raise DemoError(f"cannot find the rank processes under the agents (found {pids})")
         victim = pids[VICTIM_RANK]
+        # Mid-step: a rank's state of step s reaches its holder early in step
+        # s + 1, while it computes, and the step's update waits for it
+        # (worker/train/replica.h). Killed between the two, the rank costs no
+        # finished step; killed just after a step ends, before its state went
+        # out, the heal goes back one step, and the summary would say so.
+        t1 = self.next_rank0_step()
+        time.sleep((self.next_rank0_step() - t1) / 2)
         logged = self.rank0_steps()
         os.kill(victim, signal.SIGKILL)
         self.kill = {"time": time.monotonic(), "pid": victim, "pids": pids,
@@ -366,7 +381,12 @@ class Demo:
 
     def heal_line(self):
         k = self.kill
-        lost = "unknown" if k["lost"] is None else ("none" if k["lost"] == 0 else str(k["lost"]))
+        if k["lost"] is None:
+            lost = "unknown"
+        elif k["lost"] == 0:
+            lost = "none"
+        else:
+            lost = f"{k['lost']} (steps {k['resumed'] + 1}-{k['last_done']} are done again)"
         where = {"memory": "from peers' memory", "disk": "from the checkpoint on disk",
                  "seed": "from the seed"}.get(k["from"], "from an unknown source")
         in_place = (k["lost"] == 0 and k["from"] == "memory" and
