@@ -88,6 +88,12 @@ def human(n):
     return f"{n:.1f}T"
 
 
+def shown(path):
+    """A path as short as it reads: relative when it is under the current directory."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def size(n):
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
@@ -200,13 +206,13 @@ class Demo:
                 raise DemoError(f"musterd exited with status {self.daemon.returncode}")
             self.check_deadline("musterd's REST API")
             time.sleep(0.05)
-        shape = f"batch {self.batch} x {self.seq} tokens"
-        print(f"muster demo: musterd and 2 agents x {RANKS_PER_NODE} CPU ranks on this machine "
-              f"(load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-        print(f"  training: 'small' GPT (0.84M parameters), ZeRO-3 over the TCP ring, "
-              f"{self.steps} steps of {shape} from {os.path.basename(self.data)}")
-        print(f"  dashboard: {self.server}/  (reads need no token on loopback; "
-              f"admin token: {token})")
+        shape = f"{self.batch} sequences x {self.seq} tokens"
+        print(f"muster demo: musterd and {len(NODES)} agents x {RANKS_PER_NODE} CPU ranks on this "
+              f"machine (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(wrap("  ", f"training: the 'small' GPT (0.84M parameters), ZeRO-3 over the TCP "
+                         f"ring, {self.steps} steps of {shape} from {os.path.basename(self.data)}"))
+        print(wrap("  ", f"dashboard: {self.server}/ (reads need no token on loopback; the "
+                         f"admin token is {shown(token)})"))
         self.agents = {}
         for node in NODES:
             self.agents[node] = self.spawn(
@@ -284,9 +290,9 @@ class Demo:
         loss = f"{st['loss']:.3f}" if st["loss"] is not None else "-"
         tps = human(st["tokens_per_s"]) if st["tokens_per_s"] else "-"
         running = st["ranks_by_state"]["running"]
-        return (f"  [{self.elapsed():5.1f} s] {st['state']:<10} generation {st['generation']}  "
-                f"step {step:>{len(str(steps))}}/{steps}  loss {loss}  {tps} tokens/s  "
-                f"ranks running {running}/{st['world_size']}")
+        return (f"  {self.elapsed():5.1f} s  {st['state']:<10} generation {st['generation']}  "
+                f"step {step:>{len(str(steps))}}/{steps}  loss {loss}  {tps} tok/s  "
+                f"{running}/{st['world_size']} ranks running")
 
     def follow(self):
         kill_at = max(5, self.steps * 2 // 5)
@@ -494,7 +500,7 @@ def main():
         ok = True
     except DemoError as e:
         demo.screen.done()
-        print(f"demo: {e}; the logs are in {DIR}/", file=sys.stderr)
+        print(f"demo: {e}; the logs are in {shown(DIR)}/", file=sys.stderr)
         ok = False
     except KeyboardInterrupt:
         demo.screen.done()
@@ -504,7 +510,7 @@ def main():
         demo.stop()
     if ok and not KEEP:
         shutil.rmtree(DIR, ignore_errors=True)
-    print(f"demo: {'done' if ok else 'failed'} ({'kept' if KEEP or not ok else 'removed'} {DIR}/)")
+    print(f"demo: {'done' if ok else 'failed'} ({'kept' if KEEP or not ok else 'removed'} {shown(DIR)}/)")
     return 0 if ok else 1
 
 
