@@ -489,7 +489,12 @@ def wrap(indent, text):
     return textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does: its processes with it
+
+
 def main():
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         demo = Demo()
     except DemoError as e:
