@@ -143,7 +143,7 @@ class Demo:
                             "give one with DATA=path/to/text.txt")
         self.data = os.path.abspath(data)
         self.server = ""
-        self.plan_seen = None    # (plan, measured) of the last running status
+        self.plan_seen = None    # (plan, measured, step_s) of the last running status
         self.kill = None         # what the kill and the heal came to
 
     # ---- REST
@@ -165,7 +165,7 @@ class Demo:
     def write_job(self):
         # Sequences of 64 tokens: the loss falls from 5.5 (a uniform guess
         # over 256 bytes) to about 2.4 in 200 steps of 16; the short mode's
-        # steps of 8 cost half as much, and 60 of them reach about 2.8.
+        # steps of 8 cost half as much, and 60 of them reach about 2.7.
         batch, seq = (8, 64) if SHORT else (16, 64)
         job = {
             "name": "demo", "nodes": len(NODES), "max_restarts": 3,
@@ -193,8 +193,10 @@ class Demo:
         os.makedirs(DIR)
         self.write_job()
         token = os.path.join(DIR, "token")
-        subprocess.run([f"{BUILD}/musterctl", "token", "new", token],
-                       check=True, stdout=subprocess.DEVNULL)
+        made = subprocess.run([f"{BUILD}/musterctl", "token", "new", token],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if made.returncode != 0:
+            raise DemoError(f"musterctl token new: {made.stderr.strip()}")
         ctl, http = pick_port(29470), pick_port(29471)
         self.server = f"http://127.0.0.1:{http}"
         self.daemon = self.spawn(
