@@ -230,13 +230,15 @@ class Demo:
             for node, agent in self.agents.items():
                 if agent.poll() is not None:
                     raise DemoError(f"the agent of {node} exited with status {agent.returncode}")
+            # The status first: every node of a generation it shows formed is in
+            # the list read after it.
+            st = self.get("/v1/status")
             nodes = self.get("/v1/nodes") or {"nodes": []}
             for n in nodes["nodes"]:
                 if n["state"] == "joined" and n["name"] not in joined:
                     joined.add(n["name"])
                     print(f"  {n['name']} joined at {self.elapsed():.1f} s: {n['devices']} "
                           f"{n['kind']} devices, address {n['addr']}")
-            st = self.get("/v1/status")
             if st and st["state"] == "running" and st["generation"] >= 1:
                 ranks = self.get("/v1/ranks") or {"ranks": []}
                 where = {}
@@ -250,7 +252,7 @@ class Demo:
 
     # ---- the ranks' own account, from their agents' logs
     def rank0_steps(self):
-        """(generation, step) of every step rank 0 logged, in order."""
+        """(generation, step, loss) of every step rank 0 logged, in order."""
         out, gen = [], 1
         try:
             with open(os.path.join(DIR, "node-a.log"), errors="replace") as f:
