@@ -1,7 +1,8 @@
 # muster: one entry point. `make` builds, `make check` runs what CI runs,
-# `make demo` shows a job on this machine. Both check and demo first install
-# missing Debian build dependencies (mk/deps.sh), then build in a sub-make so
-# that pkg-config sees the freshly installed libraries.
+# `make demo` shows a job on this machine heal a killed rank (mk/demo.py).
+# Both check and demo first install missing Debian build dependencies
+# (mk/deps.sh), then build in a sub-make so that pkg-config sees the freshly
+# installed libraries.
 
 VERSION := 0.1.0
 PREFIX ?= /usr/local
@@ -252,7 +253,7 @@ demo: deps
 	@$(MAKE) --no-print-directory demo-run
 
 demo-run: all
-	@BUILD=$(BUILD) sh mk/demo.sh
+	@BUILD=$(BUILD) python3 mk/demo.py
 
 bench: deps
 	@sh mk/deps.sh bench
