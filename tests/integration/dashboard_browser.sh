@@ -8,8 +8,10 @@
 #    no restarts): the loss chart has its points and both axes with tick
 #    labels; rank 3 and its node are marked hung ("hung: no step for ..."),
 #    the other ranks and node a are not; the step shows no total (the ranks
-#    do not say one). Its screenshot is left at $BUILD/dashboard_browser.png
-#    (or DASHBOARD_SCREENSHOT=file.png).
+#    do not say one). A real pointer over three points of the chart shows
+#    each one's step and loss (tests/dashboard-hover.py). Screenshots are
+#    left at $BUILD/dashboard_browser.png and dashboard_browser-hover.png
+#    (or DASHBOARD_SCREENSHOT=file.png and file-hover.png).
 # Without Chromium: a failure under CI (mk/deps.sh build installs it), else
 # a skip that says how to install it.
 set -eu
@@ -198,4 +200,7 @@ if bad:
     print("ranks:", ranks, "\nnodes:", nodes, "\nticks:", dom.ticks, "\npoints:", pts, "\nlosses:", losses)
 sys.exit(1 if bad else 0)
 PY
-echo "dashboard_browser: ok ($BROWSER; screenshot $SHOT)"
+# the value under a real pointer (DevTools protocol over a pipe)
+timeout 60 python3 tests/dashboard-hover.py "$BROWSER" "http://127.0.0.1:$HTTP/" "$ITEST_DIR/history.json" \
+    "$ITEST_DIR/browser-hover" "${SHOT%.png}-hover.png" || fail "the chart did not show the value under the pointer"
+echo "dashboard_browser: ok ($BROWSER; screenshots $SHOT, ${SHOT%.png}-hover.png)"
