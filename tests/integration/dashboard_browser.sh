@@ -3,7 +3,8 @@
 # the DOM after the page's scripts ran (--dump-dom with a virtual time
 # budget), in two jobs:
 # 1. 40 simulated agents x 8 ranks (320 ranks: the large-job layout): one
-#    tile per node, the failing and slowest ranks from the summary, events.
+#    tile per node, the failing and slowest ranks from the summary, events,
+#    the step out of the job's steps.
 # 2. 2 agents x 2 fake ranks, rank 3 hangs at step 40 (progress timeout 3 s,
 #    no restarts): the loss chart has its points and both axes with tick
 #    labels; rank 3 and its node are marked hung ("hung: no step for ..."),
@@ -50,7 +51,7 @@ sys.exit(0 if sum(isinstance(v, (int, float)) for v in h["loss"]) >= int(sys.arg
 # ---- 1. the large-job layout ------------------------------------------------
 AGENTS=40
 cat > "$ITEST_DIR/job.json" <<JSON
-{"name": "dashtest", "nodes": $AGENTS, "heartbeat_interval_ms": 1000, "batch": $((AGENTS * 8))}
+{"name": "dashtest", "nodes": $AGENTS, "heartbeat_interval_ms": 1000, "batch": $((AGENTS * 8)), "steps": 90000}
 JSON
 make_token "$ITEST_DIR/token"
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
@@ -73,6 +74,7 @@ checks = [
     ('the large-job ranks title', (text("rankstitle") or "").startswith("ranks needing attention (0 of 320")),
     ('the slowest ranks table has rows', dom.count("<tr>", dom.find('id="slowest"')) >= 2),
     ('ranks running card', (text("ranks_running") or "").startswith("320")),
+    ('the step with its total (the job says 90000)', " / 90000" in (text("step") or "")),
     ('no rank or node marked', 'class="mark' not in dom),
     ('events listed', "generation_running" in dom),
     ('no connection error', (text("conn") or "").startswith("updated")),
