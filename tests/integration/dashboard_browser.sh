@@ -5,7 +5,7 @@
 # 1. 40 simulated agents x 8 ranks (320 ranks: the large-job layout): one
 #    tile per node, the failing and slowest ranks from the summary, events,
 #    the step out of the job's steps.
-# 2. 2 agents x 2 fake ranks, rank 3 hangs at step 40 (progress timeout 3 s,
+# 2. 2 agents x 2 fake ranks, rank 3 hangs at step 60 (progress timeout 3 s,
 #    no restarts): the loss chart has its points and both axes with tick
 #    labels; rank 3 and its node are marked hung ("hung: no step for ..."),
 #    the other ranks and node a are not; the step shows no total (the ranks
@@ -80,15 +80,14 @@ cat > "$ITEST_DIR/job.json" <<JSON
  "heartbeat_timeout_ms": 4000, "progress_timeout_ms": 3000, "stop_grace_ms": 500}
 JSON
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
-RANK_CMD="$FAKE --step-ms 100 --hang-at-step 40 --hang-rank 3"
+RANK_CMD="$FAKE --step-ms 100 --hang-at-step 60 --hang-rank 3"
 start_agent a 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"
 start_agent b 2 --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"
 wait_for 30 'd["state"] == "failed" and [r["rank"] for r in d["ranks"] if r["hung"]] == [3]' ||
     fail "rank 3 was not found hung"
 losses 3 || fail "fewer than 3 loss values in the history"
 curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/history" > "$ITEST_DIR/history.json"
-browse "$ITEST_DIR/dom-hang.html" --dump-dom
-browse /dev/null --screenshot="$SHOT"
+browse "$ITEST_DIR/dom-hang.html" --dump-dom --screenshot="$SHOT"
 [ -s "$SHOT" ] || fail "no screenshot at $SHOT"
 python3 tests/dashboard-dom.py hang "$ITEST_DIR/dom-hang.html" "$ITEST_DIR/history.json" ||
     fail "the dashboard of the hung rank did not render as expected"
