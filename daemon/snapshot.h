@@ -69,6 +69,7 @@ struct snap_rank {
     double tokens_per_s;
     double comm_frac;
     int64_t heartbeat_age_ms; /* -1 = never */
+    int64_t step_age_ms;      /* since its step last changed (or it began running); -1 = silent or never ran */
     uint64_t step_bytes; /* bytes it sent in its last step; 0 = not reported */
     uint64_t peak_mem;   /* its peak memory, bytes; 0 = not reported */
     uint8_t stopped;     /* its agent sees its process stopped (SIGSTOP, a debugger) */

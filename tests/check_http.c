@@ -70,6 +70,7 @@ static void set_rank(struct snap_view *v, uint32_t i, uint32_t node, int state, 
     rk->tokens_per_s = tps;
     rk->comm_frac = 0.25;
     rk->heartbeat_age_ms = age;
+    rk->step_age_ms = -1;
 }
 
 /*
@@ -95,6 +96,7 @@ static struct snap_view *test_view(const char *node_a)
     set_rank(v, 1, 0, RDV_RANK_RUNNING, 121, NAN, 500.5, -1);
     set_rank(v, 2, 1, RDV_RANK_EXITED, 100, 3.0, 0, 9000);
     set_rank(v, 3, 1, RDV_RANK_EXITED, 100, NAN, 0, 9000);
+    v->ranks[0].step_age_ms = 800;
     v->ranks[2].failed = 1;
     snprintf(v->failure_reason, sizeof(v->failure_reason), "CUDA error: out of memory \"x\"");
     view_derive(v);
@@ -485,6 +487,40 @@ START_TEST(test_status_size_does_not_grow)
 }
 END_TEST
 
+/* A hung rank, and a live one whose process is stopped, need attention even
+ * while their heartbeats come: they lead the failing list and their nodes are
+ * stale; the healthy ranks are not listed. */
+START_TEST(test_hung_and_stopped_ranks_need_attention)
+{
+    struct snap_view *v = snap_view_new(3, 6);
+    ck_assert_ptr_nonnull(v);
+    v->head = json_loads(head_doc, 0, NULL);
+    v->stale_after_ms = 5000;
+    set_node(v, 0, "a", RDV_NODE_JOINED, 0, 2, 200);
+    set_node(v, 1, "b", RDV_NODE_JOINED, 2, 2, 200);
+    set_node(v, 2, "c", RDV_NODE_JOINED, 4, 2, 200);
+    for (uint32_t i = 0; i < 6; i++)
+        set_rank(v, i, i / 2, RDV_RANK_RUNNING, 40, 2.0, 100, 300);
+    v->ranks[3].hung = 1;
+    v->ranks[3].step_age_ms = 42000;
+    v->ranks[4].stopped = 1;
+    view_derive(v);
+    size_t len;
+    json_t *st = json_loads(restdoc_get(v, SNAP_DOC_STATUS, &len), 0, NULL);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_int_eq(int_at(st, "failing_ranks_total"), 2);
+    json_t *fr = json_object_get(st, "failing_ranks");
+    ck_assert_int_eq(int_at(json_array_get(fr, 0), "rank"), 3);
+    ck_assert(json_is_true(json_object_get(json_array_get(fr, 0), "hung")));
+    ck_assert_int_eq(int_at(json_array_get(fr, 0), "step_age_ms"), 42000);
+    ck_assert_int_eq(int_at(json_array_get(fr, 1), "rank"), 4);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "stale"), 2);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "ok"), 1);
+    json_decref(st);
+    snap_view_unref(v);
+}
+END_TEST
+
 /* A whole document is rendered once per view and then served as it is. */
 START_TEST(test_documents_cached_per_version)
 {
@@ -533,6 +569,8 @@ START_TEST(test_lists_filter_and_paginate)
     ck_assert_str_eq(json_string_value(json_object_get(r0, "node")), "a");
     ck_assert_str_eq(json_string_value(json_object_get(r0, "state")), "running");
     ck_assert_int_eq(int_at(r0, "heartbeat_age_ms"), 1500);
+    ck_assert_int_eq(int_at(r0, "step_age_ms"), 800);
+    ck_assert(json_is_null(json_object_get(json_array_get(json_object_get(d, "ranks"), 1), "step_age_ms")));
     ck_assert(json_real_value(json_object_get(r0, "loss")) == 2.5);
     ck_assert(json_is_null(json_object_get(json_array_get(json_object_get(d, "ranks"), 1), "loss")));
     assert_ranks(d, "ranks", (int[]){0, 1, 2, 3}, 4);
@@ -772,7 +810,7 @@ START_TEST(test_dashboard)
     ck_assert_int_eq(r->status, 200);
     assert_header(r, "Content-Type: text/html");
     ck_assert_ptr_nonnull(strstr(r->body, "/v1/status"));
-    ck_assert_ptr_nonnull(strstr(r->body, "<canvas"));
+    ck_assert_ptr_nonnull(strstr(r->body, "<svg id=\"chart\""));
     ck_assert_ptr_null(strstr(r->body, "http://"));
     ck_assert_ptr_null(strstr(r->body, "https://"));
 }
@@ -1266,6 +1304,7 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_starting);
     tcase_add_test(tc, test_status_summary);
     tcase_add_test(tc, test_status_size_does_not_grow);
+    tcase_add_test(tc, test_hung_and_stopped_ranks_need_attention);
     tcase_add_test(tc, test_documents_cached_per_version);
     tcase_add_test(tc, test_lists_filter_and_paginate);
     tcase_add_test(tc, test_list_bad_queries);

@@ -1398,6 +1398,11 @@ START_TEST(hang_names_the_stopped_rank_with_where_it_is)
     ck_assert_str_eq(json_string_value(json_object_get(r0, "waiting")), AR);
     ck_assert_str_eq(json_string_value(json_object_get(r3, "where")), "train.py:88 in compute_loss");
     ck_assert(json_is_null(json_object_get(r3, "waiting")));
+    /* how long its step stood still, and it leads the ranks needing attention */
+    ck_assert_int_gt(json_integer_value(json_object_get(r3, "step_age_ms")), spec.progress_timeout_ms);
+    const json_t *worst = json_array_get(json_object_get(st, "failing_ranks"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(worst, "rank")), 3);
+    ck_assert(json_is_true(json_object_get(worst, "hung")));
     json_decref(st);
     answer_stacks("b", 1, 2, 2, NULL); /* the last ones: failed at once */
     ck_assert_int_eq(rdv.generation, 2);
