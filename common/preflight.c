@@ -1,9 +1,11 @@
 #include "common/preflight.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,25 +195,35 @@ static int free_space(const char *dir, uint64_t *out)
     return 0;
 }
 
-int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len)
+/* Makes and removes a file in dir; what names dir in messages ("checkpoint_dir ck"). */
+static int probe_write(const char *dir, const char *what, const char *fix, char *why, size_t len)
 {
-    int rc = mkdirs(dir, 0755);
-    if (rc)
-        return say(why, len, rc, "checkpoint_dir %s: cannot create it: %s", dir, strerror(-rc));
     char probe[4096 + 64];
     snprintf(probe, sizeof(probe), "%s/.muster-preflight-%ld", dir, (long)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         int e = errno;
-        return say(why, len, -e, "checkpoint_dir %s: not writable: %s: give the agent's user write access or "
-                   "point checkpoint_dir elsewhere", dir, strerror(e));
+        return say(why, len, -e, "%s: not writable: %s: %s", what, strerror(e), fix);
     }
     ssize_t w = write(fd, "x", 1);
     int e = w == 1 ? 0 : (w < 0 ? errno : ENOSPC);
     close(fd);
     unlink(probe);
     if (e)
-        return say(why, len, -e, "checkpoint_dir %s: cannot write: %s", dir, strerror(e));
+        return say(why, len, -e, "%s: cannot write: %s", what, strerror(e));
+    return 0;
+}
+
+int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len)
+{
+    int rc = mkdirs(dir, 0755);
+    if (rc)
+        return say(why, len, rc, "checkpoint_dir %s: cannot create it: %s", dir, strerror(-rc));
+    char what[4096 + 32];
+    snprintf(what, sizeof(what), "checkpoint_dir %s", dir);
+    if ((rc = probe_write(dir, what, "give the agent's user write access or point checkpoint_dir elsewhere", why,
+                          len)) != 0)
+        return rc;
     uint64_t fr = 0;
     if ((rc = free_space(dir, &fr)) != 0)
         return say(why, len, rc, "checkpoint_dir %s: cannot tell its free space: %s", dir, strerror(-rc));
@@ -223,6 +235,124 @@ int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, cha
                    plan_bytes_str(b, sizeof(b), (double)need));
     }
     return 0;
+}
+
+int preflight_readable(const char *path, char *why, size_t len)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        return say(why, len, -e, "require_readable %s: %s%s", path, strerror(e),
+                   e == ENOENT ? ": copy it to this node or mount the file system that holds it" : "");
+    }
+    int dir = S_ISDIR(st.st_mode);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (dir ? O_DIRECTORY : 0));
+    if (fd < 0) {
+        int e = errno;
+        return say(why, len, -e, "require_readable %s: cannot open it: %s", path, strerror(e));
+    }
+    int e = 0;
+    if (dir) {
+        DIR *d = fdopendir(fd);
+        if (!d) {
+            e = errno;
+            close(fd);
+        } else {
+            errno = 0;
+            if (!readdir(d))
+                e = errno;
+            closedir(d);
+        }
+    } else {
+        char b;
+        if (S_ISREG(st.st_mode) && read(fd, &b, 1) < 0)
+            e = errno;
+        close(fd);
+    }
+    if (e)
+        return say(why, len, -e, "require_readable %s: cannot read it: %s", path, strerror(e));
+    return 0;
+}
+
+int preflight_writable(const char *dir, uint64_t need, char *why, size_t len)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int e = errno;
+        return say(why, len, -e, "require_writable %s: %s%s", dir, strerror(e),
+                   e == ENOENT ? ": create it (mkdir -p) or mount the file system that holds it" : "");
+    }
+    if (!S_ISDIR(st.st_mode))
+        return say(why, len, -ENOTDIR, "require_writable %s: not a directory", dir);
+    char what[4096 + 32];
+    snprintf(what, sizeof(what), "require_writable %s", dir);
+    int rc = probe_write(dir, what, "give the agent's user write access to it", why, len);
+    if (rc)
+        return rc;
+    uint64_t fr = 0;
+    if ((rc = free_space(dir, &fr)) != 0)
+        return say(why, len, rc, "require_writable %s: cannot tell its free space: %s", dir, strerror(-rc));
+    if (fr < need) {
+        char a[32], b[32];
+        return say(why, len, -ENOSPC, "require_writable %s: %s free, require_free_mb asks for %s: free space "
+                   "there", dir, plan_bytes_str(a, sizeof(a), (double)fr), plan_bytes_str(b, sizeof(b), (double)need));
+    }
+    return 0;
+}
+
+/* The name in dir that sorts last in version order (step9 < step10) among those matching pattern. */
+static int newest_match(const char *dir, const char *pattern, char *out, size_t cap, char *why, size_t len)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        if (e == ENOENT)
+            return 0;
+        return say(why, len, -e, "checkpoint_dir %s: cannot list it: %s", dir, strerror(e));
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (fnmatch(pattern, de->d_name, FNM_PERIOD) != 0 || strlen(de->d_name) >= cap)
+            continue;
+        if (!out[0] || strverscmp(de->d_name, out) > 0)
+            snprintf(out, cap, "%s", de->d_name);
+    }
+    closedir(d);
+    return 0;
+}
+
+/* The first line of dir/name (a DeepSpeed-style `latest` file), "" when there is none. */
+static int latest_file(const char *dir, const char *name, char *out, size_t cap, char *why, size_t len)
+{
+    char path[4096 + 256];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        int e = errno;
+        if (e == ENOENT)
+            return 0;
+        return say(why, len, -e, "checkpoint_dir %s: cannot read %s: %s", dir, name, strerror(e));
+    }
+    char line[PREFLIGHT_CKPT_MAX + 2] = "";
+    if (!fgets(line, sizeof(line), f))
+        line[0] = '\0';
+    fclose(f);
+    line[strcspn(line, "\r\n")] = '\0';
+    for (char *c = line; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+            *c = '?';
+    snprintf(out, cap, "%s", line[0] ? line : "(empty latest file)");
+    return 0;
+}
+
+int preflight_latest_ckpt(const char *dir, const char *rule, char *out, size_t cap, char *why, size_t len)
+{
+    out[0] = '\0';
+    if (strncmp(rule, "file:", 5) == 0)
+        return latest_file(dir, rule + 5, out, cap, why, len);
+    if (strncmp(rule, "glob:", 5) == 0)
+        return newest_match(dir, rule + 5, out, cap, why, len);
+    return say(why, len, -EINVAL, "checkpoint_latest %s: expected file:NAME or glob:PATTERN", rule);
 }
 
 int preflight_host_memory(uint64_t *total, uint64_t *available)

@@ -249,6 +249,64 @@ static void check_plan(struct rdv *r, int candidates)
 }
 
 /*
+ * The members that reported their latest checkpoint (checkpoint_latest) agree
+ * on it, or it says who has what: "node a has global_step40, node b has none".
+ */
+static int checkpoints_agree(const struct rdv *r, char *what, size_t cap)
+{
+    const struct rdv_node *first = NULL;
+    int agree = 1;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member || !nd->has_checkpoint)
+            continue;
+        if (!first)
+            first = nd;
+        else if (strcmp(first->checkpoint, nd->checkpoint) != 0)
+            agree = 0;
+    }
+    if (agree)
+        return 1;
+    size_t n = 0;
+    what[0] = '\0';
+    for (uint32_t i = 0; i < r->nnodes && n < cap; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member || !nd->has_checkpoint)
+            continue;
+        int w = snprintf(what + n, cap - n, "%snode %s has %s", n ? ", " : "", nd->name,
+                         nd->checkpoint[0] ? nd->checkpoint : "none");
+        n += w > 0 ? (size_t)w : 0;
+    }
+    return 0;
+}
+
+/*
+ * The members' latest checkpoints agree, or checkpoint_diverged_ok lets them
+ * differ: reported once per difference in the events, and in r->reason while
+ * the generation waits for an operator to make them agree.
+ */
+static int members_agree(struct rdv *r)
+{
+    char what[PROTO_REASON_MAX - 160];
+    if (checkpoints_agree(r, what, sizeof(what))) {
+        r->diverged_said[0] = '\0';
+        return 1;
+    }
+    int ok = r->spec->checkpoint_diverged_ok;
+    if (strcmp(r->diverged_said, what) != 0) {
+        event(r, "checkpoint_diverged", -1, -1, "checkpoint_dir differs between nodes: %s; %s", what,
+              ok ? "starting anyway (checkpoint_diverged_ok)" : "generation not started");
+        snprintf(r->diverged_said, sizeof(r->diverged_said), "%s", what);
+    }
+    if (ok)
+        return 1;
+    snprintf(r->reason, sizeof(r->reason), "checkpoint_dir differs between nodes: %s; copy the latest checkpoint "
+             "to every node (or set checkpoint_diverged_ok)", what);
+    changed(r, 0);
+    return 0;
+}
+
+/*
  * Every member is fit (its pre-flight passed, the plan fits its memory), or
  * r->reason says which is not and why: the generation waits, spending nothing.
  */
@@ -293,7 +351,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
-    if (!members_fit(r))
+    if (!members_fit(r) || !members_agree(r))
         return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node. */
     const struct rdv_node *n0 = rank0_node(r);
@@ -320,6 +378,8 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
             rank++;
     }
     r->assigned_ms = now_ms;
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        r->nodes[i].has_checkpoint = 0; /* what they have changes as the generation runs */
     event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
           (unsigned long long)r->generation, r->world_size, nnodes);
     changed(r, 1);
@@ -786,6 +846,7 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->host_mem_mb = h->host_mem_mb;
     nd->fitness = h->preflight ? RDV_FIT_CHECKING : RDV_FIT_UNCHECKED;
     nd->unfit_reason[0] = nd->plan_unfit[0] = '\0';
+    nd->has_checkpoint = 0;
     nd->unfit_since_ms = now_ms;
 }
 
@@ -795,6 +856,8 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
     struct rdv_node *nd = &r->nodes[idx];
     enum rdv_fitness was = nd->fitness;
     nd->trainer = p->trainer;
+    nd->has_checkpoint = p->has_checkpoint;
+    snprintf(nd->checkpoint, sizeof(nd->checkpoint), "%s", p->has_checkpoint ? p->checkpoint : "");
     if (p->fit) {
         nd->fitness = RDV_FIT_OK;
         nd->unfit_reason[0] = '\0';

@@ -111,6 +111,9 @@ struct rdv_node {
     char unfit_reason[PROTO_REASON_MAX]; /* the pre-flight's */
     char plan_unfit[PROTO_REASON_MAX];   /* "": the plan fits its memory */
     uint64_t unfit_since_ms; /* when it last became unfit or checking */
+    int has_checkpoint;    /* its PREFLIGHT since its join named its latest checkpoint (checkpoint_latest);
+                            * cleared when a generation is assigned: later ones compare fresh reports only */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
 };
 
 struct rdv_rank {
@@ -259,6 +262,7 @@ struct rdv {
      * again, start_timeout_ms counted from then). */
     enum rdv_job_state resume_to;
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step
      * boundary (COMMAND yield): the node to take, and until when to wait. */

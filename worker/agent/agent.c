@@ -1543,6 +1543,11 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
     m.u.preflight.trainer = a->trainer;
     snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", fit ? "" : reason);
     proto_text_sanitize(m.u.preflight.reason);
+    m.u.preflight.has_checkpoint = fit && p->res.has_checkpoint;
+    if (m.u.preflight.has_checkpoint) {
+        snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
+        proto_text_sanitize(m.u.preflight.checkpoint);
+    }
     if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
         if (fit)
             log_info("pre-flight checks pass");
@@ -1561,7 +1566,10 @@ static bool runs_trainer(const struct agent *a, const struct job_spec *spec)
     char **argv = rank_command(a, spec, &from_job);
     const char *prog = argv && argv[0] ? argv[0] : "";
     const char *base = strrchr(prog, '/');
-    return strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    bool trainer = strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    if (from_job)
+        cmdline_free(argv);
+    return trainer;
 }
 
 /* The pre-flight HELLO promised, of the job WELCOME carries. */
@@ -1579,6 +1587,13 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
     }
     a->trainer = runs_trainer(a, &in.spec);
     in.trainer = a->trainer;
+    bool from_job;
+    char **argv = rank_command(a, &in.spec, &from_job);
+    snprintf(in.prog, sizeof(in.prog), "%s", argv && argv[0] ? argv[0] : "");
+    if (from_job)
+        cmdline_free(argv);
+    python_hook_path(a, &in.spec, a->trainer, in.python_path, sizeof(in.python_path));
+    snprintf(in.node, sizeof(in.node), "%s", a->cfg->node);
     in.kind = a->cfg->devices.kind;
     in.ndevices = a->cfg->devices.n;
     memcpy(in.devices, a->cfg->devices.ids, sizeof(in.devices));
