@@ -2229,6 +2229,62 @@ START_TEST(unfit_node_holds_formation_without_spending_restarts)
 }
 END_TEST
 
+/* A fit PREFLIGHT of a rank_cmd node that read its latest checkpoint ("" = none there). */
+static void preflight_ckpt(const char *node, const char *checkpoint)
+{
+    struct proto_msg m = {.type = PROTO_PREFLIGHT};
+    m.u.preflight.fit = 1;
+    m.u.preflight.has_checkpoint = 1;
+    snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", checkpoint);
+    rdv_message(&rdv, node, &m, now);
+}
+
+START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
+{
+    setup_spec(2, 3);
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "file:latest");
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    int from = rec.nsent;
+    preflight_ckpt("a", "global_step40");
+    preflight_ckpt("b", "");
+    ck_assert_uint_eq(rdv.generation, 1); /* opened, not assigned */
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert_uint_eq(rdv.restarts, 0);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "checkpoint_dir differs between nodes: node a has global_step40, "
+                                             "node b has none; copy the latest checkpoint"));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has global_step40, node b has none"));
+    uint64_t events = rdv.nevents;
+    preflight_ckpt("b", ""); /* the same again, every 2 s: one event */
+    ck_assert_uint_eq(rdv.nevents, events);
+    preflight_ckpt("b", "global_step40"); /* the operator copied it */
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    /* what they have changes as the generation runs: its reports are not kept for the next */
+    ck_assert_int_eq(rdv.nodes[find_index("a")].has_checkpoint, 0);
+}
+END_TEST
+
+START_TEST(diverging_checkpoints_may_be_accepted)
+{
+    setup_spec(2, 3);
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "glob:step_*");
+    spec.checkpoint_diverged_ok = 1;
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    int from = rec.nsent;
+    preflight_ckpt("a", "step_2");
+    preflight_ckpt("b", "step_1");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has step_2, node b has step_1; starting anyway"));
+}
+END_TEST
+
 START_TEST(plan_that_does_not_fit_is_refused_naming_the_device)
 {
     setup_spec(1, 3);
@@ -2450,6 +2506,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
+    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
+    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
     tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
     suite_add_tcase(s, tc);
