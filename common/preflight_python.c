@@ -43,10 +43,15 @@ static int executable(const char *path)
 /* name as execvp finds it: as given when it has a '/', else the first executable on path_var. */
 static int lookup(const char *name, const char *path_var, char *out, size_t cap)
 {
-    if (strchr(name, '/')) {
+    if (strchr(name, '/')) { /* kept, not resolved: a venv's bin/python is a symlink whose place matters */
         if (!executable(name))
             return access(name, F_OK) == 0 ? -EACCES : -ENOENT;
-        return realpath(name, out) ? 0 : -errno;
+        char cwd[PATH_MAX] = "";
+        if (name[0] != '/' && !getcwd(cwd, sizeof(cwd)))
+            return -errno;
+        if ((size_t)snprintf(out, cap, "%s%s%s", cwd, cwd[0] ? "/" : "", name) >= cap)
+            return -ENAMETOOLONG;
+        return 0;
     }
     const char *p = path_var && *path_var ? path_var : "/usr/local/bin:/usr/bin:/bin";
     while (*p) {
@@ -57,7 +62,7 @@ static int lookup(const char *name, const char *path_var, char *out, size_t cap)
             if (executable(cand)) {
                 if (strlen(cand) >= cap)
                     return -ENAMETOOLONG;
-                snprintf(out, cap, "%s", cand); /* kept as found: a venv's bin/python is a symlink */
+                snprintf(out, cap, "%s", cand);
                 return 0;
             }
         }
