@@ -19,7 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cmdline.h"
+#include "common/jobspec.h"
 #include "common/preflight.h"
+#include "worker/agent/agent_preflight.h"
 #include "worker/train/data.h"
 
 static char dir[] = "/tmp/check-preflight-XXXXXX";
@@ -297,6 +300,82 @@ START_TEST(imports_run_with_the_environment_given_and_bounded)
 }
 END_TEST
 
+/* Lines in a file (0 when it is missing). */
+static int lines_in(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f && (c = fgetc(f)) != EOF)
+        n += c == '\n';
+    if (f)
+        fclose(f);
+    return n;
+}
+
+START_TEST(agent_checks_a_programs_needs_once_per_interpreter)
+{
+    char bin[256], path[256], count[256], why[PREFLIGHT_WHY_MAX], text[512];
+    snprintf(bin, sizeof(bin), "%s/bin", dir);
+    ck_assert_int_eq(mkdir(bin, 0755), 0);
+    snprintf(count, sizeof(count), "%s/runs", dir);
+    /* a python that counts its runs and imports only when the command's env set OK=1 */
+    snprintf(text, sizeof(text), "#!/bin/sh\necho run >> %s\n[ \"$OK\" = 1 ] && exit 0\n"
+             "echo \"ModuleNotFoundError: No module named 'torch' (PYTHONPATH=$PYTHONPATH)\"\nexit 1\n", count);
+    put_file("bin/python3", text, 0755, path, sizeof(path));
+    char *old_path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+    setenv("PATH", bin, 1);
+
+    struct preflight_inputs in = {.kind = PROTO_DEV_CPU, .ndevices = 1};
+    struct preflight_result res = {0};
+    job_spec_defaults(&in.spec);
+    snprintf(in.spec.name, sizeof(in.spec.name), "t");
+    const char *mods[] = {"torch", NULL};
+    pack(in.spec.require_python_modules, mods);
+    snprintf(in.python_path, sizeof(in.python_path), "/opt/muster/startup");
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), -ENOPKG);
+    ck_assert_ptr_nonnull(strstr(why, "python3 cannot import torch: ModuleNotFoundError: No module named 'torch' "
+                                      "(PYTHONPATH=/opt/muster/startup)")); /* the rank's environment */
+    ck_assert_uint_eq(res.python_ok, 0);
+
+    /* `env OK=1 python3 ...`: the program is python3, run with OK=1; a success is remembered */
+    ck_assert_int_eq(cmdline_from_string("env OK=1 python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
+    ck_assert_uint_ne(res.python_ok, 0);
+    ck_assert_int_eq(lines_in(count), 2);
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
+    ck_assert_int_eq(lines_in(count), 2); /* not imported again */
+    in.spec.require_python_timeout_s = 7; /* not part of what an import depends on */
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
+    ck_assert_int_eq(lines_in(count), 2);
+    const char *more[] = {"torch", "deepspeed", NULL};
+    pack(in.spec.require_python_modules, more); /* other modules: checked again */
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
+    ck_assert_int_eq(lines_in(count), 3);
+
+    /* the paths, then the latest checkpoint it reports */
+    snprintf(in.spec.require_readable, sizeof(in.spec.require_readable), "%s/nowhere", dir);
+    in.spec.require_readable[strlen(in.spec.require_readable) + 1] = '\0';
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(why, "require_readable "));
+    ck_assert(!res.has_checkpoint);
+    in.spec.require_readable[0] = in.spec.require_readable[1] = '\0';
+    snprintf(in.spec.checkpoint_dir, sizeof(in.spec.checkpoint_dir), "%s/ck", dir);
+    snprintf(in.spec.checkpoint_latest, sizeof(in.spec.checkpoint_latest), "glob:step_*");
+    snprintf(path, sizeof(path), "%s/ck", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/ck/step_12", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
+    ck_assert(res.has_checkpoint);
+    ck_assert_str_eq(res.checkpoint, "step_12");
+    if (old_path) {
+        setenv("PATH", old_path, 1);
+        free(old_path);
+    }
+}
+END_TEST
+
 Suite *make_preflight_suite(void)
 {
     Suite *s = suite_create("preflight");
@@ -309,6 +388,7 @@ Suite *make_preflight_suite(void)
     tcase_add_test(tc, latest_checkpoint_by_file_or_by_glob);
     tcase_add_test(tc, the_interpreter_a_rank_program_runs);
     tcase_add_test(tc, imports_run_with_the_environment_given_and_bounded);
+    tcase_add_test(tc, agent_checks_a_programs_needs_once_per_interpreter);
     suite_add_tcase(s, tc);
     return s;
 }

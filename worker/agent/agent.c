@@ -1589,7 +1589,11 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
     in.trainer = a->trainer;
     bool from_job;
     char **argv = rank_command(a, &in.spec, &from_job);
-    snprintf(in.prog, sizeof(in.prog), "%s", argv && argv[0] ? argv[0] : "");
+    int argc = 0;
+    while (argv && argv[argc])
+        argc++;
+    if (argc == 0 || cmdline_from_argv(argc, argv, in.cmd, sizeof(in.cmd)) != 0)
+        in.cmd[0] = in.cmd[1] = '\0';
     if (from_job)
         cmdline_free(argv);
     python_hook_path(a, &in.spec, a->trainer, in.python_path, sizeof(in.python_path));

@@ -2,10 +2,10 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/cmdline.h"
 #include "common/gptcfg.h"
 #include "common/plan.h"
 #include "worker/agent/rank_env.h"
@@ -73,6 +73,54 @@ static uint64_t python_key(const char *interp, char *const *env, const char *mod
     return h ? h : 1;
 }
 
+/*
+ * The program a command runs and the variables it sets first: `env A=1 B=2
+ * python3 train.py` (as docs/pytorch.md writes it) runs python3 with A and B.
+ * Returns the index of the program in argv; *sets, *nsets the NAME=VALUE words.
+ */
+static int program_of(char **argv, int *sets, int *nsets)
+{
+    *sets = 1;
+    *nsets = 0;
+    const char *base = argv[0] ? strrchr(argv[0], '/') : NULL;
+    if (!argv[0] || strcmp(base ? base + 1 : argv[0], "env") != 0)
+        return 0;
+    int i = 1;
+    while (argv[i] && argv[i][0] == '-') /* env's own options (-i, -S ...) */
+        i++;
+    *sets = i;
+    while (argv[i] && strchr(argv[i], '='))
+        i++;
+    *nsets = i - *sets;
+    return argv[i] ? i : 0;
+}
+
+/* env with the NAME=VALUE words of sets in place of entries of the same names; NULL without memory. */
+static char **env_with(char **env, char *const *sets, int nsets)
+{
+    size_t n = 0;
+    while (env[n])
+        n++;
+    char **out = calloc(n + (size_t)nsets + 1, sizeof(char *));
+    if (!out)
+        return NULL;
+    size_t k = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++) {
+        bool replaced = false;
+        for (int j = 0; j < nsets && !replaced; j++)
+            replaced = strncmp(env[i], sets[j], (size_t)(strchr(sets[j], '=') - sets[j]) + 1) == 0;
+        ok = replaced || (out[k++] = strdup(env[i])) != NULL;
+    }
+    for (int j = 0; ok && j < nsets; j++)
+        ok = (out[k++] = strdup(sets[j])) != NULL;
+    if (!ok) {
+        cmdline_free(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* require_python_modules, with the environment a rank of this node would get. */
 static int check_python(const struct preflight_inputs *p, struct preflight_result *res, char *why, size_t len)
 {
@@ -82,13 +130,23 @@ static int check_python(const struct preflight_inputs *p, struct preflight_resul
         .run_id = s->name, .master_addr = "127.0.0.1", .node = p->node, .python_path = p->python_path,
         .kind = p->kind, .device = p->ndevices ? p->devices[0] : 0,
     };
-    char **env = rank_env_build(environ, &id);
+    char **argv = cmdline_argv(p->cmd);
+    if (!argv) {
+        snprintf(why, len, "require_python: the rank command is unknown: name the interpreter in require_python");
+        return -EINVAL;
+    }
+    char **base = rank_env_build(environ, &id), **env = NULL;
+    int sets = 0, nsets = 0, prog = program_of(argv, &sets, &nsets);
+    if (base)
+        env = env_with(base, argv + sets, nsets);
+    cmdline_free(base);
     if (!env) {
+        cmdline_free(argv);
         snprintf(why, len, "require_python: out of memory");
         return -ENOMEM;
     }
     char interp[PATH_MAX];
-    int rc = preflight_interpreter(p->prog, s->require_python, rank_env_get(env, "PATH"), interp, sizeof(interp),
+    int rc = preflight_interpreter(argv[prog], s->require_python, rank_env_get(env, "PATH"), interp, sizeof(interp),
                                    why, len);
     if (rc == 0) {
         uint64_t key = python_key(interp, env, s->require_python_modules);
@@ -99,6 +157,7 @@ static int check_python(const struct preflight_inputs *p, struct preflight_resul
         }
     }
     cmdline_free(env);
+    cmdline_free(argv);
     return rc;
 }
 

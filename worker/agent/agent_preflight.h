@@ -16,6 +16,7 @@
 
 #include <uv.h>
 
+#include "common/cmdline.h"
 #include "common/jobspec.h"
 #include "common/preflight.h"
 #include "proto/proto.h"
@@ -35,7 +36,7 @@ struct preflight_inputs {
     uint32_t devices[PROTO_MAX_LOCAL_RANKS];
     bool have_clock;
     int64_t skew_ms, rtt_ms; /* this node's clock minus musterd's; how far off that may be */
-    char prog[PATH_MAX];       /* the ranks' program (argv[0]), for require_python's interpreter */
+    char cmd[CMDLINE_MAX];     /* the ranks' command, packed (common/cmdline.h), for require_python */
     char python_path[2 * 4096 + 16]; /* PYTHONPATH's head a rank gets (the hook); "" = none */
     char node[PROTO_NAME_MAX];
 };
