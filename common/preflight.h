@@ -36,6 +36,9 @@
  * number) that the checkpoint check sees instead of statvfs's answer. */
 #define PREFLIGHT_FREE_HOOK_ENV "MUSTER_TEST_FREE_BYTES_FILE"
 
+/* Writes the sentence to why and returns rc (the checks' way of failing). */
+int preflight_why(char *why, size_t len, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 struct preflight_data {
     int tokens_file;  /* 1: llm.c token file; 0: text */
     uint64_t tokens;

@@ -12,7 +12,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,17 +21,6 @@
 #include <unistd.h>
 
 #define OUTPUT_KEPT 4096
-
-static int fail(char *why, size_t len, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int fail(char *why, size_t len, int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-    return rc;
-}
 
 static int executable(const char *path)
 {
@@ -108,17 +96,17 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
     int rc;
     if (explicit_interp && explicit_interp[0]) {
         if ((rc = lookup(explicit_interp, path_var, out, cap)) != 0)
-            return fail(why, len, rc, "require_python %s: %s on this node (PATH %s)", explicit_interp,
+            return preflight_why(why, len, rc, "require_python %s: %s on this node (PATH %s)", explicit_interp,
                         strerror(-rc), path_var ? path_var : "unset");
         return 0;
     }
     char file[PATH_MAX];
     if ((rc = lookup(prog, path_var, file, sizeof(file))) != 0)
-        return fail(why, len, rc, "the rank program %s: %s on this node (PATH %s)", prog, strerror(-rc),
+        return preflight_why(why, len, rc, "the rank program %s: %s on this node (PATH %s)", prog, strerror(-rc),
                     path_var ? path_var : "unset");
     if (pythonish(file)) {
         if (strlen(file) >= cap)
-            return fail(why, len, -ENAMETOOLONG, "the rank program %s: path too long", file);
+            return preflight_why(why, len, -ENAMETOOLONG, "the rank program %s: path too long", file);
         snprintf(out, cap, "%s", file);
         return 0;
     }
@@ -126,8 +114,8 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
     if (rc == 0 && out[0] && pythonish(out))
         return 0;
     if (rc)
-        return fail(why, len, rc, "the rank program %s: its #! interpreter: %s", file, strerror(-rc));
-    return fail(why, len, -ENOEXEC, "the rank program %s is not a Python interpreter or script: name the "
+        return preflight_why(why, len, rc, "the rank program %s: its #! interpreter: %s", file, strerror(-rc));
+    return preflight_why(why, len, -ENOEXEC, "the rank program %s is not a Python interpreter or script: name the "
                 "interpreter in require_python", file);
 }
 
@@ -222,11 +210,11 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
     char code[4096], list[1024];
     int rc = import_line(modules, code, sizeof(code), list, sizeof(list));
     if (rc)
-        return fail(why, len, rc, "require_python_modules: expected module names (a.b), got an empty or "
+        return preflight_why(why, len, rc, "require_python_modules: expected module names (a.b), got an empty or "
                     "invalid one");
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
-        return fail(why, len, -errno, "require_python: pipe: %s", strerror(errno));
+        return preflight_why(why, len, -errno, "require_python: pipe: %s", strerror(errno));
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     posix_spawn_file_actions_init(&fa);
@@ -249,7 +237,7 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
     close(fds[1]);
     if (e) {
         close(fds[0]);
-        return fail(why, len, -e, "require_python: cannot run %s: %s", interp, strerror(e));
+        return preflight_why(why, len, -e, "require_python: cannot run %s: %s", interp, strerror(e));
     }
     char out[OUTPUT_KEPT];
     size_t n = 0;
@@ -271,15 +259,15 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
     char tail[300];
     last_line(out, n, tail, sizeof(tail));
     if (timed_out)
-        return fail(why, len, -ETIMEDOUT, "require_python: %s -c 'import %s' did not finish within %d s: "
+        return preflight_why(why, len, -ETIMEDOUT, "require_python: %s -c 'import %s' did not finish within %d s: "
                     "raise require_python_timeout_s or find what the import waits on", interp, list,
                     timeout_ms / 1000);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
         return 0;
     if (WIFSIGNALED(status))
-        return fail(why, len, -ECHILD, "require_python: %s -c 'import %s' was killed by signal %d%s%s", interp,
+        return preflight_why(why, len, -ECHILD, "require_python: %s -c 'import %s' was killed by signal %d%s%s", interp,
                     list, WTERMSIG(status), tail[0] ? ": " : "", tail);
-    return fail(why, len, -ENOPKG, "require_python: %s cannot import %s: %s: install them for that interpreter "
+    return preflight_why(why, len, -ENOPKG, "require_python: %s cannot import %s: %s: install them for that interpreter "
                 "or point rank_cmd at one that has them", interp, list,
                 tail[0] ? tail : "(it printed nothing)");
 }

@@ -18,15 +18,6 @@ make_token "$ITEST_DIR/token"
 abs=$(pwd)
 FAKE="$abs/$BUILD/tests/fake-rank --step-ms 50"
 
-stop_all() {
-    for p in $ITEST_PIDS; do kill "$p" 2>/dev/null || true; done
-    for p in $ITEST_PIDS; do
-        i=0; while pid_alive "$p" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-        kill -9 "$p" 2>/dev/null || true
-    done
-    ITEST_PIDS=""
-}
-
 # job NAME EXTRA_KEYS (JSON members, leading comma)
 job() {
     cat > "$ITEST_DIR/$1.json" <<JSON
