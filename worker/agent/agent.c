@@ -149,6 +149,8 @@ struct agent {
     bool trainer;            /* the held job's ranks are muster-train */
     char preflight_said[PROTO_REASON_MAX]; /* the verdict last logged ("" = fit) */
     bool preflight_logged;   /* since this join: repeats of the same verdict are not logged */
+    char preflight_ckpt[PROTO_CKPT_NAME_MAX]; /* the latest checkpoint last reported; with */
+    bool preflight_had_ckpt; /* whether one was: a fit node's same report again is not sent */
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
@@ -1548,13 +1550,20 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
         snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
         proto_text_sanitize(m.u.preflight.checkpoint);
     }
-    if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
+    bool same = a->preflight_logged && strcmp(a->preflight_said, m.u.preflight.reason) == 0;
+    if (!same) {
         if (fit)
             log_info("pre-flight checks pass");
         else
             log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
     }
+    /* a fit node checks again only to follow its latest checkpoint: musterd hears of changes */
+    if (same && fit && a->preflight_had_ckpt == (bool)m.u.preflight.has_checkpoint &&
+        strcmp(a->preflight_ckpt, m.u.preflight.checkpoint) == 0)
+        return;
     snprintf(a->preflight_said, sizeof(a->preflight_said), "%s", m.u.preflight.reason);
+    snprintf(a->preflight_ckpt, sizeof(a->preflight_ckpt), "%s", m.u.preflight.checkpoint);
+    a->preflight_had_ckpt = m.u.preflight.has_checkpoint;
     a->preflight_logged = true;
     send_to_daemon(a, &m);
 }
