@@ -65,7 +65,8 @@ static const struct key_def keys[] = {
      "the program; 0: off"},
     {"require_readable", KEY_LIST, F(require_readable), 0, 0, 0, "",
      "paths (files or directories, e.g. the data) every node must be able to read before its ranks start; a "
-     "node that cannot is unfit, with the path and the error, and spends no restart (docs/troubleshooting.md)"},
+     "node that cannot is unfit, with the path and the error, and spends no restart (docs/troubleshooting.md); a "
+     "relative path is the agent's working directory's, where ranks start"},
     {"require_writable", KEY_LIST, F(require_writable), 0, 0, 0, "",
      "directories (e.g. where the program writes checkpoints) that must exist and be writable on every node, "
      "with require_free_mb free; else the node is unfit"},
