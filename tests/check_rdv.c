@@ -2285,6 +2285,80 @@ START_TEST(diverging_checkpoints_may_be_accepted)
 }
 END_TEST
 
+START_TEST(after_a_failure_fresh_starters_report_their_checkpoint_again)
+{
+    setup_spec(2, 3);
+    spec.restart_backoff_ms = 0;
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "file:latest");
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    preflight_ckpt("a", "");
+    preflight_ckpt("b", "");
+    beat("a", 1, 0, 1, PROTO_RANK_RUNNING, 50);
+    beat("b", 1, 1, 1, PROTO_RANK_RUNNING, 50);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* rank 1 dies; every rank restarts from its node's checkpoint_dir (none rejoins in place) */
+    int from = rec.nsent;
+    rank_exit("b", 1, 1, 1, 0);
+    ck_assert_uint_eq(rdv.generation, 2);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "to report its latest checkpoint"));
+    preflight_ckpt("a", "global_step40");
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN)); /* b has not said yet */
+    preflight_ckpt("b", ""); /* its checkpoint_dir was lost: it would start from step 0 */
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has global_step40, node b has none"));
+    ck_assert_uint_eq(rdv.restarts, 1); /* the failure's restart, no more */
+    preflight_ckpt("b", "global_step40");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+
+    /* generation 3: b's report goes astray; after heartbeat_timeout_ms it is not waited for */
+    beat("a", 2, 0, 1, PROTO_RANK_RUNNING, 60);
+    beat("b", 2, 1, 1, PROTO_RANK_RUNNING, 60);
+    from = rec.nsent;
+    rank_exit("a", 2, 0, 1, 0);
+    preflight_ckpt("a", "global_step60");
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    for (int i = 0; i < 2; i++) { /* b is alive (it beats), its report just never comes */
+        now += (uint64_t)spec.heartbeat_timeout_ms / 2 + 1;
+        beat("a", 2, 0, 0, PROTO_RANK_RUNNING, 0);
+        beat("b", 2, 1, 0, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_msg(has_event_with("checkpoint_unreported", "node b did not report its latest checkpoint"),
+                  "reason: %s", rdv.reason);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(ranks_that_rejoin_in_place_are_not_compared)
+{
+    setup_spec(2, 3);
+    spec.restart_backoff_ms = 0;
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "glob:step_*");
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    preflight_ckpt("a", "step_1");
+    preflight_ckpt("b", "step_1");
+    beat_rejoin = 1; /* the ranks can heal in place (the Elastic API) */
+    beat("a", 1, 0, 1, PROTO_RANK_RUNNING, 50);
+    beat("b", 1, 1, 1, PROTO_RANK_RUNNING, 50);
+    int from = rec.nsent;
+    rank_exit("b", 1, 1, 1, 0); /* b's rank starts afresh, a's keeps its state */
+    ck_assert_uint_eq(rdv.generation, 2);
+    preflight_ckpt("a", "step_9"); /* a survivor's directory is not what its rank resumes from */
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN)); /* b's report is awaited */
+    preflight_ckpt("b", "step_1");
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert(!has_event_with("checkpoint_diverged", "step_9"));
+}
+END_TEST
+
 START_TEST(plan_that_does_not_fit_is_refused_naming_the_device)
 {
     setup_spec(1, 3);
@@ -2508,6 +2582,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
     tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
+    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
     tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
     suite_add_tcase(s, tc);

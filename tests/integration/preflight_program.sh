@@ -10,7 +10,9 @@
 #    Python's ModuleNotFoundError, while node a's interpreter imports it;
 # 3. its checkpoint_dir's latest checkpoint differs from a's (node-local
 #    dirs): the generation is not started, an event names each node and
-#    what it has; copying the checkpoint lets the generation start.
+#    what it has; copying the checkpoint lets the generation start;
+# 4. the same before a restart: b's checkpoint is deleted while the job
+#    runs, a rank is killed, and generation 2 waits until they agree.
 set -eu
 . tests/itest-lib.sh
 
@@ -118,5 +120,19 @@ echo "diverged: reported, generation held: $(status | python3 -c 'import json,sy
 cp -r "$ITEST_DIR/a/ckpt/global_step40" "$ITEST_DIR/a/ckpt/latest" "$ITEST_DIR/b/ckpt/"
 wait_for 20 'running == 2 and d["restarts"] == 0' || fail "diverged: the generation did not start once they agree"
 echo "diverged: fixed (checkpoint copied): generation running, restarts 0"
+# 4. the same at a restart: b's checkpoint is lost while the job runs, then a rank dies
+rm -rf "$ITEST_DIR/b/ckpt/"*
+rank=$(pgrep -f "$BUILD/tests/fake-rank" -P "$AGENT_PID" | head -n 1)
+[ -n "$rank" ] || fail "restart: no rank of node b to kill"
+kill -9 "$rank"
+wait_event 20 "checkpoint_dir differs between nodes: node . has [a-z_0-9]*, node . has [a-z_0-9]*; generation not started" \
+    || fail "restart: no checkpoint_diverged event before generation 2"
+check 'd["generation"] == 2 and running == 0 and d["restarts"] == 1 and "node b has none" in d["reason"]' \
+    || fail "restart: generation 2 started with diverging checkpoints (or more than one restart spent)"
+echo "restart: held before generation 2: $(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["reason"])')"
+cp -r "$ITEST_DIR/a/ckpt/global_step40" "$ITEST_DIR/a/ckpt/latest" "$ITEST_DIR/b/ckpt/"
+wait_for 20 'd["generation"] == 2 and running == 2 and d["restarts"] == 1' \
+    || fail "restart: generation 2 did not start once the checkpoints agree"
+echo "restart: fixed: generation 2 running, 1 restart (the rank's)"
 stop_all
 echo "preflight_program: ok"
