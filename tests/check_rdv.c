@@ -2239,14 +2239,21 @@ static void preflight_ckpt(const char *node, const char *checkpoint)
     rdv_message(&rdv, node, &m, now);
 }
 
-START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
+/* A 2-node rank_cmd job that compares checkpoints by rule; nodes a and b joined, their pre-flight pending. */
+static void ckpt_job(const char *rule)
 {
     setup_spec(2, 3);
+    spec.restart_backoff_ms = 0;
     ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
     snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
-    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "file:latest");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "%s", rule);
     ck_assert_int_eq(join_checked("a", 1, 0), 0);
     ck_assert_int_eq(join_checked("b", 1, 0), 0);
+}
+
+START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
+{
+    ckpt_job("file:latest");
     int from = rec.nsent;
     preflight_ckpt("a", "global_step40");
     preflight_ckpt("b", "");
@@ -2270,13 +2277,8 @@ END_TEST
 
 START_TEST(diverging_checkpoints_may_be_accepted)
 {
-    setup_spec(2, 3);
-    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
-    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
-    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "glob:step_*");
+    ckpt_job("glob:step_*");
     spec.checkpoint_diverged_ok = 1;
-    ck_assert_int_eq(join_checked("a", 1, 0), 0);
-    ck_assert_int_eq(join_checked("b", 1, 0), 0);
     int from = rec.nsent;
     preflight_ckpt("a", "step_2");
     preflight_ckpt("b", "step_1");
@@ -2287,13 +2289,7 @@ END_TEST
 
 START_TEST(after_a_failure_fresh_starters_report_their_checkpoint_again)
 {
-    setup_spec(2, 3);
-    spec.restart_backoff_ms = 0;
-    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
-    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
-    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "file:latest");
-    ck_assert_int_eq(join_checked("a", 1, 0), 0);
-    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    ckpt_job("file:latest");
     preflight_ckpt("a", "");
     preflight_ckpt("b", "");
     beat("a", 1, 0, 1, PROTO_RANK_RUNNING, 50);
@@ -2336,13 +2332,7 @@ END_TEST
 
 START_TEST(ranks_that_rejoin_in_place_are_not_compared)
 {
-    setup_spec(2, 3);
-    spec.restart_backoff_ms = 0;
-    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
-    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
-    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "glob:step_*");
-    ck_assert_int_eq(join_checked("a", 1, 0), 0);
-    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    ckpt_job("glob:step_*");
     preflight_ckpt("a", "step_1");
     preflight_ckpt("b", "step_1");
     beat_rejoin = 1; /* the ranks can heal in place (the Elastic API) */
