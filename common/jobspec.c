@@ -1,6 +1,7 @@
 #include "common/jobspec.h"
 #include "common/conf.h"
 #include "common/plan_prog.h"
+#include "common/preflight.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,7 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-enum key_type { KEY_INT, KEY_INT_AUTO, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD }; /* INT_AUTO: or "auto" (-1) */
+/* INT_AUTO: or "auto" (-1); LIST: an array of non-empty strings, packed as KEY_CMD is */
+enum key_type { KEY_INT, KEY_INT_AUTO, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD, KEY_LIST };
 
 struct key_def {
     const char *name;
@@ -62,6 +64,31 @@ static const struct key_def keys[] = {
      "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
      "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
      "the program; 0: off"},
+    {"require_readable", KEY_LIST, F(require_readable), 0, 0, 0, "",
+     "paths (files or directories, e.g. the data) every node must be able to read before its ranks start; a "
+     "node that cannot is unfit, with the path and the error, and spends no restart (docs/troubleshooting.md); a "
+     "relative path is the agent's working directory's, where ranks start"},
+    {"require_writable", KEY_LIST, F(require_writable), 0, 0, 0, "",
+     "directories (e.g. where the program writes checkpoints) that must exist and be writable on every node, "
+     "with require_free_mb free; else the node is unfit"},
+    {"require_free_mb", KEY_INT, F(require_free_mb), 0, 1073741824, 0, NULL,
+     "MiB each require_writable directory must have free"},
+    {"require_python", KEY_STRING, F(require_python), 0, 0, 0, "",
+     "the Python interpreter of require_python_modules: a path or a name looked up on the agent's PATH; empty "
+     "= the rank program's (rank_cmd's first word when it is python*, else its #! interpreter)"},
+    {"require_python_modules", KEY_LIST, F(require_python_modules), 0, 0, 0, "",
+     "modules the program imports (e.g. [\"torch\", \"deepspeed\"]): each node runs `INTERPRETER -c 'import "
+     "...'` with a rank's environment before its ranks start and is unfit, with the import's last line, when it "
+     "fails; a success is remembered per interpreter, environment and modules"},
+    {"require_python_timeout_s", KEY_INT, F(require_python_timeout_s), 1, 3600, 120, NULL,
+     "the import check is killed, and the node unfit, after this long"},
+    {"checkpoint_latest", KEY_STRING, F(checkpoint_latest), 0, 0, 0, "",
+     "how a node reads its latest checkpoint in checkpoint_dir: \"file:NAME\" (the first line of that file, as "
+     "DeepSpeed's `latest`) or \"glob:PATTERN\" (the matching name that sorts last, global_step9 before "
+     "global_step10); every node reports it and a generation whose nodes differ does not start "
+     "(docs/troubleshooting.md); empty = not compared"},
+    {"checkpoint_diverged_ok", KEY_INT, F(checkpoint_diverged_ok), 0, 1, 0, NULL,
+     "1: start even when the nodes' latest checkpoints differ (the difference is still reported); 0: wait"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
@@ -137,7 +164,8 @@ void job_spec_defaults(struct job_spec *spec)
         case KEY_I64: *(int64_t *)p = (int64_t)k->def; break;
         case KEY_DOUBLE: *(double *)p = k->def; break;
         case KEY_STRING: snprintf(p, k->size, "%s", k->sdef); break;
-        case KEY_CMD: p[0] = p[1] = '\0'; break;
+        case KEY_CMD:
+        case KEY_LIST: p[0] = p[1] = '\0'; break;
         }
     }
 }
@@ -154,6 +182,27 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
                    struct job_spec *spec, char *err, size_t errlen)
 {
     char *p = (char *)spec + k->offset;
+    if (k->type == KEY_LIST) {
+        size_t i;
+        json_t *e;
+        if (!json_is_array(v) || json_array_size(v) == 0) {
+            fail(err, errlen, "%s: %s: expected a non-empty array of strings, got %s", origin, k->name,
+                 json_is_array(v) ? "an empty array" : conf_json_kind(v));
+            return -EINVAL;
+        }
+        json_array_foreach(v, i, e) {
+            if (!json_is_string(e) || json_string_length(e) == 0 || memchr(json_string_value(e), '\0', json_string_length(e))) {
+                fail(err, errlen, "%s: %s[%zu]: expected a non-empty string without NUL", origin, k->name, i);
+                return -EINVAL;
+            }
+        }
+        if (cmdline_from_json(v, p, k->size, NULL, 0) != 0) {
+            fail(err, errlen, "%s: %s: expected at most %d entries of %zu bytes in all", origin, k->name,
+                 CMDLINE_ARGS, k->size - 2);
+            return -EINVAL;
+        }
+        return 0;
+    }
     if (k->type == KEY_CMD) {
         char why[200];
         if (cmdline_from_json(v, p, k->size, why, sizeof(why)) != 0) {
@@ -211,7 +260,42 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     case KEY_I64: *(int64_t *)p = (int64_t)json_integer_value(v); break;
     case KEY_DOUBLE: *(double *)p = d; break;
     case KEY_STRING:
-    case KEY_CMD: break;
+    case KEY_CMD:
+    case KEY_LIST: break;
+    }
+    return 0;
+}
+
+/* The require_* and checkpoint_latest keys, together. */
+static int check_needs(const struct job_spec *spec, const char *origin, char *err, size_t errlen)
+{
+    for (const char *m = spec->require_python_modules; *m; m += strlen(m) + 1)
+        if (!preflight_module_valid(m)) {
+            fail(err, errlen, "%s: require_python_modules: expected module names (letters, digits, _ and dots, "
+                 "as in torch.distributed), got \"%s\"", origin, m);
+            return -EINVAL;
+        }
+    if (spec->require_python[0] && !spec->require_python_modules[0]) {
+        fail(err, errlen, "%s: require_python: expected require_python_modules too (the modules to import)", origin);
+        return -EINVAL;
+    }
+    if (spec->require_free_mb && !spec->require_writable[0]) {
+        fail(err, errlen, "%s: require_free_mb: expected require_writable too (the directories it applies to)",
+             origin);
+        return -EINVAL;
+    }
+    const char *rule = spec->checkpoint_latest;
+    if (!rule[0])
+        return 0;
+    if (!spec->checkpoint_dir[0]) {
+        fail(err, errlen, "%s: checkpoint_latest: expected checkpoint_dir too (the directory it reads)", origin);
+        return -EINVAL;
+    }
+    int file = strncmp(rule, "file:", 5) == 0, glob = strncmp(rule, "glob:", 5) == 0;
+    if ((!file && !glob) || !rule[5] || strchr(rule + 5, '/')) {
+        fail(err, errlen, "%s: checkpoint_latest: expected \"file:NAME\" (a file name in checkpoint_dir) or "
+             "\"glob:PATTERN\" (of names in it), got \"%s\"", origin, rule);
+        return -EINVAL;
     }
     return 0;
 }
@@ -297,6 +381,8 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: lr_min: expected at most lr (%g), got %g", origin, spec->lr, spec->lr_min);
         return -EINVAL;
     }
+    if (check_needs(spec, origin, err, errlen) != 0)
+        return -EINVAL;
     if (spec->name[0] == '\0') {
         fail(err, errlen, "%s: name: expected a non-empty string", origin);
         return -EINVAL;
@@ -340,6 +426,10 @@ void job_spec_print_doc(FILE *out)
             break;
         case KEY_INT_AUTO:
             fprintf(out, "| `%s` | integer or `\"auto\"` | `\"auto\"` | %.0f to %.0f | %s |\n", k->name, k->min, k->max,
+                    k->doc);
+            break;
+        case KEY_LIST:
+            fprintf(out, "| `%s` | array of strings | unset | at most %zu bytes | %s |\n", k->name, k->size - 2,
                     k->doc);
             break;
         case KEY_CMD:

@@ -21,6 +21,7 @@
 
 #define JOB_NAME_MAX 64
 #define JOB_PATH_MAX 1024
+#define JOB_LIST_MAX 2048 /* packed list of strings (common/cmdline.h's packing) */
 
 struct job_spec {
     /* control plane */
@@ -40,6 +41,16 @@ struct job_spec {
     int restart_window_s;      /* only restarts this recent count toward max_restarts; 0 = all */
     int python_hook;           /* Python ranks start with muster's start-up hook (1) or not (0) */
     char rank_cmd[CMDLINE_MAX]; /* the program of every rank, packed (common/cmdline.h); unset = the agent's */
+
+    /* what the program needs on every node (the agent's pre-flight, common/preflight.h) */
+    char require_readable[JOB_LIST_MAX]; /* packed paths */
+    char require_writable[JOB_LIST_MAX]; /* packed directories */
+    int require_free_mb;                 /* free space each require_writable directory must have */
+    char require_python[JOB_PATH_MAX];   /* interpreter; "" = the rank program's */
+    char require_python_modules[JOB_LIST_MAX]; /* packed module names; unset = no import check */
+    int require_python_timeout_s;        /* the import check's time bound */
+    char checkpoint_latest[256];         /* "file:NAME" or "glob:PATTERN" in checkpoint_dir; "" = not compared */
+    int checkpoint_diverged_ok;          /* 1: nodes may start with different latest checkpoints */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */

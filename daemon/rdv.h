@@ -111,6 +111,11 @@ struct rdv_node {
     char unfit_reason[PROTO_REASON_MAX]; /* the pre-flight's */
     char plan_unfit[PROTO_REASON_MAX];   /* "": the plan fits its memory */
     uint64_t unfit_since_ms; /* when it last became unfit or checking */
+    int has_checkpoint;    /* a PREFLIGHT since its join (or since the last generation ended) named its
+                            * latest checkpoint (checkpoint_latest); cleared when a generation is assigned */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
+    int reports_checkpoint; /* it has named one: it names it again when a generation ends */
+    int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
 };
 
 struct rdv_rank {
@@ -259,6 +264,8 @@ struct rdv {
      * again, start_timeout_ms counted from then). */
     enum rdv_job_state resume_to;
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
+    uint64_t checkpoint_wait_ms; /* since when the generation waits for members' checkpoint reports; 0 = not */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step
      * boundary (COMMAND yield): the node to take, and until when to wait. */

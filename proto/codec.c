@@ -322,7 +322,7 @@ static int dec_welcome(json_t *o, struct proto_welcome *w)
 
 static int dec_preflight(json_t *o, struct proto_preflight *p)
 {
-    static const char *const keys[] = {"fit", "reason", "trainer", NULL};
+    static const char *const keys[] = {"fit", "reason", "trainer", "checkpoint", NULL};
     json_t *fit;
 
     TRY(check_keys(o, keys));
@@ -331,6 +331,9 @@ static int dec_preflight(json_t *o, struct proto_preflight *p)
         return PROTO_E_MISSING;
     TRY(get_bool(o, "fit", &p->fit));
     TRY(get_str(o, "reason", p->reason, sizeof(p->reason)));
+    p->has_checkpoint = json_object_get(o, "checkpoint") != NULL;
+    if (p->has_checkpoint)
+        TRY(get_str(o, "checkpoint", p->checkpoint, sizeof(p->checkpoint)));
     return get_bool(o, "trainer", &p->trainer);
 }
 
@@ -948,6 +951,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     case PROTO_PREFLIGHT:
         TRY(put(o, "fit", json_boolean(m->u.preflight.fit)));
         TRY(put(o, "reason", json_string(m->u.preflight.reason)));
+        if (m->u.preflight.has_checkpoint)
+            TRY(put(o, "checkpoint", json_string(m->u.preflight.checkpoint)));
         return m->u.preflight.trainer ? put(o, "trainer", json_true()) : PROTO_OK;
     case PROTO_STACKS:
         TRY(put_uint(o, "generation", m->u.stacks.generation));

@@ -34,6 +34,7 @@
 
 #define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
 #define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
+#define PROTO_CKPT_NAME_MAX 201  /* a latest checkpoint's name in PREFLIGHT */
 #define PROTO_DETAIL_MAX 4096    /* RANK_EXIT detail: the tail of a traceback or stderr */
 #define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
@@ -195,6 +196,9 @@ struct proto_preflight {
     int fit;                       /* every check passed */
     char reason[PROTO_REASON_MAX]; /* the first failure; "" exactly when fit */
     int trainer;                   /* the node's ranks are muster-train (the plan applies) */
+    /* Optional (the job names checkpoint_latest): */
+    int has_checkpoint;            /* the node read its checkpoint_dir */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* its latest checkpoint; "" = none there */
 };
 
 struct proto_reject {

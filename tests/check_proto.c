@@ -219,6 +219,8 @@ static void sample(int type, struct proto_msg *m)
         m->u.preflight.fit = 0;
         m->u.preflight.trainer = 1;
         strcpy(m->u.preflight.reason, "data /data/shard0.bin: No such file or directory \xe2\x82\xac");
+        m->u.preflight.has_checkpoint = 1;
+        strcpy(m->u.preflight.checkpoint, "global_step40");
         break;
     case PROTO_STACKS: {
         struct proto_stacks *k = &m->u.stacks;
@@ -288,6 +290,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_int_eq(a->u.preflight.fit, b->u.preflight.fit);
         ck_assert_int_eq(a->u.preflight.trainer, b->u.preflight.trainer);
         ck_assert_str_eq(a->u.preflight.reason, b->u.preflight.reason);
+        ck_assert_int_eq(a->u.preflight.has_checkpoint, b->u.preflight.has_checkpoint);
+        ck_assert_str_eq(a->u.preflight.checkpoint, b->u.preflight.checkpoint);
         break;
     case PROTO_REJECT:
         ck_assert_str_eq(a->u.reject.code, b->u.reject.code);
@@ -1013,7 +1017,7 @@ START_TEST(every_field_is_required)
                            (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
-                           (t == PROTO_PREFLIGHT && !strcmp(key, "trainer")) ||
+                           (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
                            (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error")));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);

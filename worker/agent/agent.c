@@ -149,6 +149,8 @@ struct agent {
     bool trainer;            /* the held job's ranks are muster-train */
     char preflight_said[PROTO_REASON_MAX]; /* the verdict last logged ("" = fit) */
     bool preflight_logged;   /* since this join: repeats of the same verdict are not logged */
+    char preflight_ckpt[PROTO_CKPT_NAME_MAX]; /* the latest checkpoint last reported; with */
+    bool preflight_had_ckpt; /* whether one was: a fit node's same report again is not sent */
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
@@ -1417,6 +1419,8 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         finish_stacks(a, false);
 }
 
+static void recheck_checkpoint(struct agent *a);
+
 static void on_command(struct agent *a, const struct proto_command_msg *c)
 {
     if (stale(a, "COMMAND", c->generation))
@@ -1427,6 +1431,7 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         a->cur_gen = c->generation;
         a->spawn_pending = false;
         stop_all(a, c->generation);
+        recheck_checkpoint(a);
         break;
     case PROTO_CMD_PARK: {
         log_info("daemon: generation over, park (generation %" PRIu64 " is next)", c->generation);
@@ -1447,6 +1452,7 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
                          r->heard_ms ? (double)(uv_now(a->loop) - r->heard_ms) / 1000.0 : 0.0);
             rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
         }
+        recheck_checkpoint(a);
         break;
     }
     case PROTO_CMD_START:
@@ -1543,13 +1549,25 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
     m.u.preflight.trainer = a->trainer;
     snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", fit ? "" : reason);
     proto_text_sanitize(m.u.preflight.reason);
-    if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
+    m.u.preflight.has_checkpoint = fit && p->res.has_checkpoint;
+    if (m.u.preflight.has_checkpoint) {
+        snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
+        proto_text_sanitize(m.u.preflight.checkpoint);
+    }
+    bool same = a->preflight_logged && strcmp(a->preflight_said, m.u.preflight.reason) == 0;
+    if (!same) {
         if (fit)
             log_info("pre-flight checks pass");
         else
             log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
     }
+    /* a fit node checks again only to follow its latest checkpoint: musterd hears of changes */
+    if (same && fit && a->preflight_had_ckpt == (bool)m.u.preflight.has_checkpoint &&
+        strcmp(a->preflight_ckpt, m.u.preflight.checkpoint) == 0)
+        return;
     snprintf(a->preflight_said, sizeof(a->preflight_said), "%s", m.u.preflight.reason);
+    snprintf(a->preflight_ckpt, sizeof(a->preflight_ckpt), "%s", m.u.preflight.checkpoint);
+    a->preflight_had_ckpt = m.u.preflight.has_checkpoint;
     a->preflight_logged = true;
     send_to_daemon(a, &m);
 }
@@ -1561,33 +1579,71 @@ static bool runs_trainer(const struct agent *a, const struct job_spec *spec)
     char **argv = rank_command(a, spec, &from_job);
     const char *prog = argv && argv[0] ? argv[0] : "";
     const char *base = strrchr(prog, '/');
-    return strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    bool trainer = strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    if (from_job)
+        cmdline_free(argv);
+    return trainer;
+}
+
+/* What a pre-flight of spec checks on this node (the clock aside). */
+static void preflight_inputs_of(struct agent *a, const struct job_spec *spec, struct preflight_inputs *in)
+{
+    memset(in, 0, sizeof(*in));
+    in->spec = *spec;
+    a->trainer = runs_trainer(a, spec);
+    in->trainer = a->trainer;
+    in->kind = a->cfg->devices.kind;
+    in->ndevices = a->cfg->devices.n;
+    memcpy(in->devices, a->cfg->devices.ids, sizeof(in->devices));
+    bool from_job;
+    char **argv = rank_command(a, spec, &from_job);
+    int argc = 0;
+    while (argv && argv[argc])
+        argc++;
+    if (argc == 0 || cmdline_from_argv(argc, argv, in->cmd, sizeof(in->cmd)) != 0)
+        in->cmd[0] = in->cmd[1] = '\0';
+    if (from_job)
+        cmdline_free(argv);
+    python_hook_path(a, spec, a->trainer, in->python_path, sizeof(in->python_path));
+    snprintf(in->node, sizeof(in->node), "%s", a->cfg->node);
 }
 
 /* The pre-flight HELLO promised, of the job WELCOME carries. */
 static void start_preflight(struct agent *a, const struct proto_welcome *w)
 {
-    struct preflight_inputs in = {0};
+    static struct preflight_inputs in; /* large; the loop thread's alone */
+    struct job_spec spec;
     char err[PREFLIGHT_WHY_MAX];
     a->preflight_logged = false;
-    if (!w->job || job_spec_from_json(w->job, "WELCOME", &in.spec, err, sizeof(err)) != 0) {
+    if (!w->job || job_spec_from_json(w->job, "WELCOME", &spec, err, sizeof(err)) != 0) {
         if (!w->job)
             snprintf(err, sizeof(err), "musterd sent no job to check");
         a->trainer = false;
         on_preflight_done(&a->pf, !w->job, err);
         return;
     }
-    a->trainer = runs_trainer(a, &in.spec);
-    in.trainer = a->trainer;
-    in.kind = a->cfg->devices.kind;
-    in.ndevices = a->cfg->devices.n;
-    memcpy(in.devices, a->cfg->devices.ids, sizeof(in.devices));
+    preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = wall_ms();
         in.have_clock = true;
         in.rtt_ms = now - a->hello_wall_ms;
         in.skew_ms = now - (int64_t)w->time_ms;
     }
+    agent_preflight_start(&a->pf, &in);
+}
+
+/*
+ * A generation is over (COMMAND park or stop) and the job names
+ * checkpoint_latest: the node checks again and reports the latest checkpoint
+ * it has now, which musterd compares before the next generation starts.
+ */
+static void recheck_checkpoint(struct agent *a)
+{
+    static struct preflight_inputs in;
+    if (!a->have_assign || !a->spec.checkpoint_latest[0])
+        return;
+    preflight_inputs_of(a, &a->spec, &in);
+    a->preflight_logged = false; /* the report goes out even when it is what it was */
     agent_preflight_start(&a->pf, &in);
 }
 
