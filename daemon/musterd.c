@@ -297,6 +297,7 @@ static void take_over(struct daemon *d, struct store_event *ev)
         }
     }
     d->leading = 1;
+    d->rdv.term = (uint64_t)ev->term;
     log_info("leading job %s (term %lld): %s", d->rdv.spec->name, (long long)ev->term,
              ev->state ? "state loaded from etcd; agents resume their sessions" : "no stored state: a fresh job");
     char note[PROTO_REASON_MAX];
@@ -478,6 +479,7 @@ static void on_tick(uv_timer_t *t)
             struct proto_msg m = {.type = PROTO_COMMAND};
             m.u.command.generation = d->rdv.generation;
             m.u.command.action = PROTO_CMD_SHUTDOWN;
+            m.u.command.term = d->rdv.term;
             for (uint32_t i = 0; i < d->rdv.nnodes; i++)
                 if (d->rdv.nodes[i].state == RDV_NODE_JOINED)
                     server_send(d->server, d->rdv.nodes[i].name, &m);

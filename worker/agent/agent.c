@@ -1626,6 +1626,48 @@ static void protocol_violation(struct agent *a, const struct proto_msg *msg)
     link_lost(a, why);
 }
 
+/* The term a frame says it was sent in (0: none). */
+static uint64_t *frame_term(struct proto_msg *msg)
+{
+    switch (msg->type) {
+    case PROTO_WELCOME: return &msg->u.welcome.term;
+    case PROTO_ASSIGN: return &msg->u.assign.term;
+    case PROTO_UNIQUE_ID: return &msg->u.unique_id.term;
+    case PROTO_COMMAND: return &msg->u.command.term;
+    default: return NULL;
+    }
+}
+
+/*
+ * Fencing by term (PROTOCOL.md "Terms"): a frame of a term lower than one
+ * seen comes from a musterd that led once and no longer does (it was stopped
+ * or cut off past its lease, and another was elected meanwhile). It is not
+ * obeyed; the agent leaves that daemon for the next. Otherwise the term is
+ * taken, and cleared: ranks are not told terms. True when refused.
+ */
+static bool refuse_deposed(struct agent *a, struct proto_msg *msg)
+{
+    uint64_t *term = frame_term(msg);
+    if (!term)
+        return false;
+    uint64_t known = a->daemons.term;
+    if (daemon_list_term(&a->daemons, *term) == 0) {
+        if (*term > known && known)
+            log_info("daemon at %s leads in term %" PRIu64 " (was %" PRIu64 ")", a->daemon, *term, known);
+        *term = 0;
+        return false;
+    }
+    log_warn("%s of term %" PRIu64 " from the daemon at %s refused: term %" PRIu64
+             " was seen, so that daemon no longer leads",
+             proto_type_name(msg->type), *term, a->daemon, known);
+    link_lost(a, "it sent a frame of a deposed leader's term");
+    if (a->daemons.n > 1) {
+        daemon_list_next(&a->daemons); /* the retry goes there */
+        use_daemon(a);
+    }
+    return true;
+}
+
 static void daemon_msg(struct fconn *c, struct proto_msg *msg)
 {
     struct agent *a = c->data;
@@ -1643,6 +1685,8 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         log_warn("daemon reports an error: %s: %s", msg->u.error.code, msg->u.error.reason);
         return;
     }
+    if (refuse_deposed(a, msg))
+        return;
     switch (a->link) {
     case LINK_HELLO:
         if (msg->type != PROTO_CHALLENGE) {
