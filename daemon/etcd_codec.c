@@ -259,6 +259,33 @@ int etcd_parse_keepalive(const char *text, size_t len, int64_t *ttl, char *err, 
     return rc;
 }
 
+int etcd_parse_status(const char *text, size_t len, int *has_leader, char *why, size_t whylen, char *err,
+                      size_t errlen)
+{
+    json_t *doc;
+    *has_leader = 0;
+    if (whylen)
+        why[0] = '\0';
+    int rc = load(text, len, "the member's status", &doc, err, errlen);
+    if (rc)
+        return rc;
+    /* A member id is a u64 in a string: only whether it is 0 matters here. */
+    const json_t *leader = json_object_get(doc, "leader");
+    const char *id = json_string_value(leader);
+    const json_t *errors = json_object_get(doc, "errors");
+    if ((leader && (!id || !*id || strspn(id, "0123456789") != strlen(id))) || (errors && !json_is_array(errors)) ||
+        !json_is_object(json_object_get(doc, "header"))) {
+        rc = bad(err, errlen, "the member's status", "a malformed leader, errors or header");
+    } else {
+        *has_leader = id && strspn(id, "0") != strlen(id);
+        const char *first = json_string_value(json_array_get(errors, 0));
+        if (first && whylen)
+            snprintf(why, whylen, "%s", first);
+    }
+    json_decref(doc);
+    return rc;
+}
+
 int etcd_parse_txn(const char *text, size_t len, int *succeeded, int64_t *revision, struct etcd_kv *kv, char *err,
                    size_t errlen)
 {

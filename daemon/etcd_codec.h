@@ -1,7 +1,7 @@
 /*
  * etcd_codec: the requests and answers of etcd's v3 JSON gateway
  * (/v3/kv/txn, /v3/kv/range, /v3/lease/grant, /v3/lease/keepalive,
- * /v3/lease/revoke, /v3/watch) as text, and the store's endpoint list.
+ * /v3/lease/revoke, /v3/watch, /v3/maintenance/status) as text, and the store's endpoint list.
  * Pure code: no socket, no thread, so that it is unit-tested on raw bytes.
  *
  * On that gateway keys and values are base64 (OpenSSL's EVP routines here)
@@ -64,6 +64,15 @@ int etcd_parse_keepalive(const char *text, size_t len, int64_t *ttl, char *err, 
 int etcd_parse_txn(const char *text, size_t len, int *succeeded, int64_t *revision, struct etcd_kv *kv, char *err,
                    size_t errlen);
 int etcd_parse_range(const char *text, size_t len, int64_t *revision, struct etcd_kv *kv, char *err, size_t errlen);
+
+/*
+ * /v3/maintenance/status of one member (body "{}"): whether it knows a
+ * raft leader (*has_leader: "leader" is a member id other than 0). A member
+ * without quorum answers none, with "etcdserver: no leader" among its
+ * "errors": that text, or the first error, goes to why ("" = none).
+ */
+int etcd_parse_status(const char *text, size_t len, int *has_leader, char *why, size_t whylen, char *err,
+                      size_t errlen);
 
 /* One message of a watch stream (one line). */
 struct etcd_watch_msg {

@@ -317,6 +317,20 @@ static void on_store_event(void *ctx, struct store_event *ev)
             log_info("standing by: %s leads job %s (term %lld)", ev->leader[0] ? ev->leader : "another musterd",
                      d->rdv.spec->name, (long long)ev->term);
             break;
+        case STORE_NO_QUORUM: {
+            /* Nobody can be elected meanwhile: the running generation goes on. */
+            char note[PROTO_REASON_MAX];
+            snprintf(note, sizeof(note),
+                     "store: no quorum: %s; the running generation goes on, a new one waits for quorum", ev->why);
+            log_warn("%s", note);
+            notify_sendf("STATUS=leading, etcd without quorum: holding the running generation");
+            rdv_note(&d->rdv, "store", note);
+            break;
+        }
+        case STORE_QUORUM:
+            log_info("store: %s", ev->why);
+            rdv_note(&d->rdv, "store", ev->why);
+            break;
         case STORE_DEPOSED:
             /* Never acts again: it goes, and comes back (systemd's Restart=) as a standby. */
             log_error("no longer leading job %s (term %lld): %s; stepping down", d->rdv.spec->name,
@@ -338,6 +352,23 @@ static char *render(json_t *doc, const char *what)
     if (!text)
         log_error("internal: cannot render the %s document", what);
     return text;
+}
+
+/* /v1/status "store": this musterd's part in the election and etcd's quorum. */
+static json_t *store_status_json(struct daemon *d)
+{
+    char leader[LEADER_ADDR_MAX];
+    store_leader(d->store, leader, sizeof(leader));
+    uint64_t since = store_no_quorum_since(d->store);
+    json_t *o = json_pack("{s:s, s:s?, s:b}", "role", d->leading ? "leader" : "standby", "leader",
+                          leader[0] ? leader : NULL, "quorum", !since);
+    if (o && d->leading)
+        json_object_set_new(o, "term", json_integer((json_int_t)d->rdv.term));
+    if (o && since) {
+        uint64_t now = uv_hrtime() / 1000000; /* CLOCK_MONOTONIC, as the store's */
+        json_object_set_new(o, "no_quorum_s", json_real((double)(now > since ? now - since : 0) / 1000.0));
+    }
+    return o;
 }
 
 static void publish(struct daemon *d)
@@ -374,6 +405,8 @@ static void publish(struct daemon *d)
         free(events);
         free(history);
     }
+    if (v && d->store)
+        json_object_set_new(v->head, "store", store_status_json(d));
     if (v && d->stacks) {
         snap_shared_ref(d->stacks);
         v->stacks = d->stacks;

@@ -132,6 +132,14 @@ int store_acting(struct store *s)
     return acting;
 }
 
+uint64_t store_no_quorum_since(struct store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    uint64_t since = s->el.role == LEADER_LEADING ? s->el.no_quorum_since : 0;
+    pthread_mutex_unlock(&s->lock);
+    return since;
+}
+
 void store_leader(struct store *s, char *out, size_t cap)
 {
     pthread_mutex_lock(&s->lock);
@@ -198,11 +206,12 @@ static void set_common(CURL *h, const char *url, const char *body, struct buf *r
  * answer in resp (an etcd error too: its parser says so), or -EIO when the
  * member did not answer (and the next member is the current one).
  */
-static int request(struct store *s, CURL *h, const char *path, const char *body, long timeout_ms, struct buf *resp,
-                   char *err, size_t errlen)
+/* POSTs body to path on member i (one try): 0 with the answer in resp, or
+ * -EIO (no answer; err says why, *curl_rc how). */
+static int request_to(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
+                      struct buf *resp, char *err, size_t errlen, CURLcode *curl_rc)
 {
     char url[ETCD_URL_MAX + 64];
-    int i = member(s);
     snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
     resp->len = 0;
     set_common(h, url, body, resp);
@@ -210,12 +219,28 @@ static int request(struct store *s, CURL *h, const char *path, const char *body,
     CURLcode rc = curl_easy_perform(h);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    *curl_rc = rc;
     if (rc == CURLE_OK && resp->len > 0 && (status == 200 || status >= 400))
         return 0;
     if (rc == CURLE_OK)
         snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
     else
         snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, curl_easy_strerror(rc));
+    return -EIO;
+}
+
+/*
+ * POSTs body to path on the current member (one try). Returns 0 with the
+ * answer in resp (an etcd error too: its parser says so), or -EIO when the
+ * member did not answer (and the next member is the current one).
+ */
+static int request(struct store *s, CURL *h, const char *path, const char *body, long timeout_ms, struct buf *resp,
+                   char *err, size_t errlen)
+{
+    CURLcode rc;
+    int i = member(s);
+    if (request_to(s, h, i, path, body, timeout_ms, resp, err, errlen, &rc) == 0)
+        return 0;
     next_member(s, i, rc == CURLE_OK ? "no answer" : curl_easy_strerror(rc));
     return -EIO;
 }
@@ -346,6 +371,31 @@ static void announce(struct store *s, CURL *h, struct buf *resp)
     pthread_mutex_unlock(&s->lock);
 }
 
+/*
+ * Every member is asked whether it knows a raft leader (its status: served
+ * by the member itself, without quorum). A short timeout each: the probe
+ * runs in the keepalive's cadence.
+ */
+static void probe_quorum(struct store *s, CURL *h, struct buf *resp, int *answered, int *with_leader, char *why,
+                         size_t whylen)
+{
+    long timeout = (long)(s->el.ttl_ms / LEADER_KEEPALIVES); /* ttl_ms is set once: no lock */
+    for (int i = 0; i < s->ep.n && !stopping(s); i++) {
+        char err[512], said[LEADER_WHY_MAX];
+        CURLcode crc;
+        int has = 0;
+        if (request_to(s, h, i, "/v3/maintenance/status", "{}", timeout, resp, err, sizeof(err), &crc) != 0 ||
+            etcd_parse_status(resp->p, resp->len, &has, said, sizeof(said), err, sizeof(err)) != 0) {
+            log_debug("etcd: status of member %s: %s", s->ep.url[i], err);
+            continue;
+        }
+        (*answered)++;
+        *with_leader += has;
+        if (!has && said[0] && !why[0])
+            snprintf(why, whylen, "%s", said);
+    }
+}
+
 static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
 {
     char err[512];
@@ -361,21 +411,41 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
     free(body);
     if (rc == 0)
         rc = etcd_parse_keepalive(resp->p, resp->len, &ttl, err, sizeof(err));
+    if (rc != 0)
+        log_warn_limited("etcd: lease keepalive failed: %s", err);
+    /* Failed for want of quorum (members answer, none knows a raft leader),
+     * or because this musterd is cut off (none answers)? */
+    int answered = 0, with_leader = 0;
+    uint64_t probed = mono_ms();
+    char no_leader[LEADER_WHY_MAX] = "";
+    if (rc != 0 && rc != -ENOMEM)
+        probe_quorum(s, h, resp, &answered, &with_leader, no_leader, sizeof(no_leader));
     pthread_mutex_lock(&s->lock);
-    uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now);
-    if (rc == 0)
+    uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now), lost = s->el.no_quorum_since;
+    if (rc == 0) {
         leader_kept(&s->el, sent, ttl);
-    else
+    } else {
+        leader_probed(&s->el, probed, answered, with_leader);
         leader_failed(&s->el, now);
+    }
     int acting = leader_acting(&s->el, now);
+    if (!lost && s->el.no_quorum_since) {
+        struct store_event ev = {.kind = STORE_NO_QUORUM, .term = s->el.term};
+        snprintf(ev.why, sizeof(ev.why), "%d of %d etcd members answer, none knows a raft leader (%s)", answered,
+                 s->ep.n, no_leader[0] ? no_leader : "no leader");
+        post(s, &ev);
+    } else if (lost && !s->el.no_quorum_since && s->el.role == LEADER_LEADING) {
+        struct store_event ev = {.kind = STORE_QUORUM, .term = s->el.term};
+        snprintf(ev.why, sizeof(ev.why), "etcd has a quorum again after %.1f s: the lease was kept",
+                 (double)(now - lost) / 1000.0);
+        post(s, &ev);
+    }
     tell_deposed(s);
     pthread_cond_broadcast(&s->kept);
     pthread_mutex_unlock(&s->lock);
     if (unsure && acting)
         log_info("etcd: a keepalive answered %llu ms before the lease could have ended: acting again",
                  (unsigned long long)(unsure - now));
-    if (rc != 0)
-        log_warn_limited("etcd: lease keepalive failed: %s", err);
 }
 
 struct watch_ctx {

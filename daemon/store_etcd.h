@@ -45,6 +45,8 @@ enum store_event_kind {
     STORE_ELECTED, /* this musterd leads (term); state: the stored state (NULL = none) */
     STORE_STANDBY, /* another leads (leader, term) */
     STORE_DEPOSED, /* this musterd led and no longer does (why) */
+    STORE_NO_QUORUM, /* leading, and etcd lost its quorum: holding (why) */
+    STORE_QUORUM,  /* leading, and etcd has a quorum again (why) */
 };
 
 struct store_event {
@@ -62,8 +64,13 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
                void (*on_event)(void *ctx, struct store_event *ev), void *ctx, char *err, size_t errlen);
 
 /* Leading, with a lease that cannot have ended yet (a fresh CLOCK_MONOTONIC
- * reading). Any thread. Once false after leading, it stays false. */
+ * reading), acting or holding through a quorum loss (daemon/leader.h).
+ * Any thread. Once false after leading, it stays false. */
 int store_acting(struct store *s);
+
+/* Leading through a quorum loss of etcd: since when (CLOCK_MONOTONIC ms);
+ * 0 otherwise. Any thread. */
+uint64_t store_no_quorum_since(struct store *s);
 
 /* The leader as last seen ("" = none known). Any thread. */
 void store_leader(struct store *s, char *out, size_t cap);

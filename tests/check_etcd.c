@@ -173,6 +173,33 @@ START_TEST(answers_parse_as_etcd_writes_them)
 }
 END_TEST
 
+/* A member's status, with a raft leader and without (as 3.4 answers when two
+ * of three members are gone: no "leader", the reason among "errors"). */
+START_TEST(status_says_whether_a_member_knows_a_leader)
+{
+    char err[256], why[128];
+    int has = -1;
+    const char *led = "{" HDR ",\"version\":\"3.4.23\",\"leader\":\"13668033151171901709\",\"raftTerm\":\"2\"}";
+    ck_assert_int_eq(etcd_parse_status(led, strlen(led), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 1);
+    ck_assert_str_eq(why, "");
+    const char *lost = "{" HDR ",\"version\":\"3.4.23\",\"raftTerm\":\"2\",\"errors\":[\"etcdserver: no leader\"]}";
+    ck_assert_int_eq(etcd_parse_status(lost, strlen(lost), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 0);
+    ck_assert_str_eq(why, "etcdserver: no leader");
+    const char *zero = "{" HDR ",\"leader\":\"0\"}";
+    ck_assert_int_eq(etcd_parse_status(zero, strlen(zero), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 0);
+    /* Not a status: named. */
+    const char *bad[] = {"{" HDR ",\"leader\":\"x1\"}", "{" HDR ",\"leader\":7}", "{" HDR ",\"errors\":\"no\"}",
+                         "{\"leader\":\"1\"}", "[]"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(etcd_parse_status(bad[i], strlen(bad[i]), &has, why, sizeof(why), err, sizeof(err)), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(err, "status"));
+    }
+}
+END_TEST
+
 START_TEST(errors_and_garbage_are_named)
 {
     char err[256];
@@ -271,6 +298,60 @@ START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
 }
 END_TEST
 
+/* etcd loses its quorum: members answer, none knows a raft leader. The
+ * leader holds past the keepalives' deadline while such probes keep coming,
+ * and acts again when a keepalive answers. */
+START_TEST(leader_holds_through_a_quorum_loss)
+{
+    struct leader l;
+    uint64_t due;
+    leader_init(&l, 3);
+    leader_granted(&l, 1);
+    leader_campaigned(&l, 1, 5, NULL, 0);
+    leader_kept(&l, 1000, 3);
+    /* A probe that found a leader, or that nobody answered, is no evidence. */
+    leader_probed(&l, 1600, 2, 1);
+    leader_probed(&l, 1700, 0, 0);
+    ck_assert_uint_eq(l.no_quorum_since, 0);
+    /* Two members gone, the third says it has no leader. */
+    leader_probed(&l, 1800, 1, 0);
+    ck_assert_uint_eq(l.no_quorum_since, 1800);
+    ck_assert_int_eq(leader_holding(&l, 2999), 0); /* still acting on the keepalive */
+    ck_assert_int_eq(leader_acting(&l, 2999), 1);
+    ck_assert_int_eq(leader_holding(&l, 3000), 1);
+    ck_assert_int_eq(leader_acting(&l, 3000), 1);
+    ck_assert_uint_eq(leader_unsure(&l, 3000), 0); /* the loop does not wait */
+    /* Past the keepalive's lease (4000): kept by the probes, each younger than the TTL. */
+    leader_failed(&l, 3500);
+    ck_assert_int_eq(leader_next(&l, 3500, &due), LEADER_WAIT); /* a pause between tries */
+    ck_assert_uint_eq(due, 3750);
+    leader_probed(&l, 3500, 1, 0);
+    leader_probed(&l, 5500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 7499), 1);
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+    ck_assert_uint_eq(l.no_quorum_since, 1800);
+    /* Quorum back: the keepalive sent at 7000 answers; acting on it, no longer holding. */
+    leader_kept(&l, 7000, 3);
+    ck_assert_uint_eq(l.no_quorum_since, 0);
+    ck_assert_int_eq(leader_holding(&l, 8000), 0);
+    ck_assert_int_eq(leader_acting(&l, 8999), 1);
+    ck_assert_int_eq(leader_acting(&l, 9000), 0);
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+
+    /* Holding, then cut off from every member: not held past the newest
+     * probe's TTL, deposed when the lease could have ended. */
+    leader_probed(&l, 9500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 11499), 1);
+    ck_assert_int_eq(leader_acting(&l, 11500), 0); /* unsure: a third of the TTL left */
+    ck_assert_uint_eq(leader_unsure(&l, 11500), 12500);
+    /* A probe sent after the lease could have ended proves nothing. */
+    leader_probed(&l, 12500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 12500), 0);
+    ck_assert_int_eq(l.role, LEADER_DEPOSED);
+    ck_assert_ptr_nonnull(strstr(l.why, "no quorum"));
+}
+END_TEST
+
 START_TEST(keepalives_extend_and_failures_retry)
 {
     struct leader l;
@@ -338,11 +419,13 @@ Suite *make_etcd_suite(void)
     tcase_add_test(tc, requests_encode_keys_and_int64s);
     tcase_add_test(tc, answers_parse_as_etcd_writes_them);
     tcase_add_test(tc, errors_and_garbage_are_named);
+    tcase_add_test(tc, status_says_whether_a_member_knows_a_leader);
     suite_add_tcase(s, tc);
     tc = tcase_create("election");
     tcase_add_test(tc, candidate_grants_campaigns_and_leads);
     tcase_add_test(tc, keepalives_extend_and_failures_retry);
     tcase_add_test(tc, unsure_leader_acts_again_when_a_keepalive_answers);
+    tcase_add_test(tc, leader_holds_through_a_quorum_loss);
     tcase_add_test(tc, loser_stands_by_and_runs_when_the_key_goes);
     suite_add_tcase(s, tc);
     return s;

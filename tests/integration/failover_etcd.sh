@@ -139,6 +139,16 @@ grep -q "completed, generation 1," "$ITEST_DIR/musterd1.log" || fail "expected c
 # No agent took a frame of another generation (the deposed leader's included).
 ! grep -h "generation [2-9]" "$ITEST_DIR/agent-a.log" "$ITEST_DIR/agent-b.log" \
     || fail "an agent saw a generation other than 1"
+# Terms: every agent joined three leaders (musterd 1, 2, then 1 again), each
+# in a higher term than the last, and never the deposed musterd 2 again.
+for a in a b; do
+    terms=$(sed -n "s/.*joined daemon at .*leader's term \([0-9]*\)).*/\1/p" "$ITEST_DIR/agent-$a.log" | tr '\n' ' ')
+    echo "agent $a joined leaders of terms: $terms"
+    echo "$terms" | awk '{ if (NF < 3) exit 1; for (i = 2; i <= NF; i++) if ($i <= $(i - 1)) exit 1 }' \
+        || fail "agent $a: the leaders' terms are not increasing: $terms"
+    [ "$(grep -c "joined daemon at 127.0.0.1:$CTL2 " "$ITEST_DIR/agent-$a.log")" -eq 1 ] \
+        || fail "agent $a joined the deposed musterd 2 again"
+done
 got=$(final_loss "$ITEST_DIR/ha.metrics")
 echo "two failovers: final loss $got"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"

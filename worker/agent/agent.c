@@ -1608,10 +1608,13 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     a->unanswered_since = 0;
     a->beats_since_answer = 0;
     link_set_state(a, LINK_JOINED);
-    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
+    char term[48] = "";
+    if (a->daemons.term)
+        snprintf(term, sizeof(term), "; leader's term %" PRIu64, a->daemons.term);
+    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms%s)",
              a->daemon, a->cfg->node, a->cfg->devices.n,
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
-             a->heartbeat_interval_ms, a->lease_ms);
+             a->heartbeat_interval_ms, a->lease_ms, term);
     send_unread_exits(a);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
     notify_joined(a);
