@@ -44,6 +44,8 @@
 #include <stdint.h>
 
 #define LEADER_ADDR_MAX 280
+/* The leader key's value: its control address, a space, its REST URL. */
+#define LEADER_VALUE_MAX (2 * LEADER_ADDR_MAX + 16)
 #define LEADER_WHY_MAX 200
 /* Keepalives per TTL: a recent answer leaves time to ride out an etcd election. */
 #define LEADER_KEEPALIVES 6
@@ -64,7 +66,7 @@ struct leader {
     uint64_t ttl_ms;
     int64_t lease;          /* 0 = none (a candidate gets one) */
     int64_t term;           /* leading: create revision of the leader key */
-    char leader[LEADER_ADDR_MAX]; /* standby: the leader's control address */
+    char leader[LEADER_VALUE_MAX]; /* standby: the leader key's value */
     int64_t leader_term;    /* standby: its term */
     int64_t watch_from;     /* standby: first revision the watch must see */
     uint64_t acting_until;  /* leading: see above */

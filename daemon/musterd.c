@@ -314,6 +314,7 @@ static void on_store_event(void *ctx, struct store_event *ev)
         switch (ev->kind) {
         case STORE_ELECTED: take_over(d, ev); break;
         case STORE_STANDBY:
+            d->dirty = 1; /* REST sends clients to the leader */
             log_info("standing by: %s leads job %s (term %lld)", ev->leader[0] ? ev->leader : "another musterd",
                      d->rdv.spec->name, (long long)ev->term);
             break;
@@ -405,8 +406,12 @@ static void publish(struct daemon *d)
         free(events);
         free(history);
     }
-    if (v && d->store)
+    if (v && d->store) {
         json_object_set_new(v->head, "store", store_status_json(d));
+        v->standby = !d->leading;
+        if (v->standby)
+            store_leader_rest(d->store, v->leader_rest, sizeof(v->leader_rest));
+    }
     if (v && d->stacks) {
         snap_shared_ref(d->stacks);
         v->stacks = d->stacks;
@@ -842,7 +847,15 @@ int main(int argc, char **argv)
             snprintf(adv, sizeof(adv), "%s:%u", host, server_port(d.server));
         else
             snprintf(adv, sizeof(adv), "localhost:%u", server_port(d.server));
-        struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv,
+        /* Clients a standby sends to the leader reach its REST port at the
+         * address it listens on, or, listening on every address, the host
+         * agents reach it at. */
+        char rest[LEADER_ADDR_MAX + 16];
+        if (strcmp(http_host, "0.0.0.0") != 0)
+            snprintf(rest, sizeof(rest), "http://%s:%u", http_host, http_port(d.http));
+        else
+            snprintf(rest, sizeof(rest), "http://%.*s:%u", (int)(strrchr(adv, ':') - adv), adv, http_port(d.http));
+        struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv, .rest = rest,
                                    .ttl_s = atoi(cfg.store_lease_s)};
         rc = store_open(&d.store, &d.loop, &stc, on_store_event, &d, err, sizeof(err));
         if (rc != 0) {
@@ -850,8 +863,8 @@ int main(int argc, char **argv)
             return 1;
         }
         persist_set_sink(&d.persist, store_sink, &d);
-        log_info("job %s: state in etcd (%s), lease %s s; running for leader as %s", spec.name, store_url,
-                 cfg.store_lease_s, adv);
+        log_info("job %s: state in etcd (%s), lease %s s; running for leader as %s (REST %s)", spec.name,
+                 store_url, cfg.store_lease_s, adv, rest);
     }
     uv_timer_init(&d.loop, &d.tick);
     d.tick.data = &d;

@@ -33,7 +33,7 @@ struct store {
     void *ctx;
     struct etcd_endpoints ep;
     char leader_key[STORE_KEY_MAX], state_key[STORE_KEY_MAX];
-    char advertise[LEADER_ADDR_MAX];
+    char value[LEADER_VALUE_MAX]; /* the leader key's, when this musterd leads */
 
     pthread_t thread;
     int started;
@@ -45,6 +45,7 @@ struct store {
     struct leader el;
     int elected_told;       /* STORE_ELECTED was queued */
     int deposed_told;       /* STORE_DEPOSED was queued */
+    int keepalive_failed;   /* the last keepalive did */
     struct store_event events[STORE_EVENTS];
     int nevents;
 
@@ -140,12 +141,22 @@ uint64_t store_no_quorum_since(struct store *s)
     return since;
 }
 
-void store_leader(struct store *s, char *out, size_t cap)
+/* Part part (0: the control address, 1: the REST URL) of the leader key's value. */
+static void leader_part(struct store *s, int part, char *out, size_t cap)
 {
     pthread_mutex_lock(&s->lock);
-    snprintf(out, cap, "%s", s->el.role == LEADER_LEADING ? s->advertise : s->el.leader);
+    const char *v = s->el.role == LEADER_LEADING ? s->value : s->el.leader;
+    size_t n = strcspn(v, " ");
+    if (part == 0)
+        snprintf(out, cap, "%.*s", (int)n, v);
+    else
+        snprintf(out, cap, "%s", v[n] ? v + n + 1 : "");
     pthread_mutex_unlock(&s->lock);
 }
+
+void store_leader(struct store *s, char *out, size_t cap) { leader_part(s, 0, out, cap); }
+
+void store_leader_rest(struct store *s, char *out, size_t cap) { leader_part(s, 1, out, cap); }
 
 /* ---- HTTP -------------------------------------------------------------- */
 
@@ -318,7 +329,7 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->el.lease;
     pthread_mutex_unlock(&s->lock);
-    char *body = etcd_body_campaign(s->leader_key, s->advertise, lease);
+    char *body = etcd_body_campaign(s->leader_key, s->value, lease);
     int rc = body ? request(s, h, "/v3/kv/txn", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
     free(body);
     if (rc == 0)
@@ -344,7 +355,8 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
         log_info("etcd: won the election for %s (term %lld)", s->leader_key, (long long)rev);
     } else {
         struct store_event ev = {.kind = STORE_STANDBY, .term = kv.create_rev};
-        snprintf(ev.leader, sizeof(ev.leader), "%s", kv.value ? kv.value : "");
+        const char *v = kv.value ? kv.value : "";
+        snprintf(ev.leader, sizeof(ev.leader), "%.*s", (int)strcspn(v, " "), v); /* its control address */
         pthread_mutex_lock(&s->lock);
         post(s, &ev);
         pthread_mutex_unlock(&s->lock);
@@ -403,8 +415,11 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
     uint64_t sent = mono_ms();
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->el.lease;
-    /* Not longer than a quarter of the lease: the next member gets its turn in time. */
-    long timeout = (long)(s->el.ttl_ms / 4);
+    /* Not longer than a quarter of the lease: the next member gets its turn
+     * in time. After a failure, a twelfth: a member without quorum holds a
+     * keepalive until it times out, and the probe that follows must find
+     * the quorum lost before the lease could end. */
+    long timeout = (long)(s->el.ttl_ms / (s->keepalive_failed ? 12 : 4));
     pthread_mutex_unlock(&s->lock);
     char *body = etcd_body_lease(lease);
     int rc = body ? request(s, h, "/v3/lease/keepalive", body, timeout, resp, err, sizeof(err)) : -ENOMEM;
@@ -422,6 +437,7 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
         probe_quorum(s, h, resp, &answered, &with_leader, no_leader, sizeof(no_leader));
     pthread_mutex_lock(&s->lock);
     uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now), lost = s->el.no_quorum_since;
+    s->keepalive_failed = rc != 0;
     if (rc == 0) {
         leader_kept(&s->el, sent, ttl);
     } else {
@@ -655,7 +671,7 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
     s->ctx = ctx;
     snprintf(s->leader_key, sizeof(s->leader_key), STORE_PREFIX "%s/leader", cfg->job);
     snprintf(s->state_key, sizeof(s->state_key), STORE_PREFIX "%s/state", cfg->job);
-    snprintf(s->advertise, sizeof(s->advertise), "%s", cfg->advertise);
+    snprintf(s->value, sizeof(s->value), "%s %s", cfg->advertise, cfg->rest ? cfg->rest : "");
     leader_init(&s->el, cfg->ttl_s);
     curl_global_init(CURL_GLOBAL_DEFAULT); /* before the thread: not thread-safe */
     pthread_mutex_init(&s->lock, NULL);

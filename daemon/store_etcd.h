@@ -4,8 +4,9 @@
  * one job (`store`: etcd://h1:2379,h2:2379,...).
  *
  * Keys, under one prefix per job (/muster/<job>/):
- *   leader  the control address (HOST:PORT) of the musterd that leads,
- *           under its lease; its create revision is the leader's term
+ *   leader  "CONTROL REST": the control address (HOST:PORT) and the REST
+ *           base URL of the musterd that leads, under its lease; its create
+ *           revision is the leader's term
  *   state   what the state file holds without a store (daemon/state.h),
  *           the same JSON text
  *
@@ -38,6 +39,7 @@ struct store_config {
     const char *endpoints; /* etcd://h1:2379,... */
     const char *job;       /* the job's name: the key prefix */
     const char *advertise; /* this musterd's control address, HOST:PORT */
+    const char *rest;      /* its REST base URL (http://HOST:PORT), for clients sent to the leader */
     int ttl_s;             /* the leader lease's TTL */
 };
 
@@ -72,8 +74,10 @@ int store_acting(struct store *s);
  * 0 otherwise. Any thread. */
 uint64_t store_no_quorum_since(struct store *s);
 
-/* The leader as last seen ("" = none known). Any thread. */
+/* The leader's control address as last seen ("" = none known). Any thread. */
 void store_leader(struct store *s, char *out, size_t cap);
+/* The leader's REST base URL as last seen ("" = none known). Any thread. */
+void store_leader_rest(struct store *s, char *out, size_t cap);
 
 /*
  * Puts the state's text if this musterd still leads (persist's pool thread).

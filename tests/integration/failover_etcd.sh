@@ -6,7 +6,10 @@
 #     the agents (given both daemons) re-join it; training goes on in
 #     generation 1 (0 steps lost);
 #  2. one etcd member of three is killed: nothing happens;
-#  3. the new leader is SIGSTOPped past its lease, then SIGCONTed: the
+#  3. a second etcd member is killed (no quorum): the leader holds the
+#     running generation past its lease's TTL and goes on when the member
+#     is back;
+#  4. the new leader is SIGSTOPped past its lease, then SIGCONTed: the
 #     other musterd (restarted as a standby, as systemd would) leads, the
 #     stopped one steps down when it runs again, and no frame of its is
 #     taken: no agent ever sees a generation but 1.
@@ -121,7 +124,25 @@ check 'd["state"] == "running" and d["generation"] == 1' || fail "losing one etc
 grep -q "stepping down" "$ITEST_DIR/musterd2.log" && fail "the leader stepped down when one etcd member of three went"
 step=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
 
-# 3. The leader is stopped past its lease (3 s), then runs again.
+# 3. Quorum lost: a second member goes (m1 is gone). Nobody can be elected
+# and no lease can end: the leader holds the running generation past its
+# lease's TTL, says so, and goes on when the member is back.
+kill -9 "$(etcd_member_pid 2)"; t_q=$(now_ms)
+echo "killed etcd member m2: no quorum"
+i=0; until check 'd["store"]["quorum"] is False'; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "the leader did not notice the quorum loss within 10 s"; sleep 0.1; done
+sleep 4
+check 'd["state"] == "running" and d["generation"] == 1 and d["store"]["role"] == "leader" and d["step"] > '"$step" \
+    || { show_status >&2 || true; fail "the leader did not hold the running generation through the quorum loss"; }
+grep -q "stepping down" "$ITEST_DIR/musterd2.log" && fail "the leader stepped down when etcd lost its quorum"
+curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events" | grep -q "no quorum" || fail "no event says etcd lost its quorum"
+etcd_restart 2
+i=0; until check 'd["store"]["quorum"] is True'; do
+    i=$((i + 1)); [ $i -lt 150 ] || fail "the leader did not see the quorum back within 15 s"; sleep 0.1; done
+echo "quorum lost for $(( $(now_ms) - t_q )) ms: the leader held generation 1 and goes on"
+step=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
+
+# 4. The leader is stopped past its lease (3 s), then runs again.
 kill -STOP "$D2"; t_stop=$(now_ms)
 echo "SIGSTOPped the leader (musterd 2) at step $step"
 leads 1 15 2 || fail "musterd 1 did not lead within 15 s of musterd 2's SIGSTOP"
