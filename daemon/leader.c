@@ -110,9 +110,11 @@ void leader_failed(struct leader *l, uint64_t now_ms)
         l->retry_at = now_ms + LEADER_RETRY_MS;
         break;
     case LEADER_LEADING:
-        /* Again at once (the store's thread moves to the next member); during
-         * a quorum loss, after a pause: every member may refuse at once. */
-        l->next_keepalive = now_ms + (l->no_quorum_since ? l->ttl_ms / LEADER_KEEPALIVES / 2 : 0);
+        /* Again soon, to the next member (the store's thread moved on): a
+         * sixtieth of the TTL, so that members that all refuse at once (a
+         * link down) are not asked in a busy loop; during a quorum loss a
+         * twelfth, each try being a probe of every member too. */
+        l->next_keepalive = now_ms + l->ttl_ms / (l->no_quorum_since ? 2 * LEADER_KEEPALIVES : 10 * LEADER_KEEPALIVES);
         break;
     case LEADER_STANDBY:
         /* The watch starts again from where it was. */

@@ -193,7 +193,7 @@ static void next_member(struct store *s, int i, const char *why)
     pthread_mutex_lock(&s->lock);
     if (s->cur == i) {
         s->cur = (i + 1) % s->ep.n;
-        log_warn("etcd member %s: %s; asking %s from now on", s->ep.url[i], why, s->ep.url[s->cur]);
+        log_warn_limited("etcd member %s: %s; asking %s from now on", s->ep.url[i], why, s->ep.url[s->cur]);
     }
     pthread_mutex_unlock(&s->lock);
 }

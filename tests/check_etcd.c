@@ -280,7 +280,7 @@ START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
     /* Every member fails or times out from 1500 on. */
     ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
     leader_failed(&l, 1500);
-    ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
+    ck_assert_int_eq(leader_next(&l, 1550, &due), LEADER_KEEPALIVE);
     ck_assert_int_eq(leader_acting(&l, 3500), 0);
     ck_assert_uint_eq(leader_unsure(&l, 3500), 4000);
     /* The keepalive sent at 2200 answers at 3700 (the new raft leader's). */
@@ -362,9 +362,11 @@ START_TEST(keepalives_extend_and_failures_retry)
     leader_kept(&l, 0, 3);
     leader_kept(&l, 750, 3);
     ck_assert_int_eq(leader_acting(&l, 2500), 1);
-    /* A failed keepalive is sent again at once (to the next member). */
+    /* A failed keepalive is sent again soon (to the next member): 50 ms. */
     leader_failed(&l, 1600);
-    ck_assert_int_eq(leader_next(&l, 1600, &due), LEADER_KEEPALIVE);
+    ck_assert_int_eq(leader_next(&l, 1600, &due), LEADER_WAIT);
+    ck_assert_uint_eq(due, 1650);
+    ck_assert_int_eq(leader_next(&l, 1650, &due), LEADER_KEEPALIVE);
     /* An answer older than the newest does not shorten the deadline. */
     leader_kept(&l, 100, 3);
     ck_assert_int_eq(leader_acting(&l, 2700), 1);

@@ -2,7 +2,8 @@
 # sh, after tests/itest-lib.sh). etcd_start sets ETCD_ENDPOINTS
 # ("127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"), ETCD_PIDS (one per member,
 # in order) and ETCD_CLIENT1..3; the members live in $ITEST_DIR/etcd and
-# die with the test's cleanup. Every wait is bounded.
+# die with the test's cleanup. With ETCD_EXTRA_HOST set, they serve clients
+# at that address too (the same ports). Every wait is bounded.
 
 # etcd_need: skips the calling script (exit 0, with a message) without etcd.
 etcd_need() {
@@ -42,7 +43,8 @@ etcd_member() {
     mkdir -p "$ITEST_DIR/etcd/m$1"
     # Short heartbeat and election timeouts: a member lost is noticed in a second.
     etcd --name "m$1" --data-dir "$ITEST_DIR/etcd/m$1" \
-        --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+        --listen-client-urls "http://127.0.0.1:$c${ETCD_EXTRA_HOST:+,http://$ETCD_EXTRA_HOST:$c}" \
+        --advertise-client-urls "http://127.0.0.1:$c" \
         --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
         --initial-cluster "$ETCD_CLUSTER" --initial-cluster-state new --initial-cluster-token "muster-$$" \
         --heartbeat-interval 100 --election-timeout 1000 --log-level error \
