@@ -21,13 +21,20 @@ static int valid_host(const char *h, size_t n)
 
 int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err, size_t errlen)
 {
-    static const char scheme[] = "etcd://";
+    /* etcd:// is plain HTTP, as http://; https:// is TLS. */
+    static const char *const schemes[][2] = {{"etcd://", "http"}, {"http://", "http"}, {"https://", "https"}};
+    const char *proto = NULL, *p = spec;
     memset(out, 0, sizeof(*out));
-    if (strncmp(spec, scheme, sizeof(scheme) - 1) != 0) {
-        snprintf(err, errlen, "expected etcd://HOST:PORT[,HOST:PORT...], got '%s'", spec);
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]) && !proto; i++)
+        if (strncmp(spec, schemes[i][0], strlen(schemes[i][0])) == 0) {
+            proto = schemes[i][1];
+            p = spec + strlen(schemes[i][0]);
+        }
+    if (!proto) {
+        snprintf(err, errlen, "expected etcd://, http:// or https:// then HOST:PORT[,HOST:PORT...], got '%s'", spec);
         return -EINVAL;
     }
-    const char *p = spec + sizeof(scheme) - 1;
+    out->tls = strcmp(proto, "https") == 0;
     for (;;) {
         size_t n = strcspn(p, ",");
         const char *colon = NULL;
@@ -46,7 +53,7 @@ int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err
             snprintf(err, errlen, "'%s': more than %d members", spec, ETCD_MAX_ENDPOINTS);
             return -EINVAL;
         }
-        snprintf(out->url[out->n++], ETCD_URL_MAX, "http://%.*s", (int)n, p);
+        snprintf(out->url[out->n++], ETCD_URL_MAX, "%s://%.*s", proto, (int)n, p);
         if (p[n] == '\0')
             return 0;
         p += n + 1;
@@ -257,6 +264,43 @@ int etcd_parse_keepalive(const char *text, size_t len, int64_t *ttl, char *err, 
         rc = bad(err, errlen, "the lease keepalive", "no result");
     json_decref(doc);
     return rc;
+}
+
+char *etcd_body_auth(const char *user, const char *password)
+{
+    json_t *doc = json_pack("{s:s, s:s}", "name", user, "password", password);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return text;
+}
+
+int etcd_parse_auth(const char *text, size_t len, char *token, size_t cap, char *err, size_t errlen)
+{
+    json_t *doc;
+    int rc = load(text, len, "the authentication", &doc, err, errlen);
+    if (rc)
+        return rc;
+    const char *t = json_string_value(json_object_get(doc, "token"));
+    /* A token goes into a header: printable ASCII only. */
+    if (!t || !*t || strlen(t) >= cap || strspn(t, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                                                   "+/=._-") != strlen(t))
+        rc = bad(err, errlen, "the authentication", "no token, or a token that is not base64-like text");
+    else
+        snprintf(token, cap, "%s", t);
+    json_decref(doc);
+    return rc;
+}
+
+int etcd_unauthenticated(const char *text, size_t len)
+{
+    json_t *doc = json_loadb(text, len, 0, NULL);
+    json_t *e = json_object_get(doc, "error");
+    const char *msg = json_string_value(json_object_get(json_is_object(e) ? e : doc, "message"));
+    json_int_t code = json_integer_value(json_object_get(json_is_object(e) ? e : doc, json_is_object(e) ? "grpc_code" : "code"));
+    /* gRPC's Unauthenticated (16): a token that expired or was never given. */
+    int yes = e && (code == 16 || (msg && (strstr(msg, "invalid auth token") || strstr(msg, "user name is empty"))));
+    json_decref(doc);
+    return yes;
 }
 
 int etcd_parse_status(const char *text, size_t len, int *has_leader, char *why, size_t whylen, char *err,

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <uv.h>
 
 #include "common/jobspec.h"
@@ -116,7 +117,7 @@ static void usage(FILE *out)
             "                           (token files must be mode 0600: chmod 600 FILE)\n"
             "  --preauth-per-address N  unauthenticated control connections one address\n"
             "                           may hold (default 64; the oldest goes for a new one)\n"
-            "  --store etcd://HOST:PORT[,HOST:PORT...]\n"
+            "  --store etcd://HOST:PORT[,HOST:PORT...]   (or https://: TLS)\n"
             "                           keep the job's state in etcd and lead the job only when\n"
             "                           elected among the musterd given the same store; the\n"
             "                           others stand by and take over (docs/operator-guide.md)\n"
@@ -714,6 +715,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: --store: %s\n", err);
         return 2;
     }
+    const char *tls_files[][2] = {{"store_ca_file", cfg.store_ca_file}, {"store_cert_file", cfg.store_cert_file},
+                                  {"store_key_file", cfg.store_key_file}};
+    for (size_t i = 0; i < sizeof(tls_files) / sizeof(tls_files[0]); i++) {
+        if (!tls_files[i][1][0])
+            continue;
+        if (!store_url[0] || !store_ep.tls) {
+            fprintf(stderr, "musterd: %s is for an https:// store (store is '%s')\n", tls_files[i][0], store_url);
+            return 2;
+        }
+        if (access(tls_files[i][1], R_OK) != 0) {
+            fprintf(stderr, "musterd: %s: %s: %s\n", tls_files[i][0], tls_files[i][1], strerror(errno));
+            return 2;
+        }
+    }
+    if (!cfg.store_cert_file[0] != !cfg.store_key_file[0]) {
+        fprintf(stderr, "musterd: store_cert_file and store_key_file go together: give both or neither\n");
+        return 2;
+    }
+    if (!cfg.store_user[0] != !cfg.store_password_file[0] || (cfg.store_user[0] && !store_url[0])) {
+        fprintf(stderr, "musterd: store_user and store_password_file go together, with a store\n");
+        return 2;
+    }
     if (advertise[0] && conf_valid_hostport(advertise) != 0) {
         fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
         return 2;
@@ -855,9 +878,20 @@ int main(int argc, char **argv)
             snprintf(rest, sizeof(rest), "http://%s:%u", http_host, http_port(d.http));
         else
             snprintf(rest, sizeof(rest), "http://%.*s:%u", (int)(strrchr(adv, ':') - adv), adv, http_port(d.http));
+        static uint8_t password[STORE_PASSWORD_MAX];
+        size_t password_len = 0;
+        if (cfg.store_user[0] &&
+            token_read(cfg.store_password_file, password, sizeof(password) - 1, &password_len, err, sizeof(err)) != 0) {
+            log_error("store_password_file: %s", err);
+            return 1;
+        }
+        password[password_len] = '\0';
         struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv, .rest = rest,
-                                   .ttl_s = atoi(cfg.store_lease_s)};
+                                   .ttl_s = atoi(cfg.store_lease_s), .ca = cfg.store_ca_file,
+                                   .cert = cfg.store_cert_file, .key = cfg.store_key_file, .user = cfg.store_user,
+                                   .password = (const char *)password};
         rc = store_open(&d.store, &d.loop, &stc, on_store_event, &d, err, sizeof(err));
+        OPENSSL_cleanse(password, sizeof(password));
         if (rc != 0) {
             log_error("store %s: %s", store_url, err);
             return 1;

@@ -1,6 +1,7 @@
 #include "daemon/store_etcd.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,11 +9,13 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 
 #include "common/log.h"
 #include "daemon/etcd_codec.h"
 
 #define STORE_KEY_MAX 320
+#define STORE_TOKEN_MAX 1024
 #define STORE_EVENTS 16
 /* Requests other than the watch: a member that does not answer in this
  * long is taken as lost (the next request goes to the next member). */
@@ -34,6 +37,8 @@ struct store {
     struct etcd_endpoints ep;
     char leader_key[STORE_KEY_MAX], state_key[STORE_KEY_MAX];
     char value[LEADER_VALUE_MAX]; /* the leader key's, when this musterd leads */
+    char ca[PATH_MAX], cert[PATH_MAX], key[PATH_MAX]; /* TLS; "" = not given */
+    char user[STORE_USER_MAX], password[STORE_PASSWORD_MAX]; /* etcd's auth; "" = off */
 
     pthread_t thread;
     int started;
@@ -46,6 +51,7 @@ struct store {
     int elected_told;       /* STORE_ELECTED was queued */
     int deposed_told;       /* STORE_DEPOSED was queued */
     int keepalive_failed;   /* the last keepalive did */
+    char token[STORE_TOKEN_MAX]; /* etcd's auth token ("" = none yet) */
     struct store_event events[STORE_EVENTS];
     int nevents;
 
@@ -198,7 +204,18 @@ static void next_member(struct store *s, int i, const char *why)
     pthread_mutex_unlock(&s->lock);
 }
 
-static void set_common(CURL *h, const char *url, const char *body, struct buf *resp)
+/* The token etcd's auth gave (""= none yet), for the Authorization header. */
+static void token_get(struct store *s, char *out, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    snprintf(out, cap, "%s", s->token);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Sets up h for one POST: TLS as configured, the auth token if any. Returns
+ * the header list to free after the transfer (NULL: none). */
+static struct curl_slist *set_common(struct store *s, CURL *h, const char *url, const char *body, struct buf *resp,
+                                     int with_token)
 {
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
@@ -210,24 +227,33 @@ static void set_common(CURL *h, const char *url, const char *body, struct buf *r
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 2L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, s->ep.tls ? "https" : "http");
+    if (s->ca[0])
+        curl_easy_setopt(h, CURLOPT_CAINFO, s->ca);
+    if (s->cert[0]) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, s->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, s->key);
+    }
+    char token[STORE_TOKEN_MAX], header[STORE_TOKEN_MAX + 32];
+    token_get(s, token, sizeof(token));
+    if (!with_token || !token[0])
+        return NULL;
+    snprintf(header, sizeof(header), "Authorization: %s", token);
+    struct curl_slist *hdrs = curl_slist_append(NULL, header);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    return hdrs;
 }
 
-/*
- * POSTs body to path on the current member (one try). Returns 0 with the
- * answer in resp (an etcd error too: its parser says so), or -EIO when the
- * member did not answer (and the next member is the current one).
- */
-/* POSTs body to path on member i (one try): 0 with the answer in resp, or
- * -EIO (no answer; err says why, *curl_rc how). */
-static int request_to(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
-                      struct buf *resp, char *err, size_t errlen, CURLcode *curl_rc)
+static int perform(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
+                   struct buf *resp, int with_token, char *err, size_t errlen, CURLcode *curl_rc)
 {
     char url[ETCD_URL_MAX + 64];
     snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
     resp->len = 0;
-    set_common(h, url, body, resp);
+    struct curl_slist *hdrs = set_common(s, h, url, body, resp, with_token);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
     CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdrs);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     *curl_rc = rc;
@@ -238,6 +264,57 @@ static int request_to(struct store *s, CURL *h, int i, const char *path, const c
     else
         snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, curl_easy_strerror(rc));
     return -EIO;
+}
+
+/* etcd's auth: a token for the user, from member i. 0, or -EIO / -EACCES
+ * (refused: a wrong user or password) with err. */
+static int authenticate(struct store *s, CURL *h, int i, struct buf *resp, char *err, size_t errlen)
+{
+    char token[STORE_TOKEN_MAX];
+    CURLcode crc;
+    char *body = etcd_body_auth(s->user, s->password);
+    if (!body) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = perform(s, h, i, "/v3/auth/authenticate", body, STORE_REQUEST_MS, resp, 0, err, errlen, &crc);
+    OPENSSL_cleanse(body, strlen(body));
+    free(body);
+    if (rc != 0)
+        return rc;
+    rc = etcd_parse_auth(resp->p, resp->len, token, sizeof(token), err, errlen);
+    if (rc != 0) {
+        log_warn_limited("etcd: authentication as '%s' failed: %s", s->user, err);
+        return rc == -EIO ? -EACCES : rc;
+    }
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->token, sizeof(s->token), "%s", token);
+    pthread_mutex_unlock(&s->lock);
+    OPENSSL_cleanse(token, sizeof(token));
+    return 0;
+}
+
+/* POSTs body to path on member i (one try; with etcd's auth, a token got
+ * first or again when etcd no longer takes it): 0 with the answer in resp,
+ * or -EIO (no answer; err says why, *curl_rc how). */
+static int request_to(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
+                      struct buf *resp, char *err, size_t errlen, CURLcode *curl_rc)
+{
+    *curl_rc = CURLE_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        char token[STORE_TOKEN_MAX];
+        token_get(s, token, sizeof(token));
+        if (s->user[0] && !token[0] && authenticate(s, h, i, resp, err, errlen) != 0)
+            return -EIO;
+        int rc = perform(s, h, i, path, body, timeout_ms, resp, 1, err, errlen, curl_rc);
+        if (rc != 0 || !s->user[0] || !etcd_unauthenticated(resp->p, resp->len))
+            return rc;
+        pthread_mutex_lock(&s->lock);
+        if (strcmp(s->token, token) == 0)
+            s->token[0] = '\0'; /* expired (or never valid): a new one */
+        pthread_mutex_unlock(&s->lock);
+    }
+    return 0; /* the refusal is the answer: its parser says so */
 }
 
 /*
@@ -518,13 +595,14 @@ static void do_watch(struct store *s, CURL *h)
     if (!body)
         return;
     snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
-    set_common(h, url, body, &w.line);
+    struct curl_slist *hdrs = set_common(s, h, url, body, &w.line, 1);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, watch_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
     CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdrs);
     free(body);
     free(w.line.p);
     pthread_mutex_lock(&s->lock);
@@ -672,6 +750,11 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
     snprintf(s->leader_key, sizeof(s->leader_key), STORE_PREFIX "%s/leader", cfg->job);
     snprintf(s->state_key, sizeof(s->state_key), STORE_PREFIX "%s/state", cfg->job);
     snprintf(s->value, sizeof(s->value), "%s %s", cfg->advertise, cfg->rest ? cfg->rest : "");
+    snprintf(s->ca, sizeof(s->ca), "%s", cfg->ca ? cfg->ca : "");
+    snprintf(s->cert, sizeof(s->cert), "%s", cfg->cert ? cfg->cert : "");
+    snprintf(s->key, sizeof(s->key), "%s", cfg->key ? cfg->key : "");
+    snprintf(s->user, sizeof(s->user), "%s", cfg->user ? cfg->user : "");
+    snprintf(s->password, sizeof(s->password), "%s", cfg->password ? cfg->password : "");
     leader_init(&s->el, cfg->ttl_s);
     curl_global_init(CURL_GLOBAL_DEFAULT); /* before the thread: not thread-safe */
     pthread_mutex_init(&s->lock, NULL);
@@ -725,6 +808,8 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
+    OPENSSL_cleanse(s->password, sizeof(s->password));
+    OPENSSL_cleanse(s->token, sizeof(s->token));
     for (int i = 0; i < s->nevents; i++)
         free(s->events[i].state);
     curl_easy_cleanup(s->wh);

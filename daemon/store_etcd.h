@@ -34,6 +34,8 @@
 
 #define STORE_TTL_DEFAULT_S 3
 #define STORE_PREFIX "/muster/"
+#define STORE_USER_MAX 128
+#define STORE_PASSWORD_MAX 1024
 
 struct store_config {
     const char *endpoints; /* etcd://h1:2379,... */
@@ -41,6 +43,10 @@ struct store_config {
     const char *advertise; /* this musterd's control address, HOST:PORT */
     const char *rest;      /* its REST base URL (http://HOST:PORT), for clients sent to the leader */
     int ttl_s;             /* the leader lease's TTL */
+    /* Optional (NULL or ""): TLS files (PEM) for https:// members, and
+     * etcd's auth (a token from /v3/auth/authenticate on every request). */
+    const char *ca, *cert, *key;
+    const char *user, *password;
 };
 
 enum store_event_kind {

@@ -22,8 +22,15 @@ START_TEST(endpoints_parse_and_refuse)
     ck_assert_str_eq(ep.url[0], "http://a:2379");
     ck_assert_str_eq(ep.url[1], "http://10.0.0.2:2380");
     ck_assert_str_eq(ep.url[2], "http://[::1]:2379");
-    ck_assert_int_eq(etcd_endpoints_parse("http://a:2379", &ep, err, sizeof(err)), -EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "etcd://"));
+    ck_assert_int_eq(ep.tls, 0);
+    ck_assert_int_eq(etcd_endpoints_parse("http://a:2379", &ep, err, sizeof(err)), 0);
+    ck_assert_str_eq(ep.url[0], "http://a:2379");
+    ck_assert_int_eq(ep.tls, 0);
+    ck_assert_int_eq(etcd_endpoints_parse("https://a:2379,b:2379", &ep, err, sizeof(err)), 0);
+    ck_assert_str_eq(ep.url[1], "https://b:2379");
+    ck_assert_int_eq(ep.tls, 1);
+    ck_assert_int_eq(etcd_endpoints_parse("etcds://a:2379", &ep, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "https://"));
     ck_assert_int_eq(etcd_endpoints_parse("etcd://a:2379,b", &ep, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "'b'"));
     ck_assert_int_eq(etcd_endpoints_parse("etcd://a:0", &ep, err, sizeof(err)), -EINVAL);
@@ -197,6 +204,37 @@ START_TEST(status_says_whether_a_member_knows_a_leader)
         ck_assert_int_eq(etcd_parse_status(bad[i], strlen(bad[i]), &has, why, sizeof(why), err, sizeof(err)), -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "status"));
     }
+}
+END_TEST
+
+/* etcd's auth: the token of /v3/auth/authenticate, and the refusals that
+ * call for a new one. */
+START_TEST(auth_token_and_refusals)
+{
+    char err[256], token[64];
+    char *body = etcd_body_auth("muster", "p\"w");
+    ck_assert_str_eq(body, "{\"name\":\"muster\",\"password\":\"p\\\"w\"}");
+    free(body);
+    const char *ok = "{" HDR ",\"token\":\"XsJvPAcVEHMLWFdC.13\"}";
+    ck_assert_int_eq(etcd_parse_auth(ok, strlen(ok), token, sizeof(token), err, sizeof(err)), 0);
+    ck_assert_str_eq(token, "XsJvPAcVEHMLWFdC.13");
+    const char *wrong = "{\"error\":\"etcdserver: authentication failed, invalid user ID or password\",\"code\":3,"
+                        "\"message\":\"etcdserver: authentication failed, invalid user ID or password\"}";
+    ck_assert_int_eq(etcd_parse_auth(wrong, strlen(wrong), token, sizeof(token), err, sizeof(err)), -EIO);
+    ck_assert_ptr_nonnull(strstr(err, "invalid user ID or password"));
+    ck_assert_int_eq(etcd_unauthenticated(wrong, strlen(wrong)), 0);
+    /* A token that would break the header, or none. */
+    const char *bad[] = {"{" HDR ",\"token\":\"a b\"}", "{" HDR ",\"token\":\"a\\r\\nX: y\"}", "{" HDR "}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_int_eq(etcd_parse_auth(bad[i], strlen(bad[i]), token, sizeof(token), err, sizeof(err)), -EINVAL);
+    const char *expired = "{\"error\":\"etcdserver: invalid auth token\",\"code\":16,"
+                          "\"message\":\"etcdserver: invalid auth token\"}";
+    ck_assert_int_eq(etcd_unauthenticated(expired, strlen(expired)), 1);
+    const char *none = "{\"error\":{\"grpc_code\":3,\"message\":\"etcdserver: user name is empty\"}}";
+    ck_assert_int_eq(etcd_unauthenticated(none, strlen(none)), 1);
+    const char *other = "{\"error\":\"etcdserver: request timed out\",\"code\":14,\"message\":\"x\"}";
+    ck_assert_int_eq(etcd_unauthenticated(other, strlen(other)), 0);
+    ck_assert_int_eq(etcd_unauthenticated(ok, strlen(ok)), 0);
 }
 END_TEST
 
@@ -422,6 +460,7 @@ Suite *make_etcd_suite(void)
     tcase_add_test(tc, answers_parse_as_etcd_writes_them);
     tcase_add_test(tc, errors_and_garbage_are_named);
     tcase_add_test(tc, status_says_whether_a_member_knows_a_leader);
+    tcase_add_test(tc, auth_token_and_refusals);
     suite_add_tcase(s, tc);
     tc = tcase_create("election");
     tcase_add_test(tc, candidate_grants_campaigns_and_leads);

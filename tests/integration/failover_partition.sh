@@ -65,6 +65,7 @@ D2=$!; ITEST_PIDS="$ITEST_PIDS $D2"
 wait_log 10 "$ITEST_DIR/musterd2.log" "standing by: $CLEAD:$CTL1 leads" || fail "musterd 2 did not stand by within 10 s"
 
 RANK_CMD="$BUILD/tests/fake-rank --step-ms 50"
+CTL=$CTL2 # start_agent's default daemon; the list given below wins
 for n in a b; do
     start_agent "$n" 2 --daemon "$CLEAD:$CTL1,127.0.0.1:$CTL2" --token-file "$ITEST_DIR/token" --rank-cmd "$RANK_CMD"
 done
