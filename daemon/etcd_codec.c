@@ -201,7 +201,14 @@ static int load(const char *text, size_t len, const char *what, json_t **out, ch
     *out = NULL;
     if (!json_is_object(doc)) {
         json_decref(doc);
-        return bad(err, errlen, what, doc ? "not a JSON object" : jerr.text);
+        if (doc)
+            return bad(err, errlen, what, "not a JSON object");
+        /* Not JSON: the gateway's own words, at most a line of them. */
+        const char *nl = memchr(text, '\n', len);
+        size_t line = nl ? (size_t)(nl - text) : len;
+        snprintf(err, errlen, "etcd answered %s with text, not JSON: '%.*s'", what, (int)(line < 160 ? line : 160),
+                 text);
+        return -EINVAL;
     }
     json_t *e = json_object_get(doc, "error");
     if (e) {

@@ -250,9 +250,12 @@ static int perform(struct store *s, CURL *h, int i, const char *path, const char
     char url[ETCD_URL_MAX + 64];
     snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
     resp->len = 0;
+    char detail[CURL_ERROR_SIZE] = "";
     struct curl_slist *hdrs = set_common(s, h, url, body, resp, with_token);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail); /* names the TLS failure, where there is one */
     CURLcode rc = curl_easy_perform(h);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     curl_slist_free_all(hdrs);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
@@ -262,7 +265,7 @@ static int perform(struct store *s, CURL *h, int i, const char *path, const char
     if (rc == CURLE_OK)
         snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
     else
-        snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, curl_easy_strerror(rc));
+        snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, detail[0] ? detail : curl_easy_strerror(rc));
     return -EIO;
 }
 
