@@ -859,7 +859,7 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     }
 
     enum MHD_Result ret;
-    if ((is_get || (is_post && authorized(srv, c))) && redirect_to_leader(srv, c, url, &ret))
+    if ((is_get || (is_post && srv->admin_token && authorized(srv, c))) && redirect_to_leader(srv, c, url, &ret))
         return ret;
 
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
