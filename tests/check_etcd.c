@@ -262,6 +262,15 @@ END_TEST
 
 /* ---- the election -------------------------------------------------------- */
 
+/* A leader of term 5 (TTL 3 s) whose keepalive sent at kept_ms answered. */
+static void leading(struct leader *l, uint64_t kept_ms)
+{
+    leader_init(l, 3);
+    leader_granted(l, 1);
+    leader_campaigned(l, 1, 5, NULL, 0);
+    leader_kept(l, kept_ms, 3);
+}
+
 START_TEST(candidate_grants_campaigns_and_leads)
 {
     struct leader l;
@@ -310,10 +319,7 @@ START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
 {
     struct leader l;
     uint64_t due;
-    leader_init(&l, 3);
-    leader_granted(&l, 1);
-    leader_campaigned(&l, 1, 5, NULL, 0);
-    leader_kept(&l, 1000, 3);
+    leading(&l, 1000);
     ck_assert_int_eq(leader_acting(&l, 1400), 1);
     /* Every member fails or times out from 1500 on. */
     ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
@@ -343,10 +349,7 @@ START_TEST(leader_holds_through_a_quorum_loss)
 {
     struct leader l;
     uint64_t due;
-    leader_init(&l, 3);
-    leader_granted(&l, 1);
-    leader_campaigned(&l, 1, 5, NULL, 0);
-    leader_kept(&l, 1000, 3);
+    leading(&l, 1000);
     /* A probe that found a leader, or that nobody answered, is no evidence. */
     leader_probed(&l, 1600, 2, 1);
     leader_probed(&l, 1700, 0, 0);
@@ -394,10 +397,7 @@ START_TEST(keepalives_extend_and_failures_retry)
 {
     struct leader l;
     uint64_t due;
-    leader_init(&l, 3);
-    leader_granted(&l, 1);
-    leader_campaigned(&l, 1, 5, NULL, 0);
-    leader_kept(&l, 0, 3);
+    leading(&l, 0);
     leader_kept(&l, 750, 3);
     ck_assert_int_eq(leader_acting(&l, 2500), 1);
     /* A failed keepalive is sent again soon (to the next member): 50 ms. */
