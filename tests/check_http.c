@@ -836,6 +836,8 @@ START_TEST(test_standby_redirects_to_the_leader)
     v = test_view("a");
     v->standby = 1;
     snprintf(v->leader_rest, sizeof(v->leader_rest), "http://10.0.0.7:29471");
+    json_object_set_new(v->head, "store", json_pack("{s:s, s:s, s:b}", "role", "standby", "leader", "10.0.0.7:29470",
+                                                     "quorum", 1));
     snapshot_publish(&snap, v);
     struct resp *r = get("/v1/ranks?state=running,exited&node=gpu%20a");
     assert_error(r, 307, "not the leader");
@@ -849,6 +851,8 @@ START_TEST(test_standby_redirects_to_the_leader)
     assert_header(r, "Location: http://10.0.0.7:29471/\r\n");
     ck_assert_int_eq(get("/healthz")->status, 200);
     ck_assert_int_eq(get("/metrics")->status, 200);
+    assert_has_line(get("/metrics")->body, "muster_store_leader 0");
+    assert_has_line(get("/metrics")->body, "muster_store_quorum 1");
     /* Admin: redirected with the token; without it, refused here as anywhere. */
     r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
     ck_assert_int_eq(r->status, 307);
