@@ -51,6 +51,7 @@ struct store {
     int elected_told;       /* STORE_ELECTED was queued */
     int deposed_told;       /* STORE_DEPOSED was queued */
     int keepalive_failed;   /* the last keepalive did */
+    int no_quorum_told;     /* STORE_NO_QUORUM was queued, STORE_QUORUM not yet */
     char token[STORE_TOKEN_MAX]; /* etcd's auth token ("" = none yet) */
     struct store_event events[STORE_EVENTS];
     int nevents;
@@ -142,7 +143,7 @@ int store_acting(struct store *s)
 uint64_t store_no_quorum_since(struct store *s)
 {
     pthread_mutex_lock(&s->lock);
-    uint64_t since = s->el.role == LEADER_LEADING ? s->el.no_quorum_since : 0;
+    uint64_t since = s->el.role == LEADER_LEADING && s->no_quorum_told ? s->el.no_quorum_since : 0;
     pthread_mutex_unlock(&s->lock);
     return since;
 }
@@ -525,16 +526,23 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
         leader_failed(&s->el, now);
     }
     int acting = leader_acting(&s->el, now);
-    if (!lost && s->el.no_quorum_since) {
+    /* Told once it lasts longer than an etcd election would (a third of the
+     * TTL): while members elect a new raft leader none knows one either. */
+    uint64_t since = s->el.no_quorum_since;
+    if (since && !s->no_quorum_told && now - since >= s->el.ttl_ms / 3) {
         struct store_event ev = {.kind = STORE_NO_QUORUM, .term = s->el.term};
         snprintf(ev.why, sizeof(ev.why), "%d of %d etcd members answer, none knows a raft leader (%s)", answered,
                  s->ep.n, no_leader[0] ? no_leader : "no leader");
         post(s, &ev);
-    } else if (lost && !s->el.no_quorum_since && s->el.role == LEADER_LEADING) {
-        struct store_event ev = {.kind = STORE_QUORUM, .term = s->el.term};
-        snprintf(ev.why, sizeof(ev.why), "etcd has a quorum again after %.1f s: the lease was kept",
-                 (double)(now - lost) / 1000.0);
-        post(s, &ev);
+        s->no_quorum_told = 1;
+    } else if (lost && !since && s->no_quorum_told) {
+        s->no_quorum_told = 0;
+        if (s->el.role == LEADER_LEADING) {
+            struct store_event ev = {.kind = STORE_QUORUM, .term = s->el.term};
+            snprintf(ev.why, sizeof(ev.why), "etcd has a quorum again after %.1f s: the lease was kept",
+                     (double)(now - lost) / 1000.0);
+            post(s, &ev);
+        }
     }
     tell_deposed(s);
     pthread_cond_broadcast(&s->kept);

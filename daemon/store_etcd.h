@@ -76,8 +76,9 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
  * Any thread. Once false after leading, it stays false. */
 int store_acting(struct store *s);
 
-/* Leading through a quorum loss of etcd: since when (CLOCK_MONOTONIC ms);
- * 0 otherwise. Any thread. */
+/* Leading through a quorum loss of etcd that lasted longer than an etcd
+ * election (STORE_NO_QUORUM was told): since when (CLOCK_MONOTONIC ms); 0
+ * otherwise. Any thread. */
 uint64_t store_no_quorum_since(struct store *s);
 
 /* The leader's control address as last seen ("" = none known). Any thread. */
