@@ -46,16 +46,22 @@ int ctl_request(const char *base, const char *method, const char *path, const ch
     return ctl_request_within(base, method, path, token, CTL_TOTAL_TIMEOUT_MS, out, err, errlen);
 }
 
-int ctl_request_within(const char *base, const char *method, const char *path, const char *token,
-                       long timeout_ms, struct ctl_reply *out, char *err, size_t errlen)
+/*
+ * One request to url. Returns 0 with *out filled, or -1 with err; *unreached
+ * says whether the server was not reached at all (the next one may be), and
+ * *location is a 307 or 308's target (malloc'd; NULL = none).
+ */
+static int request_url(const char *base, const char *url, const char *method, const char *token, long timeout_ms,
+                       struct ctl_reply *out, char **location, int *unreached, char *err, size_t errlen)
 {
-    char url[2048], auth[1024], curl_err[CURL_ERROR_SIZE] = "";
+    char auth[1024], curl_err[CURL_ERROR_SIZE] = "";
     struct sink sink = {0};
     struct curl_slist *headers = NULL;
     int rc = -1;
 
     memset(out, 0, sizeof(*out));
-    snprintf(url, sizeof(url), "%s%s", base, path);
+    *location = NULL;
+    *unreached = 0;
     CURL *h = curl_easy_init();
     if (!h) {
         snprintf(err, errlen, "cannot reach musterd at %s: cannot initialise libcurl", base);
@@ -82,6 +88,8 @@ int ctl_request_within(const char *base, const char *method, const char *path, c
     }
 
     CURLcode cc = curl_easy_perform(h);
+    *unreached = cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
+                 (cc == CURLE_OPERATION_TIMEDOUT && sink.len == 0);
     if (cc != CURLE_OK) {
         snprintf(err, errlen, "cannot reach musterd at %s: %s", base,
                  sink.overflow ? "reply larger than 16 MiB"
@@ -90,6 +98,10 @@ int ctl_request_within(const char *base, const char *method, const char *path, c
         free(sink.buf);
     } else {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
+        char *to = NULL;
+        if ((out->status == 307 || out->status == 308) && curl_easy_getinfo(h, CURLINFO_REDIRECT_URL, &to) == CURLE_OK &&
+            to)
+            *location = strdup(to);
         out->body = sink.buf ? sink.buf : strdup("");
         out->len = sink.len;
         rc = out->body ? 0 : -1;
@@ -98,6 +110,33 @@ int ctl_request_within(const char *base, const char *method, const char *path, c
     }
     curl_slist_free_all(headers);
     curl_easy_cleanup(h);
+    return rc;
+}
+
+int ctl_request_within(const char *base, const char *method, const char *path, const char *token,
+                       long timeout_ms, struct ctl_reply *out, char *err, size_t errlen)
+{
+    char one[1024], url[2048];
+    int rc = -1, unreached = 1;
+    /* Each server of the list in turn while none is reached. */
+    for (const char *b = base; *b && unreached;) {
+        size_t n = strcspn(b, ",");
+        snprintf(one, sizeof(one), "%.*s", (int)(n < sizeof(one) ? n : sizeof(one) - 1), b);
+        b += n + (b[n] == ',');
+        snprintf(url, sizeof(url), "%s%s", one, path);
+        char *location;
+        rc = request_url(one, url, method, token, timeout_ms, out, &location, &unreached, err, errlen);
+        if (rc == 0 && location) {
+            /* A standby names the leader: asked once, with the same token (its
+             * own musterd sent it there; a leader does not redirect). */
+            char *again = NULL;
+            ctl_reply_free(out);
+            rc = request_url(location, location, method, token, timeout_ms, out, &again, &unreached, err, errlen);
+            free(again);
+            free(location);
+            break;
+        }
+    }
     return rc;
 }
 

@@ -90,8 +90,10 @@ static void usage(FILE *f)
           "                      write a new random admin token to FILE (mode 0600)\n"
           "\n"
           "Options:\n"
-          "  --server URL              musterd's REST address (default $MUSTER_SERVER,\n"
-          "                            else " DEFAULT_SERVER ")\n"
+          "  --server URL[,URL...]     musterd's REST address (default $MUSTER_SERVER,\n"
+          "                            else " DEFAULT_SERVER "); several musterd of\n"
+          "                            one job (etcd store): each in turn, and a\n"
+          "                            standby's redirect to the leader is followed\n"
           "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain,\n"
           "                            stacks\n"
           "                            (default $MUSTER_ADMIN_TOKEN)\n"
@@ -883,12 +885,23 @@ int main(int argc, char **argv)
 
     if (!server || !*server)
         server = DEFAULT_SERVER;
-    if (strncmp(server, "http://", 7) != 0 && strncmp(server, "https://", 8) != 0)
-        return usage_error("--server '%s' is not an http:// or https:// URL", server);
-    snprintf(ctl.server, sizeof(ctl.server), "%s", server);
-    size_t sl = strlen(ctl.server);
-    while (sl > 0 && ctl.server[sl - 1] == '/')
-        ctl.server[--sl] = '\0';
+    /* One URL, or the musterd of one job as a list (URL,URL: ctl_http.h). */
+    ctl.server[0] = '\0';
+    for (const char *b = server;;) {
+        size_t n = strcspn(b, ","), sl = strlen(ctl.server);
+        if ((strncmp(b, "http://", 7) != 0 && strncmp(b, "https://", 8) != 0) || n <= 8)
+            return usage_error("--server '%s' is not an http:// or https:// URL (or a list of them, "
+                               "comma-separated)", server);
+        if (sl + n + 2 > sizeof(ctl.server))
+            return usage_error("--server '%.40s...' is too long", server);
+        snprintf(ctl.server + sl, sizeof(ctl.server) - sl, "%s%.*s", sl ? "," : "", (int)n, b);
+        sl = strlen(ctl.server);
+        while (sl > 0 && ctl.server[sl - 1] == '/')
+            ctl.server[--sl] = '\0';
+        if (!b[n])
+            break;
+        b += n + 1;
+    }
 
     const char *cmd = args[0];
     int want_args = 1;

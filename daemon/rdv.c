@@ -111,7 +111,7 @@ static void send_command(struct rdv *r, uint32_t node, enum proto_command action
 {
     struct proto_msg m; /* sent to each node in turn: only the command is written, not the whole union */
     m.type = PROTO_COMMAND;
-    m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action};
+    m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action, .term = r->term};
     send_to(r, node, &m);
 }
 
@@ -230,6 +230,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     m.u.assign.master_port = master_port;
     m.u.assign.job = r->job;
     m.u.assign.job_text = r->job_text;
+    m.u.assign.term = r->term;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
@@ -887,6 +888,7 @@ static void send_welcome(struct rdv *r, uint32_t node)
     m.u.welcome.session = r->nodes[node].session;
     m.u.welcome.time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     m.u.welcome.job = r->job; /* for the agent's pre-flight; the message does not own it */
+    m.u.welcome.term = r->term;
     send_to(r, node, &m);
 }
 
@@ -949,6 +951,7 @@ static void send_unique_id(struct rdv *r, uint32_t node)
     struct proto_msg m;
     m.type = PROTO_UNIQUE_ID;
     m.u.unique_id = r->uid;
+    m.u.unique_id.term = r->term;
     send_to(r, node, &m);
 }
 

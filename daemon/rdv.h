@@ -226,6 +226,10 @@ struct rdv {
     json_t *job;            /* spec as JSON, sent in ASSIGN (a reference) */
     char *job_text;         /* job rendered once, for the ASSIGN of every node */
     struct rdv_ops ops;
+    /* With a store: the term this musterd leads in (etcd's create revision
+     * of the leader key), sent with WELCOME, ASSIGN, UNIQUE_ID and COMMAND
+     * so that agents refuse a deposed leader's frames; 0 without a store. */
+    uint64_t term;
 
     enum rdv_job_state state;
     char reason[PROTO_REASON_MAX];

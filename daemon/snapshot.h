@@ -140,6 +140,8 @@ struct snap_text {
     size_t len;
 };
 
+#define SNAP_URL_MAX 320
+
 struct snap_view {
     atomic_int refs;
     unsigned long version; /* set by snapshot_publish, from 1 */
@@ -174,6 +176,11 @@ struct snap_view {
     struct snap_shared *stacks; /* GET /v1/stacks, rendered by the loop when its set changes */
 
     struct snap_text doc[SNAP_NDOCS];
+
+    /* With a store, a standby's view: REST sends clients to the leader
+     * (307 to leader_rest; "" while none is known: 503). */
+    int standby;
+    char leader_rest[SNAP_URL_MAX];
 };
 
 /* A view with room for nnodes and nranks (zeroed), one reference; NULL on ENOMEM. */

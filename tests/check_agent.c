@@ -171,6 +171,32 @@ START_TEST(daemon_list_follows_the_leader)
 }
 END_TEST
 
+/* A frame of a term lower than one seen is a deposed leader's: refused. */
+START_TEST(daemon_list_refuses_a_lower_term)
+{
+    struct daemon_list l;
+    char err[256];
+    ck_assert_int_eq(daemon_list_parse("a:1,b:2", &l, err, sizeof(err)), 0);
+    ck_assert_uint_eq(l.term, 0);
+    /* No store: term 0 throughout. */
+    ck_assert_int_eq(daemon_list_term(&l, 0), 0);
+    ck_assert_int_eq(daemon_list_term(&l, 41), 0);
+    ck_assert_int_eq(daemon_list_term(&l, 41), 0);
+    ck_assert_uint_eq(l.term, 41);
+    /* The next leader's term is higher (a later etcd revision). */
+    ck_assert_int_eq(daemon_list_term(&l, 57), 0);
+    ck_assert_uint_eq(l.term, 57);
+    /* The old leader, or a daemon without a store, is refused and changes nothing. */
+    ck_assert_int_eq(daemon_list_term(&l, 41), -ESTALE);
+    ck_assert_int_eq(daemon_list_term(&l, 0), -ESTALE);
+    ck_assert_uint_eq(l.term, 57);
+    /* Following a leader or moving on keeps the term. */
+    ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
+    daemon_list_next(&l);
+    ck_assert_uint_eq(l.term, 57);
+}
+END_TEST
+
 START_TEST(hostport_bad)
 {
     expect_bad_hp("localhost", "no port");
@@ -1051,6 +1077,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, hostport_good);
     tcase_add_test(tc, hostport_bad);
     tcase_add_test(tc, daemon_list_follows_the_leader);
+    tcase_add_test(tc, daemon_list_refuses_a_lower_term);
     tcase_add_test(tc, backoff_grows_to_cap_with_jitter_in_bounds);
     tcase_add_test(tc, backoff_reset_starts_over);
     tcase_add_test(tc, exitq_echo_of_a_later_beat_confirms);

@@ -862,6 +862,47 @@ START_TEST(test_admin_auth)
 }
 END_TEST
 
+/* A standby (a store, another musterd leads) sends every request but its
+ * own /healthz and /metrics to the leader, path and query kept; admin
+ * requests only with the token; 503 while no leader is known. */
+START_TEST(test_standby_redirects_to_the_leader)
+{
+    struct snap_view *v = test_view("a");
+    v->standby = 1;
+    snapshot_publish(&snap, v);
+    assert_error(get("/v1/status"), 503, "no leader");
+    v = test_view("a");
+    v->standby = 1;
+    snprintf(v->leader_rest, sizeof(v->leader_rest), "http://10.0.0.7:29471");
+    json_object_set_new(v->head, "store", json_pack("{s:s, s:s, s:b}", "role", "standby", "leader", "10.0.0.7:29470",
+                                                     "quorum", 1));
+    snapshot_publish(&snap, v);
+    struct resp *r = get("/v1/ranks?state=running,exited&node=gpu%20a");
+    assert_error(r, 307, "not the leader");
+    assert_header(r, "Location: http://10.0.0.7:29471/v1/ranks?state=running%2Cexited&node=gpu%20a\r\n");
+    json_t *doc = json_loads(r->body, 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "location")),
+                     "http://10.0.0.7:29471/v1/ranks?state=running%2Cexited&node=gpu%20a");
+    json_decref(doc);
+    r = get("/");
+    ck_assert_int_eq(r->status, 307);
+    assert_header(r, "Location: http://10.0.0.7:29471/\r\n");
+    ck_assert_int_eq(get("/healthz")->status, 200);
+    ck_assert_int_eq(get("/metrics")->status, 200);
+    assert_has_line(get("/metrics")->body, "muster_store_leader 0");
+    assert_has_line(get("/metrics")->body, "muster_store_quorum 1");
+    /* Admin: redirected with the token; without it, refused here as anywhere. */
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    ck_assert_int_eq(r->status, 307);
+    assert_header(r, "Location: http://10.0.0.7:29471/v1/job/stop\r\n");
+    assert_error(request("POST", "/v1/job/stop", NULL, NULL), 401, "unauthorized");
+    ck_assert_int_eq(recorded(NULL, NULL), 0);
+    /* Leading again: served here. */
+    publish_all();
+    ck_assert_int_eq(get("/v1/status")->status, 200);
+}
+END_TEST
+
 /* With a read token every GET but /healthz needs it, whatever the path. */
 START_TEST(test_read_token)
 {
@@ -1320,6 +1361,7 @@ Suite *make_http_suite(void)
     tcase_add_checked_fixture(tc, setup_admin, teardown);
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_admin_auth);
+    tcase_add_test(tc, test_standby_redirects_to_the_leader);
     tcase_add_test(tc, test_drain_bad_names);
     tcase_add_test(tc, test_body_limit);
     suite_add_tcase(s, tc);

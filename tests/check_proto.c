@@ -134,6 +134,7 @@ static void sample(int type, struct proto_msg *m)
         m->u.welcome.lease_ms = 10000;
         m->u.welcome.session = 0x1234567890abcULL;
         m->u.welcome.time_ms = 1795000000123;
+        m->u.welcome.term = 17;
         m->u.welcome.job = json_pack("{s:s, s:i}", "name", "demo", "nodes", 2);
         ck_assert_ptr_nonnull(m->u.welcome.job);
         break;
@@ -156,6 +157,7 @@ static void sample(int type, struct proto_msg *m)
         a->restart_count = 4;
         strcpy(a->master_addr, "10.1.2.2");
         a->master_port = 29500;
+        a->term = 17;
         a->job = json_pack("{s:s, s:i, s:[i,i], s:f, s:{s:b}}", "name", "demo",
                            "nodes", 2, "dims", 1, 2, "lr", 3e-4, "opt", "zero", 1);
         ck_assert_ptr_nonnull(a->job);
@@ -163,6 +165,7 @@ static void sample(int type, struct proto_msg *m)
     }
     case PROTO_UNIQUE_ID:
         m->u.unique_id.generation = 3;
+        m->u.unique_id.term = 17;
         for (int i = 0; i < PROTO_UID_LEN; i++)
             m->u.unique_id.id[i] = (uint8_t)(i * 31);
         break;
@@ -194,6 +197,7 @@ static void sample(int type, struct proto_msg *m)
     case PROTO_COMMAND:
         m->u.command.generation = 4;
         m->u.command.action = PROTO_CMD_STOP;
+        m->u.command.term = 17;
         break;
     case PROTO_ERROR:
         strcpy(m->u.error.code, "stale_generation");
@@ -283,6 +287,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(a->u.welcome.lease_ms, b->u.welcome.lease_ms);
         ck_assert_uint_eq(a->u.welcome.session, b->u.welcome.session);
         ck_assert_uint_eq(a->u.welcome.time_ms, b->u.welcome.time_ms);
+        ck_assert_uint_eq(a->u.welcome.term, b->u.welcome.term);
         ck_assert_msg((!a->u.welcome.job && !b->u.welcome.job) || json_equal(a->u.welcome.job, b->u.welcome.job),
                       "job objects differ");
         break;
@@ -312,12 +317,14 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(x->restart_count, y->restart_count);
         ck_assert_str_eq(x->master_addr, y->master_addr);
         ck_assert_uint_eq(x->master_port, y->master_port);
+        ck_assert_uint_eq(x->term, y->term);
         ck_assert_msg(json_equal(x->job, y->job), "job objects differ");
         break;
     }
     case PROTO_UNIQUE_ID:
         ck_assert_uint_eq(a->u.unique_id.generation, b->u.unique_id.generation);
         ck_assert_mem_eq(a->u.unique_id.id, b->u.unique_id.id, PROTO_UID_LEN);
+        ck_assert_uint_eq(a->u.unique_id.term, b->u.unique_id.term);
         break;
     case PROTO_HEARTBEAT: {
         const struct proto_heartbeat *x = &a->u.heartbeat, *y = &b->u.heartbeat;
@@ -365,6 +372,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_COMMAND:
         ck_assert_uint_eq(a->u.command.generation, b->u.command.generation);
         ck_assert_int_eq(a->u.command.action, b->u.command.action);
+        ck_assert_uint_eq(a->u.command.term, b->u.command.term);
         break;
     case PROTO_ERROR:
         ck_assert_str_eq(a->u.error.code, b->u.error.code);
@@ -546,6 +554,38 @@ START_TEST(session_is_optional_and_bounded)
 }
 END_TEST
 
+/* The leader's term on the frames a daemon sends: optional (absent = 0, as
+ * a daemon without a store sends them, so that older agents read them), at
+ * most 2^53 - 1. */
+START_TEST(term_is_optional_and_bounded)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    static const int types[] = {PROTO_WELCOME, PROTO_ASSIGN, PROTO_UNIQUE_ID, PROTO_COMMAND};
+    struct proto_msg m;
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        sample(types[i], &m);
+        uint64_t *term = types[i] == PROTO_WELCOME ? &m.u.welcome.term
+                         : types[i] == PROTO_ASSIGN ? &m.u.assign.term
+                         : types[i] == PROTO_UNIQUE_ID ? &m.u.unique_id.term
+                                                       : &m.u.command.term;
+        *term = 0;
+        int n = proto_encode(&m, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_msg(!memmem(buf, (size_t)n, "\"term\"", 6), "%s: term 0 is on the wire", proto_type_name(types[i]));
+        roundtrip(&m);
+        *term = 1;
+        n = proto_encode(&m, buf, sizeof(buf));
+        ck_assert_ptr_nonnull(memmem(buf, (size_t)n, "\"term\":1", 8));
+        roundtrip(&m);
+        *term = PROTO_U64_MAX;
+        roundtrip(&m);
+        *term = PROTO_U64_MAX + 1;
+        ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+        proto_msg_clear(&m);
+    }
+}
+END_TEST
+
 /* The fullest HELLO (every device a GPU with the longest name, every number
  * at its largest) fits what musterd reads before authentication. */
 START_TEST(fullest_hello_fits_before_authentication)
@@ -707,6 +747,7 @@ START_TEST(frame_layout_is_as_documented)
     int n;
 
     sample(PROTO_COMMAND, &m);
+    m.u.command.term = 0; /* PROTOCOL.md's example is a daemon's without a store */
     n = proto_encode(&m, buf, sizeof(buf));
     ck_assert_int_eq(n, PROTO_HEADER_LEN + (int)strlen(want));
     ck_assert_mem_eq(buf, "\x00\x00\x00\x20\x00\x01\x00\x0a", PROTO_HEADER_LEN);
@@ -1018,7 +1059,9 @@ START_TEST(every_field_is_required)
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
                            (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
-                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error")));
+                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error"))) ||
+                           ((t == PROTO_WELCOME || t == PROTO_ASSIGN || t == PROTO_UNIQUE_ID ||
+                             t == PROTO_COMMAND) && !strcmp(key, "term"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
@@ -1896,7 +1939,8 @@ START_TEST(assign_with_rendered_job_is_the_same_frame)
     /* Every slot count; an address JSON escapes ('"', '\\') takes jansson's way, as do the others. */
     static const char *const addrs[] = {"10.0.0.1", "gpu-07.cluster.example", "a\"b", "c\\d", "{}[]:,"};
     for (uint32_t nranks = 1; nranks <= PROTO_MAX_LOCAL_RANKS; nranks += nranks < 4 ? 1 : 15) {
-        for (size_t k = 0; k < sizeof(addrs) / sizeof(addrs[0]); k++) {
+        for (size_t k = 0; k < 2 * sizeof(addrs) / sizeof(addrs[0]); k++) {
+            m.u.assign.term = k % 2 ? 0 : 9007199254740991ULL; /* a leader's term, or none */
             m.u.assign.nranks = nranks;
             for (uint32_t i = 0; i < nranks; i++) {
                 m.u.assign.ranks[i].rank = 8 * nranks + i;
@@ -1904,7 +1948,7 @@ START_TEST(assign_with_rendered_job_is_the_same_frame)
                 m.u.assign.ranks[i].device = nranks - 1 - i;
             }
             m.u.assign.world_size = 16 * nranks;
-            snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", addrs[k]);
+            snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", addrs[k / 2]);
             m.u.assign.job_text = NULL;
             na = proto_encode(&m, a, sizeof(a));
             m.u.assign.job_text = text;
@@ -2408,6 +2452,7 @@ Suite *make_proto_suite(void)
     tcase_add_loop_test(tc, roundtrip_each_type, PROTO_HELLO, PROTO_TYPE_MAX + 1);
     tcase_add_test(tc, roundtrip_edges);
     tcase_add_test(tc, session_is_optional_and_bounded);
+    tcase_add_test(tc, term_is_optional_and_bounded);
     tcase_add_test(tc, fullest_hello_fits_before_authentication);
     tcase_add_test(tc, roundtrip_log_edges);
     tcase_add_test(tc, log_sanitize_keeps_every_byte);

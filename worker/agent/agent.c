@@ -1664,10 +1664,13 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     a->unanswered_since = 0;
     a->beats_since_answer = 0;
     link_set_state(a, LINK_JOINED);
-    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
+    char term[48] = "";
+    if (a->daemons.term)
+        snprintf(term, sizeof(term), "; leader's term %" PRIu64, a->daemons.term);
+    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms%s)",
              a->daemon, a->cfg->node, a->cfg->devices.n,
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
-             a->heartbeat_interval_ms, a->lease_ms);
+             a->heartbeat_interval_ms, a->lease_ms, term);
     send_unread_exits(a);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
     notify_joined(a);
@@ -1680,6 +1683,48 @@ static void protocol_violation(struct agent *a, const struct proto_msg *msg)
     char why[160];
     snprintf(why, sizeof(why), "unexpected %s in state %s", proto_type_name(msg->type), link_names[a->link]);
     link_lost(a, why);
+}
+
+/* The term a frame says it was sent in (0: none). */
+static uint64_t *frame_term(struct proto_msg *msg)
+{
+    switch (msg->type) {
+    case PROTO_WELCOME: return &msg->u.welcome.term;
+    case PROTO_ASSIGN: return &msg->u.assign.term;
+    case PROTO_UNIQUE_ID: return &msg->u.unique_id.term;
+    case PROTO_COMMAND: return &msg->u.command.term;
+    default: return NULL;
+    }
+}
+
+/*
+ * Fencing by term (PROTOCOL.md "Terms"): a frame of a term lower than one
+ * seen comes from a musterd that led once and no longer does (it was stopped
+ * or cut off past its lease, and another was elected meanwhile). It is not
+ * obeyed; the agent leaves that daemon for the next. Otherwise the term is
+ * taken, and cleared: ranks are not told terms. True when refused.
+ */
+static bool refuse_deposed(struct agent *a, struct proto_msg *msg)
+{
+    uint64_t *term = frame_term(msg);
+    if (!term)
+        return false;
+    uint64_t known = a->daemons.term;
+    if (daemon_list_term(&a->daemons, *term) == 0) {
+        if (*term > known && known)
+            log_info("daemon at %s leads in term %" PRIu64 " (was %" PRIu64 ")", a->daemon, *term, known);
+        *term = 0;
+        return false;
+    }
+    log_warn("%s of term %" PRIu64 " from the daemon at %s refused: term %" PRIu64
+             " was seen, so that daemon no longer leads",
+             proto_type_name(msg->type), *term, a->daemon, known);
+    link_lost(a, "it sent a frame of a deposed leader's term");
+    if (a->daemons.n > 1) {
+        daemon_list_next(&a->daemons); /* the retry goes there */
+        use_daemon(a);
+    }
+    return true;
 }
 
 static void daemon_msg(struct fconn *c, struct proto_msg *msg)
@@ -1699,6 +1744,8 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         log_warn("daemon reports an error: %s: %s", msg->u.error.code, msg->u.error.reason);
         return;
     }
+    if (refuse_deposed(a, msg))
+        return;
     switch (a->link) {
     case LINK_HELLO:
         if (msg->type != PROTO_CHALLENGE) {

@@ -129,3 +129,11 @@ void daemon_list_next(struct daemon_list *l)
     if (l->n)
         l->cur = (l->cur + 1) % l->n;
 }
+
+int daemon_list_term(struct daemon_list *l, uint64_t term)
+{
+    if (term < l->term)
+        return -ESTALE;
+    l->term = term;
+    return 0;
+}

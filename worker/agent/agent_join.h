@@ -29,6 +29,7 @@ int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, 
 struct daemon_list {
     unsigned n, cur;
     char addr[AGENT_MAX_DAEMONS][DAEMON_ADDR_MAX]; /* HOST:PORT, each valid for hostport_parse */
+    uint64_t term; /* the highest leader's term seen in a frame (0: none, or no store) */
 };
 
 /* "HOST:PORT[,HOST:PORT...]". Returns 0 or -EINVAL with the reason in err. */
@@ -41,6 +42,13 @@ int daemon_list_parse(const char *s, struct daemon_list *l, char *err, size_t er
 int daemon_list_follow(struct daemon_list *l, const char *reason);
 /* The next daemon in the list becomes current. */
 void daemon_list_next(struct daemon_list *l);
+/*
+ * The term a daemon's WELCOME, ASSIGN, UNIQUE_ID or COMMAND carries: 0 when
+ * it is not lower than any seen (the highest is kept), -ESTALE when it is:
+ * the frame comes from a deposed leader and must not be obeyed. Term 0 (a
+ * daemon without a store) is accepted while no term was seen.
+ */
+int daemon_list_term(struct daemon_list *l, uint64_t term);
 
 #define BACKOFF_BASE_MS 200
 #define BACKOFF_CAP_MS 5000
