@@ -612,6 +612,34 @@ START_TEST(activations_and_largest_micro_batch)
 }
 END_TEST
 
+/* The largest inputs the checks let through are counted, not wrapped: a
+ * ZeRO-3 step of 10^15 parameters over 10^6 micro-steps would move ~4e21
+ * bytes (past 2^64) and is refused by name; DDP's one all-reduce of as many
+ * is 2 x 5e14 x 2 B; 4096 x 64 ranks x 10^6 micro-steps take 3 x 10^6 x
+ * 262143 hops, past an int. */
+START_TEST(program_extremes_are_counted_not_wrapped)
+{
+    struct plan_prog p;
+    char err[256];
+    struct plan_prog_input in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, PLAN_PROG_MAX_PARAMS, 2);
+    in.accum = 1000000;
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "1000000 micro-steps of 1000000000000000 parameters over 2 ranks move more "
+                                      "than 2^62 bytes per step"));
+    in.par = PLAN_PAR_DDP;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.step_sent, 2000000000000000ULL);
+    ck_assert_int_eq(p.ring_steps, 2);
+    in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, 1, 4096);
+    in.gpus_per_node = 64;
+    in.accum = 1000000;
+    p = prog_of(&in);
+    ck_assert_int_eq(p.ring_steps, 3000000LL * 262143);
+    ck_assert_uint_eq(p.step_sent, 3000000ULL * 262143 * 2);
+    ck_assert(p.comm_s > 0 && p.comm_frac > 0 && p.comm_frac <= 1);
+}
+END_TEST
+
 START_TEST(program_bad_input_is_named)
 {
     struct plan_prog p;
@@ -696,6 +724,7 @@ Suite *make_plan_suite(void)
     tcase_add_test(prog, zero_traffic_per_step);
     tcase_add_test(prog, activations_and_largest_micro_batch);
     tcase_add_test(prog, program_bad_input_is_named);
+    tcase_add_test(prog, program_extremes_are_counted_not_wrapped);
     tcase_add_test(prog, program_plan_from_job_spec);
     suite_add_tcase(s, prog);
     return s;
