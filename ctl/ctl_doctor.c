@@ -140,21 +140,34 @@ static int server_parse(const char *url, struct server_addr *s, char *why, size_
 {
     memset(s, 0, sizeof(*s));
     CURLU *u = curl_url();
-    char *host = NULL, *port = NULL;
+    char *host = NULL, *port = NULL, *zone = NULL;
     int rc = -EINVAL;
-    if (!u || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK) {
-        snprintf(why, len, "--server '%s': not a URL with a host", url);
+    CURLUcode uc = CURLUE_OUT_OF_MEMORY;
+    if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+        snprintf(why, len, "--server '%s' is not an http:// or https:// URL", url);
         goto out;
     }
-    /* an IPv6 literal comes bracketed */
+    if (!u || (uc = curl_url_set(u, CURLUPART_URL, url, 0)) != CURLUE_OK ||
+        (uc = curl_url_get(u, CURLUPART_HOST, &host, 0)) != CURLUE_OK ||
+        (uc = curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT)) != CURLUE_OK) {
+        snprintf(why, len, "--server '%s': %s", url, curl_url_strerror(uc));
+        goto out;
+    }
+    s->rest_port = atoi(port);
+    if (s->rest_port < 1 || s->rest_port > 65535) {
+        snprintf(why, len, "--server '%s': port %s: expected 1 to 65535", url, port);
+        goto out;
+    }
+    /* an IPv6 literal comes bracketed, its zone (fe80::1%25eth0) apart */
     size_t hl = strlen(host);
     if (host[0] == '[' && hl > 2 && host[hl - 1] == ']')
-        snprintf(s->host, sizeof(s->host), "%.*s", (int)(hl - 2), host + 1);
-    else
-        snprintf(s->host, sizeof(s->host), "%s", host);
-    s->rest_port = atoi(port);
+        hl -= 2;
+    curl_url_get(u, CURLUPART_ZONEID, &zone, 0);
+    if ((size_t)snprintf(s->host, sizeof(s->host), "%.*s%s%s", (int)hl, host + (host[0] == '['),
+                         zone ? "%" : "", zone ? zone : "") >= sizeof(s->host)) {
+        snprintf(why, len, "--server: host '%.64s...': expected at most %zu bytes", host, sizeof(s->host) - 1);
+        goto out;
+    }
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
     int g = getaddrinfo(s->host, NULL, &hints, &ai);
     if (g || !ai || ai->ai_addrlen > sizeof(s->sa)) {
@@ -171,6 +184,7 @@ static int server_parse(const char *url, struct server_addr *s, char *why, size_
 out:
     curl_free(host);
     curl_free(port);
+    curl_free(zone);
     curl_url_cleanup(u);
     return rc;
 }
@@ -421,7 +435,8 @@ int ctl_doctor_main(int argc, char **argv, const char *server, ctl_get_fn get, v
                 token = v;
             else if (strcmp(a, "--server") == 0)
                 server = v;
-            else if (strcmp(a, "--devices-per-node") == 0 && ((devices = atoi(v)) < 1 || devices > PLAN_MAX_DEVICES)) {
+            else if (strcmp(a, "--devices-per-node") == 0 &&
+                     ((devices = atoi(v)) < 1 || devices > PLAN_MAX_DEVICES || strspn(v, "0123456789") != strlen(v))) {
                 json_decref(d.rows);
                 return usage("--devices-per-node: expected 1 to 64, got '%s'", v);
             } else if (strcmp(a, "--control-port") == 0 &&
