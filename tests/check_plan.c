@@ -701,6 +701,16 @@ START_TEST(program_plan_from_job_spec)
     ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "precision: muster-train computes in bf16"));
     json_decref(o);
+    /* a program's keys on a muster-train job (parallelism forgotten) are refused, not ignored */
+    o = json_pack("{s:s, s:s, s:I}", "name", "mt", "rank_cmd", "python3 train.py", "params", (json_int_t)50300000);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "job.json: params: describes a rank_cmd program (set parallelism); muster-train counts "
+                          "its parameters from the model keys and keeps its activations");
+    json_decref(o);
+    o = json_pack("{s:s, s:i}", "name", "mt", "activation_checkpointing", 1);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: activation_checkpointing: describes a rank_cmd program"));
+    json_decref(o);
 }
 END_TEST
 
