@@ -311,8 +311,9 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
                 return usage("--device: expected cpu or gpu, got '%s'", v);
             a->device = strcmp(v, "gpu") == 0 ? PLAN_GPU : PLAN_CPU;
         } else if ((v = ctl_option_value(argc, argv, &i, "--device-memory", &missing))) {
-            if (parse_num(v, &a->mem_gb) || a->mem_gb <= 0 || a->mem_gb > 1e6)
-                return usage("--device-memory: expected GiB above 0 and up to 1000000, got '%s'", v);
+            /* below 0.001 GiB (1 MiB) the bytes would round to 0, which the plan reads as unknown */
+            if (parse_num(v, &a->mem_gb) || a->mem_gb < 0.001 || a->mem_gb > 1e6)
+                return usage("--device-memory: expected GiB from 0.001 to 1000000, got '%s'", v);
             a->have_mem = 1;
         } else if ((v = ctl_option_value(argc, argv, &i, "--network", &missing))) {
             if (plan_link_parse(v, &a->inter))

@@ -38,6 +38,10 @@ expect_usage "unknown preset" "not a model preset (expected a job spec file or o
 expect_usage "zero nodes" "nodes: expected 1 to 4096, got '0'" tiny --nodes 0
 expect_usage "absurd bandwidth" "network: expected Gbit/s" tiny --network 1e9
 expect_usage "negative memory" "device-memory" tiny --device-memory -1
+# memory that rounds to 0 bytes would be planned as unknown: refused
+expect_usage "memory below a byte" "--device-memory: expected GiB from 0.001" tiny --device-memory 1e-10
+expect_usage "a program's memory below a byte" "--device-memory: expected GiB from 0.001" \
+    --parallelism ddp --params 50M --device-memory 1e-10
 echo '{"name": "x", "model": "gpt5"}' > "$ITEST_DIR/bad.json"
 expect_usage "job with an unknown preset" 'unknown preset "gpt5"' "$ITEST_DIR/bad.json"
 expect_usage "batch that does not divide" "batch" tiny --nodes 3 --batch 16
