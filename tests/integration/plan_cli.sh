@@ -139,6 +139,25 @@ expect_doctor_usage "devices per node 3x" "--devices-per-node: expected 1 to 64,
 for flag in --job --token-file --devices-per-node --server --control-port --json; do
     "$CTLBIN" doctor --help | grep -q -- "$flag" || fail "doctor --help does not name $flag"
 done
+# doctor --job of a program's spec (rank_cmd, parallelism ddp) plans that program, not muster-train's
+# default model (which failed it: "seq_len: expected 1 to the model's context 128, got 1024")
+mkdir -p "$ITEST_DIR/pck"
+cat > "$ITEST_DIR/pdoc.json" <<JSON
+{"name": "pdoc", "nodes": 2, "rank_cmd": "python3 train.py", "parallelism": "ddp", "params": 50300000,
+ "precision": "fp16", "batch": 16, "micro_batch": 1, "seq_len": 1024, "checkpoint_dir": "$ITEST_DIR/pck"}
+JSON
+set +e
+"$CTLBIN" doctor --job "$ITEST_DIR/pdoc.json" --token-file "$ITEST_DIR/token" --server http://127.0.0.1:1 --json \
+    2>/dev/null > "$ITEST_DIR/pdoc.out"
+set -e
+python3 -c '
+import json, sys
+rows = {r["check"]: r for r in json.load(open(sys.argv[1]))["checks"]}
+plan, ck = rows["plan"], rows["checkpoint_dir"]
+assert plan["result"] != "FAIL" and plan["detail"].startswith("ddp program: 0.75 GiB per GPU predicted"), plan
+assert ck["result"] == "ok" and "data" not in rows, rows
+print("doctor --job of a ddp program: plan %s (%s)" % (plan["result"], plan["detail"]))' "$ITEST_DIR/pdoc.out" \
+    || fail "doctor --job of a program's spec: $(cat "$ITEST_DIR/pdoc.out")"
 
 # the running job
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
