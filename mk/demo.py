@@ -78,13 +78,13 @@ def env_int(name, default, low, high):
 
 
 def pick_port(preferred):
-    """The preferred port when it is free on loopback, else any free one."""
+    """The preferred port when it is free on loopback, else 0 (musterd picks one)."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", preferred))
         except OSError:
-            s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            return 0
+        return preferred
 
 
 def human(n):
@@ -232,11 +232,11 @@ class Demo:
         if made.returncode != 0:
             raise DemoError(f"musterctl token new: {made.stderr.strip()}")
         ctl, http = pick_port(29470), pick_port(29471)
-        self.server = f"http://127.0.0.1:{http}"
         self.daemon = self.spawn(
             [f"{BUILD}/musterd", "--job", self.job_path, "--listen", f"127.0.0.1:{ctl}",
              "--http", f"127.0.0.1:{http}", "--state-dir", os.path.join(DIR, "state"),
              "--token-file", token], "musterd.log")
+        ctl = self.wait_listening()
         while self.get("/v1/status") is None:
             if self.daemon.poll() is not None:
                 raise DemoError(f"musterd exited with status {self.daemon.returncode}")
@@ -255,6 +255,24 @@ class Demo:
                 [f"{BUILD}/muster-worker", "--daemon", f"127.0.0.1:{ctl}", "--node", node,
                  "--devices", f"cpu:{RANKS_PER_NODE}", "--token-file", token,
                  "--state-dir", os.path.join(DIR, "agents")], f"{node}.log")
+
+    def wait_listening(self):
+        """musterd's control port, and its REST URL in self.server, as its own
+        log says: a port another program took after pick_port found it free
+        stops musterd (said here) rather than point the demo at that program."""
+        log = os.path.join(DIR, "musterd.log")
+        while True:
+            with open(log, errors="replace") as f:
+                text = f.read()
+            m = re.search(r"control 127\.0\.0\.1:(\d+), REST (http://127\.0\.0\.1:\d+)", text)
+            if m:
+                self.server = m.group(2)
+                return int(m.group(1))
+            if self.daemon.poll() is not None:
+                last = text.strip().splitlines()[-1:] or ["(no output)"]
+                raise DemoError(f"musterd exited with status {self.daemon.returncode}: {last[0]}")
+            self.check_deadline("musterd's start")
+            time.sleep(0.05)
 
     def wait_formed(self):
         """Names each node when musterd lists it joined, then the first generation."""
