@@ -119,6 +119,10 @@ assert p["micro_batch"] == 8 and p["accum"] == 3, p' || fail "--batch 48 --accum
 # a ZeRO-3 step of 10^15 parameters over 10^6 micro-steps cannot be counted in 64 bits: refused, never negative
 expect_usage "traffic past 2^62 bytes" "move more than 2^62 bytes per step" \
     --parallelism zero3 --params 1e15 --nodes 2 --accum 1000000
+# --params beside a shape that counts otherwise: the plan says which figure counts what
+"$CTLBIN" plan --parallelism ddp --params 50M --layers 12 --d-model 768 --heads 12 --vocab 50257 \
+    | grep -q "(params 50.00 M count the memory and traffic; the shape, 12 layers x d_model 768 x vocab 50257 = 124.44 M, the activations)" \
+    || fail "plan with --params and a shape that disagree does not say so"
 "$CTLBIN" plan --help | grep -q -- "--parallelism P" || fail "plan --help does not name --parallelism"
 # doctor refuses a --server it cannot check, naming what is wrong (exit 2), as musterctl's own --server does
 expect_doctor_usage() { # WHAT PATTERN ARGS...
