@@ -132,9 +132,11 @@ static const struct key_def keys[] = {
     {"precision", KEY_STRING, F(precision), 0, 0, 0, "bf16",
      "a rank_cmd program's precision, for the plan: fp32, bf16 or fp16 (both mixed, fp32 master weights)"},
     {"params", KEY_I64, F(params), 0, 1e15, 0, NULL,
-     "a rank_cmd program's parameter count, for the plan; 0 = from the model keys"},
+     "a rank_cmd program's parameter count, for the plan (with parallelism other than muster-train); 0 = from "
+     "the model keys"},
     {"activation_checkpointing", KEY_INT, F(activation_checkpointing), 0, 1, 0, NULL,
-     "1: the rank_cmd program recomputes activations (the plan's activation memory and compute say so)"},
+     "1: the rank_cmd program recomputes activations (the plan's activation memory and compute say so; with "
+     "parallelism other than muster-train)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -339,6 +341,12 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
     if (!program && prec == PLAN_FP16) {
         fail(err, errlen, "%s: precision: muster-train computes in bf16 on GPUs and fp32 on CPUs; fp16 describes a "
              "rank_cmd program (set parallelism)", origin);
+        return -EINVAL;
+    }
+    if (!program && (spec->params || spec->activation_checkpointing)) {
+        fail(err, errlen, "%s: %s: describes a rank_cmd program (set parallelism); muster-train counts its "
+             "parameters from the model keys and keeps its activations", origin,
+             spec->params ? "params" : "activation_checkpointing");
         return -EINVAL;
     }
     if (program && !spec->params && !spec->shape_given) {

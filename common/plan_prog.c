@@ -233,33 +233,26 @@ int plan_prog_compute(const struct plan_prog_input *in, struct plan_prog *p, cha
 
     /* ring collectives: a reduce-scatter or all-gather sends (N-1) blocks of
      * ceil(P/N) elements, an all-reduce twice that; each takes N-1 hops (an
-     * all-reduce 2(N-1)) */
+     * all-reduce 2(N-1)). Per step: DDP all-reduces once (no_sync while
+     * accumulating); ZeRO-1 reduce-scatters once and all-gathers the updated
+     * weights; ZeRO-2 reduce-scatters every micro-step and all-gathers once;
+     * ZeRO-3 gathers in forward and backward and reduce-scatters every
+     * micro-step. */
     const uint64_t A = (uint64_t)in->accum, blk = (N - 1) * shard, hops = N - 1;
-    p->grad_bytes = g * P;
-    if (stage == 0) { /* all-reduce of the gradients, once per step */
-        p->syncs_per_step = 1;
-        p->sync_sent = 2 * blk * g;
-        p->reduce_sent = p->sync_sent;
-        p->ring_steps = (int)(2 * hops);
-    } else if (stage == 1) { /* reduce-scatter once, all-gather of the updated weights */
-        p->syncs_per_step = 1;
-        p->sync_sent = blk * g;
-        p->reduce_sent = p->sync_sent;
-        p->gather_sent = blk * w;
-        p->ring_steps = (int)(2 * hops);
-    } else if (stage == 2) { /* reduce-scatter every micro-step, all-gather once */
-        p->syncs_per_step = (int)A;
-        p->sync_sent = blk * g;
-        p->reduce_sent = A * p->sync_sent;
-        p->gather_sent = blk * w;
-        p->ring_steps = (int)((A + 1) * hops);
-    } else { /* every micro-step: gathers in forward and backward, reduce-scatter */
-        p->syncs_per_step = (int)A;
-        p->sync_sent = blk * g;
-        p->reduce_sent = A * p->sync_sent;
-        p->gather_sent = 2 * A * blk * w;
-        p->ring_steps = (int)(3 * A * hops);
+    const uint64_t reduces = stage >= 2 ? A : 1, per_reduce = stage == 0 ? 2 : 1;
+    const uint64_t gathers = stage == 0 ? 0 : stage == 3 ? 2 * A : 1;
+    /* bytes beyond 2^62 a GPU could wrap: refuse the plan instead */
+    if ((double)blk * ((double)reduces * per_reduce * g + (double)gathers * w) > 4.6e18) {
+        snprintf(err, errlen, "%d micro-steps of %llu parameters over %d ranks move more than 2^62 bytes per step: "
+                 "the plan cannot count them", in->accum, (unsigned long long)P, p->world);
+        return -EINVAL;
     }
+    p->grad_bytes = g * P;
+    p->syncs_per_step = (int)reduces;
+    p->sync_sent = per_reduce * blk * g;
+    p->reduce_sent = reduces * p->sync_sent;
+    p->gather_sent = gathers * blk * w;
+    p->ring_steps = (int64_t)((reduces * per_reduce + gathers) * hops);
     p->step_sent = p->reduce_sent + p->gather_sent;
     /* a ring laid out node by node crosses each node's link with one rank's
      * bytes each way: the slowest link bounds it */
@@ -296,11 +289,11 @@ json_t *plan_prog_json(const struct plan_prog *p)
                             "fits", p->fits < 0 ? json_null() : json_boolean(p->fits), "max_micro_batch",
                             opt_int(p->max_micro_batch, p->max_micro_batch >= 0));
     json_t *comm = json_pack(
-        "{s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:b}",
+        "{s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:b}",
         "gradient_bytes", (json_int_t)p->grad_bytes, "sync_sent", (json_int_t)p->sync_sent, "syncs_per_step",
         p->syncs_per_step, "reduce_sent", (json_int_t)p->reduce_sent, "gather_sent", (json_int_t)p->gather_sent,
         "sent_per_step", (json_int_t)p->step_sent, "recv_per_step", (json_int_t)p->step_sent, "ring_steps",
-        p->ring_steps, "network_gbit", in->inter.gbit, "latency_us", in->inter.latency_us, "intra_gbit",
+        (json_int_t)p->ring_steps, "network_gbit", in->inter.gbit, "latency_us", in->inter.latency_us, "intra_gbit",
         in->intra.gbit, "intra_latency_us", in->intra.latency_us, "comm_s", p->comm_s, "tflops", in->tflops,
         "flops_per_step", p->flops, "compute_s", p->compute_s, "step_time",
         in->step_time > 0 ? json_real(in->step_time) : json_null(), "comm_over_step", p->comm_over_step);

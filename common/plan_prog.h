@@ -90,7 +90,7 @@ struct plan_prog {
     uint64_t reduce_sent;   /* per step: all-reduces or reduce-scatters of gradients */
     uint64_t gather_sent;   /* per step: all-gathers of parameters (ZeRO-1/2 after the update, ZeRO-3 per micro-step) */
     uint64_t step_sent;     /* the sum */
-    int ring_steps;         /* hops of every collective in a step (the latency term) */
+    int64_t ring_steps;     /* hops of every collective in a step (the latency term) */
     double comm_s;          /* step_sent over the slowest link, plus the hops' latency */
     double flops, compute_s; /* the estimate at tflops */
     double comm_frac;       /* comm_s / step_time, or comm_s / (comm_s + compute_s) */

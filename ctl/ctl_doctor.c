@@ -25,6 +25,7 @@
 
 #include "common/jobspec.h"
 #include "common/plan.h"
+#include "common/plan_prog.h"
 #include "common/preflight.h"
 #include "common/token.h"
 
@@ -140,21 +141,34 @@ static int server_parse(const char *url, struct server_addr *s, char *why, size_
 {
     memset(s, 0, sizeof(*s));
     CURLU *u = curl_url();
-    char *host = NULL, *port = NULL;
+    char *host = NULL, *port = NULL, *zone = NULL;
     int rc = -EINVAL;
-    if (!u || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK) {
-        snprintf(why, len, "--server '%s': not a URL with a host", url);
+    CURLUcode uc = CURLUE_OUT_OF_MEMORY;
+    if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+        snprintf(why, len, "--server '%s' is not an http:// or https:// URL", url);
         goto out;
     }
-    /* an IPv6 literal comes bracketed */
+    if (!u || (uc = curl_url_set(u, CURLUPART_URL, url, 0)) != CURLUE_OK ||
+        (uc = curl_url_get(u, CURLUPART_HOST, &host, 0)) != CURLUE_OK ||
+        (uc = curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT)) != CURLUE_OK) {
+        snprintf(why, len, "--server '%s': %s", url, curl_url_strerror(uc));
+        goto out;
+    }
+    s->rest_port = atoi(port);
+    if (s->rest_port < 1 || s->rest_port > 65535) {
+        snprintf(why, len, "--server '%s': port %s: expected 1 to 65535", url, port);
+        goto out;
+    }
+    /* an IPv6 literal comes bracketed, its zone (fe80::1%25eth0) apart */
     size_t hl = strlen(host);
     if (host[0] == '[' && hl > 2 && host[hl - 1] == ']')
-        snprintf(s->host, sizeof(s->host), "%.*s", (int)(hl - 2), host + 1);
-    else
-        snprintf(s->host, sizeof(s->host), "%s", host);
-    s->rest_port = atoi(port);
+        hl -= 2;
+    curl_url_get(u, CURLUPART_ZONEID, &zone, 0);
+    if ((size_t)snprintf(s->host, sizeof(s->host), "%.*s%s%s", (int)hl, host + (host[0] == '['),
+                         zone ? "%" : "", zone ? zone : "") >= sizeof(s->host)) {
+        snprintf(why, len, "--server: host '%.64s...': expected at most %zu bytes", host, sizeof(s->host) - 1);
+        goto out;
+    }
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
     int g = getaddrinfo(s->host, NULL, &hints, &ai);
     if (g || !ai || ai->ai_addrlen > sizeof(s->sa)) {
@@ -171,6 +185,7 @@ static int server_parse(const char *url, struct server_addr *s, char *why, size_
 out:
     curl_free(host);
     curl_free(port);
+    curl_free(zone);
     curl_url_cleanup(u);
     return rc;
 }
@@ -295,6 +310,50 @@ static void check_devices(struct doctor *d, uint64_t *gpu_mem, uint64_t *host_me
           (double)g[0].free / (1 << 30));
 }
 
+/* checkpoint_dir writable, with room for need bytes (0: what the program writes is unknown). */
+static void check_ckpt_dir(struct doctor *d, const char *dir, uint64_t need)
+{
+    char why[PREFLIGHT_WHY_MAX];
+    uint64_t fr;
+    if (!dir[0])
+        return;
+    if (preflight_ckpt_dir(dir, need, &fr, why, sizeof(why)) != 0)
+        check(d, "checkpoint_dir", 0, "%s", why);
+    else if (need)
+        check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free, 2 checkpoints need %.1f MiB", dir,
+              (double)fr / (1 << 30), (double)need / (1 << 20));
+    else
+        check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free", dir, (double)fr / (1 << 30));
+}
+
+/* A rank_cmd program the spec describes (parallelism ddp, zero1..3, fsdp): its
+ * plan (common/plan_prog.h) against this node's GPUs, and its checkpoint_dir
+ * writable; muster-train's plan and data checks are not its. */
+static void check_program(struct doctor *d, const char *path, const struct job_spec *spec, int devices,
+                          uint64_t gpu_mem)
+{
+    struct plan_prog_input in;
+    struct plan_prog p;
+    char err[1024];
+    if (plan_prog_input_from_spec(&in, spec, spec->nodes, devices, err, sizeof(err)) ||
+        (in.gpu_mem = gpu_mem, plan_prog_compute(&in, &p, err, sizeof(err)))) {
+        check(d, "plan", 0, "%s", err);
+    } else {
+        const double need = (double)p.peak / (1 << 30), have = (double)gpu_mem / (1 << 30);
+        if (!gpu_mem)
+            check(d, "plan", -1, "%s program: %.2f GiB per GPU predicted; no GPU here to check it against",
+                  spec->parallelism, need);
+        else if (p.fits)
+            check(d, "plan", 1, "%s program: %.2f GiB per GPU predicted, a GPU has %.2f GiB", spec->parallelism,
+                  need, have);
+        else
+            check(d, "plan", 0, "%s program: %.2f GiB per GPU predicted, a GPU has %.2f GiB: shard more (zero2, "
+                  "zero3), checkpoint activations or use more GPUs (musterctl plan %s)", spec->parallelism, need,
+                  have, path);
+    }
+    check_ckpt_dir(d, spec->checkpoint_dir, 0);
+}
+
 static void check_job(struct doctor *d, const char *path, int devices, uint64_t gpu_mem, uint64_t host_mem)
 {
     struct job_spec spec;
@@ -304,8 +363,15 @@ static void check_job(struct doctor *d, const char *path, int devices, uint64_t 
         return;
     }
     check(d, "job spec", 1, "%s: job %s, %d node%s", path, spec.name, spec.nodes, spec.nodes == 1 ? "" : "s");
-    if (spec.rank_cmd[0]) {
-        check(d, "data", -1, "the job runs its own rank program (rank_cmd): data and memory are the program's");
+    if (strcmp(spec.parallelism, "muster-train") != 0) {
+        check_program(d, path, &spec, devices, gpu_mem);
+        return;
+    }
+    if (spec.rank_cmd[0]) { /* muster-train's plan would describe another program */
+        check(d, "plan", -1, "the job runs its own rank program (rank_cmd): describe it with parallelism and params "
+              "to plan it (docs/plan.md); its data and memory are its own");
+        check_ckpt_dir(d, spec.checkpoint_dir, 0);
+        return;
     }
     struct plan_input in;
     struct plan p;
@@ -319,39 +385,29 @@ static void check_job(struct doctor *d, const char *path, int devices, uint64_t 
             in.data_tokens = pd.tokens;
         planned = plan_compute(&in, &p, err, sizeof(err)) == 0;
     }
-    if (!planned) {
+    if (!planned)
         check(d, "plan", 0, "%s", err);
-    } else if (!spec.rank_cmd[0]) {
-        if (p.fits == 1)
-            check(d, "plan", 1, "%d rank%s need %.1f MiB of %.2f GiB %s", in.devices_per_node,
-                  in.devices_per_node == 1 ? "" : "s", (double)p.need / (1 << 20), (double)in.device_mem / (1 << 30),
-                  gpu_mem ? "per GPU" : "host memory");
-        else
-            check(d, "plan", 0, "needs %.2f GiB, %s has %.2f GiB: use more nodes, a smaller micro_batch (largest that "
-                  "fits: %d) or a smaller model (musterctl plan %s)", (double)p.need / (1 << 30),
-                  gpu_mem ? "a GPU" : "this node", (double)in.device_mem / (1 << 30), p.max_micro_batch, path);
-    }
-    if (!spec.rank_cmd[0]) {
-        struct gpt_config cfg;
-        struct preflight_data pd;
-        if (!spec.data[0])
-            check(d, "data", 0, "the job names no data file: set \"data\"");
-        else if (job_spec_model(&spec, &cfg, err, sizeof(err)) == 0 &&
-                 preflight_data_check(spec.data, cfg.V, spec.seq_len ? spec.seq_len : cfg.T, spec.val_fraction, &pd,
-                                      why, sizeof(why)) == 0)
-            check(d, "data", 1, "%s: %s, %llu tokens, largest %d < vocab %d", spec.data,
-                  pd.tokens_file ? "token file" : "text", (unsigned long long)pd.tokens, pd.max_token, cfg.V);
-        else
-            check(d, "data", 0, "%s", why);
-    }
-    if (spec.checkpoint_dir[0] && planned) {
-        uint64_t fr;
-        if (preflight_ckpt_dir(spec.checkpoint_dir, 2 * p.ckpt_bytes, &fr, why, sizeof(why)) == 0)
-            check(d, "checkpoint_dir", 1, "%s: writable, %.2f GiB free, 2 checkpoints need %.1f MiB",
-                  spec.checkpoint_dir, (double)fr / (1 << 30), (double)(2 * p.ckpt_bytes) / (1 << 20));
-        else
-            check(d, "checkpoint_dir", 0, "%s", why);
-    }
+    else if (p.fits == 1)
+        check(d, "plan", 1, "%d rank%s need %.1f MiB of %.2f GiB %s", in.devices_per_node,
+              in.devices_per_node == 1 ? "" : "s", (double)p.need / (1 << 20), (double)in.device_mem / (1 << 30),
+              gpu_mem ? "per GPU" : "host memory");
+    else
+        check(d, "plan", 0, "needs %.2f GiB, %s has %.2f GiB: use more nodes, a smaller micro_batch (largest that "
+              "fits: %d) or a smaller model (musterctl plan %s)", (double)p.need / (1 << 30),
+              gpu_mem ? "a GPU" : "this node", (double)in.device_mem / (1 << 30), p.max_micro_batch, path);
+    struct gpt_config cfg;
+    struct preflight_data pd;
+    if (!spec.data[0])
+        check(d, "data", 0, "the job names no data file: set \"data\"");
+    else if (job_spec_model(&spec, &cfg, err, sizeof(err)) == 0 &&
+             preflight_data_check(spec.data, cfg.V, spec.seq_len ? spec.seq_len : cfg.T, spec.val_fraction, &pd,
+                                  why, sizeof(why)) == 0)
+        check(d, "data", 1, "%s: %s, %llu tokens, largest %d < vocab %d", spec.data,
+              pd.tokens_file ? "token file" : "text", (unsigned long long)pd.tokens, pd.max_token, cfg.V);
+    else
+        check(d, "data", 0, "%s", why);
+    if (planned)
+        check_ckpt_dir(d, spec.checkpoint_dir, 2 * p.ckpt_bytes);
 }
 
 static void print_table(FILE *f, const json_t *rows)
@@ -421,7 +477,8 @@ int ctl_doctor_main(int argc, char **argv, const char *server, ctl_get_fn get, v
                 token = v;
             else if (strcmp(a, "--server") == 0)
                 server = v;
-            else if (strcmp(a, "--devices-per-node") == 0 && ((devices = atoi(v)) < 1 || devices > PLAN_MAX_DEVICES)) {
+            else if (strcmp(a, "--devices-per-node") == 0 &&
+                     ((devices = atoi(v)) < 1 || devices > PLAN_MAX_DEVICES || strspn(v, "0123456789") != strlen(v))) {
                 json_decref(d.rows);
                 return usage("--devices-per-node: expected 1 to 64, got '%s'", v);
             } else if (strcmp(a, "--control-port") == 0 &&

@@ -18,6 +18,8 @@
 #include "common/preflight.h"
 #include "ctl/ctl_args.h"
 
+#define PLAN_MAX_BATCH 1048576 /* the job spec's bound on batch */
+
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 static long long integer(const json_t *o, const char *key)
 {
@@ -274,7 +276,7 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
                    (r = int_opt(argc, argv, &i, "--devices-per-node", 1, PLAN_MAX_DEVICES, &a->devices, &missing,
                                 &rc)) ||
                    (r = int_opt(argc, argv, &i, "--gpus-per-node", 1, PLAN_MAX_DEVICES, &a->devices, &missing, &rc)) ||
-                   (r = int_opt(argc, argv, &i, "--batch", 1, 1048576, &a->batch, &missing, &rc)) ||
+                   (r = int_opt(argc, argv, &i, "--batch", 1, PLAN_MAX_BATCH, &a->batch, &missing, &rc)) ||
                    (r = int_opt(argc, argv, &i, "--micro-batch", 1, 65536, &a->micro_batch, &missing, &rc)) ||
                    (r = int_opt(argc, argv, &i, "--seq-len", 1, 1048576, &a->seq_len, &missing, &rc)) ||
                    (r = int_opt(argc, argv, &i, "--accum", 1, 1000000, &a->accum, &missing, &rc))) {
@@ -309,8 +311,9 @@ static int parse_args(int argc, char **argv, struct plan_args *a, int *json, con
                 return usage("--device: expected cpu or gpu, got '%s'", v);
             a->device = strcmp(v, "gpu") == 0 ? PLAN_GPU : PLAN_CPU;
         } else if ((v = ctl_option_value(argc, argv, &i, "--device-memory", &missing))) {
-            if (parse_num(v, &a->mem_gb) || a->mem_gb <= 0 || a->mem_gb > 1e6)
-                return usage("--device-memory: expected GiB above 0 and up to 1000000, got '%s'", v);
+            /* below 0.001 GiB (1 MiB) the bytes would round to 0, which the plan reads as unknown */
+            if (parse_num(v, &a->mem_gb) || a->mem_gb < 0.001 || a->mem_gb > 1e6)
+                return usage("--device-memory: expected GiB from 0.001 to 1000000, got '%s'", v);
             a->have_mem = 1;
         } else if ((v = ctl_option_value(argc, argv, &i, "--network", &missing))) {
             if (plan_link_parse(v, &a->inter))
@@ -394,6 +397,37 @@ static void print_doc(json_t *doc, int json, void (*render)(FILE *, const json_t
     }
 }
 
+/* The global batch that accum micro-steps of *micro sequences on ranks ranks
+ * make, at most a job's batch (1048576); with --batch too the two must
+ * agree, and a *micro of 0 is what they imply. 0, or the usage status. */
+static int accum_batch(const struct plan_args *a, int accum, int *micro, int ranks, int *batch)
+{
+    char msg[320];
+    const long long steps = (long long)accum * ranks; /* sequences per step per sequence of micro-batch */
+    if (!*micro && a->batch) {
+        if (a->batch % steps) {
+            snprintf(msg, sizeof(msg), "--batch %d does not split into %d micro-steps over %d ranks: give a multiple "
+                     "of %lld", a->batch, accum, ranks, steps);
+            return usage("%s", msg);
+        }
+        *micro = (int)(a->batch / steps);
+    }
+    const long long b = steps * *micro;
+    if (b > PLAN_MAX_BATCH) {
+        snprintf(msg, sizeof(msg), "accum %d x micro_batch %d x %d ranks = %lld sequences per step: expected at "
+                 "most %d (a job's batch); give a smaller --accum or --micro-batch", accum, *micro, ranks, b,
+                 PLAN_MAX_BATCH);
+        return usage("%s", msg);
+    }
+    if (a->batch && a->batch != b) {
+        snprintf(msg, sizeof(msg), "--batch %d disagrees with --accum %d x micro_batch %d x %d ranks = %lld: give "
+                 "one of --batch and --accum, or figures that agree", a->batch, accum, *micro, ranks, b);
+        return usage("%s", msg);
+    }
+    *batch = (int)b;
+    return 0;
+}
+
 static int plan_local(const struct plan_args *a, int json)
 {
     if (a->program_flag)
@@ -421,10 +455,13 @@ static int plan_local(const struct plan_args *a, int json)
     if (a->devices)
         in.devices_per_node = a->devices;
     if (a->accum) { /* muster-train splits its global batch: batch = accum x micro_batch x ranks */
-        if (!spec.micro_batch)
+        int micro = spec.micro_batch;
+        if (!micro && !a->batch)
             return usage("%s", "--accum: muster-train derives accumulation from batch / (micro_batch x ranks): give "
                                "--micro-batch too, or --batch");
-        in.batch = a->accum * spec.micro_batch * in.nodes * in.devices_per_node;
+        if ((rc = accum_batch(a, a->accum, &micro, in.nodes * in.devices_per_node, &in.batch)))
+            return rc;
+        in.micro_batch = micro;
     }
     in.device = a->device < 0 ? PLAN_CPU : (enum plan_device)a->device;
     in.tflops = a->have_tflops ? a->tflops : in.device == PLAN_GPU ? PLAN_DEFAULT_TFLOPS_GPU : PLAN_DEFAULT_TFLOPS_CPU;
@@ -488,8 +525,10 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
             spec.seq_len = a->seq_len;
         const int spec_nodes = a->nodes ? a->nodes : spec.nodes;
         if (a->accum || (preset && !a->batch)) { /* the global batch that many micro-steps make (a preset: 1) */
-            spec.micro_batch = spec.micro_batch ? spec.micro_batch : 1;
-            spec.batch = (a->accum ? a->accum : 1) * spec.micro_batch * spec_nodes * gpus;
+            if (!a->batch && !spec.micro_batch)
+                spec.micro_batch = 1;
+            if ((rc = accum_batch(a, a->accum ? a->accum : 1, &spec.micro_batch, spec_nodes * gpus, &spec.batch)))
+                return rc;
         }
         if (plan_prog_input_from_spec(&in, &spec, spec_nodes, gpus, err, sizeof(err))) {
             fprintf(stderr, "musterctl plan: %s\n", err);
@@ -512,7 +551,12 @@ static int plan_program(const struct plan_args *a, int json, const char *server,
             in.seq_len = a->seq_len;
         if (a->micro_batch)
             in.micro_batch = a->micro_batch;
-        if (a->batch && !a->accum) {
+        if (a->batch && a->accum) {
+            int micro = a->micro_batch, batch, rc = accum_batch(a, a->accum, &micro, nodes * gpus, &batch);
+            if (rc)
+                return rc;
+            in.micro_batch = micro;
+        } else if (a->batch) {
             struct batch_plan bp;
             if (batch_plan(a->batch, a->micro_batch, nodes * gpus, &bp, err, sizeof(err))) {
                 fprintf(stderr, "musterctl plan: --batch: %s\n", err);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/plan.h"
+#include "common/plan_prog.h"
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 static long long integer(const json_t *o, const char *key) { return json_integer_value(json_object_get(o, key)); }
@@ -68,8 +69,16 @@ void render_plan_prog(FILE *f, const json_t *plan)
             prec ? prec : "?", fp32 ? "" : " (mixed, fp32 master weights)", params / 1e6, integer(plan, "nodes"),
             integer(plan, "nodes") == 1 ? "" : "s", integer(plan, "gpus_per_node"),
             integer(plan, "gpus_per_node") == 1 ? "" : "s", world, world == 1 ? "" : "s");
-    fprintf(f, "micro_batch %lld x seq_len %lld per GPU, %lld micro-step%s per optimizer step\n\n",
+    fprintf(f, "micro_batch %lld x seq_len %lld per GPU, %lld micro-step%s per optimizer step\n",
             integer(plan, "micro_batch"), integer(plan, "seq_len"), accum, accum == 1 ? "" : "s");
+    const long long L = integer(shape, "layers"), h = integer(shape, "d_model"), V = integer(shape, "vocab");
+    if (L > 0 && h > 0 && V > 0) { /* --params beside a shape: say which counts what when they differ */
+        const double of_shape = (double)plan_prog_params((int)L, (int)h, (int)V, (int)integer(plan, "seq_len"));
+        if (of_shape != params)
+            fprintf(f, "(params %.2f M count the memory and traffic; the shape, %lld layers x d_model %lld x "
+                       "vocab %lld = %.2f M, the activations)\n", params / 1e6, L, h, V, of_shape / 1e6);
+    }
+    fputc('\n', f);
 
     zero_formula(note, sizeof(note), stage, fp32);
     fprintf(f, "memory of one GPU (ZeRO: %s, N = %lld)\n", note, world);

@@ -22,13 +22,17 @@ Environment:
   DEMO_SHORT=1   the short mode CI runs (tests/integration/demo.sh): fewer,
                  smaller steps and no sample
   DEMO_DIR=dir   the run's files: state, logs, checkpoints, events.json
-                 (default demo-run; removed at the end unless KEEP=1)
+                 (default demo-run; removed at the end unless KEEP=1). One
+                 demo at a time uses it (a second is refused), and a
+                 directory holding anything but a demo's files is left alone
   KEEP=1         keep DEMO_DIR afterwards (it is always kept on a failure)
 
 Exit status: 0 the job completed, 1 it did not (or the demo could not run
 it), 2 a bad setting above or no binaries in BUILD.
 """
 
+import errno
+import fcntl
 import json
 import os
 import re
@@ -51,6 +55,9 @@ NODES = ("node-a", "node-b")
 RANKS_PER_NODE = 2
 VICTIM_RANK = 3  # node-b's second rank: its shard's replica lives on node-a
 DEADLINE_S = 240 if SHORT else 600  # the whole run, whatever happens
+# What a demo writes in DEMO_DIR: a directory with anything else is not wiped.
+DEMO_FILES = {"agents", "checkpoints", "job.json", "musterd.log", "state", "token", "events.json"} | \
+    {f"{node}.log" for node in NODES}
 
 
 class DemoError(Exception):
@@ -71,13 +78,13 @@ def env_int(name, default, low, high):
 
 
 def pick_port(preferred):
-    """The preferred port when it is free on loopback, else any free one."""
+    """The preferred port when it is free on loopback, else 0 (musterd picks one)."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", preferred))
         except OSError:
-            s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            return 0
+        return preferred
 
 
 def human(n):
@@ -138,10 +145,11 @@ class Demo:
             if not os.access(f"{BUILD}/{prog}", os.X_OK):
                 raise DemoError(f"no {BUILD}/{prog}: build first (make), or set BUILD=dir")
         data = os.environ.get("DATA", "../shared/data/tinyshakespeare.txt")
-        if not os.access(data, os.R_OK):
-            raise DemoError(f"cannot read the training text '{data}'; "
+        if not os.path.isfile(data) or not os.access(data, os.R_OK):
+            raise DemoError(f"cannot read the training text '{data}' (not a readable file); "
                             "give one with DATA=path/to/text.txt")
         self.data = os.path.abspath(data)
+        self.claim_dir()
         self.server = ""
         self.plan_seen = None    # (plan, measured, step_s) of the last running status
         self.kill = None         # what the kill and the heal came to
@@ -162,6 +170,34 @@ class Demo:
             raise DemoError(f"{what}: not done after {DEADLINE_S} s")
 
     # ---- set-up
+    def claim_dir(self):
+        """DIR for this run alone, emptied: a second demo on it would wipe the
+        first one's files (and read its logs), and a DEMO_DIR that holds
+        anything but a demo's files is not this demo's to remove."""
+        try:
+            os.makedirs(DIR, exist_ok=True)
+            self.lock = os.open(DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise DemoError(f"DEMO_DIR {shown(DIR)}: {e.strerror}") from None
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise DemoError(f"another demo is running in {shown(DIR)}/: wait for it to end, or give "
+                            "this one its own DEMO_DIR=dir") from None
+        foreign = sorted(set(os.listdir(DIR)) - DEMO_FILES)
+        if foreign:
+            raise DemoError(f"DEMO_DIR {shown(DIR)} holds files a demo did not write ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}): not removing them; give a new or "
+                            "empty directory")
+        for entry in os.listdir(DIR):
+            path = os.path.join(DIR, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+
     def write_job(self):
         # Sequences of 64 tokens: the loss falls from 5.5 (a uniform guess
         # over 256 bytes) to about 2.4 in 200 steps of 16; the short mode's
@@ -189,8 +225,6 @@ class Demo:
         return p
 
     def start(self):
-        shutil.rmtree(DIR, ignore_errors=True)
-        os.makedirs(DIR)
         self.write_job()
         token = os.path.join(DIR, "token")
         made = subprocess.run([f"{BUILD}/musterctl", "token", "new", token],
@@ -198,11 +232,11 @@ class Demo:
         if made.returncode != 0:
             raise DemoError(f"musterctl token new: {made.stderr.strip()}")
         ctl, http = pick_port(29470), pick_port(29471)
-        self.server = f"http://127.0.0.1:{http}"
         self.daemon = self.spawn(
             [f"{BUILD}/musterd", "--job", self.job_path, "--listen", f"127.0.0.1:{ctl}",
              "--http", f"127.0.0.1:{http}", "--state-dir", os.path.join(DIR, "state"),
              "--token-file", token], "musterd.log")
+        ctl = self.wait_listening()
         while self.get("/v1/status") is None:
             if self.daemon.poll() is not None:
                 raise DemoError(f"musterd exited with status {self.daemon.returncode}")
@@ -222,6 +256,24 @@ class Demo:
                  "--devices", f"cpu:{RANKS_PER_NODE}", "--token-file", token,
                  "--state-dir", os.path.join(DIR, "agents")], f"{node}.log")
 
+    def wait_listening(self):
+        """musterd's control port, and its REST URL in self.server, as its own
+        log says: a port another program took after pick_port found it free
+        stops musterd (said here) rather than point the demo at that program."""
+        log = os.path.join(DIR, "musterd.log")
+        while True:
+            with open(log, errors="replace") as f:
+                text = f.read()
+            m = re.search(r"control 127\.0\.0\.1:(\d+), REST (http://127\.0\.0\.1:\d+)", text)
+            if m:
+                self.server = m.group(2)
+                return int(m.group(1))
+            if self.daemon.poll() is not None:
+                last = text.strip().splitlines()[-1:] or ["(no output)"]
+                raise DemoError(f"musterd exited with status {self.daemon.returncode}: {last[0]}")
+            self.check_deadline("musterd's start")
+            time.sleep(0.05)
+
     def wait_formed(self):
         """Names each node when musterd lists it joined, then the first generation."""
         joined = set()
@@ -235,6 +287,8 @@ class Demo:
             st = self.get("/v1/status")
             nodes = self.get("/v1/nodes") or {"nodes": []}
             for n in nodes["nodes"]:
+                if n.get("fit") == "unfit":  # the job cannot form: say why now, not at the deadline
+                    raise DemoError(f"{n['name']} is unfit for the job: {n.get('unfit_reason')}")
                 if n["state"] == "joined" and n["name"] not in joined:
                     joined.add(n["name"])
                     print(f"  {n['name']} joined at {self.elapsed():.1f} s: {n['devices']} "

@@ -612,6 +612,34 @@ START_TEST(activations_and_largest_micro_batch)
 }
 END_TEST
 
+/* The largest inputs the checks let through are counted, not wrapped: a
+ * ZeRO-3 step of 10^15 parameters over 10^6 micro-steps would move ~4e21
+ * bytes (past 2^64) and is refused by name; DDP's one all-reduce of as many
+ * is 2 x 5e14 x 2 B; 4096 x 64 ranks x 10^6 micro-steps take 3 x 10^6 x
+ * 262143 hops, past an int. */
+START_TEST(program_extremes_are_counted_not_wrapped)
+{
+    struct plan_prog p;
+    char err[256];
+    struct plan_prog_input in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, PLAN_PROG_MAX_PARAMS, 2);
+    in.accum = 1000000;
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "1000000 micro-steps of 1000000000000000 parameters over 2 ranks move more "
+                                      "than 2^62 bytes per step"));
+    in.par = PLAN_PAR_DDP;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.step_sent, 2000000000000000ULL);
+    ck_assert_int_eq(p.ring_steps, 2);
+    in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, 1, 4096);
+    in.gpus_per_node = 64;
+    in.accum = 1000000;
+    p = prog_of(&in);
+    ck_assert_int_eq(p.ring_steps, 3000000LL * 262143);
+    ck_assert_uint_eq(p.step_sent, 3000000ULL * 262143 * 2);
+    ck_assert(p.comm_s > 0 && p.comm_frac > 0 && p.comm_frac <= 1);
+}
+END_TEST
+
 START_TEST(program_bad_input_is_named)
 {
     struct plan_prog p;
@@ -673,6 +701,16 @@ START_TEST(program_plan_from_job_spec)
     ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "precision: muster-train computes in bf16"));
     json_decref(o);
+    /* a program's keys on a muster-train job (parallelism forgotten) are refused, not ignored */
+    o = json_pack("{s:s, s:s, s:I}", "name", "mt", "rank_cmd", "python3 train.py", "params", (json_int_t)50300000);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "job.json: params: describes a rank_cmd program (set parallelism); muster-train counts "
+                          "its parameters from the model keys and keeps its activations");
+    json_decref(o);
+    o = json_pack("{s:s, s:i}", "name", "mt", "activation_checkpointing", 1);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: activation_checkpointing: describes a rank_cmd program"));
+    json_decref(o);
 }
 END_TEST
 
@@ -696,6 +734,7 @@ Suite *make_plan_suite(void)
     tcase_add_test(prog, zero_traffic_per_step);
     tcase_add_test(prog, activations_and_largest_micro_batch);
     tcase_add_test(prog, program_bad_input_is_named);
+    tcase_add_test(prog, program_extremes_are_counted_not_wrapped);
     tcase_add_test(prog, program_plan_from_job_spec);
     suite_add_tcase(s, prog);
     return s;

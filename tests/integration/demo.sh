@@ -12,7 +12,11 @@
 #     those that finish generation 2;
 #   - nothing lost: the step generation 2 resumed at is the last step rank
 #     0 finished in generation 1;
-#   - the job completed: every rank finished the last step.
+#   - the job completed: every rank finished the last step;
+#   - a second demo on the same DEMO_DIR while it runs is refused (exit 2)
+#     rather than wiping its files; a DEMO_DIR holding other files is left
+#     alone; a data file too short for a step makes the nodes unfit, and the
+#     demo says so at once instead of waiting out its deadline.
 set -eu
 . tests/itest-lib.sh
 
@@ -20,9 +24,18 @@ need_data
 D="$ITEST_DIR/demo"
 OUT="$ITEST_DIR/demo.out"
 start=$(date +%s)
-DEMO_SHORT=1 KEEP=1 DEMO_DIR="$D" DATA="$DATA" python3 mk/demo.py > "$OUT" 2>&1 \
-    || { cat "$OUT"; cp "$D"/*.log "$ITEST_DIR"/ 2>/dev/null || true; fail "the demo failed"; }
+DEMO_SHORT=1 KEEP=1 DEMO_DIR="$D" DATA="$DATA" python3 mk/demo.py > "$OUT" 2>&1 &
+DEMO_PID=$!
+ITEST_PIDS="$ITEST_PIDS $DEMO_PID"
+i=0
+until [ -f "$D/job.json" ] || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+set +e
+DEMO_SHORT=1 DEMO_DIR="$D" DATA="$DATA" python3 mk/demo.py > "$ITEST_DIR/second.out" 2>&1; rc=$?
+set -e
+wait "$DEMO_PID" || { cat "$OUT"; cp "$D"/*.log "$ITEST_DIR"/ 2>/dev/null || true; fail "the demo failed"; }
 took=$(($(date +%s) - start))
+[ $rc -eq 2 ] && grep -q "another demo is running in $D/" "$ITEST_DIR/second.out" \
+    || fail "a second demo on the running one's DEMO_DIR: exit $rc, expected 2: $(cat "$ITEST_DIR/second.out")"
 cat "$OUT"
 cp "$D"/*.log "$ITEST_DIR"/ # for fail's tails
 
@@ -76,4 +89,25 @@ for r in 0 1 2; do
 done
 grep -q "rank 3 (pid [0-9]*, generation 1) was killed by signal 9" "$D/node-b.log" \
     || fail "node-b's log does not report rank 3 killed by signal 9"
+
+# a DEMO_DIR that holds someone's files is not the demo's to wipe
+mkdir -p "$ITEST_DIR/mine"
+echo keep > "$ITEST_DIR/mine/notes.txt"
+set +e
+DEMO_SHORT=1 DEMO_DIR="$ITEST_DIR/mine" DATA="$DATA" python3 mk/demo.py > "$ITEST_DIR/mine.out" 2>&1; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "holds files a demo did not write (notes.txt)" "$ITEST_DIR/mine.out" \
+    && [ -f "$ITEST_DIR/mine/notes.txt" ] || fail "DEMO_DIR with other files: exit $rc: $(cat "$ITEST_DIR/mine.out")"
+# data too short for one step: the nodes are unfit, said within seconds, not after the 240 s deadline
+: > "$ITEST_DIR/empty.txt"
+t0=$(date +%s)
+set +e
+DEMO_SHORT=1 DEMO_DIR="$ITEST_DIR/unfit" DATA="$ITEST_DIR/empty.txt" python3 mk/demo.py > "$ITEST_DIR/unfit.out" 2>&1
+rc=$?
+set -e
+t=$(($(date +%s) - t0))
+[ $rc -eq 1 ] && grep -q "is unfit for the job: data .*0 tokens are too few" "$ITEST_DIR/unfit.out" && [ $t -lt 60 ] \
+    || fail "an empty data file: exit $rc after $t s, expected 1 and the unfit reason: $(cat "$ITEST_DIR/unfit.out")"
+! pgrep -f "$ITEST_DIR/unfit" > /dev/null || fail "processes of the refused demo outlived it"
+echo "demo: a second run on its DEMO_DIR refused, a foreign DEMO_DIR left alone, unfit data said in $t s"
 echo "demo (short): healed in place at step $resumed, nothing lost, completed in $took s: ok"

@@ -38,6 +38,10 @@ expect_usage "unknown preset" "not a model preset (expected a job spec file or o
 expect_usage "zero nodes" "nodes: expected 1 to 4096, got '0'" tiny --nodes 0
 expect_usage "absurd bandwidth" "network: expected Gbit/s" tiny --network 1e9
 expect_usage "negative memory" "device-memory" tiny --device-memory -1
+# memory that rounds to 0 bytes would be planned as unknown: refused
+expect_usage "memory below a byte" "--device-memory: expected GiB from 0.001" tiny --device-memory 1e-10
+expect_usage "a program's memory below a byte" "--device-memory: expected GiB from 0.001" \
+    --parallelism ddp --params 50M --device-memory 1e-10
 echo '{"name": "x", "model": "gpt5"}' > "$ITEST_DIR/bad.json"
 expect_usage "job with an unknown preset" 'unknown preset "gpt5"' "$ITEST_DIR/bad.json"
 expect_usage "batch that does not divide" "batch" tiny --nodes 3 --batch 16
@@ -98,10 +102,66 @@ expect_usage "negative params" "--params: expected a parameter count" --parallel
 expect_usage "zero step time" "--step-time: expected seconds" --parallelism ddp --params 50M --step-time 0
 expect_usage "unknown network" "--network: expected Gbit/s" --parallelism ddp --params 50M --network 3g
 expect_usage "no parameter count" "params: give the parameter count" --parallelism zero2
+# products of the flags past a job's batch are refused by name, not wrapped (1e6 x 65536 x 4096 > 2^31)
+expect_usage "accumulation past a job's batch" "accum 1000000 x micro_batch 65536 x 4096 ranks = 268435456000000 sequences" \
+    tiny --accum 1000000 --micro-batch 65536 --nodes 4096
+expect_usage "a program's accumulation past a job's batch" "x 262144 ranks = 17179869184000000 sequences" \
+    tiny --parallelism ddp --accum 1000000 --micro-batch 65536 --nodes 4096 --gpus-per-node 64
+# --batch and --accum together must agree; the micro-batch is what they imply
+expect_usage "batch against accum" "--batch 64 disagrees with --accum 3 x micro_batch 2 x 2 ranks = 12" \
+    tiny --batch 64 --accum 3 --nodes 2 --micro-batch 2
+expect_usage "a program's batch against accum" "--batch 64 does not split into 3 micro-steps over 2 ranks" \
+    --parallelism ddp --params 50M --batch 64 --accum 3 --nodes 2
+"$CTLBIN" plan --parallelism ddp --params 50M --batch 48 --accum 3 --nodes 2 --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+assert p["micro_batch"] == 8 and p["accum"] == 3, p' || fail "--batch 48 --accum 3 on 2 ranks: expected micro_batch 8"
+# a ZeRO-3 step of 10^15 parameters over 10^6 micro-steps cannot be counted in 64 bits: refused, never negative
+expect_usage "traffic past 2^62 bytes" "move more than 2^62 bytes per step" \
+    --parallelism zero3 --params 1e15 --nodes 2 --accum 1000000
+# --params beside a shape that counts otherwise: the plan says which figure counts what
+"$CTLBIN" plan --parallelism ddp --params 50M --layers 12 --d-model 768 --heads 12 --vocab 50257 \
+    | grep -q "(params 50.00 M count the memory and traffic; the shape, 12 layers x d_model 768 x vocab 50257 = 124.44 M, the activations)" \
+    || fail "plan with --params and a shape that disagree does not say so"
 "$CTLBIN" plan --help | grep -q -- "--parallelism P" || fail "plan --help does not name --parallelism"
+# doctor refuses a --server it cannot check, naming what is wrong (exit 2), as musterctl's own --server does
+expect_doctor_usage() { # WHAT PATTERN ARGS...
+    what=$1; pat=$2; shift 2
+    set +e
+    out=$("$CTLBIN" doctor --token-file "$ITEST_DIR/token" "$@" 2>&1); rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "doctor $what: exit status $rc, expected 2 ($out)"
+    echo "$out" | grep -q -- "$pat" || fail "doctor $what: message does not say '$pat': $out"
+    echo "doctor $what: $(echo "$out" | head -n 1)"
+}
+expect_doctor_usage "ftp server" "--server 'ftp://127.0.0.1' is not an http:// or https:// URL" --server ftp://127.0.0.1
+expect_doctor_usage "port 0" "port 0: expected 1 to 65535" --server http://127.0.0.1:0
+expect_doctor_usage "port 99999" "Port number was not a decimal number" --server http://127.0.0.1:99999
+expect_doctor_usage "a 300-byte host" "expected at most 255 bytes" \
+    --server "http://$(python3 -c 'print("a" * 300)'):80"
+expect_doctor_usage "devices per node 3x" "--devices-per-node: expected 1 to 64, got '3x'" --devices-per-node 3x
 for flag in --job --token-file --devices-per-node --server --control-port --json; do
     "$CTLBIN" doctor --help | grep -q -- "$flag" || fail "doctor --help does not name $flag"
 done
+# doctor --job of a program's spec (rank_cmd, parallelism ddp) plans that program, not muster-train's
+# default model (which failed it: "seq_len: expected 1 to the model's context 128, got 1024")
+mkdir -p "$ITEST_DIR/pck"
+cat > "$ITEST_DIR/pdoc.json" <<JSON
+{"name": "pdoc", "nodes": 2, "rank_cmd": "python3 train.py", "parallelism": "ddp", "params": 50300000,
+ "precision": "fp16", "batch": 16, "micro_batch": 1, "seq_len": 1024, "checkpoint_dir": "$ITEST_DIR/pck"}
+JSON
+set +e
+"$CTLBIN" doctor --job "$ITEST_DIR/pdoc.json" --token-file "$ITEST_DIR/token" --server http://127.0.0.1:1 --json \
+    2>/dev/null > "$ITEST_DIR/pdoc.out"
+set -e
+python3 -c '
+import json, sys
+rows = {r["check"]: r for r in json.load(open(sys.argv[1]))["checks"]}
+plan, ck = rows["plan"], rows["checkpoint_dir"]
+assert plan["result"] != "FAIL" and plan["detail"].startswith("ddp program: 0.75 GiB per GPU predicted"), plan
+assert ck["result"] == "ok" and "data" not in rows, rows
+print("doctor --job of a ddp program: plan %s (%s)" % (plan["result"], plan["detail"]))' "$ITEST_DIR/pdoc.out" \
+    || fail "doctor --job of a program's spec: $(cat "$ITEST_DIR/pdoc.out")"
 
 # the running job
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
