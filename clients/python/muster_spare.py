@@ -1,8 +1,9 @@
 """muster's warm spare: a Python process that becomes a rank without paying
 interpreter start and `import torch` when the rank is needed.
 
-muster-worker starts `PYTHON -m muster_spare` for a job with warm_spares on
-(worker/agent/spare.h), with the ranks' environment less what names one rank,
+muster-worker starts `PYTHON -m muster_spare ARGS...` (ARGS: the rank
+command's, so that ps and pgrep -f see the rank's command line) for a job
+with warm_spares on (worker/agent/spare.h), with the ranks' environment less what names one rank,
 no visible device, MUSTER_SPARE_FD (its hand-off socket, fd 4) and
 MUSTER_WARM_IMPORTS. It imports torch, torch.distributed and those modules,
 and waits. It holds no device and no process group. When the agent needs a

@@ -422,6 +422,8 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
     uint64_t gen = r->generation;
+    if (!sig && code == 0)
+        spare_drop(&a->spare); /* its training is done: the job ends, no replacement will be needed */
     if (r->rejoined_from && !sig && code == 0) {
         /* Rejoined to this generation, it ended the one before instead (its
          * training was done) without taking this one up: its exit is that
@@ -604,7 +606,7 @@ static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
     }
     a->spare_said[0] = '\0';
     struct rank_identity id = slot_identity(a, 0, "", "", pypath);
-    spare_want(&a->spare, argv[0], rank_env_build(environ, &id), a->spec.warm_imports);
+    spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
 }
 
 /* Spawns one rank per slot of the held assignment that has none (a rank that

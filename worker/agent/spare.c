@@ -42,8 +42,6 @@ bool spare_usable(const struct job_spec *spec, char *const *argv, const char *py
                            "(an interpreter named python*, no option before the script)");
     else if (!pypath[0])
         snprintf(why, cap, "python_hook is off or muster's Python client is not beside the agent");
-    else if (strlen(argv[0]) >= sizeof(((struct spare_pool *)0)->python))
-        snprintf(why, cap, "the interpreter's path is too long");
     return !why[0];
 }
 
@@ -143,14 +141,24 @@ static void start_now(uv_timer_t *t)
         log_warn("warm spare: cannot make its hand-off socket: %s", strerror(errno));
         return;
     }
-    char *argv[] = {p->python, "-m", "muster_spare", NULL};
+    size_t n = 0;
+    while (p->argv[n])
+        n++;
+    char **argv = calloc(n + 3, sizeof(*argv));
     struct rank_callbacks cb = {.data = p, .on_msg = spare_msg, .on_exit = spare_exit};
-    int err = 0;
-    p->r = rank_spawn_spare(p->loop, &p->list, argv, p->env, sp[1], &cb, &err);
+    int err = UV_ENOMEM;
+    if (argv) {
+        argv[0] = p->argv[0];
+        argv[1] = "-m";
+        argv[2] = "muster_spare";
+        memcpy(argv + 3, p->argv + 1, (n - 1) * sizeof(*argv));
+        p->r = rank_spawn_spare(p->loop, &p->list, argv, p->env, sp[1], &cb, &err);
+    }
+    free(argv);
     close(sp[1]);
     if (!p->r) {
         close(sp[0]);
-        log_warn("warm spare: cannot start %s: %s", p->python, uv_strerror(err));
+        log_warn("warm spare: cannot start %s: %s", p->argv[0], uv_strerror(err));
         return;
     }
     p->handoff_fd = sp[0];
@@ -163,13 +171,43 @@ static void start_later(struct spare_pool *p, uint64_t ms)
         uv_timer_start(&p->timer, start_now, ms, 0);
 }
 
-void spare_want(struct spare_pool *p, const char *python, char **rank_env, const char *imports)
+static bool same_argv(char *const *x, char *const *y)
 {
-    if (p->r && strcmp(p->python, python) != 0)
+    size_t i = 0;
+    for (; x && y && x[i] && y[i]; i++)
+        if (strcmp(x[i], y[i]) != 0)
+            return false;
+    return x && y && !x[i] && !y[i];
+}
+
+/* A malloc'd copy of argv (freed with cmdline_free); NULL when out of memory. */
+static char **copy_argv(char *const *argv)
+{
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    char **c = calloc(n + 1, sizeof(*c));
+    for (size_t i = 0; c && i < n; i++) {
+        if (!(c[i] = strdup(argv[i]))) {
+            cmdline_free(c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+void spare_want(struct spare_pool *p, char *const *argv, char **rank_env, const char *imports)
+{
+    if (p->r && !same_argv(p->argv, argv))
         spare_drop(p);
     cmdline_free(p->env);
+    cmdline_free(p->argv);
     p->env = rank_env ? spare_env(rank_env, imports) : NULL;
-    snprintf(p->python, sizeof(p->python), "%s", python);
+    p->argv = copy_argv(argv);
+    if (!p->argv) {
+        cmdline_free(p->env);
+        p->env = NULL;
+    }
     if (!p->r)
         start_later(p, SPARE_DELAY_MS);
 }
@@ -208,7 +246,7 @@ static char *handoff_text(char *const *argv, char *const *env)
 struct agent_rank *spare_take(struct spare_pool *p, char *const *argv, char *const *env)
 {
     struct agent_rank *r = p->r;
-    if (!r || !r->running || r->stopping || strcmp(argv[0], p->python) != 0)
+    if (!r || !r->running || r->stopping || !same_argv(argv, p->argv))
         return NULL;
     char *text = handoff_text(argv, env);
     size_t len = text ? strlen(text) : 0, done = 0;
@@ -252,7 +290,9 @@ bool spare_running(const struct spare_pool *p)
 void spare_close(struct spare_pool *p)
 {
     cmdline_free(p->env);
+    cmdline_free(p->argv);
     p->env = NULL;
+    p->argv = NULL;
     if (p->handoff_fd >= 0)
         close(p->handoff_fd);
     p->handoff_fd = -1;

@@ -39,7 +39,7 @@ struct spare_pool {
     struct agent_rank *r;      /* the live spare; NULL = none */
     int handoff_fd;            /* the agent's end of its hand-off socket; -1 = none */
     char **env;                /* the next spare's environment (owned); NULL = no spare wanted */
-    char python[1024];         /* its interpreter: the rank_cmd's argv[0] */
+    char **argv;               /* the ranks' command (owned): the spare runs `argv[0] -m muster_spare argv[1..]` */
     unsigned deaths;           /* spares that died untaken in a row */
     bool closing;              /* the agent is exiting: no new spare */
     void (*on_gone)(void *data); /* a spare ended while closing */
@@ -57,12 +57,13 @@ void spare_init(struct spare_pool *p, uv_loop_t *loop, void (*on_gone)(void *dat
 bool spare_usable(const struct job_spec *spec, char *const *argv, const char *pypath, char *why, size_t cap);
 
 /*
- * Wants a spare of interpreter python with rank_env (a rank's environment,
- * taken over: its per-rank variables are dropped, CUDA_VISIBLE_DEVICES is
- * emptied) importing imports; started after SPARE_DELAY_MS unless one lives.
- * A live spare of another interpreter is stopped.
+ * Wants a spare for the rank command argv with rank_env (a rank's
+ * environment, taken over: its per-rank variables are dropped,
+ * CUDA_VISIBLE_DEVICES is emptied) importing imports; started after
+ * SPARE_DELAY_MS unless one lives. A live spare of another command is stopped.
+ * Its command line shows the rank's (ps, pgrep -f find it as they find a rank).
  */
-void spare_want(struct spare_pool *p, const char *python, char **rank_env, const char *imports);
+void spare_want(struct spare_pool *p, char *const *argv, char **rank_env, const char *imports);
 
 /* No spare wanted any more: a live one is stopped. */
 void spare_drop(struct spare_pool *p);
@@ -70,7 +71,7 @@ void spare_drop(struct spare_pool *p);
 /*
  * The live spare becomes the rank argv/env: the hand-off is written and the
  * rank object returned (the caller calls rank_take_up); NULL when there is no
- * spare of argv[0] or the hand-off failed (the spare is then stopped).
+ * spare of this command or the hand-off failed (the spare is then stopped).
  */
 struct agent_rank *spare_take(struct spare_pool *p, char *const *argv, char *const *env);
 
