@@ -266,6 +266,47 @@ ready_spare() {
     return 1
 }
 
+# torchft: the lighthouse and four torchruns of one replica group each (one
+# rank: tests/bench/bench_torch_ft.py), each torchrun restarting its rank
+# (--max_restarts 3). TorchFT comes from PyPI, into an environment of its own
+# that sees the build's torch (TORCHFT_PYTHON, docs/pytorch.md says how).
+# The lighthouse declares a replica dead after 2 s without heartbeat, as the
+# muster job's heartbeat_timeout_ms does, and waits as long for stragglers.
+TORCHFT_PY=${TORCHFT_PYTHON:-$PY}
+torchft_missing() {
+    if ! why=$("$TORCHFT_PY" -c 'import torchft' 2>&1); then
+        echo "$TORCHFT_PY cannot import torchft ($(printf '%s\n' "$why" | tail -n 1)); set TORCHFT_PYTHON (docs/pytorch.md)"
+        return 1
+    fi
+    [ -x "$(dirname "$TORCHFT_PY")/torchft_lighthouse" ] ||
+        { echo "no torchft_lighthouse beside $TORCHFT_PY"; return 1; }
+}
+prepare_torchft() {
+    lport=$(free_port)
+    LIGHTHOUSE="$(dirname "$TORCHFT_PY")/torchft_lighthouse --bind 127.0.0.1:$lport --min_replicas 1"
+    LIGHTHOUSE="$LIGHTHOUSE --quorum_tick_ms 100 --heartbeat_timeout_ms 2000 --join_timeout_ms 2000"
+    FT=""
+    for g in 0 1 2 3; do
+        FT="$FT $(free_port)"
+    done
+}
+start_torchft() {
+    # shellcheck disable=SC2086
+    RUST_LOG=warn setsid $LIGHTHOUSE > "$RUN/lighthouse.log" 2>&1 &
+    ROOTS="$ROOTS $!"
+    g=0
+    for port in $FT; do
+        # shellcheck disable=SC2086
+        OMP_NUM_THREADS=1 REPLICA_GROUP_ID=$g TORCHFT_LIGHTHOUSE=http://127.0.0.1:$lport setsid \
+            "$TORCHFT_PY" -m torch.distributed.run --nnodes 1 --nproc_per_node 1 --rdzv_backend c10d \
+            --rdzv_endpoint "127.0.0.1:$port" --max_restarts 3 --monitor_interval "$MONITOR" \
+            tests/bench/bench_torch_ft.py --steps "$STEPS" --step-sleep "$STEP_SLEEP" --timing-file "$RUN/timing" \
+            > "$RUN/torchft-$g.log" 2>&1 &
+        ROOTS="$ROOTS $!"
+        g=$((g + 1))
+    done
+}
+
 # ---- one measurement -----------------------------------------------------
 
 # measure SYSTEM: appends "SYSTEM a a_started b b_restarted redone
@@ -410,6 +451,9 @@ echo "command lines (last run; ports, run id and directories change per run):"
 echo "torchrun (node 0 and node 1):"
 echo "  OMP_NUM_THREADS=1 ${TORCHRUN_0:-}"
 echo "  OMP_NUM_THREADS=1 ${TORCHRUN_1:-}"
+[ -z "${LIGHTHOUSE:-}" ] || echo "torchft: $LIGHTHOUSE; per replica group G (0-3): REPLICA_GROUP_ID=G" \
+    "TORCHFT_LIGHTHOUSE=... $TORCHFT_PY -m torch.distributed.run --nnodes 1 --nproc_per_node 1 --max_restarts 3" \
+    "--monitor_interval $MONITOR tests/bench/bench_torch_ft.py --steps $STEPS --step-sleep $STEP_SLEEP"
 echo "muster (daemon, agents a and b; job.json: $JOB; heal: + --elastic; spare: + --elastic, \"warm_spares\": 1):"
 echo "  $MUSTERD"
 echo "  OMP_NUM_THREADS=1 $AGENT_a"

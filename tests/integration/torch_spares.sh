@@ -8,7 +8,7 @@
 #    that PID, in the training script: the hook is armed for the rank;
 #  - the survivors keep their processes, the replacement's state comes from
 #    a peer (state_restored), and the job completes with every step done;
-#  - node b starts a new spare once the old one is taken;
+#  - node b starts a new spare once the old one is taken (10 s later);
 #  - the spares die with their agents (EOF on their hand-off socket).
 set -eu
 . tests/itest-lib.sh
@@ -16,7 +16,7 @@ set -eu
 need_torch torch_spares torch.distributed
 PY=$TORCH_PY
 SCRIPT="$(pwd)/tests/torch/ddp_train.py"
-STEPS=150
+STEPS=200
 make_token "$ITEST_DIR/token"
 
 cat > "$ITEST_DIR/job.json" <<JSON

@@ -208,7 +208,7 @@ void spare_want(struct spare_pool *p, char *const *argv, char **rank_env, const 
         cmdline_free(p->env);
         p->env = NULL;
     }
-    if (!p->r)
+    if (!p->r && !uv_is_active((uv_handle_t *)&p->timer))
         start_later(p, SPARE_DELAY_MS);
 }
 
@@ -267,7 +267,7 @@ struct agent_rank *spare_take(struct spare_pool *p, char *const *argv, char *con
     p->handoff_fd = -1;
     p->r = NULL;
     p->deaths = 0;
-    start_later(p, SPARE_DELAY_MS);
+    start_later(p, SPARE_AGAIN_MS);
     return r;
 }
 

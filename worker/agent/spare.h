@@ -9,8 +9,9 @@
  * process, output pipes and control socket (fd 3) were the agent's from its
  * spawn, so from then on it is that rank (PID, log, exit, signals, stacks).
  *
- * The spare is spawned a moment after the ranks (SPARE_DELAY_MS), so that it
- * never competes with a replacement's start-up, and again after it was taken.
+ * The spare is spawned a moment after the ranks (SPARE_DELAY_MS), and again
+ * a while after it was taken (SPARE_AGAIN_MS), so that its own start never
+ * competes with the start of the ranks or of the generation it healed.
  * One that dies untaken is replaced, SPARE_MAX_DEATHS times in a row at most.
  * It dies with the agent: EOF on its hand-off socket ends it.
  */
@@ -27,8 +28,11 @@
 
 /* The spare's hand-off socket is its file descriptor 4. */
 #define SPARE_HANDOFF_FD 4
-/* A new spare starts this long after the ranks did (or after one was taken). */
+/* A spare starts this long after the ranks did, or after one died; after one
+ * was taken, SPARE_AGAIN_MS later: its import must not slow the generation
+ * that the taken spare is joining. */
 #define SPARE_DELAY_MS 3000
+#define SPARE_AGAIN_MS 10000
 /* Spares that die untaken in a row before the agent stops starting them. */
 #define SPARE_MAX_DEATHS 3
 
