@@ -343,14 +343,15 @@ measure() {
             first1[$2] = $6; from[$2] = $5 - 1 }
         END {
             for (r in first0) if (first0[r] > a) a = first0[r]
-            for (r in first1) { if (first1[r] > b) b = first1[r]; if (resumed == "" || from[r] < resumed) resumed = from[r] }
+            for (r in first1) { if (first1[r] > b) b = first1[r]; if (resumed == "" || from[r] < resumed) resumed = from[r]
+                                if (r != 3 && first1[r] > bs) bs = first1[r] }
             rc = ""; for (c = 0; c <= 100; c++) if (c in restarts) rc = rc (rc == "" ? "" : ",") c
-            printf "%s %.3f %.3f %.3f %.3f %d %s %d\n", sys, a - t0, spawn0 - t0, b - tk, (fresh ? spawn1 - tk : 0),
-                (before > resumed) ? before - resumed : 0, rc, fresh
+            printf "%s %.3f %.3f %.3f %.3f %d %s %d %.3f\n", sys, a - t0, spawn0 - t0, b - tk, (fresh ? spawn1 - tk : 0),
+                (before > resumed) ? before - resumed : 0, (rc == "") ? "-" : rc, fresh, bs - tk
         }' "$RUN/timing" >> "$T/results"
     tail -n 1 "$T/results" | awk -v run="$run" '{
-        printf "run %d %-8s launch %6.2f s (ranks started %5.2f s)  recovery %6.2f s (ranks restarted %5.2f s)  redone %d steps  TORCHELASTIC_RESTART_COUNT %s  new processes %d\n",
-            run, $1, $2, $3, $4, $5, $6, $7, $8 }'
+        printf "run %d %-8s launch %6.2f s (ranks started %5.2f s)  recovery %6.2f s (ranks restarted %5.2f s, survivors stepped %5.2f s)  redone %d steps  TORCHELASTIC_RESTART_COUNT %s  new processes %d\n",
+            run, $1, $2, $3, $4, $5, $9, $6, $7, $8 }'
     [ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
 }
 
@@ -429,10 +430,11 @@ for sys in $SYSTEMS; do line="$line $(printf '%-21s' "$sys")"; done
 echo "$line"
 row "(a) launch -> first step on every rank [s]" 2 "%.2f"
 row "(b) kill -> next step on every rank [s]" 4 "%.3f"
-row "    of which: kill -> replacement started [s]" 5 "%.2f"
+row "    kill -> next step on ranks 0-2 [s]" 9 "%.3f"
+row "    kill -> replacement started [s]" 5 "%.2f"
 row "(b) completed steps redone" 6 "%.1f"
-t=$(summary torchrun 4 | cut -d' ' -f1)
-if [ -n "$t" ]; then
+if echo " $SYSTEMS " | grep -q " torchrun "; then
+    t=$(summary torchrun 4 | cut -d' ' -f1)
     line=$(printf '%-44s' "(b) torchrun / system (medians)")
     for sys in $SYSTEMS; do
         line="$line $(summary "$sys" 4 | awk -v t="$t" '{ printf "%-21s", ($1 > 0) ? sprintf("%.1fx", t / $1) : "-" }')"
@@ -448,13 +450,12 @@ if [ -s "$T/steps" ]; then
 fi
 echo
 echo "command lines (last run; ports, run id and directories change per run):"
-echo "torchrun (node 0 and node 1):"
-echo "  OMP_NUM_THREADS=1 ${TORCHRUN_0:-}"
-echo "  OMP_NUM_THREADS=1 ${TORCHRUN_1:-}"
+[ -z "${TORCHRUN_0:-}" ] || printf 'torchrun (node 0 and node 1):\n  OMP_NUM_THREADS=1 %s\n  OMP_NUM_THREADS=1 %s\n' \
+    "$TORCHRUN_0" "$TORCHRUN_1"
 [ -z "${LIGHTHOUSE:-}" ] || echo "torchft: $LIGHTHOUSE; per replica group G (0-3): REPLICA_GROUP_ID=G" \
     "TORCHFT_LIGHTHOUSE=... $TORCHFT_PY -m torch.distributed.run --nnodes 1 --nproc_per_node 1 --max_restarts 3" \
     "--monitor_interval $MONITOR tests/bench/bench_torch_ft.py --steps $STEPS --step-sleep $STEP_SLEEP"
 echo "muster (daemon, agents a and b; job.json: $JOB; heal: + --elastic; spare: + --elastic, \"warm_spares\": 1):"
-echo "  $MUSTERD"
-echo "  OMP_NUM_THREADS=1 $AGENT_a"
-echo "  OMP_NUM_THREADS=1 $AGENT_b"
+echo "  ${MUSTERD:-}"
+echo "  OMP_NUM_THREADS=1 ${AGENT_a:-}"
+echo "  OMP_NUM_THREADS=1 ${AGENT_b:-}"
