@@ -7,16 +7,16 @@ joins the next quorum and receives the model and optimizer state from a live
 peer (torchft's checkpoint transport). Timing lines as ddp_train.py's
 --timing-file: 'start RANK RESTART PID -1 TIME TIME CREATED' when the process
 starts, 'step RANK RESTART PID STEP TIME' after each committed step, RANK
-being the replica group (REPLICA_GROUP_ID).
+being the replica group (REPLICA_GROUP_ID). Options: ddp_train.py's
+(checkpoints aside: torchft heals from a peer).
 """
-import argparse
 import os
 import sys
 import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
-from ddp_train import batch, process_created, timing_line  # noqa: E402
+from ddp_train import batch, parse_args, process_created, timing_line  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -24,16 +24,7 @@ from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGlo
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--step-sleep", type=float, default=0.0)
-    p.add_argument("--timeout-s", type=float, default=10.0, help="torchft's collective and quorum timeout")
-    p.add_argument("--timing-file", default="")
-    args, _ = p.parse_known_args()  # the bench's checkpoint flags: torchft heals from a peer instead
+    args = parse_args()  # ddp_train.py's options: the bench passes --steps, --step-sleep, --timing-file
     group = int(os.environ["REPLICA_GROUP_ID"])
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if args.timing_file:
@@ -48,7 +39,7 @@ def main():
         net.load_state_dict(sd["model"])
         opt.load_state_dict(sd["opt"])
 
-    timeout = timedelta(seconds=args.timeout_s)
+    timeout = timedelta(seconds=10)  # torchft's collective and quorum timeout
     manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, load_state_dict=load_state,
                       state_dict=lambda: {"model": net.state_dict(), "opt": opt.state_dict()},
                       replica_id=f"bench_{group}", timeout=timeout, quorum_timeout=timeout)
