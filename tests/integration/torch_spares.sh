@@ -9,6 +9,7 @@
 #  - the survivors keep their processes, the replacement's state comes from
 #    a peer (state_restored), and the job completes with every step done;
 #  - node b starts a new spare once the old one is taken (10 s later);
+#  - a spare SIGKILLed before it is needed (node a's first) is replaced;
 #  - the spares die with their agents (EOF on their hand-off socket).
 set -eu
 . tests/itest-lib.sh
@@ -35,6 +36,9 @@ AGENT_B=$AGENT_PID
 
 wait_for 120 'd["state"] == "running" and all((r["step"] or 0) >= 10 for r in d["ranks"])' \
     || fail "the job does not reach step 10"
+wait_log 60 "$ITEST_DIR/agent-a.log" "started a warm spare (pid [0-9]*)" || fail "node a started no warm spare"
+spare_a=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-a.log" | head -n 1)
+kill -9 "$spare_a"
 wait_log 60 "$ITEST_DIR/agent-b.log" "started a warm spare (pid [0-9]*)" || fail "node b started no warm spare"
 spare=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-b.log" | head -n 1)
 pid_alive "$spare" || fail "node b's spare (pid $spare) is not running"
@@ -75,6 +79,9 @@ curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"
     || fail "no state_restored event: the replacement's state did not come from a peer"
 [ -s "$ITEST_DIR/final" ] || fail "no final parameters written"
 [ "$(grep -c 'started a warm spare' "$ITEST_DIR/agent-b.log")" -ge 2 ] || fail "node b started no new spare after the take-up"
+grep -q "warm spare (pid $spare_a) was killed by signal 9 before it was needed.*starting another" "$ITEST_DIR/agent-a.log" \
+    || fail "node a's SIGKILLed spare (pid $spare_a) is not reported as such"
+[ "$(grep -c 'started a warm spare' "$ITEST_DIR/agent-a.log")" -ge 2 ] || fail "node a did not replace its dead spare"
 echo "rank 3 SIGKILLed: node b's warm spare (pid $spare) took its slot, state from a peer, job completed: ok"
 
 # Dies with its agent: SIGKILL the agent, its live spare ends on its own.

@@ -379,6 +379,8 @@ void rank_take_up(struct agent_rank *r, struct agent_rank **list, const struct r
     take_identity(r, id, cb);
     r->spare = false;
     r->spawned_ms = uv_now(r->proc.loop);
+    r->err.tail_len = 0; /* what the spare said while it waited explains no failure of the rank */
+    r->err.tail[0] = '\0';
 }
 
 void rank_send(struct agent_rank *r, const struct proto_msg *msg)
