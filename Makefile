@@ -292,7 +292,7 @@ install: all
 	install -m 0644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
-	install -m 0644 clients/python/muster_rank.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	install -m 0644 clients/python/muster_rank.py clients/python/muster_spare.py $(DESTDIR)$(PREFIX)/lib/muster/python/
 	install -m 0644 clients/python/startup/sitecustomize.py $(DESTDIR)$(PREFIX)/lib/muster/python/startup/
 	$(if $(GPU_MODULE),install -m 0755 $(GPU_MODULE) $(DESTDIR)$(PREFIX)/lib/muster/)
 

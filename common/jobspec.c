@@ -89,6 +89,14 @@ static const struct key_def keys[] = {
      "(docs/troubleshooting.md); empty = not compared"},
     {"checkpoint_diverged_ok", KEY_INT, F(checkpoint_diverged_ok), 0, 1, 0, NULL,
      "1: start even when the nodes' latest checkpoints differ (the difference is still reported); 0: wait"},
+    {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
+     "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
+     "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "
+     "start, no import on the recovery path; it costs one idle interpreter's memory per node, docs/pytorch.md); "
+     "only for a rank_cmd `PYTHON script.py ...` or `PYTHON -m module ...` with python_hook on; 0: off"},
+    {"warm_imports", KEY_STRING, F(warm_imports), 0, 0, 0, "",
+     "warm_spares: more modules the spare imports ahead, comma-separated dotted names (e.g. "
+     "\"deepspeed,transformers\"); they must not touch a GPU on import"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
@@ -374,6 +382,14 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: restart_backoff_max_ms: expected at least restart_backoff_ms (%d), got %d", origin,
              spec->restart_backoff_ms, spec->restart_backoff_max_ms);
         return -EINVAL;
+    }
+    for (const char *c = spec->warm_imports; *c; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+              *c == '.' || *c == ',')) {
+            fail(err, errlen, "%s: warm_imports: expected comma-separated module names (letters, digits, _ and .), "
+                 "got '%s'", origin, spec->warm_imports);
+            return -EINVAL;
+        }
     }
     if (spec->min_nodes > spec->nodes) {
         fail(err, errlen, "%s: min_nodes: expected at most nodes (%d), got %d", origin, spec->nodes, spec->min_nodes);

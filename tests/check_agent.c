@@ -22,6 +22,7 @@
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 #include "worker/agent/rank_stacks.h"
+#include "worker/agent/spare.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -1061,12 +1062,40 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
 }
 END_TEST
 
+/* Which rank commands a warm spare can stand in for, and why not. */
+START_TEST(spare_usable_forms)
+{
+    struct job_spec spec;
+    char why[256];
+    job_spec_defaults(&spec);
+    char *script[] = {"/opt/venv/bin/python3", "train.py", "--lr", "1e-3", NULL};
+    char *module[] = {"python", "-m", "pkg.train", NULL};
+    char *option[] = {"python3", "-u", "train.py", NULL};
+    char *dash_m[] = {"python3", "-m", NULL};
+    char *other[] = {"/usr/bin/deepspeed", "train.py", NULL};
+    char *bare[] = {"python3", NULL};
+    ck_assert(!spare_usable(&spec, script, "/hook", why, sizeof(why)));
+    ck_assert_str_eq(why, ""); /* off: nothing to say */
+    spec.warm_spares = 1;
+    ck_assert(spare_usable(&spec, script, "/hook", why, sizeof(why)));
+    ck_assert(spare_usable(&spec, module, "/hook", why, sizeof(why)));
+    char *const *bad[] = {option, dash_m, other, bare};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(!spare_usable(&spec, bad[i], "/hook", why, sizeof(why)), "form %zu accepted", i);
+        ck_assert_ptr_nonnull(strstr(why, "not `PYTHON script.py ...` or `PYTHON -m module ...`"));
+    }
+    ck_assert(!spare_usable(&spec, script, "", why, sizeof(why)));
+    ck_assert_ptr_nonnull(strstr(why, "python_hook is off"));
+}
+END_TEST
+
 Suite *make_agent_suite(void)
 {
     Suite *s = suite_create("agent");
     TCase *tc = tcase_create("devices");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, devices_cpu);
+    tcase_add_test(tc, spare_usable_forms);
     tcase_add_test(tc, devices_gpu_list_and_all);
     tcase_add_test(tc, devices_bad_forms_are_named);
     tcase_add_test(tc, devices_probe_counts_nvidia_nodes);

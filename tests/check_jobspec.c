@@ -104,6 +104,26 @@ START_TEST(program_needs_are_lists_and_rules)
 }
 END_TEST
 
+START_TEST(warm_spare_keys)
+{
+    struct job_spec s;
+    char err[256] = "";
+    ck_assert_int_eq(parse("{\"nodes\": 2}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.warm_spares, 0);
+    ck_assert_str_eq(s.warm_imports, "");
+    ck_assert_int_eq(parse("{\"warm_spares\": 1, \"warm_imports\": \"deepspeed,transformers.models\"}", &s, err,
+                           sizeof(err)),
+                     0);
+    ck_assert_int_eq(s.warm_spares, 1);
+    ck_assert_str_eq(s.warm_imports, "deepspeed,transformers.models");
+    ck_assert_int_eq(parse("{\"warm_spares\": 2}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "warm_spares: expected an integer in [0, 1]"));
+    ck_assert_int_eq(parse("{\"warm_imports\": \"os; rm -rf\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "warm_imports: expected comma-separated module names"));
+    ck_assert_ptr_nonnull(strstr(err, "'os; rm -rf'"));
+}
+END_TEST
+
 START_TEST(model_dimensions_override_the_preset)
 {
     struct job_spec s;
@@ -143,6 +163,7 @@ Suite *make_jobspec_suite(void)
     tcase_add_test(tc, unknown_key_is_named);
     tcase_add_test(tc, wrong_type_and_bounds_are_named);
     tcase_add_test(tc, cross_field_checks);
+    tcase_add_test(tc, warm_spare_keys);
     tcase_add_test(tc, model_dimensions_override_the_preset);
     tcase_add_test(tc, program_needs_are_lists_and_rules);
     suite_add_tcase(s, tc);

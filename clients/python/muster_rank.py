@@ -599,7 +599,10 @@ def _startup():
     if "MUSTER_CTL_FD" not in os.environ:
         return  # not a rank's own process (or not under muster)
     _arm_stacks()
-    sys.meta_path.insert(0, _TorchWatch())
+    if "torch" in sys.modules:  # a warm spare (muster_spare) imported it before it became this rank
+        _torch_imported(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchWatch())
 
 
 def _arm_stacks():

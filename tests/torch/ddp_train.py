@@ -85,6 +85,10 @@ def main_elastic(args):
     """The same training through muster_rank.Elastic: under muster a peer's death
     costs the survivors neither their process nor their state."""
     import muster_rank
+    if args.timing_file:  # the process runs the script (a warm spare: since it took the rank up)
+        now = time.time()
+        timing_line(args.timing_file, "start", os.environ.get("RANK"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                    os.getpid(), -1, f"{now:.6f}", f"{now:.6f}", f"{process_created():.6f}")
     torch.manual_seed(args.seed)
     net = nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1))
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)

@@ -31,6 +31,7 @@
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
+#include "worker/agent/spare.h"
 
 extern char **environ;
 
@@ -132,6 +133,8 @@ struct agent {
     struct agent_rank *ranks[PROTO_MAX_LOCAL_RANKS]; /* by slot of the held assignment */
     uint32_t nranks;
     struct agent_rank *all; /* every rank object not yet freed */
+    struct spare_pool spare; /* the warm spare (job key warm_spares) */
+    char spare_said[256];    /* why warm_spares is off, as last logged ("" = nothing said) */
     bool have_uid;
     struct proto_unique_id uid;
     /* The unique id rank 0 of this node created, as it was sent up: sent
@@ -421,6 +424,8 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
     uint64_t gen = r->generation;
+    if (!sig && code == 0)
+        spare_drop(&a->spare); /* its training is done: the job ends, no replacement will be needed */
     if (r->rejoined_from && !sig && code == 0) {
         /* Rejoined to this generation, it ended the one before instead (its
          * training was done) without taking this one up: its exit is that
@@ -558,8 +563,57 @@ static void hand_assignment(struct agent *a, struct agent_rank *r, const struct 
     }
 }
 
+/* The identity of slot i of the held assignment. */
+static struct rank_identity slot_identity(const struct agent *a, uint32_t i, const char *error_file,
+                                          const char *dir, const char *pypath)
+{
+    const struct proto_assign *as = &a->assign;
+    const struct proto_rank_slot *slot = &as->ranks[i];
+    const struct job_spec *spec = &a->spec;
+    struct rank_identity id = {
+        .rank = slot->rank,
+        .local_rank = slot->local_rank,
+        .world_size = as->world_size,
+        .local_world_size = as->nranks,
+        .node_rank = as->node_rank,
+        .nnodes = as->nnodes,
+        .generation = as->generation,
+        .restart_count = as->restart_count,
+        .max_restarts = (uint32_t)spec->max_restarts,
+        .run_id = spec->name,
+        .master_addr = as->master_addr,
+        .master_port = as->master_port,
+        .error_file = error_file,
+        .omp_threads = omp_threads(as->nranks),
+        .node = a->cfg->node,
+        .python_path = pypath,
+        .rank_dir = dir,
+        .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
+        .kind = a->cfg->devices.kind,
+        .device = slot->device,
+    };
+    return id;
+}
+
+/* After the ranks started: a warm spare for the next one when the job wants it and can have it. */
+static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
+{
+    char why[sizeof(a->spare_said)];
+    if (!spare_usable(&a->spec, argv, pypath, why, sizeof(why))) {
+        if (why[0] && strcmp(why, a->spare_said) != 0)
+            log_warn("warm_spares is off for this job: %s", why);
+        snprintf(a->spare_said, sizeof(a->spare_said), "%s", why);
+        spare_drop(&a->spare);
+        return;
+    }
+    a->spare_said[0] = '\0';
+    struct rank_identity id = slot_identity(a, 0, "", "", pypath);
+    spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
+}
+
 /* Spawns one rank per slot of the held assignment that has none (a rank that
- * rejoined in place keeps its slot); no other rank may be running. */
+ * rejoined in place keeps its slot), the warm spare becoming the first one when
+ * there is one; no other rank may be running. */
 static void spawn_all(struct agent *a)
 {
     const struct proto_assign *as = &a->assign;
@@ -590,33 +644,16 @@ static void spawn_all(struct agent *a)
             snprintf(error_file, sizeof(error_file), "%s/error.json", dir);
             unlink(error_file);
         }
-        struct rank_identity id = {
-            .rank = slot->rank,
-            .local_rank = slot->local_rank,
-            .world_size = as->world_size,
-            .local_world_size = as->nranks,
-            .node_rank = as->node_rank,
-            .nnodes = as->nnodes,
-            .generation = as->generation,
-            .restart_count = as->restart_count,
-            .max_restarts = (uint32_t)spec->max_restarts,
-            .run_id = spec->name,
-            .master_addr = as->master_addr,
-            .master_port = as->master_port,
-            .error_file = error_file,
-            .omp_threads = omp_threads(as->nranks),
-            .node = a->cfg->node,
-            .python_path = pypath,
-            .rank_dir = dir,
-            .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
-            .kind = a->cfg->devices.kind,
-            .device = slot->device,
-        };
+        struct rank_identity id = slot_identity(a, i, error_file, dir, pypath);
         struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
         char **env = rank_env_build(environ, &id);
         int err_code = UV_ENOMEM;
-        struct agent_rank *r =
-            env && argv ? rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code) : NULL;
+        struct agent_rank *r = env && argv ? spare_take(&a->spare, argv, env) : NULL;
+        const bool warm = r != NULL;
+        if (warm)
+            rank_take_up(r, &a->all, &id, &cb);
+        else if (env && argv)
+            r = rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code);
         cmdline_free(env);
         a->ranks[i] = r;
         if (!r) {
@@ -634,14 +671,15 @@ static void spawn_all(struct agent *a)
         snprintf(r->error_file, sizeof(r->error_file), "%s", error_file);
         /* Its output is read from the next loop iteration on: no line comes before the log is open. */
         rank_log_open(&r->log, dir, slot->rank, a->cfg->log_max_bytes);
-        log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
+        log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64 "%s", slot->rank,
                  slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
-                 as->generation);
+                 as->generation, warm ? ": the warm spare took it up" : "");
         hand_assignment(a, r, &assign_msg);
     }
+    a->nranks = as->nranks;
+    keep_spare(a, argv, pypath);
     if (own_argv)
         cmdline_free(argv);
-    a->nranks = as->nranks;
 }
 
 /* ---- MASTER_PORT ------------------------------------------------------- */
@@ -1873,7 +1911,7 @@ static void on_tick(uv_timer_t *t)
 
 static void maybe_finish(struct agent *a)
 {
-    if (!a->exiting || a->closed || any_running(a))
+    if (!a->exiting || a->closed || any_running(a) || spare_running(&a->spare))
         return;
     a->closed = true;
     log_debug("no rank running; closing every handle");
@@ -1894,6 +1932,12 @@ static void maybe_finish(struct agent *a)
     release_ranks(a);
     for (struct agent_rank *r = a->all; r; r = r->next)
         rank_close(r);
+    spare_close(&a->spare);
+}
+
+static void spare_gone(void *data)
+{
+    maybe_finish(data);
 }
 
 static void agent_exit(struct agent *a, int code)
@@ -1910,6 +1954,7 @@ static void agent_exit(struct agent *a, int code)
     if (any_running(a))
         log_info("stopping ranks (grace %" PRIu64 " ms)", (uint64_t)a->spec.stop_grace_ms);
     stop_all(a, a->cur_gen);
+    spare_stop(&a->spare);
     maybe_finish(a);
 }
 
@@ -1959,6 +2004,7 @@ int agent_run(const struct agent_config *cfg)
     choose_state_dir(a);
     probe_gpus(a);
     agent_preflight_init(&a->pf, &loop, on_preflight_done, a);
+    spare_init(&a->spare, &loop, spare_gone, a);
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);
