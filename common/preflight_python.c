@@ -172,20 +172,34 @@ static void last_line(char *buf, size_t n, char *out, size_t cap)
             *c = '?';
 }
 
-/* Reads the child's output until it closes or the deadline; keeps the tail. 1 = timed out. */
-static int drain(int fd, int timeout_ms, char *buf, size_t *n)
+/* The child has ended (not reaped: its pid, and so its process group, stays ours to signal). */
+static int ended(pid_t pid)
 {
-    int64_t end = now_ms() + timeout_ms;
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
+/*
+ * Reads the child's output, keeping the tail, until the output closes, or
+ * the child has ended and nothing more is waiting (something it started may
+ * hold the pipe open), or the deadline. 1 = the deadline came first.
+ */
+static int drain(int fd, pid_t pid, int64_t end, char *buf, size_t *n)
+{
     for (;;) {
+        int gone = ended(pid);
         int64_t left = end - now_ms();
         if (left <= 0)
-            return 1;
+            return !gone;
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r = poll(&p, 1, (int)left);
+        int r = poll(&p, 1, gone ? 0 : (int)(left < 50 ? left : 50));
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
-            return r == 0;
+        if (r < 0 || (r == 0 && gone))
+            return 0;
+        if (r == 0)
+            continue;
         char chunk[1024];
         ssize_t got = read(fd, chunk, sizeof(chunk));
         if (got < 0 && errno == EINTR)
@@ -242,20 +256,17 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
     char out[OUTPUT_KEPT];
     size_t n = 0;
     int64_t end = now_ms() + timeout_ms;
-    int timed_out = drain(fds[0], timeout_ms, out, &n);
+    int timed_out = drain(fds[0], pid, end, out, &n);
     close(fds[0]);
-    int status = 0;
-    pid_t w = 0;
-    while (!timed_out && (w = waitpid(pid, &status, WNOHANG)) == 0) { /* its output closed: it ends soon */
+    while (!timed_out && !ended(pid)) { /* its output closed: it ends soon */
         timed_out = now_ms() >= end;
         if (!timed_out)
             usleep(10000);
     }
-    if (timed_out) {
-        kill(-pid, SIGKILL);
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-    }
+    kill(-pid, SIGKILL); /* all of it at the deadline, else what it left running */
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
     char tail[300];
     last_line(out, n, tail, sizeof(tail));
     if (timed_out)
