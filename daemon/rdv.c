@@ -911,6 +911,19 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->unfit_since_ms = now_ms;
 }
 
+/* s as one line of UTF-8 without control characters (C0, DEL, C1): each becomes a space. */
+static void one_line(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    proto_text_sanitize(s);
+    for (size_t i = 0; p[i]; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            p[i] = ' ';
+        else if (p[i] == 0xc2 && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
+            p[i] = p[i + 1] = ' ';
+    }
+}
+
 /* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
 static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms)
 {
@@ -926,12 +939,16 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
         if (was == RDV_FIT_UNFIT)
             event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
     } else {
-        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, p->reason) != 0)
-            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, p->reason);
+        /* the reason names the job's paths, which may hold any character: none reaches a terminal raw */
+        char reason[sizeof(nd->unfit_reason)];
+        snprintf(reason, sizeof(reason), "%s", p->reason);
+        one_line(reason);
+        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, reason) != 0)
+            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
         if (was != RDV_FIT_UNFIT)
             nd->unfit_since_ms = now_ms;
         nd->fitness = RDV_FIT_UNFIT;
-        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", p->reason);
+        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", reason);
     }
     maybe_form(r, now_ms);
     if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))

@@ -1191,6 +1191,21 @@ START_TEST(range_errors)
                      PROTO_E_RANGE); /* 32 bytes does not fit */
     ck_assert_int_eq(hello_with("agent_version", "\"tab\\there\""), PROTO_E_RANGE);
 
+    /* A PREFLIGHT's checkpoint name: bounded, UTF-8, no control character (it reaches terminals). */
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"\"}"), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"step\u00e9 40\"}"),
+                     PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"a\\u001b[2Jb\"}"),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"a\\nb\"}"),
+                     PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"a\\u009bb\"}"),
+                     PROTO_E_RANGE);
+    snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%0200d\"}", 0);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, text), PROTO_OK);
+    snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%0201d\"}", 0);
+    ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, text), PROTO_E_RANGE);
+
     /* Negative counts, beyond 2^53-1, beyond u32. */
     ck_assert_int_eq(hello_with("generation", "-1"), PROTO_E_RANGE);
     ck_assert_int_eq(hello_with("device_mem_mb", "9007199254740991"), PROTO_OK);

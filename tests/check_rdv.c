@@ -2234,6 +2234,25 @@ START_TEST(unfit_node_holds_formation_without_spending_restarts)
 }
 END_TEST
 
+START_TEST(unfit_reason_with_control_characters_reaches_no_terminal_raw)
+{
+    char v[PROTO_REASON_MAX];
+    setup_spec(2, 3);
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    preflight("a", 1, "");
+    /* the job's require_readable path holds an escape sequence, a newline and a C1 CSI */
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    node_field("b", "unfit_reason", v, sizeof(v));
+    ck_assert_str_eq(v, "require_readable /d ]0;owned    2J ?: No such file or directory");
+    ck_assert(has_event_with("node_unfit", "node b is unfit: require_readable /d ]0;owned    2J ?: No such"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "/d ]0;owned    2J ?: No such"));
+    uint64_t events = rdv.nevents;
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    ck_assert_uint_eq(rdv.nevents, events); /* the same reason again: no new event */
+}
+END_TEST
+
 /* A fit PREFLIGHT of a rank_cmd node that read its latest checkpoint ("" = none there). */
 static void preflight_ckpt(const char *node, const char *checkpoint)
 {
@@ -2574,6 +2593,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, node_lookup_by_name_survives_removals);
     tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
     tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
