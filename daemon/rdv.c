@@ -255,8 +255,8 @@ static void check_plan(struct rdv *r, int candidates)
  */
 static int compared(const struct rdv *r, const struct rdv_node *nd)
 {
-    if (!nd->member || !nd->has_checkpoint)
-        return 0;
+    if (!r->spec->checkpoint_latest[0] || !nd->member || !nd->has_checkpoint)
+        return 0; /* a job that names no rule compares nothing, whatever an agent sends */
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].checkpoint_wanted)
             return nd->checkpoint_wanted;

@@ -2299,6 +2299,19 @@ START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
 }
 END_TEST
 
+START_TEST(checkpoints_a_job_does_not_ask_for_are_not_compared)
+{
+    ckpt_job("file:latest");
+    spec.checkpoint_latest[0] = '\0'; /* an agent (an old build, a forged one) sends them anyway */
+    int from = rec.nsent;
+    preflight_ckpt("a", "global_step40");
+    preflight_ckpt("b", "");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert(!has_event_with("checkpoint_diverged", "node a"));
+}
+END_TEST
+
 START_TEST(diverging_checkpoints_may_be_accepted)
 {
     ckpt_job("glob:step_*");
@@ -2597,6 +2610,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
     tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
     tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
     tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
