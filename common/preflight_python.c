@@ -119,10 +119,26 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
                 "interpreter in require_python", file);
 }
 
+/* A Python keyword: `import class` is a syntax error, not a missing module. */
+static int keyword(const char *word, size_t n)
+{
+    static const char *const kw[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break",
+                                     "class", "continue", "def", "del", "elif", "else", "except", "finally", "for",
+                                     "from", "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or",
+                                     "pass", "raise", "return", "try", "while", "with", "yield", NULL};
+    for (const char *const *k = kw; *k; k++)
+        if (strlen(*k) == n && strncmp(*k, word, n) == 0)
+            return 1;
+    return 0;
+}
+
 int preflight_module_valid(const char *name)
 {
     if (!name[0])
         return 0;
+    for (const char *part = name; *part; part += strcspn(part, ".") + (part[strcspn(part, ".")] == '.'))
+        if (keyword(part, strcspn(part, ".")))
+            return 0;
     for (const char *c = name; *c; c++) {
         int start = c == name || c[-1] == '.';
         int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_' ||

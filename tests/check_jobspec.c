@@ -88,6 +88,8 @@ START_TEST(program_needs_are_lists_and_rules)
     ck_assert_ptr_nonnull(strstr(err, "job.json: require_writable[1]: expected a non-empty string"));
     ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch; import os\"]}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch\", \"class\"]}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
     ck_assert_int_eq(parse("{\"require_python\": \"python3\"}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "require_python: expected require_python_modules too"));
     ck_assert_int_eq(parse("{\"require_free_mb\": 10}", &s, err, sizeof(err)), -EINVAL);
