@@ -271,8 +271,8 @@ static int check_needs(const struct job_spec *spec, const char *origin, char *er
 {
     for (const char *m = spec->require_python_modules; *m; m += strlen(m) + 1)
         if (!preflight_module_valid(m)) {
-            fail(err, errlen, "%s: require_python_modules: expected module names (letters, digits, _ and dots, no Python keyword, "
-                 "as in torch.distributed), got \"%s\"", origin, m);
+            fail(err, errlen, "%s: require_python_modules: expected module names (letters, digits, _ and dots, "
+                 "no Python keyword, as in torch.distributed), got \"%s\"", origin, m);
             return -EINVAL;
         }
     if (spec->require_python[0] && !spec->require_python_modules[0]) {

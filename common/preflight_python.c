@@ -32,8 +32,9 @@ static int executable(const char *path)
 static int lookup(const char *name, const char *path_var, char *out, size_t cap)
 {
     if (strchr(name, '/')) { /* kept, not resolved: a venv's bin/python is a symlink whose place matters */
-        if (!executable(name))
-            return access(name, F_OK) == 0 ? -EACCES : -ENOENT;
+        struct stat st;
+        if (!executable(name)) /* a directory, a file without x, a path through a symlink loop ... */
+            return stat(name, &st) != 0 ? -errno : S_ISDIR(st.st_mode) ? -EISDIR : -EACCES;
         char cwd[PATH_MAX] = "";
         if (name[0] != '/' && !getcwd(cwd, sizeof(cwd)))
             return -errno;

@@ -337,6 +337,14 @@ START_TEST(the_interpreter_a_rank_program_runs)
     ck_assert_int_eq(preflight_interpreter("python3.99", "", "/nonexistent", out, sizeof(out), why, sizeof(why)),
                      -ENOENT);
     ck_assert_ptr_nonnull(strstr(why, "the rank program python3.99: No such file or directory on this node"));
+    /* require_python at a directory, a file that is not executable, a symlink loop */
+    ck_assert_int_eq(preflight_interpreter("train.py", bin, bin, out, sizeof(out), why, sizeof(why)), -EISDIR);
+    ck_assert_ptr_nonnull(strstr(why, "Is a directory"));
+    put_file("bin/python-noexec", "#!/bin/sh\n", 0644, path, sizeof(path));
+    ck_assert_int_eq(preflight_interpreter("train.py", path, bin, out, sizeof(out), why, sizeof(why)), -EACCES);
+    snprintf(path, sizeof(path), "%s/python-loop", bin);
+    ck_assert_int_eq(symlink("python-loop", path), 0);
+    ck_assert_int_eq(preflight_interpreter("train.py", path, bin, out, sizeof(out), why, sizeof(why)), -ELOOP);
 }
 END_TEST
 
