@@ -496,6 +496,14 @@ START_TEST(agent_checks_a_programs_needs_once_per_interpreter)
     ck_assert_int_eq(lines_in(count), 2);
     ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
     ck_assert_int_eq(lines_in(count), 2); /* not imported again */
+    /* env's options with an argument are not the program */
+    ck_assert_int_eq(cmdline_from_string("env -u NOPE --chdir /tmp OK=1 python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    ck_assert_msg(agent_preflight_check(&in, &res, why, sizeof(why)) == 0, "%s", why);
+    ck_assert_int_eq(lines_in(count), 2);
+    ck_assert_int_eq(cmdline_from_string("env -S python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "env -S"));
+    ck_assert_int_eq(cmdline_from_string("env OK=1 python3 train.py", in.cmd, sizeof(in.cmd)), 0);
     in.spec.require_python_timeout_s = 7; /* not part of what an import depends on */
     ck_assert_int_eq(agent_preflight_check(&in, &res, why, sizeof(why)), 0);
     ck_assert_int_eq(lines_in(count), 2);
