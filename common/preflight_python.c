@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -189,6 +190,30 @@ static void last_line(char *buf, size_t n, char *out, size_t cap)
             *c = '?';
 }
 
+/* The import check running now (0: none), for preflight_python_abort; its pid is not
+ * reaped while it is here, so that the group it names is still the check's. */
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t running;
+static int aborted;
+
+static void set_running(pid_t pid)
+{
+    pthread_mutex_lock(&running_lock);
+    running = pid;
+    if (pid && aborted)
+        kill(-pid, SIGKILL);
+    pthread_mutex_unlock(&running_lock);
+}
+
+void preflight_python_abort(void)
+{
+    pthread_mutex_lock(&running_lock);
+    aborted = 1;
+    if (running)
+        kill(-running, SIGKILL);
+    pthread_mutex_unlock(&running_lock);
+}
+
 /* The child has ended (not reaped: its pid, and so its process group, stays ours to signal). */
 static int ended(pid_t pid)
 {
@@ -270,6 +295,7 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
         close(fds[0]);
         return preflight_why(why, len, -e, "require_python: cannot run %s: %s", interp, strerror(e));
     }
+    set_running(pid);
     char out[OUTPUT_KEPT];
     size_t n = 0;
     int64_t end = now_ms() + timeout_ms;
@@ -281,6 +307,7 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
             usleep(10000);
     }
     kill(-pid, SIGKILL); /* all of it at the deadline, else what it left running */
+    set_running(0);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;

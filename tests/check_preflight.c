@@ -451,6 +451,50 @@ START_TEST(an_import_check_whose_leftovers_hold_its_output)
 }
 END_TEST
 
+static int answers;
+
+static void count_answer(struct agent_preflight *p, bool fit, const char *reason)
+{
+    (void)p, (void)fit, (void)reason;
+    answers++;
+}
+
+static void close_pf(uv_timer_t *t)
+{
+    agent_preflight_close(t->data);
+    uv_close((uv_handle_t *)t, NULL);
+}
+
+START_TEST(an_agent_that_stops_does_not_wait_for_an_import)
+{
+    char path[256];
+    put_file("python3", "#!/bin/sh\nsleep 30\n", 0755, path, sizeof(path));
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    struct agent_preflight pf;
+    agent_preflight_init(&pf, &loop, count_answer, NULL);
+    struct preflight_inputs in = {.kind = PROTO_DEV_CPU, .ndevices = 1};
+    job_spec_defaults(&in.spec);
+    pack(in.spec.require_python_modules, (const char *const[]){"torch", NULL});
+    snprintf(in.spec.require_python, sizeof(in.spec.require_python), "%s", path);
+    in.spec.require_python_timeout_s = 15;
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    agent_preflight_start(&pf, &in);
+    uv_timer_t t;
+    uv_timer_init(&loop, &t);
+    t.data = &pf;
+    uv_timer_start(&t, close_pf, 300, 0); /* the agent stops while the import runs */
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double took = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    ck_assert_msg(took < 5.0, "the loop ended %.1f s after the stop", took);
+    ck_assert_int_eq(answers, 0); /* a stopped pre-flight says nothing */
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 /* Lines in a file (0 when it is missing). */
 static int lines_in(const char *path)
 {
@@ -552,6 +596,7 @@ Suite *make_preflight_suite(void)
     tcase_add_test(tc, imports_run_with_the_environment_given_and_bounded);
     tcase_add_test(tc, an_import_check_whose_leftovers_hold_its_output);
     tcase_add_test(tc, agent_checks_a_programs_needs_once_per_interpreter);
+    tcase_add_test(tc, an_agent_that_stops_does_not_wait_for_an_import);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -300,5 +300,7 @@ void agent_preflight_close(struct agent_preflight *p)
 {
     agent_preflight_stop(p);
     p->closing = true;
+    if (p->busy) /* an import check must not hold the loop's end (and the agent's exit) until its deadline */
+        preflight_python_abort();
     uv_close((uv_handle_t *)&p->retry, NULL);
 }
