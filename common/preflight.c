@@ -36,7 +36,7 @@ int preflight_why(char *why, size_t len, int rc, const char *fmt, ...)
 /* Opens a regular file for reading; *size gets its size. */
 static int open_regular(const char *path, uint64_t *size, char *why, size_t len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
         return preflight_why(why, len, -e, "data %s: %s%s", path, strerror(e),
@@ -249,7 +249,9 @@ int preflight_readable(const char *path, char *why, size_t len)
                    e == ENOENT ? ": copy it to this node or mount the file system that holds it" : "");
     }
     int dir = S_ISDIR(st.st_mode);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (dir ? O_DIRECTORY : 0));
+    /* O_NONBLOCK: a FIFO does not wait for a writer; O_NOCTTY: a terminal named here does not
+     * become the agent's (a service is a session leader without one; its hang-up would be ours) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
     if (fd < 0) {
         int e = errno;
         return preflight_why(why, len, -e, "require_readable %s: cannot open it: %s", path, strerror(e));

@@ -11,6 +11,8 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <stdint.h>
@@ -273,6 +275,38 @@ START_TEST(hostile_checkpoint_dirs_neither_block_nor_leak_control_characters)
     /* a malformed pattern matches nothing, and says so by "none" */
     ck_assert_int_eq(preflight_latest_ckpt(path, "glob:[global", out, sizeof(out), why, sizeof(why)), 0);
     ck_assert_str_eq(out, "");
+}
+END_TEST
+
+/* In a new session (no controlling terminal, as a service): whether checking path made a terminal ours. */
+static int takes_a_terminal(const char *path)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char why[PREFLIGHT_WHY_MAX];
+        if (setsid() < 0)
+            _exit(2);
+        preflight_readable(path, why, sizeof(why));
+        _exit(open("/dev/tty", O_RDONLY | O_NOCTTY) >= 0 ? 1 : 0);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 2);
+    return WEXITSTATUS(st);
+}
+
+START_TEST(a_terminal_named_in_require_readable_does_not_become_the_agents)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    if (m < 0 || grantpt(m) != 0 || unlockpt(m) != 0 || !ptsname(m)) {
+        fprintf(stderr, "a_terminal_named_in_require_readable: skipped (no pseudo-terminal here)\n");
+        return;
+    }
+    char pts[256];
+    snprintf(pts, sizeof(pts), "%s", ptsname(m));
+    ck_assert_int_eq(takes_a_terminal(pts), 0);
+    close(m);
 }
 END_TEST
 
@@ -592,6 +626,7 @@ Suite *make_preflight_suite(void)
     tcase_add_test(tc, latest_checkpoint_by_file_or_by_glob);
     tcase_add_test(tc, hostile_checkpoint_dirs_neither_block_nor_leak_control_characters);
     tcase_add_test(tc, hostile_required_paths_answer_at_once);
+    tcase_add_test(tc, a_terminal_named_in_require_readable_does_not_become_the_agents);
     tcase_add_test(tc, the_interpreter_a_rank_program_runs);
     tcase_add_test(tc, imports_run_with_the_environment_given_and_bounded);
     tcase_add_test(tc, an_import_check_whose_leftovers_hold_its_output);
