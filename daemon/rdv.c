@@ -292,6 +292,7 @@ static int checkpoints_agree(const struct rdv *r, char *what, size_t cap)
                          nd->checkpoint[0] ? nd->checkpoint : "none");
         n += w > 0 ? (size_t)w : 0;
     }
+    proto_text_sanitize(what); /* cut short, it may end mid-character: the status must stay UTF-8 */
     return 0;
 }
 

@@ -2312,6 +2312,25 @@ START_TEST(checkpoints_a_job_does_not_ask_for_are_not_compared)
 }
 END_TEST
 
+START_TEST(long_checkpoint_names_cut_short_stay_utf8)
+{
+    ckpt_job("file:latest");
+    char a[PROTO_CKPT_NAME_MAX] = "", b[PROTO_CKPT_NAME_MAX] = "";
+    for (int i = 0; i < 100; i++) { /* 200 bytes each: the reason cannot hold both */
+        strcat(a, "\xc3\xa9");
+        strcat(b, "\xc3\xbc");
+    }
+    preflight_ckpt("a", a);
+    preflight_ckpt("b", b);
+    json_t *st = rest_status(now); /* a reason that is not UTF-8 would not be JSON */
+    const char *reason = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(reason);
+    ck_assert_ptr_nonnull(strstr(reason, "checkpoint_dir differs between nodes: node a has \xc3\xa9"));
+    json_decref(st);
+    ck_assert(has_event_with("checkpoint_diverged", "node a has"));
+}
+END_TEST
+
 START_TEST(diverging_checkpoints_may_be_accepted)
 {
     ckpt_job("glob:step_*");
@@ -2611,6 +2630,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
     tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
     tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
+    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
     tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
     tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
