@@ -341,6 +341,16 @@ static int members_agree(struct rdv *r, uint64_t now_ms)
     return 0;
 }
 
+/* r->reason: the job waits for nd's pre-flight (its reason, cut to fit, still UTF-8). */
+static void waiting_for_fitness(struct rdv *r, const struct rdv_node *nd)
+{
+    if (nd->fitness == RDV_FIT_CHECKING)
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
+    else
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+    proto_text_sanitize(r->reason);
+}
+
 /*
  * Every member is fit (its pre-flight passed, the plan fits its memory), or
  * r->reason says which is not and why: the generation waits, spending nothing.
@@ -352,10 +362,7 @@ static int members_fit(struct rdv *r)
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || fitness_ready(nd))
             continue;
-        if (nd->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+        waiting_for_fitness(r, nd);
         changed(r, 0);
         return 0;
     }
@@ -859,12 +866,8 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
         form_first_generation(r, now_ms);
         return;
     }
-    if (late) {
-        if (late->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", late->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", late->name, fitness_reason(late));
-    }
+    if (late)
+        waiting_for_fitness(r, late);
 }
 
 /* A fresh session for a join: random, so that only the agent it was given to can resume it. */

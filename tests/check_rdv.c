@@ -2247,6 +2247,17 @@ START_TEST(unfit_reason_with_control_characters_reaches_no_terminal_raw)
     ck_assert_str_eq(v, "require_readable /d ]0;owned    2J ?: No such file or directory");
     ck_assert(has_event_with("node_unfit", "node b is unfit: require_readable /d ]0;owned    2J ?: No such"));
     ck_assert_ptr_nonnull(strstr(rdv.reason, "/d ]0;owned    2J ?: No such"));
+    /* a reason as long as PREFLIGHT allows, not ASCII: cut to fit the job's, still UTF-8 */
+    char longer[PROTO_REASON_MAX] = "require_readable /x"; /* odd: the cut falls mid-character */
+    while (strlen(longer) + 2 < sizeof(longer))
+        strcat(longer, "\xc3\xa9");
+    preflight("b", 0, longer);
+    json_t *st = rest_status(now);
+    const char *why = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(why);
+    ck_assert_ptr_nonnull(strstr(why, "unfit: require_readable /x\xc3\xa9"));
+    json_decref(st);
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
     uint64_t events = rdv.nevents;
     preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
     ck_assert_uint_eq(rdv.nevents, events); /* the same reason again: no new event */
