@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #define OUTPUT_KEPT 4096
+#define AFTER_EXIT_MS 500 /* output read after the check has ended */
 
 static int executable(const char *path)
 {
@@ -229,8 +230,10 @@ static int ended(pid_t pid)
  */
 static int drain(int fd, pid_t pid, int64_t end, char *buf, size_t *n)
 {
+    int gone = 0;
     for (;;) {
-        int gone = ended(pid);
+        if (!gone && (gone = ended(pid)) && end > now_ms() + AFTER_EXIT_MS)
+            end = now_ms() + AFTER_EXIT_MS; /* what it left may write on and on: not waited for long */
         int64_t left = end - now_ms();
         if (left <= 0)
             return !gone;

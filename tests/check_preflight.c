@@ -477,6 +477,14 @@ START_TEST(an_import_check_whose_leftovers_hold_its_output)
         usleep(10000);
     ck_assert_msg(!alive((pid_t)left), "process %ld the check started still runs", left);
 
+    /* what it leaves writes on and on: the check ends soon after the import */
+    put_file("python-chatty", "#!/bin/sh\nyes chatter &\nexit 0\n", 0755, path, sizeof(path));
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    ck_assert_msg(preflight_python(path, mods, env, 8000, why, sizeof(why)) == 0, "%s", why);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    took = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    ck_assert_msg(took < 4.0, "a passed import waited %.1f s on the output of what it left running", took);
+
     /* megabytes on stderr: the tail is kept, the last line reported */
     put_file("python-loud", "#!/bin/sh\nhead -c 2000000 /dev/zero | tr '\\0' x >&2\n"
              "echo >&2\necho 'ModuleNotFoundError: the last line' >&2\nexit 1\n", 0755, path, sizeof(path));
