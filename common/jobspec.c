@@ -281,8 +281,14 @@ static int check_needs(const struct job_spec *spec, const char *origin, char *er
 {
     for (const char *m = spec->require_python_modules; *m; m += strlen(m) + 1)
         if (!preflight_module_valid(m)) {
+            char shown[64]; /* the name as one short line: it may hold anything */
+            snprintf(shown, sizeof(shown), "%s", m);
+            for (char *c = shown; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                    *c = '?';
             fail(err, errlen, "%s: require_python_modules: expected module names (letters, digits, _ and dots, "
-                 "as in torch.distributed), got \"%s\"", origin, m);
+                 "no Python keyword, as in torch.distributed), got \"%s\"%s", origin, shown,
+                 strlen(m) >= sizeof(shown) ? "..." : "");
             return -EINVAL;
         }
     if (spec->require_python[0] && !spec->require_python_modules[0]) {

@@ -36,7 +36,7 @@ int preflight_why(char *why, size_t len, int rc, const char *fmt, ...)
 /* Opens a regular file for reading; *size gets its size. */
 static int open_regular(const char *path, uint64_t *size, char *why, size_t len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
         return preflight_why(why, len, -e, "data %s: %s%s", path, strerror(e),
@@ -202,8 +202,10 @@ static int writable_with_room(const char *dir, const char *what, const char *fix
                               const char *room, uint64_t *free_bytes, char *why, size_t len)
 {
     char probe[4096 + 64];
-    snprintf(probe, sizeof(probe), "%s/.muster-preflight-%ld", dir, (long)getpid());
-    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* a unique name: a probe left by a killed agent, or one of another node (a shared
+     * directory, the same pid in another container) does not make dir look unwritable */
+    snprintf(probe, sizeof(probe), "%s/.muster-preflight-XXXXXX", dir);
+    int fd = mkostemp(probe, O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
         return preflight_why(why, len, -e, "%s: not writable: %s: %s", what, strerror(e), fix);
@@ -247,7 +249,9 @@ int preflight_readable(const char *path, char *why, size_t len)
                    e == ENOENT ? ": copy it to this node or mount the file system that holds it" : "");
     }
     int dir = S_ISDIR(st.st_mode);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (dir ? O_DIRECTORY : 0));
+    /* O_NONBLOCK: a FIFO does not wait for a writer; O_NOCTTY: a terminal named here does not
+     * become the agent's (a service is a session leader without one; its hang-up would be ours) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
     if (fd < 0) {
         int e = errno;
         return preflight_why(why, len, -e, "require_readable %s: cannot open it: %s", path, strerror(e));
@@ -292,6 +296,14 @@ int preflight_writable(const char *dir, uint64_t need, char *why, size_t len)
                               "free space there", &fr, why, len);
 }
 
+/* Printable ASCII only: a checkpoint's name reaches events, the status and terminals. */
+static void printable(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+            *s = '?';
+}
+
 /* The name in dir that sorts last in version order (step9 < step10) among those matching pattern. */
 static int newest_match(const char *dir, const char *pattern, char *out, size_t cap, char *why, size_t len)
 {
@@ -310,6 +322,7 @@ static int newest_match(const char *dir, const char *pattern, char *out, size_t 
             snprintf(out, cap, "%s", de->d_name);
     }
     closedir(d);
+    printable(out);
     return 0;
 }
 
@@ -318,21 +331,29 @@ static int latest_file(const char *dir, const char *name, char *out, size_t cap,
 {
     char path[4096 + 256];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "re");
-    if (!f) {
+    /* O_NONBLOCK: a FIFO there must not hold the pre-flight until something writes to it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
         int e = errno;
         if (e == ENOENT)
             return 0;
         return preflight_why(why, len, -e, "checkpoint_dir %s: cannot read %s: %s", dir, name, strerror(e));
     }
-    char line[PREFLIGHT_CKPT_MAX + 2] = "";
-    if (!fgets(line, sizeof(line), f))
-        line[0] = '\0';
-    fclose(f);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return preflight_why(why, len, -EINVAL, "checkpoint_dir %s: %s is not a regular file: checkpoint_latest "
+                   "names the file that holds the latest checkpoint's name", dir, name);
+    }
+    char line[PREFLIGHT_CKPT_MAX + 2];
+    ssize_t n = read_some(fd, line, sizeof(line) - 1);
+    close(fd);
+    if (n < 0)
+        return preflight_why(why, len, (int)n, "checkpoint_dir %s: cannot read %s: %s", dir, name,
+                   strerror((int)-n));
+    line[n] = '\0';
     line[strcspn(line, "\r\n")] = '\0';
-    for (char *c = line; *c; c++)
-        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
-            *c = '?';
+    printable(line);
     snprintf(out, cap, "%s", line[0] ? line : "(empty latest file)");
     return 0;
 }

@@ -92,6 +92,9 @@ int preflight_module_valid(const char *name);
  */
 int preflight_python(const char *interp, const char *modules, char *const *env, int timeout_ms, char *why,
                      size_t len);
+/* Kills the import check running now, and any started after (the process is
+ * stopping: it must not wait out require_python_timeout_s); safe from any thread. */
+void preflight_python_abort(void);
 
 /* Host memory from /proc/meminfo, bytes. */
 int preflight_host_memory(uint64_t *total, uint64_t *available);

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #define OUTPUT_KEPT 4096
+#define AFTER_EXIT_MS 500 /* output read after the check has ended */
 
 static int executable(const char *path)
 {
@@ -32,8 +34,9 @@ static int executable(const char *path)
 static int lookup(const char *name, const char *path_var, char *out, size_t cap)
 {
     if (strchr(name, '/')) { /* kept, not resolved: a venv's bin/python is a symlink whose place matters */
-        if (!executable(name))
-            return access(name, F_OK) == 0 ? -EACCES : -ENOENT;
+        struct stat st;
+        if (!executable(name)) /* a directory, a file without x, a path through a symlink loop ... */
+            return stat(name, &st) != 0 ? -errno : S_ISDIR(st.st_mode) ? -EISDIR : -EACCES;
         char cwd[PATH_MAX] = "";
         if (name[0] != '/' && !getcwd(cwd, sizeof(cwd)))
             return -errno;
@@ -119,10 +122,26 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
                 "interpreter in require_python", file);
 }
 
+/* A Python keyword: `import class` is a syntax error, not a missing module. */
+static int keyword(const char *word, size_t n)
+{
+    static const char *const kw[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break",
+                                     "class", "continue", "def", "del", "elif", "else", "except", "finally", "for",
+                                     "from", "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or",
+                                     "pass", "raise", "return", "try", "while", "with", "yield", NULL};
+    for (const char *const *k = kw; *k; k++)
+        if (strlen(*k) == n && strncmp(*k, word, n) == 0)
+            return 1;
+    return 0;
+}
+
 int preflight_module_valid(const char *name)
 {
     if (!name[0])
         return 0;
+    for (const char *part = name; *part; part += strcspn(part, ".") + (part[strcspn(part, ".")] == '.'))
+        if (keyword(part, strcspn(part, ".")))
+            return 0;
     for (const char *c = name; *c; c++) {
         int start = c == name || c[-1] == '.';
         int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_' ||
@@ -172,20 +191,60 @@ static void last_line(char *buf, size_t n, char *out, size_t cap)
             *c = '?';
 }
 
-/* Reads the child's output until it closes or the deadline; keeps the tail. 1 = timed out. */
-static int drain(int fd, int timeout_ms, char *buf, size_t *n)
+/* The import check running now (0: none), for preflight_python_abort; its pid is not
+ * reaped while it is here, so that the group it names is still the check's. */
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t running;
+static int aborted;
+
+static void set_running(pid_t pid)
 {
-    int64_t end = now_ms() + timeout_ms;
+    pthread_mutex_lock(&running_lock);
+    running = pid;
+    if (pid && aborted)
+        kill(-pid, SIGKILL);
+    pthread_mutex_unlock(&running_lock);
+}
+
+void preflight_python_abort(void)
+{
+    pthread_mutex_lock(&running_lock);
+    aborted = 1;
+    if (running)
+        kill(-running, SIGKILL);
+    pthread_mutex_unlock(&running_lock);
+}
+
+/* The child has ended (not reaped: its pid, and so its process group, stays ours to signal). */
+static int ended(pid_t pid)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
+/*
+ * Reads the child's output, keeping the tail, until the output closes, or
+ * the child has ended and nothing more is waiting (something it started may
+ * hold the pipe open), or the deadline. 1 = the deadline came first.
+ */
+static int drain(int fd, pid_t pid, int64_t end, char *buf, size_t *n)
+{
+    int gone = 0;
     for (;;) {
+        if (!gone && (gone = ended(pid)) && end > now_ms() + AFTER_EXIT_MS)
+            end = now_ms() + AFTER_EXIT_MS; /* what it left may write on and on: not waited for long */
         int64_t left = end - now_ms();
         if (left <= 0)
-            return 1;
+            return !gone;
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r = poll(&p, 1, (int)left);
+        int r = poll(&p, 1, gone ? 0 : (int)(left < 50 ? left : 50));
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
-            return r == 0;
+        if (r < 0 || (r == 0 && gone))
+            return 0;
+        if (r == 0)
+            continue;
         char chunk[1024];
         ssize_t got = read(fd, chunk, sizeof(chunk));
         if (got < 0 && errno == EINTR)
@@ -239,23 +298,22 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
         close(fds[0]);
         return preflight_why(why, len, -e, "require_python: cannot run %s: %s", interp, strerror(e));
     }
+    set_running(pid);
     char out[OUTPUT_KEPT];
     size_t n = 0;
     int64_t end = now_ms() + timeout_ms;
-    int timed_out = drain(fds[0], timeout_ms, out, &n);
+    int timed_out = drain(fds[0], pid, end, out, &n);
     close(fds[0]);
-    int status = 0;
-    pid_t w = 0;
-    while (!timed_out && (w = waitpid(pid, &status, WNOHANG)) == 0) { /* its output closed: it ends soon */
+    while (!timed_out && !ended(pid)) { /* its output closed: it ends soon */
         timed_out = now_ms() >= end;
         if (!timed_out)
             usleep(10000);
     }
-    if (timed_out) {
-        kill(-pid, SIGKILL);
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-    }
+    kill(-pid, SIGKILL); /* all of it at the deadline, else what it left running */
+    set_running(0);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
     char tail[300];
     last_line(out, n, tail, sizeof(tail));
     if (timed_out)

@@ -256,8 +256,8 @@ static void check_plan(struct rdv *r, int candidates)
  */
 static int compared(const struct rdv *r, const struct rdv_node *nd)
 {
-    if (!nd->member || !nd->has_checkpoint)
-        return 0;
+    if (!r->spec->checkpoint_latest[0] || !nd->member || !nd->has_checkpoint)
+        return 0; /* a job that names no rule compares nothing, whatever an agent sends */
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].checkpoint_wanted)
             return nd->checkpoint_wanted;
@@ -293,6 +293,7 @@ static int checkpoints_agree(const struct rdv *r, char *what, size_t cap)
                          nd->checkpoint[0] ? nd->checkpoint : "none");
         n += w > 0 ? (size_t)w : 0;
     }
+    proto_text_sanitize(what); /* cut short, it may end mid-character: the status must stay UTF-8 */
     return 0;
 }
 
@@ -341,6 +342,16 @@ static int members_agree(struct rdv *r, uint64_t now_ms)
     return 0;
 }
 
+/* r->reason: the job waits for nd's pre-flight (its reason, cut to fit, still UTF-8). */
+static void waiting_for_fitness(struct rdv *r, const struct rdv_node *nd)
+{
+    if (nd->fitness == RDV_FIT_CHECKING)
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
+    else
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+    proto_text_sanitize(r->reason);
+}
+
 /*
  * Every member is fit (its pre-flight passed, the plan fits its memory), or
  * r->reason says which is not and why: the generation waits, spending nothing.
@@ -352,10 +363,7 @@ static int members_fit(struct rdv *r)
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || fitness_ready(nd))
             continue;
-        if (nd->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+        waiting_for_fitness(r, nd);
         changed(r, 0);
         return 0;
     }
@@ -859,12 +867,8 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
         form_first_generation(r, now_ms);
         return;
     }
-    if (late) {
-        if (late->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", late->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", late->name, fitness_reason(late));
-    }
+    if (late)
+        waiting_for_fitness(r, late);
 }
 
 /* A fresh session for a join: random, so that only the agent it was given to can resume it. */
@@ -913,6 +917,19 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->unfit_since_ms = now_ms;
 }
 
+/* s as one line of UTF-8 without control characters (C0, DEL, C1): each becomes a space. */
+static void one_line(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    proto_text_sanitize(s);
+    for (size_t i = 0; p[i]; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            p[i] = ' ';
+        else if (p[i] == 0xc2 && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
+            p[i] = p[i + 1] = ' ';
+    }
+}
+
 /* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
 static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms)
 {
@@ -928,12 +945,16 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
         if (was == RDV_FIT_UNFIT)
             event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
     } else {
-        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, p->reason) != 0)
-            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, p->reason);
+        /* the reason names the job's paths, which may hold any character: none reaches a terminal raw */
+        char reason[sizeof(nd->unfit_reason)];
+        snprintf(reason, sizeof(reason), "%s", p->reason);
+        one_line(reason);
+        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, reason) != 0)
+            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
         if (was != RDV_FIT_UNFIT)
             nd->unfit_since_ms = now_ms;
         nd->fitness = RDV_FIT_UNFIT;
-        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", p->reason);
+        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", reason);
     }
     maybe_form(r, now_ms);
     if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))

@@ -230,7 +230,8 @@ static int check_preflight(const struct proto_preflight *p)
 {
     if (!valid_utf8(p->reason, sizeof(p->reason)) || (p->fit != 0) == (p->reason[0] != '\0'))
         return PROTO_E_RANGE;
-    if (p->has_checkpoint && !valid_utf8(p->checkpoint, sizeof(p->checkpoint)))
+    /* the name reaches events, status and terminals: no control character */
+    if (p->has_checkpoint && p->checkpoint[0] && !proto_valid_label(p->checkpoint, sizeof(p->checkpoint)))
         return PROTO_E_RANGE;
     return 0;
 }

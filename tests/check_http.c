@@ -20,6 +20,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "daemon/history.h"
 #include "daemon/http.h"
 #include "daemon/metrics.h"
 #include "daemon/rdv.h"
@@ -804,6 +805,43 @@ START_TEST(test_odd_names_escaped)
 }
 END_TEST
 
+/* /v1/history from hostile values: losses and rates near DBL_MAX folded together
+ * (coarsening), infinities, NaN, one point. Every array keeps one entry per step and
+ * every entry is a finite number or null. */
+START_TEST(test_history_of_extreme_values)
+{
+    struct history h;
+    ck_assert_int_eq(history_init(&h, 4), 0);
+    history_add(&h, 1, 1.0, 1.0, 0.1, 1);
+    json_t *j = history_json(&h);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "loss")), 1);
+    json_decref(j);
+    const double v[] = {1.7e308, 1.7e308, -1.7e308, INFINITY, NAN, 1.7e308, 1e308, 1.7e308};
+    for (uint64_t step = 2; step < 64; step++)
+        history_add(&h, step, v[step % 8], v[(step + 3) % 8], 0.1 * (double)step, 1 + step / 20);
+    ck_assert_uint_gt(h.stride, 1); /* points were folded together */
+    j = history_json(&h);
+    size_t n = json_array_size(json_object_get(j, "step"));
+    ck_assert_uint_gt(n, 0);
+    const char *keys[] = {"loss", "tokens_per_s", "time_s", "generation"};
+    for (size_t k = 0; k < 4; k++) {
+        json_t *a = json_object_get(j, keys[k]), *e;
+        size_t i;
+        ck_assert_msg(json_array_size(a) == n, "%s has %zu entries for %zu steps", keys[k], json_array_size(a), n);
+        json_array_foreach(a, i, e)
+            ck_assert_msg(json_is_null(e) || (json_is_number(e) && isfinite(json_number_value(e))),
+                          "%s[%zu] is neither null nor a finite number", keys[k], i);
+    }
+    char *text = json_dumps(j, JSON_COMPACT);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_ptr_null(strstr(text, "nan"));
+    ck_assert_ptr_null(strstr(text, "inf"));
+    free(text);
+    json_decref(j);
+    history_free(&h);
+}
+END_TEST
+
 START_TEST(test_dashboard)
 {
     struct resp *r = get("/");
@@ -1353,6 +1391,7 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_metrics);
     tcase_add_test(tc, test_odd_names_escaped);
     tcase_add_test(tc, test_dashboard);
+    tcase_add_test(tc, test_history_of_extreme_values);
     tcase_add_test(tc, test_routing_errors);
     tcase_add_test(tc, test_port_in_use);
     suite_add_tcase(s, tc);

@@ -88,6 +88,31 @@ START_TEST(program_needs_are_lists_and_rules)
     ck_assert_ptr_nonnull(strstr(err, "job.json: require_writable[1]: expected a non-empty string"));
     ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch; import os\"]}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch\", \"class\"]}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"os\\nimport shutil\\u001b[2J\"]}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "got \"os?import shutil?[2J\"")); /* one line, no escape */
+
+    /* sizes a careless or hostile job may ask for: refused, saying the bound */
+    size_t big = 100000 * 6 + 64;
+    char *text = malloc(big);
+    ck_assert_ptr_nonnull(text);
+    size_t n = (size_t)snprintf(text, big, "{\"require_readable\": [");
+    for (int i = 0; i < 100000; i++)
+        n += (size_t)snprintf(text + n, big - n, "%s\"/d\"", i ? "," : "");
+    snprintf(text + n, big - n, "]}");
+    ck_assert_int_eq(parse(text, &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_readable: expected at most 256 entries"));
+    free(text);
+    ck_assert_int_eq(parse("{\"require_writable\": [\"/c\"], \"require_free_mb\": 4611686018427387904}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_free_mb: expected an integer in [0, 1073741824]"));
+    ck_assert_int_eq(parse("{\"require_writable\": [\"/c\"], \"require_free_mb\": 1e30}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_int_eq(parse("{\"checkpoint_dir\": \"c\", \"checkpoint_latest\": \"file:\"}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_int_eq(parse("{\"require_python_timeout_s\": 0}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_int_eq(parse("{\"require_python\": \"python3\"}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "require_python: expected require_python_modules too"));
     ck_assert_int_eq(parse("{\"require_free_mb\": 10}", &s, err, sizeof(err)), -EINVAL);

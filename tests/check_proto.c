@@ -1234,6 +1234,21 @@ START_TEST(range_errors)
                      PROTO_E_RANGE); /* 32 bytes does not fit */
     ck_assert_int_eq(hello_with("agent_version", "\"tab\\there\""), PROTO_E_RANGE);
 
+    /* A PREFLIGHT's checkpoint name: bounded, UTF-8, no control character (it reaches terminals). */
+    static const struct {
+        const char *name; /* JSON string body */
+        int rc;
+    } ckpts[] = {{"", PROTO_OK}, {"step\\u00e9 40", PROTO_OK}, {"a\\u001b[2Jb", PROTO_E_RANGE},
+                 {"a\\nb", PROTO_E_RANGE}, {"a\\u009bb", PROTO_E_RANGE}, {"a\\u007fb", PROTO_E_RANGE}};
+    for (size_t i = 0; i < sizeof(ckpts) / sizeof(ckpts[0]); i++) {
+        snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%s\"}", ckpts[i].name);
+        ck_assert_msg(decode_text(PROTO_PREFLIGHT, text) == ckpts[i].rc, "checkpoint \"%s\"", ckpts[i].name);
+    }
+    for (int len = 200; len <= 201; len++) {
+        snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%0*d\"}", len, 0);
+        ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, text), len == 200 ? PROTO_OK : PROTO_E_RANGE);
+    }
+
     /* Negative counts, beyond 2^53-1, beyond u32. */
     ck_assert_int_eq(hello_with("generation", "-1"), PROTO_E_RANGE);
     ck_assert_int_eq(hello_with("device_mem_mb", "9007199254740991"), PROTO_OK);

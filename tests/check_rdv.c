@@ -2234,6 +2234,36 @@ START_TEST(unfit_node_holds_formation_without_spending_restarts)
 }
 END_TEST
 
+START_TEST(unfit_reason_with_control_characters_reaches_no_terminal_raw)
+{
+    char v[PROTO_REASON_MAX];
+    setup_spec(2, 3);
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    preflight("a", 1, "");
+    /* the job's require_readable path holds an escape sequence, a newline and a C1 CSI */
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    node_field("b", "unfit_reason", v, sizeof(v));
+    ck_assert_str_eq(v, "require_readable /d ]0;owned    2J ?: No such file or directory");
+    ck_assert(has_event_with("node_unfit", "node b is unfit: require_readable /d ]0;owned    2J ?: No such"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "/d ]0;owned    2J ?: No such"));
+    /* a reason as long as PREFLIGHT allows, not ASCII: cut to fit the job's, still UTF-8 */
+    char longer[PROTO_REASON_MAX] = "require_readable /x"; /* odd: the cut falls mid-character */
+    while (strlen(longer) + 2 < sizeof(longer))
+        strcat(longer, "\xc3\xa9");
+    preflight("b", 0, longer);
+    json_t *st = rest_status(now);
+    const char *why = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(why);
+    ck_assert_ptr_nonnull(strstr(why, "unfit: require_readable /x\xc3\xa9"));
+    json_decref(st);
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    uint64_t events = rdv.nevents;
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    ck_assert_uint_eq(rdv.nevents, events); /* the same reason again: no new event */
+}
+END_TEST
+
 /* A fit PREFLIGHT of a rank_cmd node that read its latest checkpoint ("" = none there). */
 static void preflight_ckpt(const char *node, const char *checkpoint)
 {
@@ -2277,6 +2307,38 @@ START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
     ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
     /* what they have changes as the generation runs: its reports are not kept for the next */
     ck_assert_int_eq(rdv.nodes[find_index("a")].has_checkpoint, 0);
+}
+END_TEST
+
+START_TEST(checkpoints_a_job_does_not_ask_for_are_not_compared)
+{
+    ckpt_job("file:latest");
+    spec.checkpoint_latest[0] = '\0'; /* an agent (an old build, a forged one) sends them anyway */
+    int from = rec.nsent;
+    preflight_ckpt("a", "global_step40");
+    preflight_ckpt("b", "");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert(!has_event_with("checkpoint_diverged", "node a"));
+}
+END_TEST
+
+START_TEST(long_checkpoint_names_cut_short_stay_utf8)
+{
+    ckpt_job("file:latest");
+    char a[PROTO_CKPT_NAME_MAX] = "", b[PROTO_CKPT_NAME_MAX] = "";
+    for (int i = 0; i < 100; i++) { /* 200 bytes each: the reason cannot hold both */
+        strcat(a, "\xc3\xa9");
+        strcat(b, "\xc3\xbc");
+    }
+    preflight_ckpt("a", a);
+    preflight_ckpt("b", b);
+    json_t *st = rest_status(now); /* a reason that is not UTF-8 would not be JSON */
+    const char *reason = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(reason);
+    ck_assert_ptr_nonnull(strstr(reason, "checkpoint_dir differs between nodes: node a has \xc3\xa9"));
+    json_decref(st);
+    ck_assert(has_event_with("checkpoint_diverged", "node a has"));
 }
 END_TEST
 
@@ -2574,9 +2636,12 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, node_lookup_by_name_survives_removals);
     tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
     tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
+    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
     tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
     tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);

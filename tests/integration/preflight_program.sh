@@ -12,7 +12,10 @@
 #    dirs): the generation is not started, an event names each node and
 #    what it has; copying the checkpoint lets the generation start;
 # 4. the same before a restart: b's checkpoint is deleted while the job
-#    runs, a rank is killed, and generation 2 waits until they agree.
+#    runs, a rank is killed, and generation 2 waits until they agree;
+# 5. b's `latest` is a FIFO: unfit at once (not a check that waits for a
+#    writer forever); a's names its checkpoint with terminal escapes, which
+#    reach no /v1 document.
 set -eu
 . tests/itest-lib.sh
 
@@ -137,5 +140,25 @@ cp -r "$ITEST_DIR/a/ckpt/global_step40" "$ITEST_DIR/a/ckpt/latest" "$ITEST_DIR/b
 wait_for 20 'd["generation"] == 2 and running == 2 and d["restarts"] == 1' \
     || fail "restart: generation 2 did not start once the checkpoints agree"
 echo "restart: fixed: generation 2 running, 1 restart (the rank's)"
+stop_all
+
+# 5. hostile checkpoint dirs: b's `latest` is a FIFO (reading it would wait for a
+#    writer forever), a's names its checkpoint with terminal escapes
+rm -rf "$ITEST_DIR/a/ckpt" "$ITEST_DIR/b/ckpt" "$ITEST_DIR/agent-state-"*
+mkdir -p "$ITEST_DIR/a/ckpt" "$ITEST_DIR/b/ckpt"
+printf 'global_step7\033]0;owned\007\033[2J\n' > "$ITEST_DIR/a/ckpt/latest"
+mkfifo "$ITEST_DIR/b/ckpt/latest"
+job hostile ", \"rank_cmd\": \"$FAKE\", \"checkpoint_dir\": \"ckpt\", \"checkpoint_latest\": \"file:latest\""
+agent a "$ITEST_DIR/a"
+agent b "$ITEST_DIR/b"
+b_unfit "fifo" "checkpoint_dir ckpt: latest is not a regular file"
+rm "$ITEST_DIR/b/ckpt/latest"
+cp "$ITEST_DIR/a/ckpt/latest" "$ITEST_DIR/b/ckpt/latest"
+wait_for 20 'running == 2 and d["restarts"] == 0' || fail "fifo: no run once b's latest is a file"
+for doc in events status nodes; do
+    curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/$doc" > "$ITEST_DIR/$doc.json" || fail "hostile: no /v1/$doc"
+    ! grep -qiE "$(printf '\033')|u001b|u0007" "$ITEST_DIR/$doc.json" || fail "hostile: a control character in /v1/$doc"
+done
+echo "fifo: b unfit until its latest was a file; escapes in a's latest reached no document"
 stop_all
 echo "preflight_program: ok"

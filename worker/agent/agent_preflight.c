@@ -76,7 +76,8 @@ static uint64_t python_key(const char *interp, char *const *env, const char *mod
 /*
  * The program a command runs and the variables it sets first: `env A=1 B=2
  * python3 train.py` (as docs/pytorch.md writes it) runs python3 with A and B.
- * Returns the index of the program in argv; *sets, *nsets the NAME=VALUE words.
+ * Returns the index of the program in argv; *sets, *nsets the NAME=VALUE words;
+ * -1 when env splits a string into the command (-S): the job must name the interpreter.
  */
 static int program_of(char **argv, int *sets, int *nsets)
 {
@@ -86,8 +87,15 @@ static int program_of(char **argv, int *sets, int *nsets)
     if (!argv[0] || strcmp(base ? base + 1 : argv[0], "env") != 0)
         return 0;
     int i = 1;
-    while (argv[i] && argv[i][0] == '-') /* env's own options (-i, -S ...) */
-        i++;
+    while (argv[i] && argv[i][0] == '-' && argv[i][1]) { /* env's own options (-i, -u NAME, -C DIR ...) */
+        const char *o = argv[i++];
+        if (strcmp(o, "--") == 0)
+            break;
+        if (strncmp(o, "-S", 2) == 0 || strncmp(o, "--split-string", 14) == 0)
+            return -1;
+        if (strcmp(o, "-u") == 0 || strcmp(o, "--unset") == 0 || strcmp(o, "-C") == 0 || strcmp(o, "--chdir") == 0)
+            i += argv[i] != NULL; /* and its argument */
+    }
     *sets = i;
     while (argv[i] && strchr(argv[i], '='))
         i++;
@@ -135,8 +143,16 @@ static int check_python(const struct preflight_inputs *p, struct preflight_resul
         snprintf(why, len, "require_python: the rank command is unknown: name the interpreter in require_python");
         return -EINVAL;
     }
-    char **base = rank_env_build(environ, &id), **env = NULL;
     int sets = 0, nsets = 0, prog = program_of(argv, &sets, &nsets);
+    if (prog < 0 && !s->require_python[0]) {
+        cmdline_free(argv);
+        snprintf(why, len, "require_python: the rank command runs env -S, whose program muster does not parse: "
+                 "name the interpreter in require_python");
+        return -EINVAL;
+    }
+    if (prog < 0)
+        prog = nsets = 0; /* require_python names the interpreter; env -S's variables are not taken */
+    char **base = rank_env_build(environ, &id), **env = NULL;
     if (base)
         env = env_with(base, argv + sets, nsets);
     cmdline_free(base);
@@ -284,5 +300,7 @@ void agent_preflight_close(struct agent_preflight *p)
 {
     agent_preflight_stop(p);
     p->closing = true;
+    if (p->busy) /* an import check must not hold the loop's end (and the agent's exit) until its deadline */
+        preflight_python_abort();
     uv_close((uv_handle_t *)&p->retry, NULL);
 }
