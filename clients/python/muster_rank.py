@@ -792,8 +792,11 @@ class Elastic:
         self._gen = 0                  # the generation of the process group it trains in
         self._thread = None            # the thread that runs the steps
         self._running = False          # run() is under way (the park watch lives as long)
-        self._in_step = 0              # the number of the step entered while in one, else 0
-        self._entered = 0              # steps entered so far
+        self._busy = 0                 # a number for each generation it entered, while in it (else 0)
+        self._entered = 0              # generations entered so far
+        self._in_step = False          # in train_step
+        self._conns = None             # the process group's sockets ({fd: inode}) once formed
+        self._conns_before = None      # the sockets open before the process group was formed
         self._interrupted = False      # _Parked was sent to this step
         self._suspect = False          # interrupted in its own code: its state may be half updated
         if self._rank.active:
@@ -827,33 +830,43 @@ class Elastic:
             self._running = True
             threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True).start()
         result = None
+        pending = "form"  # before the next step: "form" (the first), "park" or "yield" (leave, form the next)
         try:
-            self._form(dist)
-            while self.step < steps:
+            while True:
                 stepped[0] = False
-                err, leave = None, None
+                err = None
                 try:
-                    leave = self._boundary(dist)
-                    if leave is None:
-                        result = self._one_step(train_step)
+                    if pending == "form":
+                        pending = None
+                        self._form(dist)
+                    elif pending:
+                        yielded, pending = pending == "yield", None
+                        self._rejoin(dist, yielded)
+                    if self.step >= steps:
+                        break
+                    pending = self._boundary(dist)
+                    if pending:
+                        continue
+                    result = self._one_step(train_step)
                 except RuntimeError as e:
                     err = e
                 except _Parked:
                     self._suspect = True
-                    leave = "park"
-                if err is None and leave is None:
+                    pending = "park"
+                if err is None and pending is None:
                     self.step += 1
                     loss = result.item() if hasattr(result, "item") else result
                     self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
                     continue
                 if stepped[0]:
                     self.step += 1
-                if leave != "yield" and not (self._rank.active and self._rank._wait_park(self._gen, self._heal_wait)):
-                    raise err  # no failure muster knows of: the program's own error
-                # Out of the except clause, so that the failed step's frames (and the
-                # generation's DDP in them) are gone before its process group goes.
-                err = None
-                self._rejoin(dist, leave == "yield")
+                if err is not None:
+                    if not (self._rank.active and self._rank._wait_park(self._gen, self._heal_wait)):
+                        raise err  # no failure muster knows of: the program's own error
+                    # Dropped here, out of the except clause, so that the failed step's
+                    # frames (and the generation's DDP in them) go before its process group.
+                    err = None
+                    pending = "park"
         finally:
             hook.remove()
             with self._rank._cond:
@@ -864,14 +877,25 @@ class Elastic:
     # -- one generation's process group and state --
 
     def _form(self, dist):
-        self._gen = self._rank.generation
+        cond = self._rank._cond
+        with cond:
+            self._gen = self._rank.generation
+            self._entered += 1
+            self._busy = self._entered
+            cond.notify_all()
         if not dist.is_initialized():
+            before = _sockets()
+            with cond:
+                self._conns = None
+                self._conns_before = before
             if self._timeout is None:
                 dist.init_process_group(self._backend, init_method="env://")
             else:
                 import datetime
                 dist.init_process_group(self._backend, init_method="env://",
                                         timeout=datetime.timedelta(seconds=self._timeout))
+            with cond:
+                self._conns = _opened_since(before)
         import torch
         me, world = dist.get_rank(), dist.get_world_size()
         have = self.step if self.step > 0 else -1  # -1: nothing trained, the seed's state
@@ -961,14 +985,12 @@ class Elastic:
     def _one_step(self, train_step):
         cond = self._rank._cond
         with cond:
-            self._entered += 1
-            self._in_step = self._entered
-            cond.notify_all()
+            self._in_step = True
         try:
             return train_step(self.step)
         finally:
             with cond:
-                self._in_step = 0
+                self._in_step = False
                 if self._interrupted:
                     _interrupt(self._thread, None)  # one not raised by now is not raised
 
@@ -976,6 +998,10 @@ class Elastic:
         """Leaves the generation it trained in, keeping its state, and forms the next one."""
         r = self._rank
         gen = self._gen
+        with r._cond:
+            self._busy = 0
+            r._cond.notify_all()
+            conns = self._connections()
         if yielded:
             with r._cond:
                 r._yielded = True
@@ -985,6 +1011,9 @@ class Elastic:
                  % (gen, self.step))
         else:
             _log("generation %d broke at step %d; waiting for the next generation" % (gen, self.step))
+            # gloo has no abort and keeps its sockets open past destroy_process_group:
+            # peers still blocked on this rank in the ended generation are let go now.
+            _shut(conns)
         # The wrapper of the generation that ended (DDP's reducer hooks its
         # parameters and holds the old group) goes before the new one is made.
         self.model = self.module
@@ -1006,41 +1035,95 @@ class Elastic:
                           LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
         self._form(dist)
 
+    def _connections(self):
+        """The sockets of the current generation's process group (lock held):
+        those init_process_group opened, or all opened since it began while it runs."""
+        if self._conns is not None:
+            return self._conns
+        return _opened_since(self._conns_before) if self._conns_before is not None else {}
+
     def _watch_park(self):
-        """A step still under way PARK_INTERRUPT_S after muster parked its
-        generation, outside any collective, is held by the rank's own code
-        (it is the hung one): _Parked is raised there. Still held
-        PARK_EXIT_S later (native code), the process exits, so that its
-        peers' collectives fail and their ranks go on; its slot is started
-        again. A step waiting in a collective ends when a peer leaves."""
+        """Muster parked the generation and the rank has not left it
+        PARK_INTERRUPT_S later (it waits in a collective or a rendezvous on a
+        peer that hangs, or it is the one that hangs): its connections of the
+        generation are closed, which ends its own waits and its peers', and
+        a step held by its own code gets _Parked raised there. Still in it
+        PARK_EXIT_S later (native code outside any collective), the process
+        exits, so that its peers go on; its slot is started again."""
         r = self._rank
         with r._cond:
             while self._running:
-                step = self._in_step
-                if not step or r._parked <= self._gen:
+                busy = self._busy
+                if not busy or r._parked <= self._gen:
                     r._cond.wait()
                     continue
-                if self._held(step, PARK_INTERRUPT_S) and _where(self._thread)[1] is None:
-                    where = _where(self._thread)[0] or "where is not known"
-                    if not self._interrupted:
-                        _log("generation %d was parked and rank %d is still in its step (%s): interrupted there"
-                             % (self._gen, r.rank, where))
-                        self._interrupted = True
-                        _interrupt(self._thread, _Parked)
-                    elif self._held(step, PARK_EXIT_S) and _where(self._thread)[1] is None:
-                        _log("rank %d did not leave its step %.0f s after it was interrupted (%s): exiting, so that "
-                             "its peers go on" % (r.rank, PARK_EXIT_S, where))
-                        os._exit(1)
+                if not self._held(busy, PARK_INTERRUPT_S):
+                    continue
+                where, waiting = _where(self._thread)
+                stuck = self._in_step and waiting is None
+                _log("generation %d was parked and rank %d has not left it (%s): closing its connections%s"
+                     % (self._gen, r.rank, waiting or where or "where is not known",
+                        ", interrupting its step" if stuck else ""))
+                _shut(self._connections())
+                if stuck and not self._interrupted:
+                    self._interrupted = True
+                    _interrupt(self._thread, _Parked)
+                if self._held(busy, PARK_EXIT_S):
+                    _log("rank %d did not leave generation %d %.0f s after that: exiting, so that its peers go on"
+                         % (r.rank, self._gen, PARK_EXIT_S))
+                    os._exit(1)
 
-    def _held(self, step, seconds):
-        """True when the step numbered step is still under way after seconds (lock held)."""
+    def _held(self, busy, seconds):
+        """True when the rank is still in the generation it entered as busy after seconds (lock held)."""
         deadline = time.monotonic() + seconds
-        while self._running and self._in_step == step:
+        while self._running and self._busy == busy:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
             self._rank._cond.wait(left)
         return False
+
+
+def _sockets():
+    """{fd: "socket:[inode]"} of the process's open sockets ({} without /proc)."""
+    found = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            link = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            found[int(name)] = link
+    return found
+
+
+def _opened_since(before):
+    return {fd: s for fd, s in _sockets().items() if before.get(fd) != s}
+
+
+def _shut(conns):
+    """Shuts down each connected socket of conns ({fd: "socket:[inode]"}) still open as
+    the same socket: its peers see it closed at once, and calls waiting on it here fail.
+    Listening sockets stay (gloo's listener thread aborts the process when its own fails)."""
+    now = _sockets()
+    for fd, s in conns.items():
+        if now.get(fd) != s:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
 
 class _TensorSlot:
