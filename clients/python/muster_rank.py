@@ -1044,12 +1044,14 @@ class Elastic:
 
     def _watch_park(self):
         """Muster parked the generation and the rank has not left it
-        PARK_INTERRUPT_S later (it waits in a collective or a rendezvous on a
-        peer that hangs, or it is the one that hangs): its connections of the
-        generation are closed, which ends its own waits and its peers', and
-        a step held by its own code gets _Parked raised there. Still in it
-        PARK_EXIT_S later (native code outside any collective), the process
-        exits, so that its peers go on; its slot is started again."""
+        PARK_INTERRUPT_S later. Held by its own code in a step (it is the
+        hung one): its connections of the generation are closed, which ends
+        its peers' waits on it, and _Parked is raised in that code. Waiting
+        on its peers (a collective, a rendezvous) PARK_EXIT_S later still:
+        its own connections are closed, which ends its wait. Still in the
+        generation PARK_EXIT_S after either (native code outside any
+        collective), the process exits, so that its peers go on; its slot
+        is started again."""
         r = self._rank
         with r._cond:
             while self._running:
@@ -1060,12 +1062,14 @@ class Elastic:
                 if not self._held(busy, PARK_INTERRUPT_S):
                     continue
                 where, waiting = _where(self._thread)
-                stuck = self._in_step and waiting is None
+                stuck = self._in_step and waiting is None and not self._interrupted
+                if not stuck and not self._held(busy, PARK_EXIT_S):
+                    continue
                 _log("generation %d was parked and rank %d has not left it (%s): closing its connections%s"
                      % (self._gen, r.rank, waiting or where or "where is not known",
                         ", interrupting its step" if stuck else ""))
                 _shut(self._connections())
-                if stuck and not self._interrupted:
+                if stuck:
                     self._interrupted = True
                     _interrupt(self._thread, _Parked)
                 if self._held(busy, PARK_EXIT_S):
