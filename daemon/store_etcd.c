@@ -440,6 +440,18 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
         log_warn_limited("etcd: campaign for %s not decided: %s", s->leader_key, err);
         return;
     }
+    /* Whoever may write the key may write anything: a value not as a musterd
+     * writes it names no leader (REST answers 503, agents are told "another
+     * musterd"), rather than go into a Location header or a REJECT. */
+    char why[160];
+    if (!succeeded && !etcd_leader_value_ok(kv.value, kv.value_len, LEADER_ADDR_MAX - 1, why, sizeof(why))) {
+        log_warn_limited("etcd: the leader key %s (term %lld) holds %zu bytes that are not a musterd's "
+                         "\"HOST:PORT URL\": %s; the leader is taken as unknown",
+                         s->leader_key, (long long)kv.create_rev, kv.value_len, why);
+        free(kv.value);
+        kv.value = NULL;
+        kv.value_len = 0;
+    }
     pthread_mutex_lock(&s->lock);
     leader_campaigned(&s->el, succeeded, rev, kv.value, kv.create_rev);
     pthread_mutex_unlock(&s->lock);
