@@ -436,6 +436,13 @@ START_TEST(keepalives_extend_and_failures_retry)
     /* An answer older than the newest does not shorten the deadline. */
     leader_kept(&l, 100, 3);
     ck_assert_int_eq(leader_acting(&l, 2700), 1);
+    /* A member that answers a TTL longer than the one asked for (not etcd's
+     * way) does not stretch the leader's own reckoning past 3 s. */
+    leader_kept(&l, 800, 1000000);
+    ck_assert_uint_eq(l.lease_until, 3800);
+    ck_assert_int_eq(leader_acting(&l, 2799), 1);
+    ck_assert_int_eq(leader_acting(&l, 2800), 0);
+    ck_assert_uint_eq(leader_unsure(&l, 2800), 3800);
     /* etcd says the lease is gone: deposed at once. */
     leader_kept(&l, 1700, 0);
     ck_assert_int_eq(l.role, LEADER_DEPOSED);
