@@ -19,19 +19,20 @@ JSON
 STOPPED=0
 trap '[ "$STOPPED" = 0 ] || kill -CONT "$(etcd_member_pid 3)" 2>/dev/null; cleanup' EXIT INT TERM
 
-CTL1=$(free_port); HTTP1=$(free_port); CTL2=$(free_port); HTTP2=$(free_port)
-"$BUILD/musterd" --job "$ITEST_DIR/stall.json" --listen "127.0.0.1:$CTL1" --http "127.0.0.1:$HTTP1" \
-    --state-dir "$ITEST_DIR/state1" --token-file "$ITEST_DIR/token" \
-    --store "etcd://127.0.0.1:$ETCD_CLIENT1,127.0.0.1:$ETCD_CLIENT2,127.0.0.1:$ETCD_CLIENT3" \
-    >> "$ITEST_DIR/musterd1.log" 2>&1 &
-D1=$!; ITEST_PIDS="$ITEST_PIDS $D1"
+# musterd_store N MEMBERS: musterd number N with the store's members in that order; sets Dn.
+musterd_store() {
+    "$BUILD/musterd" --job "$ITEST_DIR/stall.json" --listen "127.0.0.1:$(free_port)" --http "127.0.0.1:$(free_port)" \
+        --state-dir "$ITEST_DIR/state$1" --token-file "$ITEST_DIR/token" --store "etcd://$2" \
+        >> "$ITEST_DIR/musterd$1.log" 2>&1 &
+    eval "D$1=$!"
+    ITEST_PIDS="$ITEST_PIDS $!"
+}
+M1=127.0.0.1:$ETCD_CLIENT1; M2=127.0.0.1:$ETCD_CLIENT2; M3=127.0.0.1:$ETCD_CLIENT3
+musterd_store 1 "$M1,$M2,$M3"
 wait_log 20 "$ITEST_DIR/musterd1.log" "leading job stall" || fail "musterd 1 did not lead within 20 s"
-"$BUILD/musterd" --job "$ITEST_DIR/stall.json" --listen "127.0.0.1:$CTL2" --http "127.0.0.1:$HTTP2" \
-    --state-dir "$ITEST_DIR/state2" --token-file "$ITEST_DIR/token" \
-    --store "etcd://127.0.0.1:$ETCD_CLIENT3,127.0.0.1:$ETCD_CLIENT1,127.0.0.1:$ETCD_CLIENT2" \
-    >> "$ITEST_DIR/musterd2.log" 2>&1 &
-D2=$!; ITEST_PIDS="$ITEST_PIDS $D2"
-wait_log 10 "$ITEST_DIR/musterd2.log" "standing by: 127.0.0.1:$CTL1 leads" || fail "musterd 2 did not stand by within 10 s"
+CTL1=$(sed -n 's/.*running for leader as \([^ ]*\) .*/\1/p' "$ITEST_DIR/musterd1.log" | head -n 1)
+musterd_store 2 "$M3,$M1,$M2"
+wait_log 10 "$ITEST_DIR/musterd2.log" "standing by: $CTL1 leads" || fail "musterd 2 did not stand by within 10 s"
 sleep 0.5 # its watch is set up on member 3
 
 kill -STOP "$(etcd_member_pid 3)"; STOPPED=1
