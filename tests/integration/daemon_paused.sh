@@ -1,6 +1,7 @@
 #!/bin/sh
 # musterd paused (SIGSTOP, as a VM paused or a leader stopped short of its
-# etcd lease's TTL) for longer than the job's heartbeat_timeout_ms, then
+# etcd lease's TTL) for a little longer than the job's heartbeat_timeout_ms
+# (not much longer: the agents give up resuming their sessions then), then
 # resumed: the agents' heartbeats of that time wait unread in its sockets,
 # and the silence was musterd's own. It must not declare the nodes lost nor
 # open a generation (which would spend a restart): the job runs on in
@@ -20,9 +21,9 @@ done
 wait_for 30 'd["state"] == "running" and d["generation"] == 1' || fail "the job did not run within 30 s"
 sleep 1
 kill -STOP "$DAEMON_PID"
-sleep 2.6
+sleep 2.2
 kill -CONT "$DAEMON_PID"
-echo "musterd stopped for 2.6 s (heartbeat_timeout_ms 2000)"
+echo "musterd stopped for 2.2 s (heartbeat_timeout_ms 2000)"
 sleep 3
 check 'd["state"] == "running" and d["generation"] == 1' \
     || { show_status >&2 || true; fail "the job left generation 1 after musterd's own pause"; }
