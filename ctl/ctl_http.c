@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -113,25 +114,78 @@ static int request_url(const char *base, const char *url, const char *method, co
     return rc;
 }
 
+/* The length of url's origin: "scheme://host[:port]", up to the path. */
+static size_t origin_len(const char *url)
+{
+    const char *p = strstr(url, "://");
+    if (!p)
+        return 0;
+    p += 3;
+    return (size_t)(p - url) + strcspn(p, "/?#");
+}
+
+/* Whether url's origin is that of one of the servers of list. */
+static int listed_origin(const char *list, const char *url)
+{
+    size_t n = origin_len(url);
+    for (const char *b = list; n && *b;) {
+        size_t m = strcspn(b, ",");
+        if (origin_len(b) == n && strncasecmp(b, url, n) == 0)
+            return 1;
+        b += m + (b[m] == ',');
+    }
+    return 0;
+}
+
 int ctl_request_within(const char *base, const char *method, const char *path, const char *token,
                        long timeout_ms, struct ctl_reply *out, char *err, size_t errlen)
 {
     char one[1024], url[2048];
     int rc = -1, unreached = 1;
+    memset(out, 0, sizeof(*out));
+    /* Every entry a URL: "a,,b" or a trailing comma is a mistake, not "the default". */
+    for (const char *b = base;;) {
+        size_t n = strcspn(b, ",");
+        if (n == 0 || n >= sizeof(one)) {
+            snprintf(err, errlen, "--server '%s': %s", base,
+                     n ? "an entry longer than 1023 bytes" : "an empty entry (expected URL[,URL...])");
+            return -1;
+        }
+        if (b[n] == '\0')
+            break;
+        b += n + 1;
+    }
     /* Each server of the list in turn while none is reached. */
     for (const char *b = base; *b && unreached;) {
         size_t n = strcspn(b, ",");
-        snprintf(one, sizeof(one), "%.*s", (int)(n < sizeof(one) ? n : sizeof(one) - 1), b);
+        snprintf(one, sizeof(one), "%.*s", (int)n, b);
         b += n + (b[n] == ',');
         snprintf(url, sizeof(url), "%s%s", one, path);
         char *location;
         rc = request_url(one, url, method, token, timeout_ms, out, &location, &unreached, err, errlen);
         if (rc == 0 && location) {
-            /* A standby names the leader: asked once, with the same token (its
-             * own musterd sent it there; a leader does not redirect). */
+            /* A standby names the leader (from etcd: whatever the leader key
+             * holds). Asked once; the token goes only to a server of the list,
+             * never to a host named by someone else. */
             char *again = NULL;
             ctl_reply_free(out);
-            rc = request_url(location, location, method, token, timeout_ms, out, &again, &unreached, err, errlen);
+            if (token && !listed_origin(base, location)) {
+                snprintf(err, errlen,
+                         "the musterd at %s stands by and names the leader at %.*s, which is not in --server: "
+                         "the token is sent only to the servers named (add it to --server)",
+                         one, (int)origin_len(location), location);
+                rc = -1;
+            } else {
+                rc = request_url(location, location, method, token, timeout_ms, out, &again, &unreached, err, errlen);
+            }
+            if (rc == 0 && again) {
+                ctl_reply_free(out);
+                snprintf(err, errlen,
+                         "the musterd at %s sent to %s, which sent on to %s: no leader answers (an election in "
+                         "progress?); ask again in a few seconds",
+                         one, location, again);
+                rc = -1;
+            }
             free(again);
             free(location);
             break;

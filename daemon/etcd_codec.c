@@ -60,6 +60,39 @@ int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err
     }
 }
 
+/* ---- the leader key's value -------------------------------------------- */
+
+/* n bytes of printable ASCII without spaces. */
+static int graphic(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0x21 || p[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
+int etcd_leader_value_ok(const char *v, size_t len, size_t part_max, char *why, size_t whylen)
+{
+    if (!v || strlen(v) != len) {
+        snprintf(why, whylen, "%s", v ? "a NUL byte in it" : "no value");
+        return 0;
+    }
+    size_t ctl = strcspn(v, " ");
+    const char *rest = v[ctl] ? v + ctl + 1 : v + ctl;
+    size_t rlen = strlen(rest);
+    if (ctl == 0 || ctl > part_max || !graphic(v, ctl) || !memchr(v, ':', ctl)) {
+        snprintf(why, whylen, "the control address is not HOST:PORT of at most %zu printable bytes", part_max);
+        return 0;
+    }
+    if (rlen && (rlen > part_max || !graphic(rest, rlen) ||
+                 (strncmp(rest, "http://", 7) != 0 && strncmp(rest, "https://", 8) != 0))) {
+        snprintf(why, whylen, "the REST address is not an http:// or https:// URL of at most %zu printable bytes",
+                 part_max);
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- base64 ------------------------------------------------------------ */
 
 char *etcd_b64(const void *data, size_t len)

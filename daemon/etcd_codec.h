@@ -31,6 +31,11 @@ struct etcd_endpoints {
  * expected. */
 int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err, size_t errlen);
 
+/* Whether the leader key's value (len bytes) is what a musterd writes:
+ * "HOST:PORT" then optionally " " and an http:// or https:// URL, each at
+ * most part_max bytes of printable ASCII without spaces. No: why says what. */
+int etcd_leader_value_ok(const char *v, size_t len, size_t part_max, char *why, size_t whylen);
+
 /* Base64 of len bytes, NUL-terminated (malloc'd; NULL = out of memory). */
 char *etcd_b64(const void *data, size_t len);
 /* The bytes of base64 text, NUL-terminated (malloc'd), *outlen without the

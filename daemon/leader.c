@@ -80,7 +80,9 @@ void leader_kept(struct leader *l, uint64_t sent_ms, int64_t ttl_s)
         leader_depose(l, "etcd says the lease has ended");
         return;
     }
-    uint64_t ttl = (uint64_t)ttl_s * 1000;
+    /* Never more than the TTL asked for: a member that answered more (not
+     * etcd's way) must not stretch the time this leader acts on its own. */
+    uint64_t ttl = (uint64_t)ttl_s * 1000 < l->ttl_ms ? (uint64_t)ttl_s * 1000 : l->ttl_ms;
     uint64_t until = sent_ms + ttl - ttl / 3;
     if (until > l->acting_until)
         l->acting_until = until;

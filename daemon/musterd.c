@@ -36,6 +36,8 @@
 #include "daemon/view_build.h"
 
 #define TICK_MS 100
+/* A tick this much later than the last: musterd was paused (see on_tick). */
+#define PAUSE_MS 500
 /* The status snapshot is rebuilt (O(ranks)) only when something changed:
  * a state change at the next tick; heartbeat figures (steps, losses) at
  * most every PUBLISH_FIGURES_MS while someone reads the status, and every
@@ -88,6 +90,7 @@ struct daemon {
     int exit_code;
     int stopping;
     uint64_t end_seen_ms; /* when a terminal state was first seen (exit_on_end) */
+    uint64_t last_tick;   /* uv_now at the last on_tick (0: none yet) */
 
     pthread_mutex_t admin_lock;
     struct admin_req admin[ADMIN_QUEUE];
@@ -504,6 +507,16 @@ static void on_tick(uv_timer_t *t)
 {
     struct daemon *d = t->data;
     uint64_t now = uv_now(&d->loop);
+    /* A tick this late means musterd itself did not run (libuv runs timers
+     * before it reads the sockets): the agents' heartbeats of that time are
+     * waiting unread, and their silence is musterd's, not theirs. */
+    if (d->last_tick && now - d->last_tick > PAUSE_MS) {
+        log_warn_limited("musterd did not run for %.1f s (stopped or starved): that time does not count toward the "
+                 "nodes' heartbeat timeout",
+                 (double)(now - d->last_tick - TICK_MS) / 1000.0);
+        rdv_paused(&d->rdv, now - d->last_tick - TICK_MS);
+    }
+    d->last_tick = now;
     server_tick(d->server);
     rdv_tick(&d->rdv, now);
     logfetch_tick(&d->logfetch, now);

@@ -1907,6 +1907,14 @@ static void check_lost(struct rdv *r, uint64_t now_ms)
     r->lost_due_ms = oldest + timeout + 1;
 }
 
+void rdv_paused(struct rdv *r, uint64_t ms)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].state == RDV_NODE_JOINED)
+            r->nodes[i].last_seen_ms += ms;
+    r->lost_due_ms += ms;
+}
+
 void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;

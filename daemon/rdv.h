@@ -334,6 +334,12 @@ void rdv_disconnected(struct rdv *r, const char *node, const char *why,
 /* Time passed: heartbeat deadlines. Call every ~100 ms. */
 void rdv_tick(struct rdv *r, uint64_t now_ms);
 
+/* musterd itself did not run for ms (stopped, a VM paused, swapped out):
+ * the nodes' frames of that time wait unread in its sockets, so that time
+ * does not count toward any node's heartbeat_timeout_ms. Call before
+ * rdv_tick, which would otherwise declare every node lost. */
+void rdv_paused(struct rdv *r, uint64_t ms);
+
 enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT, RDV_ADMIN_STACKS };
 /* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now) /
  * -ENOTSUP (checkpoint: the job has no checkpoint_dir). CHECKPOINT sends

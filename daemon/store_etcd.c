@@ -23,10 +23,14 @@
 #define STORE_CONNECT_MS 500
 /* A watch that broke is set up again after this long. */
 #define STORE_REWATCH_MS 200
+/* The largest answer (or watch line) taken: etcd's own requests are at most
+ * 1.5 MiB by default (--max-request-bytes), so more than this is not etcd. */
+#define STORE_ANSWER_MAX (16u << 20)
 
 struct buf {
     char *p;
     size_t len, cap;
+    int overflow; /* more than STORE_ANSWER_MAX came */
 };
 
 struct store {
@@ -171,6 +175,10 @@ static size_t on_body(char *data, size_t size, size_t n, void *ctx)
 {
     struct buf *b = ctx;
     size_t len = size * n;
+    if (len > STORE_ANSWER_MAX || b->len + len > STORE_ANSWER_MAX) {
+        b->overflow = 1;
+        return 0; /* ends the transfer: CURLE_WRITE_ERROR */
+    }
     if (b->len + len + 1 > b->cap) {
         size_t cap = (b->len + len + 1) * 2;
         char *p = realloc(b->p, cap);
@@ -251,6 +259,7 @@ static int perform(struct store *s, CURL *h, int i, const char *path, const char
     char url[ETCD_URL_MAX + 64];
     snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
     resp->len = 0;
+    resp->overflow = 0;
     char detail[CURL_ERROR_SIZE] = "";
     struct curl_slist *hdrs = set_common(s, h, url, body, resp, with_token);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -265,6 +274,9 @@ static int perform(struct store *s, CURL *h, int i, const char *path, const char
         return 0;
     if (rc == CURLE_OK)
         snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
+    else if (resp->overflow)
+        snprintf(err, errlen, "%s%s: an answer larger than %u MiB (not etcd's)", s->ep.url[i], path,
+                 STORE_ANSWER_MAX >> 20);
     else
         snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, detail[0] ? detail : curl_easy_strerror(rc));
     return -EIO;
@@ -428,6 +440,18 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
         log_warn_limited("etcd: campaign for %s not decided: %s", s->leader_key, err);
         return;
     }
+    /* Whoever may write the key may write anything: a value not as a musterd
+     * writes it names no leader (REST answers 503, agents are told "another
+     * musterd"), rather than go into a Location header or a REJECT. */
+    char why[160];
+    if (!succeeded && !etcd_leader_value_ok(kv.value, kv.value_len, LEADER_ADDR_MAX - 1, why, sizeof(why))) {
+        log_warn_limited("etcd: the leader key %s (term %lld) holds %zu bytes that are not a musterd's "
+                         "\"HOST:PORT URL\": %s; the leader is taken as unknown",
+                         s->leader_key, (long long)kv.create_rev, kv.value_len, why);
+        free(kv.value);
+        kv.value = NULL;
+        kv.value_len = 0;
+    }
     pthread_mutex_lock(&s->lock);
     leader_campaigned(&s->el, succeeded, rev, kv.value, kv.create_rev);
     pthread_mutex_unlock(&s->lock);
@@ -557,6 +581,7 @@ struct watch_ctx {
     struct buf line;
     int deleted, canceled;
     int64_t revision;
+    char malformed[512]; /* a line that is not a watch answer: why ("" = none) */
 };
 
 /* Stream bytes: complete lines are messages. Returning less than given ends the transfer. */
@@ -572,8 +597,7 @@ static size_t on_watch(char *data, size_t size, size_t n, void *ctx)
         struct etcd_watch_msg m;
         char err[512];
         if (etcd_parse_watch(w->line.p, one, &m, err, sizeof(err)) != 0) {
-            log_warn("etcd: watch of the leader: %s", err);
-            w->canceled = 1;
+            snprintf(w->malformed, sizeof(w->malformed), "%s", err);
             return 0;
         }
         memmove(w->line.p, nl + 1, w->line.len - one - 1);
@@ -594,7 +618,41 @@ static int watch_progress(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, c
     return stopping(ctx);
 }
 
-static void do_watch(struct store *s, CURL *h)
+/*
+ * A watch that said nothing for a TTL: is its member still serving (a
+ * linearizable read needs etcd's quorum, which a stopped member or one cut
+ * off from the others cannot give), and is the leader key still the one
+ * this standby follows? The watch alone cannot tell: an idle watch and one
+ * whose member stalled look the same. Yes: it watches again from where it
+ * was; the key gone or made anew: it campaigns; no answer: the next member.
+ */
+static void recheck_leader(struct store *s, CURL *h, struct buf *resp)
+{
+    char err[512];
+    int64_t rev;
+    struct etcd_kv kv = {0};
+    char *body = etcd_body_range(s->leader_key);
+    int rc = body ? request(s, h, "/v3/kv/range", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
+    free(body);
+    if (rc == 0)
+        rc = etcd_parse_range(resp->p, resp->len, &rev, &kv, err, sizeof(err));
+    if (rc != 0) {
+        log_warn_limited("etcd: the watch of the leader was silent for a TTL and its member did not answer: %s",
+                         rc == -ENOMEM ? "out of memory" : err);
+        wait_until(s, mono_ms() + STORE_REWATCH_MS);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->el.role == LEADER_STANDBY && (!kv.present || kv.create_rev != s->el.leader_term)) {
+        log_info("etcd: the leader key %s (term %lld then) is %s: running for leader", s->leader_key,
+                 (long long)s->el.leader_term, kv.present ? "another's now" : "gone");
+        s->el.role = LEADER_CANDIDATE; /* the campaign reads the key afresh */
+    }
+    pthread_mutex_unlock(&s->lock);
+    etcd_kv_free(&kv);
+}
+
+static void do_watch(struct store *s, CURL *h, struct buf *resp)
 {
     char url[ETCD_URL_MAX + 64];
     pthread_mutex_lock(&s->lock);
@@ -612,6 +670,8 @@ static void do_watch(struct store *s, CURL *h)
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, watch_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
+    /* At most a TTL: then recheck_leader (a stalled member sends nothing, as an idle one). */
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms); /* ttl_ms is set once: no lock */
     CURLcode rc = curl_easy_perform(h);
     curl_slist_free_all(hdrs);
     free(body);
@@ -626,10 +686,21 @@ static void do_watch(struct store *s, CURL *h)
         s->el.role = LEADER_CANDIDATE;
     }
     pthread_mutex_unlock(&s->lock);
-    if (!w.deleted && !w.canceled && rc != CURLE_ABORTED_BY_CALLBACK) {
-        next_member(s, i, rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
-        wait_until(s, mono_ms() + STORE_REWATCH_MS);
+    if (w.deleted || w.canceled || rc == CURLE_ABORTED_BY_CALLBACK)
+        return;
+    if (rc == CURLE_OPERATION_TIMEDOUT) {
+        recheck_leader(s, h, resp);
+        return;
     }
+    char why[160];
+    if (w.line.overflow)
+        snprintf(why, sizeof(why), "a watch line longer than %u MiB (not etcd's)", STORE_ANSWER_MAX >> 20);
+    else if (w.malformed[0])
+        snprintf(why, sizeof(why), "the watch: %.100s", w.malformed);
+    else
+        snprintf(why, sizeof(why), "%s", rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
+    next_member(s, i, why);
+    wait_until(s, mono_ms() + STORE_REWATCH_MS);
 }
 
 static void revoke_lease(struct store *s, CURL *h, struct buf *resp)
@@ -671,7 +742,7 @@ static void *thread_main(void *arg)
         case LEADER_GRANT: do_grant(s, h, &resp, ttl_s); break;
         case LEADER_CAMPAIGN: do_campaign(s, h, &resp); break;
         case LEADER_KEEPALIVE: do_keepalive(s, h, &resp); break;
-        case LEADER_WATCH: do_watch(s, h); break;
+        case LEADER_WATCH: do_watch(s, h, &resp); break;
         case LEADER_WAIT:
             pthread_mutex_lock(&s->lock);
             leader_acting(&s->el, mono_ms());

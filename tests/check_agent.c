@@ -154,15 +154,15 @@ START_TEST(daemon_list_follows_the_leader)
     ck_assert_str_eq(l.addr[l.cur], "a:1");
     ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
     ck_assert_str_eq(l.addr[l.cur], "b:2");
-    /* A leader not in the list is added. */
-    ck_assert_int_eq(daemon_list_follow(&l, "c:3 leads; this musterd stands by"), 1);
-    ck_assert_uint_eq(l.n, 3);
-    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    /* A leader not in the list is not joined (etcd's key named it, not the operator). */
+    ck_assert_int_eq(daemon_list_follow(&l, "c:3 leads; this musterd stands by"), -1);
+    ck_assert_uint_eq(l.n, 2);
+    ck_assert_str_eq(l.addr[l.cur], "b:2");
     /* No leader named (an election under way), or garbage: nothing moves. */
     ck_assert_int_eq(daemon_list_follow(&l, "no leader; this musterd stands by until one is elected"), 0);
     ck_assert_int_eq(daemon_list_follow(&l, "c:0 leads"), 0);
     ck_assert_int_eq(daemon_list_follow(&l, ""), 0);
-    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    ck_assert_str_eq(l.addr[l.cur], "b:2");
     daemon_list_next(&l);
     ck_assert_str_eq(l.addr[l.cur], "a:1");
     ck_assert_int_eq(daemon_list_parse("a:1,", &l, err, sizeof(err)), -EINVAL);

@@ -260,6 +260,34 @@ START_TEST(errors_and_garbage_are_named)
 }
 END_TEST
 
+/* The leader key's value is taken only as a musterd writes it. */
+START_TEST(leader_value_is_checked)
+{
+    char why[160];
+#define OK(v) etcd_leader_value_ok(v, strlen(v), 32, why, sizeof(why))
+    ck_assert(OK("a:1 http://a:2"));
+    ck_assert(OK("[::1]:29470 https://[::1]:29471"));
+    ck_assert(OK("a:1 "));
+    ck_assert(OK("a:1"));
+    ck_assert(!OK(""));
+    ck_assert(!OK(" http://a:2"));
+    ck_assert(!OK("a1 http://a:2"));
+    ck_assert(!OK("a:1 http://a:2\r\nSet-Cookie: x=1"));
+    ck_assert_ptr_nonnull(strstr(why, "REST address"));
+    ck_assert(!OK("a:1\nb:2 http://a:2"));
+    ck_assert_ptr_nonnull(strstr(why, "control address"));
+    ck_assert(!OK("a:1 http://a:2 extra"));
+    ck_assert(!OK("a:1 ftp://a:2"));
+    ck_assert(!OK("a:1 javascript:alert(1)"));
+    ck_assert(!OK("a:1 http://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:2"));
+    ck_assert(!OK("a:123456789012345678901234567890123 http://a:2"));
+    ck_assert(!OK("a:1 http://\xc3\xa9:2"));
+#undef OK
+    ck_assert(!etcd_leader_value_ok("a:1\0 http://evil", 17, 32, why, sizeof(why)));
+    ck_assert(!etcd_leader_value_ok(NULL, 0, 32, why, sizeof(why)));
+}
+END_TEST
+
 /* ---- the election -------------------------------------------------------- */
 
 /* A leader of term 5 (TTL 3 s) whose keepalive sent at kept_ms answered. */
@@ -408,6 +436,13 @@ START_TEST(keepalives_extend_and_failures_retry)
     /* An answer older than the newest does not shorten the deadline. */
     leader_kept(&l, 100, 3);
     ck_assert_int_eq(leader_acting(&l, 2700), 1);
+    /* A member that answers a TTL longer than the one asked for (not etcd's
+     * way) does not stretch the leader's own reckoning past 3 s. */
+    leader_kept(&l, 800, 1000000);
+    ck_assert_uint_eq(l.lease_until, 3800);
+    ck_assert_int_eq(leader_acting(&l, 2799), 1);
+    ck_assert_int_eq(leader_acting(&l, 2800), 0);
+    ck_assert_uint_eq(leader_unsure(&l, 2800), 3800);
     /* etcd says the lease is gone: deposed at once. */
     leader_kept(&l, 1700, 0);
     ck_assert_int_eq(l.role, LEADER_DEPOSED);
@@ -461,6 +496,7 @@ Suite *make_etcd_suite(void)
     tcase_add_test(tc, errors_and_garbage_are_named);
     tcase_add_test(tc, status_says_whether_a_member_knows_a_leader);
     tcase_add_test(tc, auth_token_and_refusals);
+    tcase_add_test(tc, leader_value_is_checked);
     suite_add_tcase(s, tc);
     tc = tcase_create("election");
     tcase_add_test(tc, candidate_grants_campaigns_and_leads);

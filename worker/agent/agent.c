@@ -1545,7 +1545,12 @@ static void follow_leader(struct agent *a, const struct proto_reject *rj)
 {
     char was[DAEMON_ADDR_MAX];
     snprintf(was, sizeof(was), "%s", a->daemon);
-    if (!daemon_list_follow(&a->daemons, rj->reason) || strcmp(a->daemons.addr[a->daemons.cur], was) == 0)
+    int followed = daemon_list_follow(&a->daemons, rj->reason);
+    if (followed < 0)
+        log_warn_limited("daemon at %s names a leader that is not in --daemon (%s): not joined; give the agent "
+                         "every musterd's address as the leader advertises it",
+                         was, rj->reason);
+    if (followed != 1 || strcmp(a->daemons.addr[a->daemons.cur], was) == 0)
         daemon_list_next(&a->daemons);
     use_daemon(a);
     bool named = strncmp(rj->reason, a->daemon, strlen(a->daemon)) == 0;

@@ -117,11 +117,7 @@ int daemon_list_follow(struct daemon_list *l, const char *reason)
             l->cur = i;
             return 1;
         }
-    if (l->n == AGENT_MAX_DAEMONS)
-        return 0;
-    snprintf(l->addr[l->n], sizeof(l->addr[0]), "%s", addr);
-    l->cur = l->n++;
-    return 1;
+    return -1;
 }
 
 void daemon_list_next(struct daemon_list *l)

@@ -36,8 +36,10 @@ struct daemon_list {
 int daemon_list_parse(const char *s, struct daemon_list *l, char *err, size_t errlen);
 /*
  * A REJECT not_leader's reason, "HOST:PORT leads; ...": the leader becomes
- * current (added to the list when it is not in it and there is room).
- * Returns 1 then; 0 when the reason names no leader (current is unchanged).
+ * current when it is one of the list. Returns 1 then; 0 when the reason
+ * names no leader, -1 when it names one not in the list (current is
+ * unchanged): the name comes from etcd's leader key, and an agent runs what
+ * a daemon's ASSIGN says, so it joins only the daemons it was given.
  */
 int daemon_list_follow(struct daemon_list *l, const char *reason);
 /* The next daemon in the list becomes current. */
