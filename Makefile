@@ -1,7 +1,8 @@
 # muster: one entry point. `make` builds, `make check` runs what CI runs,
-# `make demo` shows a job on this machine. Both check and demo first install
-# missing Debian build dependencies (mk/deps.sh), then build in a sub-make so
-# that pkg-config sees the freshly installed libraries.
+# `make demo` shows a job on this machine heal a killed rank (mk/demo.py).
+# Both check and demo first install missing Debian build dependencies
+# (mk/deps.sh), then build in a sub-make so that pkg-config sees the freshly
+# installed libraries.
 
 VERSION := 0.1.0
 PREFIX ?= /usr/local
@@ -252,7 +253,7 @@ demo: deps
 	@$(MAKE) --no-print-directory demo-run
 
 demo-run: all
-	@BUILD=$(BUILD) sh mk/demo.sh
+	@BUILD=$(BUILD) python3 mk/demo.py
 
 bench: deps
 	@sh mk/deps.sh bench
@@ -291,7 +292,7 @@ install: all
 	install -m 0644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
-	install -m 0644 clients/python/muster_rank.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	install -m 0644 clients/python/muster_rank.py clients/python/muster_spare.py $(DESTDIR)$(PREFIX)/lib/muster/python/
 	install -m 0644 clients/python/startup/sitecustomize.py $(DESTDIR)$(PREFIX)/lib/muster/python/startup/
 	$(if $(GPU_MODULE),install -m 0755 $(GPU_MODULE) $(DESTDIR)$(PREFIX)/lib/muster/)
 

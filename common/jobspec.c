@@ -1,5 +1,7 @@
 #include "common/jobspec.h"
 #include "common/conf.h"
+#include "common/plan_prog.h"
+#include "common/preflight.h"
 
 #include <errno.h>
 #include <math.h>
@@ -7,7 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-enum key_type { KEY_INT, KEY_INT_AUTO, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD }; /* INT_AUTO: or "auto" (-1) */
+/* INT_AUTO: or "auto" (-1); LIST: an array of non-empty strings, packed as KEY_CMD is */
+enum key_type { KEY_INT, KEY_INT_AUTO, KEY_I64, KEY_DOUBLE, KEY_STRING, KEY_CMD, KEY_LIST };
 
 struct key_def {
     const char *name;
@@ -61,6 +64,39 @@ static const struct key_def keys[] = {
      "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
      "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
      "the program; 0: off"},
+    {"require_readable", KEY_LIST, F(require_readable), 0, 0, 0, "",
+     "paths (files or directories, e.g. the data) every node must be able to read before its ranks start; a "
+     "node that cannot is unfit, with the path and the error, and spends no restart (docs/troubleshooting.md); a "
+     "relative path is the agent's working directory's, where ranks start"},
+    {"require_writable", KEY_LIST, F(require_writable), 0, 0, 0, "",
+     "directories (e.g. where the program writes checkpoints) that must exist and be writable on every node, "
+     "with require_free_mb free; else the node is unfit"},
+    {"require_free_mb", KEY_INT, F(require_free_mb), 0, 1073741824, 0, NULL,
+     "MiB each require_writable directory must have free"},
+    {"require_python", KEY_STRING, F(require_python), 0, 0, 0, "",
+     "the Python interpreter of require_python_modules: a path or a name looked up on the agent's PATH; empty "
+     "= the rank program's (rank_cmd's first word when it is python*, else its #! interpreter)"},
+    {"require_python_modules", KEY_LIST, F(require_python_modules), 0, 0, 0, "",
+     "modules the program imports (e.g. [\"torch\", \"deepspeed\"]): each node runs `INTERPRETER -c 'import "
+     "...'` with a rank's environment before its ranks start and is unfit, with the import's last line, when it "
+     "fails; a success is remembered per interpreter, environment and modules"},
+    {"require_python_timeout_s", KEY_INT, F(require_python_timeout_s), 1, 3600, 120, NULL,
+     "the import check is killed, and the node unfit, after this long"},
+    {"checkpoint_latest", KEY_STRING, F(checkpoint_latest), 0, 0, 0, "",
+     "how a node reads its latest checkpoint in checkpoint_dir: \"file:NAME\" (the first line of that file, as "
+     "DeepSpeed's `latest`) or \"glob:PATTERN\" (the matching name that sorts last, global_step9 before "
+     "global_step10); every node reports it and a generation whose nodes differ does not start "
+     "(docs/troubleshooting.md); empty = not compared"},
+    {"checkpoint_diverged_ok", KEY_INT, F(checkpoint_diverged_ok), 0, 1, 0, NULL,
+     "1: start even when the nodes' latest checkpoints differ (the difference is still reported); 0: wait"},
+    {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
+     "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
+     "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "
+     "start, no import on the recovery path; it costs one idle interpreter's memory per node, docs/pytorch.md); "
+     "only for a rank_cmd `PYTHON script.py ...` or `PYTHON -m module ...` with python_hook on; 0: off"},
+    {"warm_imports", KEY_STRING, F(warm_imports), 0, 0, 0, "",
+     "warm_spares: more modules the spare imports ahead, comma-separated dotted names (e.g. "
+     "\"deepspeed,transformers\"); they must not touch a GPU on import"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
@@ -96,6 +132,19 @@ static const struct key_def keys[] = {
     {"replicate_every", KEY_INT, F(replicate_every), 0, 100000000, 1, NULL,
      "muster-train: mirror each rank's shard (weights, both moments) into a peer's memory, on another node where "
      "the layout allows, every N steps, so that a replaced rank resumes from it; 0 = off (docs/training.md)"},
+    {"parallelism", KEY_STRING, F(parallelism), 0, 0, 0, "muster-train",
+     "how the ranks share the model, for the plan (docs/plan.md): muster-train (its own ZeRO-3), or what a "
+     "rank_cmd program does: ddp, zero1, zero2, zero3 (DeepSpeed ZeRO stages), fsdp (FULL_SHARD), fsdp-grad-op "
+     "(SHARD_GRAD_OP); a program's plan takes params (or the model keys), precision, batch, micro_batch and "
+     "seq_len from this spec"},
+    {"precision", KEY_STRING, F(precision), 0, 0, 0, "bf16",
+     "a rank_cmd program's precision, for the plan: fp32, bf16 or fp16 (both mixed, fp32 master weights)"},
+    {"params", KEY_I64, F(params), 0, 1e15, 0, NULL,
+     "a rank_cmd program's parameter count, for the plan (with parallelism other than muster-train); 0 = from "
+     "the model keys"},
+    {"activation_checkpointing", KEY_INT, F(activation_checkpointing), 0, 1, 0, NULL,
+     "1: the rank_cmd program recomputes activations (the plan's activation memory and compute say so; with "
+     "parallelism other than muster-train)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -125,7 +174,8 @@ void job_spec_defaults(struct job_spec *spec)
         case KEY_I64: *(int64_t *)p = (int64_t)k->def; break;
         case KEY_DOUBLE: *(double *)p = k->def; break;
         case KEY_STRING: snprintf(p, k->size, "%s", k->sdef); break;
-        case KEY_CMD: p[0] = p[1] = '\0'; break;
+        case KEY_CMD:
+        case KEY_LIST: p[0] = p[1] = '\0'; break;
         }
     }
 }
@@ -142,6 +192,27 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
                    struct job_spec *spec, char *err, size_t errlen)
 {
     char *p = (char *)spec + k->offset;
+    if (k->type == KEY_LIST) {
+        size_t i;
+        json_t *e;
+        if (!json_is_array(v) || json_array_size(v) == 0) {
+            fail(err, errlen, "%s: %s: expected a non-empty array of strings, got %s", origin, k->name,
+                 json_is_array(v) ? "an empty array" : conf_json_kind(v));
+            return -EINVAL;
+        }
+        json_array_foreach(v, i, e) {
+            if (!json_is_string(e) || json_string_length(e) == 0 || memchr(json_string_value(e), '\0', json_string_length(e))) {
+                fail(err, errlen, "%s: %s[%zu]: expected a non-empty string without NUL", origin, k->name, i);
+                return -EINVAL;
+            }
+        }
+        if (cmdline_from_json(v, p, k->size, NULL, 0) != 0) {
+            fail(err, errlen, "%s: %s: expected at most %d entries of %zu bytes in all", origin, k->name,
+                 CMDLINE_ARGS, k->size - 2);
+            return -EINVAL;
+        }
+        return 0;
+    }
     if (k->type == KEY_CMD) {
         char why[200];
         if (cmdline_from_json(v, p, k->size, why, sizeof(why)) != 0) {
@@ -199,7 +270,48 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     case KEY_I64: *(int64_t *)p = (int64_t)json_integer_value(v); break;
     case KEY_DOUBLE: *(double *)p = d; break;
     case KEY_STRING:
-    case KEY_CMD: break;
+    case KEY_CMD:
+    case KEY_LIST: break;
+    }
+    return 0;
+}
+
+/* The require_* and checkpoint_latest keys, together. */
+static int check_needs(const struct job_spec *spec, const char *origin, char *err, size_t errlen)
+{
+    for (const char *m = spec->require_python_modules; *m; m += strlen(m) + 1)
+        if (!preflight_module_valid(m)) {
+            char shown[64]; /* the name as one short line: it may hold anything */
+            snprintf(shown, sizeof(shown), "%s", m);
+            for (char *c = shown; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                    *c = '?';
+            fail(err, errlen, "%s: require_python_modules: expected module names (letters, digits, _ and dots, "
+                 "no Python keyword, as in torch.distributed), got \"%s\"%s", origin, shown,
+                 strlen(m) >= sizeof(shown) ? "..." : "");
+            return -EINVAL;
+        }
+    if (spec->require_python[0] && !spec->require_python_modules[0]) {
+        fail(err, errlen, "%s: require_python: expected require_python_modules too (the modules to import)", origin);
+        return -EINVAL;
+    }
+    if (spec->require_free_mb && !spec->require_writable[0]) {
+        fail(err, errlen, "%s: require_free_mb: expected require_writable too (the directories it applies to)",
+             origin);
+        return -EINVAL;
+    }
+    const char *rule = spec->checkpoint_latest;
+    if (!rule[0])
+        return 0;
+    if (!spec->checkpoint_dir[0]) {
+        fail(err, errlen, "%s: checkpoint_latest: expected checkpoint_dir too (the directory it reads)", origin);
+        return -EINVAL;
+    }
+    int file = strncmp(rule, "file:", 5) == 0, glob = strncmp(rule, "glob:", 5) == 0;
+    if ((!file && !glob) || !rule[5] || strchr(rule + 5, '/')) {
+        fail(err, errlen, "%s: checkpoint_latest: expected \"file:NAME\" (a file name in checkpoint_dir) or "
+             "\"glob:PATTERN\" (of names in it), got \"%s\"", origin, rule);
+        return -EINVAL;
     }
     return 0;
 }
@@ -224,6 +336,37 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         int rc = set_key(k, v, origin, spec, err, errlen);
         if (rc)
             return rc;
+        if (strcmp(name, "model") == 0 || strncmp(name, "n_", 2) == 0 || strcmp(name, "context") == 0 ||
+            strcmp(name, "vocab") == 0)
+            spec->shape_given = 1;
+    }
+    enum plan_par par;
+    enum plan_prec prec;
+    const int program = strcmp(spec->parallelism, "muster-train") != 0;
+    if (program && plan_par_parse(spec->parallelism, &par)) {
+        fail(err, errlen, "%s: parallelism: expected muster-train or one of %s, got \"%s\"", origin, plan_par_list(),
+             spec->parallelism);
+        return -EINVAL;
+    }
+    if (plan_prec_parse(spec->precision, &prec)) {
+        fail(err, errlen, "%s: precision: expected fp32, bf16 or fp16, got \"%s\"", origin, spec->precision);
+        return -EINVAL;
+    }
+    if (!program && prec == PLAN_FP16) {
+        fail(err, errlen, "%s: precision: muster-train computes in bf16 on GPUs and fp32 on CPUs; fp16 describes a "
+             "rank_cmd program (set parallelism)", origin);
+        return -EINVAL;
+    }
+    if (!program && (spec->params || spec->activation_checkpointing)) {
+        fail(err, errlen, "%s: %s: describes a rank_cmd program (set parallelism); muster-train counts its "
+             "parameters from the model keys and keeps its activations", origin,
+             spec->params ? "params" : "activation_checkpointing");
+        return -EINVAL;
+    }
+    if (program && !spec->params && !spec->shape_given) {
+        fail(err, errlen, "%s: params: the plan of a %s program needs its parameter count (params) or its shape "
+             "(model, n_layer, n_embd, vocab)", origin, spec->parallelism);
+        return -EINVAL;
     }
     if (spec->heartbeat_timeout_ms <= spec->heartbeat_interval_ms) {
         fail(err, errlen, "%s: heartbeat_timeout_ms: expected more than heartbeat_interval_ms (%d), got %d",
@@ -236,7 +379,7 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: %s", origin, why);
         return -EINVAL;
     }
-    if (spec->seq_len > model.T) {
+    if (spec->seq_len > model.T && (!program || spec->shape_given)) {
         fail(err, errlen, "%s: seq_len: expected at most the model's context (%d), got %d", origin, model.T,
              spec->seq_len);
         return -EINVAL;
@@ -245,6 +388,14 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: restart_backoff_max_ms: expected at least restart_backoff_ms (%d), got %d", origin,
              spec->restart_backoff_ms, spec->restart_backoff_max_ms);
         return -EINVAL;
+    }
+    for (const char *c = spec->warm_imports; *c; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+              *c == '.' || *c == ',')) {
+            fail(err, errlen, "%s: warm_imports: expected comma-separated module names (letters, digits, _ and .), "
+                 "got '%s'", origin, spec->warm_imports);
+            return -EINVAL;
+        }
     }
     if (spec->min_nodes > spec->nodes) {
         fail(err, errlen, "%s: min_nodes: expected at most nodes (%d), got %d", origin, spec->nodes, spec->min_nodes);
@@ -260,6 +411,8 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: lr_min: expected at most lr (%g), got %g", origin, spec->lr, spec->lr_min);
         return -EINVAL;
     }
+    if (check_needs(spec, origin, err, errlen) != 0)
+        return -EINVAL;
     if (spec->name[0] == '\0') {
         fail(err, errlen, "%s: name: expected a non-empty string", origin);
         return -EINVAL;
@@ -303,6 +456,10 @@ void job_spec_print_doc(FILE *out)
             break;
         case KEY_INT_AUTO:
             fprintf(out, "| `%s` | integer or `\"auto\"` | `\"auto\"` | %.0f to %.0f | %s |\n", k->name, k->min, k->max,
+                    k->doc);
+            break;
+        case KEY_LIST:
+            fprintf(out, "| `%s` | array of strings | unset | at most %zu bytes | %s |\n", k->name, k->size - 2,
                     k->doc);
             break;
         case KEY_CMD:

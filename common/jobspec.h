@@ -21,6 +21,7 @@
 
 #define JOB_NAME_MAX 64
 #define JOB_PATH_MAX 1024
+#define JOB_LIST_MAX 2048 /* packed list of strings (common/cmdline.h's packing) */
 
 struct job_spec {
     /* control plane */
@@ -39,7 +40,19 @@ struct job_spec {
     int restart_backoff_max_ms; /* longest wait; also what disk-full and OOM failures wait */
     int restart_window_s;      /* only restarts this recent count toward max_restarts; 0 = all */
     int python_hook;           /* Python ranks start with muster's start-up hook (1) or not (0) */
+    int warm_spares;           /* each agent keeps a warm Python process to become the next rank (1) or not (0) */
+    char warm_imports[512];    /* warm_spares: more modules to import ahead, comma-separated */
     char rank_cmd[CMDLINE_MAX]; /* the program of every rank, packed (common/cmdline.h); unset = the agent's */
+
+    /* what the program needs on every node (the agent's pre-flight, common/preflight.h) */
+    char require_readable[JOB_LIST_MAX]; /* packed paths */
+    char require_writable[JOB_LIST_MAX]; /* packed directories */
+    int require_free_mb;                 /* free space each require_writable directory must have */
+    char require_python[JOB_PATH_MAX];   /* interpreter; "" = the rank program's */
+    char require_python_modules[JOB_LIST_MAX]; /* packed module names; unset = no import check */
+    int require_python_timeout_s;        /* the import check's time bound */
+    char checkpoint_latest[256];         /* "file:NAME" or "glob:PATTERN" in checkpoint_dir; "" = not compared */
+    int checkpoint_diverged_ok;          /* 1: nodes may start with different latest checkpoints */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */
@@ -62,6 +75,13 @@ struct job_spec {
     int checkpoint_every;      /* steps between checkpoints; 0 = off */
     int checkpoint_keep;       /* committed checkpoints kept; 0 = all */
     int replicate_every;       /* steps between in-memory peer replicas; 0 = off */
+
+    /* what a rank_cmd program does, for its plan (common/plan_prog.h) */
+    char parallelism[16];      /* muster-train, ddp, zero1..3, fsdp, fsdp-grad-op */
+    char precision[8];         /* fp32, bf16, fp16 */
+    int64_t params;            /* the program's parameters; 0 = from the model keys */
+    int activation_checkpointing;
+    int shape_given;           /* the spec names model or one of its dimensions (not a key) */
 };
 
 /* Fills *spec with every key's default (name and data stay empty). */

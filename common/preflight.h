@@ -13,6 +13,11 @@
  *   memory      host memory (/proc/meminfo) and GPU facts (NVML, loaded at
  *               run time: nodes without the driver work, they report none)
  *   clock       the node's wall clock against musterd's
+ *   needs       what a program of the user's needs (job keys require_*):
+ *               paths readable, directories writable with free space, a
+ *               Python interpreter that imports the modules (run with the
+ *               rank's environment, bounded in time), and the name of the
+ *               latest checkpoint in checkpoint_dir (checkpoint_latest)
  *
  * Every function returns 0, or a negative errno with one sentence in why
  * that names the file, the figure and what to do.
@@ -31,6 +36,9 @@
  * number) that the checkpoint check sees instead of statvfs's answer. */
 #define PREFLIGHT_FREE_HOOK_ENV "MUSTER_TEST_FREE_BYTES_FILE"
 
+/* Writes the sentence to why and returns rc (the checks' way of failing). */
+int preflight_why(char *why, size_t len, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 struct preflight_data {
     int tokens_file;  /* 1: llm.c token file; 0: text */
     uint64_t tokens;
@@ -47,6 +55,46 @@ int preflight_data_check(const char *path, int vocab, int seq_len, double val_fr
 /* checkpoint_dir writable with at least need bytes free; *free_bytes gets
  * what was found. */
 int preflight_ckpt_dir(const char *dir, uint64_t need, uint64_t *free_bytes, char *why, size_t len);
+
+/* path (file or directory) exists and can be read (a byte, or an entry listed). */
+int preflight_readable(const char *path, char *why, size_t len);
+
+/* dir exists, is a directory, a file can be made in it, and at least need bytes are free. */
+int preflight_writable(const char *dir, uint64_t need, char *why, size_t len);
+
+/* Longest name of a latest checkpoint, as reported to musterd. */
+#define PREFLIGHT_CKPT_MAX 200
+
+/*
+ * The latest checkpoint in dir by rule: "file:NAME" is the first line of
+ * dir/NAME (DeepSpeed's `latest`), "glob:PATTERN" the name matching PATTERN
+ * that sorts last in version order (global_step9 < global_step10). out gets
+ * "" when there is none (no such file, no match, no such directory).
+ */
+int preflight_latest_ckpt(const char *dir, const char *rule, char *out, size_t cap, char *why, size_t len);
+
+/*
+ * The Python interpreter of a rank: explicit when set (a path, or a name
+ * looked up on path_var), else the rank program prog itself when its name
+ * starts with "python", else the interpreter of its "#!" line (through
+ * /usr/bin/env too). out gets an absolute path.
+ */
+int preflight_interpreter(const char *prog, const char *explicit_interp, const char *path_var, char *out,
+                          size_t cap, char *why, size_t len);
+
+/* 1 when name is a module name Python can import (dotted identifiers, ASCII). */
+int preflight_module_valid(const char *name);
+
+/*
+ * Runs `interp -c 'import m1, m2'` for the packed module list (common/cmdline.h
+ * packing) with env, killed after timeout_ms. 0 when it exits 0; else why
+ * names the interpreter, the modules and the last line the import printed.
+ */
+int preflight_python(const char *interp, const char *modules, char *const *env, int timeout_ms, char *why,
+                     size_t len);
+/* Kills the import check running now, and any started after (the process is
+ * stopping: it must not wait out require_python_timeout_s); safe from any thread. */
+void preflight_python_abort(void);
 
 /* Host memory from /proc/meminfo, bytes. */
 int preflight_host_memory(uint64_t *total, uint64_t *available);

@@ -13,4 +13,7 @@
  * when one failed, 2 on a usage error. */
 int ctl_doctor_main(int argc, char **argv, const char *server, ctl_get_fn get, void *get_ctx);
 
+/* Every flag doctor takes, for --help and usage errors. */
+void ctl_doctor_usage(FILE *f);
+
 #endif

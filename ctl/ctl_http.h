@@ -15,8 +15,11 @@ struct ctl_reply {
 
 /*
  * method "GET" or "POST" to base + path; token, when not NULL, goes in
- * "Authorization: Bearer". Returns 0 with *out filled (any HTTP status), or
- * -1 with err = "cannot reach musterd at <url>: <curl error>".
+ * "Authorization: Bearer". base may list several musterd ("URL,URL": the
+ * musterd of one job, one leading): each is tried in turn until one is
+ * reached, and a standby's 307 to the leader is followed once. Returns 0
+ * with *out filled (any HTTP status), or -1 with err = "cannot reach
+ * musterd at <url>: <curl error>" (the last one tried).
  */
 int ctl_request(const char *base, const char *method, const char *path, const char *token,
                 struct ctl_reply *out, char *err, size_t errlen);

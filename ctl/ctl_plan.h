@@ -19,6 +19,10 @@ int ctl_plan_main(int argc, char **argv, const char *server, ctl_get_fn get, voi
 
 /* The table of a plan object (common/plan.h's plan_json). */
 void render_plan(FILE *f, const json_t *plan);
+/* The table of a program's plan (common/plan_prog.h's plan_prog_json). */
+void render_plan_prog(FILE *f, const json_t *plan);
+/* Every flag plan takes, for --help. */
+void ctl_plan_usage(FILE *f);
 /* Predicted beside measured, from GET /v1/plan's "measured" part. */
 void render_plan_measured(FILE *f, const json_t *doc);
 

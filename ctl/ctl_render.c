@@ -289,7 +289,20 @@ void render_summary(FILE *f, const json_t *st)
     } else
         fputs("  step unknown: the ranks do not report progress (see the rank contract in PROTOCOL.md)\n", f);
     const json_t *plan = json_object_get(st, "plan"), *me = json_object_get(st, "measured");
-    if (json_is_object(plan)) {
+    const char *kind = str(plan, "kind", "");
+    if (strcmp(kind, "program") == 0) {
+        /* a program's plan: its predicted communication against the measured step */
+        const json_t *pc = json_object_get(plan, "comm");
+        fprintf(f, "  plan (%s, %s): %.1f MB sent per step per GPU, %.3f s in communication", str(plan, "parallelism", "?"),
+                str(plan, "precision", "?"), json_number_value(json_object_get(pc, "sent_per_step")) / 1e6,
+                json_number_value(json_object_get(pc, "comm_s")));
+        if (json_is_true(json_object_get(plan, "step_time_measured")))
+            fprintf(f, " = %.1f %% of the measured %.3f s step\n",
+                    100.0 * json_number_value(json_object_get(pc, "comm_frac")),
+                    json_number_value(json_object_get(pc, "step_time")));
+        else
+            fputs(" (no step time measured yet)\n", f);
+    } else if (json_is_object(plan)) {
         char pc[CELL], mc[CELL];
         double peak = json_number_value(json_object_get(json_object_get(plan, "memory"), "peak"));
         double sent = json_number_value(json_object_get(json_object_get(plan, "comm"), "sent_per_step"));

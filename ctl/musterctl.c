@@ -75,20 +75,25 @@ static void usage(FILE *f)
           "  stacks [--full]     ask every rank for its stack and say where each is, ranks\n"
           "                      in the same place on one line; --full prints the stacks\n"
           "                      (admin)\n"
-          "  plan [JOB|PRESET] [--nodes N] [--devices-per-node G] [--device cpu|gpu]\n"
-          "       [--device-memory GB] [--network GBIT] [--tflops X] [--batch N]\n"
-          "       [--micro-batch N] [--seq-len N]\n"
-          "                      memory per device and bytes per step of a job before it\n"
-          "                      runs (docs/plan.md); without JOB, the running job's plan\n"
-          "                      with its nodes' devices, predicted beside measured\n"
-          "  doctor [--job JOB]  check this node: daemon reachable, token file, ports,\n"
-          "                      devices, clock, and JOB's data and checkpoint_dir\n"
+          "  plan [JOB|PRESET] [--parallelism P] [--params N] [--precision P] [--nodes N]\n"
+          "       [--gpus-per-node G] [--device-memory GB] [--network NET] [--accum N]\n"
+          "       [--micro-batch N] [--seq-len N] [--step-time S] ... (plan --help)\n"
+          "                      memory per GPU, bytes per gradient sync and per step and\n"
+          "                      the time in communication, for muster-train or a DDP,\n"
+          "                      FSDP or DeepSpeed ZeRO program (docs/plan.md); without\n"
+          "                      JOB, the running job's plan, predicted beside measured\n"
+          "  doctor [--job JOB] [--token-file FILE] [--devices-per-node G]\n"
+          "         [--control-port PORT] (doctor --help)\n"
+          "                      check this node: daemon reachable, token file, --server's\n"
+          "                      ports, devices, clock, and JOB's data and checkpoint_dir\n"
           "  token new FILE [--force]\n"
           "                      write a new random admin token to FILE (mode 0600)\n"
           "\n"
           "Options:\n"
-          "  --server URL              musterd's REST address (default $MUSTER_SERVER,\n"
-          "                            else " DEFAULT_SERVER ")\n"
+          "  --server URL[,URL...]     musterd's REST address (default $MUSTER_SERVER,\n"
+          "                            else " DEFAULT_SERVER "); several musterd of\n"
+          "                            one job (etcd store): each in turn, and a\n"
+          "                            standby's redirect to the leader is followed\n"
           "  --admin-token-file FILE   admin token for stop, restart, checkpoint, drain,\n"
           "                            stacks\n"
           "                            (default $MUSTER_ADMIN_TOKEN)\n"
@@ -820,10 +825,11 @@ static int filter_query(const char *cmd, const char *const *names, const char **
 int main(int argc, char **argv)
 {
     const char *word = command_word(argc, argv);
-    int helping = 0;
+    int version = 0;
     for (int i = 1; i < argc; i++)
-        helping |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--version") == 0;
-    if (word && !helping && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
+        version |= strcmp(argv[i], "--version") == 0;
+    /* plan and doctor answer --help with their own flags */
+    if (word && !version && (strcmp(word, "plan") == 0 || strcmp(word, "doctor") == 0))
         return sub_main(argc, argv, word);
 
     struct ctl ctl = {.read_token = getenv("MUSTER_READ_TOKEN")};
@@ -879,12 +885,23 @@ int main(int argc, char **argv)
 
     if (!server || !*server)
         server = DEFAULT_SERVER;
-    if (strncmp(server, "http://", 7) != 0 && strncmp(server, "https://", 8) != 0)
-        return usage_error("--server '%s' is not an http:// or https:// URL", server);
-    snprintf(ctl.server, sizeof(ctl.server), "%s", server);
-    size_t sl = strlen(ctl.server);
-    while (sl > 0 && ctl.server[sl - 1] == '/')
-        ctl.server[--sl] = '\0';
+    /* One URL, or the musterd of one job as a list (URL,URL: ctl_http.h). */
+    ctl.server[0] = '\0';
+    for (const char *b = server;;) {
+        size_t n = strcspn(b, ","), sl = strlen(ctl.server);
+        if ((strncmp(b, "http://", 7) != 0 && strncmp(b, "https://", 8) != 0) || n <= 8)
+            return usage_error("--server '%s' is not an http:// or https:// URL (or a list of them, "
+                               "comma-separated)", server);
+        if (sl + n + 2 > sizeof(ctl.server))
+            return usage_error("--server '%.40s...' is too long", server);
+        snprintf(ctl.server + sl, sizeof(ctl.server) - sl, "%s%.*s", sl ? "," : "", (int)n, b);
+        sl = strlen(ctl.server);
+        while (sl > 0 && ctl.server[sl - 1] == '/')
+            ctl.server[--sl] = '\0';
+        if (!b[n])
+            break;
+        b += n + 1;
+    }
 
     const char *cmd = args[0];
     int want_args = 1;

@@ -21,13 +21,20 @@ static int valid_host(const char *h, size_t n)
 
 int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err, size_t errlen)
 {
-    static const char scheme[] = "etcd://";
+    /* etcd:// is plain HTTP, as http://; https:// is TLS. */
+    static const char *const schemes[][2] = {{"etcd://", "http"}, {"http://", "http"}, {"https://", "https"}};
+    const char *proto = NULL, *p = spec;
     memset(out, 0, sizeof(*out));
-    if (strncmp(spec, scheme, sizeof(scheme) - 1) != 0) {
-        snprintf(err, errlen, "expected etcd://HOST:PORT[,HOST:PORT...], got '%s'", spec);
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]) && !proto; i++)
+        if (strncmp(spec, schemes[i][0], strlen(schemes[i][0])) == 0) {
+            proto = schemes[i][1];
+            p = spec + strlen(schemes[i][0]);
+        }
+    if (!proto) {
+        snprintf(err, errlen, "expected etcd://, http:// or https:// then HOST:PORT[,HOST:PORT...], got '%s'", spec);
         return -EINVAL;
     }
-    const char *p = spec + sizeof(scheme) - 1;
+    out->tls = strcmp(proto, "https") == 0;
     for (;;) {
         size_t n = strcspn(p, ",");
         const char *colon = NULL;
@@ -46,11 +53,44 @@ int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err
             snprintf(err, errlen, "'%s': more than %d members", spec, ETCD_MAX_ENDPOINTS);
             return -EINVAL;
         }
-        snprintf(out->url[out->n++], ETCD_URL_MAX, "http://%.*s", (int)n, p);
+        snprintf(out->url[out->n++], ETCD_URL_MAX, "%s://%.*s", proto, (int)n, p);
         if (p[n] == '\0')
             return 0;
         p += n + 1;
     }
+}
+
+/* ---- the leader key's value -------------------------------------------- */
+
+/* n bytes of printable ASCII without spaces. */
+static int graphic(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0x21 || p[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
+int etcd_leader_value_ok(const char *v, size_t len, size_t part_max, char *why, size_t whylen)
+{
+    if (!v || strlen(v) != len) {
+        snprintf(why, whylen, "%s", v ? "a NUL byte in it" : "no value");
+        return 0;
+    }
+    size_t ctl = strcspn(v, " ");
+    const char *rest = v[ctl] ? v + ctl + 1 : v + ctl;
+    size_t rlen = strlen(rest);
+    if (ctl == 0 || ctl > part_max || !graphic(v, ctl) || !memchr(v, ':', ctl)) {
+        snprintf(why, whylen, "the control address is not HOST:PORT of at most %zu printable bytes", part_max);
+        return 0;
+    }
+    if (rlen && (rlen > part_max || !graphic(rest, rlen) ||
+                 (strncmp(rest, "http://", 7) != 0 && strncmp(rest, "https://", 8) != 0))) {
+        snprintf(why, whylen, "the REST address is not an http:// or https:// URL of at most %zu printable bytes",
+                 part_max);
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- base64 ------------------------------------------------------------ */
@@ -194,7 +234,14 @@ static int load(const char *text, size_t len, const char *what, json_t **out, ch
     *out = NULL;
     if (!json_is_object(doc)) {
         json_decref(doc);
-        return bad(err, errlen, what, doc ? "not a JSON object" : jerr.text);
+        if (doc)
+            return bad(err, errlen, what, "not a JSON object");
+        /* Not JSON: the gateway's own words, at most a line of them. */
+        const char *nl = memchr(text, '\n', len);
+        size_t line = nl ? (size_t)(nl - text) : len;
+        snprintf(err, errlen, "etcd answered %s with text, not JSON: '%.*s'", what, (int)(line < 160 ? line : 160),
+                 text);
+        return -EINVAL;
     }
     json_t *e = json_object_get(doc, "error");
     if (e) {
@@ -255,6 +302,70 @@ int etcd_parse_keepalive(const char *text, size_t len, int64_t *ttl, char *err, 
     json_t *res = json_object_get(doc, "result");
     if (!json_is_object(res) || get_i64(res, "TTL", ttl) || *ttl < 0)
         rc = bad(err, errlen, "the lease keepalive", "no result");
+    json_decref(doc);
+    return rc;
+}
+
+char *etcd_body_auth(const char *user, const char *password)
+{
+    json_t *doc = json_pack("{s:s, s:s}", "name", user, "password", password);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return text;
+}
+
+int etcd_parse_auth(const char *text, size_t len, char *token, size_t cap, char *err, size_t errlen)
+{
+    json_t *doc;
+    int rc = load(text, len, "the authentication", &doc, err, errlen);
+    if (rc)
+        return rc;
+    const char *t = json_string_value(json_object_get(doc, "token"));
+    /* A token goes into a header: printable ASCII only. */
+    if (!t || !*t || strlen(t) >= cap || strspn(t, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                                                   "+/=._-") != strlen(t))
+        rc = bad(err, errlen, "the authentication", "no token, or a token that is not base64-like text");
+    else
+        snprintf(token, cap, "%s", t);
+    json_decref(doc);
+    return rc;
+}
+
+int etcd_unauthenticated(const char *text, size_t len)
+{
+    json_t *doc = json_loadb(text, len, 0, NULL);
+    json_t *e = json_object_get(doc, "error");
+    const char *msg = json_string_value(json_object_get(json_is_object(e) ? e : doc, "message"));
+    json_int_t code = json_integer_value(json_object_get(json_is_object(e) ? e : doc, json_is_object(e) ? "grpc_code" : "code"));
+    /* gRPC's Unauthenticated (16): a token that expired or was never given. */
+    int yes = e && (code == 16 || (msg && (strstr(msg, "invalid auth token") || strstr(msg, "user name is empty"))));
+    json_decref(doc);
+    return yes;
+}
+
+int etcd_parse_status(const char *text, size_t len, int *has_leader, char *why, size_t whylen, char *err,
+                      size_t errlen)
+{
+    json_t *doc;
+    *has_leader = 0;
+    if (whylen)
+        why[0] = '\0';
+    int rc = load(text, len, "the member's status", &doc, err, errlen);
+    if (rc)
+        return rc;
+    /* A member id is a u64 in a string: only whether it is 0 matters here. */
+    const json_t *leader = json_object_get(doc, "leader");
+    const char *id = json_string_value(leader);
+    const json_t *errors = json_object_get(doc, "errors");
+    if ((leader && (!id || !*id || strspn(id, "0123456789") != strlen(id))) || (errors && !json_is_array(errors)) ||
+        !json_is_object(json_object_get(doc, "header"))) {
+        rc = bad(err, errlen, "the member's status", "a malformed leader, errors or header");
+    } else {
+        *has_leader = id && strspn(id, "0") != strlen(id);
+        const char *first = json_string_value(json_array_get(errors, 0));
+        if (first && whylen)
+            snprintf(why, whylen, "%s", first);
+    }
     json_decref(doc);
     return rc;
 }

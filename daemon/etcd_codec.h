@@ -1,7 +1,7 @@
 /*
  * etcd_codec: the requests and answers of etcd's v3 JSON gateway
  * (/v3/kv/txn, /v3/kv/range, /v3/lease/grant, /v3/lease/keepalive,
- * /v3/lease/revoke, /v3/watch) as text, and the store's endpoint list.
+ * /v3/lease/revoke, /v3/watch, /v3/maintenance/status, /v3/auth/authenticate) as text, and the store's endpoint list.
  * Pure code: no socket, no thread, so that it is unit-tested on raw bytes.
  *
  * On that gateway keys and values are base64 (OpenSSL's EVP routines here)
@@ -19,14 +19,22 @@
 #define ETCD_MAX_ENDPOINTS 8
 #define ETCD_URL_MAX 300
 
-/* "etcd://h1:2379,h2:2379,...": the members a client may ask, in order. */
+/* The members a client may ask, in order. */
 struct etcd_endpoints {
     int n;
-    char url[ETCD_MAX_ENDPOINTS][ETCD_URL_MAX]; /* "http://h1:2379" */
+    int tls; /* https:// */
+    char url[ETCD_MAX_ENDPOINTS][ETCD_URL_MAX]; /* "http://h1:2379" or "https://h1:2379" */
 };
 
-/* Returns 0 or -EINVAL with err saying what was expected. */
+/* "etcd://" or "http://" (plain HTTP), or "https://" (TLS), then
+ * HOST:PORT[,HOST:PORT...]. Returns 0 or -EINVAL with err saying what was
+ * expected. */
 int etcd_endpoints_parse(const char *spec, struct etcd_endpoints *out, char *err, size_t errlen);
+
+/* Whether the leader key's value (len bytes) is what a musterd writes:
+ * "HOST:PORT" then optionally " " and an http:// or https:// URL, each at
+ * most part_max bytes of printable ASCII without spaces. No: why says what. */
+int etcd_leader_value_ok(const char *v, size_t len, size_t part_max, char *why, size_t whylen);
 
 /* Base64 of len bytes, NUL-terminated (malloc'd; NULL = out of memory). */
 char *etcd_b64(const void *data, size_t len);
@@ -64,6 +72,25 @@ int etcd_parse_keepalive(const char *text, size_t len, int64_t *ttl, char *err, 
 int etcd_parse_txn(const char *text, size_t len, int *succeeded, int64_t *revision, struct etcd_kv *kv, char *err,
                    size_t errlen);
 int etcd_parse_range(const char *text, size_t len, int64_t *revision, struct etcd_kv *kv, char *err, size_t errlen);
+
+/*
+ * /v3/maintenance/status of one member (body "{}"): whether it knows a
+ * raft leader (*has_leader: "leader" is a member id other than 0). A member
+ * without quorum answers none, with "etcdserver: no leader" among its
+ * "errors": that text, or the first error, goes to why ("" = none).
+ */
+int etcd_parse_status(const char *text, size_t len, int *has_leader, char *why, size_t whylen, char *err,
+                      size_t errlen);
+
+/* etcd's auth (/v3/auth/authenticate): the body, and the token of the
+ * answer (written to token, cap bytes; -EIO: refused, e.g. a wrong
+ * password; -EINVAL: no token). Later requests carry it in the
+ * Authorization header. */
+char *etcd_body_auth(const char *user, const char *password);
+int etcd_parse_auth(const char *text, size_t len, char *token, size_t cap, char *err, size_t errlen);
+/* The answer is etcd's refusal for want of a (valid) token: authenticate
+ * again and retry. */
+int etcd_unauthenticated(const char *text, size_t len);
 
 /* One message of a watch stream (one line). */
 struct etcd_watch_msg {

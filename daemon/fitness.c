@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/plan_prog.h"
+
 #define MiB (1024.0 * 1024.0)
 #define GiB (1024.0 * 1024.0 * 1024.0)
 
@@ -45,39 +47,60 @@ static int planned(const struct rdv_node *nd)
     return nd->fitness == RDV_FIT_UNCHECKED || nd->fitness == RDV_FIT_CHECKING || nd->trainer;
 }
 
+/* The nodes picked, as a plan sees them. */
+struct picked_set {
+    uint32_t nodes, world;
+    int plan_nodes, per_node; /* mixed device counts: planned rank by rank (the fit is checked node by node) */
+    int gpu, cpu;             /* some node offers GPUs, CPUs */
+    uint64_t mem;             /* the least memory of a device; UINT64_MAX: none known */
+};
+
+static struct picked_set pick(const struct rdv *r, int candidates)
+{
+    struct picked_set ps = {.mem = UINT64_MAX};
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!picked(nd, candidates))
+            continue;
+        ps.nodes++;
+        ps.world += nd->ndevices;
+        ps.gpu |= nd->kind == PROTO_DEV_GPU;
+        ps.cpu |= nd->kind != PROTO_DEV_GPU;
+        uint64_t m = node_memory(nd);
+        if (m < ps.mem)
+            ps.mem = m;
+    }
+    if (ps.nodes) {
+        ps.plan_nodes = ps.world % ps.nodes ? (int)ps.world : (int)ps.nodes;
+        ps.per_node = ps.world % ps.nodes ? 1 : (int)(ps.world / ps.nodes);
+    }
+    return ps;
+}
+
 int fitness_plan(const struct rdv *r, int candidates, struct plan *p, char *why, size_t len)
 {
+    if (strcmp(r->spec->parallelism, "muster-train") != 0) {
+        snprintf(why, len, "the job's program is %s, not muster-train", r->spec->parallelism);
+        return -ENOTSUP;
+    }
     if (r->spec->rank_cmd[0]) {
-        snprintf(why, len, "the job runs its own rank program (rank_cmd): its memory and traffic are the program's");
+        snprintf(why, len, "the job runs its own rank program (rank_cmd): describe it with parallelism and params "
+                 "(or the model keys) in the job spec to plan it (docs/plan.md)");
         return -ENOTSUP;
     }
     struct plan_input in;
     if (plan_input_from_spec(&in, r->spec, why, len))
         return -EINVAL;
-    uint32_t nodes = 0, world = 0;
-    uint64_t mem = UINT64_MAX;
-    int gpu = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!picked(nd, candidates))
-            continue;
-        nodes++;
-        world += nd->ndevices;
-        gpu |= nd->kind == PROTO_DEV_GPU;
-        uint64_t m = node_memory(nd);
-        if (m < mem)
-            mem = m;
-    }
-    if (nodes == 0) {
+    struct picked_set ps = pick(r, candidates);
+    if (ps.nodes == 0) {
         snprintf(why, len, "no node has joined yet");
         return -ENOENT;
     }
-    /* mixed device counts: plan rank by rank (the fit is checked node by node) */
-    in.nodes = world % nodes ? (int)world : (int)nodes;
-    in.devices_per_node = world % nodes ? 1 : (int)(world / nodes);
-    in.device = gpu ? PLAN_GPU : PLAN_CPU;
-    in.tflops = gpu ? PLAN_DEFAULT_TFLOPS_GPU : PLAN_DEFAULT_TFLOPS_CPU;
-    in.device_mem = mem == UINT64_MAX ? 0 : mem;
+    in.nodes = ps.plan_nodes;
+    in.devices_per_node = ps.per_node;
+    in.device = ps.gpu ? PLAN_GPU : PLAN_CPU;
+    in.tflops = ps.gpu ? PLAN_DEFAULT_TFLOPS_GPU : PLAN_DEFAULT_TFLOPS_CPU;
+    in.device_mem = ps.mem == UINT64_MAX ? 0 : ps.mem;
     return plan_compute(&in, p, why, len) ? -EINVAL : 0;
 }
 
@@ -115,13 +138,41 @@ int fitness_check(struct rdv *r, int candidates)
     return unfit;
 }
 
+/* The plan of a rank_cmd program the spec describes (parallelism, params...),
+ * on the picked nodes' GPUs, its compute time the job's median step. */
+static json_t *program_plan_json(const struct rdv *r, char *why, size_t len)
+{
+    struct picked_set ps = pick(r, 0);
+    if (ps.nodes == 0)
+        ps = pick(r, 1);
+    if (ps.nodes == 0) {
+        snprintf(why, len, "no node has joined yet");
+        return NULL;
+    }
+    struct plan_prog_input in;
+    struct plan_prog p;
+    if (plan_prog_input_from_spec(&in, r->spec, ps.plan_nodes, ps.per_node, why, len))
+        return NULL;
+    in.gpu_mem = ps.cpu || ps.mem == UINT64_MAX ? 0 : ps.mem; /* GPU memory, when every node has GPUs */
+    const double step = hang_median_step_s(&r->steps);
+    in.step_time = r->state == RDV_RUNNING && step > 0 && step <= 1e6 ? step : 0;
+    if (plan_prog_compute(&in, &p, why, len))
+        return NULL;
+    json_t *doc = plan_prog_json(&p);
+    json_object_set_new(doc, "step_time_measured", json_boolean(in.step_time > 0));
+    return doc;
+}
+
 json_t *fitness_plan_json(const struct rdv *r)
 {
     struct plan p;
     char why[PROTO_REASON_MAX];
+    json_t *prog = NULL;
     int rc = fitness_plan(r, 0, &p, why, sizeof(why));
     if (rc == -ENOENT)
         rc = fitness_plan(r, 1, &p, why, sizeof(why));
+    if (rc == -ENOTSUP && strcmp(r->spec->parallelism, "muster-train") != 0)
+        rc = (prog = program_plan_json(r, why, sizeof(why))) ? 0 : -EINVAL;
     /* measured: the largest figure over the running ranks */
     double comm = -1;
     uint64_t sent = 0, peak = 0;
@@ -137,6 +188,7 @@ json_t *fitness_plan_json(const struct rdv *r)
     json_t *measured = json_pack("{s:o, s:o, s:o}", "comm_frac", comm >= 0 ? json_real(comm) : json_null(),
                                  "sent_per_step", sent ? json_integer((json_int_t)sent) : json_null(), "peak_mem",
                                  peak ? json_integer((json_int_t)peak) : json_null());
-    return json_pack("{s:o, s:o, s:o}", "plan", rc ? json_null() : plan_json(&p, r->spec->model), "plan_note",
+    return json_pack("{s:o, s:o, s:o}", "plan", rc ? json_null() : prog ? prog : plan_json(&p, r->spec->model),
+                     "plan_note",
                      rc ? json_string(why) : json_null(), "measured", measured);
 }

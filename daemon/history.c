@@ -24,12 +24,18 @@ void history_free(struct history *h)
     memset(h, 0, sizeof(*h));
 }
 
+/* The mean of x (weight wx) and y (weight wy), finite for any finite x and y (no x * wx + y * wy to overflow). */
+static double mean2(double x, double wx, double y, double wy)
+{
+    return x * (wx / (wx + wy)) + y * (wy / (wx + wy));
+}
+
 /* Folds sample-weighted b into a (b is the later one). */
 static void merge(struct history_point *a, const struct history_point *b)
 {
     if (b->nloss)
-        a->loss = a->nloss ? (a->loss * a->nloss + b->loss * b->nloss) / (a->nloss + b->nloss) : b->loss;
-    a->tokens_per_s = (a->tokens_per_s * a->n + b->tokens_per_s * b->n) / (a->n + b->n);
+        a->loss = a->nloss ? mean2(a->loss, a->nloss, b->loss, b->nloss) : b->loss;
+    a->tokens_per_s = mean2(a->tokens_per_s, a->n, b->tokens_per_s, b->n);
     a->nloss += b->nloss;
     a->n += b->n;
     a->step = b->step;
@@ -82,9 +88,10 @@ json_t *history_json(struct history *h)
     for (uint32_t i = 0; i < h->n; i++) {
         const struct history_point *p = &h->pts[i];
         json_array_append_new(step, json_integer((json_int_t)p->step));
-        json_array_append_new(loss, p->nloss ? json_real(p->loss) : json_null());
-        json_array_append_new(tps, json_real(p->tokens_per_s));
-        json_array_append_new(t, json_real(p->time_s));
+        /* every array one entry per point, whatever the value (json_real refuses a non-finite one) */
+        json_array_append_new(loss, p->nloss && isfinite(p->loss) ? json_real(p->loss) : json_null());
+        json_array_append_new(tps, json_real(isfinite(p->tokens_per_s) ? p->tokens_per_s : 0));
+        json_array_append_new(t, json_real(isfinite(p->time_s) ? p->time_s : 0));
         json_array_append_new(gen, json_integer((json_int_t)p->generation));
     }
     h->changed = 0;

@@ -1,6 +1,7 @@
 #include "daemon/http.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <netinet/in.h>
@@ -718,6 +719,100 @@ static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
     return reply(c, MHD_HTTP_ACCEPTED, CT_JSON, dump(doc), NULL);
 }
 
+/* ---- a standby sends clients to the leader -------------------------------- */
+
+struct location {
+    char *p;
+    size_t len, cap;
+    int first, overflow;
+};
+
+static void loc_put(struct location *l, const char *s, size_t n)
+{
+    if (l->len + n + 1 > l->cap) {
+        l->overflow = 1;
+        return;
+    }
+    memcpy(l->p + l->len, s, n);
+    l->len += n;
+    l->p[l->len] = '\0';
+}
+
+/* Percent-encodes all but RFC 3986's unreserved characters. */
+static void loc_escaped(struct location *l, const char *s)
+{
+    for (; *s; s++) {
+        char hex[4];
+        if (isalnum((unsigned char)*s) || strchr("-._~", *s)) {
+            loc_put(l, s, 1);
+        } else {
+            snprintf(hex, sizeof(hex), "%%%02X", (unsigned char)*s);
+            loc_put(l, hex, 3);
+        }
+    }
+}
+
+static enum MHD_Result loc_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct location *l = cls;
+    (void)kind;
+    loc_put(l, l->first ? "?" : "&", 1);
+    l->first = 0;
+    loc_escaped(l, key);
+    if (value) {
+        loc_put(l, "=", 1);
+        loc_escaped(l, value);
+    }
+    return MHD_YES;
+}
+
+/*
+ * A standby's REST holds nothing of the job (its figures live in the
+ * leader's memory only), so every request but the health check and the
+ * metrics (this process's own) is answered with 307 and the same path and
+ * query at the leader, which it published in etcd; 503 while no leader is
+ * known. 0 when this musterd leads (or has no store): serve the request.
+ */
+static int redirect_to_leader(struct http_server *srv, struct MHD_Connection *c, const char *url,
+                              enum MHD_Result *ret)
+{
+    if (strcmp(url, "/healthz") == 0 || strcmp(url, "/metrics") == 0)
+        return 0;
+    struct snap_view *v = snapshot_acquire(srv->snap);
+    if (!v || !v->standby) {
+        if (v)
+            snap_view_unref(v);
+        return 0;
+    }
+    char buf[SNAP_URL_MAX + 4096];
+    struct location l = {.p = buf, .cap = sizeof(buf), .first = 1};
+    buf[0] = '\0';
+    loc_put(&l, v->leader_rest, strlen(v->leader_rest));
+    int known = v->leader_rest[0] != '\0';
+    snap_view_unref(v);
+    if (!known) {
+        *ret = reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "no leader",
+                           "this musterd stands by and no leader is elected yet: ask again in a few seconds", NULL);
+        return 1;
+    }
+    loc_put(&l, url, strlen(url));
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, loc_arg, &l);
+    if (l.overflow) {
+        *ret = reply_error(c, MHD_HTTP_URI_TOO_LONG, "request too long", "the query is too long to send on", NULL);
+        return 1;
+    }
+    json_t *doc = json_pack("{s:s, s:s, s:s}", "error", "not the leader", "detail",
+                            "this musterd stands by; the leader answers at the address in location", "location", buf);
+    struct MHD_Response *r = NULL;
+    char *body = dump(doc);
+    if (body && !(r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)))
+        free(body);
+    if (r)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, buf);
+    *ret = queue(c, MHD_HTTP_TEMPORARY_REDIRECT, r, CT_JSON, NULL);
+    return 1;
+}
+
 /* ---- routing ------------------------------------------------------------ */
 
 typedef enum MHD_Result (*get_fn)(struct http_server *srv, struct MHD_Connection *c);
@@ -762,6 +857,10 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
                            "reads need the read token: \"Authorization: Bearer <read token>\" (or the admin token)",
                            NULL);
     }
+
+    enum MHD_Result ret;
+    if ((is_get || (is_post && srv->admin_token && authorized(srv, c))) && redirect_to_leader(srv, c, url, &ret))
+        return ret;
 
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(url, routes[i].path) != 0)

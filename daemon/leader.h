@@ -21,6 +21,18 @@
  *              answers a keepalive until the others elect a new one (one
  *              to two election timeouts), and the new one gives every
  *              lease a whole TTL again, so the lease never ends meanwhile.
+ *              Quorum lost: when a keepalive fails, the store asks every
+ *              member whether it knows a raft leader (leader_probed). If
+ *              some answer and none does, etcd has no quorum: no lease can
+ *              end and no other musterd can be elected until a raft leader
+ *              is (etcd gives every lease a whole TTL when one is), so the
+ *              lease lives at least a TTL after each such probe was sent.
+ *              The leader then holds: it goes on past acting_until while
+ *              the newest such probe is younger than ttl - ttl/3 (what it
+ *              sends then cannot change the membership: a new generation
+ *              waits for its state write, which needs quorum and the
+ *              leader key), and is deposed only once neither a keepalive
+ *              nor such a probe has answered within a TTL.
  *   standby    another musterd holds the key (leader, term): watch the
  *              key, and run again (candidate) when it is deleted.
  *   deposed    was leader and lost it (keepalive answered "gone", a state
@@ -32,6 +44,8 @@
 #include <stdint.h>
 
 #define LEADER_ADDR_MAX 280
+/* The leader key's value: its control address, a space, its REST URL. */
+#define LEADER_VALUE_MAX (2 * LEADER_ADDR_MAX + 16)
 #define LEADER_WHY_MAX 200
 /* Keepalives per TTL: a recent answer leaves time to ride out an etcd election. */
 #define LEADER_KEEPALIVES 6
@@ -52,12 +66,14 @@ struct leader {
     uint64_t ttl_ms;
     int64_t lease;          /* 0 = none (a candidate gets one) */
     int64_t term;           /* leading: create revision of the leader key */
-    char leader[LEADER_ADDR_MAX]; /* standby: the leader's control address */
+    char leader[LEADER_VALUE_MAX]; /* standby: the leader key's value */
     int64_t leader_term;    /* standby: its term */
     int64_t watch_from;     /* standby: first revision the watch must see */
     uint64_t acting_until;  /* leading: see above */
     uint64_t lease_until;   /* leading: see above */
     uint64_t next_keepalive;
+    uint64_t no_quorum_since; /* leading: first probe of this quorum loss (0: none) */
+    uint64_t no_quorum_seen;  /* leading: newest probe that found no raft leader */
     uint64_t retry_at;      /* candidate: after a failed request, wait until then */
     char why[LEADER_WHY_MAX]; /* deposed: why */
 };
@@ -73,6 +89,9 @@ void leader_granted(struct leader *l, int64_t lease);
  * key's holder (holder's value, create revision; rev: the answer's revision). */
 void leader_campaigned(struct leader *l, int won, int64_t rev, const char *holder, int64_t holder_term);
 void leader_kept(struct leader *l, uint64_t sent_ms, int64_t ttl_s);
+/* After a failed keepalive, every member was asked (at sent_ms) whether it
+ * knows a raft leader: answered of them did, with_leader of those know one. */
+void leader_probed(struct leader *l, uint64_t sent_ms, int answered, int with_leader);
 /* A request failed (etcd unreachable or refused): a candidate waits and
  * starts again; a leader keeps trying until lease_until. */
 void leader_failed(struct leader *l, uint64_t now_ms);
@@ -81,8 +100,11 @@ void leader_watch_deleted(struct leader *l, int64_t rev);
 /* Leadership is gone for a reason the store saw (lease ended, write refused). */
 void leader_depose(struct leader *l, const char *why);
 
-/* Leading and within acting_until; once past lease_until, deposed (says why). */
+/* Leading, and within acting_until or holding through a quorum loss; once
+ * the lease could have ended, deposed (says why). */
 int leader_acting(struct leader *l, uint64_t now_ms);
+/* Leading through a quorum loss (since no_quorum_since), past acting_until. */
+int leader_holding(const struct leader *l, uint64_t now_ms);
 /* Leading, past acting_until but not lease_until: lease_until (the caller
  * may wait that long for a keepalive's answer); 0 otherwise. */
 uint64_t leader_unsure(const struct leader *l, uint64_t now_ms);

@@ -86,6 +86,15 @@ static void job(struct sbuf *b, struct snap_view *v)
     scalar(b, head, "stale_frames", "muster_stale_frames_total", "counter",
            "Frames refused because they carried an older generation");
     scalar(b, head, "uptime_s", "muster_uptime_seconds", "gauge", "Seconds since musterd started");
+    /* With an etcd store every musterd answers /metrics itself: say which leads. */
+    const json_t *store = json_object_get(head, "store");
+    if (json_is_object(store)) {
+        const char *role = json_string_value(json_object_get(store, "role"));
+        header(b, "muster_store_leader", "gauge", "1 when this musterd leads the job (etcd store), 0 on a standby");
+        sb_printf(b, "muster_store_leader %d\n", role && strcmp(role, "leader") == 0);
+        header(b, "muster_store_quorum", "gauge", "0 while etcd has no quorum and the leader holds the generation");
+        sb_printf(b, "muster_store_quorum %d\n", json_is_true(json_object_get(store, "quorum")));
+    }
     pthread_mutex_unlock(&v->head_lock);
 
     header(b, "muster_ranks", "gauge", "Ranks of the current generation, by state");

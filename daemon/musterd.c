@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <uv.h>
 
 #include "common/jobspec.h"
@@ -35,6 +36,8 @@
 #include "daemon/view_build.h"
 
 #define TICK_MS 100
+/* A tick this much later than the last: musterd was paused (see on_tick). */
+#define PAUSE_MS 500
 /* The status snapshot is rebuilt (O(ranks)) only when something changed:
  * a state change at the next tick; heartbeat figures (steps, losses) at
  * most every PUBLISH_FIGURES_MS while someone reads the status, and every
@@ -87,6 +90,7 @@ struct daemon {
     int exit_code;
     int stopping;
     uint64_t end_seen_ms; /* when a terminal state was first seen (exit_on_end) */
+    uint64_t last_tick;   /* uv_now at the last on_tick (0: none yet) */
 
     pthread_mutex_t admin_lock;
     struct admin_req admin[ADMIN_QUEUE];
@@ -116,7 +120,7 @@ static void usage(FILE *out)
             "                           (token files must be mode 0600: chmod 600 FILE)\n"
             "  --preauth-per-address N  unauthenticated control connections one address\n"
             "                           may hold (default 64; the oldest goes for a new one)\n"
-            "  --store etcd://HOST:PORT[,HOST:PORT...]\n"
+            "  --store etcd://HOST:PORT[,HOST:PORT...]   (or https://: TLS)\n"
             "                           keep the job's state in etcd and lead the job only when\n"
             "                           elected among the musterd given the same store; the\n"
             "                           others stand by and take over (docs/operator-guide.md)\n"
@@ -297,6 +301,7 @@ static void take_over(struct daemon *d, struct store_event *ev)
         }
     }
     d->leading = 1;
+    d->rdv.term = (uint64_t)ev->term;
     log_info("leading job %s (term %lld): %s", d->rdv.spec->name, (long long)ev->term,
              ev->state ? "state loaded from etcd; agents resume their sessions" : "no stored state: a fresh job");
     char note[PROTO_REASON_MAX];
@@ -313,8 +318,23 @@ static void on_store_event(void *ctx, struct store_event *ev)
         switch (ev->kind) {
         case STORE_ELECTED: take_over(d, ev); break;
         case STORE_STANDBY:
+            d->dirty = 1; /* REST sends clients to the leader */
             log_info("standing by: %s leads job %s (term %lld)", ev->leader[0] ? ev->leader : "another musterd",
                      d->rdv.spec->name, (long long)ev->term);
+            break;
+        case STORE_NO_QUORUM: {
+            /* Nobody can be elected meanwhile: the running generation goes on. */
+            char note[PROTO_REASON_MAX];
+            snprintf(note, sizeof(note),
+                     "store: no quorum: %s; the running generation goes on, a new one waits for quorum", ev->why);
+            log_warn("%s", note);
+            notify_sendf("STATUS=leading, etcd without quorum: holding the running generation");
+            rdv_note(&d->rdv, "store", note);
+            break;
+        }
+        case STORE_QUORUM:
+            log_info("store: %s", ev->why);
+            rdv_note(&d->rdv, "store", ev->why);
             break;
         case STORE_DEPOSED:
             /* Never acts again: it goes, and comes back (systemd's Restart=) as a standby. */
@@ -337,6 +357,23 @@ static char *render(json_t *doc, const char *what)
     if (!text)
         log_error("internal: cannot render the %s document", what);
     return text;
+}
+
+/* /v1/status "store": this musterd's part in the election and etcd's quorum. */
+static json_t *store_status_json(struct daemon *d)
+{
+    char leader[LEADER_ADDR_MAX];
+    store_leader(d->store, leader, sizeof(leader));
+    uint64_t since = store_no_quorum_since(d->store);
+    json_t *o = json_pack("{s:s, s:s?, s:b}", "role", d->leading ? "leader" : "standby", "leader",
+                          leader[0] ? leader : NULL, "quorum", !since);
+    if (o && d->leading)
+        json_object_set_new(o, "term", json_integer((json_int_t)d->rdv.term));
+    if (o && since) {
+        uint64_t now = uv_hrtime() / 1000000; /* CLOCK_MONOTONIC, as the store's */
+        json_object_set_new(o, "no_quorum_s", json_real((double)(now > since ? now - since : 0) / 1000.0));
+    }
+    return o;
 }
 
 static void publish(struct daemon *d)
@@ -372,6 +409,12 @@ static void publish(struct daemon *d)
     } else {
         free(events);
         free(history);
+    }
+    if (v && d->store) {
+        json_object_set_new(v->head, "store", store_status_json(d));
+        v->standby = !d->leading;
+        if (v->standby)
+            store_leader_rest(d->store, v->leader_rest, sizeof(v->leader_rest));
     }
     if (v && d->stacks) {
         snap_shared_ref(d->stacks);
@@ -464,6 +507,16 @@ static void on_tick(uv_timer_t *t)
 {
     struct daemon *d = t->data;
     uint64_t now = uv_now(&d->loop);
+    /* A tick this late means musterd itself did not run (libuv runs timers
+     * before it reads the sockets): the agents' heartbeats of that time are
+     * waiting unread, and their silence is musterd's, not theirs. */
+    if (d->last_tick && now - d->last_tick > PAUSE_MS) {
+        log_warn_limited("musterd did not run for %.1f s (stopped or starved): that time does not count toward the "
+                 "nodes' heartbeat timeout",
+                 (double)(now - d->last_tick - TICK_MS) / 1000.0);
+        rdv_paused(&d->rdv, now - d->last_tick - TICK_MS);
+    }
+    d->last_tick = now;
     server_tick(d->server);
     rdv_tick(&d->rdv, now);
     logfetch_tick(&d->logfetch, now);
@@ -478,6 +531,7 @@ static void on_tick(uv_timer_t *t)
             struct proto_msg m = {.type = PROTO_COMMAND};
             m.u.command.generation = d->rdv.generation;
             m.u.command.action = PROTO_CMD_SHUTDOWN;
+            m.u.command.term = d->rdv.term;
             for (uint32_t i = 0; i < d->rdv.nnodes; i++)
                 if (d->rdv.nodes[i].state == RDV_NODE_JOINED)
                     server_send(d->server, d->rdv.nodes[i].name, &m);
@@ -674,6 +728,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: --store: %s\n", err);
         return 2;
     }
+    const char *tls_files[][2] = {{"store_ca_file", cfg.store_ca_file}, {"store_cert_file", cfg.store_cert_file},
+                                  {"store_key_file", cfg.store_key_file}};
+    for (size_t i = 0; i < sizeof(tls_files) / sizeof(tls_files[0]); i++) {
+        if (!tls_files[i][1][0])
+            continue;
+        if (!store_url[0] || !store_ep.tls) {
+            fprintf(stderr, "musterd: %s is for an https:// store (store is '%s')\n", tls_files[i][0], store_url);
+            return 2;
+        }
+        if (access(tls_files[i][1], R_OK) != 0) {
+            fprintf(stderr, "musterd: %s: %s: %s\n", tls_files[i][0], tls_files[i][1], strerror(errno));
+            return 2;
+        }
+    }
+    if (!cfg.store_cert_file[0] != !cfg.store_key_file[0]) {
+        fprintf(stderr, "musterd: store_cert_file and store_key_file go together: give both or neither\n");
+        return 2;
+    }
+    if (!cfg.store_user[0] != !cfg.store_password_file[0] || (cfg.store_user[0] && !store_url[0])) {
+        fprintf(stderr, "musterd: store_user and store_password_file go together, with a store\n");
+        return 2;
+    }
     if (advertise[0] && conf_valid_hostport(advertise) != 0) {
         fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
         return 2;
@@ -807,16 +883,35 @@ int main(int argc, char **argv)
             snprintf(adv, sizeof(adv), "%s:%u", host, server_port(d.server));
         else
             snprintf(adv, sizeof(adv), "localhost:%u", server_port(d.server));
-        struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv,
-                                   .ttl_s = atoi(cfg.store_lease_s)};
+        /* Clients a standby sends to the leader reach its REST port at the
+         * address it listens on, or, listening on every address, the host
+         * agents reach it at. */
+        char rest[LEADER_ADDR_MAX + 16];
+        if (strcmp(http_host, "0.0.0.0") != 0)
+            snprintf(rest, sizeof(rest), "http://%s:%u", http_host, http_port(d.http));
+        else
+            snprintf(rest, sizeof(rest), "http://%.*s:%u", (int)(strrchr(adv, ':') - adv), adv, http_port(d.http));
+        static uint8_t password[STORE_PASSWORD_MAX];
+        size_t password_len = 0;
+        if (cfg.store_user[0] &&
+            token_read(cfg.store_password_file, password, sizeof(password) - 1, &password_len, err, sizeof(err)) != 0) {
+            log_error("store_password_file: %s", err);
+            return 1;
+        }
+        password[password_len] = '\0';
+        struct store_config stc = {.endpoints = store_url, .job = spec.name, .advertise = adv, .rest = rest,
+                                   .ttl_s = atoi(cfg.store_lease_s), .ca = cfg.store_ca_file,
+                                   .cert = cfg.store_cert_file, .key = cfg.store_key_file, .user = cfg.store_user,
+                                   .password = (const char *)password};
         rc = store_open(&d.store, &d.loop, &stc, on_store_event, &d, err, sizeof(err));
+        OPENSSL_cleanse(password, sizeof(password));
         if (rc != 0) {
             log_error("store %s: %s", store_url, err);
             return 1;
         }
         persist_set_sink(&d.persist, store_sink, &d);
-        log_info("job %s: state in etcd (%s), lease %s s; running for leader as %s", spec.name, store_url,
-                 cfg.store_lease_s, adv);
+        log_info("job %s: state in etcd (%s), lease %s s; running for leader as %s (REST %s)", spec.name,
+                 store_url, cfg.store_lease_s, adv, rest);
     }
     uv_timer_init(&d.loop, &d.tick);
     d.tick.data = &d;

@@ -23,6 +23,14 @@ static int valid_lease(const char *s)
     return *s && !*end && v >= MUSTERD_LEASE_MIN_S && v <= MUSTERD_LEASE_MAX_S ? 0 : -1;
 }
 
+static int valid_user(const char *s)
+{
+    for (const char *p = s; *p; p++)
+        if (*p <= ' ' || *p > '~')
+            return -1;
+    return 0;
+}
+
 static int valid_advertise(const char *s) { return s[0] ? conf_valid_hostport(s) : 0; }
 
 /* The one table of musterd.json keys. Keep docs/config.md in step. */
@@ -42,13 +50,25 @@ const struct conf_key musterd_config_keys[] = {
     {"preauth_per_address", CONF_STRING, F(preauth_per_address), musterd_valid_count, "an integer 1..1000000", "64",
      "unauthenticated control connections one address may hold; the oldest is closed for a new one"},
     {"job", CONF_PATH, F(job), NULL, "a file", "", "the job spec (keys in docs/jobspec.md); required"},
-    {"store", CONF_STRING, F(store), valid_store, "etcd://HOST:PORT[,HOST:PORT...] (the etcd members)", "",
+    {"store", CONF_STRING, F(store), valid_store, "etcd://HOST:PORT[,HOST:PORT...] (the etcd members; https:// for TLS)", "",
      "job state in etcd, with a leader elected among the musterd of the job; unset = the state file"},
     {"advertise", CONF_STRING, F(advertise), valid_advertise, "HOST:PORT", "",
      "control address agents reach this musterd at, told to them by a standby; unset = the listen address "
      "(its port with the host name when it listens on 0.0.0.0)"},
     {"store_lease_s", CONF_STRING, F(store_lease_s), valid_lease, "whole seconds, 2..60", "3",
      "TTL of the leader's etcd lease: a lost leader is replaced after about this long"},
+    {"store_ca_file", CONF_PATH, F(store_ca_file), NULL, "a file", "",
+     "with an https:// store: the CA certificate(s), PEM, that etcd's server certificates are checked against; "
+     "unset = the system's CAs"},
+    {"store_cert_file", CONF_PATH, F(store_cert_file), NULL, "a file", "",
+     "with an https:// store: this musterd's client certificate, PEM (etcd's --client-cert-auth); with "
+     "store_key_file"},
+    {"store_key_file", CONF_PATH, F(store_key_file), NULL, "a file", "", "the client certificate's private key, PEM"},
+    {"store_user", CONF_STRING, F(store_user), valid_user, "an etcd user name (printable, no space)", "",
+     "etcd's auth: the user musterd authenticates as (needs read and write on /muster/JOB/); with "
+     "store_password_file; unset = no auth"},
+    {"store_password_file", CONF_PATH, F(store_password_file), NULL, "a file", "",
+     "that user's password: the file's first line; mode 0600"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
      "least severe level logged"},
 };

@@ -24,6 +24,11 @@ struct musterd_config {
     char store[1024];                /* "" = the state file; etcd://... = etcd */
     char advertise[256];             /* "" = from listen */
     char store_lease_s[8];
+    char store_ca_file[PATH_MAX];    /* https:// store: CA to check etcd's certificates; "" = the system's */
+    char store_cert_file[PATH_MAX];  /* https:// store: client certificate; "" = none */
+    char store_key_file[PATH_MAX];   /* its private key */
+    char store_user[128];            /* etcd's auth: user; "" = off */
+    char store_password_file[PATH_MAX]; /* its password (first line; mode 0600) */
 };
 
 #define MUSTERD_LEASE_MIN_S 2

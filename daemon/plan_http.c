@@ -4,9 +4,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/time.h>
 
 #include "common/plan.h"
+#include "common/plan_prog.h"
 
 /* A query number within [lo, hi]; 0 or -EINVAL. */
 static int query_num(const char *text, double lo, double hi, double *out)
@@ -37,7 +39,21 @@ json_t *plan_http_doc(const json_t *summary, const char *network, const char *tf
     struct plan_input in;
     struct plan p;
     char why[512] = "";
-    if (json_is_object(plan) && (gbit > 0 || tf > 0) && plan_input_from_json(plan, &in) == 0) {
+    struct plan_prog_input pin;
+    struct plan_prog pp;
+    const char *kind = json_string_value(json_object_get(plan, "kind"));
+    if (kind && strcmp(kind, "program") == 0) {
+        if ((gbit > 0 || tf > 0) && plan_prog_input_from_json(plan, &pin) == 0) {
+            if (gbit > 0)
+                pin.inter.gbit = gbit;
+            if (tf > 0)
+                pin.tflops = tf;
+            if (plan_prog_compute(&pin, &pp, why, sizeof(why)) == 0) {
+                out = plan_prog_json(&pp);
+                json_object_set(out, "step_time_measured", json_object_get(plan, "step_time_measured"));
+            }
+        }
+    } else if (json_is_object(plan) && (gbit > 0 || tf > 0) && plan_input_from_json(plan, &in) == 0) {
         if (gbit > 0)
             in.network_gbit = gbit;
         if (tf > 0)

@@ -111,7 +111,7 @@ static void send_command(struct rdv *r, uint32_t node, enum proto_command action
 {
     struct proto_msg m; /* sent to each node in turn: only the command is written, not the whole union */
     m.type = PROTO_COMMAND;
-    m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action};
+    m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action, .term = r->term};
     send_to(r, node, &m);
 }
 
@@ -230,6 +230,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     m.u.assign.master_port = master_port;
     m.u.assign.job = r->job;
     m.u.assign.job_text = r->job_text;
+    m.u.assign.term = r->term;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
@@ -249,6 +250,109 @@ static void check_plan(struct rdv *r, int candidates)
 }
 
 /*
+ * Whose latest checkpoints are compared: after a failure, the members whose
+ * ranks start afresh (those that rejoin in place keep their state); at
+ * formation, every member that reported one.
+ */
+static int compared(const struct rdv *r, const struct rdv_node *nd)
+{
+    if (!r->spec->checkpoint_latest[0] || !nd->member || !nd->has_checkpoint)
+        return 0; /* a job that names no rule compares nothing, whatever an agent sends */
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member && r->nodes[i].checkpoint_wanted)
+            return nd->checkpoint_wanted;
+    return 1;
+}
+
+/*
+ * The compared members agree on their latest checkpoint (checkpoint_latest),
+ * or what says who has what: "node a has global_step40, node b has none".
+ */
+static int checkpoints_agree(const struct rdv *r, char *what, size_t cap)
+{
+    const struct rdv_node *first = NULL;
+    int agree = 1;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!compared(r, nd))
+            continue;
+        if (!first)
+            first = nd;
+        else if (strcmp(first->checkpoint, nd->checkpoint) != 0)
+            agree = 0;
+    }
+    if (agree)
+        return 1;
+    size_t n = 0;
+    what[0] = '\0';
+    for (uint32_t i = 0; i < r->nnodes && n < cap; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!compared(r, nd))
+            continue;
+        int w = snprintf(what + n, cap - n, "%snode %s has %s", n ? ", " : "", nd->name,
+                         nd->checkpoint[0] ? nd->checkpoint : "none");
+        n += w > 0 ? (size_t)w : 0;
+    }
+    proto_text_sanitize(what); /* cut short, it may end mid-character: the status must stay UTF-8 */
+    return 0;
+}
+
+/*
+ * The members' latest checkpoints agree, or checkpoint_diverged_ok lets them
+ * differ: reported once per difference in the events, and in r->reason while
+ * the generation waits for an operator to make them agree. After a failure
+ * the members whose ranks start afresh are waited for until they report.
+ */
+static int members_agree(struct rdv *r, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member || !nd->checkpoint_wanted || nd->has_checkpoint)
+            continue;
+        if (!r->checkpoint_wait_ms)
+            r->checkpoint_wait_ms = now_ms;
+        if (now_ms - r->checkpoint_wait_ms < (uint64_t)r->spec->heartbeat_timeout_ms) {
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s to report its latest checkpoint "
+                     "(checkpoint_latest)", nd->name);
+            changed(r, 0);
+            return 0;
+        }
+        /* its report went astray (a link that broke as the generation ended): not compared */
+        nd->checkpoint_wanted = 0;
+        event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within %.1f s: "
+              "not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
+    }
+    r->checkpoint_wait_ms = 0;
+    char what[PROTO_REASON_MAX - 160];
+    if (checkpoints_agree(r, what, sizeof(what))) {
+        r->diverged_said[0] = '\0';
+        return 1;
+    }
+    int ok = r->spec->checkpoint_diverged_ok;
+    if (strcmp(r->diverged_said, what) != 0) {
+        event(r, "checkpoint_diverged", -1, -1, "checkpoint_dir differs between nodes: %s; %s", what,
+              ok ? "starting anyway (checkpoint_diverged_ok)" : "generation not started");
+        snprintf(r->diverged_said, sizeof(r->diverged_said), "%s", what);
+    }
+    if (ok)
+        return 1;
+    snprintf(r->reason, sizeof(r->reason), "checkpoint_dir differs between nodes: %s; copy the latest checkpoint "
+             "to every node (or set checkpoint_diverged_ok)", what);
+    changed(r, 0);
+    return 0;
+}
+
+/* r->reason: the job waits for nd's pre-flight (its reason, cut to fit, still UTF-8). */
+static void waiting_for_fitness(struct rdv *r, const struct rdv_node *nd)
+{
+    if (nd->fitness == RDV_FIT_CHECKING)
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
+    else
+        snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+    proto_text_sanitize(r->reason);
+}
+
+/*
  * Every member is fit (its pre-flight passed, the plan fits its memory), or
  * r->reason says which is not and why: the generation waits, spending nothing.
  */
@@ -259,10 +363,7 @@ static int members_fit(struct rdv *r)
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || fitness_ready(nd))
             continue;
-        if (nd->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
+        waiting_for_fitness(r, nd);
         changed(r, 0);
         return 0;
     }
@@ -293,7 +394,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
-    if (!members_fit(r))
+    if (!members_fit(r) || !members_agree(r, now_ms))
         return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node. */
     const struct rdv_node *n0 = rank0_node(r);
@@ -320,6 +421,9 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
             rank++;
     }
     r->assigned_ms = now_ms;
+    for (uint32_t i = 0; i < r->nnodes; i++) /* what they have changes as the generation runs */
+        r->nodes[i].has_checkpoint = r->nodes[i].checkpoint_wanted = 0;
+    r->checkpoint_wait_ms = 0;
     event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
           (unsigned long long)r->generation, r->world_size, nnodes);
     changed(r, 1);
@@ -404,6 +508,31 @@ static void spend_restart(struct rdv *r, uint64_t now_ms)
 }
 
 /*
+ * The generation is over: the members whose ranks start afresh (a rank that
+ * is not running and able to rejoin in place, or every rank when they are
+ * stopped rather than parked) report their latest checkpoint again before
+ * the next one starts, when the job names checkpoint_latest and the node has
+ * reported one before (its agent does so on COMMAND park or stop).
+ */
+static void want_checkpoints(struct rdv *r, int park)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        struct rdv_node *nd = &r->nodes[i];
+        nd->checkpoint_wanted = 0;
+        if (!nd->member || !r->spec->checkpoint_latest[0] || !nd->reports_checkpoint)
+            continue;
+        int afresh = !park;
+        for (uint32_t k = 0; k < r->world_size; k++) {
+            const struct rdv_rank *rk = &r->ranks[k];
+            if (rk->node == i)
+                afresh |= rk->state != RDV_RANK_RUNNING || !rk->rejoin || rk->silent;
+        }
+        nd->checkpoint_wanted = afresh;
+        nd->has_checkpoint = 0;
+    }
+}
+
+/*
  * A failure in the current generation: open the next one (parking every
  * rank, which stops those that cannot rejoin in place, and assigning the
  * next generation once all members are back, after the backoff the
@@ -463,6 +592,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     else
         snprintf(r->reason, sizeof(r->reason), "%s", what);
     proto_text_sanitize(r->reason);
+    want_checkpoints(r, park);
     for (uint32_t i = 0; i < r->world_size; i++) {
         set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
         r->ranks[i].last_beat_ms = 0;
@@ -737,12 +867,8 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
         form_first_generation(r, now_ms);
         return;
     }
-    if (late) {
-        if (late->fitness == RDV_FIT_CHECKING)
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", late->name);
-        else
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", late->name, fitness_reason(late));
-    }
+    if (late)
+        waiting_for_fitness(r, late);
 }
 
 /* A fresh session for a join: random, so that only the agent it was given to can resume it. */
@@ -766,6 +892,7 @@ static void send_welcome(struct rdv *r, uint32_t node)
     m.u.welcome.session = r->nodes[node].session;
     m.u.welcome.time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     m.u.welcome.job = r->job; /* for the agent's pre-flight; the message does not own it */
+    m.u.welcome.term = r->term;
     send_to(r, node, &m);
 }
 
@@ -786,7 +913,21 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->host_mem_mb = h->host_mem_mb;
     nd->fitness = h->preflight ? RDV_FIT_CHECKING : RDV_FIT_UNCHECKED;
     nd->unfit_reason[0] = nd->plan_unfit[0] = '\0';
+    nd->has_checkpoint = 0;
     nd->unfit_since_ms = now_ms;
+}
+
+/* s as one line of UTF-8 without control characters (C0, DEL, C1): each becomes a space. */
+static void one_line(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    proto_text_sanitize(s);
+    for (size_t i = 0; p[i]; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            p[i] = ' ';
+        else if (p[i] == 0xc2 && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
+            p[i] = p[i + 1] = ' ';
+    }
 }
 
 /* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
@@ -795,18 +936,25 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
     struct rdv_node *nd = &r->nodes[idx];
     enum rdv_fitness was = nd->fitness;
     nd->trainer = p->trainer;
+    nd->has_checkpoint = p->has_checkpoint;
+    nd->reports_checkpoint |= p->has_checkpoint;
+    snprintf(nd->checkpoint, sizeof(nd->checkpoint), "%s", p->has_checkpoint ? p->checkpoint : "");
     if (p->fit) {
         nd->fitness = RDV_FIT_OK;
         nd->unfit_reason[0] = '\0';
         if (was == RDV_FIT_UNFIT)
             event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
     } else {
-        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, p->reason) != 0)
-            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, p->reason);
+        /* the reason names the job's paths, which may hold any character: none reaches a terminal raw */
+        char reason[sizeof(nd->unfit_reason)];
+        snprintf(reason, sizeof(reason), "%s", p->reason);
+        one_line(reason);
+        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, reason) != 0)
+            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
         if (was != RDV_FIT_UNFIT)
             nd->unfit_since_ms = now_ms;
         nd->fitness = RDV_FIT_UNFIT;
-        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", p->reason);
+        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", reason);
     }
     maybe_form(r, now_ms);
     if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))
@@ -824,6 +972,7 @@ static void send_unique_id(struct rdv *r, uint32_t node)
     struct proto_msg m;
     m.type = PROTO_UNIQUE_ID;
     m.u.unique_id = r->uid;
+    m.u.unique_id.term = r->term;
     send_to(r, node, &m);
 }
 
@@ -1758,11 +1907,20 @@ static void check_lost(struct rdv *r, uint64_t now_ms)
     r->lost_due_ms = oldest + timeout + 1;
 }
 
+void rdv_paused(struct rdv *r, uint64_t ms)
+{
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].state == RDV_NODE_JOINED)
+            r->nodes[i].last_seen_ms += ms;
+    r->lost_due_ms += ms;
+}
+
 void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
     check_lost(r, now_ms);
-    if (r->restart_at_ms && now_ms >= r->restart_at_ms)
+    if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
+        (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
         try_start_generation(r, now_ms);
     maybe_form(r, now_ms);
     if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= yield_wait_ms(r))

@@ -111,6 +111,11 @@ struct rdv_node {
     char unfit_reason[PROTO_REASON_MAX]; /* the pre-flight's */
     char plan_unfit[PROTO_REASON_MAX];   /* "": the plan fits its memory */
     uint64_t unfit_since_ms; /* when it last became unfit or checking */
+    int has_checkpoint;    /* a PREFLIGHT since its join (or since the last generation ended) named its
+                            * latest checkpoint (checkpoint_latest); cleared when a generation is assigned */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
+    int reports_checkpoint; /* it has named one: it names it again when a generation ends */
+    int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
 };
 
 struct rdv_rank {
@@ -221,6 +226,10 @@ struct rdv {
     json_t *job;            /* spec as JSON, sent in ASSIGN (a reference) */
     char *job_text;         /* job rendered once, for the ASSIGN of every node */
     struct rdv_ops ops;
+    /* With a store: the term this musterd leads in (etcd's create revision
+     * of the leader key), sent with WELCOME, ASSIGN, UNIQUE_ID and COMMAND
+     * so that agents refuse a deposed leader's frames; 0 without a store. */
+    uint64_t term;
 
     enum rdv_job_state state;
     char reason[PROTO_REASON_MAX];
@@ -259,6 +268,8 @@ struct rdv {
      * again, start_timeout_ms counted from then). */
     enum rdv_job_state resume_to;
     int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
+    uint64_t checkpoint_wait_ms; /* since when the generation waits for members' checkpoint reports; 0 = not */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step
      * boundary (COMMAND yield): the node to take, and until when to wait. */
@@ -322,6 +333,12 @@ void rdv_disconnected(struct rdv *r, const char *node, const char *why,
 
 /* Time passed: heartbeat deadlines. Call every ~100 ms. */
 void rdv_tick(struct rdv *r, uint64_t now_ms);
+
+/* musterd itself did not run for ms (stopped, a VM paused, swapped out):
+ * the nodes' frames of that time wait unread in its sockets, so that time
+ * does not count toward any node's heartbeat_timeout_ms. Call before
+ * rdv_tick, which would otherwise declare every node lost. */
+void rdv_paused(struct rdv *r, uint64_t ms);
 
 enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT, RDV_ADMIN_STACKS };
 /* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now) /

@@ -172,6 +172,7 @@ static void rank_json(struct sbuf *b, const struct snap_view *v, const struct sn
     field_num(b, "tokens_per_s", rk->tokens_per_s);
     field_num(b, "comm_frac", rk->comm_frac);
     field_age(b, "heartbeat_age_ms", rk->heartbeat_age_ms);
+    field_age(b, "step_age_ms", rk->step_age_ms);
     sb_printf(b, ",\"stale\":%s,\"silent\":%s", rk->stale ? "true" : "false", rk->silent ? "true" : "false");
     field_str(b, "error", rk->failed ? v->failure_reason : NULL);
     field_count(b, "step_bytes", rk->step_bytes);

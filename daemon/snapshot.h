@@ -69,6 +69,7 @@ struct snap_rank {
     double tokens_per_s;
     double comm_frac;
     int64_t heartbeat_age_ms; /* -1 = never */
+    int64_t step_age_ms;      /* since its step last changed (or it began running); -1 = silent or never ran */
     uint64_t step_bytes; /* bytes it sent in its last step; 0 = not reported */
     uint64_t peak_mem;   /* its peak memory, bytes; 0 = not reported */
     uint8_t stopped;     /* its agent sees its process stopped (SIGSTOP, a debugger) */
@@ -139,6 +140,8 @@ struct snap_text {
     size_t len;
 };
 
+#define SNAP_URL_MAX 320
+
 struct snap_view {
     atomic_int refs;
     unsigned long version; /* set by snapshot_publish, from 1 */
@@ -173,6 +176,11 @@ struct snap_view {
     struct snap_shared *stacks; /* GET /v1/stacks, rendered by the loop when its set changes */
 
     struct snap_text doc[SNAP_NDOCS];
+
+    /* With a store, a standby's view: REST sends clients to the leader
+     * (307 to leader_rest; "" while none is known: 503). */
+    int standby;
+    char leader_rest[SNAP_URL_MAX];
 };
 
 /* A view with room for nnodes and nranks (zeroed), one reference; NULL on ENOMEM. */

@@ -1,6 +1,7 @@
 #include "daemon/store_etcd.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,11 +9,13 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 
 #include "common/log.h"
 #include "daemon/etcd_codec.h"
 
 #define STORE_KEY_MAX 320
+#define STORE_TOKEN_MAX 1024
 #define STORE_EVENTS 16
 /* Requests other than the watch: a member that does not answer in this
  * long is taken as lost (the next request goes to the next member). */
@@ -20,10 +23,14 @@
 #define STORE_CONNECT_MS 500
 /* A watch that broke is set up again after this long. */
 #define STORE_REWATCH_MS 200
+/* The largest answer (or watch line) taken: etcd's own requests are at most
+ * 1.5 MiB by default (--max-request-bytes), so more than this is not etcd. */
+#define STORE_ANSWER_MAX (16u << 20)
 
 struct buf {
     char *p;
     size_t len, cap;
+    int overflow; /* more than STORE_ANSWER_MAX came */
 };
 
 struct store {
@@ -33,7 +40,9 @@ struct store {
     void *ctx;
     struct etcd_endpoints ep;
     char leader_key[STORE_KEY_MAX], state_key[STORE_KEY_MAX];
-    char advertise[LEADER_ADDR_MAX];
+    char value[LEADER_VALUE_MAX]; /* the leader key's, when this musterd leads */
+    char ca[PATH_MAX], cert[PATH_MAX], key[PATH_MAX]; /* TLS; "" = not given */
+    char user[STORE_USER_MAX], password[STORE_PASSWORD_MAX]; /* etcd's auth; "" = off */
 
     pthread_t thread;
     int started;
@@ -45,6 +54,9 @@ struct store {
     struct leader el;
     int elected_told;       /* STORE_ELECTED was queued */
     int deposed_told;       /* STORE_DEPOSED was queued */
+    int keepalive_failed;   /* the last keepalive did */
+    int no_quorum_told;     /* STORE_NO_QUORUM was queued, STORE_QUORUM not yet */
+    char token[STORE_TOKEN_MAX]; /* etcd's auth token ("" = none yet) */
     struct store_event events[STORE_EVENTS];
     int nevents;
 
@@ -132,12 +144,30 @@ int store_acting(struct store *s)
     return acting;
 }
 
-void store_leader(struct store *s, char *out, size_t cap)
+uint64_t store_no_quorum_since(struct store *s)
 {
     pthread_mutex_lock(&s->lock);
-    snprintf(out, cap, "%s", s->el.role == LEADER_LEADING ? s->advertise : s->el.leader);
+    uint64_t since = s->el.role == LEADER_LEADING && s->no_quorum_told ? s->el.no_quorum_since : 0;
+    pthread_mutex_unlock(&s->lock);
+    return since;
+}
+
+/* Part part (0: the control address, 1: the REST URL) of the leader key's value. */
+static void leader_part(struct store *s, int part, char *out, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    const char *v = s->el.role == LEADER_LEADING ? s->value : s->el.leader;
+    size_t n = strcspn(v, " ");
+    if (part == 0)
+        snprintf(out, cap, "%.*s", (int)n, v);
+    else
+        snprintf(out, cap, "%s", v[n] ? v + n + 1 : "");
     pthread_mutex_unlock(&s->lock);
 }
+
+void store_leader(struct store *s, char *out, size_t cap) { leader_part(s, 0, out, cap); }
+
+void store_leader_rest(struct store *s, char *out, size_t cap) { leader_part(s, 1, out, cap); }
 
 /* ---- HTTP -------------------------------------------------------------- */
 
@@ -145,6 +175,10 @@ static size_t on_body(char *data, size_t size, size_t n, void *ctx)
 {
     struct buf *b = ctx;
     size_t len = size * n;
+    if (len > STORE_ANSWER_MAX || b->len + len > STORE_ANSWER_MAX) {
+        b->overflow = 1;
+        return 0; /* ends the transfer: CURLE_WRITE_ERROR */
+    }
     if (b->len + len + 1 > b->cap) {
         size_t cap = (b->len + len + 1) * 2;
         char *p = realloc(b->p, cap);
@@ -174,12 +208,23 @@ static void next_member(struct store *s, int i, const char *why)
     pthread_mutex_lock(&s->lock);
     if (s->cur == i) {
         s->cur = (i + 1) % s->ep.n;
-        log_warn("etcd member %s: %s; asking %s from now on", s->ep.url[i], why, s->ep.url[s->cur]);
+        log_warn_limited("etcd member %s: %s; asking %s from now on", s->ep.url[i], why, s->ep.url[s->cur]);
     }
     pthread_mutex_unlock(&s->lock);
 }
 
-static void set_common(CURL *h, const char *url, const char *body, struct buf *resp)
+/* The token etcd's auth gave (""= none yet), for the Authorization header. */
+static void token_get(struct store *s, char *out, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    snprintf(out, cap, "%s", s->token);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Sets up h for one POST: TLS as configured, the auth token if any. Returns
+ * the header list to free after the transfer (NULL: none). */
+static struct curl_slist *set_common(struct store *s, CURL *h, const char *url, const char *body, struct buf *resp,
+                                     int with_token)
 {
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
@@ -191,6 +236,101 @@ static void set_common(CURL *h, const char *url, const char *body, struct buf *r
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 2L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, s->ep.tls ? "https" : "http");
+    if (s->ca[0])
+        curl_easy_setopt(h, CURLOPT_CAINFO, s->ca);
+    if (s->cert[0]) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, s->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, s->key);
+    }
+    char token[STORE_TOKEN_MAX], header[STORE_TOKEN_MAX + 32];
+    token_get(s, token, sizeof(token));
+    if (!with_token || !token[0])
+        return NULL;
+    snprintf(header, sizeof(header), "Authorization: %s", token);
+    struct curl_slist *hdrs = curl_slist_append(NULL, header);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    return hdrs;
+}
+
+static int perform(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
+                   struct buf *resp, int with_token, char *err, size_t errlen, CURLcode *curl_rc)
+{
+    char url[ETCD_URL_MAX + 64];
+    snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
+    resp->len = 0;
+    resp->overflow = 0;
+    char detail[CURL_ERROR_SIZE] = "";
+    struct curl_slist *hdrs = set_common(s, h, url, body, resp, with_token);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail); /* names the TLS failure, where there is one */
+    CURLcode rc = curl_easy_perform(h);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+    curl_slist_free_all(hdrs);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    *curl_rc = rc;
+    if (rc == CURLE_OK && resp->len > 0 && (status == 200 || status >= 400))
+        return 0;
+    if (rc == CURLE_OK)
+        snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
+    else if (resp->overflow)
+        snprintf(err, errlen, "%s%s: an answer larger than %u MiB (not etcd's)", s->ep.url[i], path,
+                 STORE_ANSWER_MAX >> 20);
+    else
+        snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, detail[0] ? detail : curl_easy_strerror(rc));
+    return -EIO;
+}
+
+/* etcd's auth: a token for the user, from member i. 0, or -EIO / -EACCES
+ * (refused: a wrong user or password) with err. */
+static int authenticate(struct store *s, CURL *h, int i, struct buf *resp, char *err, size_t errlen)
+{
+    char token[STORE_TOKEN_MAX];
+    CURLcode crc;
+    char *body = etcd_body_auth(s->user, s->password);
+    if (!body) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = perform(s, h, i, "/v3/auth/authenticate", body, STORE_REQUEST_MS, resp, 0, err, errlen, &crc);
+    OPENSSL_cleanse(body, strlen(body));
+    free(body);
+    if (rc != 0)
+        return rc;
+    rc = etcd_parse_auth(resp->p, resp->len, token, sizeof(token), err, errlen);
+    if (rc != 0) {
+        log_warn_limited("etcd: authentication as '%s' failed: %s", s->user, err);
+        return rc == -EIO ? -EACCES : rc;
+    }
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->token, sizeof(s->token), "%s", token);
+    pthread_mutex_unlock(&s->lock);
+    OPENSSL_cleanse(token, sizeof(token));
+    return 0;
+}
+
+/* POSTs body to path on member i (one try; with etcd's auth, a token got
+ * first or again when etcd no longer takes it): 0 with the answer in resp,
+ * or -EIO (no answer; err says why, *curl_rc how). */
+static int request_to(struct store *s, CURL *h, int i, const char *path, const char *body, long timeout_ms,
+                      struct buf *resp, char *err, size_t errlen, CURLcode *curl_rc)
+{
+    *curl_rc = CURLE_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        char token[STORE_TOKEN_MAX];
+        token_get(s, token, sizeof(token));
+        if (s->user[0] && !token[0] && authenticate(s, h, i, resp, err, errlen) != 0)
+            return -EIO;
+        int rc = perform(s, h, i, path, body, timeout_ms, resp, 1, err, errlen, curl_rc);
+        if (rc != 0 || !s->user[0] || !etcd_unauthenticated(resp->p, resp->len))
+            return rc;
+        pthread_mutex_lock(&s->lock);
+        if (strcmp(s->token, token) == 0)
+            s->token[0] = '\0'; /* expired (or never valid): a new one */
+        pthread_mutex_unlock(&s->lock);
+    }
+    return 0; /* the refusal is the answer: its parser says so */
 }
 
 /*
@@ -201,21 +341,10 @@ static void set_common(CURL *h, const char *url, const char *body, struct buf *r
 static int request(struct store *s, CURL *h, const char *path, const char *body, long timeout_ms, struct buf *resp,
                    char *err, size_t errlen)
 {
-    char url[ETCD_URL_MAX + 64];
+    CURLcode rc;
     int i = member(s);
-    snprintf(url, sizeof(url), "%s%s", s->ep.url[i], path);
-    resp->len = 0;
-    set_common(h, url, body, resp);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
-    CURLcode rc = curl_easy_perform(h);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    if (rc == CURLE_OK && resp->len > 0 && (status == 200 || status >= 400))
+    if (request_to(s, h, i, path, body, timeout_ms, resp, err, errlen, &rc) == 0)
         return 0;
-    if (rc == CURLE_OK)
-        snprintf(err, errlen, "%s%s: HTTP status %ld without an answer", s->ep.url[i], path, status);
-    else
-        snprintf(err, errlen, "%s%s: %s", s->ep.url[i], path, curl_easy_strerror(rc));
     next_member(s, i, rc == CURLE_OK ? "no answer" : curl_easy_strerror(rc));
     return -EIO;
 }
@@ -293,7 +422,7 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->el.lease;
     pthread_mutex_unlock(&s->lock);
-    char *body = etcd_body_campaign(s->leader_key, s->advertise, lease);
+    char *body = etcd_body_campaign(s->leader_key, s->value, lease);
     int rc = body ? request(s, h, "/v3/kv/txn", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
     free(body);
     if (rc == 0)
@@ -311,6 +440,18 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
         log_warn_limited("etcd: campaign for %s not decided: %s", s->leader_key, err);
         return;
     }
+    /* Whoever may write the key may write anything: a value not as a musterd
+     * writes it names no leader (REST answers 503, agents are told "another
+     * musterd"), rather than go into a Location header or a REJECT. */
+    char why[160];
+    if (!succeeded && !etcd_leader_value_ok(kv.value, kv.value_len, LEADER_ADDR_MAX - 1, why, sizeof(why))) {
+        log_warn_limited("etcd: the leader key %s (term %lld) holds %zu bytes that are not a musterd's "
+                         "\"HOST:PORT URL\": %s; the leader is taken as unknown",
+                         s->leader_key, (long long)kv.create_rev, kv.value_len, why);
+        free(kv.value);
+        kv.value = NULL;
+        kv.value_len = 0;
+    }
     pthread_mutex_lock(&s->lock);
     leader_campaigned(&s->el, succeeded, rev, kv.value, kv.create_rev);
     pthread_mutex_unlock(&s->lock);
@@ -319,7 +460,8 @@ static void do_campaign(struct store *s, CURL *h, struct buf *resp)
         log_info("etcd: won the election for %s (term %lld)", s->leader_key, (long long)rev);
     } else {
         struct store_event ev = {.kind = STORE_STANDBY, .term = kv.create_rev};
-        snprintf(ev.leader, sizeof(ev.leader), "%s", kv.value ? kv.value : "");
+        const char *v = kv.value ? kv.value : "";
+        snprintf(ev.leader, sizeof(ev.leader), "%.*s", (int)strcspn(v, " "), v); /* its control address */
         pthread_mutex_lock(&s->lock);
         post(s, &ev);
         pthread_mutex_unlock(&s->lock);
@@ -346,6 +488,31 @@ static void announce(struct store *s, CURL *h, struct buf *resp)
     pthread_mutex_unlock(&s->lock);
 }
 
+/*
+ * Every member is asked whether it knows a raft leader (its status: served
+ * by the member itself, without quorum). A short timeout each: the probe
+ * runs in the keepalive's cadence.
+ */
+static void probe_quorum(struct store *s, CURL *h, struct buf *resp, int *answered, int *with_leader, char *why,
+                         size_t whylen)
+{
+    long timeout = (long)(s->el.ttl_ms / LEADER_KEEPALIVES); /* ttl_ms is set once: no lock */
+    for (int i = 0; i < s->ep.n && !stopping(s); i++) {
+        char err[512], said[LEADER_WHY_MAX];
+        CURLcode crc;
+        int has = 0;
+        if (request_to(s, h, i, "/v3/maintenance/status", "{}", timeout, resp, err, sizeof(err), &crc) != 0 ||
+            etcd_parse_status(resp->p, resp->len, &has, said, sizeof(said), err, sizeof(err)) != 0) {
+            log_debug("etcd: status of member %s: %s", s->ep.url[i], err);
+            continue;
+        }
+        (*answered)++;
+        *with_leader += has;
+        if (!has && said[0] && !why[0])
+            snprintf(why, whylen, "%s", said);
+    }
+}
+
 static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
 {
     char err[512];
@@ -353,29 +520,60 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
     uint64_t sent = mono_ms();
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->el.lease;
-    /* Not longer than a quarter of the lease: the next member gets its turn in time. */
-    long timeout = (long)(s->el.ttl_ms / 4);
+    /* Not longer than a quarter of the lease: the next member gets its turn
+     * in time. After a failure, a twelfth: a member without quorum holds a
+     * keepalive until it times out, and the probe that follows must find
+     * the quorum lost before the lease could end. */
+    long timeout = (long)(s->el.ttl_ms / (s->keepalive_failed ? 12 : 4));
     pthread_mutex_unlock(&s->lock);
     char *body = etcd_body_lease(lease);
     int rc = body ? request(s, h, "/v3/lease/keepalive", body, timeout, resp, err, sizeof(err)) : -ENOMEM;
     free(body);
     if (rc == 0)
         rc = etcd_parse_keepalive(resp->p, resp->len, &ttl, err, sizeof(err));
+    if (rc != 0)
+        log_warn_limited("etcd: lease keepalive failed: %s", err);
+    /* Failed for want of quorum (members answer, none knows a raft leader),
+     * or because this musterd is cut off (none answers)? */
+    int answered = 0, with_leader = 0;
+    uint64_t probed = mono_ms();
+    char no_leader[LEADER_WHY_MAX] = "";
+    if (rc != 0 && rc != -ENOMEM)
+        probe_quorum(s, h, resp, &answered, &with_leader, no_leader, sizeof(no_leader));
     pthread_mutex_lock(&s->lock);
-    uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now);
-    if (rc == 0)
+    uint64_t now = mono_ms(), unsure = leader_unsure(&s->el, now), lost = s->el.no_quorum_since;
+    s->keepalive_failed = rc != 0;
+    if (rc == 0) {
         leader_kept(&s->el, sent, ttl);
-    else
+    } else {
+        leader_probed(&s->el, probed, answered, with_leader);
         leader_failed(&s->el, now);
+    }
     int acting = leader_acting(&s->el, now);
+    /* Told once it lasts longer than an etcd election would (a third of the
+     * TTL): while members elect a new raft leader none knows one either. */
+    uint64_t since = s->el.no_quorum_since;
+    if (since && !s->no_quorum_told && now - since >= s->el.ttl_ms / 3) {
+        struct store_event ev = {.kind = STORE_NO_QUORUM, .term = s->el.term};
+        snprintf(ev.why, sizeof(ev.why), "%d of %d etcd members answer, none knows a raft leader (%s)", answered,
+                 s->ep.n, no_leader[0] ? no_leader : "no leader");
+        post(s, &ev);
+        s->no_quorum_told = 1;
+    } else if (lost && !since && s->no_quorum_told) {
+        s->no_quorum_told = 0;
+        if (s->el.role == LEADER_LEADING) {
+            struct store_event ev = {.kind = STORE_QUORUM, .term = s->el.term};
+            snprintf(ev.why, sizeof(ev.why), "etcd has a quorum again after %.1f s: the lease was kept",
+                     (double)(now - lost) / 1000.0);
+            post(s, &ev);
+        }
+    }
     tell_deposed(s);
     pthread_cond_broadcast(&s->kept);
     pthread_mutex_unlock(&s->lock);
     if (unsure && acting)
         log_info("etcd: a keepalive answered %llu ms before the lease could have ended: acting again",
                  (unsigned long long)(unsure - now));
-    if (rc != 0)
-        log_warn_limited("etcd: lease keepalive failed: %s", err);
 }
 
 struct watch_ctx {
@@ -383,6 +581,7 @@ struct watch_ctx {
     struct buf line;
     int deleted, canceled;
     int64_t revision;
+    char malformed[512]; /* a line that is not a watch answer: why ("" = none) */
 };
 
 /* Stream bytes: complete lines are messages. Returning less than given ends the transfer. */
@@ -398,8 +597,7 @@ static size_t on_watch(char *data, size_t size, size_t n, void *ctx)
         struct etcd_watch_msg m;
         char err[512];
         if (etcd_parse_watch(w->line.p, one, &m, err, sizeof(err)) != 0) {
-            log_warn("etcd: watch of the leader: %s", err);
-            w->canceled = 1;
+            snprintf(w->malformed, sizeof(w->malformed), "%s", err);
             return 0;
         }
         memmove(w->line.p, nl + 1, w->line.len - one - 1);
@@ -420,7 +618,41 @@ static int watch_progress(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, c
     return stopping(ctx);
 }
 
-static void do_watch(struct store *s, CURL *h)
+/*
+ * A watch that said nothing for a TTL: is its member still serving (a
+ * linearizable read needs etcd's quorum, which a stopped member or one cut
+ * off from the others cannot give), and is the leader key still the one
+ * this standby follows? The watch alone cannot tell: an idle watch and one
+ * whose member stalled look the same. Yes: it watches again from where it
+ * was; the key gone or made anew: it campaigns; no answer: the next member.
+ */
+static void recheck_leader(struct store *s, CURL *h, struct buf *resp)
+{
+    char err[512];
+    int64_t rev;
+    struct etcd_kv kv = {0};
+    char *body = etcd_body_range(s->leader_key);
+    int rc = body ? request(s, h, "/v3/kv/range", body, STORE_REQUEST_MS, resp, err, sizeof(err)) : -ENOMEM;
+    free(body);
+    if (rc == 0)
+        rc = etcd_parse_range(resp->p, resp->len, &rev, &kv, err, sizeof(err));
+    if (rc != 0) {
+        log_warn_limited("etcd: the watch of the leader was silent for a TTL and its member did not answer: %s",
+                         rc == -ENOMEM ? "out of memory" : err);
+        wait_until(s, mono_ms() + STORE_REWATCH_MS);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->el.role == LEADER_STANDBY && (!kv.present || kv.create_rev != s->el.leader_term)) {
+        log_info("etcd: the leader key %s (term %lld then) is %s: running for leader", s->leader_key,
+                 (long long)s->el.leader_term, kv.present ? "another's now" : "gone");
+        s->el.role = LEADER_CANDIDATE; /* the campaign reads the key afresh */
+    }
+    pthread_mutex_unlock(&s->lock);
+    etcd_kv_free(&kv);
+}
+
+static void do_watch(struct store *s, CURL *h, struct buf *resp)
 {
     char url[ETCD_URL_MAX + 64];
     pthread_mutex_lock(&s->lock);
@@ -432,13 +664,16 @@ static void do_watch(struct store *s, CURL *h)
     if (!body)
         return;
     snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
-    set_common(h, url, body, &w.line);
+    struct curl_slist *hdrs = set_common(s, h, url, body, &w.line, 1);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, watch_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
+    /* At most a TTL: then recheck_leader (a stalled member sends nothing, as an idle one). */
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms); /* ttl_ms is set once: no lock */
     CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdrs);
     free(body);
     free(w.line.p);
     pthread_mutex_lock(&s->lock);
@@ -451,10 +686,21 @@ static void do_watch(struct store *s, CURL *h)
         s->el.role = LEADER_CANDIDATE;
     }
     pthread_mutex_unlock(&s->lock);
-    if (!w.deleted && !w.canceled && rc != CURLE_ABORTED_BY_CALLBACK) {
-        next_member(s, i, rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
-        wait_until(s, mono_ms() + STORE_REWATCH_MS);
+    if (w.deleted || w.canceled || rc == CURLE_ABORTED_BY_CALLBACK)
+        return;
+    if (rc == CURLE_OPERATION_TIMEDOUT) {
+        recheck_leader(s, h, resp);
+        return;
     }
+    char why[160];
+    if (w.line.overflow)
+        snprintf(why, sizeof(why), "a watch line longer than %u MiB (not etcd's)", STORE_ANSWER_MAX >> 20);
+    else if (w.malformed[0])
+        snprintf(why, sizeof(why), "the watch: %.100s", w.malformed);
+    else
+        snprintf(why, sizeof(why), "%s", rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
+    next_member(s, i, why);
+    wait_until(s, mono_ms() + STORE_REWATCH_MS);
 }
 
 static void revoke_lease(struct store *s, CURL *h, struct buf *resp)
@@ -496,7 +742,7 @@ static void *thread_main(void *arg)
         case LEADER_GRANT: do_grant(s, h, &resp, ttl_s); break;
         case LEADER_CAMPAIGN: do_campaign(s, h, &resp); break;
         case LEADER_KEEPALIVE: do_keepalive(s, h, &resp); break;
-        case LEADER_WATCH: do_watch(s, h); break;
+        case LEADER_WATCH: do_watch(s, h, &resp); break;
         case LEADER_WAIT:
             pthread_mutex_lock(&s->lock);
             leader_acting(&s->el, mono_ms());
@@ -585,7 +831,12 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
     s->ctx = ctx;
     snprintf(s->leader_key, sizeof(s->leader_key), STORE_PREFIX "%s/leader", cfg->job);
     snprintf(s->state_key, sizeof(s->state_key), STORE_PREFIX "%s/state", cfg->job);
-    snprintf(s->advertise, sizeof(s->advertise), "%s", cfg->advertise);
+    snprintf(s->value, sizeof(s->value), "%s %s", cfg->advertise, cfg->rest ? cfg->rest : "");
+    snprintf(s->ca, sizeof(s->ca), "%s", cfg->ca ? cfg->ca : "");
+    snprintf(s->cert, sizeof(s->cert), "%s", cfg->cert ? cfg->cert : "");
+    snprintf(s->key, sizeof(s->key), "%s", cfg->key ? cfg->key : "");
+    snprintf(s->user, sizeof(s->user), "%s", cfg->user ? cfg->user : "");
+    snprintf(s->password, sizeof(s->password), "%s", cfg->password ? cfg->password : "");
     leader_init(&s->el, cfg->ttl_s);
     curl_global_init(CURL_GLOBAL_DEFAULT); /* before the thread: not thread-safe */
     pthread_mutex_init(&s->lock, NULL);
@@ -639,6 +890,8 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
+    OPENSSL_cleanse(s->password, sizeof(s->password));
+    OPENSSL_cleanse(s->token, sizeof(s->token));
     for (int i = 0; i < s->nevents; i++)
         free(s->events[i].state);
     curl_easy_cleanup(s->wh);

@@ -4,8 +4,9 @@
  * one job (`store`: etcd://h1:2379,h2:2379,...).
  *
  * Keys, under one prefix per job (/muster/<job>/):
- *   leader  the control address (HOST:PORT) of the musterd that leads,
- *           under its lease; its create revision is the leader's term
+ *   leader  "CONTROL REST": the control address (HOST:PORT) and the REST
+ *           base URL of the musterd that leads, under its lease; its create
+ *           revision is the leader's term
  *   state   what the state file holds without a store (daemon/state.h),
  *           the same JSON text
  *
@@ -33,18 +34,27 @@
 
 #define STORE_TTL_DEFAULT_S 3
 #define STORE_PREFIX "/muster/"
+#define STORE_USER_MAX 128
+#define STORE_PASSWORD_MAX 1024
 
 struct store_config {
     const char *endpoints; /* etcd://h1:2379,... */
     const char *job;       /* the job's name: the key prefix */
     const char *advertise; /* this musterd's control address, HOST:PORT */
+    const char *rest;      /* its REST base URL (http://HOST:PORT), for clients sent to the leader */
     int ttl_s;             /* the leader lease's TTL */
+    /* Optional (NULL or ""): TLS files (PEM) for https:// members, and
+     * etcd's auth (a token from /v3/auth/authenticate on every request). */
+    const char *ca, *cert, *key;
+    const char *user, *password;
 };
 
 enum store_event_kind {
     STORE_ELECTED, /* this musterd leads (term); state: the stored state (NULL = none) */
     STORE_STANDBY, /* another leads (leader, term) */
     STORE_DEPOSED, /* this musterd led and no longer does (why) */
+    STORE_NO_QUORUM, /* leading, and etcd lost its quorum: holding (why) */
+    STORE_QUORUM,  /* leading, and etcd has a quorum again (why) */
 };
 
 struct store_event {
@@ -62,11 +72,19 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
                void (*on_event)(void *ctx, struct store_event *ev), void *ctx, char *err, size_t errlen);
 
 /* Leading, with a lease that cannot have ended yet (a fresh CLOCK_MONOTONIC
- * reading). Any thread. Once false after leading, it stays false. */
+ * reading), acting or holding through a quorum loss (daemon/leader.h).
+ * Any thread. Once false after leading, it stays false. */
 int store_acting(struct store *s);
 
-/* The leader as last seen ("" = none known). Any thread. */
+/* Leading through a quorum loss of etcd that lasted longer than an etcd
+ * election (STORE_NO_QUORUM was told): since when (CLOCK_MONOTONIC ms); 0
+ * otherwise. Any thread. */
+uint64_t store_no_quorum_since(struct store *s);
+
+/* The leader's control address as last seen ("" = none known). Any thread. */
 void store_leader(struct store *s, char *out, size_t cap);
+/* The leader's REST base URL as last seen ("" = none known). Any thread. */
+void store_leader_rest(struct store *s, char *out, size_t cap);
 
 /*
  * Puts the state's text if this musterd still leads (persist's pool thread).

@@ -15,13 +15,13 @@ static int rank_live(uint8_t state)
     return state == RDV_RANK_STARTING || state == RDV_RANK_RUNNING || state == RDV_RANK_STOPPING;
 }
 
-/* How badly a rank needs attention: 0 failed, 1 stale, 2 waited for (not yet or no
- * longer running in a job that goes on), 3 fine. */
+/* How badly a rank needs attention: 0 failed, 1 stale, hung or stopped, 2 waited for
+ * (not yet or no longer running in a job that goes on), 3 fine. */
 static int rank_severity(const struct snap_view *v, const struct snap_rank *rk)
 {
     if (rk->state == RDV_RANK_EXITED && (!v->job_ended || rk->failed))
         return 0;
-    if (rk->stale)
+    if (rk->stale || rk->hung || (rk->stopped && rank_live(rk->state)))
         return 1;
     if (!v->job_ended && rk->state != RDV_RANK_RUNNING && rk->state != RDV_RANK_COMPLETED)
         return 2;
@@ -267,6 +267,8 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         rk->tokens_per_s = src->tokens_per_s;
         rk->comm_frac = src->comm_frac;
         rk->heartbeat_age_ms = src->last_beat_ms ? (int64_t)(now_ms - src->last_beat_ms) : -1;
+        rk->step_age_ms = !src->silent && src->progress_ms && src->progress_ms <= now_ms
+                              ? (int64_t)(now_ms - src->progress_ms) : -1;
         rk->step_bytes = src->step_bytes;
         rk->peak_mem = src->peak_mem;
         rk->stale = rank_live(rk->state) && rk->heartbeat_age_ms > v->stale_after_ms;

@@ -219,7 +219,7 @@ static int check_hello(const struct proto_hello *h)
 static int check_welcome(const struct proto_welcome *w)
 {
     if (w->heartbeat_interval_ms == 0 || w->heartbeat_timeout_ms == 0 ||
-        w->lease_ms == 0 || w->session > PROTO_U64_MAX || w->time_ms > PROTO_U64_MAX ||
+        w->lease_ms == 0 || w->session > PROTO_U64_MAX || w->time_ms > PROTO_U64_MAX || w->term > PROTO_U64_MAX ||
         (w->job && !json_is_object(w->job)))
         return PROTO_E_RANGE;
     return 0;
@@ -229,6 +229,9 @@ static int check_welcome(const struct proto_welcome *w)
 static int check_preflight(const struct proto_preflight *p)
 {
     if (!valid_utf8(p->reason, sizeof(p->reason)) || (p->fit != 0) == (p->reason[0] != '\0'))
+        return PROTO_E_RANGE;
+    /* the name reaches events, status and terminals: no control character */
+    if (p->has_checkpoint && p->checkpoint[0] && !proto_valid_label(p->checkpoint, sizeof(p->checkpoint)))
         return PROTO_E_RANGE;
     return 0;
 }
@@ -245,7 +248,7 @@ static int check_code_reason(const char *code, size_t code_cap,
  * exactly 0..nranks-1. */
 static int check_assign(const struct proto_assign *a)
 {
-    if (a->generation < 1 || a->generation > PROTO_U64_MAX ||
+    if (a->generation < 1 || a->generation > PROTO_U64_MAX || a->term > PROTO_U64_MAX ||
         a->world_size < 1 || a->nranks < 1 ||
         a->nranks > PROTO_MAX_LOCAL_RANKS || !json_is_object(a->job) ||
         a->nnodes < 1 || a->node_rank >= a->nnodes ||
@@ -380,11 +383,11 @@ int proto_check(const struct proto_msg *m)
                                  m->u.reject.reason, sizeof(m->u.reject.reason));
     case PROTO_ASSIGN: return check_assign(&m->u.assign);
     case PROTO_UNIQUE_ID:
-        return m->u.unique_id.generation > PROTO_U64_MAX ? PROTO_E_RANGE : 0;
+        return m->u.unique_id.generation > PROTO_U64_MAX || m->u.unique_id.term > PROTO_U64_MAX ? PROTO_E_RANGE : 0;
     case PROTO_HEARTBEAT: return check_heartbeat(&m->u.heartbeat);
     case PROTO_RANK_EXIT: return check_rank_exit(&m->u.rank_exit);
     case PROTO_COMMAND:
-        if (m->u.command.generation > PROTO_U64_MAX ||
+        if (m->u.command.generation > PROTO_U64_MAX || m->u.command.term > PROTO_U64_MAX ||
             m->u.command.action < PROTO_CMD_STOP ||
             m->u.command.action > PROTO_CMD_MAX)
             return PROTO_E_RANGE;

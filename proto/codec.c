@@ -299,10 +299,16 @@ static int dec_response(json_t *o, struct proto_response *r)
     return get_hex(o, "hmac", r->hmac, sizeof(r->hmac));
 }
 
+/* The optional "term" (absent: 0). */
+static int get_term(json_t *o, uint64_t *term)
+{
+    return json_object_get(o, "term") ? get_u64(o, "term", term) : 0;
+}
+
 static int dec_welcome(json_t *o, struct proto_welcome *w)
 {
     static const char *const keys[] = {"heartbeat_interval_ms",
-        "heartbeat_timeout_ms", "lease_ms", "session", "time_ms", "job", NULL};
+        "heartbeat_timeout_ms", "lease_ms", "session", "time_ms", "job", "term", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u32(o, "heartbeat_interval_ms", &w->heartbeat_interval_ms));
@@ -313,6 +319,7 @@ static int dec_welcome(json_t *o, struct proto_welcome *w)
         TRY(get_u64(o, "session", &w->session));
     if (json_object_get(o, "time_ms"))
         TRY(get_u64(o, "time_ms", &w->time_ms));
+    TRY(get_term(o, &w->term));
     json_t *job = json_object_get(o, "job");
     if (job && !json_is_object(job))
         return PROTO_E_FIELD_TYPE;
@@ -322,7 +329,7 @@ static int dec_welcome(json_t *o, struct proto_welcome *w)
 
 static int dec_preflight(json_t *o, struct proto_preflight *p)
 {
-    static const char *const keys[] = {"fit", "reason", "trainer", NULL};
+    static const char *const keys[] = {"fit", "reason", "trainer", "checkpoint", NULL};
     json_t *fit;
 
     TRY(check_keys(o, keys));
@@ -331,6 +338,9 @@ static int dec_preflight(json_t *o, struct proto_preflight *p)
         return PROTO_E_MISSING;
     TRY(get_bool(o, "fit", &p->fit));
     TRY(get_str(o, "reason", p->reason, sizeof(p->reason)));
+    p->has_checkpoint = json_object_get(o, "checkpoint") != NULL;
+    if (p->has_checkpoint)
+        TRY(get_str(o, "checkpoint", p->checkpoint, sizeof(p->checkpoint)));
     return get_bool(o, "trainer", &p->trainer);
 }
 
@@ -361,7 +371,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
 {
     static const char *const keys[] = {"generation", "world_size", "ranks",
         "node_rank", "nnodes", "restart_count", "master_addr", "master_port",
-        "job", NULL};
+        "job", "term", NULL};
     json_t *ranks, *job;
 
     TRY(check_keys(o, keys));
@@ -376,6 +386,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
     TRY(get_u32(o, "restart_count", &a->restart_count));
     TRY(get_str(o, "master_addr", a->master_addr, sizeof(a->master_addr)));
     TRY(get_u32(o, "master_port", &a->master_port));
+    TRY(get_term(o, &a->term));
     job = json_object_get(o, "job");
     if (!job)
         return PROTO_E_MISSING;
@@ -387,10 +398,11 @@ static int dec_assign(json_t *o, struct proto_assign *a)
 
 static int dec_unique_id(json_t *o, struct proto_unique_id *u)
 {
-    static const char *const keys[] = {"generation", "id", NULL};
+    static const char *const keys[] = {"generation", "id", "term", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &u->generation));
+    TRY(get_term(o, &u->term));
     return get_hex(o, "id", u->id, sizeof(u->id));
 }
 
@@ -520,11 +532,12 @@ static int dec_rank_exit(json_t *o, struct proto_rank_exit *e)
 
 static int dec_command(json_t *o, struct proto_command_msg *c)
 {
-    static const char *const keys[] = {"generation", "action", NULL};
+    static const char *const keys[] = {"generation", "action", "term", NULL};
     int action;
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &c->generation));
+    TRY(get_term(o, &c->term));
     TRY(get_enum(o, "action", proto_command_json, 1, PROTO_CMD_MAX, &action));
     c->action = (enum proto_command)action;
     return 0;
@@ -808,7 +821,8 @@ static int enc_assign_head(json_t *o, const struct proto_assign *a)
     TRY(put_uint(o, "nnodes", a->nnodes));
     TRY(put_uint(o, "restart_count", a->restart_count));
     TRY(put(o, "master_addr", json_string(a->master_addr)));
-    return put_uint(o, "master_port", a->master_port);
+    TRY(put_uint(o, "master_port", a->master_port));
+    return a->term ? put_uint(o, "term", a->term) : PROTO_OK;
 }
 
 static int enc_assign(json_t *o, const struct proto_assign *a)
@@ -921,6 +935,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
             TRY(put_uint(o, "session", m->u.welcome.session));
         if (m->u.welcome.time_ms)
             TRY(put_uint(o, "time_ms", m->u.welcome.time_ms));
+        if (m->u.welcome.term)
+            TRY(put_uint(o, "term", m->u.welcome.term));
         /* json_object_set takes its own reference: the caller keeps theirs. */
         return !m->u.welcome.job || json_object_set(o, "job", m->u.welcome.job) == 0 ? 0 : PROTO_E_NOMEM;
     case PROTO_REJECT:
@@ -928,7 +944,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     case PROTO_ASSIGN: return enc_assign(o, &m->u.assign);
     case PROTO_UNIQUE_ID:
         TRY(put_uint(o, "generation", m->u.unique_id.generation));
-        return put_hex(o, "id", m->u.unique_id.id, PROTO_UID_LEN);
+        TRY(put_hex(o, "id", m->u.unique_id.id, PROTO_UID_LEN));
+        return m->u.unique_id.term ? put_uint(o, "term", m->u.unique_id.term) : PROTO_OK;
     case PROTO_HEARTBEAT: return enc_heartbeat(o, &m->u.heartbeat);
     case PROTO_RANK_EXIT:
         TRY(put_uint(o, "generation", m->u.rank_exit.generation));
@@ -940,7 +957,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         return m->u.rank_exit.detail[0] ? put(o, "detail", json_string(m->u.rank_exit.detail)) : PROTO_OK;
     case PROTO_COMMAND:
         TRY(put_uint(o, "generation", m->u.command.generation));
-        return put(o, "action", json_string(proto_command_json[m->u.command.action]));
+        TRY(put(o, "action", json_string(proto_command_json[m->u.command.action])));
+        return m->u.command.term ? put_uint(o, "term", m->u.command.term) : PROTO_OK;
     case PROTO_ERROR:
         return enc_code_reason(o, m->u.error.code, m->u.error.reason);
     case PROTO_LOG_REQUEST: return enc_log_request(o, &m->u.log_request);
@@ -948,6 +966,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     case PROTO_PREFLIGHT:
         TRY(put(o, "fit", json_boolean(m->u.preflight.fit)));
         TRY(put(o, "reason", json_string(m->u.preflight.reason)));
+        if (m->u.preflight.has_checkpoint)
+            TRY(put(o, "checkpoint", json_string(m->u.preflight.checkpoint)));
         return m->u.preflight.trainer ? put(o, "trainer", json_true()) : PROTO_OK;
     case PROTO_STACKS:
         TRY(put_uint(o, "generation", m->u.stacks.generation));
@@ -993,6 +1013,8 @@ static int enc_assign_rendered(const struct proto_assign *a, uint8_t *out, size_
                               "],\"node_rank\":%u,\"nnodes\":%u,\"restart_count\":%u,\"master_addr\":\"%s\","
                               "\"master_port\":%u",
                               a->node_rank, a->nnodes, a->restart_count, a->master_addr, a->master_port);
+        if (a->term)
+            n += (size_t)snprintf(head + n, sizeof(head) - n, ",\"term\":%llu", (unsigned long long)a->term);
     }
     size_t jl = strlen(a->job_text), total = n + (sizeof(job_key) - 1) + jl + 1;
     if (out && total <= cap) {

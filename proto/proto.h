@@ -34,6 +34,7 @@
 
 #define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
 #define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
+#define PROTO_CKPT_NAME_MAX 201  /* a latest checkpoint's name in PREFLIGHT */
 #define PROTO_DETAIL_MAX 4096    /* RANK_EXIT detail: the tail of a traceback or stderr */
 #define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
@@ -188,6 +189,7 @@ struct proto_welcome {
     uint64_t time_ms;  /* musterd's wall clock (ms since 1970) when sent; 0 = absent */
     json_t *job;       /* the job spec, for the agent's pre-flight; owned by the
                         * message; NULL = absent */
+    uint64_t term;     /* the leading musterd's term (PROTOCOL.md "Terms"); 0 = absent */
 };
 
 /* PREFLIGHT: the agent's checks of the job on its node (common/preflight.h). */
@@ -195,6 +197,9 @@ struct proto_preflight {
     int fit;                       /* every check passed */
     char reason[PROTO_REASON_MAX]; /* the first failure; "" exactly when fit */
     int trainer;                   /* the node's ranks are muster-train (the plan applies) */
+    /* Optional (the job names checkpoint_latest): */
+    int has_checkpoint;            /* the node read its checkpoint_dir */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* its latest checkpoint; "" = none there */
 };
 
 struct proto_reject {
@@ -222,11 +227,13 @@ struct proto_assign {
     const char *job_text; /* encoder only, optional: job as json_dumps(job, JSON_COMPACT) gives it,
                            * written as it is instead of rendering job again (a daemon sends one job
                            * to every node); NULL = render job. Not owned; the decoder sets NULL */
+    uint64_t term;   /* optional: the leading musterd's term; 0 = absent (no store) */
 };
 
 struct proto_unique_id {
     uint64_t generation;
     uint8_t id[PROTO_UID_LEN];
+    uint64_t term; /* optional, daemon -> agent: the leading musterd's term; 0 = absent */
 };
 
 struct proto_rank_beat {
@@ -290,6 +297,7 @@ struct proto_rank_exit {
 struct proto_command_msg {
     uint64_t generation;
     enum proto_command action;
+    uint64_t term; /* optional, daemon -> agent: the leading musterd's term; 0 = absent */
 };
 
 struct proto_error {

@@ -22,6 +22,7 @@
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 #include "worker/agent/rank_stacks.h"
+#include "worker/agent/spare.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -153,21 +154,47 @@ START_TEST(daemon_list_follows_the_leader)
     ck_assert_str_eq(l.addr[l.cur], "a:1");
     ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
     ck_assert_str_eq(l.addr[l.cur], "b:2");
-    /* A leader not in the list is added. */
-    ck_assert_int_eq(daemon_list_follow(&l, "c:3 leads; this musterd stands by"), 1);
-    ck_assert_uint_eq(l.n, 3);
-    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    /* A leader not in the list is not joined (etcd's key named it, not the operator). */
+    ck_assert_int_eq(daemon_list_follow(&l, "c:3 leads; this musterd stands by"), -1);
+    ck_assert_uint_eq(l.n, 2);
+    ck_assert_str_eq(l.addr[l.cur], "b:2");
     /* No leader named (an election under way), or garbage: nothing moves. */
     ck_assert_int_eq(daemon_list_follow(&l, "no leader; this musterd stands by until one is elected"), 0);
     ck_assert_int_eq(daemon_list_follow(&l, "c:0 leads"), 0);
     ck_assert_int_eq(daemon_list_follow(&l, ""), 0);
-    ck_assert_str_eq(l.addr[l.cur], "c:3");
+    ck_assert_str_eq(l.addr[l.cur], "b:2");
     daemon_list_next(&l);
     ck_assert_str_eq(l.addr[l.cur], "a:1");
     ck_assert_int_eq(daemon_list_parse("a:1,", &l, err, sizeof(err)), -EINVAL);
     ck_assert_int_eq(daemon_list_parse("a:1,b", &l, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "'b'"));
     ck_assert_int_eq(daemon_list_parse("a:1,b:2,c:3,d:4,e:5,f:6,g:7,h:8,i:9", &l, err, sizeof(err)), -EINVAL);
+}
+END_TEST
+
+/* A frame of a term lower than one seen is a deposed leader's: refused. */
+START_TEST(daemon_list_refuses_a_lower_term)
+{
+    struct daemon_list l;
+    char err[256];
+    ck_assert_int_eq(daemon_list_parse("a:1,b:2", &l, err, sizeof(err)), 0);
+    ck_assert_uint_eq(l.term, 0);
+    /* No store: term 0 throughout. */
+    ck_assert_int_eq(daemon_list_term(&l, 0), 0);
+    ck_assert_int_eq(daemon_list_term(&l, 41), 0);
+    ck_assert_int_eq(daemon_list_term(&l, 41), 0);
+    ck_assert_uint_eq(l.term, 41);
+    /* The next leader's term is higher (a later etcd revision). */
+    ck_assert_int_eq(daemon_list_term(&l, 57), 0);
+    ck_assert_uint_eq(l.term, 57);
+    /* The old leader, or a daemon without a store, is refused and changes nothing. */
+    ck_assert_int_eq(daemon_list_term(&l, 41), -ESTALE);
+    ck_assert_int_eq(daemon_list_term(&l, 0), -ESTALE);
+    ck_assert_uint_eq(l.term, 57);
+    /* Following a leader or moving on keeps the term. */
+    ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
+    daemon_list_next(&l);
+    ck_assert_uint_eq(l.term, 57);
 }
 END_TEST
 
@@ -1035,12 +1062,40 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
 }
 END_TEST
 
+/* Which rank commands a warm spare can stand in for, and why not. */
+START_TEST(spare_usable_forms)
+{
+    struct job_spec spec;
+    char why[256];
+    job_spec_defaults(&spec);
+    char *script[] = {"/opt/venv/bin/python3", "train.py", "--lr", "1e-3", NULL};
+    char *module[] = {"python", "-m", "pkg.train", NULL};
+    char *option[] = {"python3", "-u", "train.py", NULL};
+    char *dash_m[] = {"python3", "-m", NULL};
+    char *other[] = {"/usr/bin/deepspeed", "train.py", NULL};
+    char *bare[] = {"python3", NULL};
+    ck_assert(!spare_usable(&spec, script, "/hook", why, sizeof(why)));
+    ck_assert_str_eq(why, ""); /* off: nothing to say */
+    spec.warm_spares = 1;
+    ck_assert(spare_usable(&spec, script, "/hook", why, sizeof(why)));
+    ck_assert(spare_usable(&spec, module, "/hook", why, sizeof(why)));
+    char *const *bad[] = {option, dash_m, other, bare};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(!spare_usable(&spec, bad[i], "/hook", why, sizeof(why)), "form %zu accepted", i);
+        ck_assert_ptr_nonnull(strstr(why, "not `PYTHON script.py ...` or `PYTHON -m module ...`"));
+    }
+    ck_assert(!spare_usable(&spec, script, "", why, sizeof(why)));
+    ck_assert_ptr_nonnull(strstr(why, "python_hook is off"));
+}
+END_TEST
+
 Suite *make_agent_suite(void)
 {
     Suite *s = suite_create("agent");
     TCase *tc = tcase_create("devices");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, devices_cpu);
+    tcase_add_test(tc, spare_usable_forms);
     tcase_add_test(tc, devices_gpu_list_and_all);
     tcase_add_test(tc, devices_bad_forms_are_named);
     tcase_add_test(tc, devices_probe_counts_nvidia_nodes);
@@ -1051,6 +1106,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, hostport_good);
     tcase_add_test(tc, hostport_bad);
     tcase_add_test(tc, daemon_list_follows_the_leader);
+    tcase_add_test(tc, daemon_list_refuses_a_lower_term);
     tcase_add_test(tc, backoff_grows_to_cap_with_jitter_in_bounds);
     tcase_add_test(tc, backoff_reset_starts_over);
     tcase_add_test(tc, exitq_echo_of_a_later_beat_confirms);

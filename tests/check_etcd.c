@@ -22,8 +22,15 @@ START_TEST(endpoints_parse_and_refuse)
     ck_assert_str_eq(ep.url[0], "http://a:2379");
     ck_assert_str_eq(ep.url[1], "http://10.0.0.2:2380");
     ck_assert_str_eq(ep.url[2], "http://[::1]:2379");
-    ck_assert_int_eq(etcd_endpoints_parse("http://a:2379", &ep, err, sizeof(err)), -EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "etcd://"));
+    ck_assert_int_eq(ep.tls, 0);
+    ck_assert_int_eq(etcd_endpoints_parse("http://a:2379", &ep, err, sizeof(err)), 0);
+    ck_assert_str_eq(ep.url[0], "http://a:2379");
+    ck_assert_int_eq(ep.tls, 0);
+    ck_assert_int_eq(etcd_endpoints_parse("https://a:2379,b:2379", &ep, err, sizeof(err)), 0);
+    ck_assert_str_eq(ep.url[1], "https://b:2379");
+    ck_assert_int_eq(ep.tls, 1);
+    ck_assert_int_eq(etcd_endpoints_parse("etcds://a:2379", &ep, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "https://"));
     ck_assert_int_eq(etcd_endpoints_parse("etcd://a:2379,b", &ep, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "'b'"));
     ck_assert_int_eq(etcd_endpoints_parse("etcd://a:0", &ep, err, sizeof(err)), -EINVAL);
@@ -173,6 +180,64 @@ START_TEST(answers_parse_as_etcd_writes_them)
 }
 END_TEST
 
+/* A member's status, with a raft leader and without (as 3.4 answers when two
+ * of three members are gone: no "leader", the reason among "errors"). */
+START_TEST(status_says_whether_a_member_knows_a_leader)
+{
+    char err[256], why[128];
+    int has = -1;
+    const char *led = "{" HDR ",\"version\":\"3.4.23\",\"leader\":\"13668033151171901709\",\"raftTerm\":\"2\"}";
+    ck_assert_int_eq(etcd_parse_status(led, strlen(led), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 1);
+    ck_assert_str_eq(why, "");
+    const char *lost = "{" HDR ",\"version\":\"3.4.23\",\"raftTerm\":\"2\",\"errors\":[\"etcdserver: no leader\"]}";
+    ck_assert_int_eq(etcd_parse_status(lost, strlen(lost), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 0);
+    ck_assert_str_eq(why, "etcdserver: no leader");
+    const char *zero = "{" HDR ",\"leader\":\"0\"}";
+    ck_assert_int_eq(etcd_parse_status(zero, strlen(zero), &has, why, sizeof(why), err, sizeof(err)), 0);
+    ck_assert_int_eq(has, 0);
+    /* Not a status: named. */
+    const char *bad[] = {"{" HDR ",\"leader\":\"x1\"}", "{" HDR ",\"leader\":7}", "{" HDR ",\"errors\":\"no\"}",
+                         "{\"leader\":\"1\"}", "[]"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(etcd_parse_status(bad[i], strlen(bad[i]), &has, why, sizeof(why), err, sizeof(err)), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(err, "status"));
+    }
+}
+END_TEST
+
+/* etcd's auth: the token of /v3/auth/authenticate, and the refusals that
+ * call for a new one. */
+START_TEST(auth_token_and_refusals)
+{
+    char err[256], token[64];
+    char *body = etcd_body_auth("muster", "p\"w");
+    ck_assert_str_eq(body, "{\"name\":\"muster\",\"password\":\"p\\\"w\"}");
+    free(body);
+    const char *ok = "{" HDR ",\"token\":\"XsJvPAcVEHMLWFdC.13\"}";
+    ck_assert_int_eq(etcd_parse_auth(ok, strlen(ok), token, sizeof(token), err, sizeof(err)), 0);
+    ck_assert_str_eq(token, "XsJvPAcVEHMLWFdC.13");
+    const char *wrong = "{\"error\":\"etcdserver: authentication failed, invalid user ID or password\",\"code\":3,"
+                        "\"message\":\"etcdserver: authentication failed, invalid user ID or password\"}";
+    ck_assert_int_eq(etcd_parse_auth(wrong, strlen(wrong), token, sizeof(token), err, sizeof(err)), -EIO);
+    ck_assert_ptr_nonnull(strstr(err, "invalid user ID or password"));
+    ck_assert_int_eq(etcd_unauthenticated(wrong, strlen(wrong)), 0);
+    /* A token that would break the header, or none. */
+    const char *bad[] = {"{" HDR ",\"token\":\"a b\"}", "{" HDR ",\"token\":\"a\\r\\nX: y\"}", "{" HDR "}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_int_eq(etcd_parse_auth(bad[i], strlen(bad[i]), token, sizeof(token), err, sizeof(err)), -EINVAL);
+    const char *expired = "{\"error\":\"etcdserver: invalid auth token\",\"code\":16,"
+                          "\"message\":\"etcdserver: invalid auth token\"}";
+    ck_assert_int_eq(etcd_unauthenticated(expired, strlen(expired)), 1);
+    const char *none = "{\"error\":{\"grpc_code\":3,\"message\":\"etcdserver: user name is empty\"}}";
+    ck_assert_int_eq(etcd_unauthenticated(none, strlen(none)), 1);
+    const char *other = "{\"error\":\"etcdserver: request timed out\",\"code\":14,\"message\":\"x\"}";
+    ck_assert_int_eq(etcd_unauthenticated(other, strlen(other)), 0);
+    ck_assert_int_eq(etcd_unauthenticated(ok, strlen(ok)), 0);
+}
+END_TEST
+
 START_TEST(errors_and_garbage_are_named)
 {
     char err[256];
@@ -195,7 +260,44 @@ START_TEST(errors_and_garbage_are_named)
 }
 END_TEST
 
+/* The leader key's value is taken only as a musterd writes it. */
+START_TEST(leader_value_is_checked)
+{
+    char why[160];
+#define OK(v) etcd_leader_value_ok(v, strlen(v), 32, why, sizeof(why))
+    ck_assert(OK("a:1 http://a:2"));
+    ck_assert(OK("[::1]:29470 https://[::1]:29471"));
+    ck_assert(OK("a:1 "));
+    ck_assert(OK("a:1"));
+    ck_assert(!OK(""));
+    ck_assert(!OK(" http://a:2"));
+    ck_assert(!OK("a1 http://a:2"));
+    ck_assert(!OK("a:1 http://a:2\r\nSet-Cookie: x=1"));
+    ck_assert_ptr_nonnull(strstr(why, "REST address"));
+    ck_assert(!OK("a:1\nb:2 http://a:2"));
+    ck_assert_ptr_nonnull(strstr(why, "control address"));
+    ck_assert(!OK("a:1 http://a:2 extra"));
+    ck_assert(!OK("a:1 ftp://a:2"));
+    ck_assert(!OK("a:1 javascript:alert(1)"));
+    ck_assert(!OK("a:1 http://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:2"));
+    ck_assert(!OK("a:123456789012345678901234567890123 http://a:2"));
+    ck_assert(!OK("a:1 http://\xc3\xa9:2"));
+#undef OK
+    ck_assert(!etcd_leader_value_ok("a:1\0 http://evil", 17, 32, why, sizeof(why)));
+    ck_assert(!etcd_leader_value_ok(NULL, 0, 32, why, sizeof(why)));
+}
+END_TEST
+
 /* ---- the election -------------------------------------------------------- */
+
+/* A leader of term 5 (TTL 3 s) whose keepalive sent at kept_ms answered. */
+static void leading(struct leader *l, uint64_t kept_ms)
+{
+    leader_init(l, 3);
+    leader_granted(l, 1);
+    leader_campaigned(l, 1, 5, NULL, 0);
+    leader_kept(l, kept_ms, 3);
+}
 
 START_TEST(candidate_grants_campaigns_and_leads)
 {
@@ -245,15 +347,12 @@ START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
 {
     struct leader l;
     uint64_t due;
-    leader_init(&l, 3);
-    leader_granted(&l, 1);
-    leader_campaigned(&l, 1, 5, NULL, 0);
-    leader_kept(&l, 1000, 3);
+    leading(&l, 1000);
     ck_assert_int_eq(leader_acting(&l, 1400), 1);
     /* Every member fails or times out from 1500 on. */
     ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
     leader_failed(&l, 1500);
-    ck_assert_int_eq(leader_next(&l, 1500, &due), LEADER_KEEPALIVE);
+    ck_assert_int_eq(leader_next(&l, 1550, &due), LEADER_KEEPALIVE);
     ck_assert_int_eq(leader_acting(&l, 3500), 0);
     ck_assert_uint_eq(leader_unsure(&l, 3500), 4000);
     /* The keepalive sent at 2200 answers at 3700 (the new raft leader's). */
@@ -271,22 +370,79 @@ START_TEST(unsure_leader_acts_again_when_a_keepalive_answers)
 }
 END_TEST
 
+/* etcd loses its quorum: members answer, none knows a raft leader. The
+ * leader holds past the keepalives' deadline while such probes keep coming,
+ * and acts again when a keepalive answers. */
+START_TEST(leader_holds_through_a_quorum_loss)
+{
+    struct leader l;
+    uint64_t due;
+    leading(&l, 1000);
+    /* A probe that found a leader, or that nobody answered, is no evidence. */
+    leader_probed(&l, 1600, 2, 1);
+    leader_probed(&l, 1700, 0, 0);
+    ck_assert_uint_eq(l.no_quorum_since, 0);
+    /* Two members gone, the third says it has no leader. */
+    leader_probed(&l, 1800, 1, 0);
+    ck_assert_uint_eq(l.no_quorum_since, 1800);
+    ck_assert_int_eq(leader_holding(&l, 2999), 0); /* still acting on the keepalive */
+    ck_assert_int_eq(leader_acting(&l, 2999), 1);
+    ck_assert_int_eq(leader_holding(&l, 3000), 1);
+    ck_assert_int_eq(leader_acting(&l, 3000), 1);
+    ck_assert_uint_eq(leader_unsure(&l, 3000), 0); /* the loop does not wait */
+    /* Past the keepalive's lease (4000): kept by the probes, each younger than the TTL. */
+    leader_failed(&l, 3500);
+    ck_assert_int_eq(leader_next(&l, 3500, &due), LEADER_WAIT); /* a pause between tries */
+    ck_assert_uint_eq(due, 3750);
+    leader_probed(&l, 3500, 1, 0);
+    leader_probed(&l, 5500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 7499), 1);
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+    ck_assert_uint_eq(l.no_quorum_since, 1800);
+    /* Quorum back: the keepalive sent at 7000 answers; acting on it, no longer holding. */
+    leader_kept(&l, 7000, 3);
+    ck_assert_uint_eq(l.no_quorum_since, 0);
+    ck_assert_int_eq(leader_holding(&l, 8000), 0);
+    ck_assert_int_eq(leader_acting(&l, 8999), 1);
+    ck_assert_int_eq(leader_acting(&l, 9000), 0);
+    ck_assert_int_eq(l.role, LEADER_LEADING);
+
+    /* Holding, then cut off from every member: not held past the newest
+     * probe's TTL, deposed when the lease could have ended. */
+    leader_probed(&l, 9500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 11499), 1);
+    ck_assert_int_eq(leader_acting(&l, 11500), 0); /* unsure: a third of the TTL left */
+    ck_assert_uint_eq(leader_unsure(&l, 11500), 12500);
+    /* A probe sent after the lease could have ended proves nothing. */
+    leader_probed(&l, 12500, 1, 0);
+    ck_assert_int_eq(leader_acting(&l, 12500), 0);
+    ck_assert_int_eq(l.role, LEADER_DEPOSED);
+    ck_assert_ptr_nonnull(strstr(l.why, "no quorum"));
+}
+END_TEST
+
 START_TEST(keepalives_extend_and_failures_retry)
 {
     struct leader l;
     uint64_t due;
-    leader_init(&l, 3);
-    leader_granted(&l, 1);
-    leader_campaigned(&l, 1, 5, NULL, 0);
-    leader_kept(&l, 0, 3);
+    leading(&l, 0);
     leader_kept(&l, 750, 3);
     ck_assert_int_eq(leader_acting(&l, 2500), 1);
-    /* A failed keepalive is sent again at once (to the next member). */
+    /* A failed keepalive is sent again soon (to the next member): 50 ms. */
     leader_failed(&l, 1600);
-    ck_assert_int_eq(leader_next(&l, 1600, &due), LEADER_KEEPALIVE);
+    ck_assert_int_eq(leader_next(&l, 1600, &due), LEADER_WAIT);
+    ck_assert_uint_eq(due, 1650);
+    ck_assert_int_eq(leader_next(&l, 1650, &due), LEADER_KEEPALIVE);
     /* An answer older than the newest does not shorten the deadline. */
     leader_kept(&l, 100, 3);
     ck_assert_int_eq(leader_acting(&l, 2700), 1);
+    /* A member that answers a TTL longer than the one asked for (not etcd's
+     * way) does not stretch the leader's own reckoning past 3 s. */
+    leader_kept(&l, 800, 1000000);
+    ck_assert_uint_eq(l.lease_until, 3800);
+    ck_assert_int_eq(leader_acting(&l, 2799), 1);
+    ck_assert_int_eq(leader_acting(&l, 2800), 0);
+    ck_assert_uint_eq(leader_unsure(&l, 2800), 3800);
     /* etcd says the lease is gone: deposed at once. */
     leader_kept(&l, 1700, 0);
     ck_assert_int_eq(l.role, LEADER_DEPOSED);
@@ -338,11 +494,15 @@ Suite *make_etcd_suite(void)
     tcase_add_test(tc, requests_encode_keys_and_int64s);
     tcase_add_test(tc, answers_parse_as_etcd_writes_them);
     tcase_add_test(tc, errors_and_garbage_are_named);
+    tcase_add_test(tc, status_says_whether_a_member_knows_a_leader);
+    tcase_add_test(tc, auth_token_and_refusals);
+    tcase_add_test(tc, leader_value_is_checked);
     suite_add_tcase(s, tc);
     tc = tcase_create("election");
     tcase_add_test(tc, candidate_grants_campaigns_and_leads);
     tcase_add_test(tc, keepalives_extend_and_failures_retry);
     tcase_add_test(tc, unsure_leader_acts_again_when_a_keepalive_answers);
+    tcase_add_test(tc, leader_holds_through_a_quorum_loss);
     tcase_add_test(tc, loser_stands_by_and_runs_when_the_key_goes);
     suite_add_tcase(s, tc);
     return s;

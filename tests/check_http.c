@@ -20,6 +20,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "daemon/history.h"
 #include "daemon/http.h"
 #include "daemon/metrics.h"
 #include "daemon/rdv.h"
@@ -70,6 +71,7 @@ static void set_rank(struct snap_view *v, uint32_t i, uint32_t node, int state, 
     rk->tokens_per_s = tps;
     rk->comm_frac = 0.25;
     rk->heartbeat_age_ms = age;
+    rk->step_age_ms = -1;
 }
 
 /*
@@ -95,6 +97,7 @@ static struct snap_view *test_view(const char *node_a)
     set_rank(v, 1, 0, RDV_RANK_RUNNING, 121, NAN, 500.5, -1);
     set_rank(v, 2, 1, RDV_RANK_EXITED, 100, 3.0, 0, 9000);
     set_rank(v, 3, 1, RDV_RANK_EXITED, 100, NAN, 0, 9000);
+    v->ranks[0].step_age_ms = 800;
     v->ranks[2].failed = 1;
     snprintf(v->failure_reason, sizeof(v->failure_reason), "CUDA error: out of memory \"x\"");
     view_derive(v);
@@ -485,6 +488,40 @@ START_TEST(test_status_size_does_not_grow)
 }
 END_TEST
 
+/* A hung rank, and a live one whose process is stopped, need attention even
+ * while their heartbeats come: they lead the failing list and their nodes are
+ * stale; the healthy ranks are not listed. */
+START_TEST(test_hung_and_stopped_ranks_need_attention)
+{
+    struct snap_view *v = snap_view_new(3, 6);
+    ck_assert_ptr_nonnull(v);
+    v->head = json_loads(head_doc, 0, NULL);
+    v->stale_after_ms = 5000;
+    set_node(v, 0, "a", RDV_NODE_JOINED, 0, 2, 200);
+    set_node(v, 1, "b", RDV_NODE_JOINED, 2, 2, 200);
+    set_node(v, 2, "c", RDV_NODE_JOINED, 4, 2, 200);
+    for (uint32_t i = 0; i < 6; i++)
+        set_rank(v, i, i / 2, RDV_RANK_RUNNING, 40, 2.0, 100, 300);
+    v->ranks[3].hung = 1;
+    v->ranks[3].step_age_ms = 42000;
+    v->ranks[4].stopped = 1;
+    view_derive(v);
+    size_t len;
+    json_t *st = json_loads(restdoc_get(v, SNAP_DOC_STATUS, &len), 0, NULL);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_int_eq(int_at(st, "failing_ranks_total"), 2);
+    json_t *fr = json_object_get(st, "failing_ranks");
+    ck_assert_int_eq(int_at(json_array_get(fr, 0), "rank"), 3);
+    ck_assert(json_is_true(json_object_get(json_array_get(fr, 0), "hung")));
+    ck_assert_int_eq(int_at(json_array_get(fr, 0), "step_age_ms"), 42000);
+    ck_assert_int_eq(int_at(json_array_get(fr, 1), "rank"), 4);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "stale"), 2);
+    ck_assert_int_eq(int_at(json_object_get(st, "nodes_by_health"), "ok"), 1);
+    json_decref(st);
+    snap_view_unref(v);
+}
+END_TEST
+
 /* A whole document is rendered once per view and then served as it is. */
 START_TEST(test_documents_cached_per_version)
 {
@@ -533,6 +570,8 @@ START_TEST(test_lists_filter_and_paginate)
     ck_assert_str_eq(json_string_value(json_object_get(r0, "node")), "a");
     ck_assert_str_eq(json_string_value(json_object_get(r0, "state")), "running");
     ck_assert_int_eq(int_at(r0, "heartbeat_age_ms"), 1500);
+    ck_assert_int_eq(int_at(r0, "step_age_ms"), 800);
+    ck_assert(json_is_null(json_object_get(json_array_get(json_object_get(d, "ranks"), 1), "step_age_ms")));
     ck_assert(json_real_value(json_object_get(r0, "loss")) == 2.5);
     ck_assert(json_is_null(json_object_get(json_array_get(json_object_get(d, "ranks"), 1), "loss")));
     assert_ranks(d, "ranks", (int[]){0, 1, 2, 3}, 4);
@@ -766,13 +805,50 @@ START_TEST(test_odd_names_escaped)
 }
 END_TEST
 
+/* /v1/history from hostile values: losses and rates near DBL_MAX folded together
+ * (coarsening), infinities, NaN, one point. Every array keeps one entry per step and
+ * every entry is a finite number or null. */
+START_TEST(test_history_of_extreme_values)
+{
+    struct history h;
+    ck_assert_int_eq(history_init(&h, 4), 0);
+    history_add(&h, 1, 1.0, 1.0, 0.1, 1);
+    json_t *j = history_json(&h);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "loss")), 1);
+    json_decref(j);
+    const double v[] = {1.7e308, 1.7e308, -1.7e308, INFINITY, NAN, 1.7e308, 1e308, 1.7e308};
+    for (uint64_t step = 2; step < 64; step++)
+        history_add(&h, step, v[step % 8], v[(step + 3) % 8], 0.1 * (double)step, 1 + step / 20);
+    ck_assert_uint_gt(h.stride, 1); /* points were folded together */
+    j = history_json(&h);
+    size_t n = json_array_size(json_object_get(j, "step"));
+    ck_assert_uint_gt(n, 0);
+    const char *keys[] = {"loss", "tokens_per_s", "time_s", "generation"};
+    for (size_t k = 0; k < 4; k++) {
+        json_t *a = json_object_get(j, keys[k]), *e;
+        size_t i;
+        ck_assert_msg(json_array_size(a) == n, "%s has %zu entries for %zu steps", keys[k], json_array_size(a), n);
+        json_array_foreach(a, i, e)
+            ck_assert_msg(json_is_null(e) || (json_is_number(e) && isfinite(json_number_value(e))),
+                          "%s[%zu] is neither null nor a finite number", keys[k], i);
+    }
+    char *text = json_dumps(j, JSON_COMPACT);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_ptr_null(strstr(text, "nan"));
+    ck_assert_ptr_null(strstr(text, "inf"));
+    free(text);
+    json_decref(j);
+    history_free(&h);
+}
+END_TEST
+
 START_TEST(test_dashboard)
 {
     struct resp *r = get("/");
     ck_assert_int_eq(r->status, 200);
     assert_header(r, "Content-Type: text/html");
     ck_assert_ptr_nonnull(strstr(r->body, "/v1/status"));
-    ck_assert_ptr_nonnull(strstr(r->body, "<canvas"));
+    ck_assert_ptr_nonnull(strstr(r->body, "<svg id=\"chart\""));
     ck_assert_ptr_null(strstr(r->body, "http://"));
     ck_assert_ptr_null(strstr(r->body, "https://"));
 }
@@ -821,6 +897,47 @@ START_TEST(test_admin_auth)
     r = request("POST", "/v1/nodes/gpu-node_07/drain", "Authorization: Bearer " TOKEN, NULL);
     assert_error(r, 404, "no such node");
     ck_assert_int_eq(recorded(NULL, NULL), 3);
+}
+END_TEST
+
+/* A standby (a store, another musterd leads) sends every request but its
+ * own /healthz and /metrics to the leader, path and query kept; admin
+ * requests only with the token; 503 while no leader is known. */
+START_TEST(test_standby_redirects_to_the_leader)
+{
+    struct snap_view *v = test_view("a");
+    v->standby = 1;
+    snapshot_publish(&snap, v);
+    assert_error(get("/v1/status"), 503, "no leader");
+    v = test_view("a");
+    v->standby = 1;
+    snprintf(v->leader_rest, sizeof(v->leader_rest), "http://10.0.0.7:29471");
+    json_object_set_new(v->head, "store", json_pack("{s:s, s:s, s:b}", "role", "standby", "leader", "10.0.0.7:29470",
+                                                     "quorum", 1));
+    snapshot_publish(&snap, v);
+    struct resp *r = get("/v1/ranks?state=running,exited&node=gpu%20a");
+    assert_error(r, 307, "not the leader");
+    assert_header(r, "Location: http://10.0.0.7:29471/v1/ranks?state=running%2Cexited&node=gpu%20a\r\n");
+    json_t *doc = json_loads(r->body, 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "location")),
+                     "http://10.0.0.7:29471/v1/ranks?state=running%2Cexited&node=gpu%20a");
+    json_decref(doc);
+    r = get("/");
+    ck_assert_int_eq(r->status, 307);
+    assert_header(r, "Location: http://10.0.0.7:29471/\r\n");
+    ck_assert_int_eq(get("/healthz")->status, 200);
+    ck_assert_int_eq(get("/metrics")->status, 200);
+    assert_has_line(get("/metrics")->body, "muster_store_leader 0");
+    assert_has_line(get("/metrics")->body, "muster_store_quorum 1");
+    /* Admin: redirected with the token; without it, refused here as anywhere. */
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    ck_assert_int_eq(r->status, 307);
+    assert_header(r, "Location: http://10.0.0.7:29471/v1/job/stop\r\n");
+    assert_error(request("POST", "/v1/job/stop", NULL, NULL), 401, "unauthorized");
+    ck_assert_int_eq(recorded(NULL, NULL), 0);
+    /* Leading again: served here. */
+    publish_all();
+    ck_assert_int_eq(get("/v1/status")->status, 200);
 }
 END_TEST
 
@@ -1266,6 +1383,7 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_starting);
     tcase_add_test(tc, test_status_summary);
     tcase_add_test(tc, test_status_size_does_not_grow);
+    tcase_add_test(tc, test_hung_and_stopped_ranks_need_attention);
     tcase_add_test(tc, test_documents_cached_per_version);
     tcase_add_test(tc, test_lists_filter_and_paginate);
     tcase_add_test(tc, test_list_bad_queries);
@@ -1273,6 +1391,7 @@ Suite *make_http_suite(void)
     tcase_add_test(tc, test_metrics);
     tcase_add_test(tc, test_odd_names_escaped);
     tcase_add_test(tc, test_dashboard);
+    tcase_add_test(tc, test_history_of_extreme_values);
     tcase_add_test(tc, test_routing_errors);
     tcase_add_test(tc, test_port_in_use);
     suite_add_tcase(s, tc);
@@ -1281,6 +1400,7 @@ Suite *make_http_suite(void)
     tcase_add_checked_fixture(tc, setup_admin, teardown);
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_admin_auth);
+    tcase_add_test(tc, test_standby_redirects_to_the_leader);
     tcase_add_test(tc, test_drain_bad_names);
     tcase_add_test(tc, test_body_limit);
     suite_add_tcase(s, tc);

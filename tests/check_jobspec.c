@@ -64,6 +64,91 @@ START_TEST(cross_field_checks)
 }
 END_TEST
 
+START_TEST(program_needs_are_lists_and_rules)
+{
+    struct job_spec s;
+    char err[300] = "";
+    ck_assert_int_eq(parse("{\"require_readable\": [\"/data/train.bin\", \"/data/my dir\"], "
+                           "\"require_writable\": [\"/ckpt\"], \"require_free_mb\": 2048, "
+                           "\"require_python_modules\": [\"torch\", \"deepspeed.ops\"], "
+                           "\"checkpoint_dir\": \"/ckpt\", \"checkpoint_latest\": \"file:latest\"}",
+                           &s, err, sizeof(err)), 0);
+    ck_assert_str_eq(s.require_readable, "/data/train.bin");
+    ck_assert_str_eq(s.require_readable + strlen("/data/train.bin") + 1, "/data/my dir"); /* not split */
+    ck_assert_str_eq(s.require_python_modules + 6, "deepspeed.ops");
+    ck_assert_int_eq(s.require_free_mb, 2048);
+    ck_assert_int_eq(s.require_python_timeout_s, 120);
+    ck_assert_int_eq(s.checkpoint_diverged_ok, 0);
+
+    ck_assert_int_eq(parse("{\"require_readable\": \"/data\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: require_readable: expected a non-empty array of strings, got a string"));
+    ck_assert_int_eq(parse("{\"require_readable\": []}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "got an empty array"));
+    ck_assert_int_eq(parse("{\"require_writable\": [\"/a\", \"\"]}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: require_writable[1]: expected a non-empty string"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch; import os\"]}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"torch\", \"class\"]}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_python_modules: expected module names"));
+    ck_assert_int_eq(parse("{\"require_python_modules\": [\"os\\nimport shutil\\u001b[2J\"]}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "got \"os?import shutil?[2J\"")); /* one line, no escape */
+
+    /* sizes a careless or hostile job may ask for: refused, saying the bound */
+    size_t big = 100000 * 6 + 64;
+    char *text = malloc(big);
+    ck_assert_ptr_nonnull(text);
+    size_t n = (size_t)snprintf(text, big, "{\"require_readable\": [");
+    for (int i = 0; i < 100000; i++)
+        n += (size_t)snprintf(text + n, big - n, "%s\"/d\"", i ? "," : "");
+    snprintf(text + n, big - n, "]}");
+    ck_assert_int_eq(parse(text, &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_readable: expected at most 256 entries"));
+    free(text);
+    ck_assert_int_eq(parse("{\"require_writable\": [\"/c\"], \"require_free_mb\": 4611686018427387904}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_free_mb: expected an integer in [0, 1073741824]"));
+    ck_assert_int_eq(parse("{\"require_writable\": [\"/c\"], \"require_free_mb\": 1e30}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_int_eq(parse("{\"checkpoint_dir\": \"c\", \"checkpoint_latest\": \"file:\"}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_int_eq(parse("{\"require_python_timeout_s\": 0}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"require_python\": \"python3\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_python: expected require_python_modules too"));
+    ck_assert_int_eq(parse("{\"require_free_mb\": 10}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "require_free_mb: expected require_writable too"));
+    ck_assert_int_eq(parse("{\"checkpoint_latest\": \"file:latest\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "checkpoint_latest: expected checkpoint_dir too"));
+    ck_assert_int_eq(parse("{\"checkpoint_dir\": \"c\", \"checkpoint_latest\": \"newest\"}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "checkpoint_latest: expected \"file:NAME\""));
+    ck_assert_int_eq(parse("{\"checkpoint_dir\": \"c\", \"checkpoint_latest\": \"file:a/latest\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"checkpoint_dir\": \"c\", \"checkpoint_latest\": \"glob:step_*\"}", &s, err,
+                           sizeof(err)), 0);
+}
+END_TEST
+
+START_TEST(warm_spare_keys)
+{
+    struct job_spec s;
+    char err[256] = "";
+    ck_assert_int_eq(parse("{\"nodes\": 2}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.warm_spares, 0);
+    ck_assert_str_eq(s.warm_imports, "");
+    ck_assert_int_eq(parse("{\"warm_spares\": 1, \"warm_imports\": \"deepspeed,transformers.models\"}", &s, err,
+                           sizeof(err)),
+                     0);
+    ck_assert_int_eq(s.warm_spares, 1);
+    ck_assert_str_eq(s.warm_imports, "deepspeed,transformers.models");
+    ck_assert_int_eq(parse("{\"warm_spares\": 2}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "warm_spares: expected an integer in [0, 1]"));
+    ck_assert_int_eq(parse("{\"warm_imports\": \"os; rm -rf\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "warm_imports: expected comma-separated module names"));
+    ck_assert_ptr_nonnull(strstr(err, "'os; rm -rf'"));
+}
+END_TEST
+
 START_TEST(model_dimensions_override_the_preset)
 {
     struct job_spec s;
@@ -103,7 +188,9 @@ Suite *make_jobspec_suite(void)
     tcase_add_test(tc, unknown_key_is_named);
     tcase_add_test(tc, wrong_type_and_bounds_are_named);
     tcase_add_test(tc, cross_field_checks);
+    tcase_add_test(tc, warm_spare_keys);
     tcase_add_test(tc, model_dimensions_override_the_preset);
+    tcase_add_test(tc, program_needs_are_lists_and_rules);
     suite_add_tcase(s, tc);
     return s;
 }

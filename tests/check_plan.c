@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/plan.h"
+#include "common/plan_prog.h"
 #include "common/zeroshard.h"
 #include "worker/train/comm/comm.h"
 #include "worker/train/layers.h"
@@ -445,6 +446,274 @@ START_TEST(replicas_are_counted_as_allocated)
 }
 END_TEST
 
+/* ---- the programs users bring (common/plan_prog.h), against hand-computed figures ---- */
+
+static struct plan_prog_input prog_in(enum plan_par par, enum plan_prec prec, uint64_t params, int nodes)
+{
+    struct plan_prog_input in = {.par = par, .prec = prec, .params = params, .seq_len = 1024, .micro_batch = 1,
+                                 .accum = 1, .nodes = nodes, .gpus_per_node = 1, .tflops = 100};
+    ck_assert_int_eq(plan_link_parse("1g", &in.inter), 0);
+    ck_assert_int_eq(plan_link_parse("nvlink", &in.intra), 0);
+    return in;
+}
+
+static struct plan_prog prog_of(const struct plan_prog_input *in)
+{
+    struct plan_prog p;
+    char err[256];
+    ck_assert_msg(plan_prog_compute(in, &p, err, sizeof(err)) == 0, "%s", err);
+    return p;
+}
+
+/* The guides' case: ~50.3M parameters, 2 nodes x 1 GPU over 1 Gbit/s, fp16,
+ * accumulation 8. One sync all-reduces 50.3M fp16 gradients = 100.6 MB: the
+ * ring sends 2(N-1)/N x 100.6 MB = 100.6 MB and receives as much (201.2 MB
+ * moved), once per optimizer step. 100.6 MB at 1 Gbit/s = 0.8048 s, plus 2
+ * hops x 50 us; against a 4 s step that is 20.1 %. */
+START_TEST(guides_case_ddp_allreduce_and_comm_fraction)
+{
+    struct plan_prog_input in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 50300000, 2);
+    in.accum = 8;
+    in.step_time = 4.0;
+    struct plan_prog p = prog_of(&in);
+    ck_assert_uint_eq(p.grad_bytes, 100600000);
+    ck_assert_uint_eq(p.sync_sent, 100600000);
+    ck_assert_int_eq(p.syncs_per_step, 1);
+    ck_assert_uint_eq(p.step_sent, 100600000);
+    ck_assert_uint_eq(p.gather_sent, 0);
+    ck_assert_int_eq(p.ring_steps, 2);
+    ck_assert_double_eq_tol(p.comm_s, 0.8048 + 2 * 50e-6, 1e-9);
+    ck_assert_double_eq_tol(p.comm_frac, (0.8048 + 100e-6) / 4.0, 1e-9);
+    ck_assert_int_eq(p.comm_over_step, 0);
+
+    /* 2(N-1)/N at N = 4 over 1000 fp32 gradients: 6 blocks of 250 x 4 B; at N = 3
+     * the ring's blocks are ceil(1000/3) = 334 elements: 4 x 334 x 4 B */
+    in = prog_in(PLAN_PAR_DDP, PLAN_FP32, 1000, 4);
+    ck_assert_uint_eq(prog_of(&in).sync_sent, 6000);
+    in.nodes = 3;
+    ck_assert_uint_eq(prog_of(&in).sync_sent, 5344);
+    in.nodes = 1;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.step_sent, 0);
+    ck_assert_double_eq(p.comm_s, 0);
+
+    /* a step shorter than the predicted communication is said so, not a fraction above 1 */
+    in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 50300000, 2);
+    in.step_time = 0.5;
+    p = prog_of(&in);
+    ck_assert_int_eq(p.comm_over_step, 1);
+    ck_assert_double_eq(p.comm_frac, 1);
+
+    /* without a step time: compute = 6 x params x tokens at the given TFLOPS */
+    in.step_time = 0;
+    in.tflops = 1;
+    p = prog_of(&in);
+    ck_assert_double_eq_tol(p.compute_s, 6.0 * 50300000 * 1024 / 1e12, 1e-9);
+    ck_assert_double_eq_tol(p.comm_frac, p.comm_s / (p.comm_s + p.compute_s), 1e-12);
+}
+END_TEST
+
+/* Memory per parameter as published (ZeRO, Rajbhandari et al. 2020), at
+ * N = 4 over 1200 parameters: mixed precision DDP 16, ZeRO-1 4 + 12/4,
+ * ZeRO-2 2 + 14/4, ZeRO-3 16/4; fp32 DDP 4 + 4 + 8, ZeRO-1 8 + 8/4. */
+START_TEST(zero_memory_per_parameter)
+{
+    static const struct {
+        enum plan_par par;
+        enum plan_prec prec;
+        uint64_t state; /* bytes for 1200 parameters */
+    } cases[] = {
+        {PLAN_PAR_DDP, PLAN_BF16, 16 * 1200},     {PLAN_PAR_ZERO1, PLAN_BF16, 7 * 1200},
+        {PLAN_PAR_ZERO2, PLAN_FP16, 11 * 600},    {PLAN_PAR_ZERO3, PLAN_FP16, 4 * 1200},
+        {PLAN_PAR_FSDP, PLAN_BF16, 4 * 1200},     {PLAN_PAR_FSDP_GRAD_OP, PLAN_BF16, 11 * 600},
+        {PLAN_PAR_DDP, PLAN_FP32, 16 * 1200},     {PLAN_PAR_ZERO1, PLAN_FP32, 10 * 1200},
+        {PLAN_PAR_ZERO2, PLAN_FP32, 7 * 1200},    {PLAN_PAR_ZERO3, PLAN_FP32, 4 * 1200},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct plan_prog_input in = prog_in(cases[i].par, cases[i].prec, 1200, 4);
+        struct plan_prog p = prog_of(&in);
+        ck_assert_msg(p.weights + p.grads + p.optim == cases[i].state, "%s %s: %llu bytes, expected %llu",
+                      plan_par_name(cases[i].par), plan_prec_name(cases[i].prec),
+                      (unsigned long long)(p.weights + p.grads + p.optim), (unsigned long long)cases[i].state);
+        ck_assert_uint_eq(p.peak, cases[i].state); /* no shape: no activations */
+        ck_assert_int_eq(p.max_micro_batch, -1);
+    }
+    /* the split of ZeRO-1 in mixed precision: 2 + 2 + 12/4 */
+    struct plan_prog_input in = prog_in(PLAN_PAR_ZERO1, PLAN_BF16, 1200, 4);
+    struct plan_prog p = prog_of(&in);
+    ck_assert_uint_eq(p.weights, 2400);
+    ck_assert_uint_eq(p.grads, 2400);
+    ck_assert_uint_eq(p.optim, 3600);
+}
+END_TEST
+
+/* Per step, N = 4, accumulation 3, 1200 fp16 parameters: a block is 3 x 300
+ * elements. ZeRO-1: one reduce-scatter and one all-gather; ZeRO-2: a
+ * reduce-scatter per micro-step, one all-gather; ZeRO-3: per micro-step two
+ * all-gathers and a reduce-scatter. */
+START_TEST(zero_traffic_per_step)
+{
+    struct plan_prog_input in = prog_in(PLAN_PAR_ZERO1, PLAN_FP16, 1200, 4);
+    in.accum = 3;
+    struct plan_prog p = prog_of(&in);
+    ck_assert_uint_eq(p.reduce_sent, 1800);
+    ck_assert_uint_eq(p.gather_sent, 1800);
+    ck_assert_int_eq(p.syncs_per_step, 1);
+    in.par = PLAN_PAR_ZERO2;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.reduce_sent, 5400);
+    ck_assert_uint_eq(p.gather_sent, 1800);
+    ck_assert_int_eq(p.syncs_per_step, 3);
+    in.par = PLAN_PAR_ZERO3;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.reduce_sent, 5400);
+    ck_assert_uint_eq(p.gather_sent, 10800);
+    ck_assert_uint_eq(p.step_sent, 16200);
+    ck_assert_int_eq(p.ring_steps, 27);
+    /* within a node: the intra-node link (NVLink, 3600 Gbit/s, 2 us) */
+    in.nodes = 1;
+    in.gpus_per_node = 4;
+    p = prog_of(&in);
+    ck_assert_double_eq_tol(p.comm_s, 16200 * 8 / 3600e9 + 27 * 2e-6, 1e-12);
+}
+END_TEST
+
+/* Activations, L = 2, h = 8, a = 2, s = 4, V = 16: per layer 34·s·h + 5·a·s²
+ * = 1088 + 160 = 1248 bytes in 16 bits; logits 4·s·V = 256. */
+START_TEST(activations_and_largest_micro_batch)
+{
+    struct plan_prog_input in = prog_in(PLAN_PAR_DDP, PLAN_BF16, 0, 1);
+    in.layers = 2;
+    in.d_model = 8;
+    in.heads = 2;
+    in.vocab = 16;
+    in.seq_len = 4;
+    in.micro_batch = 3;
+    struct plan_prog p = prog_of(&in);
+    ck_assert_uint_eq(p.params, 16 * 8 + 4 * 8 + 2 * (12 * 64 + 13 * 8) + 2 * 8);
+    ck_assert_uint_eq(p.acts_per_seq, 2 * 1248 + 256);
+    ck_assert_uint_eq(p.acts, 3 * (2 * 1248 + 256));
+    in.prec = PLAN_FP32;
+    ck_assert_uint_eq(prog_of(&in).acts_per_seq, 2 * 2496 + 256);
+    in.prec = PLAN_BF16;
+    in.act_ckpt = 1; /* each layer's input, 2·s·h, and one layer recomputed */
+    ck_assert_uint_eq(prog_of(&in).acts_per_seq, 2 * 64 + 1248 + 256);
+    in.act_ckpt = 0;
+    /* room for 5 and a half sequences beside the model state: 5 fit, not 6 */
+    const uint64_t state = 16 * p.params;
+    in.gpu_mem = state + 5 * p.acts_per_seq + p.acts_per_seq / 2;
+    p = prog_of(&in);
+    ck_assert_int_eq(p.max_micro_batch, 5);
+    ck_assert_int_eq(p.fits, 1);
+    in.micro_batch = 6;
+    ck_assert_int_eq(prog_of(&in).fits, 0);
+    in.gpu_mem = state - 1;
+    ck_assert_int_eq(prog_of(&in).max_micro_batch, 0);
+}
+END_TEST
+
+/* The largest inputs the checks let through are counted, not wrapped: a
+ * ZeRO-3 step of 10^15 parameters over 10^6 micro-steps would move ~4e21
+ * bytes (past 2^64) and is refused by name; DDP's one all-reduce of as many
+ * is 2 x 5e14 x 2 B; 4096 x 64 ranks x 10^6 micro-steps take 3 x 10^6 x
+ * 262143 hops, past an int. */
+START_TEST(program_extremes_are_counted_not_wrapped)
+{
+    struct plan_prog p;
+    char err[256];
+    struct plan_prog_input in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, PLAN_PROG_MAX_PARAMS, 2);
+    in.accum = 1000000;
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "1000000 micro-steps of 1000000000000000 parameters over 2 ranks move more "
+                                      "than 2^62 bytes per step"));
+    in.par = PLAN_PAR_DDP;
+    p = prog_of(&in);
+    ck_assert_uint_eq(p.step_sent, 2000000000000000ULL);
+    ck_assert_int_eq(p.ring_steps, 2);
+    in = prog_in(PLAN_PAR_ZERO3, PLAN_BF16, 1, 4096);
+    in.gpus_per_node = 64;
+    in.accum = 1000000;
+    p = prog_of(&in);
+    ck_assert_int_eq(p.ring_steps, 3000000LL * 262143);
+    ck_assert_uint_eq(p.step_sent, 3000000ULL * 262143 * 2);
+    ck_assert(p.comm_s > 0 && p.comm_frac > 0 && p.comm_frac <= 1);
+}
+END_TEST
+
+START_TEST(program_bad_input_is_named)
+{
+    struct plan_prog p;
+    char err[256];
+    struct plan_prog_input in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 0, 2);
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "params: give the parameter count"));
+    in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 1000, 0);
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "nodes: expected 1 to 4096, got 0");
+    in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 1000, 2);
+    in.layers = 2, in.d_model = 10, in.heads = 3;
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "heads: expected a divisor of d_model 10, got 3");
+    in = prog_in(PLAN_PAR_DDP, PLAN_FP16, 1000, 2);
+    in.micro_batch = -1;
+    ck_assert_int_eq(plan_prog_compute(&in, &p, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "micro_batch: expected 1 to"));
+    enum plan_par par;
+    enum plan_prec prec;
+    struct plan_link l = {0};
+    ck_assert_int_eq(plan_par_parse("zero4", &par), -EINVAL);
+    ck_assert_int_eq(plan_par_parse("fsdp", &par), 0);
+    ck_assert_int_eq(plan_par_stage(par), 3);
+    ck_assert_int_eq(plan_prec_parse("fp8", &prec), -EINVAL);
+    ck_assert_int_eq(plan_link_parse("-1", &l), -EINVAL);
+    ck_assert_int_eq(plan_link_parse("ndr", &l), 0);
+    ck_assert_double_eq(l.gbit, 400);
+}
+END_TEST
+
+/* A rank_cmd job spec describes its program: the plan takes its parallelism,
+ * params, precision and the batch split from the spec, the one mechanism
+ * muster-train's plan uses too; bad values are named. */
+START_TEST(program_plan_from_job_spec)
+{
+    struct job_spec s;
+    struct plan_prog_input in;
+    char err[512];
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:i, s:i, s:i}", "name", "ds", "rank_cmd", "python3 train.py",
+                          "parallelism", "ddp", "precision", "fp16", "params", (json_int_t)50300000, "batch", 64,
+                          "micro_batch", 4, "seq_len", 1024);
+    ck_assert_msg(job_spec_from_json(o, "job.json", &s, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(plan_prog_input_from_spec(&in, &s, 2, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(in.par, PLAN_PAR_DDP);
+    ck_assert_int_eq(in.prec, PLAN_FP16);
+    ck_assert_uint_eq(in.params, 50300000);
+    ck_assert_int_eq(in.accum, 8);
+    ck_assert_int_eq(in.layers, 0); /* no model keys: the shape is unknown */
+    json_object_set_new(o, "parallelism", json_string("zero4"));
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: parallelism: expected muster-train or one of ddp"));
+    json_object_set_new(o, "parallelism", json_string("zero3"));
+    json_object_del(o, "params");
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "params: the plan of a zero3 program needs"));
+    json_decref(o);
+    o = json_pack("{s:s, s:s}", "name", "mt", "precision", "fp16");
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "precision: muster-train computes in bf16"));
+    json_decref(o);
+    /* a program's keys on a muster-train job (parallelism forgotten) are refused, not ignored */
+    o = json_pack("{s:s, s:s, s:I}", "name", "mt", "rank_cmd", "python3 train.py", "params", (json_int_t)50300000);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "job.json: params: describes a rank_cmd program (set parallelism); muster-train counts "
+                          "its parameters from the model keys and keeps its activations");
+    json_decref(o);
+    o = json_pack("{s:s, s:i}", "name", "mt", "activation_checkpointing", 1);
+    ck_assert_int_eq(job_spec_from_json(o, "job.json", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: activation_checkpointing: describes a rank_cmd program"));
+    json_decref(o);
+}
+END_TEST
+
 Suite *make_plan_suite(void)
 {
     Suite *s = suite_create("plan");
@@ -459,5 +728,14 @@ Suite *make_plan_suite(void)
     tcase_add_test(tc, predicted_peak_is_within_15_percent_of_rss_growth);
     tcase_add_test(tc, replicas_are_counted_as_allocated);
     suite_add_tcase(s, tc);
+    TCase *prog = tcase_create("program");
+    tcase_add_test(prog, guides_case_ddp_allreduce_and_comm_fraction);
+    tcase_add_test(prog, zero_memory_per_parameter);
+    tcase_add_test(prog, zero_traffic_per_step);
+    tcase_add_test(prog, activations_and_largest_micro_batch);
+    tcase_add_test(prog, program_bad_input_is_named);
+    tcase_add_test(prog, program_extremes_are_counted_not_wrapped);
+    tcase_add_test(prog, program_plan_from_job_spec);
+    suite_add_tcase(s, prog);
     return s;
 }

@@ -134,6 +134,7 @@ static void sample(int type, struct proto_msg *m)
         m->u.welcome.lease_ms = 10000;
         m->u.welcome.session = 0x1234567890abcULL;
         m->u.welcome.time_ms = 1795000000123;
+        m->u.welcome.term = 17;
         m->u.welcome.job = json_pack("{s:s, s:i}", "name", "demo", "nodes", 2);
         ck_assert_ptr_nonnull(m->u.welcome.job);
         break;
@@ -156,6 +157,7 @@ static void sample(int type, struct proto_msg *m)
         a->restart_count = 4;
         strcpy(a->master_addr, "10.1.2.2");
         a->master_port = 29500;
+        a->term = 17;
         a->job = json_pack("{s:s, s:i, s:[i,i], s:f, s:{s:b}}", "name", "demo",
                            "nodes", 2, "dims", 1, 2, "lr", 3e-4, "opt", "zero", 1);
         ck_assert_ptr_nonnull(a->job);
@@ -163,6 +165,7 @@ static void sample(int type, struct proto_msg *m)
     }
     case PROTO_UNIQUE_ID:
         m->u.unique_id.generation = 3;
+        m->u.unique_id.term = 17;
         for (int i = 0; i < PROTO_UID_LEN; i++)
             m->u.unique_id.id[i] = (uint8_t)(i * 31);
         break;
@@ -194,6 +197,7 @@ static void sample(int type, struct proto_msg *m)
     case PROTO_COMMAND:
         m->u.command.generation = 4;
         m->u.command.action = PROTO_CMD_STOP;
+        m->u.command.term = 17;
         break;
     case PROTO_ERROR:
         strcpy(m->u.error.code, "stale_generation");
@@ -219,6 +223,8 @@ static void sample(int type, struct proto_msg *m)
         m->u.preflight.fit = 0;
         m->u.preflight.trainer = 1;
         strcpy(m->u.preflight.reason, "data /data/shard0.bin: No such file or directory \xe2\x82\xac");
+        m->u.preflight.has_checkpoint = 1;
+        strcpy(m->u.preflight.checkpoint, "global_step40");
         break;
     case PROTO_STACKS: {
         struct proto_stacks *k = &m->u.stacks;
@@ -281,6 +287,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(a->u.welcome.lease_ms, b->u.welcome.lease_ms);
         ck_assert_uint_eq(a->u.welcome.session, b->u.welcome.session);
         ck_assert_uint_eq(a->u.welcome.time_ms, b->u.welcome.time_ms);
+        ck_assert_uint_eq(a->u.welcome.term, b->u.welcome.term);
         ck_assert_msg((!a->u.welcome.job && !b->u.welcome.job) || json_equal(a->u.welcome.job, b->u.welcome.job),
                       "job objects differ");
         break;
@@ -288,6 +295,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_int_eq(a->u.preflight.fit, b->u.preflight.fit);
         ck_assert_int_eq(a->u.preflight.trainer, b->u.preflight.trainer);
         ck_assert_str_eq(a->u.preflight.reason, b->u.preflight.reason);
+        ck_assert_int_eq(a->u.preflight.has_checkpoint, b->u.preflight.has_checkpoint);
+        ck_assert_str_eq(a->u.preflight.checkpoint, b->u.preflight.checkpoint);
         break;
     case PROTO_REJECT:
         ck_assert_str_eq(a->u.reject.code, b->u.reject.code);
@@ -308,12 +317,14 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_uint_eq(x->restart_count, y->restart_count);
         ck_assert_str_eq(x->master_addr, y->master_addr);
         ck_assert_uint_eq(x->master_port, y->master_port);
+        ck_assert_uint_eq(x->term, y->term);
         ck_assert_msg(json_equal(x->job, y->job), "job objects differ");
         break;
     }
     case PROTO_UNIQUE_ID:
         ck_assert_uint_eq(a->u.unique_id.generation, b->u.unique_id.generation);
         ck_assert_mem_eq(a->u.unique_id.id, b->u.unique_id.id, PROTO_UID_LEN);
+        ck_assert_uint_eq(a->u.unique_id.term, b->u.unique_id.term);
         break;
     case PROTO_HEARTBEAT: {
         const struct proto_heartbeat *x = &a->u.heartbeat, *y = &b->u.heartbeat;
@@ -361,6 +372,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_COMMAND:
         ck_assert_uint_eq(a->u.command.generation, b->u.command.generation);
         ck_assert_int_eq(a->u.command.action, b->u.command.action);
+        ck_assert_uint_eq(a->u.command.term, b->u.command.term);
         break;
     case PROTO_ERROR:
         ck_assert_str_eq(a->u.error.code, b->u.error.code);
@@ -542,6 +554,38 @@ START_TEST(session_is_optional_and_bounded)
 }
 END_TEST
 
+/* The leader's term on the frames a daemon sends: optional (absent = 0, as
+ * a daemon without a store sends them, so that older agents read them), at
+ * most 2^53 - 1. */
+START_TEST(term_is_optional_and_bounded)
+{
+    static uint8_t buf[PROTO_MAX_FRAME];
+    static const int types[] = {PROTO_WELCOME, PROTO_ASSIGN, PROTO_UNIQUE_ID, PROTO_COMMAND};
+    struct proto_msg m;
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        sample(types[i], &m);
+        uint64_t *term = types[i] == PROTO_WELCOME ? &m.u.welcome.term
+                         : types[i] == PROTO_ASSIGN ? &m.u.assign.term
+                         : types[i] == PROTO_UNIQUE_ID ? &m.u.unique_id.term
+                                                       : &m.u.command.term;
+        *term = 0;
+        int n = proto_encode(&m, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_msg(!memmem(buf, (size_t)n, "\"term\"", 6), "%s: term 0 is on the wire", proto_type_name(types[i]));
+        roundtrip(&m);
+        *term = 1;
+        n = proto_encode(&m, buf, sizeof(buf));
+        ck_assert_ptr_nonnull(memmem(buf, (size_t)n, "\"term\":1", 8));
+        roundtrip(&m);
+        *term = PROTO_U64_MAX;
+        roundtrip(&m);
+        *term = PROTO_U64_MAX + 1;
+        ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+        proto_msg_clear(&m);
+    }
+}
+END_TEST
+
 /* The fullest HELLO (every device a GPU with the longest name, every number
  * at its largest) fits what musterd reads before authentication. */
 START_TEST(fullest_hello_fits_before_authentication)
@@ -703,6 +747,7 @@ START_TEST(frame_layout_is_as_documented)
     int n;
 
     sample(PROTO_COMMAND, &m);
+    m.u.command.term = 0; /* PROTOCOL.md's example is a daemon's without a store */
     n = proto_encode(&m, buf, sizeof(buf));
     ck_assert_int_eq(n, PROTO_HEADER_LEN + (int)strlen(want));
     ck_assert_mem_eq(buf, "\x00\x00\x00\x20\x00\x01\x00\x0a", PROTO_HEADER_LEN);
@@ -1013,8 +1058,10 @@ START_TEST(every_field_is_required)
                            (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
-                           (t == PROTO_PREFLIGHT && !strcmp(key, "trainer")) ||
-                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error")));
+                           (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
+                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error"))) ||
+                           ((t == PROTO_WELCOME || t == PROTO_ASSIGN || t == PROTO_UNIQUE_ID ||
+                             t == PROTO_COMMAND) && !strcmp(key, "term"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
                           "%s without %s", proto_type_name((enum proto_type)t), key);
             json_decref(copy);
@@ -1186,6 +1233,21 @@ START_TEST(range_errors)
     ck_assert_int_eq(hello_with("agent_version", "\"01234567890123456789012345678901\""),
                      PROTO_E_RANGE); /* 32 bytes does not fit */
     ck_assert_int_eq(hello_with("agent_version", "\"tab\\there\""), PROTO_E_RANGE);
+
+    /* A PREFLIGHT's checkpoint name: bounded, UTF-8, no control character (it reaches terminals). */
+    static const struct {
+        const char *name; /* JSON string body */
+        int rc;
+    } ckpts[] = {{"", PROTO_OK}, {"step\\u00e9 40", PROTO_OK}, {"a\\u001b[2Jb", PROTO_E_RANGE},
+                 {"a\\nb", PROTO_E_RANGE}, {"a\\u009bb", PROTO_E_RANGE}, {"a\\u007fb", PROTO_E_RANGE}};
+    for (size_t i = 0; i < sizeof(ckpts) / sizeof(ckpts[0]); i++) {
+        snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%s\"}", ckpts[i].name);
+        ck_assert_msg(decode_text(PROTO_PREFLIGHT, text) == ckpts[i].rc, "checkpoint \"%s\"", ckpts[i].name);
+    }
+    for (int len = 200; len <= 201; len++) {
+        snprintf(text, sizeof(text), "{\"fit\":true,\"reason\":\"\",\"checkpoint\":\"%0*d\"}", len, 0);
+        ck_assert_int_eq(decode_text(PROTO_PREFLIGHT, text), len == 200 ? PROTO_OK : PROTO_E_RANGE);
+    }
 
     /* Negative counts, beyond 2^53-1, beyond u32. */
     ck_assert_int_eq(hello_with("generation", "-1"), PROTO_E_RANGE);
@@ -1892,7 +1954,8 @@ START_TEST(assign_with_rendered_job_is_the_same_frame)
     /* Every slot count; an address JSON escapes ('"', '\\') takes jansson's way, as do the others. */
     static const char *const addrs[] = {"10.0.0.1", "gpu-07.cluster.example", "a\"b", "c\\d", "{}[]:,"};
     for (uint32_t nranks = 1; nranks <= PROTO_MAX_LOCAL_RANKS; nranks += nranks < 4 ? 1 : 15) {
-        for (size_t k = 0; k < sizeof(addrs) / sizeof(addrs[0]); k++) {
+        for (size_t k = 0; k < 2 * sizeof(addrs) / sizeof(addrs[0]); k++) {
+            m.u.assign.term = k % 2 ? 0 : 9007199254740991ULL; /* a leader's term, or none */
             m.u.assign.nranks = nranks;
             for (uint32_t i = 0; i < nranks; i++) {
                 m.u.assign.ranks[i].rank = 8 * nranks + i;
@@ -1900,7 +1963,7 @@ START_TEST(assign_with_rendered_job_is_the_same_frame)
                 m.u.assign.ranks[i].device = nranks - 1 - i;
             }
             m.u.assign.world_size = 16 * nranks;
-            snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", addrs[k]);
+            snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", addrs[k / 2]);
             m.u.assign.job_text = NULL;
             na = proto_encode(&m, a, sizeof(a));
             m.u.assign.job_text = text;
@@ -2404,6 +2467,7 @@ Suite *make_proto_suite(void)
     tcase_add_loop_test(tc, roundtrip_each_type, PROTO_HELLO, PROTO_TYPE_MAX + 1);
     tcase_add_test(tc, roundtrip_edges);
     tcase_add_test(tc, session_is_optional_and_bounded);
+    tcase_add_test(tc, term_is_optional_and_bounded);
     tcase_add_test(tc, fullest_hello_fits_before_authentication);
     tcase_add_test(tc, roundtrip_log_edges);
     tcase_add_test(tc, log_sanitize_keeps_every_byte);

@@ -1398,6 +1398,11 @@ START_TEST(hang_names_the_stopped_rank_with_where_it_is)
     ck_assert_str_eq(json_string_value(json_object_get(r0, "waiting")), AR);
     ck_assert_str_eq(json_string_value(json_object_get(r3, "where")), "train.py:88 in compute_loss");
     ck_assert(json_is_null(json_object_get(r3, "waiting")));
+    /* how long its step stood still, and it leads the ranks needing attention */
+    ck_assert_int_gt(json_integer_value(json_object_get(r3, "step_age_ms")), spec.progress_timeout_ms);
+    const json_t *worst = json_array_get(json_object_get(st, "failing_ranks"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(worst, "rank")), 3);
+    ck_assert(json_is_true(json_object_get(worst, "hung")));
     json_decref(st);
     answer_stacks("b", 1, 2, 2, NULL); /* the last ones: failed at once */
     ck_assert_int_eq(rdv.generation, 2);
@@ -2229,6 +2234,188 @@ START_TEST(unfit_node_holds_formation_without_spending_restarts)
 }
 END_TEST
 
+START_TEST(unfit_reason_with_control_characters_reaches_no_terminal_raw)
+{
+    char v[PROTO_REASON_MAX];
+    setup_spec(2, 3);
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+    preflight("a", 1, "");
+    /* the job's require_readable path holds an escape sequence, a newline and a C1 CSI */
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    node_field("b", "unfit_reason", v, sizeof(v));
+    ck_assert_str_eq(v, "require_readable /d ]0;owned    2J ?: No such file or directory");
+    ck_assert(has_event_with("node_unfit", "node b is unfit: require_readable /d ]0;owned    2J ?: No such"));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "/d ]0;owned    2J ?: No such"));
+    /* a reason as long as PREFLIGHT allows, not ASCII: cut to fit the job's, still UTF-8 */
+    char longer[PROTO_REASON_MAX] = "require_readable /x"; /* odd: the cut falls mid-character */
+    while (strlen(longer) + 2 < sizeof(longer))
+        strcat(longer, "\xc3\xa9");
+    preflight("b", 0, longer);
+    json_t *st = rest_status(now);
+    const char *why = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(why);
+    ck_assert_ptr_nonnull(strstr(why, "unfit: require_readable /x\xc3\xa9"));
+    json_decref(st);
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    uint64_t events = rdv.nevents;
+    preflight("b", 0, "require_readable /d\x1b]0;owned\x07\n\xc2\x9b" "2J\x7f\xff: No such file or directory");
+    ck_assert_uint_eq(rdv.nevents, events); /* the same reason again: no new event */
+}
+END_TEST
+
+/* A fit PREFLIGHT of a rank_cmd node that read its latest checkpoint ("" = none there). */
+static void preflight_ckpt(const char *node, const char *checkpoint)
+{
+    struct proto_msg m = {.type = PROTO_PREFLIGHT};
+    m.u.preflight.fit = 1;
+    m.u.preflight.has_checkpoint = 1;
+    snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", checkpoint);
+    rdv_message(&rdv, node, &m, now);
+}
+
+/* A 2-node rank_cmd job that compares checkpoints by rule; nodes a and b joined, their pre-flight pending. */
+static void ckpt_job(const char *rule)
+{
+    setup_spec(2, 3);
+    spec.restart_backoff_ms = 0;
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", spec.rank_cmd, sizeof(spec.rank_cmd)), 0);
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    snprintf(spec.checkpoint_latest, sizeof(spec.checkpoint_latest), "%s", rule);
+    ck_assert_int_eq(join_checked("a", 1, 0), 0);
+    ck_assert_int_eq(join_checked("b", 1, 0), 0);
+}
+
+START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
+{
+    ckpt_job("file:latest");
+    int from = rec.nsent;
+    preflight_ckpt("a", "global_step40");
+    preflight_ckpt("b", "");
+    ck_assert_uint_eq(rdv.generation, 1); /* opened, not assigned */
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert_uint_eq(rdv.restarts, 0);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "checkpoint_dir differs between nodes: node a has global_step40, "
+                                             "node b has none; copy the latest checkpoint"));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has global_step40, node b has none"));
+    uint64_t events = rdv.nevents;
+    preflight_ckpt("b", ""); /* the same again, every 2 s: one event */
+    ck_assert_uint_eq(rdv.nevents, events);
+    preflight_ckpt("b", "global_step40"); /* the operator copied it */
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    /* what they have changes as the generation runs: its reports are not kept for the next */
+    ck_assert_int_eq(rdv.nodes[find_index("a")].has_checkpoint, 0);
+}
+END_TEST
+
+START_TEST(checkpoints_a_job_does_not_ask_for_are_not_compared)
+{
+    ckpt_job("file:latest");
+    spec.checkpoint_latest[0] = '\0'; /* an agent (an old build, a forged one) sends them anyway */
+    int from = rec.nsent;
+    preflight_ckpt("a", "global_step40");
+    preflight_ckpt("b", "");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert(!has_event_with("checkpoint_diverged", "node a"));
+}
+END_TEST
+
+START_TEST(long_checkpoint_names_cut_short_stay_utf8)
+{
+    ckpt_job("file:latest");
+    char a[PROTO_CKPT_NAME_MAX] = "", b[PROTO_CKPT_NAME_MAX] = "";
+    for (int i = 0; i < 100; i++) { /* 200 bytes each: the reason cannot hold both */
+        strcat(a, "\xc3\xa9");
+        strcat(b, "\xc3\xbc");
+    }
+    preflight_ckpt("a", a);
+    preflight_ckpt("b", b);
+    json_t *st = rest_status(now); /* a reason that is not UTF-8 would not be JSON */
+    const char *reason = json_string_value(json_object_get(st, "reason"));
+    ck_assert_ptr_nonnull(reason);
+    ck_assert_ptr_nonnull(strstr(reason, "checkpoint_dir differs between nodes: node a has \xc3\xa9"));
+    json_decref(st);
+    ck_assert(has_event_with("checkpoint_diverged", "node a has"));
+}
+END_TEST
+
+START_TEST(diverging_checkpoints_may_be_accepted)
+{
+    ckpt_job("glob:step_*");
+    spec.checkpoint_diverged_ok = 1;
+    int from = rec.nsent;
+    preflight_ckpt("a", "step_2");
+    preflight_ckpt("b", "step_1");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has step_2, node b has step_1; starting anyway"));
+}
+END_TEST
+
+START_TEST(after_a_failure_fresh_starters_report_their_checkpoint_again)
+{
+    ckpt_job("file:latest");
+    preflight_ckpt("a", "");
+    preflight_ckpt("b", "");
+    beat("a", 1, 0, 1, PROTO_RANK_RUNNING, 50);
+    beat("b", 1, 1, 1, PROTO_RANK_RUNNING, 50);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* rank 1 dies; every rank restarts from its node's checkpoint_dir (none rejoins in place) */
+    int from = rec.nsent;
+    rank_exit("b", 1, 1, 1, 0);
+    ck_assert_uint_eq(rdv.generation, 2);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "to report its latest checkpoint"));
+    preflight_ckpt("a", "global_step40");
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN)); /* b has not said yet */
+    preflight_ckpt("b", ""); /* its checkpoint_dir was lost: it would start from step 0 */
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert(has_event_with("checkpoint_diverged", "node a has global_step40, node b has none"));
+    ck_assert_uint_eq(rdv.restarts, 1); /* the failure's restart, no more */
+    preflight_ckpt("b", "global_step40");
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+
+    /* generation 3: b's report goes astray; after heartbeat_timeout_ms it is not waited for */
+    beat("a", 2, 0, 1, PROTO_RANK_RUNNING, 60);
+    beat("b", 2, 1, 1, PROTO_RANK_RUNNING, 60);
+    from = rec.nsent;
+    rank_exit("a", 2, 0, 1, 0);
+    preflight_ckpt("a", "global_step60");
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    for (int i = 0; i < 2; i++) { /* b is alive (it beats), its report just never comes */
+        now += (uint64_t)spec.heartbeat_timeout_ms / 2 + 1;
+        beat("a", 2, 0, 0, PROTO_RANK_RUNNING, 0);
+        beat("b", 2, 1, 0, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_msg(has_event_with("checkpoint_unreported", "node b did not report its latest checkpoint"),
+                  "reason: %s", rdv.reason);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+}
+END_TEST
+
+START_TEST(ranks_that_rejoin_in_place_are_not_compared)
+{
+    ckpt_job("glob:step_*");
+    preflight_ckpt("a", "step_1");
+    preflight_ckpt("b", "step_1");
+    beat_rejoin = 1; /* the ranks can heal in place (the Elastic API) */
+    beat("a", 1, 0, 1, PROTO_RANK_RUNNING, 50);
+    beat("b", 1, 1, 1, PROTO_RANK_RUNNING, 50);
+    int from = rec.nsent;
+    rank_exit("b", 1, 1, 1, 0); /* b's rank starts afresh, a's keeps its state */
+    ck_assert_uint_eq(rdv.generation, 2);
+    preflight_ckpt("a", "step_9"); /* a survivor's directory is not what its rank resumes from */
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN)); /* b's report is awaited */
+    preflight_ckpt("b", "step_1");
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert(!has_event_with("checkpoint_diverged", "step_9"));
+}
+END_TEST
+
 START_TEST(plan_that_does_not_fit_is_refused_naming_the_device)
 {
     setup_spec(1, 3);
@@ -2449,7 +2636,14 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, node_lookup_by_name_survives_removals);
     tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
+    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
+    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
+    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
+    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
+    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
     tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
     tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
     suite_add_tcase(s, tc);

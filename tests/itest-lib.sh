@@ -213,6 +213,16 @@ for r in json.load(urllib.request.urlopen(base + "/v1/ranks", timeout=2))["ranks
 
 pid_alive() { kill -0 "$1" 2>/dev/null; }
 
+# stop_all: every process started (ITEST_PIDS) gets SIGTERM, 5 s to exit, then SIGKILL.
+stop_all() {
+    for p in $ITEST_PIDS; do kill "$p" 2>/dev/null || true; done
+    for p in $ITEST_PIDS; do
+        i=0; while pid_alive "$p" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+        kill -9 "$p" 2>/dev/null || true
+    done
+    ITEST_PIDS=""
+}
+
 # wait_exit PID SECONDS: true once PID is gone (polls every 50 ms).
 wait_exit() {
     i=0

@@ -52,7 +52,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 
 __all__ = ["connect", "Rank", "Elastic", "ShardedElastic", "BEAT_INTERVAL", "KEEPALIVE_INTERVAL"]
 
@@ -163,6 +162,8 @@ class Rank:
         self._main = threading.main_thread().ident
         self._rejoin = False          # it rejoins the next generation in place (Elastic)
         self._parked = 0              # the generation a COMMAND park announced (0: none)
+        self._yield = 0               # the generation a COMMAND yield asked to leave (0: none)
+        self._yielded = False         # it left its generation at a step boundary for a grow
         self._restore = None          # (from, step) of this generation's state, once known
         try:
             self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -363,6 +364,8 @@ class Rank:
             entry["rejoin"] = True
         if self._restore is not None:
             entry["restore_from"], entry["restore_step"] = self._restore
+        if self._yielded:
+            entry["yielded"] = True
         entry["step_age_ms"] = int((now - self._step_at) * 1000)
         if self._step_s > 0:
             entry["step_s"] = self._step_s
@@ -429,6 +432,9 @@ class Rank:
                 elif mtype == _COMMAND and msg.get("action") == "park":
                     self._parked = max(self._parked, int(msg.get("generation", 0)))
                     self._cond.notify_all()
+                elif mtype == _COMMAND and msg.get("action") == "yield":
+                    if msg.get("generation") == self.generation:
+                        self._yield = self.generation
                 elif mtype == _COMMAND and msg.get("action") == "stop":
                     self._stop = True
                 elif mtype == _COMMAND and msg.get("action") == "checkpoint":
@@ -451,6 +457,7 @@ class Rank:
                 self.rank = slot["rank"]
                 self._restore = None
                 self._uid = None
+                self._yielded = False
                 self._cond.notify_all()
                 return
 
@@ -600,7 +607,10 @@ def _startup():
     if "MUSTER_CTL_FD" not in os.environ:
         return  # not a rank's own process (or not under muster)
     _arm_stacks()
-    sys.meta_path.insert(0, _TorchWatch())
+    if "torch" in sys.modules:  # a warm spare (muster_spare) imported it before it became this rank
+        _torch_imported(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchWatch())
 
 
 def _arm_stacks():
@@ -710,12 +720,33 @@ def _on_optimizer_step(opt, args, kwargs):
 
 # ---- healing in place -------------------------------------------------------
 
+# Once muster parked the generation, how long a rank may stay in its step
+# before it is interrupted there (a survivor in its forward pass reaches its
+# next collective, which raises, well within it; the hung rank does not), and
+# how long after that before it exits, when its main thread is held outside
+# any collective by native code: its peers' collectives then fail and they go on.
+PARK_INTERRUPT_S = 1.0
+PARK_EXIT_S = 5.0
+
+
+class _Parked(BaseException):
+    """Raised in the rank's training thread, in its own code, when muster parked
+    the generation and the step does not end by itself (the rank is the hung
+    one). A BaseException: a program's `except Exception` lets it through."""
+
+
+def _interrupt(thread_id, exc):
+    """Raises exc in the thread at its next bytecode (None: takes back one not raised yet)."""
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc and ctypes.py_object(exc))
+
+
 class Elastic:
     """Healing in place for a data-parallel PyTorch program.
 
         elastic = muster_rank.Elastic(model, optimizer, wrap=DDP, step=start)
         def train_step(step):
-            x, y = batch(step)
+            x, y = batch(step, elastic.rank, elastic.world_size)  # this rank's share of the step's batch
             loss = loss_fn(elastic.model(x), y)   # elastic.model: wrap(model) of this generation
             optimizer.zero_grad(); loss.backward(); optimizer.step()
             return loss
@@ -734,13 +765,23 @@ class Elastic:
     the step that failed: no completed step is lost. Outside muster (plain
     python, torchrun) the same script runs, and a failure raises as usual.
 
+    The world may change size between generations (a node lost for good:
+    the job shrinks; a node that comes back: it grows, the ranks leaving
+    their generation together at a step boundary on muster's COMMAND yield,
+    by one vote per step): `rank` and `world_size` are this generation's.
+    A rank that hangs (muster's hang detection parks the generation) is
+    interrupted in its own code, or exits when it cannot be, so that its
+    peers' collectives end (see PARK_INTERRUPT_S, PARK_EXIT_S).
+
     state: objects with state_dict()/load_state_dict() (a data loader's
     position, an LR scheduler, ...), kept alike on every rank. The step
     count travels too; the program's RNG does not (draw batches as a
     function of the step, as the test programs do, or pass an object).
+    timeout_s: the process group's collective timeout (None: torch's).
     """
 
-    def __init__(self, model, optimizer, wrap=None, state=None, step=0, backend="gloo", heal_wait_s=30.0):
+    def __init__(self, model, optimizer, wrap=None, state=None, step=0, backend="gloo", heal_wait_s=30.0,
+                 timeout_s=None):
         self.module = model
         self.optimizer = optimizer
         self.model = model
@@ -749,11 +790,35 @@ class Elastic:
         self._state = dict(state or {})
         self._backend = backend
         self._heal_wait = heal_wait_s
+        self._timeout = timeout_s
         self._rank = connect()
         self._gen = 0                  # the generation of the process group it trains in
+        self._thread = None            # the thread that runs the steps
+        self._running = False          # run() is under way (the park watch lives as long)
+        self._busy = 0                 # a number for each generation it entered, while in it (else 0)
+        self._entered = 0              # generations entered so far
+        self._in_step = False          # in train_step
+        self._conns = None             # the process group's sockets ({fd: inode}) once formed
+        self._conns_before = None      # the sockets open before the process group was formed
+        self._interrupted = False      # _Parked was sent to this step
+        self._suspect = False          # interrupted in its own code: its state may be half updated
         if self._rank.active:
             self._rank._rejoin = True
             self._rank._own = True  # the steps are this object's, not the start-up hook's count
+
+    @property
+    def rank(self):
+        """This rank's number in the current generation (RANK before run() forms the group)."""
+        import torch.distributed as dist
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+    @property
+    def world_size(self):
+        """The ranks of the current generation (WORLD_SIZE before run() forms the group)."""
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1"))
 
     def run(self, train_step, steps):
         """train_step(step) for step in [self.step, steps); returns the last step's result.
@@ -763,24 +828,53 @@ class Elastic:
         import torch.distributed as dist
         stepped = [False]
         hook = self._watch_steps(lambda *_: stepped.__setitem__(0, True))
+        self._thread = threading.get_ident()
+        if self._rank.active:
+            self._running = True
+            threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True).start()
         result = None
+        pending = "form"  # before the next step: "form" (the first), "park" or "yield" (leave, form the next)
         try:
-            self._form(dist)
-            while self.step < steps:
+            while True:
                 stepped[0] = False
+                err = None
                 try:
-                    result = train_step(self.step)
-                except RuntimeError:
-                    if stepped[0]:
-                        self.step += 1
-                    if not self._heal(dist):
-                        raise
+                    if pending == "form":
+                        pending = None
+                        self._form(dist)
+                    elif pending:
+                        yielded, pending = pending == "yield", None
+                        self._rejoin(dist, yielded)
+                    if self.step >= steps:
+                        break
+                    pending = self._boundary(dist)
+                    if pending:
+                        continue
+                    result = self._one_step(train_step)
+                except RuntimeError as e:
+                    err = e
+                except _Parked:
+                    self._suspect = True
+                    pending = "park"
+                if err is None and pending is None:
+                    self.step += 1
+                    loss = result.item() if hasattr(result, "item") else result
+                    self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
                     continue
-                self.step += 1
-                loss = result.item() if hasattr(result, "item") else result
-                self._rank._report(self.step, loss if isinstance(loss, (int, float)) else None, None, 0.0)
+                if stepped[0]:
+                    self.step += 1
+                if err is not None:
+                    if not (self._rank.active and self._rank._wait_park(self._gen, self._heal_wait)):
+                        raise err  # no failure muster knows of: the program's own error
+                    # Dropped here, out of the except clause, so that the failed step's
+                    # frames (and the generation's DDP in them) go before its process group.
+                    err = None
+                    pending = "park"
         finally:
             hook.remove()
+            with self._rank._cond:
+                self._running = False
+                self._rank._cond.notify_all()
         return result
 
     def _watch_steps(self, fn):
@@ -790,23 +884,58 @@ class Elastic:
     # -- one generation's process group and state --
 
     def _form(self, dist):
-        self._gen = self._rank.generation
+        """Enters the generation: joins its process group, then brings the state to every rank."""
+        self._join(dist)
+        self._sync_state(dist)
+
+    def _join(self, dist):
+        """The generation's process group (formed unless it is), with the
+        bookkeeping the park watch relies on: the generation entered and the
+        group's sockets."""
+        cond = self._rank._cond
+        with cond:
+            self._gen = self._rank.generation
+            self._entered += 1
+            self._busy = self._entered
+            cond.notify_all()
         if not dist.is_initialized():
-            dist.init_process_group(self._backend, init_method="env://")
+            before = _sockets()
+            with cond:
+                self._conns = None
+                self._conns_before = before
+            if self._timeout is None:
+                dist.init_process_group(self._backend, init_method="env://")
+            else:
+                import datetime
+                dist.init_process_group(self._backend, init_method="env://",
+                                        timeout=datetime.timedelta(seconds=self._timeout))
+            with cond:
+                self._conns = _opened_since(before)
+
+    def _sync_state(self, dist):
+        """Every rank to the state of the first rank with the most steps."""
         import torch
-        me = dist.get_rank()
+        me, world = dist.get_rank(), dist.get_world_size()
         have = self.step if self.step > 0 else -1  # -1: nothing trained, the seed's state
         best = torch.tensor([have], dtype=torch.int64)
         dist.all_reduce(best, op=dist.ReduceOp.MAX)
-        src = torch.tensor([me if have == best.item() else dist.get_world_size()], dtype=torch.int64)
+        # The state comes from the first rank with the most steps, one that was not
+        # interrupted in its own code (its update may be half done) if there is one.
+        key = 2 * world if have != best.item() else me + world if self._suspect else me
+        src = torch.tensor([key], dtype=torch.int64)
         dist.all_reduce(src, op=dist.ReduceOp.MIN)
+        src = int(src.item()) % world
         if best.item() >= 0:
-            self._broadcast_state(dist, int(src.item()))
+            self._broadcast_state(dist, src)
             self.step = int(best.item())
             self._rank._restore = ("memory", self.step)
         else:
             self._rank._restore = ("seed", 0)
+        self._suspect = self._interrupted = False
         self.model = self._wrap(self.module) if self._wrap else self.module
+        if self._rank.active:
+            _log("generation %d: rank %d of %d, training from step %d (state from %s)"
+                 % (self._gen, me, world, self.step, "rank %d" % src if best.item() >= 0 else "the seed"))
 
     def _objects(self):
         objs = {"model": self.module, "optimizer": self.optimizer}
@@ -854,20 +983,56 @@ class Elastic:
         for name, o in objs.items():
             o.load_state_dict(states[name])
 
-    def _heal(self, dist):
-        """After a failed step: True once the rank is in the next generation with the others' state."""
+    # -- leaving a generation --
+
+    def _boundary(self, dist):
+        """Between two steps: "park" when muster parked the generation, "yield"
+        when the ranks agree to leave it for a grow (one all-reduce: any rank
+        that got COMMAND yield asks), else None."""
         r = self._rank
         if not r.active:
-            return False
-        # The generation the failed step ran in: the agent may have handed the
-        # next one over already (a peer's death is noticed at once, a collective
-        # fails only when the rank next calls one).
+            return None
+        if r._parked > self._gen or r.generation > self._gen:
+            return "park"
+        import torch
+        device = torch.device("cuda", torch.cuda.current_device()) if self._backend == "nccl" else None
+        ask = torch.tensor([1 if r._yield == self._gen else 0], dtype=torch.int64, device=device)
+        dist.all_reduce(ask, op=dist.ReduceOp.MAX)
+        return "yield" if ask.item() else None
+
+    def _one_step(self, train_step):
+        cond = self._rank._cond
+        with cond:
+            self._in_step = True
+        try:
+            return train_step(self.step)
+        finally:
+            with cond:
+                self._in_step = False
+                if self._interrupted:
+                    _interrupt(self._thread, None)  # one not raised by now is not raised
+
+    def _rejoin(self, dist, yielded):
+        """Leaves the generation it trained in, keeping its state, and forms the next one."""
+        r = self._rank
         gen = self._gen
-        if not r._wait_park(gen, self._heal_wait):
-            return False  # no failure muster knows of: the program's own error
-        # The wrapper of the generation that ended (DDP's reducer hooks its
-        # parameters and holds the old group) goes before the new one is made.
-        self.model = self.module
+        with r._cond:
+            self._busy = 0
+            r._cond.notify_all()
+            conns = self._connections()
+        if yielded:
+            with r._cond:
+                r._yielded = True
+                if r._entry is not None:
+                    r._changed()
+            _log("generation %d: left at the boundary of step %d with the other ranks (the job grows)"
+                 % (gen, self.step))
+        else:
+            _log("generation %d broke at step %d; waiting for the next generation" % (gen, self.step))
+            # gloo has no abort and keeps its sockets open past destroy_process_group:
+            # peers still blocked on this rank in the ended generation are let go now.
+            _shut(conns)
+        self._let_go()
         import gc
         gc.collect()
         try:
@@ -876,7 +1041,8 @@ class Elastic:
             pass
         assign = r._wait_generation(gen, 3600.0)
         if assign is None:
-            return False
+            raise RuntimeError("muster_rank: generation %d is over and no next one came (stopped, or the agent "
+                               "went away)" % gen)
         os.environ.update(RANK=str(r.rank), WORLD_SIZE=str(assign["world_size"]),
                           MASTER_ADDR=str(assign["master_addr"]), MASTER_PORT=str(assign["master_port"]),
                           MUSTER_GENERATION=str(r.generation),
@@ -884,7 +1050,106 @@ class Elastic:
                           GROUP_RANK=str(assign.get("node_rank", 0)), GROUP_WORLD_SIZE=str(assign.get("nnodes", 1)),
                           LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
         self._form(dist)
-        return True
+
+    def _let_go(self):
+        """Before the process group of the generation that ended is destroyed:
+        drops what refers to it. The wrapper (DDP's reducer hooks its parameters
+        and holds the old group) goes before the new one is made."""
+        self.model = self.module
+
+    def _connections(self):
+        """The sockets of the current generation's process group (lock held):
+        those init_process_group opened, or all opened since it began while it runs."""
+        if self._conns is not None:
+            return self._conns
+        return _opened_since(self._conns_before) if self._conns_before is not None else {}
+
+    def _watch_park(self):
+        """Muster parked the generation and the rank has not left it
+        PARK_INTERRUPT_S later. Held by its own code in a step (it is the
+        hung one): its connections of the generation are closed, which ends
+        its peers' waits on it, and _Parked is raised in that code. Waiting
+        on its peers (a collective, a rendezvous) PARK_EXIT_S later still:
+        its own connections are closed, which ends its wait. Still in the
+        generation PARK_EXIT_S after either (native code outside any
+        collective), the process exits, so that its peers go on; its slot
+        is started again."""
+        r = self._rank
+        with r._cond:
+            while self._running:
+                busy = self._busy
+                if not busy or r._parked <= self._gen:
+                    r._cond.wait()
+                    continue
+                if not self._held(busy, PARK_INTERRUPT_S):
+                    continue
+                where, waiting = _where(self._thread)
+                stuck = self._in_step and waiting is None and not self._interrupted
+                if not stuck and not self._held(busy, PARK_EXIT_S):
+                    continue
+                _log("generation %d was parked and rank %d has not left it (%s): closing its connections%s"
+                     % (self._gen, r.rank, waiting or where or "where is not known",
+                        ", interrupting its step" if stuck else ""))
+                _shut(self._connections())
+                if stuck:
+                    self._interrupted = True
+                    _interrupt(self._thread, _Parked)
+                if self._held(busy, PARK_EXIT_S):
+                    _log("rank %d did not leave generation %d %.0f s after that: exiting, so that its peers go on"
+                         % (r.rank, self._gen, PARK_EXIT_S))
+                    os._exit(1)
+
+    def _held(self, busy, seconds):
+        """True when the rank is still in the generation it entered as busy after seconds (lock held)."""
+        deadline = time.monotonic() + seconds
+        while self._running and self._busy == busy:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            self._rank._cond.wait(left)
+        return False
+
+
+def _sockets():
+    """{fd: "socket:[inode]"} of the process's open sockets ({} without /proc)."""
+    found = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            link = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            found[int(name)] = link
+    return found
+
+
+def _opened_since(before):
+    return {fd: s for fd, s in _sockets().items() if before.get(fd) != s}
+
+
+def _shut(conns):
+    """Shuts down each connected socket of conns ({fd: "socket:[inode]"}) still open as
+    the same socket: its peers see it closed at once, and calls waiting on it here fail.
+    Listening sockets stay (gloo's listener thread aborts the process when its own fails)."""
+    now = _sockets()
+    for fd, s in conns.items():
+        if now.get(fd) != s:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
 
 class _TensorSlot:
@@ -1239,12 +1504,14 @@ class ShardedElastic(Elastic):
                  heal_wait_s=30.0, replica_timeout_s=300.0, timeout_s=300.0):
         if int(replica_every) < 0:
             raise ValueError("replica_every must be >= 0 (0: no replicas), got %r" % (replica_every,))
-        super().__init__(None, None, state=state, backend=backend, heal_wait_s=heal_wait_s)
+        # timeout_s bounds every collective: the last resort of a survivor whose
+        # peers left a collective of the old group that it still waits in
+        super().__init__(None, None, state=state, backend=backend, heal_wait_s=heal_wait_s,
+                         timeout_s=float(timeout_s))
         self._build = build
         self._every = int(replica_every)
         self._checkpoint = checkpoint
         self._replica_timeout = float(replica_timeout_s)
-        self._timeout = float(timeout_s)
         self._buddy = None
         self.restored = None   # (from, step, steps redone) of the last generation formed
 
@@ -1253,7 +1520,7 @@ class ShardedElastic(Elastic):
             result = train_step(step)
             if self._every and (step + 1) % self._every == 0 and step + 1 < steps:
                 self._buddy.replicate(step + 1, self.module, self.optimizer, self._state)
-            # the result outlives the step: without its autograd graph (see _heal)
+            # the result outlives the step: without its autograd graph (see _let_go)
             return result.detach() if hasattr(result, "detach") else result
         try:
             return super().run(step_then_replicate, steps)
@@ -1265,36 +1532,25 @@ class ShardedElastic(Elastic):
         from torch.optim.optimizer import register_optimizer_step_post_hook
         return register_optimizer_step_post_hook(lambda opt, *_: fn() if opt is self.optimizer else None)
 
-    def _heal(self, dist):
-        r = self._rank
-        if r.active and r._wait_park(self._gen, self._heal_wait):
-            if self._buddy is not None:
-                self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
-                self._buddy.group = None
-            # A gloo group closes its connections only once nothing refers to
-            # it, and the peers that still wait in one of its collectives fail
-            # only then. The sharded model and its optimizer refer to it, so do
-            # the failed step's frames (its loss's autograd graph holds FSDP's
-            # hooks), and so does the device mesh, which DTensor's sharding
-            # caches keep: all let go of it before the group is destroyed.
-            error = sys.exc_info()[1]
-            while error is not None:  # the error and those it came from
-                traceback.clear_frames(error.__traceback__)
-                error = error.__cause__ or error.__context__
-            self.model = self.module = self.optimizer = None
-            _release_meshes()
-        return super()._heal(dist)
+    def _let_go(self):
+        if self._buddy is not None:
+            self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
+            self._buddy.group = None
+        # A gloo group closes its connections only once nothing refers to it,
+        # and the peers that still wait in one of its collectives fail only
+        # then. The sharded model and its optimizer refer to it (run() has
+        # dropped the failed step's error, whose frames hold the loss's
+        # autograd graph and so FSDP's hooks), and so does the device mesh,
+        # which DTensor's sharding caches keep: all let go of it before the
+        # group is destroyed.
+        self.model = self.module = self.optimizer = None
+        _release_meshes()
 
-    def _form(self, dist):
+    def _sync_state(self, dist):
+        """Every rank's model built anew in this group, its shard state from
+        the buddy replicas, else the program's checkpoint, else the seed."""
         import datetime
         import gc
-        import torch
-        self._gen = self._rank.generation
-        if not dist.is_initialized():
-            # a bound on every collective: the last resort of a survivor whose
-            # peers left a collective of the old group that it still waits in
-            dist.init_process_group(self._backend, init_method="env://",
-                                    timeout=datetime.timedelta(seconds=self._timeout))
         me, world = dist.get_rank(), dist.get_world_size()
         was = self.step
         old = self._buddy
@@ -1327,6 +1583,7 @@ class ShardedElastic(Elastic):
         old = None
         self._buddy = _Buddy(dist, group, me, world, buddy, wards, own, held)
         self._rank._restore = how
+        self._suspect = self._interrupted = False  # a step interrupted in its own code: redone from a replica
         self.restored = (how[0], how[1], max(was - how[1], 0))
         if me == 0 and was > 0:
             _log("generation %d: every rank at step %d from %s (%d steps redone)"

@@ -61,7 +61,7 @@ sys.exit(0 if len(h["step"]) >= 2 and h["step"] == sorted(h["step"]) and len(h["
     sleep 0.1; i=$((i + 1))
 done
 [ $i -lt 50 ] || fail "/v1/history: $(curl -s "http://127.0.0.1:$HTTP/v1/history")"
-curl -s "http://127.0.0.1:$HTTP/" | grep -q "<canvas" || fail "dashboard"
+curl -s "http://127.0.0.1:$HTTP/" | grep -q "<svg id=\"chart\"" || fail "dashboard"
 
 # Admin: no token is a usage error, a wrong one is refused, the job goes on.
 if env -u MUSTER_ADMIN_TOKEN "$M" $S stop 2> "$ITEST_DIR/err"; then fail "stop without a token"; fi

@@ -19,7 +19,7 @@ for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
          share/muster/etc/balanced.json share/muster/etc/aggressive.json \
          share/doc/muster/operator-guide.md share/doc/muster/troubleshooting.md share/doc/muster/config.md \
          share/man/man8/musterd.8 share/man/man8/muster-worker.8 share/man/man1/muster-train.1 \
-         share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank.py; do
+         share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank.py lib/muster/python/muster_spare.py; do
     [ -f "$P/$f" ] || fail "make install did not install $f"
 done
 # With CUDA, muster-train's GPU module, where the installed muster-train finds it.

@@ -45,15 +45,6 @@ run() {
     done
 }
 
-stop_all() {
-    for p in $ITEST_PIDS; do kill "$p" 2>/dev/null || true; done
-    for p in $ITEST_PIDS; do
-        i=0; while pid_alive "$p" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-        kill -9 "$p" 2>/dev/null || true
-    done
-    ITEST_PIDS=""
-}
-
 # unfit_then_fit CASE PATTERN FIX: b must be shown unfit with PATTERN in its reason
 # while the job waits without spending a restart; FIX (a shell command) makes it fit.
 unfit_then_fit() {

@@ -24,6 +24,10 @@ def parse_args():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="with --elastic: each step's batch of this many samples, split over the ranks of the "
+                        "world of the moment (instead of --batch per rank), with a target the model learns "
+                        "(the sine of the first 8 features' scaled sum), so that the loss falls")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
@@ -85,6 +89,10 @@ def main_elastic(args):
     """The same training through muster_rank.Elastic: under muster a peer's death
     costs the survivors neither their process nor their state."""
     import muster_rank
+    if args.timing_file:  # the process runs the script (a warm spare: since it took the rank up)
+        now = time.time()
+        timing_line(args.timing_file, "start", os.environ.get("RANK"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                    os.getpid(), -1, f"{now:.6f}", f"{now:.6f}", f"{process_created():.6f}")
     torch.manual_seed(args.seed)
     net = nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1))
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
@@ -93,11 +101,24 @@ def main_elastic(args):
           f"started", flush=True)
 
     def train_step(step):
-        rank = dist.get_rank()
+        rank, world = elastic.rank, elastic.world_size
         if step == args.raise_at_step and rank == args.raise_rank:
             raise ValueError(f"injected failure at step {step} on rank {rank}")
-        x, y = batch(args.seed, step, rank, args.batch, args.width)
-        loss = nn.functional.mse_loss(elastic.model(x), y)
+        if (step == args.spin_at_step and rank == args.spin_rank and
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == str(args.spin_restart)):
+            spin_for_ever()
+        if args.global_batch:
+            # The step's global batch is the same whatever the world: this rank takes
+            # its share, and the loss is scaled so that DDP's mean over the ranks is
+            # the mean over the global batch, however unequal the shares.
+            x, _ = batch(args.seed, step, 0, args.global_batch, args.width)
+            y = torch.sin(x[:, :8].sum(dim=1, keepdim=True) / 8 ** 0.5)
+            lo, hi = rank * args.global_batch // world, (rank + 1) * args.global_batch // world
+            err = nn.functional.mse_loss(elastic.model(x[lo:hi]), y[lo:hi], reduction="sum")
+            loss = err * world / args.global_batch
+        else:
+            x, y = batch(args.seed, step, rank, args.batch, args.width)
+            loss = nn.functional.mse_loss(elastic.model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -31,6 +31,7 @@
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
+#include "worker/agent/spare.h"
 
 extern char **environ;
 
@@ -132,6 +133,8 @@ struct agent {
     struct agent_rank *ranks[PROTO_MAX_LOCAL_RANKS]; /* by slot of the held assignment */
     uint32_t nranks;
     struct agent_rank *all; /* every rank object not yet freed */
+    struct spare_pool spare; /* the warm spare (job key warm_spares) */
+    char spare_said[256];    /* why warm_spares is off, as last logged ("" = nothing said) */
     bool have_uid;
     struct proto_unique_id uid;
     /* The unique id rank 0 of this node created, as it was sent up: sent
@@ -149,6 +152,8 @@ struct agent {
     bool trainer;            /* the held job's ranks are muster-train */
     char preflight_said[PROTO_REASON_MAX]; /* the verdict last logged ("" = fit) */
     bool preflight_logged;   /* since this join: repeats of the same verdict are not logged */
+    char preflight_ckpt[PROTO_CKPT_NAME_MAX]; /* the latest checkpoint last reported; with */
+    bool preflight_had_ckpt; /* whether one was: a fit node's same report again is not sent */
     struct agent_preflight pf;
 
     char state_dir[PATH_MAX]; /* "" = none usable: ranks get no error file */
@@ -419,6 +424,8 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
         log_warn("rank %u (pid %d, generation %" PRIu64 ") exited with status %d%s%s", r->rank, r->pid,
                  r->generation, code, reason[0] ? ": " : "", reason);
     uint64_t gen = r->generation;
+    if (!sig && code == 0)
+        spare_drop(&a->spare); /* its training is done: the job ends, no replacement will be needed */
     if (r->rejoined_from && !sig && code == 0) {
         /* Rejoined to this generation, it ended the one before instead (its
          * training was done) without taking this one up: its exit is that
@@ -556,8 +563,57 @@ static void hand_assignment(struct agent *a, struct agent_rank *r, const struct 
     }
 }
 
+/* The identity of slot i of the held assignment. */
+static struct rank_identity slot_identity(const struct agent *a, uint32_t i, const char *error_file,
+                                          const char *dir, const char *pypath)
+{
+    const struct proto_assign *as = &a->assign;
+    const struct proto_rank_slot *slot = &as->ranks[i];
+    const struct job_spec *spec = &a->spec;
+    struct rank_identity id = {
+        .rank = slot->rank,
+        .local_rank = slot->local_rank,
+        .world_size = as->world_size,
+        .local_world_size = as->nranks,
+        .node_rank = as->node_rank,
+        .nnodes = as->nnodes,
+        .generation = as->generation,
+        .restart_count = as->restart_count,
+        .max_restarts = (uint32_t)spec->max_restarts,
+        .run_id = spec->name,
+        .master_addr = as->master_addr,
+        .master_port = as->master_port,
+        .error_file = error_file,
+        .omp_threads = omp_threads(as->nranks),
+        .node = a->cfg->node,
+        .python_path = pypath,
+        .rank_dir = dir,
+        .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
+        .kind = a->cfg->devices.kind,
+        .device = slot->device,
+    };
+    return id;
+}
+
+/* After the ranks started: a warm spare for the next one when the job wants it and can have it. */
+static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
+{
+    char why[sizeof(a->spare_said)];
+    if (!spare_usable(&a->spec, argv, pypath, why, sizeof(why))) {
+        if (why[0] && strcmp(why, a->spare_said) != 0)
+            log_warn("warm_spares is off for this job: %s", why);
+        snprintf(a->spare_said, sizeof(a->spare_said), "%s", why);
+        spare_drop(&a->spare);
+        return;
+    }
+    a->spare_said[0] = '\0';
+    struct rank_identity id = slot_identity(a, 0, "", "", pypath);
+    spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
+}
+
 /* Spawns one rank per slot of the held assignment that has none (a rank that
- * rejoined in place keeps its slot); no other rank may be running. */
+ * rejoined in place keeps its slot), the warm spare becoming the first one when
+ * there is one; no other rank may be running. */
 static void spawn_all(struct agent *a)
 {
     const struct proto_assign *as = &a->assign;
@@ -588,33 +644,16 @@ static void spawn_all(struct agent *a)
             snprintf(error_file, sizeof(error_file), "%s/error.json", dir);
             unlink(error_file);
         }
-        struct rank_identity id = {
-            .rank = slot->rank,
-            .local_rank = slot->local_rank,
-            .world_size = as->world_size,
-            .local_world_size = as->nranks,
-            .node_rank = as->node_rank,
-            .nnodes = as->nnodes,
-            .generation = as->generation,
-            .restart_count = as->restart_count,
-            .max_restarts = (uint32_t)spec->max_restarts,
-            .run_id = spec->name,
-            .master_addr = as->master_addr,
-            .master_port = as->master_port,
-            .error_file = error_file,
-            .omp_threads = omp_threads(as->nranks),
-            .node = a->cfg->node,
-            .python_path = pypath,
-            .rank_dir = dir,
-            .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
-            .kind = a->cfg->devices.kind,
-            .device = slot->device,
-        };
+        struct rank_identity id = slot_identity(a, i, error_file, dir, pypath);
         struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
         char **env = rank_env_build(environ, &id);
         int err_code = UV_ENOMEM;
-        struct agent_rank *r =
-            env && argv ? rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code) : NULL;
+        struct agent_rank *r = env && argv ? spare_take(&a->spare, argv, env) : NULL;
+        const bool warm = r != NULL;
+        if (warm)
+            rank_take_up(r, &a->all, &id, &cb);
+        else if (env && argv)
+            r = rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code);
         cmdline_free(env);
         a->ranks[i] = r;
         if (!r) {
@@ -632,14 +671,15 @@ static void spawn_all(struct agent *a)
         snprintf(r->error_file, sizeof(r->error_file), "%s", error_file);
         /* Its output is read from the next loop iteration on: no line comes before the log is open. */
         rank_log_open(&r->log, dir, slot->rank, a->cfg->log_max_bytes);
-        log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64, slot->rank,
+        log_info("started rank %u (local rank %u, %s %u, pid %d) for generation %" PRIu64 "%s", slot->rank,
                  slot->local_rank, a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", slot->device, r->pid,
-                 as->generation);
+                 as->generation, warm ? ": the warm spare took it up" : "");
         hand_assignment(a, r, &assign_msg);
     }
+    a->nranks = as->nranks;
+    keep_spare(a, argv, pypath);
     if (own_argv)
         cmdline_free(argv);
-    a->nranks = as->nranks;
 }
 
 /* ---- MASTER_PORT ------------------------------------------------------- */
@@ -1417,6 +1457,8 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         finish_stacks(a, false);
 }
 
+static void recheck_checkpoint(struct agent *a);
+
 static void on_command(struct agent *a, const struct proto_command_msg *c)
 {
     if (stale(a, "COMMAND", c->generation))
@@ -1427,6 +1469,7 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         a->cur_gen = c->generation;
         a->spawn_pending = false;
         stop_all(a, c->generation);
+        recheck_checkpoint(a);
         break;
     case PROTO_CMD_PARK: {
         log_info("daemon: generation over, park (generation %" PRIu64 " is next)", c->generation);
@@ -1447,6 +1490,7 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
                          r->heard_ms ? (double)(uv_now(a->loop) - r->heard_ms) / 1000.0 : 0.0);
             rank_stop(r, c->generation, (uint64_t)a->spec.stop_grace_ms);
         }
+        recheck_checkpoint(a);
         break;
     }
     case PROTO_CMD_START:
@@ -1501,7 +1545,12 @@ static void follow_leader(struct agent *a, const struct proto_reject *rj)
 {
     char was[DAEMON_ADDR_MAX];
     snprintf(was, sizeof(was), "%s", a->daemon);
-    if (!daemon_list_follow(&a->daemons, rj->reason) || strcmp(a->daemons.addr[a->daemons.cur], was) == 0)
+    int followed = daemon_list_follow(&a->daemons, rj->reason);
+    if (followed < 0)
+        log_warn_limited("daemon at %s names a leader that is not in --daemon (%s): not joined; give the agent "
+                         "every musterd's address as the leader advertises it",
+                         was, rj->reason);
+    if (followed != 1 || strcmp(a->daemons.addr[a->daemons.cur], was) == 0)
         daemon_list_next(&a->daemons);
     use_daemon(a);
     bool named = strncmp(rj->reason, a->daemon, strlen(a->daemon)) == 0;
@@ -1543,13 +1592,25 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
     m.u.preflight.trainer = a->trainer;
     snprintf(m.u.preflight.reason, sizeof(m.u.preflight.reason), "%s", fit ? "" : reason);
     proto_text_sanitize(m.u.preflight.reason);
-    if (!a->preflight_logged || strcmp(a->preflight_said, m.u.preflight.reason) != 0) {
+    m.u.preflight.has_checkpoint = fit && p->res.has_checkpoint;
+    if (m.u.preflight.has_checkpoint) {
+        snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
+        proto_text_sanitize(m.u.preflight.checkpoint);
+    }
+    bool same = a->preflight_logged && strcmp(a->preflight_said, m.u.preflight.reason) == 0;
+    if (!same) {
         if (fit)
             log_info("pre-flight checks pass");
         else
             log_warn("unfit for the job: %s (checking again every %d s)", reason, PREFLIGHT_RETRY_MS / 1000);
     }
+    /* a fit node checks again only to follow its latest checkpoint: musterd hears of changes */
+    if (same && fit && a->preflight_had_ckpt == (bool)m.u.preflight.has_checkpoint &&
+        strcmp(a->preflight_ckpt, m.u.preflight.checkpoint) == 0)
+        return;
     snprintf(a->preflight_said, sizeof(a->preflight_said), "%s", m.u.preflight.reason);
+    snprintf(a->preflight_ckpt, sizeof(a->preflight_ckpt), "%s", m.u.preflight.checkpoint);
+    a->preflight_had_ckpt = m.u.preflight.has_checkpoint;
     a->preflight_logged = true;
     send_to_daemon(a, &m);
 }
@@ -1561,33 +1622,71 @@ static bool runs_trainer(const struct agent *a, const struct job_spec *spec)
     char **argv = rank_command(a, spec, &from_job);
     const char *prog = argv && argv[0] ? argv[0] : "";
     const char *base = strrchr(prog, '/');
-    return strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    bool trainer = strcmp(base ? base + 1 : prog, "muster-train") == 0;
+    if (from_job)
+        cmdline_free(argv);
+    return trainer;
+}
+
+/* What a pre-flight of spec checks on this node (the clock aside). */
+static void preflight_inputs_of(struct agent *a, const struct job_spec *spec, struct preflight_inputs *in)
+{
+    memset(in, 0, sizeof(*in));
+    in->spec = *spec;
+    a->trainer = runs_trainer(a, spec);
+    in->trainer = a->trainer;
+    in->kind = a->cfg->devices.kind;
+    in->ndevices = a->cfg->devices.n;
+    memcpy(in->devices, a->cfg->devices.ids, sizeof(in->devices));
+    bool from_job;
+    char **argv = rank_command(a, spec, &from_job);
+    int argc = 0;
+    while (argv && argv[argc])
+        argc++;
+    if (argc == 0 || cmdline_from_argv(argc, argv, in->cmd, sizeof(in->cmd)) != 0)
+        in->cmd[0] = in->cmd[1] = '\0';
+    if (from_job)
+        cmdline_free(argv);
+    python_hook_path(a, spec, a->trainer, in->python_path, sizeof(in->python_path));
+    snprintf(in->node, sizeof(in->node), "%s", a->cfg->node);
 }
 
 /* The pre-flight HELLO promised, of the job WELCOME carries. */
 static void start_preflight(struct agent *a, const struct proto_welcome *w)
 {
-    struct preflight_inputs in = {0};
+    static struct preflight_inputs in; /* large; the loop thread's alone */
+    struct job_spec spec;
     char err[PREFLIGHT_WHY_MAX];
     a->preflight_logged = false;
-    if (!w->job || job_spec_from_json(w->job, "WELCOME", &in.spec, err, sizeof(err)) != 0) {
+    if (!w->job || job_spec_from_json(w->job, "WELCOME", &spec, err, sizeof(err)) != 0) {
         if (!w->job)
             snprintf(err, sizeof(err), "musterd sent no job to check");
         a->trainer = false;
         on_preflight_done(&a->pf, !w->job, err);
         return;
     }
-    a->trainer = runs_trainer(a, &in.spec);
-    in.trainer = a->trainer;
-    in.kind = a->cfg->devices.kind;
-    in.ndevices = a->cfg->devices.n;
-    memcpy(in.devices, a->cfg->devices.ids, sizeof(in.devices));
+    preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = wall_ms();
         in.have_clock = true;
         in.rtt_ms = now - a->hello_wall_ms;
         in.skew_ms = now - (int64_t)w->time_ms;
     }
+    agent_preflight_start(&a->pf, &in);
+}
+
+/*
+ * A generation is over (COMMAND park or stop) and the job names
+ * checkpoint_latest: the node checks again and reports the latest checkpoint
+ * it has now, which musterd compares before the next generation starts.
+ */
+static void recheck_checkpoint(struct agent *a)
+{
+    static struct preflight_inputs in;
+    if (!a->have_assign || !a->spec.checkpoint_latest[0])
+        return;
+    preflight_inputs_of(a, &a->spec, &in);
+    a->preflight_logged = false; /* the report goes out even when it is what it was */
     agent_preflight_start(&a->pf, &in);
 }
 
@@ -1608,10 +1707,13 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
     a->unanswered_since = 0;
     a->beats_since_answer = 0;
     link_set_state(a, LINK_JOINED);
-    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms)",
+    char term[48] = "";
+    if (a->daemons.term)
+        snprintf(term, sizeof(term), "; leader's term %" PRIu64, a->daemons.term);
+    log_info("joined daemon at %s as node %s (%u %s device(s), address %s; heartbeat %u ms, lease %u ms%s)",
              a->daemon, a->cfg->node, a->cfg->devices.n,
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
-             a->heartbeat_interval_ms, a->lease_ms);
+             a->heartbeat_interval_ms, a->lease_ms, term);
     send_unread_exits(a);
     uv_timer_start(&a->beat_timer, on_beat_timer, 0, a->heartbeat_interval_ms);
     notify_joined(a);
@@ -1624,6 +1726,48 @@ static void protocol_violation(struct agent *a, const struct proto_msg *msg)
     char why[160];
     snprintf(why, sizeof(why), "unexpected %s in state %s", proto_type_name(msg->type), link_names[a->link]);
     link_lost(a, why);
+}
+
+/* The term a frame says it was sent in (0: none). */
+static uint64_t *frame_term(struct proto_msg *msg)
+{
+    switch (msg->type) {
+    case PROTO_WELCOME: return &msg->u.welcome.term;
+    case PROTO_ASSIGN: return &msg->u.assign.term;
+    case PROTO_UNIQUE_ID: return &msg->u.unique_id.term;
+    case PROTO_COMMAND: return &msg->u.command.term;
+    default: return NULL;
+    }
+}
+
+/*
+ * Fencing by term (PROTOCOL.md "Terms"): a frame of a term lower than one
+ * seen comes from a musterd that led once and no longer does (it was stopped
+ * or cut off past its lease, and another was elected meanwhile). It is not
+ * obeyed; the agent leaves that daemon for the next. Otherwise the term is
+ * taken, and cleared: ranks are not told terms. True when refused.
+ */
+static bool refuse_deposed(struct agent *a, struct proto_msg *msg)
+{
+    uint64_t *term = frame_term(msg);
+    if (!term)
+        return false;
+    uint64_t known = a->daemons.term;
+    if (daemon_list_term(&a->daemons, *term) == 0) {
+        if (*term > known && known)
+            log_info("daemon at %s leads in term %" PRIu64 " (was %" PRIu64 ")", a->daemon, *term, known);
+        *term = 0;
+        return false;
+    }
+    log_warn("%s of term %" PRIu64 " from the daemon at %s refused: term %" PRIu64
+             " was seen, so that daemon no longer leads",
+             proto_type_name(msg->type), *term, a->daemon, known);
+    link_lost(a, "it sent a frame of a deposed leader's term");
+    if (a->daemons.n > 1) {
+        daemon_list_next(&a->daemons); /* the retry goes there */
+        use_daemon(a);
+    }
+    return true;
 }
 
 static void daemon_msg(struct fconn *c, struct proto_msg *msg)
@@ -1643,6 +1787,8 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
         log_warn("daemon reports an error: %s: %s", msg->u.error.code, msg->u.error.reason);
         return;
     }
+    if (refuse_deposed(a, msg))
+        return;
     switch (a->link) {
     case LINK_HELLO:
         if (msg->type != PROTO_CHALLENGE) {
@@ -1770,7 +1916,7 @@ static void on_tick(uv_timer_t *t)
 
 static void maybe_finish(struct agent *a)
 {
-    if (!a->exiting || a->closed || any_running(a))
+    if (!a->exiting || a->closed || any_running(a) || spare_running(&a->spare))
         return;
     a->closed = true;
     log_debug("no rank running; closing every handle");
@@ -1791,6 +1937,12 @@ static void maybe_finish(struct agent *a)
     release_ranks(a);
     for (struct agent_rank *r = a->all; r; r = r->next)
         rank_close(r);
+    spare_close(&a->spare);
+}
+
+static void spare_gone(void *data)
+{
+    maybe_finish(data);
 }
 
 static void agent_exit(struct agent *a, int code)
@@ -1807,6 +1959,7 @@ static void agent_exit(struct agent *a, int code)
     if (any_running(a))
         log_info("stopping ranks (grace %" PRIu64 " ms)", (uint64_t)a->spec.stop_grace_ms);
     stop_all(a, a->cur_gen);
+    spare_stop(&a->spare);
     maybe_finish(a);
 }
 
@@ -1856,6 +2009,7 @@ int agent_run(const struct agent_config *cfg)
     choose_state_dir(a);
     probe_gpus(a);
     agent_preflight_init(&a->pf, &loop, on_preflight_done, a);
+    spare_init(&a->spare, &loop, spare_gone, a);
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

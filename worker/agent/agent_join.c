@@ -117,15 +117,19 @@ int daemon_list_follow(struct daemon_list *l, const char *reason)
             l->cur = i;
             return 1;
         }
-    if (l->n == AGENT_MAX_DAEMONS)
-        return 0;
-    snprintf(l->addr[l->n], sizeof(l->addr[0]), "%s", addr);
-    l->cur = l->n++;
-    return 1;
+    return -1;
 }
 
 void daemon_list_next(struct daemon_list *l)
 {
     if (l->n)
         l->cur = (l->cur + 1) % l->n;
+}
+
+int daemon_list_term(struct daemon_list *l, uint64_t term)
+{
+    if (term < l->term)
+        return -ESTALE;
+    l->term = term;
+    return 0;
 }

@@ -29,18 +29,28 @@ int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, 
 struct daemon_list {
     unsigned n, cur;
     char addr[AGENT_MAX_DAEMONS][DAEMON_ADDR_MAX]; /* HOST:PORT, each valid for hostport_parse */
+    uint64_t term; /* the highest leader's term seen in a frame (0: none, or no store) */
 };
 
 /* "HOST:PORT[,HOST:PORT...]". Returns 0 or -EINVAL with the reason in err. */
 int daemon_list_parse(const char *s, struct daemon_list *l, char *err, size_t errlen);
 /*
  * A REJECT not_leader's reason, "HOST:PORT leads; ...": the leader becomes
- * current (added to the list when it is not in it and there is room).
- * Returns 1 then; 0 when the reason names no leader (current is unchanged).
+ * current when it is one of the list. Returns 1 then; 0 when the reason
+ * names no leader, -1 when it names one not in the list (current is
+ * unchanged): the name comes from etcd's leader key, and an agent runs what
+ * a daemon's ASSIGN says, so it joins only the daemons it was given.
  */
 int daemon_list_follow(struct daemon_list *l, const char *reason);
 /* The next daemon in the list becomes current. */
 void daemon_list_next(struct daemon_list *l);
+/*
+ * The term a daemon's WELCOME, ASSIGN, UNIQUE_ID or COMMAND carries: 0 when
+ * it is not lower than any seen (the highest is kept), -ESTALE when it is:
+ * the frame comes from a deposed leader and must not be obeyed. Term 0 (a
+ * daemon without a store) is accepted while no term was seen.
+ */
+int daemon_list_term(struct daemon_list *l, uint64_t term);
 
 #define BACKOFF_BASE_MS 200
 #define BACKOFF_CAP_MS 5000

@@ -2,10 +2,15 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/gptcfg.h"
 #include "common/plan.h"
+#include "worker/agent/rank_env.h"
+
+extern char **environ;
 
 void agent_preflight_init(struct agent_preflight *p, uv_loop_t *loop, preflight_done_fn done, void *data)
 {
@@ -40,12 +45,170 @@ static int check_devices(const struct preflight_inputs *p, char *why, size_t len
     return 0;
 }
 
-int agent_preflight_check(const struct preflight_inputs *p, char *why, size_t len)
+/* FNV-1a over a string and its NUL, so that ("ab", "c") and ("a", "bc") differ. */
+static uint64_t hash_str(uint64_t h, const char *s)
+{
+    do {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    } while (*s++);
+    return h;
+}
+
+/* What a passed import check depends on: the interpreter (path and file), the environment, the modules. */
+static uint64_t python_key(const char *interp, char *const *env, const char *modules)
+{
+    uint64_t h = hash_str(0xcbf29ce484222325ull, interp);
+    struct stat st;
+    if (stat(interp, &st) == 0) {
+        char id[96];
+        snprintf(id, sizeof(id), "%llu:%llu:%lld.%09ld", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+        h = hash_str(h, id);
+    }
+    for (char *const *e = env; *e; e++)
+        h = hash_str(h, *e);
+    for (const char *m = modules; *m; m += strlen(m) + 1)
+        h = hash_str(h, m);
+    return h ? h : 1;
+}
+
+/*
+ * The program a command runs and the variables it sets first: `env A=1 B=2
+ * python3 train.py` (as docs/pytorch.md writes it) runs python3 with A and B.
+ * Returns the index of the program in argv; *sets, *nsets the NAME=VALUE words;
+ * -1 when env splits a string into the command (-S): the job must name the interpreter.
+ */
+static int program_of(char **argv, int *sets, int *nsets)
+{
+    *sets = 1;
+    *nsets = 0;
+    const char *base = argv[0] ? strrchr(argv[0], '/') : NULL;
+    if (!argv[0] || strcmp(base ? base + 1 : argv[0], "env") != 0)
+        return 0;
+    int i = 1;
+    while (argv[i] && argv[i][0] == '-' && argv[i][1]) { /* env's own options (-i, -u NAME, -C DIR ...) */
+        const char *o = argv[i++];
+        if (strcmp(o, "--") == 0)
+            break;
+        if (strncmp(o, "-S", 2) == 0 || strncmp(o, "--split-string", 14) == 0)
+            return -1;
+        if (strcmp(o, "-u") == 0 || strcmp(o, "--unset") == 0 || strcmp(o, "-C") == 0 || strcmp(o, "--chdir") == 0)
+            i += argv[i] != NULL; /* and its argument */
+    }
+    *sets = i;
+    while (argv[i] && strchr(argv[i], '='))
+        i++;
+    *nsets = i - *sets;
+    return argv[i] ? i : 0;
+}
+
+/* env with the NAME=VALUE words of sets in place of entries of the same names; NULL without memory. */
+static char **env_with(char **env, char *const *sets, int nsets)
+{
+    size_t n = 0;
+    while (env[n])
+        n++;
+    char **out = calloc(n + (size_t)nsets + 1, sizeof(char *));
+    if (!out)
+        return NULL;
+    size_t k = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++) {
+        bool replaced = false;
+        for (int j = 0; j < nsets && !replaced; j++)
+            replaced = strncmp(env[i], sets[j], (size_t)(strchr(sets[j], '=') - sets[j]) + 1) == 0;
+        ok = replaced || (out[k++] = strdup(env[i])) != NULL;
+    }
+    for (int j = 0; ok && j < nsets; j++)
+        ok = (out[k++] = strdup(sets[j])) != NULL;
+    if (!ok) {
+        cmdline_free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* require_python_modules, with the environment a rank of this node would get. */
+static int check_python(const struct preflight_inputs *p, struct preflight_result *res, char *why, size_t len)
+{
+    const struct job_spec *s = &p->spec;
+    struct rank_identity id = {
+        .world_size = 1, .local_world_size = 1, .nnodes = 1, .max_restarts = (uint32_t)s->max_restarts,
+        .run_id = s->name, .master_addr = "127.0.0.1", .node = p->node, .python_path = p->python_path,
+        .kind = p->kind, .device = p->ndevices ? p->devices[0] : 0,
+    };
+    char **argv = cmdline_argv(p->cmd);
+    if (!argv) {
+        snprintf(why, len, "require_python: the rank command is unknown: name the interpreter in require_python");
+        return -EINVAL;
+    }
+    int sets = 0, nsets = 0, prog = program_of(argv, &sets, &nsets);
+    if (prog < 0 && !s->require_python[0]) {
+        cmdline_free(argv);
+        snprintf(why, len, "require_python: the rank command runs env -S, whose program muster does not parse: "
+                 "name the interpreter in require_python");
+        return -EINVAL;
+    }
+    if (prog < 0)
+        prog = nsets = 0; /* require_python names the interpreter; env -S's variables are not taken */
+    char **base = rank_env_build(environ, &id), **env = NULL;
+    if (base)
+        env = env_with(base, argv + sets, nsets);
+    cmdline_free(base);
+    if (!env) {
+        cmdline_free(argv);
+        snprintf(why, len, "require_python: out of memory");
+        return -ENOMEM;
+    }
+    char interp[PATH_MAX];
+    int rc = preflight_interpreter(argv[prog], s->require_python, rank_env_get(env, "PATH"), interp, sizeof(interp),
+                                   why, len);
+    if (rc == 0) {
+        uint64_t key = python_key(interp, env, s->require_python_modules);
+        if (key != res->python_ok) {
+            rc = preflight_python(interp, s->require_python_modules, env, s->require_python_timeout_s * 1000, why,
+                                  len);
+            res->python_ok = rc == 0 ? key : 0;
+        }
+    }
+    cmdline_free(env);
+    cmdline_free(argv);
+    return rc;
+}
+
+/* The job's require_* keys, and the latest checkpoint when it names checkpoint_latest. */
+static int check_needs(const struct preflight_inputs *p, struct preflight_result *res, char *why, size_t len)
+{
+    const struct job_spec *s = &p->spec;
+    int rc;
+    for (const char *path = s->require_readable; *path; path += strlen(path) + 1)
+        if ((rc = preflight_readable(path, why, len)) != 0)
+            return rc;
+    for (const char *dir = s->require_writable; *dir; dir += strlen(dir) + 1)
+        if ((rc = preflight_writable(dir, (uint64_t)s->require_free_mb << 20, why, len)) != 0)
+            return rc;
+    if (s->require_python_modules[0] && (rc = check_python(p, res, why, len)) != 0)
+        return rc;
+    if (s->checkpoint_latest[0]) {
+        if ((rc = preflight_latest_ckpt(s->checkpoint_dir, s->checkpoint_latest, res->checkpoint,
+                                        sizeof(res->checkpoint), why, len)) != 0)
+            return rc;
+        res->has_checkpoint = true;
+    }
+    return 0;
+}
+
+int agent_preflight_check(const struct preflight_inputs *p, struct preflight_result *res, char *why, size_t len)
 {
     int rc;
+    res->has_checkpoint = false;
+    res->checkpoint[0] = '\0';
     if (p->have_clock && (rc = preflight_clock(p->skew_ms, p->rtt_ms, why, len)) != 0)
         return rc;
     if ((rc = check_devices(p, why, len)) != 0)
+        return rc;
+    if ((rc = check_needs(p, res, why, len)) != 0)
         return rc;
     if (!p->trainer)
         return 0; /* a program of the user's: its data and checkpoints are its own */
@@ -81,7 +244,7 @@ static void run_work(uv_work_t *w)
 {
     struct agent_preflight *p = w->data;
     p->reason[0] = '\0';
-    p->fit = agent_preflight_check(&p->cur, p->reason, sizeof(p->reason)) == 0;
+    p->fit = agent_preflight_check(&p->cur, &p->res, p->reason, sizeof(p->reason)) == 0;
     if (!p->fit && !p->reason[0])
         snprintf(p->reason, sizeof(p->reason), "pre-flight failed");
 }
@@ -104,7 +267,7 @@ static void after_work(uv_work_t *w, int status)
         return;
     }
     p->done(p, p->fit, p->reason);
-    if (!p->fit && p->wanted)
+    if ((!p->fit || p->cur.spec.checkpoint_latest[0]) && p->wanted)
         uv_timer_start(&p->retry, on_retry, PREFLIGHT_RETRY_MS, 0);
 }
 
@@ -137,5 +300,7 @@ void agent_preflight_close(struct agent_preflight *p)
 {
     agent_preflight_stop(p);
     p->closing = true;
+    if (p->busy) /* an import check must not hold the loop's end (and the agent's exit) until its deadline */
+        preflight_python_abort();
     uv_close((uv_handle_t *)&p->retry, NULL);
 }

@@ -3,16 +3,20 @@
  * (common/preflight.h), run on libuv's thread pool so that reading a large
  * data file never holds up heartbeats. While the node is unfit the checks
  * run again every PREFLIGHT_RETRY_MS, so that fixing the cause (copying
- * the data file, freeing disk space) makes it fit without a restart.
+ * the data file, freeing disk space) makes it fit without a restart; when
+ * the job names checkpoint_latest they run again while the node waits,
+ * so that musterd sees the checkpoint it has now.
  */
 #ifndef MUSTER_AGENT_PREFLIGHT_H
 #define MUSTER_AGENT_PREFLIGHT_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include <uv.h>
 
+#include "common/cmdline.h"
 #include "common/jobspec.h"
 #include "common/preflight.h"
 #include "proto/proto.h"
@@ -32,6 +36,16 @@ struct preflight_inputs {
     uint32_t devices[PROTO_MAX_LOCAL_RANKS];
     bool have_clock;
     int64_t skew_ms, rtt_ms; /* this node's clock minus musterd's; how far off that may be */
+    char cmd[CMDLINE_MAX];     /* the ranks' command, packed (common/cmdline.h), for require_python */
+    char python_path[2 * 4096 + 16]; /* PYTHONPATH's head a rank gets (the hook); "" = none */
+    char node[PROTO_NAME_MAX];
+};
+
+/* What a run found beside its verdict. */
+struct preflight_result {
+    bool has_checkpoint;       /* the job names checkpoint_latest and it was read */
+    char checkpoint[PROTO_CKPT_NAME_MAX]; /* the latest checkpoint; "" = none */
+    uint64_t python_ok;        /* in and out: the key of the last import check that passed; 0 = none */
 };
 
 struct agent_preflight {
@@ -48,6 +62,7 @@ struct agent_preflight {
     /* the answer (worker thread -> loop) */
     bool fit;
     char reason[PREFLIGHT_WHY_MAX];
+    struct preflight_result res; /* its python_ok outlives the runs: a heal does not import again */
 };
 
 void agent_preflight_init(struct agent_preflight *p, uv_loop_t *loop, preflight_done_fn done, void *data);
@@ -63,10 +78,13 @@ void agent_preflight_close(struct agent_preflight *p);
 
 /*
  * The checks themselves, synchronously: clock, devices (GPU ordinals NVML
- * sees), and for muster-train ranks the data file and checkpoint_dir (free
- * space for two checkpoints at world size nodes x ndevices). Returns 0 or
- * the first failure's code with why.
+ * sees), the job's require_* keys (paths, directories, the interpreter's
+ * imports with a rank's environment; an import check whose key equals
+ * res->python_ok is not run again), the latest checkpoint (into res), and
+ * for muster-train ranks the data file and checkpoint_dir (free space for
+ * two checkpoints at world size nodes x ndevices). Returns 0 or the first
+ * failure's code with why.
  */
-int agent_preflight_check(const struct preflight_inputs *in, char *why, size_t len);
+int agent_preflight_check(const struct preflight_inputs *in, struct preflight_result *res, char *why, size_t len);
 
 #endif

@@ -75,7 +75,8 @@ static void emit_line(struct rank_output *o, bool newline)
     rank_log_append(&o->r->log, o->line, o->len, newline);
     if (o->keep_tail)
         keep_line(o, o->line, o->len);
-    int n = snprintf(buf, sizeof(buf), "rank %u: %.*s\n", o->r->rank, (int)o->len, o->line);
+    int n = o->r->spare ? snprintf(buf, sizeof(buf), "spare (pid %d): %.*s\n", o->r->pid, (int)o->len, o->line)
+                        : snprintf(buf, sizeof(buf), "rank %u: %.*s\n", o->r->rank, (int)o->len, o->line);
     if (n > (int)sizeof(buf))
         n = (int)sizeof(buf);
     fwrite(buf, 1, (size_t)n, stderr);
@@ -248,25 +249,37 @@ static void on_kill_timer(uv_timer_t *t)
     signal_rank(r, SIGKILL);
 }
 
-struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv,
-                              char **env, const struct rank_identity *id,
-                              const struct rank_callbacks *cb, int *err)
+static void take_identity(struct agent_rank *r, const struct rank_identity *id, const struct rank_callbacks *cb)
+{
+    r->cb = *cb;
+    r->generation = id->generation;
+    r->rank = id->rank;
+    r->local_rank = id->local_rank;
+    r->beat.rank = id->rank;
+    r->beat.state = PROTO_RANK_STARTING;
+}
+
+static void list_push(struct agent_rank *r, struct agent_rank **list)
+{
+    r->list = list;
+    r->next = *list;
+    *list = r;
+}
+
+/* handoff_fd >= 0: a spare's, given to it as its fd 4. */
+static struct agent_rank *spawn(uv_loop_t *loop, struct agent_rank **list, char **argv, char **env,
+                                const struct rank_identity *id, const struct rank_callbacks *cb, int handoff_fd,
+                                int *err)
 {
     struct agent_rank *r = calloc(1, sizeof(*r));
     if (!r) {
         *err = UV_ENOMEM;
         return NULL;
     }
-    r->cb = *cb;
     rank_log_init(&r->log);
-    r->generation = id->generation;
-    r->rank = id->rank;
-    r->local_rank = id->local_rank;
-    r->beat.rank = id->rank;
-    r->beat.state = PROTO_RANK_STARTING;
-    r->list = list;
-    r->next = *list;
-    *list = r;
+    take_identity(r, id, cb);
+    r->spare = handoff_fd >= 0;
+    list_push(r, list);
 
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
@@ -288,7 +301,7 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
     r->err.keep_tail = true;
     r->spawned_ms = uv_now(loop);
 
-    uv_stdio_container_t stdio[4];
+    uv_stdio_container_t stdio[5];
     stdio[0].flags = UV_IGNORE;
     stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     stdio[1].data.stream = (uv_stream_t *)&r->out.pipe;
@@ -296,6 +309,8 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
     stdio[2].data.stream = (uv_stream_t *)&r->err.pipe;
     stdio[3].flags = UV_INHERIT_FD;
     stdio[3].data.fd = sp[1];
+    stdio[4].flags = UV_INHERIT_FD;
+    stdio[4].data.fd = handoff_fd;
 
     uv_process_options_t opts;
     memset(&opts, 0, sizeof(opts));
@@ -303,7 +318,7 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
     opts.file = argv[0];
     opts.args = argv;
     opts.env = env;
-    opts.stdio_count = 4;
+    opts.stdio_count = handoff_fd >= 0 ? 5 : 4;
     opts.stdio = stdio;
     opts.flags = UV_PROCESS_DETACHED; /* its own process group: see signal_rank() */
 
@@ -341,6 +356,31 @@ struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **
         r->ctl = NULL;
     }
     return r;
+}
+
+struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv, char **env,
+                              const struct rank_identity *id, const struct rank_callbacks *cb, int *err)
+{
+    return spawn(loop, list, argv, env, id, cb, -1, err);
+}
+
+struct agent_rank *rank_spawn_spare(uv_loop_t *loop, struct agent_rank **list, char **argv, char **env,
+                                    int handoff_fd, const struct rank_callbacks *cb, int *err)
+{
+    const struct rank_identity none = {0};
+    return spawn(loop, list, argv, env, &none, cb, handoff_fd, err);
+}
+
+void rank_take_up(struct agent_rank *r, struct agent_rank **list, const struct rank_identity *id,
+                  const struct rank_callbacks *cb)
+{
+    list_remove(r);
+    list_push(r, list);
+    take_identity(r, id, cb);
+    r->spare = false;
+    r->spawned_ms = uv_now(r->proc.loop);
+    r->err.tail_len = 0; /* what the spare said while it waited explains no failure of the rank */
+    r->err.tail[0] = '\0';
 }
 
 void rank_send(struct agent_rank *r, const struct proto_msg *msg)

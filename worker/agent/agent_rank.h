@@ -70,6 +70,7 @@ struct agent_rank {
     unsigned bad_frames;  /* frames on its control socket that did not decode */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
     bool beat_unrelayed;         /* beat came from the rank after the last heartbeat to the daemon */
+    bool spare;           /* a warm spare no slot has taken yet (spare.h): no identity, no log */
     uint64_t rejoined_from; /* rejoined in place from this generation and has not yet said
                              * where its state in the new one came from (0: no) */
     struct rank_log log; /* its output in <rank dir>/output.log; closed at the end of both streams */
@@ -96,6 +97,20 @@ struct agent_rank {
 struct agent_rank *rank_spawn(uv_loop_t *loop, struct agent_rank **list, char **argv,
                               char **env, const struct rank_identity *id,
                               const struct rank_callbacks *cb, int *err);
+
+/*
+ * A warm spare (spare.h): spawned as a rank is, but with no identity, no log
+ * and handoff_fd as its fd 4 (the caller closes its copy). It goes on *list.
+ */
+struct agent_rank *rank_spawn_spare(uv_loop_t *loop, struct agent_rank **list, char **argv, char **env,
+                                    int handoff_fd, const struct rank_callbacks *cb, int *err);
+
+/*
+ * The spare r becomes the rank id: it moves to *list and takes id and cb.
+ * Its process, pipes and control socket stay; the owner opens its log.
+ */
+void rank_take_up(struct agent_rank *r, struct agent_rank **list, const struct rank_identity *id,
+                  const struct rank_callbacks *cb);
 
 /* Sends a frame on the control socket; errors are logged, not fatal. */
 void rank_send(struct agent_rank *r, const struct proto_msg *msg);
