@@ -39,7 +39,9 @@ JSON
 
 # kill_at NAME STEP RANK...: SIGKILLs the ranks once rank 0 completed STEP
 # (AT: the step every rank had reported just before); then the job must heal in
-# place into generation 2 and complete.
+# place and complete, the other ranks keeping their processes. Ranks on two
+# nodes die as their two agents report them: in one next generation or in
+# two (the second forms before the later report and breaks), either is a heal.
 kill_at() {
     name=$1 at=$2
     shift 2
@@ -52,12 +54,12 @@ kill_at() {
     for r in "$@"; do
         kill -9 "$(sed -n "s/^$r //p" "$ITEST_DIR/pids-$name")"
     done
-    wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "($name) generation 2 is not running"
+    wait_for 60 'd["generation"] >= 2 and d["state"] == "running"' || fail "($name) no next generation is running"
     wait_for 120 'd["state"] == "completed"' || fail "($name) the healed job did not complete"
     for r in 0 1 2 3; do
         case " $* " in *" $r "*) continue ;; esac
         pid=$(sed -n "s/^$r //p" "$ITEST_DIR/pids-$name")
-        grep -q "rank $r (pid $pid) rejoins in place for generation 2" "$ITEST_DIR"/agent-[ab].log \
+        grep -q "rank $r (pid $pid) rejoins in place for generation" "$ITEST_DIR"/agent-[ab].log \
             || fail "($name) rank $r (pid $pid) did not keep its process"
     done
 }
