@@ -389,9 +389,12 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
              spec->restart_backoff_ms, spec->restart_backoff_max_ms);
         return -EINVAL;
     }
-    for (const char *c = spec->warm_imports; *c; c++) {
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
-              *c == '.' || *c == ',')) {
+    /* each name checked as require_python_modules' are; empty entries are skipped, as the spare does */
+    for (const char *w = spec->warm_imports; *w; w += strcspn(w, ",") + (w[strcspn(w, ",")] == ',')) {
+        char mod[sizeof(spec->warm_imports)];
+        size_t n = strcspn(w, ",");
+        snprintf(mod, sizeof(mod), "%.*s", (int)n, w);
+        if (n && !preflight_module_valid(mod)) {
             fail(err, errlen, "%s: warm_imports: expected comma-separated module names (letters, digits, _ and .), "
                  "got '%s'", origin, spec->warm_imports);
             return -EINVAL;
