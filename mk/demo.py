@@ -418,6 +418,9 @@ class Demo:
             after = [s for s in self.rank0_steps() if s[0] > k["generation"]]
             if after:
                 k["next_step_s"] = time.monotonic() - k["time"]
+                # Every rank is alive now; a short job may end while musterd's
+                # account is awaited below, and its ranks with it.
+                now = self.rank_pids()
                 break
             st = self.get("/v1/status")
             if st and st["state"] in ("completed", "failed", "stopped"):
@@ -437,7 +440,6 @@ class Demo:
         restored = st.get("restored") or {}
         k["from"], k["resumed"] = restored.get("from"), restored.get("step")
         k["new_generation"] = st.get("generation")
-        now = self.rank_pids()
         k["kept"] = [r for r, p in k["pids"].items() if r != VICTIM_RANK and now.get(r) == p]
         k["replaced"] = now.get(VICTIM_RANK) not in (None, k["pid"])
         k["lost"] = None if k["resumed"] is None else max(0, k["last_done"] - k["resumed"])
