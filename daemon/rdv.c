@@ -396,19 +396,33 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     }
     if (!members_fit(r) || !members_agree(r, now_ms))
         return;
-    /* MASTER_PORT: the port rank 0's agent last reported free on its node. */
+    /* MASTER_PORT: the port rank 0's agent last reported free on its node,
+     * never the previous generation's. A report the agent sent before it had
+     * that generation's ASSIGN still names it (two generations within one
+     * heartbeat), and a survivor kept in place may still hold it: torch's
+     * env:// store is multi-tenant, so a new rank 0 binding that port would
+     * join the old store, whose keys send the new group to the old one's
+     * addresses. The agent's next heartbeat names another port. */
     const struct rdv_node *n0 = rank0_node(r);
     if (n0->free_port == 0) {
         snprintf(r->reason, sizeof(r->reason),
                  "waiting for node %s (rank 0) to find a free port for MASTER_PORT: every port of its "
                  "master_port_range is in use", n0->name);
-        if (!r->port_wait_noted)
+        if (r->port_wait != RDV_PORT_WAIT_NONE_FREE)
             event(r, "no_master_port", (int)r->ranks[0].node, 0, "%s", r->reason);
-        r->port_wait_noted = 1;
+        r->port_wait = RDV_PORT_WAIT_NONE_FREE;
         changed(r, 0);
         return;
     }
-    r->port_wait_noted = 0;
+    if (n0->free_port == r->master_port) {
+        snprintf(r->reason, sizeof(r->reason),
+                 "waiting for node %s (rank 0) to report a free port for MASTER_PORT other than the last "
+                 "generation's (%u)", n0->name, r->master_port);
+        r->port_wait = RDV_PORT_WAIT_NEW;
+        changed(r, 0);
+        return;
+    }
+    r->port_wait = RDV_PORT_WAIT_NO;
     r->master_port = n0->free_port;
     /* Rank blocks are contiguous in name order: walking them block by block visits the
      * members in that order, which numbers them. */
@@ -1379,7 +1393,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
     }
     if (hb->free_port != nd->free_port) {
         nd->free_port = hb->free_port;
-        if (nd->member && nd->free_port && r->port_wait_noted)
+        if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
             try_start_generation(r, now_ms);
     }
     if (hb->generation != r->generation || !nd->member)

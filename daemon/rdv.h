@@ -80,6 +80,14 @@ enum rdv_rank_state {
 #define RDV_EVENTS 256
 
 /* Whether a node can run the job (daemon/fitness.h). */
+/* A generation waiting for MASTER_PORT (rank 0's node reports a free port in
+ * each heartbeat). */
+enum rdv_port_wait {
+    RDV_PORT_WAIT_NO,        /* not waiting */
+    RDV_PORT_WAIT_NEW,       /* for a port other than the last generation's */
+    RDV_PORT_WAIT_NONE_FREE, /* every port of its range is in use (told as an event) */
+};
+
 enum rdv_fitness {
     RDV_FIT_UNCHECKED, /* its agent promised no pre-flight: counted as fit */
     RDV_FIT_CHECKING,  /* its agent's PREFLIGHT has not come yet: not counted */
@@ -267,7 +275,7 @@ struct rdv {
      * forming (not every rank had reported running: they are waited for
      * again, start_timeout_ms counted from then). */
     enum rdv_job_state resume_to;
-    int port_wait_noted;    /* the wait for rank 0's free port is in the events */
+    enum rdv_port_wait port_wait; /* whether the generation waits for rank 0's node to report a port */
     char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
     uint64_t checkpoint_wait_ms; /* since when the generation waits for members' checkpoint reports; 0 = not */
     int restore_noted;      /* rank 0 said where this generation's state came from */

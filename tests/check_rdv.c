@@ -84,7 +84,13 @@ static void setup_spec(int nodes, int max_restarts)
 
 static void teardown(void) { rdv_free(&rdv); }
 
-static uint32_t node_port(const char *name) { return no_port ? 0 : 29500u + (uint32_t)(name[0] - 'a'); }
+/* The port node name reports free for MASTER_PORT: as an agent does, never
+ * the current generation's (which one of its ranks may hold). */
+static uint32_t node_port(const char *name)
+{
+    uint32_t port = 29500u + 2u * (uint32_t)(name[0] - 'a');
+    return no_port ? 0 : port == rdv.master_port ? port + 1 : port;
+}
 
 /* A HELLO of node name with ndev devices 0..ndev-1. */
 static void hello_of(struct proto_hello *h, const char *name, uint32_t ndev, uint64_t generation)
@@ -1738,6 +1744,38 @@ START_TEST(no_free_port_holds_the_generation)
 }
 END_TEST
 
+/* Two generations within one heartbeat: node a's last report still names
+ * generation 1's port (sent before it had that ASSIGN). Generation 2 waits
+ * for another port: a survivor may hold the old one with the old store. */
+START_TEST(next_generation_never_gets_the_last_generations_port)
+{
+    form_running(3);
+    const struct proto_msg *a = find_sent(0, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    const uint32_t first = a->u.assign.master_port;
+    struct proto_msg *m = heartbeat_msg(0);
+    m->u.heartbeat.generation = 1;
+    m->u.heartbeat.free_port = first; /* a report older than its ASSIGN */
+    rdv_message(&rdv, "a", m, now);
+    int from = rec.nsent;
+    rank_exit("b", 1, 3, 1, 0);
+    ck_assert_uint_eq(rdv.generation, 2);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert_msg(strstr(rdv.reason, "other than the last generation's") != NULL, "reason: %s", rdv.reason);
+    /* Not the event of a node without any free port. */
+    ck_assert_str_ne(rdv.events[(rdv.nevents - 1) % RDV_EVENTS].kind, "no_master_port");
+    m = heartbeat_msg(0);
+    m->u.heartbeat.generation = 1;
+    m->u.heartbeat.free_port = first + 7;
+    rdv_message(&rdv, "a", m, now);
+    a = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.generation, 2);
+    ck_assert_uint_eq(a->u.assign.master_port, first + 7);
+}
+END_TEST
+
 START_TEST(silent_rank_is_never_hung)
 {
     form_running(3);
@@ -2541,7 +2579,8 @@ START_TEST(resume_while_forming_gives_back_what_was_missed)
     ck_assert_int_eq(as->u.assign.node_rank, 1);
     ck_assert_int_eq(as->u.assign.nnodes, 2);
     ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
-    ck_assert_int_eq(as->u.assign.master_port, node_port("a"));
+    ck_assert_int_eq(as->u.assign.master_port, rdv.master_port); /* the same ASSIGN again */
+    ck_assert_int_eq(as->u.assign.master_port, 29500);
     const struct proto_msg *ub = find_sent(mark, "b", PROTO_UNIQUE_ID);
     ck_assert_ptr_nonnull(ub);
     ck_assert_int_eq(ub->u.unique_id.id[0], 0x5c);
@@ -2624,6 +2663,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, admin_stop_and_restart);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
     tcase_add_test(tc, no_free_port_holds_the_generation);
+    tcase_add_test(tc, next_generation_never_gets_the_last_generations_port);
     tcase_add_test(tc, silent_rank_is_never_hung);
     tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
     tcase_add_test(tc, failure_reason_reaches_status_and_events);

@@ -1821,6 +1821,11 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     switch (msg->type) {
     case PROTO_ASSIGN:
         on_assign(a, &msg->u.assign);
+        /* The port it reported free is now the generation's MASTER_PORT, and
+         * musterd gives the next generation another: one beat says which at
+         * once, so that a generation breaking now does not wait for it. */
+        if (a->have_assign && a->free_port == a->assign.master_port)
+            on_beat_timer(&a->beat_timer);
         break;
     case PROTO_UNIQUE_ID:
         on_unique_id(a, &msg->u.unique_id);
