@@ -8,7 +8,8 @@
 # adds what the reference benchmarks need besides; `deps.sh venv` makes
 # only the environment. MUSTER_TORCH_ENV=off leaves the environment out
 # (the tests that need it then skip, or fail under CI). etcd-server: the
-# failover tests run three etcd members on loopback. chromium: the dashboard
+# failover tests run three etcd members on loopback; etcd-client: etcdctl
+# sets up TLS and auth in store_tls_auth.sh. chromium: the dashboard
 # test renders the page in headless Chromium (about 120 MB to download with
 # its libraries, without recommends; Chromium itself is 350 MB installed).
 set -eu
@@ -16,7 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 build_pkgs="gcc g++ make pkg-config libuv1-dev libmicrohttpd-dev libjansson-dev \
 check libsubunit-dev libssl-dev libopenblas-dev libcurl4-openssl-dev libfast-float-dev curl \
-python3 python3-venv python3-dev procps iproute2 etcd-server chromium"
+python3 python3-venv python3-dev procps iproute2 openssl etcd-server etcd-client chromium"
 # python3-torch: Debian's PyTorch (1.13, OpenBLAS) is the reference of
 # tests/bench/bench_train_cpu.sh and tests/reference/gen_fixture.py; user
 # programs run with .venv's PyTorch 2.x.
