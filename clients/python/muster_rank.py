@@ -462,7 +462,8 @@ class Rank:
                 return
 
     def _wait_generation(self, after, timeout):
-        """The ASSIGN of a generation newer than after, once it came; None on
+        """(ASSIGN, generation, rank) of a generation newer than after, once it
+        came, read together (a newer ASSIGN may follow at any time); None on
         timeout, on stop, or when the agent went away."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -471,7 +472,7 @@ class Rank:
                 if left <= 0:
                     return None
                 self._cond.wait(left)
-            return self._assign if self.generation > after else None
+            return (self._assign, self.generation, self.rank) if self.generation > after else None
 
     def _wait_park(self, after, timeout):
         """True once a COMMAND park (or a newer ASSIGN) says generation after is over."""
@@ -883,18 +884,19 @@ class Elastic:
 
     # -- one generation's process group and state --
 
-    def _form(self, dist):
-        """Enters the generation: joins its process group, then brings the state to every rank."""
-        self._join(dist)
+    def _form(self, dist, generation=None):
+        """Enters the generation (None: the one the rank started in): joins its
+        process group, then brings the state to every rank."""
+        self._join(dist, generation)
         self._sync_state(dist)
 
-    def _join(self, dist):
+    def _join(self, dist, generation):
         """The generation's process group (formed unless it is), with the
         bookkeeping the park watch relies on: the generation entered and the
         group's sockets."""
         cond = self._rank._cond
         with cond:
-            self._gen = self._rank.generation
+            self._gen = self._rank.generation if generation is None else generation
             self._entered += 1
             self._busy = self._entered
             cond.notify_all()
@@ -1039,17 +1041,18 @@ class Elastic:
             dist.destroy_process_group()
         except Exception:
             pass
-        assign = r._wait_generation(gen, 3600.0)
-        if assign is None:
+        got = r._wait_generation(gen, 3600.0)
+        if got is None:
             raise RuntimeError("muster_rank: generation %d is over and no next one came (stopped, or the agent "
                                "went away)" % gen)
-        os.environ.update(RANK=str(r.rank), WORLD_SIZE=str(assign["world_size"]),
+        assign, generation, rank = got
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(assign["world_size"]),
                           MASTER_ADDR=str(assign["master_addr"]), MASTER_PORT=str(assign["master_port"]),
-                          MUSTER_GENERATION=str(r.generation),
+                          MUSTER_GENERATION=str(generation),
                           TORCHELASTIC_RESTART_COUNT=str(assign.get("restart_count", 0)),
                           GROUP_RANK=str(assign.get("node_rank", 0)), GROUP_WORLD_SIZE=str(assign.get("nnodes", 1)),
                           LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
-        self._form(dist)
+        self._form(dist, generation)
 
     def _let_go(self):
         """Before the process group of the generation that ended is destroyed:
@@ -1078,7 +1081,7 @@ class Elastic:
         with r._cond:
             while self._running:
                 busy = self._busy
-                if not busy or r._parked <= self._gen:
+                if not busy or (r._parked <= self._gen and r.generation <= self._gen):
                     r._cond.wait()
                     continue
                 if not self._held(busy, PARK_INTERRUPT_S):
