@@ -901,6 +901,7 @@ class Elastic:
             self._busy = self._entered
             cond.notify_all()
         if not dist.is_initialized():
+            _forget_failed_init(dist)
             before = _sockets()
             with cond:
                 self._conns = None
@@ -1111,6 +1112,18 @@ class Elastic:
                 return True
             self._rank._cond.wait(left)
         return False
+
+
+def _forget_failed_init(dist):
+    """Before a default process group is formed again: an init_process_group
+    that raised (its generation was parked while it waited for its peers)
+    has already counted its group, and destroy_process_group, which resets
+    the count, does nothing without a group. The next group would then be
+    named "1" where a new process's is "0", and gloo's rendezvous keys, which
+    carry the name, would never meet: every rank waits for ever."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 def _sockets():
