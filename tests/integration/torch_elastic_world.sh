@@ -1,11 +1,4 @@
 #!/bin/sh
-# NOT in make check for now (issue 23): in 1 of 2 clean-clone CI rehearsals a
-# surviving rank of node a was killed by SIGABRT inside torch/gloo in the
-# generation after agent b's restart (part b), so the heal in place failed and
-# the job started again from the seed. Suspects: Elastic closing the old gloo
-# group's sockets under it (_shut) or the park watch's asynchronous exception
-# landing in native code. Run it by hand until that is found:
-#   MUSTER_TORCH_PY=.venv/bin/python BUILD=build sh tests/known-failing/torch_elastic_world.sh
 # A PyTorch DDP program whose world changes size under muster, through the
 # Python client's Elastic API (tests/torch/ddp_train.py --elastic, each
 # step's global batch of 32 split over the ranks of the moment), musterd +

@@ -1,9 +1,4 @@
 #!/bin/sh
-# NOT in make check for now (issue 23): in the last full run, part (c) (ranks
-# 1 and 3 killed, one after the other) hung: generation 3 formed while ranks 0
-# and 2 waited in init_process_group, until the 300 s progress timeout named
-# rank 0 and generation 4 healed it. Run it by hand until that is found:
-#   MUSTER_TORCH_PY=.venv/bin/python BUILD=build sh tests/known-failing/torch_fsdp_buddy.sh
 # A sharded PyTorch program (FSDP2's fully_shard, tests/torch/fsdp_train.py)
 # that heals in place through the Python client's ShardedElastic, with buddy
 # replicas every 5 steps and a checkpoint every 10: musterd + 2 agents x 2
