@@ -397,12 +397,13 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     if (!members_fit(r) || !members_agree(r, now_ms))
         return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node,
-     * never the previous generation's. A report the agent sent before it had
-     * that generation's ASSIGN still names it (two generations within one
-     * heartbeat), and a survivor kept in place may still hold it: torch's
-     * env:// store is multi-tenant, so a new rank 0 binding that port would
-     * join the old store, whose keys send the new group to the old one's
-     * addresses. The agent's next heartbeat names another port. */
+     * but not the last generation's in a report sent before the agent had
+     * that generation's ASSIGN (two generations within one heartbeat): a
+     * survivor kept in place may still hold it, and torch's env:// store is
+     * multi-tenant, so a new rank 0 binding that port would join the old
+     * store, whose keys send the new group to the old one's addresses. An
+     * agent that knows the generation never reports its port while a rank of
+     * it lives; its next heartbeat names another. */
     const struct rdv_node *n0 = rank0_node(r);
     if (n0->free_port == 0) {
         snprintf(r->reason, sizeof(r->reason),
@@ -414,7 +415,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
         changed(r, 0);
         return;
     }
-    if (n0->free_port == r->master_port) {
+    if (n0->free_port == r->master_port && n0->free_port_gen < r->master_port_gen) {
         snprintf(r->reason, sizeof(r->reason),
                  "waiting for node %s (rank 0) to report a free port for MASTER_PORT other than the last "
                  "generation's (%u)", n0->name, r->master_port);
@@ -424,6 +425,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     }
     r->port_wait = RDV_PORT_WAIT_NO;
     r->master_port = n0->free_port;
+    r->master_port_gen = r->generation;
     /* Rank blocks are contiguous in name order: walking them block by block visits the
      * members in that order, which numbers them. */
     const uint32_t nnodes = member_count(r);
@@ -1091,6 +1093,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     nd->session = new_session();
     snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
     nd->free_port = h->free_port;
+    nd->free_port_gen = h->generation;
     nd->kind = h->kind;
     nd->ndevices = h->ndevices;
     memcpy(nd->devices, h->devices, sizeof(nd->devices));
@@ -1391,8 +1394,9 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         ack->u.heartbeat.seq = hb->seq;
         send_to(r, node, ack);
     }
-    if (hb->free_port != nd->free_port) {
+    if (hb->free_port != nd->free_port || hb->generation != nd->free_port_gen) {
         nd->free_port = hb->free_port;
+        nd->free_port_gen = hb->generation;
         if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
             try_start_generation(r, now_ms);
     }

@@ -108,6 +108,7 @@ struct rdv_node {
     uint64_t joined_ms;
     uint64_t reported_generation; /* generation its ranks ran when it joined */
     uint32_t free_port;    /* latest port it reported free for MASTER_PORT; 0 = none */
+    uint64_t free_port_gen; /* the generation its agent had when it reported free_port */
     uint64_t session;      /* given in WELCOME at its last join; HELLO.session resumes it */
     /* device facts (HELLO) and fitness (PREFLIGHT, and musterd's plan) */
     char gpu_name[PROTO_NAME_MAX]; /* "" = no GPU facts */
@@ -248,6 +249,7 @@ struct rdv {
     uint64_t gen_opened_ms; /* when the current generation was opened */
     uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
     uint32_t master_port;   /* MASTER_PORT of the current generation's ASSIGN */
+    uint64_t master_port_gen; /* the generation that was given master_port */
     struct proto_unique_id uid; /* rank 0's unique id; valid when uid.generation == generation */
 
     struct rdv_node nodes[RDV_MAX_NODES];

@@ -1744,35 +1744,54 @@ START_TEST(no_free_port_holds_the_generation)
 }
 END_TEST
 
-/* Two generations within one heartbeat: node a's last report still names
- * generation 1's port (sent before it had that ASSIGN). Generation 2 waits
- * for another port: a survivor may hold the old one with the old store. */
-START_TEST(next_generation_never_gets_the_last_generations_port)
+/* Two generations within one heartbeat: node a's last report, sent before
+ * it had generation 2's ASSIGN, names generation 2's port. Generation 3
+ * waits for another: a survivor may hold the old one with the old store.
+ * The same port reported by an agent that knows generation 2 (no rank of it
+ * lives: a one-port range) is taken. */
+static void beat_port(const char *node, uint64_t generation, uint32_t port)
+{
+    struct proto_msg *m = heartbeat_msg(0);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.free_port = port;
+    rdv_message(&rdv, node, m, now);
+}
+
+START_TEST(next_generation_never_gets_a_port_reported_before_the_last_assign)
 {
     form_running(3);
-    const struct proto_msg *a = find_sent(0, "a", PROTO_ASSIGN);
-    ck_assert_ptr_nonnull(a);
-    const uint32_t first = a->u.assign.master_port;
-    struct proto_msg *m = heartbeat_msg(0);
-    m->u.heartbeat.generation = 1;
-    m->u.heartbeat.free_port = first; /* a report older than its ASSIGN */
-    rdv_message(&rdv, "a", m, now);
-    int from = rec.nsent;
+    spec.restart_backoff_ms = 0; /* failures in a row start at once */
     rank_exit("b", 1, 3, 1, 0);
-    ck_assert_uint_eq(rdv.generation, 2);
+    const struct proto_msg *a = find_sent(0, "b", PROTO_ASSIGN);
+    for (int i = 0; i < rec.nsent; i++) /* the newest ASSIGN to b */
+        if (!strcmp(rec.sent[i].node, "b") && rec.sent[i].msg.type == PROTO_ASSIGN)
+            a = &rec.sent[i].msg;
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.generation, 2);
+    const uint32_t port2 = a->u.assign.master_port;
+    beat_port("a", 1, port2); /* sent before a had generation 2's ASSIGN */
+    int from = rec.nsent;
+    rank_exit("b", 2, 3, 1, 0);
+    ck_assert_uint_eq(rdv.generation, 3);
     ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
     ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN));
     ck_assert_msg(strstr(rdv.reason, "other than the last generation's") != NULL, "reason: %s", rdv.reason);
     /* Not the event of a node without any free port. */
     ck_assert_str_ne(rdv.events[(rdv.nevents - 1) % RDV_EVENTS].kind, "no_master_port");
-    m = heartbeat_msg(0);
-    m->u.heartbeat.generation = 1;
-    m->u.heartbeat.free_port = first + 7;
-    rdv_message(&rdv, "a", m, now);
+    beat_port("a", 2, port2 + 7);
     a = find_sent(from, "b", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(a);
-    ck_assert_uint_eq(a->u.assign.generation, 2);
-    ck_assert_uint_eq(a->u.assign.master_port, first + 7);
+    ck_assert_uint_eq(a->u.assign.generation, 3);
+    ck_assert_uint_eq(a->u.assign.master_port, port2 + 7);
+
+    /* Reported again by an agent that had generation 3's ASSIGN: free for it. */
+    beat_port("a", 3, port2 + 7);
+    from = rec.nsent;
+    rank_exit("b", 3, 3, 1, 0);
+    a = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.generation, 4);
+    ck_assert_uint_eq(a->u.assign.master_port, port2 + 7);
 }
 END_TEST
 
@@ -2663,7 +2682,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, admin_stop_and_restart);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
     tcase_add_test(tc, no_free_port_holds_the_generation);
-    tcase_add_test(tc, next_generation_never_gets_the_last_generations_port);
+    tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
     tcase_add_test(tc, silent_rank_is_never_hung);
     tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
     tcase_add_test(tc, failure_reason_reaches_status_and_events);

@@ -77,6 +77,7 @@ struct agent {
     uint32_t first_rank;
     uint64_t step;
     uint64_t gen_beats;  /* heartbeats sent in this generation */
+    uint32_t master_port; /* of its last ASSIGN: never reported free again (as muster-worker) */
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint8_t *wbuf;
@@ -229,7 +230,11 @@ static void send_hello(struct agent *a)
 
 /* ---- heartbeats and ranks --------------------------------------------- */
 
-static uint32_t free_port(const struct agent *a) { return (uint32_t)(20000 + (a - agents) % 40000); }
+static uint32_t free_port(const struct agent *a)
+{
+    uint32_t port = (uint32_t)(20000 + (a - agents) % 40000);
+    return port == a->master_port ? port + 1 : port;
+}
 
 static void send_beat(struct agent *a, uint64_t now)
 {
@@ -322,6 +327,7 @@ static void on_msg(struct agent *a, const struct proto_msg *m)
         a->generation = m->u.assign.generation;
         a->nranks = m->u.assign.nranks;
         a->first_rank = m->u.assign.nranks ? m->u.assign.ranks[0].rank : 0;
+        a->master_port = m->u.assign.master_port;
         a->gen_beats = 0;
         send_beat(a, mono_ms());
         return;

@@ -830,6 +830,7 @@ class Elastic:
         stepped = [False]
         hook = self._watch_steps(lambda *_: stepped.__setitem__(0, True))
         self._thread = threading.get_ident()
+        self._rank._own = True  # run() reports the steps: the start-up hook's own count stays out
         if self._rank.active:
             self._running = True
             threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True).start()
