@@ -79,7 +79,6 @@ enum rdv_rank_state {
 #define RDV_MAX_NODES 4096 /* = the job spec's largest "nodes" */
 #define RDV_EVENTS 256
 
-/* Whether a node can run the job (daemon/fitness.h). */
 /* A generation waiting for MASTER_PORT (rank 0's node reports a free port in
  * each heartbeat). */
 enum rdv_port_wait {
@@ -88,6 +87,7 @@ enum rdv_port_wait {
     RDV_PORT_WAIT_NONE_FREE, /* every port of its range is in use (told as an event) */
 };
 
+/* Whether a node can run the job (daemon/fitness.h). */
 enum rdv_fitness {
     RDV_FIT_UNCHECKED, /* its agent promised no pre-flight: counted as fit */
     RDV_FIT_CHECKING,  /* its agent's PREFLIGHT has not come yet: not counted */

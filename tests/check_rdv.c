@@ -1761,16 +1761,14 @@ START_TEST(next_generation_never_gets_a_port_reported_before_the_last_assign)
 {
     form_running(3);
     spec.restart_backoff_ms = 0; /* failures in a row start at once */
+    int from = rec.nsent;
     rank_exit("b", 1, 3, 1, 0);
-    const struct proto_msg *a = find_sent(0, "b", PROTO_ASSIGN);
-    for (int i = 0; i < rec.nsent; i++) /* the newest ASSIGN to b */
-        if (!strcmp(rec.sent[i].node, "b") && rec.sent[i].msg.type == PROTO_ASSIGN)
-            a = &rec.sent[i].msg;
+    const struct proto_msg *a = find_sent(from, "b", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(a);
     ck_assert_uint_eq(a->u.assign.generation, 2);
     const uint32_t port2 = a->u.assign.master_port;
     beat_port("a", 1, port2); /* sent before a had generation 2's ASSIGN */
-    int from = rec.nsent;
+    from = rec.nsent;
     rank_exit("b", 2, 3, 1, 0);
     ck_assert_uint_eq(rdv.generation, 3);
     ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN));
