@@ -85,6 +85,22 @@ def _log(msg):
         pass
 
 
+def _trace(phase):
+    """Appends "WALLTIME PID PHASE" to the file MUSTER_RANK_TRACE names, when
+    it names one: the phases of a heal, for benchmarks (tests/bench)."""
+    path = os.environ.get("MUSTER_RANK_TRACE")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, ("%.6f %d %s\n" % (time.time(), os.getpid(), phase)).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _env_int(name, limit):
     text = os.environ.get(name, "")
     if not (text.isascii() and text.isdigit()) or int(text) > limit:
@@ -832,6 +848,11 @@ class Elastic:
         self._thread = threading.get_ident()
         self._rank._own = True  # run() reports the steps: the start-up hook's own count stays out
         if self._rank.active:
+            # What exists by now (torch's modules, the model, ...) lives as long as the
+            # process: the garbage collector skips it from now on, so that the full
+            # collection a heal makes (see _rejoin) takes milliseconds, not a tenth of a second.
+            import gc
+            gc.freeze()
             self._running = True
             threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True).start()
         result = None
@@ -866,11 +887,13 @@ class Elastic:
                 if stepped[0]:
                     self.step += 1
                 if err is not None:
+                    _trace("error")
                     if not (self._rank.active and self._rank._wait_park(self._gen, self._heal_wait)):
                         raise err  # no failure muster knows of: the program's own error
                     # Dropped here, out of the except clause, so that the failed step's
                     # frames (and the generation's DDP in them) go before its process group.
                     err = None
+                    _trace("parked")
                     pending = "park"
         finally:
             hook.remove()
@@ -907,6 +930,8 @@ class Elastic:
             with cond:
                 self._conns = None
                 self._conns_before = before
+            _trace("join")
+            _await_store(self._heal_wait if self._timeout is None else max(self._timeout, self._heal_wait))
             if self._timeout is None:
                 dist.init_process_group(self._backend, init_method="env://")
             else:
@@ -915,6 +940,7 @@ class Elastic:
                                         timeout=datetime.timedelta(seconds=self._timeout))
             with cond:
                 self._conns = _opened_since(before)
+            _trace("group")
 
     def _sync_state(self, dist):
         """Every rank to the state of the first rank with the most steps."""
@@ -936,7 +962,9 @@ class Elastic:
         else:
             self._rank._restore = ("seed", 0)
         self._suspect = self._interrupted = False
+        _trace("synced")
         self.model = self._wrap(self.module) if self._wrap else self.module
+        _trace("wrapped")
         if self._rank.active:
             _log("generation %d: rank %d of %d, training from step %d (state from %s)"
                  % (self._gen, me, world, self.step, "rank %d" % src if best.item() >= 0 else "the seed"))
@@ -1018,6 +1046,7 @@ class Elastic:
 
     def _rejoin(self, dist, yielded):
         """Leaves the generation it trained in, keeping its state, and forms the next one."""
+        _trace("leave")
         r = self._rank
         gen = self._gen
         with r._cond:
@@ -1036,18 +1065,22 @@ class Elastic:
             # gloo has no abort and keeps its sockets open past destroy_process_group:
             # peers still blocked on this rank in the ended generation are let go now.
             _shut(conns)
+        _trace("shut")
         self._let_go()
         import gc
         gc.collect()
+        _trace("collected")
         try:
             dist.destroy_process_group()
         except Exception:
             pass
+        _trace("destroyed")
         got = r._wait_generation(gen, 3600.0)
         if got is None:
             raise RuntimeError("muster_rank: generation %d is over and no next one came (stopped, or the agent "
                                "went away)" % gen)
         assign, generation, rank = got
+        _trace("assigned")
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(assign["world_size"]),
                           MASTER_ADDR=str(assign["master_addr"]), MASTER_PORT=str(assign["master_port"]),
                           MUSTER_GENERATION=str(generation),
@@ -1113,6 +1146,30 @@ class Elastic:
                 return True
             self._rank._cond.wait(left)
         return False
+
+
+def _await_store(timeout):
+    """Until the process group's store (rank 0's, at MASTER_ADDR:MASTER_PORT)
+    accepts connections, on every rank but 0, polled every 5 ms: torch's
+    store client backs off for up to a second between attempts when it
+    finds no listener, as it does when rank 0 is the last of a generation
+    to get there. At the timeout, init_process_group tries as it would."""
+    if os.environ.get("RANK", "0") == "0":
+        return
+    try:
+        where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    except (KeyError, ValueError):
+        return  # init_process_group names what is missing
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(where, timeout=1.0).close()
+            _trace("store")
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
 
 
 def _forget_failed_init(dist):

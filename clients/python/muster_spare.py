@@ -6,7 +6,9 @@ command's, so that ps and pgrep -f see the rank's command line) for a job
 with warm_spares on (worker/agent/spare.h), with the ranks' environment less what names one rank,
 no visible device, MUSTER_SPARE_FD (its hand-off socket, fd 4) and
 MUSTER_WARM_IMPORTS. It imports torch, torch.distributed and those modules,
-and waits. It holds no device and no process group. When the agent needs a
+takes one step of a tiny model with SGD and with AdamW (torch imports a
+second's worth of modules, torch._dynamo among them, on an optimizer's first
+use), and waits. It holds no device and no process group. When the agent needs a
 rank, it writes {"argv", "env", "cwd"} as JSON to the hand-off socket and
 closes it: the spare takes that environment, directory and argv, starts
 muster's rank hook as a fresh rank's interpreter would have, and runs the
@@ -26,6 +28,15 @@ def _warm_up(names):
     """Imports the heavy modules now, so that the rank finds them loaded."""
     import torch
     import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401  (DistributedDataParallel)
+    # torch imports much on first use (an optimizer's first construction brings
+    # in torch._dynamo: about a second): one tiny step of each usual kind does it here.
+    w = torch.nn.Linear(2, 1)
+    for make in (torch.optim.SGD, torch.optim.AdamW):
+        opt = make(w.parameters(), lr=1e-3)
+        w(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        opt.zero_grad()
     for name in names:
         importlib.import_module(name)
     if torch.cuda.is_initialized():
@@ -79,6 +90,8 @@ def main():
     data = _read_handoff(fd)
     if not data:
         return 0
+    import muster_rank
+    muster_rank._trace("handoff")
     _become(json.loads(data))()
     return 0
 

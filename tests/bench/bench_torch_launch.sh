@@ -28,7 +28,10 @@
 # time of steps 20.. on every rank, over the same RUNS).
 # The times come from the script itself (--timing-file: one line per rank
 # start and per step, wall clock, with the time the process was created),
-# so both systems are read the same way. Medians over RUNS (default 10).
+# so both systems are read the same way. For heal and spare, the phases of
+# the heal come from muster_rank's own trace (MUSTER_RANK_TRACE): when the
+# last survivor left the broken generation, when the new process group was
+# formed on every rank, when every rank had the state and its DDP wrapper. Medians over RUNS (default 10).
 # Knobs: RUNS, SYSTEMS, STEP_SLEEP (s per step, default 0.2), KILL_AFTER (default 8),
 # CKPT_EVERY (default 5), TORCHRUN_MONITOR_INTERVAL (default 0.2 s, the
 # counterpart of muster's 200 ms heartbeats; torchrun's own default is 5 s),
@@ -237,10 +240,10 @@ start_muster() {
     setsid $MUSTERD > "$RUN/musterd.log" 2>&1 &
     ROOTS="$ROOTS $!"
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 setsid $AGENT_a > "$RUN/agent-a.log" 2>&1 &
+    OMP_NUM_THREADS=1 MUSTER_RANK_TRACE=$RUN/trace setsid $AGENT_a > "$RUN/agent-a.log" 2>&1 &
     ROOTS="$ROOTS $!"
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 setsid $AGENT_b > "$RUN/agent-b.log" 2>&1 &
+    OMP_NUM_THREADS=1 MUSTER_RANK_TRACE=$RUN/trace setsid $AGENT_b > "$RUN/agent-b.log" 2>&1 &
     ROOTS="$ROOTS $!"
 }
 
@@ -352,6 +355,17 @@ measure() {
     tail -n 1 "$T/results" | awk -v run="$run" '{
         printf "run %d %-8s launch %6.2f s (ranks started %5.2f s)  recovery %6.2f s (ranks restarted %5.2f s, survivors stepped %5.2f s)  redone %d steps  TORCHELASTIC_RESTART_COUNT %s  new processes %d\n",
             run, $1, $2, $3, $4, $5, $9, $6, $7, $8 }'
+    # Healing in place: the phases muster_rank.Elastic traced (MUSTER_RANK_TRACE,
+    # "TIME PID PHASE"), each the moment the last rank got there after the kill.
+    if [ -s "$RUN/trace" ]; then
+        awk -v sys="$sys" -v tk="$tk" '
+            $1 > tk && ($3 == "leave" || $3 == "group" || $3 == "wrapped") && !(($2, $3) in seen) {
+                seen[$2, $3] = 1; if ($1 > last[$3]) last[$3] = $1 }
+            END { if (last["wrapped"] > 0) printf "%s %.3f %.3f %.3f\n", sys, last["leave"] - tk, last["group"] - tk, last["wrapped"] - tk }
+        ' "$RUN/trace" >> "$T/phases"
+        tail -n 1 "$T/phases" | awk -v sys="$sys" '$1 == sys {
+            printf "      phases after the kill: survivors out of the generation %.3f s, process group formed %.3f s, state in place %.3f s\n", $2, $3, $4 }'
+    fi
     [ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
 }
 
@@ -365,6 +379,7 @@ fi
 echo "== torch_launch: $SYSTEMS; $SCRIPT, 2 nodes x 2 ranks on loopback, $RUNS runs," \
     "kill rank 3 after step $KILL_AFTER, checkpoint every $CKPT_EVERY, step sleep $STEP_SLEEP s, torchrun monitor_interval $MONITOR s"
 : > "$T/results"
+: > "$T/phases"
 run=1
 while [ $run -le "$RUNS" ]; do
     # The order rotates run by run: none always runs first, or right after another.
@@ -433,6 +448,22 @@ row "(b) kill -> next step on every rank [s]" 4 "%.3f"
 row "    kill -> next step on ranks 0-2 [s]" 9 "%.3f"
 row "    kill -> replacement started [s]" 5 "%.2f"
 row "(b) completed steps redone" 6 "%.1f"
+if [ -s "$T/phases" ]; then
+    phase() { # LABEL FIELD: a row of the heal phases (systems that heal in place)
+        line=$(printf '%-44s' "$1")
+        for sys in $SYSTEMS; do
+            if grep -q "^$sys " "$T/phases"; then
+                line="$line $(summary "$sys" "$2" "$T/phases" | awk '{ printf "%-21s", sprintf("%.3f (%.3f-%.3f)", $1, $2, $3) }')"
+            else
+                line="$line $(printf '%-21s' -)"
+            fi
+        done
+        echo "$line"
+    }
+    phase "    kill -> survivors out of the generation" 2
+    phase "    kill -> new process group formed" 3
+    phase "    kill -> state in place on every rank" 4
+fi
 if echo " $SYSTEMS " | grep -q " torchrun "; then
     t=$(summary torchrun 4 | cut -d' ' -f1)
     line=$(printf '%-44s' "(b) torchrun / system (medians)")
