@@ -1587,6 +1587,7 @@ class ShardedElastic(Elastic):
         self._checkpoint = checkpoint
         self._replica_timeout = float(replica_timeout_s)
         self._buddy = None
+        self._resliced_from = 0
         self.restored = None   # (from, step, steps redone) of the last generation formed
 
     def run(self, train_step, steps):
@@ -1605,6 +1606,15 @@ class ShardedElastic(Elastic):
     def _watch_steps(self, fn):
         from torch.optim.optimizer import register_optimizer_step_post_hook
         return register_optimizer_step_post_hook(lambda opt, *_: fn() if opt is self.optimizer else None)
+
+    def _rejoin(self, dist, yielded):
+        if yielded and self._buddy is not None and self.step > 0:
+            # Every rank leaves at this step boundary, none lost: each keeps its
+            # state of this step, so that the next world (re-sliced) redoes no step.
+            self._buddy.stop(5.0)
+            _slot(self._buddy.own).take(self.step, dist.get_rank(), dist.get_world_size(), self.module,
+                                        self.optimizer, self._state)
+        super()._rejoin(dist, yielded)
 
     def _let_go(self):
         if self._buddy is not None:
@@ -1637,7 +1647,14 @@ class ShardedElastic(Elastic):
         offers = [None] * world
         dist.all_gather_object(offers, old.holdings() if old is not None else [])
         plan = _restore_plan(offers, world)
-        if plan is not None:
+        resliced = None
+        if plan is None:
+            resliced = self._reslice(dist, group, old, me, world, _reslice_plan(offers, world))
+        if resliced is not None:
+            self.step, snap = resliced
+            own, held = [snap], {}
+            how = ("memory", self.step)
+        elif plan is not None:
             step, sources = plan
             snap = self._fetch(dist, group, old, me, world, step, sources)
             snap.apply(self.module, self.optimizer, self._state)
@@ -1661,8 +1678,106 @@ class ShardedElastic(Elastic):
         self.restored = (how[0], how[1], max(was - how[1], 0))
         if me == 0 and was > 0:
             _log("generation %d: every rank at step %d from %s (%d steps redone)"
-                 % (self._gen, how[1], "buddy replicas" if how[0] == "memory" else
+                 % (self._gen, how[1], "buddy replicas" if how[0] == "memory" and resliced is None else
+                    "buddy replicas re-sliced from world %d to %d" % (self._resliced_from, world)
+                    if how[0] == "memory" else
                     "the program's checkpoint" if how[0] == "disk" else "the seed", max(was - how[1], 0)))
+
+    def _reslice(self, dist, group, old, me, world, plan):
+        """The state of a step held in memory for every rank of another world
+        size (a shrink or a grow), sliced anew for this one: (step, this
+        rank's snapshot of it for this world), or None when there is no such
+        plan or the state is not sliced as it can be re-sliced (every
+        DTensor sharded on dim 0 or replicated, on a one-dimensional mesh, as
+        FSDP2's fully_shard makes it); then the caller falls back to the
+        program's checkpoint.
+
+        Each old rank's snapshot is broadcast in turn from a rank that holds
+        it (one old shard in memory at a time); every rank copies from it the
+        rows of each tensor that fall in its own new shard (torch.chunk's
+        split: rows [r * c, (r + 1) * c) of n, c = ceil(n / world), for rank r).
+        What is not sharded (the optimizer's step counts, the objects in
+        `state`) comes from old rank 0's; torch's RNG from old rank
+        min(rank, old world - 1)'s."""
+        if plan is None:
+            return None
+        import pickle
+        import torch
+        step, was_world, holders = plan
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        mine = self.module.state_dict()
+        fill = []      # (target local tensor, slot): rows to copy from each old rank's snapshot
+        layout0 = None
+        opt_state = None
+        rng = None
+        for r in range(was_world):
+            snap = old.find(r, was_world, step) if holders[r] == me else _Snapshot()
+            if holders[r] == me:
+                head = snap.header()
+                dist.broadcast(head, me, group=group)
+                dist.broadcast(torch.frombuffer(bytearray(snap.layout), dtype=torch.uint8), me, group=group)
+                dist.broadcast(snap.flat, me, group=group)
+            else:
+                head = torch.empty(5, dtype=torch.int64)
+                dist.broadcast(head, holders[r], group=group)
+                nlayout, nflat = int(head[3]), int(head[4])
+                layout = torch.empty(nlayout, dtype=torch.uint8)
+                snap.flat = torch.empty(nflat, dtype=torch.uint8)
+                dist.broadcast(layout, holders[r], group=group)
+                dist.broadcast(snap.flat, holders[r], group=group)
+                snap.layout = layout.numpy().tobytes()
+            layout = pickle.loads(snap.layout)
+            if r == 0:
+                layout0 = layout
+                if not all(_reslicable(sl) for sl in _slots(layout["model"]) + _slots(layout["optimizer"])):
+                    _log("generation %d: the replicas of step %d (world %d) are not sliced on dim 0 of a "
+                         "one-dimensional mesh: they cannot be re-sliced for world %d" % (self._gen, step, was_world,
+                                                                                       world))
+                    return None
+                for name, sl in layout["model"].items():
+                    if name not in mine:
+                        raise ValueError("the replica of step %d has %s, which this model has not" % (step, name))
+                    fill.append((_local(mine[name])[0], sl, name))
+                opt_state = {}
+                for i, st in layout["optimizer"]["state"].items():
+                    like = params[i] if i < len(params) else None
+                    entry = {}
+                    for k, v in st.items():
+                        if isinstance(v, _TensorSlot):
+                            shape = v.shape
+                            if v.spec is not None and _placement(v.spec) == "shard0":
+                                shape = _rows_of(v, me, world) + tuple(v.spec[1][1:])
+                            local = torch.empty(shape, dtype=v.dtype)
+                            fill.append((local, v, "optimizer state %s of parameter %d" % (k, i)))
+                            entry[k] = (local, v, like)
+                        else:
+                            entry[k] = v
+                    opt_state[i] = entry
+            if r == min(me, was_world - 1):
+                rng = (layout["rng"], layout["cuda_rng"])
+            offsets = layout["offsets"]
+            slots = _slots(layout["model"]) + _slots(layout["optimizer"])
+            if len(slots) != len(fill):
+                raise ValueError("old rank %d's replica of step %d holds %d tensors, rank 0's %d"
+                                 % (r, step, len(slots), len(fill)))
+            for (dst, _, name), sl in zip(fill, slots):
+                src = snap._view(offsets[sl.index], sl.dtype, sl.shape)
+                _copy_rows(dst, src, sl.spec, r, was_world, me, world, name)
+            snap = None
+        with torch.no_grad():
+            opt = dict(layout0["optimizer"])
+            opt["state"] = {i: {k: (_from_local(v[0], v[1].spec, v[2]) if isinstance(v, tuple) else v)
+                                for k, v in st.items()} for i, st in opt_state.items()}
+            self.optimizer.load_state_dict(opt)
+        for name, o in self._state.items():
+            o.load_state_dict(layout0["objects"][name])
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+        self._resliced_from = was_world
+        snap = _Snapshot()
+        snap.take(step, me, world, self.module, self.optimizer, self._state)
+        return step, snap
 
     def _fetch(self, dist, group, old, me, world, step, sources):
         """This rank's snapshot of step: its own, or sent by the rank that holds it;
@@ -1702,6 +1817,84 @@ def _release_meshes():
         clear = getattr(getattr(prop, name, None), "cache_clear", None)
         if clear is not None:
             clear()
+
+
+def _reslice_plan(offers, world):
+    """(step, old world, holder per old rank) of the latest step whose state
+    the ranks of this world hold for every rank of another world, or None."""
+    held = sorted({(s, w) for o in offers for (r, w, s) in o if w != world}, reverse=True)
+    for step, was in held:
+        holders = []
+        for r in range(was):
+            holders.append(next((q for q in range(world) if (r, was, step) in offers[q]), None))
+        if None not in holders:
+            return step, was, holders
+    return None
+
+
+def _slots(tree):
+    """The _TensorSlots of a stripped state_dict, in the order of their index."""
+    found = []
+
+    def walk(x):
+        if isinstance(x, _TensorSlot):
+            found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(tree)
+    return sorted(found, key=lambda sl: sl.index)
+
+
+def _placement(spec):
+    """"shard0", "replicate", or None for any other DTensor placement."""
+    placements = spec[0]
+    if len(placements) != 1:
+        return None
+    p = placements[0]
+    if p.is_replicate():
+        return "replicate"
+    if p.is_shard() and getattr(p, "dim", None) == 0:
+        return "shard0"
+    return None
+
+
+def _reslicable(slot):
+    return slot.spec is None or _placement(slot.spec) is not None
+
+
+def _row_range(n, rank, world):
+    """Rows [start, end) of n that rank holds, sharded on dim 0 over world (torch.chunk's split)."""
+    c = -(-n // world)
+    start = min(rank * c, n)
+    return start, min(start + c, n)
+
+
+def _rows_of(slot, rank, world):
+    start, end = _row_range(slot.spec[1][0], rank, world)
+    return (end - start,)
+
+
+def _copy_rows(dst, src, spec, old_rank, old_world, rank, world, name):
+    """Copies into dst (rank's local part, world) what src (old_rank's, old_world) holds of it."""
+    if spec is None or _placement(spec) == "replicate":
+        if old_rank == 0:
+            if tuple(dst.shape) != tuple(src.shape):
+                raise ValueError("%s: the replica is %s, this model's %s" % (name, tuple(src.shape), tuple(dst.shape)))
+            dst.copy_(src)
+        return
+    n = spec[1][0]
+    a0, a1 = _row_range(n, old_rank, old_world)
+    b0, b1 = _row_range(n, rank, world)
+    if dst.shape[0] != b1 - b0 or src.shape[0] != a1 - a0:
+        raise ValueError("%s: a shard of %d rows is not split as torch.chunk splits it (%s here, %s in the replica)"
+                         % (name, n, tuple(dst.shape), tuple(src.shape)))
+    lo, hi = max(a0, b0), min(a1, b1)
+    if lo < hi:
+        dst[lo - b0:hi - b0].copy_(src[lo - a0:hi - a0])
 
 
 def _restore_plan(offers, world):

@@ -40,6 +40,10 @@ def parse_args():
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' sum and loss here")
     p.add_argument("--timing-file", default="", help="rank 0 writes the steps' wall times here at the end")
+    p.add_argument("--digests", action="store_true",
+                   help="rank 0 prints a digest of the whole state (parameters and optimizer moments, gathered) "
+                        "after each step and when a generation starts, to compare a re-sliced state with the one "
+                        "it came from")
     return p.parse_args()
 
 
@@ -88,6 +92,19 @@ def load_checkpoint(args, model, opt):
     return step
 
 
+def state_digest(model, opt):
+    """The sum, in double, of every parameter and optimizer moment, whole (a collective: every rank calls it)."""
+    total = 0.0
+    for p in model.parameters():
+        total += float(p.detach().full_tensor().double().sum())
+    for st in opt.state.values():
+        for k in sorted(st):
+            v = st[k]
+            if hasattr(v, "full_tensor"):
+                total += float(v.detach().full_tensor().double().sum())
+    return total
+
+
 @record
 def main():
     args = parse_args()
@@ -100,8 +117,16 @@ def main():
           f"started", flush=True)
     times = []
 
+    seen = [None]
+
     def train_step(step):
         rank = dist.get_rank()
+        if args.digests and elastic.restored is not seen[0]:
+            seen[0] = elastic.restored
+            d = state_digest(elastic.model, elastic.optimizer)
+            if rank == 0:
+                print(f"generation {os.environ.get('MUSTER_GENERATION')} world {dist.get_world_size()} "
+                      f"from {elastic.restored[0]} at step {step} digest {d!r}", flush=True)
         x, y = batch(args.seed, step, rank, args.batch, args.width)
         loss = nn.functional.mse_loss(elastic.model(x), y)
         elastic.optimizer.zero_grad()
@@ -110,6 +135,10 @@ def main():
         times.append(time.perf_counter())
         if rank == 0:
             print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
+        if args.digests:
+            d = state_digest(elastic.model, elastic.optimizer)
+            if rank == 0:
+                print(f"world {dist.get_world_size()} after step {step + 1} digest {d!r}", flush=True)
         if args.ckpt_dir and (step + 1) % args.ckpt_every == 0:
             save_checkpoint(args, elastic.model, elastic.optimizer, step + 1)
         if args.step_sleep:

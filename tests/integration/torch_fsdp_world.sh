@@ -1,0 +1,86 @@
+#!/bin/sh
+# A sharded PyTorch program (FSDP2, tests/torch/fsdp_train.py through
+# ShardedElastic, buddy replicas every 5 steps, no checkpoint at all) whose
+# world changes size: musterd + 2 agents x 2 ranks on loopback.
+#  (a) shrink: agent b is SIGKILLed with its ranks and stays away; after
+#      rejoin_timeout_ms the job shrinks to node a's 2 ranks, which keep
+#      their processes; ranks 2 and 3's shards exist only in the replicas
+#      node a's ranks hold (their buddies): the state of the last replica
+#      step of world 4 is re-sliced for world 2, and its digest (every
+#      parameter and optimizer moment, gathered, summed in double) is the
+#      one world 4 had after that step, bit for bit;
+#  (b) grow: agent b comes back; the ranks leave their generation together
+#      at a step boundary, each keeping its state of that step, which is
+#      re-sliced for world 4: 0 steps redone, the digest world 2 had after
+#      that step; the job completes with node a's first processes.
+set -eu
+. tests/itest-lib.sh
+
+need_torch torch_fsdp_world torch.distributed.fsdp
+PY=$TORCH_PY
+SCRIPT="$(pwd)/tests/torch/fsdp_train.py"
+STEPS=60
+make_token "$ITEST_DIR/token"
+
+cat > "$ITEST_DIR/job.json" <<JSON
+{"name": "fsdp-world", "nodes": 2, "min_nodes": 1, "rejoin_timeout_ms": 1500, "max_restarts": 4,
+ "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000,
+ "restart_backoff_ms": 0,
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests"]}
+JSON
+start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
+start_agent a 2 --token-file "$ITEST_DIR/token"
+AGENT_A=$AGENT_PID
+start_agent b 2 --token-file "$ITEST_DIR/token"
+AGENT_B=$AGENT_PID
+LOG=$ITEST_DIR/agent-a.log  # rank 0's output, as "rank 0: ..."
+
+ranks_of_agent() { pgrep -P "$1" -f "$SCRIPT" | sort -n | tr '\n' ' '; }
+# same_digest FROM TO: rank 0's digest when the world of TO ranks started from
+# memory equals the one the world of FROM had after that step (STEP: that step).
+same_digest() {
+    wait_log 30 "$LOG" "rank 0: generation [0-9]* world $2 from memory at step" || true
+    line=$(grep -o "rank 0: generation [0-9]* world $2 from memory at step [0-9]* digest .*" "$LOG" | tail -n 1)
+    [ -n "$line" ] || fail "no generation of world $2 started from memory: $(grep 'every rank at step' "$LOG" | tail -n 2)"
+    STEP=$(echo "$line" | awk '{print $11}')
+    got=$(echo "$line" | awk '{print $13}')
+    want=$(grep -o "rank 0: world $1 after step $STEP digest .*" "$LOG" | tail -n 1 | awk '{print $9}')
+    [ -n "$want" ] || fail "no digest of world $1 after step $STEP"
+    [ "$got" = "$want" ] || fail "world $2's state of step $STEP (digest $got) is not world $1's (digest $want)"
+}
+
+wait_log 120 "$LOG" "rank 0: step 12 loss" || fail "the job does not reach step 12"
+pids_a=$(ranks_of_agent "$AGENT_A")
+[ "$(echo $pids_a | wc -w)" -eq 2 ] || fail "expected 2 rank processes on node a: $pids_a"
+pkill -9 -P "$AGENT_B" -f "$SCRIPT" 2>/dev/null || true
+kill -9 "$AGENT_B"
+wait "$AGENT_B" 2>/dev/null || true
+echo "(a) SIGKILLed agent b and its ranks"
+wait_log 60 "$LOG" "buddy replicas re-sliced from world 4 to 2" \
+    || fail "(a) the state was not re-sliced for world 2: $(grep 'every rank at step\|cannot be re-sliced' "$LOG" | tail -n 2)"
+same_digest 4 2
+step=$STEP
+redone=$(grep -o "re-sliced from world 4 to 2 ([0-9]* steps redone)" "$LOG" | tail -n 1 | tr -d '(' | awk '{print $7}')
+[ "$redone" -lt 10 ] || fail "(a) $redone steps redone, replicas are every 5"
+[ "$(ranks_of_agent "$AGENT_A")" = "$pids_a" ] || fail "(a) node a's ranks were restarted by the shrink"
+echo "(a) shrank to 2 ranks in the same processes ($pids_a): world 4's state of step $step re-sliced," \
+    "digest equal, $redone steps redone"
+
+wait_log 60 "$LOG" "rank 0: world 2 after step $((step + 5)) digest" || fail "(a) the world of 2 does not train"
+start_agent b 2 --token-file "$ITEST_DIR/token"
+AGENT_B=$AGENT_PID
+wait_log 90 "$LOG" "buddy replicas re-sliced from world 2 to 4" \
+    || fail "(b) the state was not re-sliced for world 4: $(grep 'every rank at step\|cannot be re-sliced' "$LOG" | tail -n 2)"
+same_digest 2 4
+step=$STEP
+grep -q "re-sliced from world 2 to 4 (0 steps redone)" "$LOG" \
+    || fail "(b) the grow redid steps: $(grep -o 're-sliced from world 2 to 4.*' "$LOG" | tail -n 1)"
+echo "(b) grew to 4 at the boundary of step $step: world 2's state re-sliced, digest equal, 0 steps redone"
+
+wait_for 180 'd["state"] == "completed"' || { show_status; fail "the job did not complete"; }
+gen=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["generation"])')
+for p in $pids_a; do
+    grep -q "(pid $p, generation $gen) exited with status 0" "$ITEST_DIR/agent-a.log" \
+        || fail "node a's rank process $p did not finish generation $gen: it was restarted"
+done
+echo "torch_fsdp_world: passed (node a's processes $pids_a finished generation $gen)"
