@@ -745,6 +745,13 @@ def _on_optimizer_step(opt, args, kwargs):
 PARK_INTERRUPT_S = 1.0
 PARK_EXIT_S = 5.0
 
+# How often the ranks of a generation vote at a step boundary on leaving it
+# for a grow (muster's COMMAND yield): one all-reduce, which costs a step of
+# a small model on CPUs 10-30 %, every this many seconds of steps (and at
+# most every VOTE_MAX_STEPS steps) instead of every step.
+VOTE_EVERY_S = 0.5
+VOTE_MAX_STEPS = 1000
+
 
 class _Parked(BaseException):
     """Raised in the rank's training thread, in its own code, when muster parked
@@ -819,6 +826,8 @@ class Elastic:
         self._conns_before = None      # the sockets open before the process group was formed
         self._interrupted = False      # _Parked was sent to this step
         self._suspect = False          # interrupted in its own code: its state may be half updated
+        self._vote_at = 0              # the step at whose boundary the ranks vote next (see _boundary)
+        self._voted = None             # (step, monotonic time) of the last vote
         if self._rank.active:
             self._rank._rejoin = True
             self._rank._own = True  # the steps are this object's, not the start-up hook's count
@@ -913,6 +922,7 @@ class Elastic:
         process group, then brings the state to every rank."""
         self._join(dist, generation)
         self._sync_state(dist)
+        self._vote_at, self._voted = self.step, None  # every rank votes at its first boundary
 
     def _join(self, dist, generation):
         """The generation's process group (formed unless it is), with the
@@ -1019,18 +1029,32 @@ class Elastic:
 
     def _boundary(self, dist):
         """Between two steps: "park" when muster parked the generation, "yield"
-        when the ranks agree to leave it for a grow (one all-reduce: any rank
-        that got COMMAND yield asks), else None."""
+        when the ranks agree to leave it for a grow (a vote, one all-reduce
+        at the first boundary of a generation and then about every
+        VOTE_EVERY_S: any rank that got COMMAND yield asks), else None."""
         r = self._rank
         if not r.active:
             return None
         if r._parked > self._gen or r.generation > self._gen:
             return "park"
+        if self.step < self._vote_at:
+            return None
+        # The vote: whether to yield, and when to vote next, as steps of about
+        # VOTE_EVERY_S by the slowest rank's clock (one all-reduce, MAX of
+        # [ask, -steps]), so that every rank counts the same steps to it.
         import torch
+        now = time.monotonic()
+        steps = 1
+        if self._voted is not None and self.step > self._voted[0]:
+            per_step = (now - self._voted[1]) / (self.step - self._voted[0])
+            steps = max(1, min(VOTE_MAX_STEPS, int(VOTE_EVERY_S / per_step) if per_step > 0 else VOTE_MAX_STEPS))
         device = torch.device("cuda", torch.cuda.current_device()) if self._backend == "nccl" else None
-        ask = torch.tensor([1 if r._yield == self._gen else 0], dtype=torch.int64, device=device)
+        ask = torch.tensor([1 if r._yield == self._gen else 0, -steps], dtype=torch.int64, device=device)
         dist.all_reduce(ask, op=dist.ReduceOp.MAX)
-        return "yield" if ask.item() else None
+        ask = ask.tolist()
+        self._voted = (self.step, now)
+        self._vote_at = self.step + max(1, -ask[1])
+        return "yield" if ask[0] else None
 
     def _one_step(self, train_step):
         cond = self._rank._cond
@@ -1567,8 +1591,11 @@ class ShardedElastic(Elastic):
     whose state exists for every rank: a survivor's own snapshot, the
     replacement's at its buddy. So a failure redoes the steps since the last
     replica (fewer than replica_every, or up to twice that when the round
-    in flight was lost too). When a rank and its buddy were both lost (or
-    the world changed size), every rank, the survivors in place, calls
+    in flight was lost too). When the world changed size (a shrink or a
+    grow), that state is re-sliced for the new world (see _reslice); a grow
+    goes back to no earlier step (every rank keeps its state of the boundary
+    the ranks left at). When a rank and its buddy were both lost (or the
+    state cannot be re-sliced), every rank, the survivors in place, calls
     checkpoint(model, optimizer), the program's own loader, which returns the
     step it loaded (None: no checkpoint, start from the seed). It is also what
     a job started anew resumes from.
