@@ -856,6 +856,7 @@ class Elastic:
         hook = self._watch_steps(lambda *_: stepped.__setitem__(0, True))
         self._thread = threading.get_ident()
         self._rank._own = True  # run() reports the steps: the start-up hook's own count stays out
+        watcher = None
         if self._rank.active:
             # What exists by now (torch's modules, the model, ...) lives as long as the
             # process: the garbage collector skips it from now on, so that the full
@@ -863,7 +864,8 @@ class Elastic:
             import gc
             gc.freeze()
             self._running = True
-            threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True).start()
+            watcher = threading.Thread(target=self._watch_park, name="muster_rank-park", daemon=True)
+            watcher.start()
         result = None
         pending = "form"  # before the next step: "form" (the first), "park" or "yield" (leave, form the next)
         try:
@@ -909,6 +911,12 @@ class Elastic:
             with self._rank._cond:
                 self._running = False
                 self._rank._cond.notify_all()
+            if watcher is not None:
+                # Its end drops a reference to this object (the thread's target): were
+                # it the last one, a thread of its own would free the model, DDP's
+                # reducer with it, and if the interpreter were exiting by then, torch
+                # freeing tensors there ends the process (std::terminate, SIGABRT).
+                watcher.join(PARK_EXIT_S)
         return result
 
     def _watch_steps(self, fn):

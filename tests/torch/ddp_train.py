@@ -10,6 +10,7 @@ of (seed, step, rank), so a resumed run sees the batches it would have seen.
 import argparse
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -132,6 +133,12 @@ def main_elastic(args):
         return loss
 
     loss = elastic.run(train_step, args.steps)
+    # run()'s park watch must be over once it returns: a thread of its own
+    # dropping the last reference to the model as the interpreter exits
+    # ends the process with SIGABRT (torch frees tensors there).
+    watching = [t.name for t in threading.enumerate() if t.name == "muster_rank-park"]
+    if watching:
+        raise RuntimeError("muster_rank.Elastic.run() returned with its park watch still running")
     if args.final_file and dist.get_rank() == 0:
         digest = sum(float(p.detach().double().sum()) for p in net.parameters())
         with open(args.final_file, "w") as f:
