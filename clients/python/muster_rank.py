@@ -949,7 +949,10 @@ class Elastic:
                 self._conns = None
                 self._conns_before = before
             _trace("join")
-            _await_store(self._heal_wait if self._timeout is None else max(self._timeout, self._heal_wait))
+            r = self._rank
+            gen = self._gen
+            _await_store(self._heal_wait if self._timeout is None else max(self._timeout, self._heal_wait),
+                         lambda: r.active and (r._parked > gen or r.generation > gen))
             if self._timeout is None:
                 dist.init_process_group(self._backend, init_method="env://")
             else:
@@ -1180,12 +1183,14 @@ class Elastic:
         return False
 
 
-def _await_store(timeout):
+def _await_store(timeout, parked):
     """Until the process group's store (rank 0's, at MASTER_ADDR:MASTER_PORT)
     accepts connections, on every rank but 0, polled every 5 ms: torch's
     store client backs off for up to a second between attempts when it
     finds no listener, as it does when rank 0 is the last of a generation
-    to get there. At the timeout, init_process_group tries as it would."""
+    to get there. At the timeout, init_process_group tries as it would.
+    Raises RuntimeError once parked() says the generation is over (its rank
+    0 died before it listened): the rank then heals as from a failed step."""
     if os.environ.get("RANK", "0") == "0":
         return
     try:
@@ -1199,6 +1204,9 @@ def _await_store(timeout):
             _trace("store")
             return
         except OSError:
+            if parked():
+                raise RuntimeError("muster_rank: the generation was parked before its process group formed "
+                                   "(rank 0 never listened at %s:%d)" % where)
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
@@ -1424,11 +1432,15 @@ class _Buddy:
     thread learns at the next round with one all-reduce of a flag.
     """
 
-    def __init__(self, dist, group, rank, world, buddy, wards, own=None, held=None):
+    def __init__(self, dist, group, rank, world, buddy, wards, own=None, held=None, carried=None):
         self.dist, self.group = dist, group
         self.rank, self.world, self.buddy, self.wards = rank, world, buddy, wards
         self.own = own or []          # [_Snapshot], oldest first, at most 2
         self.held = held or {}        # ward -> [_Snapshot], at most 2
+        # Re-sliced from another world: that world's snapshots this rank held,
+        # kept until this world's first round is held everywhere (a rank lost
+        # before then is re-sliced from them again).
+        self.carried = carried or []
         self._cond = threading.Condition()
         self._job = None              # the snapshot of the round to ship
         self._busy = False
@@ -1442,11 +1454,11 @@ class _Buddy:
 
     def holdings(self):
         """[(rank, world, step)] of every whole snapshot this rank holds."""
-        snaps = self.own + [s for ss in self.held.values() for s in ss]
+        snaps = self.own + [s for ss in self.held.values() for s in ss] + self.carried
         return sorted({(s.rank, s.world, s.step) for s in snaps if s.complete and s.step >= 0})
 
     def find(self, rank, world, step):
-        for s in self.own + [s for ss in self.held.values() for s in ss]:
+        for s in self.own + [s for ss in self.held.values() for s in ss] + self.carried:
             if s.complete and (s.rank, s.world, s.step) == (rank, world, step):
                 return s
         return None
@@ -1468,6 +1480,7 @@ class _Buddy:
             if ok.item() != 1:
                 raise RuntimeError("buddy replicas of step %d: %s" % (self._round, error or "a peer's failed"))
             self._keep_after(self._round)
+            self.carried = []
         snap = _slot(self.own)
         snap.take(step, self.rank, self.world, model, optimizer, objects)
         self._post(snap)
@@ -1685,10 +1698,14 @@ class ShardedElastic(Elastic):
         resliced = None
         if plan is None:
             resliced = self._reslice(dist, group, old, me, world, _reslice_plan(offers, world))
+        carried = []
         if resliced is not None:
             self.step, snap = resliced
             own, held = [snap], {}
             how = ("memory", self.step)
+            if old is not None:  # a new process holds none
+                _, was_world, _ = _reslice_plan(offers, world)
+                carried = [c for c in (old.find(r, was_world, self.step) for r in range(was_world)) if c is not None]
         elif plan is not None:
             step, sources = plan
             snap = self._fetch(dist, group, old, me, world, step, sources)
@@ -1707,7 +1724,7 @@ class ShardedElastic(Elastic):
             self.step = int(loaded) if loaded is not None else 0
             how = ("disk" if loaded is not None else "seed", self.step)
         old = None
-        self._buddy = _Buddy(dist, group, me, world, buddy, wards, own, held)
+        self._buddy = _Buddy(dist, group, me, world, buddy, wards, own, held, carried)
         self._rank._restore = how
         self._suspect = self._interrupted = False  # a step interrupted in its own code: redone from a replica
         self.restored = (how[0], how[1], max(was - how[1], 0))

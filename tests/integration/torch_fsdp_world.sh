@@ -12,7 +12,10 @@
 #  (b) grow: agent b comes back; the ranks leave their generation together
 #      at a step boundary, each keeping its state of that step, which is
 #      re-sliced for world 4: 0 steps redone, the digest world 2 had after
-#      that step; the job completes with node a's first processes.
+#      that step; b's new rank 2 SIGKILLs itself right after that re-slice
+#      (before its new replica shipped): the ranks keep world 2's snapshots
+#      until world 4's first round, so the next generation re-slices them
+#      again (0 steps redone); the job completes with node a's first processes.
 set -eu
 . tests/itest-lib.sh
 
@@ -26,7 +29,8 @@ cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "fsdp-world", "nodes": 2, "min_nodes": 1, "rejoin_timeout_ms": 1500, "max_restarts": 4,
  "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000,
  "restart_backoff_ms": 0,
- "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests"]}
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests",
+              "--die-after-reslice", "b:$ITEST_DIR/died"]}
 JSON
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
 start_agent a 2 --token-file "$ITEST_DIR/token"
@@ -76,6 +80,12 @@ step=$STEP
 grep -q "re-sliced from world 2 to 4 (0 steps redone)" "$LOG" \
     || fail "(b) the grow redid steps: $(grep -o 're-sliced from world 2 to 4.*' "$LOG" | tail -n 1)"
 echo "(b) grew to 4 at the boundary of step $step: world 2's state re-sliced, digest equal, 0 steps redone"
+wait_log 30 "$ITEST_DIR/agent-b.log" "re-sliced: SIGKILLing itself" || fail "(b) b's rank did not die after its re-slice"
+i=0
+until [ "$(grep -c "re-sliced from world 2 to 4 (0 steps redone)" "$LOG")" -ge 2 ]; do
+    i=$((i + 1)); [ $i -lt 600 ] || fail "(b) after b's rank died, world 2's state was not re-sliced again:"         "$(grep 'every rank at step' "$LOG" | tail -n 1)"; sleep 0.1
+done
+echo "(b) b's rank SIGKILLed right after the re-slice: world 2's state re-sliced again, 0 steps redone"
 
 wait_for 180 'd["state"] == "completed"' || { show_status; fail "the job did not complete"; }
 gen=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["generation"])')

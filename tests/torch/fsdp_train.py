@@ -40,6 +40,10 @@ def parse_args():
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' sum and loss here")
     p.add_argument("--timing-file", default="", help="rank 0 writes the steps' wall times here at the end")
+    p.add_argument("--die-after-reslice", default="",
+                   help="NODE:MARKER: a rank on node NODE (MUSTER_NODE) SIGKILLs itself right after its first "
+                        "re-slice of the state, before its new replica has shipped, unless the file MARKER exists "
+                        "(which it then makes): a fault injected for the tests")
     p.add_argument("--digests", action="store_true",
                    help="rank 0 prints a digest of the whole state (parameters and optimizer moments, gathered) "
                         "after each step and when a generation starts, to compare a re-sliced state with the one "
@@ -105,9 +109,26 @@ def state_digest(model, opt):
     return total
 
 
+def die_after_reslice(node, marker):
+    """Wraps ShardedElastic._reslice: see --die-after-reslice."""
+    import signal
+    reslice = muster_rank.ShardedElastic._reslice
+
+    def then_die(self, *a):
+        out = reslice(self, *a)
+        if out is not None and os.environ.get("MUSTER_NODE") == node and not os.path.exists(marker):
+            open(marker, "w").close()
+            print(f"rank {dist.get_rank()} re-sliced: SIGKILLing itself", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    muster_rank.ShardedElastic._reslice = then_die
+
+
 @record
 def main():
     args = parse_args()
+    if args.die_after_reslice:
+        die_after_reslice(*args.die_after_reslice.split(":", 1))
     if args.ckpt_dir:
         os.makedirs(args.ckpt_dir, exist_ok=True)
     elastic = muster_rank.ShardedElastic(
