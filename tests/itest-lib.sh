@@ -135,6 +135,14 @@ end_pair_job() {
     wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
 }
 
+# kept_pids AGENT_LOG PIDS GENERATION: each of PIDS finished GENERATION (never restarted).
+kept_pids() {
+    for p in $2; do
+        grep -q "(pid $p, generation $3) exited with status 0" "$1" \
+            || fail "rank process $p did not finish generation $3: it was restarted ($(grep "pid $p" "$1" | tail -n 2))"
+    done
+}
+
 # rank_pids TAG: "RANK PID" of the live ranks running $SCRIPT with an
 # argument under $ITEST_DIR/TAG, by rank (RANK from their environment).
 rank_pids() {

@@ -1378,6 +1378,25 @@ class _Snapshot:
         layout = torch.frombuffer(bytearray(self.layout), dtype=torch.uint8)
         return [dist.isend(t, dst, group=group) for t in (self.header(), layout, self.flat)]
 
+    def broadcast(self, dist, src, me, group):
+        """This snapshot from rank src to every rank of group: src's is sent,
+        the others' receive it (blocks)."""
+        import torch
+        if me == src:
+            for t in (self.header(), torch.frombuffer(bytearray(self.layout), dtype=torch.uint8), self.flat):
+                dist.broadcast(t, src, group=group)
+            return
+        self.complete = False
+        head = torch.empty(5, dtype=torch.int64)
+        dist.broadcast(head, src, group=group)
+        step, rank, world, nlayout, nflat = (int(v) for v in head.tolist())
+        layout = torch.empty(nlayout, dtype=torch.uint8)
+        self.flat = torch.empty(nflat, dtype=torch.uint8)
+        dist.broadcast(layout, src, group=group)
+        dist.broadcast(self.flat, src, group=group)
+        self.layout = layout.numpy().tobytes()
+        self.step, self.rank, self.world, self.complete = step, rank, world, True
+
     def recv(self, dist, src, group):
         """Receives a snapshot from rank src into this one (blocks)."""
         import torch
@@ -1635,7 +1654,6 @@ class ShardedElastic(Elastic):
         self._checkpoint = checkpoint
         self._replica_timeout = float(replica_timeout_s)
         self._buddy = None
-        self._resliced_from = 0
         self.restored = None   # (from, step, steps redone) of the last generation formed
 
     def run(self, train_step, steps):
@@ -1695,16 +1713,15 @@ class ShardedElastic(Elastic):
         offers = [None] * world
         dist.all_gather_object(offers, old.holdings() if old is not None else [])
         plan = _restore_plan(offers, world)
-        resliced = None
-        if plan is None:
-            resliced = self._reslice(dist, group, old, me, world, _reslice_plan(offers, world))
+        reslice = _reslice_plan(offers, world) if plan is None else None
+        resliced = self._reslice(dist, group, old, me, world, reslice) if reslice is not None else None
         carried = []
         if resliced is not None:
             self.step, snap = resliced
             own, held = [snap], {}
             how = ("memory", self.step)
             if old is not None:  # a new process holds none
-                _, was_world, _ = _reslice_plan(offers, world)
+                was_world = reslice[1]
                 carried = [c for c in (old.find(r, was_world, self.step) for r in range(was_world)) if c is not None]
         elif plan is not None:
             step, sources = plan
@@ -1731,15 +1748,15 @@ class ShardedElastic(Elastic):
         if me == 0 and was > 0:
             _log("generation %d: every rank at step %d from %s (%d steps redone)"
                  % (self._gen, how[1], "buddy replicas" if how[0] == "memory" and resliced is None else
-                    "buddy replicas re-sliced from world %d to %d" % (self._resliced_from, world)
+                    "buddy replicas re-sliced from world %d to %d" % (reslice[1], world)
                     if how[0] == "memory" else
                     "the program's checkpoint" if how[0] == "disk" else "the seed", max(was - how[1], 0)))
 
     def _reslice(self, dist, group, old, me, world, plan):
         """The state of a step held in memory for every rank of another world
-        size (a shrink or a grow), sliced anew for this one: (step, this
-        rank's snapshot of it for this world), or None when there is no such
-        plan or the state is not sliced as it can be re-sliced (every
+        size (a shrink or a grow; plan: _reslice_plan's), sliced anew for
+        this one: (step, this rank's snapshot of it for this world), or None
+        when the state is not sliced as it can be re-sliced (every
         DTensor sharded on dim 0 or replicated, on a one-dimensional mesh, as
         FSDP2's fully_shard makes it); then the caller falls back to the
         program's checkpoint.
@@ -1751,33 +1768,18 @@ class ShardedElastic(Elastic):
         What is not sharded (the optimizer's step counts, the objects in
         `state`) comes from old rank 0's; torch's RNG from old rank
         min(rank, old world - 1)'s."""
-        if plan is None:
-            return None
         import pickle
         import torch
         step, was_world, holders = plan
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         mine = self.module.state_dict()
-        fill = []      # (target local tensor, slot): rows to copy from each old rank's snapshot
+        fill = []      # (target local tensor, name): rows to copy from each old rank's snapshot
         layout0 = None
         opt_state = None
         rng = None
         for r in range(was_world):
             snap = old.find(r, was_world, step) if holders[r] == me else _Snapshot()
-            if holders[r] == me:
-                head = snap.header()
-                dist.broadcast(head, me, group=group)
-                dist.broadcast(torch.frombuffer(bytearray(snap.layout), dtype=torch.uint8), me, group=group)
-                dist.broadcast(snap.flat, me, group=group)
-            else:
-                head = torch.empty(5, dtype=torch.int64)
-                dist.broadcast(head, holders[r], group=group)
-                nlayout, nflat = int(head[3]), int(head[4])
-                layout = torch.empty(nlayout, dtype=torch.uint8)
-                snap.flat = torch.empty(nflat, dtype=torch.uint8)
-                dist.broadcast(layout, holders[r], group=group)
-                dist.broadcast(snap.flat, holders[r], group=group)
-                snap.layout = layout.numpy().tobytes()
+            snap.broadcast(dist, holders[r], me, group)
             layout = pickle.loads(snap.layout)
             if r == 0:
                 layout0 = layout
@@ -1789,7 +1791,7 @@ class ShardedElastic(Elastic):
                 for name, sl in layout["model"].items():
                     if name not in mine:
                         raise ValueError("the replica of step %d has %s, which this model has not" % (step, name))
-                    fill.append((_local(mine[name])[0], sl, name))
+                    fill.append((_local(mine[name])[0], name))
                 opt_state = {}
                 for i, st in layout["optimizer"]["state"].items():
                     like = params[i] if i < len(params) else None
@@ -1800,7 +1802,7 @@ class ShardedElastic(Elastic):
                             if v.spec is not None and _placement(v.spec) == "shard0":
                                 shape = _rows_of(v, me, world) + tuple(v.spec[1][1:])
                             local = torch.empty(shape, dtype=v.dtype)
-                            fill.append((local, v, "optimizer state %s of parameter %d" % (k, i)))
+                            fill.append((local, "optimizer state %s of parameter %d" % (k, i)))
                             entry[k] = (local, v, like)
                         else:
                             entry[k] = v
@@ -1812,7 +1814,7 @@ class ShardedElastic(Elastic):
             if len(slots) != len(fill):
                 raise ValueError("old rank %d's replica of step %d holds %d tensors, rank 0's %d"
                                  % (r, step, len(slots), len(fill)))
-            for (dst, _, name), sl in zip(fill, slots):
+            for (dst, name), sl in zip(fill, slots):
                 src = snap._view(offsets[sl.index], sl.dtype, sl.shape)
                 _copy_rows(dst, src, sl.spec, r, was_world, me, world, name)
             snap = None
@@ -1826,7 +1828,6 @@ class ShardedElastic(Elastic):
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])
-        self._resliced_from = was_world
         snap = _Snapshot()
         snap.take(step, me, world, self.module, self.optimizer, self._state)
         return step, snap

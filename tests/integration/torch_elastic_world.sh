@@ -51,13 +51,6 @@ kill_agent_b() { # agent b and its ranks, SIGKILL (the ranks first: orphans woul
     kill -9 "$AGENT_B"
     wait "$AGENT_B" 2>/dev/null || true
 }
-# kept_pids AGENT_LOG PIDS GENERATION: each of PIDS finished GENERATION (never restarted).
-kept_pids() {
-    for p in $2; do
-        grep -q "(pid $p, generation $3) exited with status 0" "$1" \
-            || fail "rank process $p did not finish generation $3: it was restarted ($(grep "pid $p" "$1" | tail -n 2))"
-    done
-}
 # logs_of NODE: every output log of NODE's ranks.
 logs_of() { find "$ITEST_DIR/agent-state" -path "*$1*" -name output.log; }
 # wait_logs SECONDS NODE PATTERN: a line matching PATTERN in an output log of NODE's ranks (polls every 100 ms).

@@ -32,11 +32,7 @@ cat > "$ITEST_DIR/job.json" <<JSON
  "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests",
               "--die-after-reslice", "b:$ITEST_DIR/died"]}
 JSON
-start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
-start_agent a 2 --token-file "$ITEST_DIR/token"
-AGENT_A=$AGENT_PID
-start_agent b 2 --token-file "$ITEST_DIR/token"
-AGENT_B=$AGENT_PID
+start_pair_job "$ITEST_DIR/job.json"
 LOG=$ITEST_DIR/agent-a.log  # rank 0's output, as "rank 0: ..."
 
 ranks_of_agent() { pgrep -P "$1" -f "$SCRIPT" | sort -n | tr '\n' ' '; }
@@ -83,14 +79,12 @@ echo "(b) grew to 4 at the boundary of step $step: world 2's state re-sliced, di
 wait_log 30 "$ITEST_DIR/agent-b.log" "re-sliced: SIGKILLing itself" || fail "(b) b's rank did not die after its re-slice"
 i=0
 until [ "$(grep -c "re-sliced from world 2 to 4 (0 steps redone)" "$LOG")" -ge 2 ]; do
-    i=$((i + 1)); [ $i -lt 600 ] || fail "(b) after b's rank died, world 2's state was not re-sliced again:"         "$(grep 'every rank at step' "$LOG" | tail -n 1)"; sleep 0.1
+    i=$((i + 1)); [ $i -lt 600 ] || fail "(b) after b's rank died, world 2's state was not re-sliced again:" \
+        "$(grep 'every rank at step' "$LOG" | tail -n 1)"; sleep 0.1
 done
 echo "(b) b's rank SIGKILLed right after the re-slice: world 2's state re-sliced again, 0 steps redone"
 
 wait_for 180 'd["state"] == "completed"' || { show_status; fail "the job did not complete"; }
 gen=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["generation"])')
-for p in $pids_a; do
-    grep -q "(pid $p, generation $gen) exited with status 0" "$ITEST_DIR/agent-a.log" \
-        || fail "node a's rank process $p did not finish generation $gen: it was restarted"
-done
+kept_pids "$ITEST_DIR/agent-a.log" "$pids_a" "$gen"
 echo "torch_fsdp_world: passed (node a's processes $pids_a finished generation $gen)"
