@@ -64,6 +64,12 @@ static const struct key_def keys[] = {
      "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
      "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
      "the program; 0: off"},
+    {"visible_devices", KEY_STRING, F(visible_devices), 0, 0, 0, "node",
+     "the GPUs a rank_cmd rank sees: \"node\" (torchrun's: CUDA_VISIBLE_DEVICES lists the node's job GPUs in "
+     "LOCAL_RANK order, so cuda:LOCAL_RANK, as torch.cuda.set_device(LOCAL_RANK), DeepSpeed and accelerate "
+     "choose it, is the rank's own, and NCCL reaches the node's other GPUs over CUDA IPC/NVLink) or \"own\" "
+     "(only its own GPU, as cuda:0: a program that selects cuda:LOCAL_RANK then fails with \"invalid device "
+     "ordinal\" on every local rank but 0, docs/rank-env.md); muster-train always sees its own alone"},
     {"require_readable", KEY_LIST, F(require_readable), 0, 0, 0, "",
      "paths (files or directories, e.g. the data) every node must be able to read before its ranks start; a "
      "node that cannot is unfit, with the path and the error, and spends no restart (docs/troubleshooting.md); a "
@@ -346,6 +352,11 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
     if (program && plan_par_parse(spec->parallelism, &par)) {
         fail(err, errlen, "%s: parallelism: expected muster-train or one of %s, got \"%s\"", origin, plan_par_list(),
              spec->parallelism);
+        return -EINVAL;
+    }
+    if (strcmp(spec->visible_devices, "node") != 0 && strcmp(spec->visible_devices, "own") != 0) {
+        fail(err, errlen, "%s: visible_devices: expected \"node\" or \"own\", got \"%s\"", origin,
+             spec->visible_devices);
         return -EINVAL;
     }
     if (plan_prec_parse(spec->precision, &prec)) {

@@ -353,9 +353,37 @@ START_TEST(rank_env_gpu)
     ck_assert_str_eq(env_get(env, "MUSTER_GENERATION"), "4");
     ck_assert_str_eq(env_get(env, "MUSTER_NODE"), "node-b");
     ck_assert_str_eq(env_get(env, "MUSTER_CTL_FD"), "3");
-    ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "5");
+    ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "5"); /* its own alone: muster-train, "own" */
     /* the device is NVML's ordinal (PCI bus order): CUDA must count the same way */
     ck_assert_str_eq(env_get(env, "CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
+    cmdline_free(env);
+}
+END_TEST
+
+START_TEST(rank_env_gpu_node_view)
+{
+    /* torchrun's view: the node's job devices in LOCAL_RANK order, so that entry LOCAL_RANK is its own. */
+    char *parent[] = {"CUDA_VISIBLE_DEVICES=0", NULL};
+    const uint32_t node[] = {4, 5, 6, 7};
+    struct rank_identity id = {.rank = 9, .local_rank = 1, .world_size = 16, .local_world_size = 4,
+                               .generation = 4, .node = "node-b", .kind = PROTO_DEV_GPU, .device = 5,
+                               .visible = node, .nvisible = 4};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "4,5,6,7");
+    ck_assert_str_eq(env_get(env, "LOCAL_RANK"), "1");
+    cmdline_free(env);
+    const uint32_t one[] = {2};
+    id.visible = one;
+    id.nvisible = 1;
+    id.device = 2;
+    id.local_rank = 0;
+    env = rank_env_build(parent, &id);
+    ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "2");
+    cmdline_free(env);
+    id.kind = PROTO_DEV_CPU; /* a cpu rank sees no gpu, whatever the list */
+    env = rank_env_build(parent, &id);
+    ck_assert_str_eq(env_get(env, "CUDA_VISIBLE_DEVICES"), "");
     cmdline_free(env);
 }
 END_TEST
@@ -404,14 +432,16 @@ START_TEST(rank_env_torchrun_names)
     ck_assert_str_eq(env_get(env, "TORCHELASTIC_RUN_ID"), "shakespeare");
     ck_assert_str_eq(env_get(env, "TORCHELASTIC_ERROR_FILE"), "/state/gen-3/rank-5/error.json");
     ck_assert_str_eq(env_get(env, "OMP_NUM_THREADS"), "3");
-    ck_assert_str_eq(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    /* torch's own default for NCCL errors: muster sets nothing (healing in place needs it off) */
+    ck_assert_ptr_null(env_get(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"));
+    ck_assert_ptr_null(env_get(env, "NCCL_ASYNC_ERROR_HANDLING"));
     cmdline_free(env);
 }
 END_TEST
 
 START_TEST(rank_env_user_defaults_win)
 {
-    /* OMP_NUM_THREADS and the NCCL error handling are defaults: the user's value stays. */
+    /* OMP_NUM_THREADS is a default and the NCCL error handling the parent's: the user's value stays. */
     char *parent[] = {"OMP_NUM_THREADS=16", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0", NULL};
     struct rank_identity id = {.rank = 0, .world_size = 1, .local_world_size = 1, .nnodes = 1,
                                .generation = 1, .master_addr = "127.0.0.1", .master_port = 29500,
@@ -1117,6 +1147,7 @@ Suite *make_agent_suite(void)
     tc = tcase_create("rank_env");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, rank_env_gpu);
+    tcase_add_test(tc, rank_env_gpu_node_view);
     tcase_add_test(tc, rank_env_cpu_hides_gpus);
     tcase_add_test(tc, rank_env_torchrun_names);
     tcase_add_test(tc, rank_env_user_defaults_win);

@@ -563,9 +563,22 @@ static void hand_assignment(struct agent *a, struct agent_rank *r, const struct 
     }
 }
 
-/* The identity of slot i of the held assignment. */
+/* The devices a rank of the held assignment sees, in LOCAL_RANK order (torchrun's view), into
+ * out[PROTO_MAX_LOCAL_RANKS]; 0 = its own alone (muster-train, or the job's visible_devices "own"). */
+static uint32_t visible_devices(const struct agent *a, uint32_t *out)
+{
+    const struct proto_assign *as = &a->assign;
+    if (a->cfg->devices.kind != PROTO_DEV_GPU || strcmp(a->spec.visible_devices, "node") != 0 ||
+        runs_trainer(a, &a->spec))
+        return 0;
+    for (uint32_t j = 0; j < as->nranks; j++) /* local ranks are 0..nranks-1, each once (proto_check) */
+        out[as->ranks[j].local_rank] = as->ranks[j].device;
+    return as->nranks;
+}
+
+/* The identity of slot i of the held assignment; visible[PROTO_MAX_LOCAL_RANKS] holds its devices. */
 static struct rank_identity slot_identity(const struct agent *a, uint32_t i, const char *error_file,
-                                          const char *dir, const char *pypath)
+                                          const char *dir, const char *pypath, uint32_t *visible)
 {
     const struct proto_assign *as = &a->assign;
     const struct proto_rank_slot *slot = &as->ranks[i];
@@ -591,6 +604,8 @@ static struct rank_identity slot_identity(const struct agent *a, uint32_t i, con
         .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
         .kind = a->cfg->devices.kind,
         .device = slot->device,
+        .visible = visible,
+        .nvisible = visible_devices(a, visible),
     };
     return id;
 }
@@ -607,7 +622,8 @@ static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
         return;
     }
     a->spare_said[0] = '\0';
-    struct rank_identity id = slot_identity(a, 0, "", "", pypath);
+    uint32_t visible[PROTO_MAX_LOCAL_RANKS];
+    struct rank_identity id = slot_identity(a, 0, "", "", pypath, visible);
     spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
 }
 
@@ -644,7 +660,8 @@ static void spawn_all(struct agent *a)
             snprintf(error_file, sizeof(error_file), "%s/error.json", dir);
             unlink(error_file);
         }
-        struct rank_identity id = slot_identity(a, i, error_file, dir, pypath);
+        uint32_t visible[PROTO_MAX_LOCAL_RANKS];
+        struct rank_identity id = slot_identity(a, i, error_file, dir, pypath, visible);
         struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
         char **env = rank_env_build(environ, &id);
         int err_code = UV_ENOMEM;

@@ -137,6 +137,8 @@ static int check_python(const struct preflight_inputs *p, struct preflight_resul
         .world_size = 1, .local_world_size = 1, .nnodes = 1, .max_restarts = (uint32_t)s->max_restarts,
         .run_id = s->name, .master_addr = "127.0.0.1", .node = p->node, .python_path = p->python_path,
         .kind = p->kind, .device = p->ndevices ? p->devices[0] : 0,
+        /* a rank's view: its node's job devices under visible_devices "node" */
+        .visible = p->devices, .nvisible = strcmp(s->visible_devices, "node") == 0 ? p->ndevices : 0,
     };
     char **argv = cmdline_argv(p->cmd);
     if (!argv) {

@@ -17,10 +17,6 @@ static const char *const owned[] = {
     "MUSTER_RANK_DIR", "MUSTER_STACKS_SIGNAL", "CUDA_DEVICE_ORDER",
 };
 #define NOWNED (sizeof(owned) / sizeof(owned[0]))
-/* Set to 1 unless the parent has an entry of the name: a collective whose peer died
- * fails instead of hanging. NCCL_ASYNC_ERROR_HANDLING is the name PyTorch read before 2.2. */
-static const char *const nccl_error_handling[] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"};
-#define NNCCL (sizeof(nccl_error_handling) / sizeof(nccl_error_handling[0]))
 
 static int has_name(const char *entry, const char *name)
 {
@@ -69,12 +65,25 @@ static int put_var(char **env, size_t *n, const char *name, const char *fmt, ...
     return 0;
 }
 
+/* "5" or "4,5,6,7": the rank's device alone, or the node's in LOCAL_RANK order. */
+static void visible_list(const struct rank_identity *id, char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    if (!id->visible || id->nvisible == 0) {
+        snprintf(out, cap, "%" PRIu32, id->device);
+        return;
+    }
+    for (uint32_t i = 0; i < id->nvisible && i < PROTO_MAX_LOCAL_RANKS && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%" PRIu32, i ? "," : "", id->visible[i]);
+}
+
 char **rank_env_build(char *const *parent, const struct rank_identity *id)
 {
     size_t np = 0;
     while (parent && parent[np])
         np++;
-    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + NNCCL + 1 /* PYTHONPATH */ + 1, sizeof(char *));
+    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + 1 /* PYTHONPATH */ + 1, sizeof(char *));
     if (!env)
         return NULL;
     size_t n = 0;
@@ -85,7 +94,7 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         if (!(env[n++] = strdup(parent[i])))
             goto oom;
     }
-    /* Every name below is in owned[], OMP_NUM_THREADS or nccl_error_handling[], which size env. */
+    /* Every name below is in owned[], OMP_NUM_THREADS or PYTHONPATH, which size env. */
     if (put_var(env, &n, "RANK", "%" PRIu32, id->rank) || put_var(env, &n, "LOCAL_RANK", "%" PRIu32, id->local_rank) ||
         put_var(env, &n, "WORLD_SIZE", "%" PRIu32, id->world_size) ||
         put_var(env, &n, "LOCAL_WORLD_SIZE", "%" PRIu32, id->local_world_size) ||
@@ -105,11 +114,12 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         put_var(env, &n, "MUSTER_NODE", "%s", id->node ? id->node : "") ||
         put_var(env, &n, "MUSTER_CTL_FD", "%d", RANK_CTL_FD))
         goto oom;
-    /* One visible device: the ordinal for a gpu, none for a cpu rank. The
-     * ordinal is NVML's (the agent's discovery), which is PCI bus order;
-     * CUDA's default order (fastest first) can differ, so it is made the same. */
-    if (id->kind == PROTO_DEV_GPU ? put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%" PRIu32, id->device)
-                                  : put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%s", ""))
+    /* The ordinals are NVML's (the agent's discovery), which is PCI bus order; CUDA's
+     * default order (fastest first) can differ, so it is made the same. A cpu rank sees none. */
+    char visible[PROTO_MAX_LOCAL_RANKS * 11] = "";
+    if (id->kind == PROTO_DEV_GPU)
+        visible_list(id, visible, sizeof(visible));
+    if (put_var(env, &n, "CUDA_VISIBLE_DEVICES", "%s", visible))
         goto oom;
     if (put_var(env, &n, "CUDA_DEVICE_ORDER", "%s", "PCI_BUS_ID"))
         goto oom;
@@ -124,9 +134,6 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
         goto oom;
     if (id->stacks_signal && put_var(env, &n, "MUSTER_STACKS_SIGNAL", "%d", id->stacks_signal))
         goto oom;
-    for (size_t i = 0; i < NNCCL; i++)
-        if (!rank_env_get(parent, nccl_error_handling[i]) && put_var(env, &n, nccl_error_handling[i], "%s", "1"))
-            goto oom;
     return env;
 oom:
     cmdline_free(env);

@@ -1,9 +1,16 @@
 /*
  * rank_env: the environment a rank process is started with: the agent's own, plus the rank's identity under
  * torchrun's names and meanings (so that a PyTorch program runs unmodified,
- * docs/rank-env.md lists every variable), muster's own variables and its
- * one visible device. Pure functions; the results are malloc'd
- * NULL-terminated arrays.
+ * docs/rank-env.md lists every variable), muster's own variables and the
+ * devices it sees. Pure functions; the results are malloc'd NULL-terminated
+ * arrays.
+ *
+ * Devices: a user's program sees its node's job devices as torchrun shows
+ * them, CUDA_VISIBLE_DEVICES listing them in LOCAL_RANK order, so that
+ * cuda:LOCAL_RANK (torch.cuda.set_device(LOCAL_RANK), DeepSpeed's and
+ * accelerate's choice) is the rank's own GPU and NCCL can reach its node
+ * peers' GPUs over CUDA IPC; muster-train (and a job with visible_devices
+ * "own") sees only its own device, as cuda:0.
  */
 #ifndef MUSTER_WORKER_RANK_ENV_H
 #define MUSTER_WORKER_RANK_ENV_H
@@ -35,15 +42,20 @@ struct rank_identity {
     const char *rank_dir;      /* MUSTER_RANK_DIR: the rank's directory on the node; NULL or "" = unset */
     int stacks_signal;         /* MUSTER_STACKS_SIGNAL: dumps the hook's stacks there; 0 = unset */
     enum proto_device_kind kind;
-    uint32_t device; /* gpu ordinal; ignored for cpu */
+    uint32_t device; /* its own gpu ordinal; ignored for cpu */
+    /* The ordinals CUDA_VISIBLE_DEVICES lists, in LOCAL_RANK order (device at index
+     * local_rank); NULL or 0 = device alone. Ignored for cpu. */
+    const uint32_t *visible;
+    uint32_t nvisible;
 };
 
 /*
  * parent (may be NULL) plus the rank's variables. Those the agent owns
  * (RANK, WORLD_SIZE, MASTER_ADDR, ...) replace parent entries of the same
  * name, so that a platform's node-level values never reach a rank;
- * OMP_NUM_THREADS and TORCH_NCCL_ASYNC_ERROR_HANDLING are defaults that a
- * parent entry keeps. Returns NULL when out of memory.
+ * OMP_NUM_THREADS is a default that a parent entry keeps. NCCL's and torch's
+ * error handling (TORCH_NCCL_ASYNC_ERROR_HANDLING, ...) is left as the parent
+ * has it: torch's own default when unset. Returns NULL when out of memory.
  */
 char **rank_env_build(char *const *parent, const struct rank_identity *id);
 
