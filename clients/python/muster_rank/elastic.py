@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from enum import Enum
+from typing import Dict, Optional
 
 from . import pg
 from .link import connect
@@ -58,7 +59,7 @@ class _Parked(BaseException):
     one). A BaseException: a program's `except Exception` lets it through."""
 
 
-def _interrupt(thread_id, exc):
+def _interrupt(thread_id: int, exc) -> None:
     """Raises exc in the thread at its next bytecode (None: takes back one not raised yet)."""
     import ctypes
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc and ctypes.py_object(exc))
@@ -132,20 +133,20 @@ class Elastic:
             self._link.rejoin_in_place()  # the steps are this object's, not the start-up hook's count
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """This rank's number in the current generation (RANK before run() forms the group)."""
         import torch.distributed as dist
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         """The ranks of the current generation (WORLD_SIZE before run() forms the group)."""
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             return dist.get_world_size()
         return int(os.environ.get("WORLD_SIZE", "1"))
 
-    def run(self, train_step, steps):
+    def run(self, train_step, steps: int):
         """train_step(step) for step in [self.step, steps); returns the last step's result.
 
         A step counts as completed once the optimizer stepped in it, even if
@@ -224,14 +225,14 @@ class Elastic:
 
     # -- one generation's process group and state --
 
-    def _form(self, dist, generation=None):
+    def _form(self, dist, generation: Optional[int] = None) -> None:
         """Enters the generation (None: the one the rank started in): joins its
         process group, then brings the state to every rank."""
         self._join(dist, generation)
         self._sync_state(dist)
         self._vote_at, self._voted = self.step, None  # every rank votes at its first boundary
 
-    def _join(self, dist, generation):
+    def _join(self, dist, generation: Optional[int]) -> None:
         """The generation's process group (formed unless it is), with the
         bookkeeping the park watch relies on: the generation entered and the
         group's sockets."""
@@ -262,7 +263,7 @@ class Elastic:
                 self._conns = pg.opened_since(before)
             trace("group")
 
-    def _sync_state(self, dist):
+    def _sync_state(self, dist) -> None:
         """Every rank to the state of the first rank with the most steps."""
         import torch
         me, world = dist.get_rank(), dist.get_world_size()
@@ -289,12 +290,12 @@ class Elastic:
             log("generation %d: rank %d of %d, training from step %d (state from %s)"
                 % (self._gen, me, world, self.step, "rank %d" % src if best.item() >= 0 else "the seed"))
 
-    def _objects(self):
+    def _objects(self) -> dict:
         objs = {"model": self.module, "optimizer": self.optimizer}
         objs.update(self._state)
         return objs
 
-    def _broadcast_state(self, dist, src):
+    def _broadcast_state(self, dist, src: int) -> None:
         """Every object's state_dict from rank src, as one snapshot (muster_rank.transport)."""
         import torch
         me = dist.get_rank()
@@ -310,7 +311,7 @@ class Elastic:
 
     # -- leaving a generation --
 
-    def _boundary(self, dist):
+    def _boundary(self, dist) -> Action:
         """Between two steps: PARK when muster parked the generation, YIELD
         when the ranks agree to leave it for a grow (a vote, one all-reduce
         at the first boundary of a generation and then about every
@@ -351,7 +352,7 @@ class Elastic:
                 if self._interrupted:
                     _interrupt(self._thread, None)  # one not raised by now is not raised
 
-    def _rejoin(self, dist, yielded):
+    def _rejoin(self, dist, yielded: bool) -> None:
         """Leaves the generation it trained in, keeping its state, and forms the next one."""
         trace("leave")
         link = self._link
@@ -393,20 +394,20 @@ class Elastic:
                           LOCAL_WORLD_SIZE=str(len(assign.get("ranks", []))))
         self._form(dist, generation)
 
-    def _let_go(self):
+    def _let_go(self) -> None:
         """Before the process group of the generation that ended is destroyed:
         drops what refers to it. The wrapper (DDP's reducer hooks its parameters
         and holds the old group) goes before the new one is made."""
         self.model = self.module
 
-    def _connections(self):
+    def _connections(self) -> Dict[int, str]:
         """The sockets of the current generation's process group (lock held):
         those init_process_group opened, or all opened since it began while it runs."""
         if self._conns is not None:
             return self._conns
         return pg.opened_since(self._conns_before) if self._conns_before is not None else {}
 
-    def _watch_park(self):
+    def _watch_park(self) -> None:
         """Muster parked the generation and the rank has not left it
         PARK_INTERRUPT_S later. Held by its own code in a step (it is the
         hung one): its connections of the generation are closed, which ends
@@ -441,7 +442,7 @@ class Elastic:
                         % (link.rank, self._gen, PARK_EXIT_S))
                     os._exit(1)
 
-    def _held(self, busy, seconds):
+    def _held(self, busy: int, seconds: float) -> bool:
         """True when the rank is still in the generation it entered as busy after seconds (lock held)."""
         deadline = time.monotonic() + seconds
         while self._running and self._busy == busy:

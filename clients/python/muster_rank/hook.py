@@ -8,6 +8,7 @@ only the link to the agent, not the healing classes."""
 
 import os
 import sys
+from typing import Optional
 
 from .link import connect
 
@@ -92,7 +93,7 @@ def _torch_imported(torch) -> None:
         return
 
 
-def _optimizer_step(opt):
+def _optimizer_step(opt) -> Optional[int]:
     """The optimizer's own step count when it keeps one on the CPU (Adam,
     AdamW...: it survives the program's checkpoint), else None."""
     try:

@@ -38,7 +38,7 @@ _connect_lock = threading.Lock()
 _connected = None
 
 
-def _env_int(name, limit):
+def _env_int(name: str, limit: int) -> int:
     text = os.environ.get(name, "")
     if not (text.isascii() and text.isdigit()) or int(text) > limit:
         raise ValueError("%s: expected an integer in [0, %d], got %r" % (name, limit, text))
@@ -61,7 +61,7 @@ def connect() -> "Rank":
         return _connected
 
 
-def _open():
+def _open() -> "Rank":
     if not os.environ.get("MUSTER_CTL_FD"):
         return Rank(None, 0, 0)
     try:
@@ -77,13 +77,13 @@ def _open():
     return Rank(sock, generation, rank)
 
 
-def _finite(x, low, high):
+def _finite(x, low: float, high: float) -> float:
     """x as a float clamped to [low, high]; 0.0 when it is not finite."""
     x = float(x)
     return min(max(x, low), high) if math.isfinite(x) else 0.0
 
 
-def _step(step):
+def _step(step) -> int:
     step = int(step)
     if step < 0:
         raise ValueError("step must be >= 0, got %d" % step)
@@ -93,7 +93,7 @@ def _step(step):
 class Rank:
     """One rank's link to its agent. Make it with connect()."""
 
-    def __init__(self, sock, generation, rank):
+    def __init__(self, sock: Optional[socket.socket], generation: int, rank: int) -> None:
         self.generation = generation  # MUSTER_GENERATION: sent in every frame
         self.rank = rank              # RANK: the global rank this entry is for
         self._sock = sock
@@ -136,21 +136,21 @@ class Rank:
     # ---- what the program calls -------------------------------------------
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """True while this rank reports to an agent."""
         return not self._dead
 
     @property
-    def stop_requested(self):
+    def stop_requested(self) -> bool:
         """True once the agent said COMMAND stop, or went away."""
         return self._stop
 
     @property
-    def assignment(self):
+    def assignment(self) -> Optional[dict]:
         """The ASSIGN the agent sent (a dict: generation, world_size, ranks, job, ...), or None."""
         return self._assign
 
-    def beat(self, step, loss=None, tokens_per_s=None, comm_frac=0.0):
+    def beat(self, step, loss=None, tokens_per_s=None, comm_frac=0.0) -> None:
         """Progress after a step: step is the last completed optimizer step.
 
         loss None, NaN or infinite is sent as null; tokens_per_s (this rank's
@@ -165,23 +165,23 @@ class Rank:
         self._report(step, loss, tokens_per_s, comm_frac)
 
     @property
-    def total_steps(self):
+    def total_steps(self) -> int:
         """The steps the program will run, as it said (0: unknown)."""
         return self._total_steps
 
     @total_steps.setter
-    def total_steps(self, n):
+    def total_steps(self, n) -> None:
         n = _step(n)
         with self._cond:
             self._total_steps = n
 
     @property
-    def tokens_per_step(self):
+    def tokens_per_step(self) -> float:
         """Tokens one optimizer step of this rank consumes (0: unknown); gives tokens/s."""
         return self._tokens_per_step
 
     @tokens_per_step.setter
-    def tokens_per_step(self, n):
+    def tokens_per_step(self, n) -> None:
         n = float(n)
         if not math.isfinite(n) or n < 0:
             raise ValueError("tokens_per_step must be a finite number >= 0, got %r" % n)
@@ -192,7 +192,7 @@ class Rank:
         if not self._own:
             self._report(step, None, None, 0.0)
 
-    def _report(self, step, loss, tokens_per_s, comm_frac):
+    def _report(self, step, loss, tokens_per_s, comm_frac) -> None:
         if self._dead:
             return
         step = _step(step)
@@ -211,7 +211,7 @@ class Rank:
                            "comm_frac": _finite(comm_frac, 0.0, 1.0)}
             self._changed()
 
-    def checkpoint_committed(self, step):
+    def checkpoint_committed(self, step) -> None:
         """The step of the last checkpoint that is complete on disk (all ranks).
 
         Sent with the following heartbeats (as checkpoint_step); musterd
@@ -225,13 +225,13 @@ class Rank:
             if self._entry is not None:
                 self._changed()
 
-    def checkpoint_requested(self):
+    def checkpoint_requested(self) -> bool:
         """True when the agent asked for a checkpoint (COMMAND checkpoint) since the last call."""
         with self._cond:
             asked, self._checkpoint_asked = self._checkpoint_asked, False
             return asked
 
-    def unique_id(self, mine=None, timeout=None):
+    def unique_id(self, mine=None, timeout: Optional[float] = None) -> Optional[bytes]:
         """The communicator's unique id of this generation (128 bytes), or None.
 
         Global rank 0 passes the id it created (mine, 128 bytes); it goes up
@@ -253,7 +253,7 @@ class Rank:
                 self._cond.wait(left)
             return self._uid
 
-    def close(self, timeout=1.0):
+    def close(self, timeout: float = 1.0) -> None:
         """Sends the latest beat if it is still held back, then closes the socket."""
         with self._cond:
             if self._dead or self._closing:
@@ -264,29 +264,29 @@ class Rank:
         self._writer.join(timeout)
         self._gone(None)
 
-    def __enter__(self):
+    def __enter__(self) -> "Rank":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     # ---- the I/O threads ----------------------------------------------------
 
-    def _changed(self):
+    def _changed(self) -> None:
         # Called with the lock held. The writer already waits for a dirty
         # entry's turn; wake it only when the entry was clean.
         if not self._dirty:
             self._dirty = True
             self._cond.notify_all()
 
-    def _send_later(self, mtype, payload):
+    def _send_later(self, mtype: int, payload: dict) -> None:
         with self._cond:
             if self._dead:
                 return
             self._out.append(wire.encode(mtype, payload))
             self._cond.notify_all()
 
-    def _next_frames(self):
+    def _next_frames(self) -> Optional[list]:
         """Frames to write now; blocks until there are some. None: stop."""
         with self._cond:
             while not self._dead:
@@ -306,7 +306,7 @@ class Rank:
                 self._cond.wait(wait)
             return None
 
-    def _heartbeat(self, now):
+    def _heartbeat(self, now: float) -> bytes:
         """The HEARTBEAT frame of the latest entry; called with the lock held."""
         self._seq += 1
         self._sent_at = now
@@ -333,7 +333,7 @@ class Rank:
             entry["waiting"] = waiting
         return wire.encode(wire.HEARTBEAT, {"generation": self.generation, "seq": self._seq, "ranks": [entry]})
 
-    def _write_loop(self):
+    def _write_loop(self) -> None:
         flags = getattr(socket, "MSG_NOSIGNAL", 0)
         try:
             while True:
@@ -344,7 +344,7 @@ class Rank:
         except OSError as e:
             self._gone("cannot write to the control socket: %s" % (e.strerror or e))
 
-    def _read_loop(self):
+    def _read_loop(self) -> None:
         decoder = wire.Decoder()
         try:
             while True:
@@ -362,7 +362,7 @@ class Rank:
         except OSError as e:
             self._gone("cannot read the control socket: %s" % (e.strerror or e))
 
-    def _on_frame(self, mtype, payload):
+    def _on_frame(self, mtype: int, payload: bytes) -> None:
         if mtype not in (wire.ASSIGN, wire.UNIQUE_ID, wire.COMMAND):
             return
         try:
@@ -394,7 +394,7 @@ class Rank:
         except (ValueError, KeyError, TypeError):
             return  # not a frame the agent would send: skip it
 
-    def _take_up(self, msg):
+    def _take_up(self, msg: dict) -> None:
         """A newer generation's ASSIGN for a rank that rejoins: it becomes the
         rank of its slot (its local rank) there. Called with the lock held."""
         for slot in msg.get("ranks", []):
@@ -479,7 +479,7 @@ class Rank:
                 self._cond.wait(left)
             return self._parked > after or self.generation > after
 
-    def _gone(self, why, agent_gone=True):
+    def _gone(self, why: Optional[str], agent_gone: bool = True) -> None:
         """Stops speaking for good: logs why once (None: closed on purpose)."""
         with self._cond:
             if self._dead:
@@ -496,7 +496,7 @@ class Rank:
             pass
         self._sock.close()
 
-    def _forked(self):
+    def _forked(self) -> None:
         # A forked child (a data loader worker) is not the rank and has no I/O
         # threads; the lock may have been held by one of them at the fork.
         self._cond = threading.Condition()

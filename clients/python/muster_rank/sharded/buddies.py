@@ -45,18 +45,18 @@ class Buddy:
         if self.own:  # restored: its buddy gets the step restored at once
             self._post(self.own[-1])
 
-    def holdings(self):
+    def holdings(self) -> List[Tuple[int, int, int]]:
         """[(rank, world, step)] of every whole snapshot this rank holds."""
         snaps = self.own + [s for ss in self.held.values() for s in ss] + self.carried
         return sorted({(s.rank, s.world, s.step) for s in snaps if s.complete and s.step >= 0})
 
-    def find(self, rank, world, step):
+    def find(self, rank: int, world: int, step: int) -> Optional[Snapshot]:
         for s in self.own + [s for ss in self.held.values() for s in ss] + self.carried:
             if s.complete and (s.rank, s.world, s.step) == (rank, world, step):
                 return s
         return None
 
-    def replicate(self, step, model, optimizer, objects):
+    def replicate(self, step: int, model, optimizer, objects) -> None:
         """At a step boundary, on every rank: commits the last round, snapshots
         this step and ships it in the background. Raises RuntimeError when the
         last round failed (a peer died: the program's healing follows)."""
@@ -78,12 +78,12 @@ class Buddy:
         take_shard(snap, step, self.rank, self.world, model, optimizer, objects)
         self._post(snap)
 
-    def _post(self, snap):
+    def _post(self, snap: Snapshot) -> None:
         with self._cond:
             self._job, self._busy, self._round = snap, True, snap.step
             self._cond.notify_all()
 
-    def _keep_after(self, step):
+    def _keep_after(self, step: int) -> None:
         """Frees the own and held snapshots older than step (their buffers stay for reuse)."""
         for ss in [self.own] + list(self.held.values()):
             if any(s.complete and s.step >= step for s in ss):
@@ -91,7 +91,7 @@ class Buddy:
                     if s.step < step:
                         s.complete, s.step = False, -1
 
-    def idle(self, timeout):
+    def idle(self, timeout: float) -> bool:
         """Waits for the round in flight; True once none is."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -102,7 +102,7 @@ class Buddy:
                 self._cond.wait(left)
             return True
 
-    def stop(self, timeout):
+    def stop(self, timeout: float) -> bool:
         """Lets the round in flight end (or fail) within timeout, then ends the thread."""
         done = self.idle(timeout)
         with self._cond:
@@ -112,7 +112,7 @@ class Buddy:
             self._thread.join(timeout)
         return done
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while self._job is None and not self._quit:
@@ -129,7 +129,7 @@ class Buddy:
                 self._error, self._busy = error, False
                 self._cond.notify_all()
 
-    def _ship(self, snap):
+    def _ship(self, snap: Snapshot) -> None:
         transport = Transport(self.dist, self.group)
         works = transport.send(snap, self.buddy) if self.buddy is not None else []
         for w in self.wards:

@@ -1,5 +1,7 @@
 """ShardedElastic: healing in place for a sharded program, with buddy replicas."""
 
+from typing import List
+
 from .. import pg
 from ..elastic import Elastic
 from ..log import log
@@ -81,7 +83,7 @@ class ShardedElastic(Elastic):
         from torch.optim.optimizer import register_optimizer_step_post_hook
         return register_optimizer_step_post_hook(lambda opt, *_: fn() if opt is self.optimizer else None)
 
-    def _rejoin(self, dist, yielded):
+    def _rejoin(self, dist, yielded: bool) -> None:
         if yielded and self._buddy is not None and self.step > 0:
             # Every rank leaves at this step boundary, none lost: each keeps its
             # state of this step, so that the next world (re-sliced) redoes no step.
@@ -90,7 +92,7 @@ class ShardedElastic(Elastic):
                        self.optimizer, self._state)
         super()._rejoin(dist, yielded)
 
-    def _let_go(self):
+    def _let_go(self) -> None:
         if self._buddy is not None:
             self._buddy.stop(5.0)  # a round whose peers live ends; one with a dead peer fails
             self._buddy.group = None
@@ -104,7 +106,7 @@ class ShardedElastic(Elastic):
         self.model = self.module = self.optimizer = None
         pg.release_meshes()
 
-    def _sync_state(self, dist):
+    def _sync_state(self, dist) -> None:
         """Every rank's model built anew in this group, its shard state from
         the buddy replicas, else the program's checkpoint, else the seed."""
         import datetime
@@ -163,7 +165,7 @@ class ShardedElastic(Elastic):
                     if how[0] == "memory" else
                     "the program's checkpoint" if how[0] == "disk" else "the seed", max(was - how[1], 0)))
 
-    def _fetch(self, dist, group, old, me, world, step, sources):
+    def _fetch(self, dist, group, old: Buddy, me: int, world: int, step: int, sources: List[int]) -> Snapshot:
         """This rank's snapshot of step: its own, or sent by the rank that holds it;
         sends what it holds of step for ranks that have it nowhere else."""
         transport = Transport(dist, group)

@@ -2,6 +2,8 @@
 world size (a shrink or a grow), sliced anew for this one, one old shard in
 memory at a time."""
 
+from typing import Optional, Tuple
+
 from .. import state
 from ..log import log
 from ..snapshot import Snapshot, from_local, local
@@ -10,7 +12,7 @@ from .plans import placement, reslicable, row_range, rows_of
 from .shards import set_rng, take_shard
 
 
-def reslice(dist, group, old, me: int, world: int, plan, module, optimizer, objects, gen: int):
+def reslice(dist, group, old, me: int, world: int, plan, module, optimizer, objects, gen: int) -> Optional[Tuple[int, Snapshot]]:
     """The state of a step held in memory for every rank of another world
     size (a shrink or a grow; plan: plans.reslice_plan's; old: the Buddy of
     the generation that ended), sliced anew for this one: (step, this
