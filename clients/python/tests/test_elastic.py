@@ -201,15 +201,6 @@ class ElasticTest(unittest.TestCase):
             self.run_elastic(fail, heal_wait_s=0.05)
         self.assertEqual(self.calls, [(1, 0), (1, 1)])
 
-    def test_boundary_actions(self):
-        net, opt = self.model()
-        e = elastic.Elastic(net, opt, link=self.link)
-        e._gen = 1
-        e._vote_at = 10  # no vote due
-        self.assertIs(e._boundary(dist), elastic.Action.STEP)
-        self.link.park()
-        self.assertIs(e._boundary(dist), elastic.Action.PARK)
-
 
 if __name__ == "__main__":
     unittest.main()
