@@ -282,7 +282,8 @@ UNITDIR := $(PREFIX)/lib/systemd/system
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/muster/etc \
 	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8 \
-	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python/startup
+	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python/startup \
+	    $(DESTDIR)$(PREFIX)/lib/muster/python/muster_rank/sharded
 	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	for u in systemd/*.service; do \
 	    sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(UNITDIR)/$${u#systemd/} && \
@@ -292,7 +293,9 @@ install: all
 	install -m 0644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 $(MAN8) $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 clients/c/muster_rank.h $(DESTDIR)$(PREFIX)/include/
-	install -m 0644 clients/python/muster_rank.py clients/python/muster_spare.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	install -m 0644 clients/python/muster_spare.py $(DESTDIR)$(PREFIX)/lib/muster/python/
+	install -m 0644 clients/python/muster_rank/*.py $(DESTDIR)$(PREFIX)/lib/muster/python/muster_rank/
+	install -m 0644 clients/python/muster_rank/sharded/*.py $(DESTDIR)$(PREFIX)/lib/muster/python/muster_rank/sharded/
 	install -m 0644 clients/python/startup/sitecustomize.py $(DESTDIR)$(PREFIX)/lib/muster/python/startup/
 	$(if $(GPU_MODULE),install -m 0755 $(GPU_MODULE) $(DESTDIR)$(PREFIX)/lib/muster/)
 

@@ -71,8 +71,8 @@ def _become(rank):
     if threads.isdigit() and int(threads) > 0:
         import torch
         torch.set_num_threads(int(threads))  # OpenMP read the spare's at import
-    import muster_rank
-    muster_rank._startup()
+    from muster_rank import hook
+    hook.startup()
     if argv[1] == "-m":
         sys.argv = [argv[2]] + argv[3:]  # run_module puts the module's file in argv[0]
         sys.path[0] = cwd  # `python -m` runs with the working directory first on the path
@@ -90,8 +90,8 @@ def main():
     data = _read_handoff(fd)
     if not data:
         return 0
-    import muster_rank
-    muster_rank._trace("handoff")
+    from muster_rank import log
+    log.trace("handoff")
     _become(json.loads(data))()
     return 0
 

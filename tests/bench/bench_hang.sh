@@ -30,7 +30,7 @@ echo "== hang: (a) the start-up hook's cost per optimizer step"
 PYTHONPATH="$(pwd)/clients/python" ROUNDS=${ROUNDS:-9} STEPS=${STEPS:-20000} "$PY" - <<'PY'
 import os, socket, statistics, time
 import torch
-import muster_rank
+import muster_rank.hook
 a, b = socket.socketpair()
 os.environ.update(MUSTER_CTL_FD=str(b.fileno()), MUSTER_GENERATION="1", RANK="0")
 def drain():
@@ -52,7 +52,7 @@ plain, hooked, handle = [], [], None
 for i in range(2 * rounds):
     if (i % 2 == 1) != (handle is not None):
         if handle is None:
-            handle = register_optimizer_step_post_hook(muster_rank._on_optimizer_step)
+            handle = register_optimizer_step_post_hook(muster_rank.hook.on_optimizer_step)
         else:
             handle.remove(); handle = None
     (hooked if handle is not None else plain).append(timed())

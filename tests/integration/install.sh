@@ -19,7 +19,8 @@ for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
          share/muster/etc/balanced.json share/muster/etc/aggressive.json \
          share/doc/muster/operator-guide.md share/doc/muster/troubleshooting.md share/doc/muster/config.md \
          share/man/man8/musterd.8 share/man/man8/muster-worker.8 share/man/man1/muster-train.1 \
-         share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank.py lib/muster/python/muster_spare.py; do
+         share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank/__init__.py lib/muster/python/muster_rank/sharded/elastic.py \
+         lib/muster/python/muster_spare.py; do
     [ -f "$P/$f" ] || fail "make install did not install $f"
 done
 # With CUDA, muster-train's GPU module, where the installed muster-train finds it.
@@ -40,8 +41,8 @@ if command -v "${CXX:-c++}" > /dev/null; then
     "${CXX:-c++}" -x c++ -Wall -Werror -I "$P/include" -o "$ITEST_DIR/client++" "$ITEST_DIR/client.c" && "$ITEST_DIR/client++" \
         || fail "a C++ program with the installed muster_rank.h does not build and run"
 fi
-PYTHONPATH="$P/lib/muster/python" python3 -c 'import muster_rank; assert not muster_rank.connect().active' \
-    || fail "the installed muster_rank.py does not import"
+PYTHONPATH="$P/lib/muster/python" python3 -c 'import muster_rank; assert not muster_rank.connect().active; muster_rank.ShardedElastic' \
+    || fail "the installed muster_rank does not import"
 grep -qx 'ExecStart=/usr/local/bin/musterd' "$P/lib/systemd/system/musterd.service" || fail "musterd ExecStart"
 grep -qx 'ExecStart=/usr/local/bin/muster-worker' "$P/lib/systemd/system/muster-worker.service" \
     || fail "muster-worker ExecStart"

@@ -1,8 +1,8 @@
 #!/bin/sh
 # The Python rank client as a package: in a fresh virtual environment,
 # `pip install clients/python` (offline: the build backend comes from the
-# wheel mk/deps.sh keeps in .venv/wheels) installs the module muster_rank
-# and nothing else (not the start-up hook beside it), at the version of the
+# wheel mk/deps.sh keeps in .venv/wheels) installs the package muster_rank
+# and nothing else (not the start-up hook, spare or unit tests beside it), at the version of the
 # build, and `import muster_rank` works from anywhere.
 set -eu
 . tests/itest-lib.sh
@@ -27,6 +27,7 @@ assert not muster_rank.connect().active
 ') || fail "the installed muster_rank does not import from the environment"
 version=$(sed -n 's/^VERSION := //p' Makefile)
 "$V/pip" show muster-rank | grep -x "Version: $version" > /dev/null || fail "the package's version is not the build's ($version)"
-files=$("$V/pip" show --files muster-rank | sed -n 's/^  //p' | grep -v -e '^muster_rank-.*\.dist-info/' -e '^__pycache__/muster_rank\.' | sort | tr '\n' ' ')
-[ "$files" = "muster_rank.py " ] || fail "the package installs more than muster_rank.py: $files"
-echo "rank_client_package: pip install clients/python -> muster_rank $version, one module: ok"
+files=$("$V/pip" show --files muster-rank | sed -n 's/^  //p' | grep -v -e '^muster_rank-.*\.dist-info/' -e '/__pycache__/' | sort | tr '\n' ' ')
+want=$(cd clients/python && ls muster_rank/*.py muster_rank/sharded/*.py | sort | tr '\n' ' ')
+[ "$files" = "$want" ] || fail "the package installs other than $want: $files"
+echo "rank_client_package: pip install clients/python -> muster_rank $version, the package alone: ok"

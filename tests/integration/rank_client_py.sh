@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Python rank client (clients/python/muster_rank.py) as a user's script
+# The Python rank client (clients/python/muster_rank/) as a user's script
 # runs it. First against rank-client-peer, which plays the agent's end of the
 # control socket and decodes every frame with the real decoder: fields, the
 # rate limit (the latest beat still arrives), commands, the unique id, a
@@ -15,9 +15,12 @@ CLIENT=clients/python
 PEER="$BUILD/tests/rank-client-peer"
 export PYTHONPATH="$PWD/$CLIENT"
 
-# The module is meant for Python 3.9 and later; ast checks the grammar of 3.9.
-$PY -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), feature_version=(3, 9))' "$CLIENT/muster_rank.py" \
-    || fail "muster_rank.py is not Python 3.9 grammar"
+# The package is meant for Python 3.9 and later; ast checks the grammar of 3.9.
+$PY -c '
+import ast, sys
+for f in sys.argv[1:]:
+    ast.parse(open(f).read(), f, feature_version=(3, 9))' "$CLIENT"/muster_rank/*.py "$CLIENT"/muster_rank/sharded/*.py \
+    || fail "muster_rank is not Python 3.9 grammar"
 
 cat > "$ITEST_DIR/rank.py" <<'PY'
 import math, os, sys, time

@@ -2,7 +2,7 @@
 init_method="env://", its own checkpoints, torch.distributed.elastic's
 @record for error files. muster's tests and benchmarks run it unmodified
 as a rank program; --muster-client adds the three lines of muster's Python
-rank client (clients/python/muster_rank.py) to report step and loss.
+rank client (clients/python/muster_rank/) to report step and loss.
 
 It trains a small MLP on synthetic regression data that is a pure function
 of (seed, step, rank), so a resumed run sees the batches it would have seen.

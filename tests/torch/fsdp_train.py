@@ -110,18 +110,19 @@ def state_digest(model, opt):
 
 
 def die_after_reslice(node, marker):
-    """Wraps ShardedElastic._reslice: see --die-after-reslice."""
+    """Wraps the re-slice ShardedElastic calls (muster_rank.sharded.elastic.reslice): see --die-after-reslice."""
     import signal
-    reslice = muster_rank.ShardedElastic._reslice
+    import muster_rank.sharded.elastic as sharded
+    reslice = sharded.reslice
 
-    def then_die(self, *a):
-        out = reslice(self, *a)
+    def then_die(*a):
+        out = reslice(*a)
         if out is not None and os.environ.get("MUSTER_NODE") == node and not os.path.exists(marker):
             open(marker, "w").close()
             print(f"rank {dist.get_rank()} re-sliced: SIGKILLing itself", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         return out
-    muster_rank.ShardedElastic._reslice = then_die
+    sharded.reslice = then_die
 
 
 @record

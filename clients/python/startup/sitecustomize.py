@@ -1,11 +1,11 @@
 """muster's start-up hook for the Python processes of a rank.
 
-muster-worker puts this directory (and the muster_rank module's) first on
+muster-worker puts this directory (and the muster_rank package's) first on
 a Python rank's PYTHONPATH, so that the interpreter runs this file at
 start-up (the `site` module imports `sitecustomize`). It changes nothing
 the program can see: it arms a stack dump on a signal only the agent
 sends, and once the program imports torch it reports optimizer steps to
-the agent (muster_rank._startup). Nothing here prints or raises. Then it
+the agent (muster_rank.hook.startup). Nothing here prints or raises. Then it
 runs the `sitecustomize` this one shadows, if there is one, as Python
 would have. The job key python_hook (default true) turns it off.
 """
@@ -13,8 +13,8 @@ would have. The job key python_hook (default true) turns it off.
 
 def _muster_start():
     try:
-        import muster_rank
-        muster_rank._startup()
+        from muster_rank import hook  # the link to the agent and the hook, not the healing classes
+        hook.startup()
     except Exception:
         pass
 

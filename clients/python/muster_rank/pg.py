@@ -1,0 +1,126 @@
+"""What torch's process groups need from a client that heals in place, in one
+place: torch works around none of it, as a process that keeps living across
+generations meets it and a fresh one does not.
+
+- await_store: the store's client backs off for up to a second when it finds
+  no listener; this polls it every 5 ms instead.
+- forget_failed_init: an init_process_group that raised leaves its group
+  counted, and the next group's gloo keys never meet.
+- sockets, opened_since, shut: gloo has no abort and keeps its sockets open
+  past destroy_process_group; shutting them lets the peers go.
+- release_meshes: device meshes and DTensor's sharding caches hold the old
+  generation's groups.
+"""
+
+import os
+import socket
+import time
+from typing import Dict
+
+from .log import trace
+
+
+def await_store(timeout: float, parked) -> None:
+    """Until the process group's store (rank 0's, at MASTER_ADDR:MASTER_PORT)
+    accepts connections, on every rank but 0, polled every 5 ms: torch's
+    store client backs off for up to a second between attempts when it
+    finds no listener, as it does when rank 0 is the last of a generation
+    to get there. At the timeout, init_process_group tries as it would.
+    Raises RuntimeError once parked() says the generation is over (its rank
+    0 died before it listened): the rank then heals as from a failed step."""
+    if os.environ.get("RANK", "0") == "0":
+        return
+    try:
+        where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    except (KeyError, ValueError):
+        return  # init_process_group names what is missing
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(where, timeout=1.0).close()
+            trace("store")
+            return
+        except OSError:
+            if parked():
+                raise RuntimeError("muster_rank: the generation was parked before its process group formed "
+                                   "(rank 0 never listened at %s:%d)" % where)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+
+def forget_failed_init(dist) -> None:
+    """Before a default process group is formed again: an init_process_group
+    that raised (its generation was parked while it waited for its peers)
+    has already counted its group, and destroy_process_group, which resets
+    the count, does nothing without a group. The next group would then be
+    named "1" where a new process's is "0", and gloo's rendezvous keys, which
+    carry the name, would never meet: every rank waits for ever."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
+def sockets() -> Dict[int, str]:
+    """{fd: "socket:[inode]"} of the process's open sockets ({} without /proc)."""
+    found = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            link = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            found[int(name)] = link
+    return found
+
+
+def opened_since(before: Dict[int, str]) -> Dict[int, str]:
+    return {fd: s for fd, s in sockets().items() if before.get(fd) != s}
+
+
+def shut(conns: Dict[int, str]) -> None:
+    """Shuts down each connected socket of conns ({fd: "socket:[inode]"}) still open as
+    the same socket: its peers see it closed at once, and calls waiting on it here fail.
+    Listening sockets stay (gloo's listener thread aborts the process when its own fails)."""
+    now = sockets()
+    for fd, s in conns.items():
+        if now.get(fd) != s:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+def release_meshes() -> None:
+    """Makes every device mesh (those of a generation that ended: FSDP makes
+    one per fully_shard call, and caches keep them) let go of its process
+    groups, and empties DTensor's sharding caches, which hold such meshes
+    (the next generation's equal meshes must not find them there)."""
+    import gc
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor
+        prop = DTensor._op_dispatcher.sharding_propagator
+    except (ImportError, AttributeError):
+        return
+    for mesh in gc.get_objects():
+        if isinstance(mesh, DeviceMesh):
+            registry = getattr(mesh, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        clear = getattr(getattr(prop, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
