@@ -1,8 +1,9 @@
 #!/bin/sh
-# Runs everything `make check` promises: the Check unit suites, then each
-# integration script under tests/integration/ (in name order). Each script
-# starts real binaries on loopback, bounds every wait, and cleans up after
-# itself. The last line is the tally CI reads.
+# Runs everything `make check` promises: the Check unit suites, then the
+# integration scripts under tests/integration/, two at a time where they
+# allow it (ITEST_JOBS, tests/run_integration.py). Each script starts real
+# binaries on loopback, bounds every wait, and cleans up after itself. The
+# last line is the tally CI reads.
 set -u
 BUILD=${BUILD:-build}
 export BUILD
@@ -18,20 +19,19 @@ else
     failures="$failures check_muster"
 fi
 
-for t in tests/integration/*.sh; do
-    [ -e "$t" ] || continue
-    name=$(basename "$t" .sh)
-    echo "== integration: $name"
-    start=$(date +%s)
-    if timeout 600 sh "$t"; then
-        passed=$((passed + 1))
-        echo "-- $name: ok ($(($(date +%s) - start)) s)"
-    else
-        failed=$((failed + 1))
-        failures="$failures $name"
-        echo "-- $name: FAILED ($(($(date +%s) - start)) s)"
-    fi
-done
+# The integration scripts, two at a time where they allow it (tests/run_integration.py).
+python3 tests/run_integration.py | tee "${TMPDIR:-/tmp}/muster-itest-run.$$"
+tally=$(sed -n 's/^integration: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "${TMPDIR:-/tmp}/muster-itest-run.$$")
+names=$(sed -n 's/^failed: //p' "${TMPDIR:-/tmp}/muster-itest-run.$$")
+rm -f "${TMPDIR:-/tmp}/muster-itest-run.$$"
+if [ -z "$tally" ]; then
+    failed=$((failed + 1))
+    failures="$failures run_integration"
+else
+    passed=$((passed + ${tally% *}))
+    failed=$((failed + ${tally#* }))
+    [ -n "$names" ] && failures="$failures $names"
+fi
 
 [ -n "$failures" ] && echo "failed:$failures"
 echo "check: $passed passed, $failed failed"

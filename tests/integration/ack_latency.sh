@@ -8,6 +8,7 @@
 # most an interval and a half apart when it asks on every heartbeat, and
 # must never go lease_ms without one: no lease lost, no self-fencing, no
 # restart, generation 1 throughout 12 s.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -6,6 +6,7 @@
 # its usual time (measured first without a flood) plus REJOIN_SLACK_MS, and
 # never be told "full". musterd's peak RSS (VmHWM) is printed and must stay
 # under RSS_MAX_MB (musterd.service's MemoryMax is set above it).
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -6,6 +6,7 @@
 # HELLO within 2 s is closed, and a frame larger than 16 KiB before
 # authentication is answered REJECT bad_request naming the limit. An agent
 # joins while strangers hold connections. The closing lines are rate-limited.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

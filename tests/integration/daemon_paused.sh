@@ -6,6 +6,7 @@
 # and the silence was musterd's own. It must not declare the nodes lost nor
 # open a generation (which would spend a restart): the job runs on in
 # generation 1, and musterd says it did not run. 2 agents x 2 fake ranks.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

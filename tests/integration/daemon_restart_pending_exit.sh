@@ -12,6 +12,7 @@
 # the generation of the unconfirmed exit and the exit follows WELCOME: the
 # next generation names that rank and its own reason, not "came back (or
 # rejoined) without its ranks" nor a node lost, and the job runs again.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -18,6 +18,7 @@
 # The DOM checks are tests/dashboard-dom.py's.
 # Without Chromium: a failure under CI (mk/deps.sh build installs it), else
 # a skip that says how to install it.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -17,6 +17,7 @@
 #     rather than wiping its files; a DEMO_DIR holding other files is left
 #     alone; a data file too short for a step makes the nodes unfit, and the
 #     demo says so at once instead of waiting out its deadline.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -19,6 +19,7 @@
 #     generations 1 and 2 only, in that order.
 # The final loss must equal an uninterrupted run's bit for bit.
 # Skipped with a message where etcd is not installed.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 . tests/etcd-cluster.sh

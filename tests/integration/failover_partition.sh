@@ -10,6 +10,7 @@
 #  - musterd 2 leads, the agents re-join it, and the job goes on in
 #    generation 1 (training never stops), reached through musterd 2's REST.
 # Needs root, network namespaces and etcd; skipped with a message otherwise.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 . tests/etcd-cluster.sh

@@ -11,6 +11,7 @@
 # ask on the next heartbeat here: asking every other one, it sees the stall
 # 400-500 ms after the answer, the daemon loses the node 440-540 ms after
 # it, and some cuts (which, depends on the timers' phases) cost a restart.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

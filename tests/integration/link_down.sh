@@ -12,6 +12,7 @@
 # cut must be detected (node a lost, generation 2) and healed once the link
 # is back. Needs root and network namespaces; skipped with a message where
 # they are not permitted.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

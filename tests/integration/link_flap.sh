@@ -17,6 +17,7 @@
 #    opens, and the job runs again once the link is back.
 # Needs root and network namespaces (ip netns); skipped with a message where
 # they are not permitted.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -18,6 +18,7 @@
 #    opens and runs once the link is back.
 # Runs anywhere (python3 on loopback); link_flap.sh does the same through
 # a real router namespace where namespaces are permitted.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

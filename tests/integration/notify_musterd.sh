@@ -2,6 +2,7 @@
 # musterd speaks the systemd notify protocol to a socket of the test's own:
 # READY=1 once serving, STATUS= lines, WATCHDOG=1 at half of WATCHDOG_USEC,
 # STOPPING=1 on SIGTERM, in that order.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

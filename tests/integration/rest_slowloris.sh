@@ -9,6 +9,7 @@
 #            per-address limit, the slowest are evicted (408) for new ones.
 # Throughout, /v1/status is asked every 0.2 s and an admin request every
 # second from 127.0.0.1: each must be answered within 1 s.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

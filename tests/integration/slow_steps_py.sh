@@ -5,6 +5,7 @@
 # learns that cadence from the gaps between its frames and keeps relaying
 # its latest entry between beats: the rank is not shown stale in
 # /v1/ranks, its node not "stale" in /v1/nodes, while it steps.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 

@@ -6,6 +6,7 @@
 #    that generation: 4 rounds of (restart, the agent rejoins with its ranks,
 #    its rank exits, ASSIGN of the next generation arrives, SIGKILL at once),
 #    each checked against the state file on disk.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 make_token "$ITEST_DIR/token"

@@ -6,6 +6,7 @@
 # member cannot give, and the standby moves to the next member. Three etcd
 # members on loopback, two musterd without agents; musterd 2 lists the
 # member to be stopped first (its watch goes there). Skipped without etcd.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 . tests/etcd-cluster.sh

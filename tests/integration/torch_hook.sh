@@ -10,6 +10,7 @@
 #  (c) a rank spinning in its own Python loop is the one named hung ("not in
 #      a collective"), where it spins is in its stack and in the event;
 #  (d) with python_hook 0 the same program runs silent, as before.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 
