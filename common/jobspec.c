@@ -41,7 +41,8 @@ static const struct key_def keys[] = {
      "time between SIGTERM and SIGKILL when ranks are stopped"},
     {"progress_timeout_ms", KEY_INT_AUTO, F(progress_timeout_ms), 0, 86400000, -1, NULL,
      "a running rank whose step does not advance this long is hung and its generation restarted; 0 = off; "
-     "\"auto\" (or absent): 300 s until a generation has run 5 steps (or 3 x its longest first step), then the "
+     "\"auto\" (or absent): 300 s until a generation has run 5 steps past its first reported one (or 3 x its longest "
+     "first step), then the "
      "largest of 30 s, 20 x the median step time and 3 x the longest step seen after the first ones "
      "(docs/troubleshooting.md)"},
     {"start_timeout_ms", KEY_INT, F(start_timeout_ms), 0, 86400000, 600000, NULL,

@@ -24,6 +24,9 @@ static const struct {
     {FAILURE_COMM, "Connection reset by peer"},
     {FAILURE_COMM, "Connection closed by peer"},
     {FAILURE_COMM, "Broken pipe"},
+    {FAILURE_COMM, "Timed out waiting"},                           /* gloo's and torch's store timeouts */
+    {FAILURE_COMM, "Watchdog caught collective operation timeout"}, /* torch's NCCL watchdog */
+    {FAILURE_COMM, "DistBackendError"},
 };
 
 enum failure_class failure_classify(const struct proto_rank_exit *x)

@@ -30,11 +30,13 @@ static uint32_t lower_bound(const double *a, uint32_t n, double x)
     return lo;
 }
 
-void hang_steps_note(struct hang_steps *h, uint64_t step, double step_s)
+void hang_steps_note(struct hang_steps *h, uint64_t prev, uint64_t step, double step_s)
 {
-    if (step > h->top_step) {
+    const uint64_t from = prev > h->top_step ? prev : h->top_step;
+    if (step > from) { /* a beat may bring many steps: each counts, from where the generation was first seen */
+        uint64_t ran = step - from;
+        h->seen = ran > UINT32_MAX - h->seen ? UINT32_MAX : h->seen + (uint32_t)ran;
         h->top_step = step;
-        h->seen++;
     }
     if (!(step_s > 0) || !isfinite(step_s))
         return;
@@ -131,6 +133,39 @@ size_t hang_ranges(char *out, size_t cap, const uint32_t *ranks, uint32_t n)
     return len;
 }
 
+uint64_t hang_stopped_due(const struct rdv *r, uint32_t i)
+{
+    const struct rdv_rank *rk = &r->ranks[i];
+    if (rk->state != RDV_RANK_RUNNING || !rk->stopped)
+        return 0;
+    uint64_t since = rk->stopped_since_ms;
+    int peers = 0;
+    for (uint32_t j = 0; j < r->world_size; j++) {
+        const struct rdv_rank *p = &r->ranks[j];
+        if (j == i || p->state != RDV_RANK_RUNNING || p->silent || p->stopped)
+            continue;
+        if (p->progress_ms > since) /* it stepped since: it has waited only from then on */
+            since = p->progress_ms;
+        peers++;
+    }
+    return peers ? since + HANG_STOPPED_MS : 0;
+}
+
+int hang_blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why)
+{
+    for (uint32_t j = 0; j < r->world_size; j++)
+        if (j != exited && r->ranks[j].state == RDV_RANK_RUNNING && r->ranks[j].stopped) {
+            *why = "whose process is stopped (SIGSTOP or a debugger)";
+            return (int)j;
+        }
+    for (uint32_t j = 0; j < r->world_size; j++)
+        if (j != exited && hang_rank_quiet(r, j, now_ms)) {
+            *why = "from which no heartbeat came while its node answers";
+            return (int)j;
+        }
+    return -1;
+}
+
 int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms)
 {
     const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
@@ -204,6 +239,10 @@ void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_
         const struct rdv_rank *q = &r->ranks[others[0]];
         *culprit = others[0];
         at(q, where, sizeof(where));
+        /* found by the stopped rule or the progress timeout: both facts hold */
+        snprintf(timing, sizeof(timing), "seen stopped for %.1f s, every rank stuck at step %llu for %.1f s",
+                 (double)(now_ms - q->stopped_since_ms) / 1000.0, (unsigned long long)st->step,
+                 (double)(now_ms - st->progress_ms) / 1000.0);
         if (nstopped == 1) {
             snprintf(what, cap, "rank %u on node %s is hung: its process is stopped (SIGSTOP or a debugger)%s%s; %s",
                      others[0], r->nodes[q->node].name, where, tail, timing);

@@ -2,7 +2,8 @@
  * hang: what musterd needs to call a job hung and to name the right rank.
  *
  * The progress timeout that fits the job (progress_timeout_ms absent or
- * "auto"): until the generation has seen HANG_JUDGE_STEPS steps, a start
+ * "auto"): until the generation has run HANG_JUDGE_STEPS steps (steps, not
+ * heartbeats: one beat may bring many), a start
  * allowance of HANG_START_MS (or three times the longest of those first
  * steps, when longer: first steps compile and load); afterwards the largest
  * of HANG_FLOOR_MS, 20 times the median of the recent step times and three
@@ -10,11 +11,17 @@
  * times are what the ranks measured (`step_s`), or else the time between
  * two of a rank's step changes.
  *
+ * A stopped process is conclusive: a rank seen stopped while its reporting
+ * peers have not stepped either, both for HANG_STOPPED_MS, is hung then,
+ * without waiting for the progress timeout (hang_stopped_due).
+ *
  * Naming (hang_describe): a rank whose process is stopped, else a quiet
  * one (no heartbeat entry for three intervals while its node beats), else
  * the ranks not inside a collective while others wait in one, else the
  * rank found stuck; with where each is and the ranks waiting as ranges
- * ("ranks 0-2, 5").
+ * ("ranks 0-2, 5"). A rank that exits with a collective's error (a timeout,
+ * a peer's connection closed) while a peer is stopped or quiet is blamed on
+ * that peer (hang_blame_peer).
  */
 #ifndef MUSTER_DAEMON_HANG_H
 #define MUSTER_DAEMON_HANG_H
@@ -29,6 +36,7 @@
 #define HANG_MEDIAN_TIMES 20    /* the derived timeout: this many median steps... */
 #define HANG_LONGEST_TIMES 3    /* ...or this many of the longest, whichever is more */
 #define HANG_STACKS_WAIT_MS 2000u /* a hung generation waits this long for its ranks' stacks */
+#define HANG_STOPPED_MS 5000u   /* a rank seen stopped this long, its peers stalled since, is hung */
 
 struct hang_steps {
     double recent[HANG_SAMPLES]; /* ring of step times after the first steps, seconds */
@@ -37,15 +45,16 @@ struct hang_steps {
     uint32_t nrecent, next;
     double longest_s;        /* longest after the first steps of its generation, any generation */
     double first_longest_s;  /* longest of this generation's first steps */
-    uint32_t seen;           /* distinct steps this generation reached */
-    uint64_t top_step;       /* the highest of them */
+    uint32_t seen;           /* steps this generation ran (from its first step reported) */
+    uint64_t top_step;       /* the highest step it reached; 0 = none yet */
 };
 
 /* A generation began: its first steps are counted again. */
 void hang_steps_new_generation(struct hang_steps *h);
 
-/* A rank reached step, having taken step_s seconds over its last one. */
-void hang_steps_note(struct hang_steps *h, uint64_t step, double step_s);
+/* A rank reached step from prev (the step it was last seen at in this
+ * generation), having taken step_s seconds over its last one. */
+void hang_steps_note(struct hang_steps *h, uint64_t prev, uint64_t step, double step_s);
 
 /* The progress timeout in force, ms: spec_ms itself when >= 0 (0 = off),
  * the derived one (above) when spec_ms < 0 (auto). */
@@ -70,5 +79,16 @@ void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_
 /* Whether rank i of r is quiet: running and reporting, but no heartbeat
  * entry from it for three intervals while its node beats. */
 int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms);
+
+/* When rank i of r is hung by the stopped rule (above) unless something
+ * changes: HANG_STOPPED_MS after the later of its stop and its running,
+ * reporting peers' last step; 0 when the rule does not apply (not stopped,
+ * or no such peer). */
+uint64_t hang_stopped_due(const struct rdv *r, uint32_t i);
+
+/* The peer that rank exited's collective error is put down to: a running
+ * rank of r whose process is stopped, else a quiet one; its index, with
+ * what it is into *why ("whose process is stopped"), or -1. */
+int hang_blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why);
 
 #endif

@@ -1335,7 +1335,7 @@ static void note_progress(struct rdv *r, struct rdv_rank *rk, const struct proto
         step_s = (double)(at - rk->progress_ms) / 1000.0 / (double)(b->step - rk->step);
     if (r->state == RDV_RUNNING && b->step > rk->step) {
         uint64_t before = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-        hang_steps_note(&r->steps, b->step, step_s);
+        hang_steps_note(&r->steps, rk->step, b->step, step_s);
         if (hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms) < before)
             r->hang_due_ms = 0; /* a shorter timeout: the next tick scans again */
     }
@@ -1355,8 +1355,11 @@ static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_ran
     case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
     case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
     }
-    if (b->stopped && !rk->stopped)
+    if (b->stopped && !rk->stopped) {
         rk->stopped_since_ms = now_ms;
+        if (r->hang_due_ms > now_ms + HANG_STOPPED_MS) /* the stopped rule's bound (hang.h) */
+            r->hang_due_ms = now_ms + HANG_STOPPED_MS;
+    }
     rk->stopped = b->stopped;
     if (!b->stopped)
         rk->stopped_since_ms = 0;
@@ -1495,16 +1498,25 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     set_rank_state(r, rk, RDV_RANK_EXITED);
     enum failure_class cls = failure_classify(x);
     record_failure(r, nd, x, how, cls);
-    if (x->reason[0])
+    const char *why;
+    uint32_t cause_node = node;
+    int peer = cls == FAILURE_COMM ? hang_blame_peer(r, x->rank, now_ms, &why) : -1;
+    if (peer >= 0) { /* the collective waited for that peer: it is the cause */
+        const struct rdv_rank *p = &r->ranks[peer];
+        snprintf(what, sizeof(what), "rank %u on node %s %s waiting for rank %d (node %s), %s: %s", x->rank,
+                 nd->name, how, peer, r->nodes[p->node].name, why, x->reason[0] ? x->reason : "no reason given");
+        cause_node = p->node;
+    } else if (x->reason[0]) {
         snprintf(what, sizeof(what), "rank %u on node %s %s: %s", x->rank, nd->name, how, x->reason);
-    else
+    } else {
         snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
+    }
     proto_text_sanitize(what);
     if (rk->silent || rk->last_beat_ms == 0) /* its step is unknown */
         event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
         event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
-    open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
+    open_next_generation(r, now_ms, (int)cause_node, peer >= 0 ? peer : (int)x->rank, what, 1, cls, 1);
 }
 
 static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
@@ -1791,11 +1803,18 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
         return;
     if (now_ms < r->hang_due_ms)
         return;
-    uint64_t oldest = now_ms;
+    uint64_t oldest = now_ms, due = UINT64_MAX;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
         if (rk->state != RDV_RANK_RUNNING)
             continue;
+        const uint64_t stopped_due = hang_stopped_due(r, i); /* conclusive: no need to wait for the timeout */
+        if (stopped_due && now_ms >= stopped_due) {
+            found_hung(r, i, HANG_STOPPED_MS, now_ms);
+            return;
+        }
+        if (stopped_due && stopped_due < due)
+            due = stopped_due;
         if (rk->silent) { /* only a process seen stopped counts */
             if (!rk->stopped)
                 continue;
@@ -1817,6 +1836,8 @@ static void check_progress(struct rdv *r, uint64_t now_ms)
     /* A rank's progress only moves later, and one that starts to count
      * (running, no longer silent, stopped) starts its clock now. */
     r->hang_due_ms = oldest + limit + 1;
+    if (due < r->hang_due_ms) /* a stopped rank is judged again when its bound is over */
+        r->hang_due_ms = due;
 }
 
 /* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */

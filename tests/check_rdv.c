@@ -1516,6 +1516,93 @@ START_TEST(step_seen_late_is_not_a_stall)
 }
 END_TEST
 
+/* A stopped rank whose peers wait is named after HANG_STOPPED_MS of its own,
+ * not after the progress timeout (300 s at the start: the job's first steps). */
+START_TEST(hang_names_a_stopped_rank_before_the_progress_timeout)
+{
+    form_running(3);
+    spec.progress_timeout_ms = -1; /* auto: the start allowance, 300 s */
+    spec.heartbeat_interval_ms = 200;
+    const uint64_t stop = now;
+    uint64_t named = 0;
+    for (int i = 0; i < 100 && !rdv.hang_pending; i++) {
+        now += 100;
+        for (uint32_t k = 0; k < 3; k++) /* they finish the step under way, then wait */
+            beat_one(k < 2 ? "a" : "b", k, now - stop < 300 ? 2 : 3, -1, "distributed_c10d.py:2050 in all_reduce",
+                     AR, 0, 0);
+        beat_one("b", 3, 2, -1, "train.py:88 in compute_loss", "", 1, 0);
+        rdv_tick(&rdv, now);
+        if (rdv.hang_pending)
+            named = now - stop;
+    }
+    ck_assert_int_eq(rdv.hang_pending, 1);
+    /* HANG_STOPPED_MS after the peers' last step (at 0.3 s), not before, and long before 300 s */
+    ck_assert_uint_ge(named, 300 + HANG_STOPPED_MS);
+    ck_assert_uint_le(named, 300 + HANG_STOPPED_MS + 200);
+    ck_assert_msg(strstr(rdv.hang_what, "rank 3 on node b is hung: its process is stopped (SIGSTOP or a debugger) at "
+                                        "train.py:88 in compute_loss; ranks 0-2 wait in " AR),
+                  "%s", rdv.hang_what);
+}
+END_TEST
+
+/* A stopped rank whose peers go on stepping (they do not wait for it) is not hung by the rule. */
+START_TEST(stopped_rank_with_peers_stepping_waits_for_the_timeout)
+{
+    form_running(3);
+    spec.progress_timeout_ms = -1;
+    spec.heartbeat_interval_ms = 200;
+    for (int i = 0; i < 40; i++) {
+        now += 200;
+        for (uint32_t k = 0; k < 3; k++)
+            beat_one(k < 2 ? "a" : "b", k, 2 + (uint64_t)i, -1, "train.py:50 in step", "", 0, 0);
+        beat_one("b", 3, 2, -1, "train.py:88 in compute_loss", "", 1, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.hang_pending, 0);
+}
+END_TEST
+
+/* A rank that exits on a collective's timeout while a peer is stopped: the peer is the cause. */
+START_TEST(collective_error_is_put_down_to_the_stopped_peer)
+{
+    form_running(3);
+    spec.heartbeat_interval_ms = 200;
+    for (int i = 0; i < 5; i++) {
+        now += 100;
+        beat_one("b", 3, 2, -1, "train.py:88 in compute_loss", "", 1, 0);
+    }
+    rank_exit_said("a", 1, 1, 1, 0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out "
+                   "waiting 60000ms for recv operation to complete (ddp.py:40)", "");
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_msg(strstr(rdv.reason, "rank 1 on node a exited with status 1 waiting for rank 3 (node b), "
+                                     "whose process is stopped (SIGSTOP or a debugger): RuntimeError: "),
+                  "%s", rdv.reason);
+    /* an error of the rank's own is its own, stopped peer or not */
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 3);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 3);
+    beat_one("b", 3, 3, -1, "train.py:88 in compute_loss", "", 1, 0);
+    rank_exit_said("a", 2, 0, 1, 0, "ValueError: bad batch (train.py:12)", "");
+    ck_assert_msg(strstr(rdv.reason, "rank 0 on node a exited with status 1: ValueError"), "%s", rdv.reason);
+}
+END_TEST
+
+/* Through rdv: a generation first seen at step 1 whose next beat brings step 10 has run 9 steps. */
+START_TEST(auto_timeout_counts_the_steps_a_beat_brings)
+{
+    form_running(3); /* every rank running at step 1 */
+    ck_assert_uint_eq(hang_timeout_ms(&rdv.steps, -1), HANG_START_MS);
+    now += 1000;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 10);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 10);
+    ck_assert_uint_eq(rdv.steps.seen, 9);
+    now += 1000; /* a step time is known from here: 10 steps in 1 s */
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 20);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 20);
+    ck_assert_uint_eq(rdv.steps.seen, 19);
+    ck_assert_uint_eq(hang_timeout_ms(&rdv.steps, -1), HANG_FLOOR_MS); /* 20 x 0.1 s < 30 s */
+}
+END_TEST
+
 /* The automatic timeout: the start allowance until 5 steps, then the floor,
  * 20 x the median, 3 x the longest after the first steps. */
 START_TEST(auto_timeout_follows_the_steps)
@@ -1525,21 +1612,27 @@ START_TEST(auto_timeout_follows_the_steps)
     ck_assert_uint_eq(hang_timeout_ms(&h, 4000), 4000);
     ck_assert_uint_eq(hang_timeout_ms(&h, 0), 0);
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_START_MS);
-    hang_steps_note(&h, 1, 200.0); /* a first step that compiles: 3 x 200 s */
+    hang_steps_note(&h, 0, 1, 200.0); /* a first step that compiles: 3 x 200 s */
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), 600000);
     for (uint64_t s = 2; s <= 5; s++)
-        hang_steps_note(&h, s, 1.0);
+        hang_steps_note(&h, s - 1, s, 1.0);
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), 600000); /* 5 steps: still starting */
     for (uint64_t s = 6; s <= 20; s++)
-        hang_steps_note(&h, s, 1.0);
+        hang_steps_note(&h, s - 1, s, 1.0);
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_FLOOR_MS); /* 20 x 1 s < 30 s */
     for (uint64_t s = 21; s <= 60; s++)
-        hang_steps_note(&h, s, 2.5);
+        hang_steps_note(&h, s - 1, s, 2.5);
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), 50000); /* 20 x the median 2.5 s */
-    hang_steps_note(&h, 61, 30.0); /* an evaluation step */
+    hang_steps_note(&h, 60, 61, 30.0); /* an evaluation step */
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), 90000); /* 3 x 30 s */
     hang_steps_new_generation(&h);
     ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_START_MS);
+    /* Steps are counted, not the beats that bring them: 0.06 s steps, a beat a second. */
+    hang_steps_note(&h, 99, 101, 0.06); /* first seen at 99 (resumed there), 2 steps in the next beat */
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), HANG_START_MS);
+    hang_steps_note(&h, 101, 117, 0.06); /* 16 steps in one beat: past the first 5, derived */
+    ck_assert_uint_eq(hang_timeout_ms(&h, -1), 90000); /* 3 x the longest seen, 30 s, in any generation */
+    hang_steps_new_generation(&h);
 
     /* Through rdv: steps of 0.5 s as the ranks measured them. */
     form_running(3);
@@ -1574,12 +1667,12 @@ START_TEST(median_is_of_the_last_samples)
     memset(&h, 0, sizeof(h));
     uint64_t step = HANG_JUDGE_STEPS + 1, x = 12345;
     for (uint64_t s = 1; s < step; s++)
-        hang_steps_note(&h, s, 1.0); /* the first steps are not samples */
+        hang_steps_note(&h, s - 1, s, 1.0); /* the first steps are not samples */
     ck_assert_double_eq(hang_median_step_s(&h), 0);
     for (uint32_t i = 0; i < 1000; i++, step++) {
         x = x * 6364136223846793005u + 1442695040888963407u;
         const double t = (double)(x >> 58) / 4.0 + 0.25; /* 64 values: many repeats */
-        hang_steps_note(&h, step, t);
+        hang_steps_note(&h, step - 1, step, t);
         last[i % HANG_SAMPLES] = t;
         const uint32_t n = i + 1 < HANG_SAMPLES ? i + 1 : HANG_SAMPLES;
         memcpy(sorted, last, n * sizeof(double));
@@ -2670,6 +2763,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, stalled_step_is_a_hang);
     tcase_add_test(tc, hang_names_the_stopped_rank_with_where_it_is);
+    tcase_add_test(tc, hang_names_a_stopped_rank_before_the_progress_timeout);
+    tcase_add_test(tc, stopped_rank_with_peers_stepping_waits_for_the_timeout);
+    tcase_add_test(tc, collective_error_is_put_down_to_the_stopped_peer);
+    tcase_add_test(tc, auto_timeout_counts_the_steps_a_beat_brings);
     tcase_add_test(tc, hang_names_the_rank_not_in_a_collective);
     tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
     tcase_add_test(tc, step_seen_late_is_not_a_stall);
