@@ -1,5 +1,7 @@
 """muster_rank.where on synthetic frames: the program's innermost frame, and the collective it waits in."""
 
+import sys
+import time
 import unittest
 from types import SimpleNamespace
 
@@ -67,6 +69,62 @@ class WhereTest(unittest.TestCase):
     def test_deep_stack_is_bounded(self):
         f = stack(("/home/u/train.py", 1, "main"), *[(LIB + "/x.py", i, "r") for i in range(300)])
         self.assertEqual(w.locate(f, self.kinds), (None, None))
+
+    def test_gpu_sync_in_torch_cuda(self):
+        """torch.cuda.synchronize (the device's, a Stream's, an Event's) has a Python frame of its own."""
+        f = stack(("/home/u/train.py", 91, "step"), (PKGS + "/torch/cuda/__init__.py", 1040, "synchronize"))
+        self.assertEqual(w.locate(f, self.kinds), ("train.py:91 in step", "gpu (synchronize at train.py:91)"))
+        f = stack(("/home/u/train.py", 95, "step"), (PKGS + "/torch/cuda/streams.py", 224, "synchronize"))
+        self.assertEqual(w.locate(f, self.kinds)[1], "gpu (synchronize at train.py:95)")
+        f = stack(("/home/u/train.py", 95, "step"), (PKGS + "/torch/cuda/memory.py", 224, "empty_cache"))
+        self.assertEqual(w.locate(f, self.kinds)[1], None)  # not a sync
+
+    def test_gpu_sync_in_native_code(self):
+        """loss.item() and the like block in native code: the program's frame is the innermost one,
+        and what it calls is read from its bytecode."""
+        import _thread
+        import threading
+
+        class Tensor:
+            pass
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        loss, work = Tensor(), Tensor()
+        loss.item = loss.read = lock.acquire  # native, blocking, named as torch's are
+        work.wait = lock.acquire
+        here = w.Kinds([LIB], [PKGS])  # this file is the program's
+
+        def blocked(body):
+            t = threading.Thread(target=body, daemon=True)
+            t.start()
+            for _ in range(100):  # until it is inside the call (a call with arguments: 1 s)
+                f = sys._current_frames().get(t.ident)
+                if f is not None and w.calling(f):
+                    break
+                time.sleep(0.01)
+            got = w.locate(sys._current_frames().get(t.ident), here)
+            lock.release()  # the thread's acquire takes it: locked again for the next call
+            t.join(5)
+            return got
+
+        def item():
+            return loss.item()
+
+        def wait():
+            work.wait()
+
+        def read():
+            loss.read()
+
+        def with_argument():
+            loss.item(True)
+
+        where, waiting = blocked(item)
+        self.assertRegex(where, r"^test_where\.py:\d+ in item$")
+        self.assertEqual(waiting, "gpu (loss.item at %s)" % where[:where.index(" in ")])
+        self.assertRegex(blocked(wait)[1], r"^gpu \(work\.wait at test_where\.py:\d+\)$")
+        self.assertEqual(blocked(read)[1], None)  # blocked, but not on the device
+        self.assertEqual(blocked(with_argument)[1], None)  # a call with arguments is not read
 
     def test_this_process(self):
         import threading
