@@ -21,7 +21,9 @@
 #      loss (and the loss of each step, as last done) those of a reference
 #      computed in one process on the same worlds from the same steps
 #      (fsdp_train.py --reference-schedule, from rank 0's generation lines),
-#      within 1e-6 (1e-5 for the losses printed to 6 places).
+#      within 1e-5 (FSDP's reduce-scatter sums in another order than one
+#      process: 3e-7 seen; a step more or less, or a world changed one step
+#      early or late, moves the final sum by 7e-4 to 2e-2).
 set -eu
 . tests/itest-lib.sh
 
@@ -114,7 +116,7 @@ import re, sys
 run, ref = ([float(x) for x in open(p).read().split()] for p in sys.argv[1:3])
 assert len(run) == len(ref) == 2, (run, ref)
 for h, r in zip(run, ref):
-    assert abs(h - r) <= 1e-6 * abs(r), ("final", h, r)
+    assert abs(h - r) <= 1e-5 * abs(r), ("final", h, r)
 def losses(path, prefix):  # each step's loss as last done
     out = {}
     for line in open(path):
@@ -128,5 +130,5 @@ assert sorted(a) == sorted(b) == list(range(1, steps + 1)), (sorted(a)[:5], len(
 bad = [(s, a[s], b[s]) for s in a if abs(a[s] - b[s]) > 1e-5]
 assert not bad, bad[:3]
 PY
-echo "final $(cat "$ITEST_DIR/final") = reference's on worlds $schedule (step:world) within 1e-6"
+echo "final $(cat "$ITEST_DIR/final") = reference's on worlds $schedule (step:world) within 1e-5"
 echo "torch_fsdp_world: passed (node a's processes $pids_a finished generation $gen)"
