@@ -225,7 +225,8 @@ except Exception:
 sys.exit(0 if eval(expr) else 1)' "$1" "$HTTP" 2>/dev/null
 }
 
-# wait_fresh SECONDS PYEXPR: wait_for on documents built after this call.
+# wait_fresh SECONDS PYEXPR: wait_for on documents built after this call
+# (of a musterd started by start_daemon).
 wait_fresh() {
     _since=$(uptime_bound)
     ITEST_FRESH=$_since wait_for "$1" "$2"
@@ -272,7 +273,9 @@ wait_exit() {
 # ranks_of AGENT_PID: its muster-train children, PIDs ascending on one line.
 ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
 
-# wait_event SECONDS PATTERN: polls /v1/events until a line matches.
+# wait_event SECONDS PATTERN: polls /v1/events until PATTERN matches (the
+# document is one line: a pattern meant for one event's fields belongs in
+# event_matching).
 wait_event() {
     limit=$(( $1 * 20 )); i=0
     while [ $i -lt $limit ]; do
