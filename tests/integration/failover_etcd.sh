@@ -113,6 +113,9 @@ step=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])
 kill -9 "$D1"; t_kill=$(now_ms)
 echo "SIGKILLed the leader (musterd 1) at step $step"
 leads 2 15 || fail "musterd 2 did not lead within 15 s of the leader's SIGKILL"
+# It leads the job as it stood (a fresh job would also be in generation 1).
+grep -q "leading job ha (term [0-9]*): state loaded from etcd" "$ITEST_DIR/musterd2.log" \
+    || fail "musterd 2 did not load the job's state from etcd: $(grep 'leading job' "$ITEST_DIR/musterd2.log")"
 i=0; until joined 2 a 1 && joined 2 b 1; do
     i=$((i + 1)); [ $i -lt 300 ] || fail "the agents did not re-join musterd 2 within 15 s"; sleep 0.05; done
 echo "failover: agents re-joined musterd 2 $(( $(now_ms) - t_kill )) ms after the SIGKILL"
@@ -185,6 +188,8 @@ step=$(ranks_step)
 kill -STOP "$D2"; t_stop=$(now_ms)
 echo "SIGSTOPped the leader (musterd 2) at step $step"
 leads 1 15 2 || fail "musterd 1 did not lead within 15 s of musterd 2's SIGSTOP"
+grep "leading job ha (term [0-9]*)" "$ITEST_DIR/musterd1.log" | tail -n 1 | grep -q ": state loaded from etcd" \
+    || fail "musterd 1 did not load the job's state from etcd when it led again: $(grep 'leading job' "$ITEST_DIR/musterd1.log")"
 i=0; until joined 1 a 2 && joined 1 b 2; do
     i=$((i + 1)); [ $i -lt 300 ] || fail "the agents did not re-join musterd 1 within 15 s"; sleep 0.05; done
 echo "failover: agents re-joined musterd 1 $(( $(now_ms) - t_stop )) ms after the SIGSTOP"
