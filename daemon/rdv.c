@@ -561,6 +561,10 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
 {
     if (rdv_terminal(r) || r->state == RDV_WAITING)
         return;
+#ifdef MUSTER_MUTANT_NO_PARK
+    /* A broken heal for `make check-mutants` only (tests/mutants.sh): every failure stops every rank. */
+    park = 0;
+#endif
     r->resuming = 0;
     r->yielding = 0;
     r->hang_pending = 0;
@@ -1776,6 +1780,11 @@ static void found_hung(struct rdv *r, uint32_t stuck, uint64_t limit, uint64_t n
 {
     uint32_t culprit = stuck;
     hang_describe(r, stuck, now_ms, limit, &culprit, r->hang_what, sizeof(r->hang_what));
+#ifdef MUSTER_MUTANT_HANG_NAMES_RANK0
+    /* A broken detector for `make check-mutants` only (tests/mutants.sh): it names rank 0, whichever hung. */
+    culprit = 0;
+    snprintf(r->hang_what, sizeof(r->hang_what), "rank 0 on node %s is hung", r->nodes[r->ranks[0].node].name);
+#endif
     proto_text_sanitize(r->hang_what);
     r->hang_rank = (int)culprit;
     r->hang_node = (int)r->ranks[culprit].node;

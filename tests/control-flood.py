@@ -7,22 +7,25 @@ made). Never speaks the protocol: a stranger without the token.
                                               re-opened as soon as it is closed
   control-flood.py churn HOST PORT SECONDS    connect and close, one after another
 
-Prints one line: mode, connections opened, closed by the far end, seconds.
+Prints one line: mode, connections opened, closed by the far end, seconds;
+hold adds the most connections held at once (connected: a connect still in
+progress is not held). hold fails when the open-file limit cannot take N.
 """
 import errno, resource, selectors, socket, sys, time
 
 
 def raise_nofile(n):
+    """The open-file limit raised to take n sockets and 64 more, or exit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(soft, n + 64))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    return want - 64
+    if hard != resource.RLIM_INFINITY and hard < n + 64:
+        sys.exit("hold: the open-file limit (hard %d) cannot take %d connections: raise it (ulimit -Hn)" % (hard, n))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, n + 64), hard))
 
 
 def hold(host, port, n, seconds):
-    n = min(n, raise_nofile(n))
+    raise_nofile(n)
     sel = selectors.DefaultSelector()
-    opened = closed = 0
+    opened = closed = held = peak = 0
     end = time.monotonic() + seconds
 
     def open_one():
@@ -33,7 +36,8 @@ def hold(host, port, n, seconds):
         if rc not in (0, errno.EINPROGRESS):
             s.close()
             return False
-        sel.register(s, selectors.EVENT_READ)
+        # data None: connecting (held once writable with no error); True: held
+        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, None)
         opened += 1
         return True
 
@@ -44,21 +48,31 @@ def hold(host, port, n, seconds):
                 time.sleep(0.01)
                 break
             live += 1
-        for key, _ in sel.select(timeout=0.05):
+        for key, events in sel.select(timeout=0.05):
             s = key.fileobj
-            try:
-                data = s.recv(4096)
-            except OSError:
-                data = b""
+            if key.data is None and events & selectors.EVENT_WRITE:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    sel.modify(s, selectors.EVENT_READ, True)
+                    held += 1
+                    peak = max(peak, held)
+                    continue
+                data = b""  # refused: gone
+            else:
+                try:
+                    data = s.recv(4096)
+                except OSError:
+                    data = b""
             if data:
                 continue  # a REJECT, say: read and wait for the close
+            if key.data:
+                held -= 1
             sel.unregister(s)
             s.close()
             live -= 1
             closed += 1
     for key in list(sel.get_map().values()):
         key.fileobj.close()
-    return opened, closed
+    return opened, closed, peak
 
 
 def churn(host, port, seconds):
@@ -80,13 +94,15 @@ def churn(host, port, seconds):
 def main():
     if len(sys.argv) == 6 and sys.argv[1] == "hold":
         t0 = time.monotonic()
-        o, c = hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        o, c, peak = hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        print("hold: %d connections opened, %d closed, %.1f s, %d held at most"
+              % (o, c, time.monotonic() - t0, peak))
     elif len(sys.argv) == 5 and sys.argv[1] == "churn":
         t0 = time.monotonic()
         o, c = churn(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+        print("churn: %d connections opened, %d closed, %.1f s" % (o, c, time.monotonic() - t0))
     else:
         sys.exit(__doc__)
-    print("%s: %d connections opened, %d closed, %.1f s" % (sys.argv[1], o, c, time.monotonic() - t0))
 
 
 main()

@@ -33,6 +33,14 @@ need_data() {
     DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
 }
 
+# cannot_run NAME WHY: a scenario (or a part of one) cannot run here: under
+# CI (CI set: its machine runs as root, with every tool) a failure, else a
+# line that says so; the caller skips the part (or exits 0).
+cannot_run() {
+    [ -n "${CI:-}" ] && fail "$1: cannot run under CI: $2"
+    echo "SKIP: $1: $2"
+}
+
 # need_torch NAME MODULE...: TORCH_PY, the interpreter of the build's
 # PyTorch 2.x environment (MUSTER_TORCH_PY, else .venv/bin/python, which
 # mk/deps.sh makes), checked to import each MODULE. Without them: under CI
@@ -87,6 +95,7 @@ make_token() {
 start_daemon() {
     job=$1; shift
     CTL=$(free_port); HTTP=$(free_port)
+    DAEMON_T0=$(now_ms)
     "$BUILD/musterd" --job "$job" --listen "127.0.0.1:$CTL" --http "127.0.0.1:$HTTP" \
         --state-dir "$ITEST_DIR/state" "$@" > "$ITEST_DIR/musterd.log" 2>&1 &
     DAEMON_PID=$!
@@ -135,8 +144,10 @@ end_pair_job() {
     wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
 }
 
-# kept_pids AGENT_LOG PIDS GENERATION: each of PIDS finished GENERATION (never restarted).
+# kept_pids AGENT_LOG PIDS GENERATION: each of PIDS finished GENERATION
+# (never restarted); PIDS may not be empty.
 kept_pids() {
+    [ -n "$(echo $2)" ] || fail "kept_pids: no rank processes to check in $1"
     for p in $2; do
         grep -q "(pid $p, generation $3) exited with status 0" "$1" \
             || fail "rank process $p did not finish generation $3: it was restarted ($(grep "pid $p" "$1" | tail -n 2))"
@@ -178,17 +189,31 @@ JSON
 
 status() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status"; }
 
+# need_pids WHAT N PIDS: PIDS (a list of process IDs) holds exactly N, or fail.
+need_pids() {
+    [ "$(echo $3 | wc -w)" -eq "$2" ] || fail "$1: expected $2 rank processes, found ${3:-none}"
+}
+
+# uptime_bound: musterd's uptime now at most (s, counted from the moment
+# start_daemon launched it): a status document whose uptime_s reaches it
+# was built after this moment (the snapshot's figures are rebuilt at most
+# once a second while read, every 5 s when not).
+uptime_bound() { echo "$(now_ms) $DAEMON_T0" | awk '{ printf "%.3f\n", ($1 - $2) / 1000 }'; }
+
 # check PYEXPR: true when the Python expression holds for d = /v1/status with
 # d["ranks"] and d["nodes"] the lists of /v1/ranks and /v1/nodes (the summary
 # leaves them out; they are read after it, and only when PYEXPR uses them:
-# "ranks", running, node).
+# "ranks", running, node). With ITEST_FRESH set (an uptime_bound), false
+# for a document built before that moment.
 check() {
     python3 -c '
-import json, sys, urllib.request
+import json, os, sys, urllib.request
 expr, base = sys.argv[1], "http://127.0.0.1:%s" % sys.argv[2]
 try:
     get = lambda p: json.load(urllib.request.urlopen(base + p, timeout=2))
     d = get("/v1/status")
+    if os.environ.get("ITEST_FRESH") and d.get("uptime_s", -1) < float(os.environ["ITEST_FRESH"]):
+        sys.exit(1)
     if "ranks" in expr or "running" in expr:
         d["ranks"] = get("/v1/ranks")["ranks"]
         running = sum(1 for r in d["ranks"] if r["state"] == "running")
@@ -198,6 +223,13 @@ try:
 except Exception:
     sys.exit(1)
 sys.exit(0 if eval(expr) else 1)' "$1" "$HTTP" 2>/dev/null
+}
+
+# wait_fresh SECONDS PYEXPR: wait_for on documents built after this call
+# (of a musterd started by start_daemon).
+wait_fresh() {
+    _since=$(uptime_bound)
+    ITEST_FRESH=$_since wait_for "$1" "$2"
 }
 
 # wait_for SECONDS PYEXPR: polls every 50 ms.
@@ -241,7 +273,9 @@ wait_exit() {
 # ranks_of AGENT_PID: its muster-train children, PIDs ascending on one line.
 ranks_of() { pgrep -P "$1" -f muster-train | sort -n | tr '\n' ' '; }
 
-# wait_event SECONDS PATTERN: polls /v1/events until a line matches.
+# wait_event SECONDS PATTERN: polls /v1/events until PATTERN matches (the
+# document is one line: a pattern meant for one event's fields belongs in
+# event_matching).
 wait_event() {
     limit=$(( $1 * 20 )); i=0
     while [ $i -lt $limit ]; do
@@ -249,4 +283,57 @@ wait_event() {
         sleep 0.05; i=$((i + 1))
     done
     return 1
+}
+
+# event_matching PYEXPR [FILE]: the events of /v1/events (or of FILE, a
+# saved copy) for which PYEXPR holds with e one event (e["kind"], e["rank"],
+# e["node"], e["generation"], e["message"], e["seq"]), one JSON line each;
+# false when none does (the document is one line: parse it, never grep it).
+event_matching() {
+    if [ -n "${2:-}" ]; then cat "$2"; else curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events"; fi |
+        python3 -c '
+import json, sys
+found = [e for e in json.load(sys.stdin)["events"] if eval(sys.argv[1], {}, {"e": e})]
+for e in found:
+    print(json.dumps(e))
+sys.exit(0 if found else 1)' "$1" 2>/dev/null
+}
+
+# wait_event_matching SECONDS PYEXPR: polls event_matching every 100 ms.
+wait_event_matching() {
+    _i=0
+    while [ $_i -lt $(( $1 * 10 )) ]; do
+        event_matching "$2" > /dev/null && return 0
+        sleep 0.1; _i=$((_i + 1))
+    done
+    return 1
+}
+
+# rank_steps LOG RANK: the steps RANK logged ("rank RANK: step N loss L"
+# lines of an agent's LOG), as "N L" lines in log order.
+rank_steps() { sed -n "s/^rank $2: step \([0-9]*\) loss \([-0-9.e]*\).*/\1 \2/p" "$1"; }
+
+# same_steps STEPS RUN REF: RUN and REF (files of rank_steps lines) each log
+# steps 1..STEPS once, in order (no completed step lost and redone, none
+# skipped), with losses equal within TOL (1e-5: they are printed to 6 places).
+same_steps() {
+    python3 - "$@" <<'PY'
+import sys
+steps, run, ref = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+tol = 1e-5
+def read(path):
+    rows = [l.split() for l in open(path) if l.strip()]
+    got = [int(r[0]) for r in rows]
+    if got != list(range(1, steps + 1)):
+        redone = sorted({s for s in got if got.count(s) > 1})
+        missing = sorted(set(range(1, steps + 1)) - set(got))
+        sys.exit("%s: %d step lines, not steps 1..%d once each (redone %s, missing %s)"
+                 % (path, len(got), steps, redone[:10], missing[:10]))
+    return [float(r[1]) for r in rows]
+a, b = read(run), read(ref)
+bad = [(i + 1, x, y) for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > tol]
+if bad:
+    sys.exit("%d steps' losses differ from the reference's by more than %g, first (step, run, ref) %s"
+             % (len(bad), tol, bad[:3]))
+PY
 }

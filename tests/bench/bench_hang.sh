@@ -117,6 +117,7 @@ for n in 0 1; do
 done
 j=0
 until grep -q "^step 5 " "$ITEST_DIR/torchrun-0.log" 2>/dev/null || [ $j -ge 1200 ]; do sleep 0.1; j=$((j + 1)); done
+grep -q "^step 5 " "$ITEST_DIR/torchrun-0.log" || fail "(c) torchrun did not reach step 5 within 120 s: $(tail -n 5 "$ITEST_DIR/torchrun-0.log")"
 victim=$(pgrep -f "$SCRIPT.*ckpt-tr" | while read -r p; do tr '\0' '\n' < "/proc/$p/environ" | grep -qx RANK=3 && echo "$p"; done | head -1)
 [ -n "$victim" ] || fail "(c) no rank 3 under torchrun"
 before=$(wc -l < "$ITEST_DIR/torchrun-0.log")
@@ -126,6 +127,11 @@ after=$(wc -l < "$ITEST_DIR/torchrun-0.log")
 alive=0
 for p in $TORCHRUNS; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
 kill -CONT "$victim" 2>/dev/null || true
+# what torchrun said about it, counted, not assumed; the timeout as torch states it
+named=$(cat "$ITEST_DIR"/torchrun-*.log | grep -ciE "hung|stopped|timed? ?out|watchdog|rank 3" || true)
+pg_timeout=$("$PY" -c 'from torch.distributed.constants import default_pg_timeout as t; print("%d s" % t.total_seconds())' \
+    2>/dev/null || echo "unknown")
 echo "   torchrun: rank 3 stopped for ${TORCHRUN_WAIT_S} s: $((after - before)) new log lines on node 0, $alive of 2 torchrun" \
-     "agents still waiting, nothing named (its figure is the collective timeout, 1800 s for gloo by default)"
+     "agents still waiting, $named log lines naming a hang, a timeout or rank 3 (its figure is the collective timeout:" \
+     "torch's default_pg_timeout here is $pg_timeout)"
 pkill -9 -f "$SCRIPT.*$ITEST_DIR" 2>/dev/null || true

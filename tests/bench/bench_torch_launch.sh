@@ -394,8 +394,9 @@ done
 # ---- the per-step cost of the Elastic API ------------------------------------
 
 # step_times SYSTEM: the job under muster with no step sleep and no checkpoint,
-# OVERHEAD_STEPS steps; appends "SYSTEM median_step_s" (over every rank's steps
-# from 20 on) to $T/steps.
+# OVERHEAD_STEPS steps; appends "SYSTEM median_step_s mean_step_s" (over every
+# rank's steps from 20 on) to $T/steps: the median hides the few steps that
+# carry the periodic grow vote, the mean counts them.
 step_times() {
     sys=$1
     RUN=$T/steps-$sys-$run
@@ -412,7 +413,7 @@ step_times() {
     stop_system
     awk -v sys="$sys" '$1 == "step" { if ($2 in last && $5 == prev[$2] + 1 && $5 > 20) print $6 - last[$2]
                                       last[$2] = $6; prev[$2] = $5 }' "$RUN/timing" | sort -g |
-        awk -v sys="$sys" '{ v[NR] = $1 } END { printf "%s %.6f\n", sys, v[int((NR + 1) / 2)] }' >> "$T/steps"
+        awk -v sys="$sys" '{ v[NR] = $1; s += $1 } END { printf "%s %.6f %.6f\n", sys, v[int((NR + 1) / 2)], s / NR }' >> "$T/steps"
     [ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
 }
 : > "$T/steps"
@@ -473,11 +474,13 @@ if echo " $SYSTEMS " | grep -q " torchrun "; then
     echo "$line"
 fi
 if [ -s "$T/steps" ]; then
-    p=$(summary plain 2 "$T/steps"); e=$(summary elastic 2 "$T/steps")
-    echo "$p $e" | awk -v n="$RUNS" -v s="$OVERHEAD_STEPS" '{
-        printf "step time, no sleep, %d steps, median of %d runs (min-max): plain loop %.2f ms (%.2f-%.2f), " \
-               "Elastic %.2f ms (%.2f-%.2f): %+.1f %%\n", s, n, $1 * 1e3, $2 * 1e3, $3 * 1e3, $4 * 1e3, $5 * 1e3, $6 * 1e3,
-               ($4 / $1 - 1) * 100 }'
+    for f in 2 3; do # each run's median step, then each run's mean step (the grow votes' steps counted)
+        p=$(summary plain $f "$T/steps"); e=$(summary elastic $f "$T/steps")
+        echo "$p $e" | awk -v n="$RUNS" -v s="$OVERHEAD_STEPS" -v what="$([ $f = 2 ] && echo median || echo mean)" '{
+            printf "step time (%s step of a run), no sleep, %d steps, median of %d runs (min-max): plain loop %.2f ms " \
+                   "(%.2f-%.2f), Elastic %.2f ms (%.2f-%.2f): %+.1f %%\n", what, s, n, $1 * 1e3, $2 * 1e3, $3 * 1e3,
+                   $4 * 1e3, $5 * 1e3, $6 * 1e3, ($4 / $1 - 1) * 100 }'
+    done
 fi
 echo
 echo "command lines (last run; ports, run id and directories change per run):"

@@ -57,6 +57,10 @@ flood() { # MODE ARGS...: the flood runs while b is killed and rejoins
     wait "$FLOOD" || fail "the flood client failed: $(cat "$ITEST_DIR/flood.log")"
     rss=$(rss_peak_mb)
     echo "$1 flood: $(cat "$ITEST_DIR/flood.log"); agent b rejoined in $took ms; musterd RSS peak $rss MB"
+    if [ "$1" = hold ]; then # the flood's size is claimed: it must have held them all at once
+        peak=$(sed -n 's/.*, \([0-9]*\) held at most$/\1/p' "$ITEST_DIR/flood.log")
+        [ "${peak:-0}" -ge "$4" ] || fail "hold flood: ${peak:-no} connections held at once, not $4"
+    fi
     [ "$took" -le $((usual + REJOIN_SLACK_MS)) ] ||
         fail "$1 flood: rejoin took $took ms, over the usual $usual ms + $REJOIN_SLACK_MS ms"
     awk -v r="$rss" -v m="$RSS_MAX_MB" 'BEGIN { exit !(r < m) }' ||

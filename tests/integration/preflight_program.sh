@@ -76,11 +76,11 @@ if unshare -m sh -c "mount -t tmpfs -o size=1m tmpfs '$ITEST_DIR/data' && test !
         wait_for 30 'running == 2 and d["restarts"] == 0' || fail "missing data: no run after the file came"
         echo "missing data: fixed in b's namespace: job running, restarts 0"
     else
-        echo "missing data: the fix through nsenter skipped (nsenter not permitted)"
+        cannot_run "missing data" "the fix through nsenter (nsenter not permitted)"
     fi
     stop_all
 else
-    echo "missing data: skipped (no permission for a mount namespace: unshare -m)"
+    cannot_run "missing data" "no permission for a mount namespace (unshare -m)"
 fi
 
 # 2. the python3 node b's PATH finds lacks torch
@@ -94,7 +94,7 @@ if python3 -m venv --without-pip "$ITEST_DIR/venv"; then
     "$TORCH_PY" -c 'import torch' 2>/dev/null && A_PATH="$(dirname "$TORCH_PY"):$PATH"
     have_torch=0
     PATH=$A_PATH python3 -c 'import torch' 2>/dev/null && have_torch=1
-    [ $have_torch = 1 ] || echo "no torch: no python3 with torch here: node a's side (fit with torch) skipped"
+    [ $have_torch = 1 ] || cannot_run "no torch" "no python3 with torch here: node a's side (fit with torch)"
     agent a "$ITEST_DIR/a" env PATH="$A_PATH"
     agent b "$ITEST_DIR/b" env PATH="$ITEST_DIR/venv/bin:$PATH"
     if [ $have_torch = 1 ]; then # importing torch takes seconds: a is checking until then
@@ -105,7 +105,7 @@ if python3 -m venv --without-pip "$ITEST_DIR/venv"; then
     check 'd["restarts"] == 0 and d["generation"] == 0' || fail "no torch: a restart was spent"
     stop_all
 else
-    echo "no torch: skipped (python3 -m venv cannot make a virtual environment here)"
+    cannot_run "no torch" "python3 -m venv cannot make a virtual environment here"
 fi
 
 # 3. node-local checkpoint dirs whose latest checkpoints differ
@@ -152,13 +152,27 @@ job hostile ", \"rank_cmd\": \"$FAKE\", \"checkpoint_dir\": \"ckpt\", \"checkpoi
 agent a "$ITEST_DIR/a"
 agent b "$ITEST_DIR/b"
 b_unfit "fifo" "checkpoint_dir ckpt: latest is not a regular file"
+# b's latest a file naming another checkpoint: the nodes differ, and a's
+# name (escapes and all) is shown in the event and the status's reason.
 rm "$ITEST_DIR/b/ckpt/latest"
+echo global_step5 > "$ITEST_DIR/b/ckpt/latest"
+wait_event_matching 20 'e["kind"] == "checkpoint_diverged" and "node b has global_step5" in e["message"]' \
+    || fail "hostile: no checkpoint_diverged event naming b's global_step5: $(event_matching 'e["kind"] == "checkpoint_diverged"')"
+shown=$(event_matching 'e["kind"] == "checkpoint_diverged" and "node b has global_step5" in e["message"]' | tail -n 1)
+echo "$shown" | grep -q "node a has global_step7" || fail "hostile: the event does not name a's checkpoint: $shown"
+check '"global_step7" in (d["reason"] or "")' || fail "hostile: /v1/status's reason does not name a's checkpoint"
+no_controls() { # WHEN: no control character (raw or escaped in JSON) in the documents that show the name
+    for doc in events status nodes; do
+        curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/$doc" > "$ITEST_DIR/$doc.json" || fail "hostile: no /v1/$doc"
+        ! grep -qiE "$(printf '\033')|$(printf '\007')|u001b|u0007" "$ITEST_DIR/$doc.json" \
+            || fail "hostile ($1): a control character in /v1/$doc: $(head -c 600 "$ITEST_DIR/$doc.json")"
+    done
+}
+no_controls "diverged"
+echo "hostile: a's name shown sanitized: $(echo "$shown" | python3 -c 'import json,sys; print(json.load(sys.stdin)["message"])')"
 cp "$ITEST_DIR/a/ckpt/latest" "$ITEST_DIR/b/ckpt/latest"
-wait_for 20 'running == 2 and d["restarts"] == 0' || fail "fifo: no run once b's latest is a file"
-for doc in events status nodes; do
-    curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/$doc" > "$ITEST_DIR/$doc.json" || fail "hostile: no /v1/$doc"
-    ! grep -qiE "$(printf '\033')|u001b|u0007" "$ITEST_DIR/$doc.json" || fail "hostile: a control character in /v1/$doc"
-done
+wait_for 20 'running == 2 and d["restarts"] == 0' || fail "fifo: no run once b's latest is a's"
+no_controls "running"
 echo "fifo: b unfit until its latest was a file; escapes in a's latest reached no document"
 stop_all
 echo "preflight_program: ok"

@@ -6,7 +6,9 @@
 #  (b) rank 3 SIGKILLed mid-run: ranks 0-2 keep their processes (same PIDs),
 #      only rank 3's slot gets a new one, which receives the state from a
 #      peer ("state_restored" from memory); the job completes with final
-#      parameters and loss equal to (a)'s within 1e-6, no completed step lost;
+#      parameters and loss equal to (a)'s within 1e-6, no completed step lost:
+#      rank 0 logs steps 1..STEPS once each (a restart from the checkpoint or
+#      the seed logs steps again), each step's loss equal to (a)'s;
 #  (c) a rank whose own code raises is not healed away: it fails as before.
 # Equal, not bit-identical: the survivors wrap the model in a new DDP for
 # the new process group, and a new DDP reduces its first step's gradients
@@ -38,6 +40,8 @@ run_job ref ""
 wait_for 120 'd["state"] == "completed"' || fail "(a) the uninterrupted elastic job did not complete"
 [ -s "$ITEST_DIR/ref.final" ] || fail "(a) no final parameters written"
 end_pair_job
+rank_steps "$ITEST_DIR/agent-a.log" 0 > "$ITEST_DIR/ref.steps"
+mv "$ITEST_DIR/agent-a.log" "$ITEST_DIR/agent-a.log.ref"; mv "$ITEST_DIR/agent-b.log" "$ITEST_DIR/agent-b.log.ref"
 echo "(a) uninterrupted: $(cat "$ITEST_DIR/ref.final")"
 
 # (b) SIGKILL rank 3 at step 20 or so.
@@ -58,13 +62,19 @@ for r in 0 1 2; do
         || fail "(b) rank $r (pid $before) did not keep its process"
 done
 
-curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
-    || fail "(b) no state_restored event: the replacement's state did not come from memory"
+event_matching 'e["kind"] == "state_restored" and e["generation"] == 2 and "memory" in e["message"]' > /dev/null \
+    || fail "(b) no state_restored event from memory in generation 2: $(event_matching 'e["kind"] == "state_restored"')"
+grep -q "generation 2: rank 3 of 4, training from step [0-9]* (state from rank [012])" "$ITEST_DIR/agent-b.log" \
+    || fail "(b) rank 3's replacement did not get its state from a peer"
+rank_steps "$ITEST_DIR/agent-a.log" 0 > "$ITEST_DIR/heal.steps"
+why=$(same_steps $STEPS "$ITEST_DIR/heal.steps" "$ITEST_DIR/ref.steps" 2>&1) \
+    || fail "(b) the healed run's steps are not the reference's: $why"
 [ -s "$ITEST_DIR/heal.final" ] || fail "(b) no final parameters written"
 python3 - "$ITEST_DIR/heal.final" "$ITEST_DIR/ref.final" <<'PY' \
     || fail "(b) final parameters differ from the uninterrupted run: $(cat "$ITEST_DIR/heal.final") vs $(cat "$ITEST_DIR/ref.final")"
 import sys
 healed, ref = ([float(x) for x in open(p).read().split()] for p in sys.argv[1:3])
+assert len(healed) == len(ref) == 2, (healed, ref)
 for h, r in zip(healed, ref):
     assert abs(h - r) <= 1e-6 * abs(r), (h, r)
 PY

@@ -7,10 +7,15 @@
 #    spare's PID as rank 3's, and rank 3's stacks (POST /v1/stacks) come from
 #    that PID, in the training script: the hook is armed for the rank;
 #  - the survivors keep their processes, the replacement's state comes from
-#    a peer (state_restored), and the job completes with every step done;
+#    a peer (state_restored), and the job completes with every step done:
+#    rank 0 logs steps 1..STEPS once each, with the losses and the final
+#    parameters of a reference computed without a failure
+#    (ddp_train.py --reference-world 4, one process);
 #  - node b starts a new spare once the old one is taken (10 s later);
 #  - a spare SIGKILLed before it is needed (node a's first) is replaced;
-#  - the spares die with their agents (EOF on their hand-off socket).
+#  - no spare outlives the job: once a rank of a node finished its training
+#    the agent stops its spare (nothing will need it), so each node's last
+#    spare has exited by the time the job completed (within 10 s).
 set -eu
 . tests/itest-lib.sh
 
@@ -27,6 +32,8 @@ cat > "$ITEST_DIR/job.json" <<JSON
  "rank_cmd": ["$PY", "$SCRIPT", "--elastic", "--steps", "$STEPS", "--step-sleep", "0.1",
               "--final-file", "$ITEST_DIR/final", "--ckpt-dir", "$ITEST_DIR/ckpt"]}
 JSON
+"$PY" "$SCRIPT" --reference-world 4 --steps $STEPS --final-file "$ITEST_DIR/ref.final" |
+    sed -n 's/^step \([0-9]*\) loss \([-0-9.e]*\)$/\1 \2/p' > "$ITEST_DIR/ref.steps" || fail "the reference run failed"
 make_token "$ITEST_DIR/admin"
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token" --admin-token-file "$ITEST_DIR/admin"
 start_agent a 2 --token-file "$ITEST_DIR/token"
@@ -50,6 +57,7 @@ until [ "$(cat "/proc/$spare/wchan" 2>/dev/null)" = unix_stream_read_generic ]; 
     sleep 0.1; i=$((i + 1)); [ $i -lt 600 ] || fail "the spare did not finish its imports within 60 s"
 done
 before=$(for r in 0 1 2; do rank_pid "$SCRIPT.*$ITEST_DIR" $r; done)
+need_pids "the survivors (ranks 0-2)" 3 "$before"
 victim=$(rank_pid "$SCRIPT.*$ITEST_DIR" 3)
 [ -n "$victim" ] || fail "no rank 3 process"
 kill -9 "$victim"
@@ -78,16 +86,27 @@ done
 curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -q '"kind": *"state_restored"' \
     || fail "no state_restored event: the replacement's state did not come from a peer"
 [ -s "$ITEST_DIR/final" ] || fail "no final parameters written"
+rank_steps "$ITEST_DIR/agent-a.log" 0 > "$ITEST_DIR/run.steps"
+why=$(same_steps $STEPS "$ITEST_DIR/run.steps" "$ITEST_DIR/ref.steps" 2>&1) || fail "not every step done once: $why"
+python3 - "$ITEST_DIR/final" "$ITEST_DIR/ref.final" <<'PY' \
+    || fail "final parameters differ from the reference's: $(cat "$ITEST_DIR/final") vs $(cat "$ITEST_DIR/ref.final")"
+import sys
+run, ref = ([float(x) for x in open(p).read().split()] for p in sys.argv[1:3])
+assert len(run) == len(ref) == 2, (run, ref)
+for h, r in zip(run, ref):
+    assert abs(h - r) <= 1e-6 * abs(r), (h, r)
+PY
 [ "$(grep -c 'started a warm spare' "$ITEST_DIR/agent-b.log")" -ge 2 ] || fail "node b started no new spare after the take-up"
 grep -q "warm spare (pid $spare_a) was killed by signal 9 before it was needed.*starting another" "$ITEST_DIR/agent-a.log" \
     || fail "node a's SIGKILLed spare (pid $spare_a) is not reported as such"
 [ "$(grep -c 'started a warm spare' "$ITEST_DIR/agent-a.log")" -ge 2 ] || fail "node a did not replace its dead spare"
 echo "rank 3 SIGKILLed: node b's warm spare (pid $spare) took its slot, state from a peer, job completed: ok"
 
-# Dies with its agent: SIGKILL the agent, its live spare ends on its own.
-spare2=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-a.log" | tail -n 1)
-kill -9 "$AGENT_A" "$AGENT_B" 2>/dev/null || true
-if [ -n "$spare2" ] && pid_alive "$spare2"; then
-    wait_exit "$spare2" 60 || fail "node a's spare (pid $spare2) outlived its agent"
-fi
+# No spare outlives the job: each node's last one is gone, its agent still running.
+last_a=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-a.log" | tail -n 1)
+last_b=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-b.log" | tail -n 1)
+need_pids "the nodes' last spares" 2 "$last_a $last_b"
+[ "$last_b" != "$spare" ] || fail "node b's last spare is the one rank 3 took"
+for p in $last_a $last_b; do wait_exit "$p" 10 || fail "spare $p outlived the job"; done
+pid_alive "$AGENT_A" && pid_alive "$AGENT_B" || fail "an agent exited with the job (its spare's end says nothing)"
 echo "torch_spares: ok"

@@ -44,6 +44,10 @@ def parse_args():
     p.add_argument("--elastic", action="store_true",
                    help="heal in place through muster_rank.Elastic (survivors keep process and state)")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' checksum and loss here")
+    p.add_argument("--reference-world", type=int, default=0,
+                   help="no ranks, no muster: one process computes what --elastic (per-rank batches) computes "
+                        "on this many ranks without a failure (DDP's gradient is the mean of the ranks'), "
+                        "printing rank 0's steps and writing --final-file: a test's reference")
     p.add_argument("--timing", action="store_true", help="print launch and first-step wall times")
     p.add_argument("--timing-file", default="",
                    help="append to this file 'start RANK RESTART PID -1 TIME MAIN CREATED' once init_process_group "
@@ -140,16 +144,42 @@ def main_elastic(args):
     if watching:
         raise RuntimeError("muster_rank.Elastic.run() returned with its park watch still running")
     if args.final_file and dist.get_rank() == 0:
-        digest = sum(float(p.detach().double().sum()) for p in net.parameters())
         with open(args.final_file, "w") as f:
-            f.write(f"{digest!r} {float(loss.detach())!r}\n")
+            f.write(final_line(net, loss))
     dist.destroy_process_group()
     print(f"rank {dist.get_rank() if dist.is_initialized() else os.environ.get('RANK')} done", flush=True)
+
+
+def final_line(net, loss):
+    """The final file's line: the parameters' checksum and the last loss."""
+    digest = sum(float(p.detach().double().sum()) for p in net.parameters())
+    return f"{digest!r} {float(loss.detach())!r}\n"
+
+
+def main_reference(args):
+    """--elastic's training on --reference-world ranks, in one process: each
+    step's gradient is the mean of the ranks' (as DDP reduces it)."""
+    world = args.reference_world
+    torch.manual_seed(args.seed)
+    net = nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        losses = [nn.functional.mse_loss(net(x), y)
+                  for x, y in (batch(args.seed, step, r, args.batch, args.width) for r in range(world))]
+        opt.zero_grad()
+        (sum(losses) / world).backward()
+        opt.step()
+        print(f"step {step + 1} loss {losses[0].item():.6f}", flush=True)
+    if args.final_file:
+        with open(args.final_file, "w") as f:
+            f.write(final_line(net, losses[0]))
 
 
 @record
 def main():
     args = parse_args()
+    if args.reference_world:
+        return main_reference(args)
     if args.elastic:
         return main_elastic(args)
     t_start = time.time()

@@ -44,6 +44,10 @@ def parse_args():
                    help="NODE:MARKER: a rank on node NODE (MUSTER_NODE) SIGKILLs itself right after its first "
                         "re-slice of the state, before its new replica has shipped, unless the file MARKER exists "
                         "(which it then makes): a fault injected for the tests")
+    p.add_argument("--reference-schedule", default="",
+                   help="STEP:WORLD,...: no ranks, no muster: one process computes what the sharded program "
+                        "computes with WORLD ranks from STEP on (each step's gradient the mean of the ranks', as "
+                        "FSDP reduces it), printing rank 0's steps and writing --final-file: a test's reference")
     p.add_argument("--digests", action="store_true",
                    help="rank 0 prints a digest of the whole state (parameters and optimizer moments, gathered) "
                         "after each step and when a generation starts, to compare a re-sliced state with the one "
@@ -57,13 +61,41 @@ def batch(seed, step, rank, n, width):
     return x, torch.sin(x.sum(dim=1, keepdim=True))
 
 
+def layers(args):
+    """The model, unsharded: the same initial weights on every rank (seeded)."""
+    torch.manual_seed(args.seed)
+    mods = []
+    for _ in range(args.depth):
+        mods += [nn.Linear(args.width, args.width), nn.Tanh()]
+    return nn.Sequential(*mods, nn.Linear(args.width, 1))
+
+
+def final_line(digest, loss):
+    """The final file's line: the parameters' sum and the last loss."""
+    return f"{digest!r} {float(loss.detach())!r}\n"
+
+
+def main_reference(args):
+    """See --reference-schedule."""
+    schedule = sorted((int(s), int(w)) for s, w in (p.split(":") for p in args.reference_schedule.split(",")))
+    model = layers(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        world = [w for s, w in schedule if s <= step][-1]
+        losses = [nn.functional.mse_loss(model(x), y)
+                  for x, y in (batch(args.seed, step, r, args.batch, args.width) for r in range(world))]
+        opt.zero_grad()
+        (sum(losses) / world).backward()
+        opt.step()
+        print(f"step {step + 1} loss {losses[0].item():.6f}", flush=True)
+    if args.final_file:
+        with open(args.final_file, "w") as f:
+            f.write(final_line(sum(float(p.detach().double().sum()) for p in model.parameters()), losses[0]))
+
+
 def build(args):
     """The model sharded over this generation's process group, and its optimizer."""
-    torch.manual_seed(args.seed)  # every rank the same initial weights, before sharding
-    layers = []
-    for _ in range(args.depth):
-        layers += [nn.Linear(args.width, args.width), nn.Tanh()]
-    model = nn.Sequential(*layers, nn.Linear(args.width, 1))
+    model = layers(args)  # every rank the same initial weights, before sharding
     for m in model:
         if isinstance(m, nn.Linear):
             fully_shard(m)
@@ -97,16 +129,31 @@ def load_checkpoint(args, model, opt):
 
 
 def state_digest(model, opt):
-    """The sum, in double, of every parameter and optimizer moment, whole (a collective: every rank calls it)."""
-    total = 0.0
-    for p in model.parameters():
-        total += float(p.detach().full_tensor().double().sum())
-    for st in opt.state.values():
+    """A SHA-256 of the whole state, bit for bit (a collective: every rank
+    calls it): every parameter, then every optimizer moment by its name,
+    each gathered whole, in order, with its name, dtype, shape and bytes, so
+    a value changed, a shard at another offset or two moments swapped change
+    it. The moments' step counts, one per parameter, are in it too."""
+    import hashlib
+    h = hashlib.sha256()
+
+    def add(name, t):
+        t = t.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        t = t.cpu()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    params = list(model.parameters())
+    for i, p in enumerate(params):
+        add(f"param {i}", p)
+    for i, p in enumerate(params):
+        st = opt.state.get(p, {})
         for k in sorted(st):
-            v = st[k]
-            if hasattr(v, "full_tensor"):
-                total += float(v.detach().full_tensor().double().sum())
-    return total
+            if torch.is_tensor(st[k]):
+                add(f"param {i} {k}", st[k])
+    return h.hexdigest()
 
 
 def die_after_reslice(node, marker):
@@ -128,6 +175,8 @@ def die_after_reslice(node, marker):
 @record
 def main():
     args = parse_args()
+    if args.reference_schedule:
+        return main_reference(args)
     if args.die_after_reslice:
         die_after_reslice(*args.die_after_reslice.split(":", 1))
     if args.ckpt_dir:
@@ -148,7 +197,7 @@ def main():
             d = state_digest(elastic.model, elastic.optimizer)
             if rank == 0:
                 print(f"generation {os.environ.get('MUSTER_GENERATION')} world {dist.get_world_size()} "
-                      f"from {elastic.restored[0]} at step {step} digest {d!r}", flush=True)
+                      f"from {elastic.restored[0]} at step {step} digest {d}", flush=True)
         x, y = batch(args.seed, step, rank, args.batch, args.width)
         loss = nn.functional.mse_loss(elastic.model(x), y)
         elastic.optimizer.zero_grad()
@@ -160,7 +209,7 @@ def main():
         if args.digests:
             d = state_digest(elastic.model, elastic.optimizer)
             if rank == 0:
-                print(f"world {dist.get_world_size()} after step {step + 1} digest {d!r}", flush=True)
+                print(f"world {dist.get_world_size()} after step {step + 1} digest {d}", flush=True)
         if args.ckpt_dir and (step + 1) % args.ckpt_every == 0:
             save_checkpoint(args, elastic.model, elastic.optimizer, step + 1)
         if args.step_sleep:
@@ -172,7 +221,7 @@ def main():
     if dist.get_rank() == 0:
         if args.final_file:
             with open(args.final_file, "w") as f:
-                f.write(f"{digest!r} {float(loss.detach())!r}\n")
+                f.write(final_line(digest, loss))
         if args.timing_file:
             with open(args.timing_file, "w") as f:
                 f.write(" ".join(f"{t:.6f}" for t in times) + "\n")
