@@ -1,4 +1,4 @@
-#include "daemon/rdv.h"
+#include "daemon/rdv_internal.h"
 #include "daemon/failure.h"
 #include "daemon/fitness.h"
 
@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "common/batch.h"
+#include "common/log.h"
 
 /* The longest a grow waits for the ranks to leave at a step boundary. */
 #define YIELD_WAIT_MS 30000
@@ -43,6 +44,33 @@ int rdv_job_state_parse(const char *name, enum rdv_job_state *out)
 int rdv_terminal(const struct rdv *r)
 {
     return r->state == RDV_COMPLETED || r->state == RDV_STOPPED || r->state == RDV_FAILED;
+}
+
+/* The job state machine (rdv.h says why each transition exists): 1 where
+ * a job in the row's state may go to the column's. */
+static const unsigned char job_transitions[RDV_FAILED + 1][RDV_FAILED + 1] = {
+    /*                waiting forming running recovering completed stopped failed */
+    [RDV_WAITING]    = {0,    1,      0,      1,         1,        1,      1},
+    [RDV_FORMING]    = {0,    0,      1,      1,         1,        1,      1},
+    [RDV_RUNNING]    = {0,    0,      0,      1,         1,        1,      1},
+    [RDV_RECOVERING] = {0,    1,      1,      1,         1,        1,      1},
+    [RDV_COMPLETED]  = {0},
+    [RDV_STOPPED]    = {0},
+    [RDV_FAILED]     = {0},
+};
+
+int rdv__set_state(struct rdv *r, enum rdv_job_state to)
+{
+    if ((unsigned)to > RDV_FAILED || !job_transitions[r->state][to]) {
+        log_error("job %s: refused state change %s -> %s (generation %llu)", r->spec->name,
+                  job_state_names[r->state], (unsigned)to > RDV_FAILED ? "?" : job_state_names[to],
+                  (unsigned long long)r->generation);
+        return -EINVAL;
+    }
+    log_debug("job %s: %s -> %s (generation %llu)", r->spec->name, job_state_names[r->state], job_state_names[to],
+              (unsigned long long)r->generation);
+    r->state = to;
+    return 0;
 }
 
 /* ---- events ---------------------------------------------------------- */
@@ -459,14 +487,14 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     char why[PROTO_REASON_MAX];
     if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
         snprintf(r->reason, sizeof(r->reason), "%s", why);
-        r->state = RDV_FAILED;
+        rdv__set_state(r, RDV_FAILED);
         event(r, "job_failed", -1, -1, "job refused at formation: %s", why);
         changed(r, 1);
         return 0;
     }
     r->generation = 1;
     r->gen_opened_ms = now_ms;
-    r->state = RDV_FORMING;
+    rdv__set_state(r, RDV_FORMING);
     r->reason[0] = '\0';
     event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
           member_count(r), r->world_size);
@@ -495,7 +523,7 @@ static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
 /* The job is failed for r->reason: persisted first, then every rank stopped. */
 static void fail_job(struct rdv *r, int node, int rank)
 {
-    r->state = RDV_FAILED;
+    rdv__set_state(r, RDV_FAILED);
     r->resuming = 0;
     event(r, "job_failed", node, rank, "%s", r->reason);
     settle_ranks(r);
@@ -598,7 +626,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     r->gen_opened_ms = now_ms;
     r->assigned_ms = 0;
     r->restart_at_ms = wait ? now_ms + wait : 0;
-    r->state = RDV_RECOVERING;
+    rdv__set_state(r, RDV_RECOVERING);
     if (wait)
         snprintf(r->reason, sizeof(r->reason), "%s; generation %llu starts in %.1f s (%s, failure %u in a row)",
                  what, (unsigned long long)r->generation, (double)wait / 1000.0,
@@ -645,7 +673,7 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
         json_decref(r->job);
         return -ENOMEM;
     }
-    r->state = RDV_WAITING;
+    _Static_assert(RDV_WAITING == 0, "a zeroed rdv is waiting");
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
     if (namemap_init(&r->byname, RDV_MAX_NODES) != 0) {
@@ -723,7 +751,6 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
 {
     if (s->nmembers > RDV_MAX_NODES)
         return -EINVAL;
-    r->state = s->state;
     snprintf(r->reason, sizeof(r->reason), "%s", s->reason);
     r->generation = s->generation;
     r->restarts = s->restarts;
@@ -765,17 +792,19 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     if (r->nnodes && build_ranks(r))
         return -ENOMEM;
     r->gen_opened_ms = now_ms;
-    if (r->state == RDV_FORMING || r->state == RDV_RUNNING) {
+    if (s->state == RDV_FORMING || s->state == RDV_RUNNING) {
         /* Ranks keep their generation until members tell us otherwise. */
         for (uint32_t i = 0; i < r->world_size; i++)
             set_rank_state(r, &r->ranks[i], RDV_RANK_STARTING);
-        r->resume_to = r->state;
-        r->state = RDV_RECOVERING;
+        r->resume_to = s->state;
+        rdv__set_state(r, RDV_RECOVERING);
         r->resuming = 1;
         snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
-    } else if (r->state == RDV_RECOVERING) {
-        /* The failure was already paid for: assign this generation again once all are back. */
-        snprintf(r->reason, sizeof(r->reason), "daemon restarted during recovery; waiting for members to rejoin");
+    } else if (s->state != RDV_WAITING) { /* a fresh rdv is waiting already */
+        rdv__set_state(r, s->state);
+        /* Recovering: the failure was already paid for; this generation is assigned again once all are back. */
+        if (s->state == RDV_RECOVERING)
+            snprintf(r->reason, sizeof(r->reason), "daemon restarted during recovery; waiting for members to rejoin");
     }
     event(r, "state_restored", -1, -1, "restored job %s: %s, generation %llu, %u restarts, %u members",
           s->job, job_state_names[s->state], (unsigned long long)s->generation, s->restarts, s->nmembers);
@@ -799,7 +828,7 @@ static void check_running(struct rdv *r, uint64_t now_ms)
     if ((r->state != RDV_FORMING && r->state != RDV_RECOVERING) || r->resuming ||
         r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] != r->world_size)
         return;
-    r->state = RDV_RUNNING;
+    rdv__set_state(r, RDV_RUNNING);
     r->running_since_ms = now_ms;
     /* The hang clock starts with the generation: a rank that rejoined in
      * place reported running (at its old step) while the others were still
@@ -831,7 +860,7 @@ static void check_resumed(struct rdv *r, uint64_t now_ms)
         if (nd->member && (nd->state != RDV_NODE_JOINED || nd->reported_generation != r->generation))
             return;
     }
-    r->state = r->resume_to;
+    rdv__set_state(r, r->resume_to);
     r->resuming = 0;
     if (r->state == RDV_RUNNING) {
         r->reason[0] = '\0';
@@ -1179,7 +1208,7 @@ static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
     r->running_since_ms = 0;
     r->restore_noted = 0;
     r->yielding = 0;
-    r->state = RDV_RECOVERING;
+    rdv__set_state(r, RDV_RECOVERING);
     snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
              before, r->world_size, member_count(r));
     event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
@@ -1484,7 +1513,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
             changed(r, 0);
             return;
         }
-        r->state = RDV_COMPLETED;
+        rdv__set_state(r, RDV_COMPLETED);
         r->resuming = 0; /* every rank finished while a member was still awaited after a restart */
         r->reason[0] = '\0';
         event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
@@ -1961,7 +1990,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
     case RDV_ADMIN_STOP:
         if (rdv_terminal(r))
             return -EINVAL;
-        r->state = RDV_STOPPED;
+        rdv__set_state(r, RDV_STOPPED);
         r->resuming = 0; /* members still awaited after a restart bring nothing back */
         snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
         event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);

@@ -11,7 +11,7 @@
 
 #include "common/cmdline.h"
 #include "daemon/failure.h"
-#include "daemon/rdv.h"
+#include "daemon/rdv_internal.h"
 #include "daemon/restdoc.h"
 #include "daemon/state.h"
 #include "daemon/view_build.h"
@@ -2009,6 +2009,82 @@ START_TEST(restart_window_forgets_old_restarts)
 }
 END_TEST
 
+/* rdv__set_state(&rdv, to), what it wrote to stderr meanwhile into said. */
+static int set_state_said(enum rdv_job_state to, char *said, size_t cap)
+{
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fflush(stderr);
+    const int keep = dup(STDERR_FILENO);
+    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    const int rc = rdv__set_state(&rdv, to);
+    fflush(stderr);
+    dup2(keep, STDERR_FILENO);
+    close(keep);
+    rewind(f);
+    said[fread(said, 1, cap - 1, f)] = '\0';
+    fclose(f);
+    return rc;
+}
+
+/* A job's life through the one setter of its state: each step a transition
+ * of the machine (rdv.h), each refused one leaving the state as it was. */
+START_TEST(job_state_changes_only_along_the_machine)
+{
+    char said[512];
+    setup_spec(2, 3);
+    ck_assert_int_eq(set_state_said(RDV_RUNNING, said, sizeof(said)), -EINVAL); /* not before forming */
+    ck_assert_str_eq(rdv_job_state_name(rdv.state), "waiting");
+    ck_assert_msg(strstr(said, "job t: refused state change waiting -> running (generation 0)"), "logged: %s", said);
+    static const enum rdv_job_state life[] = {
+        RDV_FORMING, RDV_RUNNING, RDV_RECOVERING, RDV_RECOVERING, /* a second failure before it ran */
+        RDV_FORMING, /* every member back after a daemon restart, the generation was forming */
+        RDV_RUNNING, RDV_COMPLETED,
+    };
+    for (size_t i = 0; i < sizeof(life) / sizeof(life[0]); i++) {
+        ck_assert_int_eq(rdv__set_state(&rdv, life[i]), 0);
+        ck_assert_str_eq(rdv_job_state_name(rdv.state), rdv_job_state_name(life[i]));
+    }
+    for (int to = RDV_WAITING; to <= RDV_FAILED; to++) { /* an ended job stays ended */
+        ck_assert_int_eq(set_state_said((enum rdv_job_state)to, said, sizeof(said)), -EINVAL);
+        ck_assert_str_eq(rdv_job_state_name(rdv.state), "completed");
+    }
+    ck_assert_int_eq(set_state_said((enum rdv_job_state)(RDV_FAILED + 1), said, sizeof(said)), -EINVAL);
+    ck_assert_str_eq(rdv_job_state_name(rdv.state), "completed");
+}
+END_TEST
+
+/* Every pair of states against the transitions rdv.h lists. */
+START_TEST(job_state_machine_is_the_documented_one)
+{
+    static const struct {
+        enum rdv_job_state from, to;
+    } listed[] = {
+        {RDV_WAITING, RDV_FORMING},       {RDV_WAITING, RDV_FAILED},        {RDV_WAITING, RDV_STOPPED},
+        {RDV_WAITING, RDV_RECOVERING},    {RDV_WAITING, RDV_COMPLETED},     {RDV_FORMING, RDV_RUNNING},
+        {RDV_FORMING, RDV_RECOVERING},    {RDV_RUNNING, RDV_RECOVERING},    {RDV_RECOVERING, RDV_RUNNING},
+        {RDV_RECOVERING, RDV_FORMING},    {RDV_RECOVERING, RDV_RECOVERING}, {RDV_FORMING, RDV_COMPLETED},
+        {RDV_RUNNING, RDV_COMPLETED},     {RDV_RECOVERING, RDV_COMPLETED},  {RDV_FORMING, RDV_STOPPED},
+        {RDV_RUNNING, RDV_STOPPED},       {RDV_RECOVERING, RDV_STOPPED},    {RDV_FORMING, RDV_FAILED},
+        {RDV_RUNNING, RDV_FAILED},        {RDV_RECOVERING, RDV_FAILED},
+    };
+    char said[512];
+    setup_spec(2, 3);
+    for (int from = RDV_WAITING; from <= RDV_FAILED; from++) {
+        for (int to = RDV_WAITING; to <= RDV_FAILED; to++) {
+            int want = 0;
+            for (size_t i = 0; i < sizeof(listed) / sizeof(listed[0]); i++)
+                want |= (int)listed[i].from == from && (int)listed[i].to == to;
+            rdv.state = (enum rdv_job_state)from; /* the test places the job; rdv itself only uses the setter */
+            int rc = set_state_said((enum rdv_job_state)to, said, sizeof(said));
+            ck_assert_msg(rc == (want ? 0 : -EINVAL), "%s -> %s: %d, want %d", rdv_job_state_name(from),
+                          rdv_job_state_name(to), rc, want ? 0 : -EINVAL);
+            ck_assert_str_eq(rdv_job_state_name(rdv.state), rdv_job_state_name(want ? to : from));
+        }
+    }
+}
+END_TEST
+
 /* rdv's per-state rank counters against a count of the rank table. */
 static void assert_counters_exact(void)
 {
@@ -2688,6 +2764,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, failure_streaks_back_off);
     tcase_add_test(tc, failures_are_classified);
     tcase_add_test(tc, restart_window_forgets_old_restarts);
+    tcase_add_test(tc, job_state_changes_only_along_the_machine);
+    tcase_add_test(tc, job_state_machine_is_the_documented_one);
     tcase_add_test(tc, rank_counters_follow_every_state_change);
     tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
     tcase_add_test(tc, node_lookup_by_name_survives_removals);
