@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,10 +73,7 @@ int rdv__set_state(struct rdv *r, enum rdv_job_state to)
     return 0;
 }
 
-static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
 {
     struct rdv_event *e = &r->events[r->nevents % RDV_EVENTS];
     struct timespec ts;
@@ -98,11 +94,11 @@ static void event(struct rdv *r, const char *kind, int node, int rank, const cha
 
 void rdv_note(struct rdv *r, const char *kind, const char *message)
 {
-    event(r, kind, -1, -1, "%s", message);
+    rdv__event(r, kind, -1, -1, "%s", message);
     r->ops.changed(r->ops.ctx, 0);
 }
 
-static int find_node(const struct rdv *r, const char *name)
+int rdv__find_node(const struct rdv *r, const char *name)
 {
     uintptr_t idx;
     return namemap_get(&r->byname, name, &idx) == 0 ? (int)idx : -1;
@@ -118,7 +114,7 @@ static void remove_node(struct rdv *r, uint32_t idx)
 }
 
 /* Every change of a rank's state goes through here, so nranks_in stays exact. */
-static void set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to)
+void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to)
 {
     r->nranks_in[rk->state]--;
     r->nranks_in[to]++;
@@ -138,7 +134,7 @@ static void send_command(struct rdv *r, uint32_t node, enum proto_command action
     send_to(r, node, &m);
 }
 
-static void changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
+void rdv__changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
 
 static uint32_t member_count(const struct rdv *r)
 {
@@ -193,7 +189,7 @@ static int layout_members(struct rdv *r)
 }
 
 /* (Re)builds the rank table from the members' blocks. */
-static int build_ranks(struct rdv *r)
+int rdv__build_ranks(struct rdv *r)
 {
     uint32_t world = 0;
     for (uint32_t i = 0; i < r->nnodes; i++)
@@ -254,7 +250,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     m.u.assign.term = r->term;
     send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
-        set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
+        rdv__set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
 }
 
 /* fitness_check, and an event for each node the plan newly finds unfit. */
@@ -267,7 +263,7 @@ static void check_plan(struct rdv *r, int candidates)
         return;
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (!was[i] && r->nodes[i].plan_unfit[0])
-            event(r, "node_unfit", (int)i, -1, "node %s is unfit: %s", r->nodes[i].name, r->nodes[i].plan_unfit);
+            rdv__event(r, "node_unfit", (int)i, -1, "node %s is unfit: %s", r->nodes[i].name, r->nodes[i].plan_unfit);
 }
 
 /*
@@ -335,13 +331,13 @@ static int members_agree(struct rdv *r, uint64_t now_ms)
         if (now_ms - r->checkpoint_wait_ms < (uint64_t)r->spec->heartbeat_timeout_ms) {
             snprintf(r->reason, sizeof(r->reason), "waiting for node %s to report its latest checkpoint "
                      "(checkpoint_latest)", nd->name);
-            changed(r, 0);
+            rdv__changed(r, 0);
             return 0;
         }
         /* its report went astray (a link that broke as the generation ended): not compared */
         nd->checkpoint_wanted = 0;
-        event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within %.1f s: "
-              "not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
+        rdv__event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within %.1f s: "
+                   "not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
     }
     r->checkpoint_wait_ms = 0;
     char what[PROTO_REASON_MAX - 160];
@@ -351,15 +347,15 @@ static int members_agree(struct rdv *r, uint64_t now_ms)
     }
     int ok = r->spec->checkpoint_diverged_ok;
     if (strcmp(r->diverged_said, what) != 0) {
-        event(r, "checkpoint_diverged", -1, -1, "checkpoint_dir differs between nodes: %s; %s", what,
-              ok ? "starting anyway (checkpoint_diverged_ok)" : "generation not started");
+        rdv__event(r, "checkpoint_diverged", -1, -1, "checkpoint_dir differs between nodes: %s; %s", what,
+                   ok ? "starting anyway (checkpoint_diverged_ok)" : "generation not started");
         snprintf(r->diverged_said, sizeof(r->diverged_said), "%s", what);
     }
     if (ok)
         return 1;
     snprintf(r->reason, sizeof(r->reason), "checkpoint_dir differs between nodes: %s; copy the latest checkpoint "
              "to every node (or set checkpoint_diverged_ok)", what);
-    changed(r, 0);
+    rdv__changed(r, 0);
     return 0;
 }
 
@@ -385,7 +381,7 @@ static int members_fit(struct rdv *r)
         if (!nd->member || fitness_ready(nd))
             continue;
         waiting_for_fitness(r, nd);
-        changed(r, 0);
+        rdv__changed(r, 0);
         return 0;
     }
     return 1;
@@ -431,9 +427,9 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
                  "waiting for node %s (rank 0) to find a free port for MASTER_PORT: every port of its "
                  "master_port_range is in use", n0->name);
         if (r->port_wait != RDV_PORT_WAIT_NONE_FREE)
-            event(r, "no_master_port", (int)r->ranks[0].node, 0, "%s", r->reason);
+            rdv__event(r, "no_master_port", (int)r->ranks[0].node, 0, "%s", r->reason);
         r->port_wait = RDV_PORT_WAIT_NONE_FREE;
-        changed(r, 0);
+        rdv__changed(r, 0);
         return;
     }
     if (n0->free_port == r->master_port && n0->free_port_gen < r->master_port_gen) {
@@ -441,7 +437,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
                  "waiting for node %s (rank 0) to report a free port for MASTER_PORT other than the last "
                  "generation's (%u)", n0->name, r->master_port);
         r->port_wait = RDV_PORT_WAIT_NEW;
-        changed(r, 0);
+        rdv__changed(r, 0);
         return;
     }
     r->port_wait = RDV_PORT_WAIT_NO;
@@ -461,9 +457,9 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     for (uint32_t i = 0; i < r->nnodes; i++) /* what they have changes as the generation runs */
         r->nodes[i].has_checkpoint = r->nodes[i].checkpoint_wanted = 0;
     r->checkpoint_wait_ms = 0;
-    event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
-          (unsigned long long)r->generation, r->world_size, nnodes);
-    changed(r, 1);
+    rdv__event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
+               (unsigned long long)r->generation, r->world_size, nnodes);
+    rdv__changed(r, 1);
 }
 
 /* Opens generation 1 with the first spec->nodes nodes to join. */
@@ -472,7 +468,7 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     for (uint32_t i = 0; i < r->nnodes; i++)
         r->nodes[i].member = fitness_ready(&r->nodes[i]);
     layout_members(r);
-    if (build_ranks(r))
+    if (rdv__build_ranks(r))
         return -ENOMEM;
     /* The world size is known now: a batch that cannot be split fails the job
      * here, before any rank starts, rather than in every rank at step 1. */
@@ -481,17 +477,17 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
         snprintf(r->reason, sizeof(r->reason), "%s", why);
         rdv__set_state(r, RDV_FAILED);
-        event(r, "job_failed", -1, -1, "job refused at formation: %s", why);
-        changed(r, 1);
+        rdv__event(r, "job_failed", -1, -1, "job refused at formation: %s", why);
+        rdv__changed(r, 1);
         return 0;
     }
     r->generation = 1;
     r->gen_opened_ms = now_ms;
     rdv__set_state(r, RDV_FORMING);
     r->reason[0] = '\0';
-    event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
-          member_count(r), r->world_size);
-    changed(r, 1);
+    rdv__event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
+               member_count(r), r->world_size);
+    rdv__changed(r, 1);
     try_start_generation(r, now_ms);
     return 0;
 }
@@ -501,7 +497,7 @@ static void settle_ranks(struct rdv *r)
 {
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state != RDV_RANK_COMPLETED && r->ranks[i].state != RDV_RANK_EXITED)
-            set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
+            rdv__set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
 }
 
 static void command_all(struct rdv *r, enum proto_command action)
@@ -518,9 +514,9 @@ static void fail_job(struct rdv *r, int node, int rank)
 {
     rdv__set_state(r, RDV_FAILED);
     r->resuming = 0;
-    event(r, "job_failed", node, rank, "%s", r->reason);
+    rdv__event(r, "job_failed", node, rank, "%s", r->reason);
     settle_ranks(r);
-    changed(r, 1);
+    rdv__changed(r, 1);
     stop_all(r);
 }
 
@@ -631,19 +627,19 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     proto_text_sanitize(r->reason);
     want_checkpoints(r, park);
     for (uint32_t i = 0; i < r->world_size; i++) {
-        set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
+        rdv__set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
         r->ranks[i].last_beat_ms = 0;
         r->ranks[i].yielded = 0;
     }
-    event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
-          (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts,
-          wait ? ", after a backoff" : "");
+    rdv__event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
+               (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts,
+               wait ? ", after a backoff" : "");
     if (wait)
-        event(r, "restart_backoff", node, rank, "generation %llu waits %.1f s: %s failure %u in a row",
-              (unsigned long long)r->generation, (double)wait / 1000.0, failure_class_name(cls), r->streak);
+        rdv__event(r, "restart_backoff", node, rank, "generation %llu waits %.1f s: %s failure %u in a row",
+                   (unsigned long long)r->generation, (double)wait / 1000.0, failure_class_name(cls), r->streak);
     r->restore_noted = 0;
     /* Persisted before any frame names the new generation (see rdv_ops.changed). */
-    changed(r, 1);
+    rdv__changed(r, 1);
     command_all(r, park ? PROTO_CMD_PARK : PROTO_CMD_STOP);
     try_start_generation(r, now_ms);
 }
@@ -679,8 +675,8 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
         json_decref(r->job);
         return -ENOMEM;
     }
-    event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
-          spec->nodes == 1 ? "" : "s");
+    rdv__event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
+               spec->nodes == 1 ? "" : "s");
     return 0;
 }
 
@@ -707,105 +703,10 @@ void rdv_free(struct rdv *r)
     r->job_text = NULL;
 }
 
-void rdv_save(const struct rdv *r, struct rdv_saved *out)
-{
-    /* Only the members in use are written: the table is large and this runs at every state change. */
-    memset(out, 0, offsetof(struct rdv_saved, members));
-    snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
-    /* A restored generation waiting for its members is kept as it was before
-     * the restart, so that another restart meanwhile restores it alike. */
-    out->state = r->resuming ? r->resume_to : r->state;
-    snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
-    out->generation = r->generation;
-    out->restarts = r->restarts;
-    out->world_size = r->world_size;
-    out->last_checkpoint_step = r->last_checkpoint_step;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (!r->nodes[i].member)
-            continue;
-        struct rdv_saved_member *m = &out->members[out->nmembers++];
-        snprintf(m->name, sizeof(m->name), "%s", r->nodes[i].name);
-        m->first_rank = r->nodes[i].first_rank;
-        m->ndevices = r->nodes[i].ndevices;
-    }
-}
-
-/*
- * After a daemon restart the members are known but not connected. A job
- * that was forming, running or recovering goes on in its generation: when
- * every member rejoins saying its ranks still run that generation, training
- * never noticed (a generation that was still forming then waits for its
- * ranks to report running, as in formation); a member that comes back
- * without them, or not in time, is a failure like any other.
- */
-int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
-{
-    if (s->nmembers > RDV_MAX_NODES)
-        return -EINVAL;
-    snprintf(r->reason, sizeof(r->reason), "%s", s->reason);
-    r->generation = s->generation;
-    r->restarts = s->restarts;
-    r->last_checkpoint_step = s->last_checkpoint_step;
-    r->nnodes = 0;
-    namemap_clear(&r->byname);
-    uint32_t world = 0;
-    for (uint32_t i = 0; i < s->nmembers; i++) {
-        if (find_node(r, s->members[i].name) >= 0)
-            return -EINVAL; /* a member named twice */
-        struct rdv_node *nd = &r->nodes[r->nnodes++];
-        memset(nd, 0, sizeof(*nd));
-        snprintf(nd->name, sizeof(nd->name), "%s", s->members[i].name);
-        nd->member = 1;
-        nd->first_rank = s->members[i].first_rank;
-        nd->ndevices = s->members[i].ndevices;
-        if (nd->ndevices == 0 || nd->ndevices > PROTO_MAX_LOCAL_RANKS)
-            return -EINVAL;
-        for (uint32_t l = 0; l < nd->ndevices; l++)
-            nd->devices[l] = l;
-        nd->state = RDV_NODE_LOST;
-        nd->last_seen_ms = now_ms;
-        world += nd->ndevices;
-        if (namemap_put(&r->byname, nd->name, r->nnodes - 1) != 0)
-            return -EINVAL;
-    }
-    if (world != s->world_size)
-        return -EINVAL;
-    /* Blocks must tile [0, world) exactly. */
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (r->nodes[i].first_rank + r->nodes[i].ndevices > world)
-            return -EINVAL;
-        for (uint32_t j = i + 1; j < r->nnodes; j++) {
-            const struct rdv_node *a = &r->nodes[i], *b = &r->nodes[j];
-            if (a->first_rank < b->first_rank + b->ndevices && b->first_rank < a->first_rank + a->ndevices)
-                return -EINVAL;
-        }
-    }
-    if (r->nnodes && build_ranks(r))
-        return -ENOMEM;
-    r->gen_opened_ms = now_ms;
-    if (s->state == RDV_FORMING || s->state == RDV_RUNNING) {
-        /* Ranks keep their generation until members tell us otherwise. */
-        for (uint32_t i = 0; i < r->world_size; i++)
-            set_rank_state(r, &r->ranks[i], RDV_RANK_STARTING);
-        r->resume_to = s->state;
-        rdv__set_state(r, RDV_RECOVERING);
-        r->resuming = 1;
-        snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
-    } else if (s->state != RDV_WAITING) { /* a fresh rdv is waiting already */
-        rdv__set_state(r, s->state);
-        /* Recovering: the failure was already paid for; this generation is assigned again once all are back. */
-        if (s->state == RDV_RECOVERING)
-            snprintf(r->reason, sizeof(r->reason), "daemon restarted during recovery; waiting for members to rejoin");
-    }
-    event(r, "state_restored", -1, -1, "restored job %s: %s, generation %llu, %u restarts, %u members",
-          s->job, job_state_names[s->state], (unsigned long long)s->generation, s->restarts, s->nmembers);
-    return 0;
-}
-
 static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
 
 /* A node that joined while the job was forming, recovering or resuming is taken now it runs. */
-static void grow_waiting(struct rdv *r, uint64_t now_ms)
+void rdv__grow_waiting(struct rdv *r, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
         if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
@@ -814,7 +715,7 @@ static void grow_waiting(struct rdv *r, uint64_t now_ms)
 
 /* A forming or recovering generation runs once every rank reports running
  * (or has finished); a restored one, not before every member is back. */
-static void check_running(struct rdv *r, uint64_t now_ms)
+void rdv__check_running(struct rdv *r, uint64_t now_ms)
 {
     if ((r->state != RDV_FORMING && r->state != RDV_RECOVERING) || r->resuming ||
         r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] != r->world_size)
@@ -831,45 +732,11 @@ static void check_running(struct rdv *r, uint64_t now_ms)
     hang_steps_new_generation(&r->steps);
     r->hang_due_ms = 0;
     r->reason[0] = '\0';
-    event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
-          (unsigned long long)r->generation, r->world_size, member_count(r),
-          (unsigned long long)(now_ms - r->gen_opened_ms));
-    changed(r, 1);
-    grow_waiting(r, now_ms);
-}
-
-/*
- * After a restore: every member back in the old generation means nothing
- * failed. A generation that ran before the restart runs on; one that was
- * still forming waits for its ranks to report running, as in formation
- * (check_running), its start_timeout_ms counted from now.
- */
-static void check_resumed(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (nd->member && (nd->state != RDV_NODE_JOINED || nd->reported_generation != r->generation))
-            return;
-    }
-    rdv__set_state(r, r->resume_to);
-    r->resuming = 0;
-    if (r->state == RDV_RUNNING) {
-        r->reason[0] = '\0';
-        event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu; training went on",
-              (unsigned long long)r->generation);
-        changed(r, 1);
-        grow_waiting(r, now_ms);
-        return;
-    }
-    r->assigned_ms = now_ms;
-    const uint32_t waiting = r->world_size - r->nranks_in[RDV_RANK_RUNNING] - r->nranks_in[RDV_RANK_COMPLETED];
-    snprintf(r->reason, sizeof(r->reason), "daemon restarted while generation %llu was forming; every member "
-             "rejoined, waiting for its ranks to report running", (unsigned long long)r->generation);
-    event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu, which was forming: waiting "
-          "for %u rank%s to report running (start_timeout_ms from now)", (unsigned long long)r->generation, waiting,
-          waiting == 1 ? "" : "s");
-    changed(r, 1);
-    check_running(r, now_ms);
+    rdv__event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
+               (unsigned long long)r->generation, r->world_size, member_count(r),
+               (unsigned long long)(now_ms - r->gen_opened_ms));
+    rdv__changed(r, 1);
+    rdv__grow_waiting(r, now_ms);
 }
 
 /*
@@ -897,9 +764,9 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
     const uint32_t floor = (uint32_t)(r->spec->min_nodes ? r->spec->min_nodes : r->spec->nodes);
     if (ready >= (uint32_t)r->spec->nodes || (ready >= floor && ready > 0 && waited)) {
         if (ready < (uint32_t)r->spec->nodes)
-            event(r, "forming_without", -1, -1, "forming with %u of %d nodes (min_nodes %u): %s stayed unfit for "
-                  "%.0f s (rejoin_timeout_ms)", ready, r->spec->nodes, floor, late->name,
-                  (double)r->spec->rejoin_timeout_ms / 1000.0);
+            rdv__event(r, "forming_without", -1, -1, "forming with %u of %d nodes (min_nodes %u): %s stayed unfit for "
+                       "%.0f s (rejoin_timeout_ms)", ready, r->spec->nodes, floor, late->name,
+                       (double)r->spec->rejoin_timeout_ms / 1000.0);
         form_first_generation(r, now_ms);
         return;
     }
@@ -979,14 +846,14 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
         nd->fitness = RDV_FIT_OK;
         nd->unfit_reason[0] = '\0';
         if (was == RDV_FIT_UNFIT)
-            event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
+            rdv__event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
     } else {
         /* the reason names the job's paths, which may hold any character: none reaches a terminal raw */
         char reason[sizeof(nd->unfit_reason)];
         snprintf(reason, sizeof(reason), "%s", p->reason);
         one_line(reason);
         if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, reason) != 0)
-            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
+            rdv__event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
         if (was != RDV_FIT_UNFIT)
             nd->unfit_since_ms = now_ms;
         nd->fitness = RDV_FIT_UNFIT;
@@ -997,7 +864,7 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
         try_start_generation(r, now_ms);
     else if (!nd->member && nd->state == RDV_NODE_JOINED)
         maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
-    changed(r, 0);
+    rdv__changed(r, 0);
 }
 
 /* The current generation's unique id, to a node that may have missed it. */
@@ -1064,7 +931,7 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
              char reason[PROTO_REASON_MAX])
 {
-    int idx = find_node(r, h->node);
+    int idx = rdv__find_node(r, h->node);
     /* A connected node whose agent names its session: the same agent on a new connection. */
     const int resumes = idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED && h->session &&
                         h->session == r->nodes[idx].session;
@@ -1073,7 +940,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         snprintf(code, 32, "duplicate");
         snprintf(reason, PROTO_REASON_MAX, "a node named %s is already connected (from %s)", h->node,
                  r->nodes[idx].addr);
-        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
+        rdv__event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
     if (idx >= 0 && r->nodes[idx].member && r->nodes[idx].ndevices != h->ndevices) {
@@ -1081,7 +948,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         snprintf(reason, PROTO_REASON_MAX,
                  "node %s holds a block of %u ranks in this job but came back with %u devices", h->node,
                  r->nodes[idx].ndevices, h->ndevices);
-        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
+        rdv__event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
     /* Before generation 1, the first spec->nodes names; after it, a new name
@@ -1091,7 +958,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         snprintf(code, 32, "full");
         snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
                  r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
-        event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
+        rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
     if (idx < 0) {
@@ -1128,19 +995,19 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
             r->ranks[nd->first_rank + l].device = nd->devices[l];
     }
     if (resumes)
-        event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s after its "
-              "last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
+        rdv__event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s after its "
+                   "last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
     else
-        event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
-              nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
-              nd->member ? " (rejoined its rank block)" : "");
+        rdv__event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
+                   nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
+                   nd->member ? " (rejoined its rank block)" : "");
     send_welcome(r, (uint32_t)idx);
 
     if (r->state == RDV_WAITING) {
         maybe_form(r, now_ms);
     } else if (r->resuming && nd->member) {
         if (h->generation == r->generation) {
-            check_resumed(r, now_ms);
+            rdv__check_resumed(r, now_ms);
         } else {
             char what[PROTO_REASON_MAX];
             snprintf(what, sizeof(what), "node %s rejoined the restarted daemon without its ranks", nd->name);
@@ -1152,7 +1019,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         maybe_grow(r, (uint32_t)idx, now_ms);
     }
     /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
-    changed(r, 0);
+    rdv__changed(r, 0);
     return 0;
 }
 
@@ -1188,7 +1055,7 @@ static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
         return;
     }
     layout_members(r);
-    if (build_ranks(r) != 0) {
+    if (rdv__build_ranks(r) != 0) {
         nd->member = 0;
         layout_members(r);
         return;
@@ -1202,9 +1069,9 @@ static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
     rdv__set_state(r, RDV_RECOVERING);
     snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
              before, r->world_size, member_count(r));
-    event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
+    rdv__event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
     /* Persisted before any frame names the new generation (see rdv_ops.changed). */
-    changed(r, 1);
+    rdv__changed(r, 1);
     command_all(r, PROTO_CMD_PARK);
     try_start_generation(r, now_ms);
 }
@@ -1249,8 +1116,8 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
     struct batch_plan plan;
     char why[PROTO_REASON_MAX];
     if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
-        event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
-              world, why);
+        rdv__event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
+                   world, why);
         return;
     }
     if (!all_rejoin(r)) {
@@ -1262,9 +1129,9 @@ static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
     r->yield_since_ms = now_ms;
     snprintf(r->reason, sizeof(r->reason), "node %s joined: the ranks of generation %llu leave it at the next step "
              "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
-    event(r, "job_growing", (int)idx, -1, "%s", r->reason);
+    rdv__event(r, "job_growing", (int)idx, -1, "%s", r->reason);
     command_all(r, PROTO_CMD_YIELD);
-    changed(r, 0);
+    rdv__changed(r, 0);
 }
 
 /* The ranks left the generation at a step boundary (or the wait is over):
@@ -1279,9 +1146,9 @@ static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
     const int waited = r->yielding;
     r->yielding = 0;
     if (timed_out)
-        event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
-              "%.1f s: the step in flight is given up", (unsigned long long)r->generation,
-              (double)yield_wait_ms(r) / 1000.0);
+        rdv__event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
+                   "%.1f s: the step in flight is given up", (unsigned long long)r->generation,
+                   (double)yield_wait_ms(r) / 1000.0);
     if (idx < r->nnodes && !r->nodes[idx].member && r->nodes[idx].state == RDV_NODE_JOINED &&
         fitness_ready(&r->nodes[idx]) && member_count(r) < (uint32_t)r->spec->nodes) {
         grow_now(r, idx, now_ms);
@@ -1305,27 +1172,27 @@ static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_b
     r->restore_step = b->restore_step;
     switch (b->restore_from) {
     case PROTO_RESTORE_MEMORY:
-        event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving ranks "
-              "kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
+        rdv__event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving ranks "
+                   "kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
         break;
     case PROTO_RESTORE_DISK:
         if (g > 1)
-            event(r, "state_from_checkpoint", (int)node, 0, "generation %llu resumed at step %llu from the last "
-                  "committed checkpoint: no step was held in memory for every rank (a rank and the peer holding its "
-                  "replica were both lost, or replicate_every is 0)", g, step);
+            rdv__event(r, "state_from_checkpoint", (int)node, 0, "generation %llu resumed at step %llu from the last "
+                       "committed checkpoint: no step was held in memory for every rank (a rank and the peer holding its "
+                       "replica were both lost, or replicate_every is 0)", g, step);
         else
-            event(r, "state_from_checkpoint", (int)node, 0, "generation 1 resumed at step %llu from the last "
-                  "committed checkpoint", step);
+            rdv__event(r, "state_from_checkpoint", (int)node, 0, "generation 1 resumed at step %llu from the last "
+                       "committed checkpoint", step);
         break;
     case PROTO_RESTORE_SEED:
         if (g > 1)
-            event(r, "state_from_seed", (int)node, 0, "generation %llu started over from step 0: no step was held "
-                  "in memory for every rank and there is no committed checkpoint", g);
+            rdv__event(r, "state_from_seed", (int)node, 0, "generation %llu started over from step 0: no step was held "
+                       "in memory for every rank and there is no committed checkpoint", g);
         break;
     default:
         break;
     }
-    changed(r, 0);
+    rdv__changed(r, 0);
 }
 
 /*
@@ -1370,9 +1237,9 @@ static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_ran
 {
     note_progress(r, rk, b, now_ms);
     switch (b->state) {
-    case PROTO_RANK_STARTING: set_rank_state(r, rk, RDV_RANK_STARTING); break;
-    case PROTO_RANK_RUNNING: set_rank_state(r, rk, RDV_RANK_RUNNING); break;
-    case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
+    case PROTO_RANK_STARTING: rdv__set_rank_state(r, rk, RDV_RANK_STARTING); break;
+    case PROTO_RANK_RUNNING: rdv__set_rank_state(r, rk, RDV_RANK_RUNNING); break;
+    case PROTO_RANK_STOPPING: rdv__set_rank_state(r, rk, RDV_RANK_STOPPING); break;
     case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
     }
     if (b->stopped && !rk->stopped)
@@ -1431,9 +1298,9 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
             continue;
         if (b->rank == 0 && b->checkpoint_step && (int64_t)b->checkpoint_step > r->last_checkpoint_step) {
             r->last_checkpoint_step = (int64_t)b->checkpoint_step;
-            event(r, "checkpoint_committed", (int)node, 0, "checkpoint of step %llu committed",
-                  (unsigned long long)b->checkpoint_step);
-            changed(r, 1);
+            rdv__event(r, "checkpoint_committed", (int)node, 0, "checkpoint of step %llu committed",
+                       (unsigned long long)b->checkpoint_step);
+            rdv__changed(r, 1);
         }
         if (b->rank == 0 && b->restore_from != PROTO_RESTORE_NONE && !r->restore_noted)
             note_restore(r, node, b);
@@ -1443,7 +1310,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         finish_yield(r, now_ms, 0);
         return;
     }
-    check_running(r, now_ms);
+    rdv__check_running(r, now_ms);
 }
 
 static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)
@@ -1463,8 +1330,8 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
             send_unique_id(r, i);
-    event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
-          (unsigned long long)r->generation, member_count(r));
+    rdv__event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
+               (unsigned long long)r->generation, member_count(r));
 }
 
 static void record_failure(struct rdv *r, const struct rdv_node *nd, const struct proto_rank_exit *x,
@@ -1494,25 +1361,25 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         return; /* told again by an agent that could not know it was read (a resumed session) */
     describe_exit(how, sizeof(how), x->exit_code, x->signal);
     if (x->signal == 0 && x->exit_code == 0) {
-        set_rank_state(r, rk, RDV_RANK_COMPLETED);
+        rdv__set_rank_state(r, rk, RDV_RANK_COMPLETED);
         if (rk->silent)
-            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished", x->rank, nd->name);
+            rdv__event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished", x->rank, nd->name);
         else
-            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
-                  nd->name, (unsigned long long)rk->step);
+            rdv__event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
+                       nd->name, (unsigned long long)rk->step);
         if (r->nranks_in[RDV_RANK_COMPLETED] != r->world_size) {
-            changed(r, 0);
+            rdv__changed(r, 0);
             return;
         }
         rdv__set_state(r, RDV_COMPLETED);
         r->resuming = 0; /* every rank finished while a member was still awaited after a restart */
         r->reason[0] = '\0';
-        event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
-              r->spec->name, (unsigned long long)r->generation, r->restarts, r->restarts == 1 ? "" : "s");
-        changed(r, 1);
+        rdv__event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
+                   r->spec->name, (unsigned long long)r->generation, r->restarts, r->restarts == 1 ? "" : "s");
+        rdv__changed(r, 1);
         return;
     }
-    set_rank_state(r, rk, RDV_RANK_EXITED);
+    rdv__set_rank_state(r, rk, RDV_RANK_EXITED);
     enum failure_class cls = failure_classify(x);
     record_failure(r, nd, x, how, cls);
     if (x->reason[0])
@@ -1521,9 +1388,9 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
     proto_text_sanitize(what);
     if (rk->silent || rk->last_beat_ms == 0) /* its step is unknown */
-        event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
+        rdv__event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
-        event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
+        rdv__event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
     open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
 }
 
@@ -1535,7 +1402,7 @@ static void finish_hang(struct rdv *r, uint64_t now_ms);
 
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
 {
-    int idx = find_node(r, name);
+    int idx = rdv__find_node(r, name);
     uint64_t gen = 0;
 
     if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
@@ -1548,7 +1415,7 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
     case PROTO_UNIQUE_ID: gen = m->u.unique_id.generation; break;
     case PROTO_RANK_EXIT: gen = m->u.rank_exit.generation; break;
     case PROTO_ERROR:
-        event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
+        rdv__event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
         return;
     case PROTO_PREFLIGHT:
         on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
@@ -1566,8 +1433,8 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         const struct rdv_node *nd = &r->nodes[idx];
         if (nd->member && x->rank >= nd->first_rank && x->rank < nd->first_rank + nd->ndevices &&
             r->ranks[x->rank].state != RDV_RANK_COMPLETED) {
-            set_rank_state(r, &r->ranks[x->rank], RDV_RANK_EXITED);
-            changed(r, 0);
+            rdv__set_rank_state(r, &r->ranks[x->rank], RDV_RANK_EXITED);
+            rdv__changed(r, 0);
         }
         return;
     }
@@ -1587,7 +1454,7 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
     else
         on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
-    changed(r, 0);
+    rdv__changed(r, 0);
 }
 
 /* A node is gone: forget it before formation, fail its generation after. */
@@ -1597,26 +1464,26 @@ static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now
     char what[PROTO_REASON_MAX];
 
     nd->state = RDV_NODE_LOST;
-    event(r, "node_lost", (int)idx, -1, "node %s lost: %s", nd->name, why);
+    rdv__event(r, "node_lost", (int)idx, -1, "node %s lost: %s", nd->name, why);
     if (!nd->member) {
         if (r->state == RDV_WAITING)
             remove_node(r, idx);
-        changed(r, 0);
+        rdv__changed(r, 0);
         return;
     }
     if (rdv_terminal(r)) {
-        changed(r, 0);
+        rdv__changed(r, 0);
         return;
     }
     if (r->resuming) {
-        changed(r, 0);
+        rdv__changed(r, 0);
         return;
     }
     snprintf(what, sizeof(what), "node %s lost: %s", nd->name, why);
     /* Already recovering and nothing assigned yet: the same failure continues. */
     if (r->state == RDV_RECOVERING && r->ranks[nd->first_rank].state == RDV_RANK_PENDING) {
         try_start_generation(r, now_ms);
-        changed(r, 1);
+        rdv__changed(r, 1);
         return;
     }
     fail_generation(r, now_ms, (int)idx, -1, what);
@@ -1624,7 +1491,7 @@ static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now
 
 void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t now_ms)
 {
-    int idx = find_node(r, name);
+    int idx = rdv__find_node(r, name);
     if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
         return;
     node_lost(r, (uint32_t)idx, why, now_ms);
@@ -1694,7 +1561,7 @@ static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x
     e->stopped = x->stopped;
     snprintf(e->error, sizeof(e->error), "%s", x->error);
     k->version++;
-    changed(r, 0);
+    rdv__changed(r, 0);
 }
 
 /* One line per group of ranks in the same place, into out: "rank 3 (node b,
@@ -1773,9 +1640,9 @@ static void finish_hang(struct rdv *r, uint64_t now_ms)
     f->cls = (int)FAILURE_EXIT;
     snprintf(f->reason, sizeof(f->reason), "%s", r->hang_what);
     rdv__stacks_summary(r, f->detail, sizeof(f->detail));
-    event(r, "rank_hung", r->hang_node, r->hang_rank, "%s", r->hang_what);
+    rdv__event(r, "rank_hung", r->hang_node, r->hang_rank, "%s", r->hang_what);
     if (f->detail[0])
-        event(r, "rank_stacks", r->hang_node, r->hang_rank, "%s", f->detail);
+        rdv__event(r, "rank_stacks", r->hang_node, r->hang_rank, "%s", f->detail);
     fail_generation(r, now_ms, r->hang_node, r->hang_rank, r->hang_what);
 }
 
@@ -1898,7 +1765,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     }
     uint32_t before = r->world_size;
     layout_members(r);
-    if (build_ranks(r) != 0)
+    if (rdv__build_ranks(r) != 0)
         return;
     struct batch_plan plan;
     char why[PROTO_REASON_MAX];
@@ -1909,12 +1776,12 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     }
     snprintf(what, sizeof(what), "%s did not rejoin within %.0f s: shrinking from %u to %u ranks on %u nodes", names,
              (double)r->spec->rejoin_timeout_ms / 1000.0, before, r->world_size, present);
-    event(r, "job_shrunk", -1, -1, "%s", what);
+    rdv__event(r, "job_shrunk", -1, -1, "%s", what);
     r->generation++;
     r->gen_opened_ms = now_ms;
     r->assigned_ms = 0;
     snprintf(r->reason, sizeof(r->reason), "%s", what);
-    changed(r, 1);
+    rdv__changed(r, 1);
     try_start_generation(r, now_ms);
 }
 
@@ -1985,10 +1852,10 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         rdv__set_state(r, RDV_STOPPED);
         r->resuming = 0; /* members still awaited after a restart bring nothing back */
         snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
-        event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
+        rdv__event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
         settle_ranks(r);
         stop_all(r);
-        changed(r, 1);
+        rdv__changed(r, 1);
         return 0;
     case RDV_ADMIN_RESTART:
         if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
@@ -2004,9 +1871,9 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         for (uint32_t i = 0; i < r->nnodes; i++)
             if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
                 send_command(r, i, PROTO_CMD_CHECKPOINT);
-        event(r, "checkpoint_requested", -1, -1,
-              "checkpoint requested by an administrator: taken at the next step boundary");
-        changed(r, 0);
+        rdv__event(r, "checkpoint_requested", -1, -1,
+                   "checkpoint requested by an administrator: taken at the next step boundary");
+        rdv__changed(r, 0);
         return 0;
     case RDV_ADMIN_STACKS:
         if (r->state != RDV_RUNNING && r->state != RDV_FORMING)
@@ -2015,12 +1882,12 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
             return 0; /* a hang's stacks are being collected: that set answers */
         if (ask_stacks(r) != 0)
             return -ENOMEM;
-        event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
-              (unsigned long long)r->generation);
-        changed(r, 0);
+        rdv__event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
+                   (unsigned long long)r->generation);
+        rdv__changed(r, 0);
         return 0;
     case RDV_ADMIN_DRAIN: {
-        int idx = name ? find_node(r, name) : -1;
+        int idx = name ? rdv__find_node(r, name) : -1;
         if (idx < 0)
             return -ENOENT;
         struct rdv_node *nd = &r->nodes[idx];
@@ -2031,10 +1898,10 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
             r->ops.disconnect(r->ops.ctx, nd->name, "drained");
         }
         nd->state = RDV_NODE_LEFT;
-        event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
+        rdv__event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
         if (r->state == RDV_WAITING)
             remove_node(r, (uint32_t)idx);
-        changed(r, 1);
+        rdv__changed(r, 1);
         return 0;
     }
     }

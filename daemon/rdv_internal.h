@@ -18,6 +18,17 @@
  * machine (rdv.h) is made and logged at debug; any other is refused, logged
  * as an error, and r->state kept. Returns 0 or -EINVAL. */
 int rdv__set_state(struct rdv *r, enum rdv_job_state to);
+void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int rdv__find_node(const struct rdv *r, const char *name);
+void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to);
+void rdv__changed(struct rdv *r, int persist);
+int rdv__build_ranks(struct rdv *r);
+void rdv__grow_waiting(struct rdv *r, uint64_t now_ms);
+void rdv__check_running(struct rdv *r, uint64_t now_ms);
 void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap);
+
+/* rdv_resume.c: a restored generation */
+void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
 
 #endif
