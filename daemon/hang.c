@@ -1,13 +1,10 @@
-/* daemon/hang.c: the progress timeout that fits the job, and naming a hung rank (see hang.h). */
+/* daemon/hang.c: the progress timeout that fits the job, and rank lists as ranges (see hang.h). */
 #include "daemon/hang.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-#include "daemon/rdv.h"
 
 void hang_steps_new_generation(struct hang_steps *h)
 {
@@ -129,144 +126,4 @@ size_t hang_ranges(char *out, size_t cap, const uint32_t *ranks, uint32_t n)
         i = j + 1;
     }
     return len;
-}
-
-int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms)
-{
-    const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
-    const struct rdv_rank *rk = &r->ranks[i];
-    return rk->state == RDV_RANK_RUNNING && !rk->silent && rk->last_beat_ms && now_ms - rk->last_beat_ms > quiet &&
-           now_ms - r->nodes[rk->node].last_seen_ms <= quiet;
-}
-
-/* The running ranks inside a collective, and the call the lowest of them is in. */
-static uint32_t waiting_ranks(const struct rdv *r, uint32_t *out, const char **call)
-{
-    uint32_t n = 0;
-    *call = NULL;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state != RDV_RANK_RUNNING || !rk->waiting[0] || rk->stopped)
-            continue;
-        if (!*call)
-            *call = rk->waiting;
-        out[n++] = i;
-    }
-    return n;
-}
-
-/* "; ranks 0-2 wait in all_reduce (distributed_c10d.py)" when some do. */
-static void waiting_tail(const struct rdv *r, char *out, size_t cap, uint32_t *scratch)
-{
-    const char *call;
-    uint32_t n = waiting_ranks(r, scratch, &call);
-    out[0] = '\0';
-    if (n == 0)
-        return;
-    char ranks[160];
-    hang_ranges(ranks, sizeof(ranks), scratch, n);
-    snprintf(out, cap, "; %s %s in %s", ranks, n == 1 ? "waits" : "wait", call);
-}
-
-/* " at train.py:88 in compute_loss" when the rank said where it is. */
-static void at(const struct rdv_rank *rk, char *out, size_t cap)
-{
-    if (rk->where[0])
-        snprintf(out, cap, " at %s", rk->where);
-    else
-        out[0] = '\0';
-}
-
-void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_t limit_ms, uint32_t *culprit,
-                   char *what, size_t cap)
-{
-    uint32_t *scratch = malloc((size_t)r->world_size * sizeof(uint32_t));
-    uint32_t *others = malloc((size_t)r->world_size * sizeof(uint32_t));
-    const struct rdv_rank *st = &r->ranks[stuck];
-    char tail[320], where[PROTO_WHERE_MAX + 8], timing[96];
-    snprintf(timing, sizeof(timing), "every rank stuck at step %llu for %.1f s (progress timeout %.1f s)",
-             (unsigned long long)st->step, (double)(now_ms - st->progress_ms) / 1000.0, (double)limit_ms / 1000.0);
-    if (!scratch || !others) { /* out of memory: the plain wording, no lists */
-        *culprit = stuck;
-        snprintf(what, cap, "rank %u on node %s is hung: %s", stuck, r->nodes[st->node].name, timing);
-        free(scratch);
-        free(others);
-        return;
-    }
-    waiting_tail(r, tail, sizeof(tail), scratch);
-
-    /* (a) a process seen stopped */
-    uint32_t nstopped = 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].stopped)
-            others[nstopped++] = i;
-    if (nstopped) {
-        const struct rdv_rank *q = &r->ranks[others[0]];
-        *culprit = others[0];
-        at(q, where, sizeof(where));
-        if (nstopped == 1) {
-            snprintf(what, cap, "rank %u on node %s is hung: its process is stopped (SIGSTOP or a debugger)%s%s; %s",
-                     others[0], r->nodes[q->node].name, where, tail, timing);
-        } else {
-            char ranks[160];
-            hang_ranges(ranks, sizeof(ranks), others, nstopped);
-            snprintf(what, cap, "%s are hung: their processes are stopped (SIGSTOP or a debugger; rank %u on node "
-                     "%s%s)%s; %s", ranks, others[0], r->nodes[q->node].name, where, tail, timing);
-        }
-        goto done;
-    }
-    /* (b) quiet: its agent stopped hearing from it while the node beats */
-    uint32_t quietest = r->world_size;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (hang_rank_quiet(r, i, now_ms) &&
-            (quietest == r->world_size || r->ranks[i].last_beat_ms < r->ranks[quietest].last_beat_ms))
-            quietest = i;
-    if (quietest < r->world_size) {
-        const struct rdv_rank *q = &r->ranks[quietest];
-        *culprit = quietest;
-        at(q, where, sizeof(where));
-        snprintf(what, cap, "rank %u on node %s is hung: no heartbeat from it for %.1f s while its node answers%s, "
-                 "and %s%s", quietest, r->nodes[q->node].name, (double)(now_ms - q->last_beat_ms) / 1000.0, where,
-                 timing, tail);
-        goto done;
-    }
-    /* (c) outside any collective while others wait in one */
-    const char *call;
-    uint32_t nwait = waiting_ranks(r, scratch, &call), nout = 0;
-    if (nwait) {
-        for (uint32_t i = 0; i < r->world_size; i++)
-            if (r->ranks[i].state == RDV_RANK_RUNNING && !r->ranks[i].silent && !r->ranks[i].waiting[0])
-                others[nout++] = i;
-    }
-    if (nwait && nout) {
-        const struct rdv_rank *q = &r->ranks[others[0]];
-        *culprit = others[0];
-        char waiters[160];
-        hang_ranges(waiters, sizeof(waiters), scratch, nwait);
-        if (q->where[0])
-            snprintf(where, sizeof(where), "at %s", q->where);
-        else
-            snprintf(where, sizeof(where), "where is not known");
-        if (nout == 1) {
-            snprintf(what, cap, "rank %u on node %s is hung: it is not in a collective (%s) while %s %s in %s; %s",
-                     others[0], r->nodes[q->node].name, where, waiters, nwait == 1 ? "waits" : "wait", call, timing);
-        } else {
-            char ranks[160];
-            hang_ranges(ranks, sizeof(ranks), others, nout);
-            snprintf(what, cap, "%s are hung: not in a collective (rank %u on node %s %s) while %s %s in %s; %s",
-                     ranks, others[0], r->nodes[q->node].name, where, waiters, nwait == 1 ? "waits" : "wait", call,
-                     timing);
-        }
-        goto done;
-    }
-    /* (d) the rank found stuck */
-    *culprit = stuck;
-    at(st, where, sizeof(where));
-    snprintf(what, cap, "rank %u on node %s is hung: stuck at step %llu for %.1f s (progress timeout %.1f s)%s%s",
-             stuck, r->nodes[st->node].name, (unsigned long long)st->step,
-             (double)(now_ms - st->progress_ms) / 1000.0, (double)limit_ms / 1000.0, st->waiting[0] ? "" : where,
-             tail);
-done:
-    free(scratch);
-    free(others);
 }

@@ -1,5 +1,6 @@
 /*
- * hang: what musterd needs to call a job hung and to name the right rank.
+ * hang: what musterd needs to call a job hung: the progress timeout, and
+ * the ranks it names as ranges (daemon/rdv_hang.c finds and names them).
  *
  * The progress timeout that fits the job (progress_timeout_ms absent or
  * "auto"): until the generation has seen HANG_JUDGE_STEPS steps, a start
@@ -9,12 +10,6 @@
  * times the longest step seen after the first ones, in any generation. Step
  * times are what the ranks measured (`step_s`), or else the time between
  * two of a rank's step changes.
- *
- * Naming (hang_describe): a rank whose process is stopped, else a quiet
- * one (no heartbeat entry for three intervals while its node beats), else
- * the ranks not inside a collective while others wait in one, else the
- * rank found stuck; with where each is and the ranks waiting as ranges
- * ("ranks 0-2, 5").
  */
 #ifndef MUSTER_DAEMON_HANG_H
 #define MUSTER_DAEMON_HANG_H
@@ -57,18 +52,5 @@ double hang_median_step_s(const struct hang_steps *h);
 /* "rank 3" or "ranks 0-2, 5" for ranks[0..n) (ascending) into out; a list
  * too long for out ends in ", ...". Returns strlen(out). */
 size_t hang_ranges(char *out, size_t cap, const uint32_t *ranks, uint32_t n);
-
-struct rdv;
-/*
- * Says which rank of r is hung, now that rank stuck (running, its step
- * still for limit_ms) was found: *culprit (the rank to fail the generation
- * for) and the sentence into what.
- */
-void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_t limit_ms, uint32_t *culprit,
-                   char *what, size_t cap);
-
-/* Whether rank i of r is quiet: running and reporting, but no heartbeat
- * entry from it for three intervals while its node beats. */
-int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms);
 
 #endif

@@ -126,7 +126,7 @@ static void send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
     r->ops.send(r->ops.ctx, r->nodes[node].name, m);
 }
 
-static void send_command(struct rdv *r, uint32_t node, enum proto_command action)
+void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action)
 {
     struct proto_msg m; /* sent to each node in turn: only the command is written, not the whole union */
     m.type = PROTO_COMMAND;
@@ -504,7 +504,7 @@ static void command_all(struct rdv *r, enum proto_command action)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_command(r, i, action);
+            rdv__send_command(r, i, action);
 }
 
 static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
@@ -644,7 +644,7 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     try_start_generation(r, now_ms);
 }
 
-static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
+void rdv__fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
 {
     open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT, 1);
 }
@@ -680,18 +680,9 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     return 0;
 }
 
-static void stacks_clear(struct rdv_stacks *k)
-{
-    for (uint32_t i = 0; i < k->nranks; i++)
-        free(k->ranks[i].text);
-    free(k->ranks);
-    k->ranks = NULL;
-    k->nranks = k->nanswered = 0;
-}
-
 void rdv_free(struct rdv *r)
 {
-    stacks_clear(&r->stacks);
+    rdv__stacks_clear(&r->stacks);
     free(r->ranks);
     r->ranks = NULL;
     free(r->restart_times);
@@ -925,7 +916,7 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
     char what[PROTO_REASON_MAX];
     snprintf(what, sizeof(what), "node %s came back without its ranks of generation %llu", nd->name,
              (unsigned long long)r->generation);
-    fail_generation(r, now_ms, (int)idx, -1, what);
+    rdv__fail_generation(r, now_ms, (int)idx, -1, what);
 }
 
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
@@ -1011,7 +1002,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         } else {
             char what[PROTO_REASON_MAX];
             snprintf(what, sizeof(what), "node %s rejoined the restarted daemon without its ranks", nd->name);
-            fail_generation(r, now_ms, idx, -1, what);
+            rdv__fail_generation(r, now_ms, idx, -1, what);
         }
     } else if (nd->member && !rdv_terminal(r)) {
         member_back(r, (uint32_t)idx, h->generation, now_ms);
@@ -1394,12 +1385,6 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
     open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
 }
 
-static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
-
-static int stacks_complete(const struct rdv *r);
-
-static void finish_hang(struct rdv *r, uint64_t now_ms);
-
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
 {
     int idx = rdv__find_node(r, name);
@@ -1421,9 +1406,9 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
     case PROTO_STACKS:
-        on_stacks(r, (uint32_t)idx, &m->u.stacks);
-        if (r->hang_pending && stacks_complete(r))
-            finish_hang(r, now_ms);
+        rdv__on_stacks(r, (uint32_t)idx, &m->u.stacks);
+        if (r->hang_pending && rdv__stacks_complete(r))
+            rdv__finish_hang(r, now_ms);
         return;
     default:
         return; /* LOG_DATA: the node is heard, nothing more here */
@@ -1486,7 +1471,7 @@ static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now
         rdv__changed(r, 1);
         return;
     }
-    fail_generation(r, now_ms, (int)idx, -1, what);
+    rdv__fail_generation(r, now_ms, (int)idx, -1, what);
 }
 
 void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t now_ms)
@@ -1495,216 +1480,6 @@ void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t
     if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
         return;
     node_lost(r, (uint32_t)idx, why, now_ms);
-}
-
-/* How long rank rk's step has stood still. A rank that times its own
- * steps (step_age_ms) is judged as of its latest entry, by its own clock,
- * while its entries come (a step seen late is not a stall); by now once it
- * is quiet, and a rank that does not time them by now. */
-static uint64_t stalled_ms(const struct rdv *r, const struct rdv_rank *rk, uint64_t now_ms)
-{
-    const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
-    uint64_t as_of = rk->timed && rk->entry_ms && now_ms - rk->entry_ms <= quiet ? rk->entry_ms : now_ms;
-    return as_of > rk->progress_ms ? as_of - rk->progress_ms : 0;
-}
-
-/* Asks every member node for its ranks' stacks (COMMAND stacks): the set
- * of r->stacks starts over for the current generation. */
-static int ask_stacks(struct rdv *r)
-{
-    struct rdv_stacks *k = &r->stacks;
-    stacks_clear(k);
-    if (!(k->ranks = calloc(r->world_size ? r->world_size : 1, sizeof(*k->ranks))))
-        return -ENOMEM;
-    k->nranks = r->world_size;
-    k->generation = r->generation;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    k->wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    k->version++;
-    k->asked++;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_command(r, i, PROTO_CMD_STACKS);
-    return 0;
-}
-
-/* Every running rank of the generation asked for has answered. */
-static int stacks_complete(const struct rdv *r)
-{
-    const struct rdv_stacks *k = &r->stacks;
-    if (k->generation != r->generation || k->nranks != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state == RDV_RANK_RUNNING && !k->ranks[i].answered)
-            return 0;
-    return 1;
-}
-
-static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
-{
-    struct rdv_stacks *k = &r->stacks;
-    const struct rdv_node *nd = &r->nodes[node];
-    if (x->generation != k->generation || x->rank >= k->nranks || !nd->member || x->rank < nd->first_rank ||
-        x->rank >= nd->first_rank + nd->ndevices)
-        return;
-    struct rdv_stack *e = &k->ranks[x->rank];
-    char *text = NULL;
-    if (x->text && x->text[0] && !(text = strdup(x->text)))
-        return;
-    free(e->text);
-    e->text = text;
-    if (!e->answered)
-        k->nanswered++;
-    e->answered = 1;
-    e->pid = x->pid;
-    e->stopped = x->stopped;
-    snprintf(e->error, sizeof(e->error), "%s", x->error);
-    k->version++;
-    rdv__changed(r, 0);
-}
-
-/* One line per group of ranks in the same place, into out: "rank 3 (node b,
- * pid 1234, stopped): train.py:88 in compute_loss", "ranks 0-2: waiting in
- * all_reduce (...)", "rank 1: no stack: <its error>". From what the ranks
- * said in their heartbeats and what their STACKS said. */
-void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap)
-{
-    size_t len = 0;
-    uint32_t *group = malloc((size_t)r->world_size * sizeof(uint32_t));
-    char *done = calloc(r->world_size ? r->world_size : 1, 1);
-    out[0] = '\0';
-    if (!group || !done) {
-        free(group);
-        free(done);
-        return;
-    }
-    const struct rdv_stacks *k = &r->stacks;
-    int have = k->generation == r->generation && k->nranks == r->world_size;
-    for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
-        if (done[i])
-            continue;
-        char line[PROTO_REASON_MAX + PROTO_WHERE_MAX + 200];
-        if (rk->stopped || (e && e->stopped) || (!rk->waiting[0] && rk->where[0])) {
-            /* a rank of its own: stopped, or busy outside a collective */
-            snprintf(line, sizeof(line), "rank %u (node %s%s%.0u%s): %s%s%s\n", i, r->nodes[rk->node].name,
-                     e && e->pid ? ", pid " : "", e && e->pid ? e->pid : 0, rk->stopped || (e && e->stopped) ?
-                     ", stopped" : "", rk->where[0] ? rk->where : "where is not known",
-                     e && !e->text && e->error[0] ? "; no stack: " : "", e && !e->text ? e->error : "");
-            done[i] = 1;
-        } else {
-            /* the ranks in the same call (or in the same unknown place) */
-            uint32_t n = 0;
-            for (uint32_t j = i; j < r->world_size; j++) {
-                const struct rdv_rank *o = &r->ranks[j];
-                if (!done[j] && !o->stopped && !(have && k->ranks[j].stopped) && (o->waiting[0] || !o->where[0]) &&
-                    strcmp(o->waiting, rk->waiting) == 0) {
-                    group[n++] = j;
-                    done[j] = 1;
-                }
-            }
-            char ranks[200];
-            hang_ranges(ranks, sizeof(ranks), group, n);
-            if (rk->waiting[0])
-                snprintf(line, sizeof(line), "%s: waiting in %s\n", ranks, rk->waiting);
-            else
-                snprintf(line, sizeof(line), "%s: where is not known (no report of it%s%s)\n", ranks,
-                         e && !e->text && e->error[0] ? "; " : "", e && !e->text ? e->error : "");
-        }
-        size_t n = strlen(line);
-        if (len + n >= cap)
-            break;
-        memcpy(out + len, line, n + 1);
-        len += n;
-    }
-    if (len && out[len - 1] == '\n')
-        out[--len] = '\0';
-    proto_text_sanitize(out);
-    free(group);
-    free(done);
-}
-
-/* The hung generation's stacks came (or their wait ran out): fail it, with
- * where each rank was in the event and in last_failure. */
-static void finish_hang(struct rdv *r, uint64_t now_ms)
-{
-    r->hang_pending = 0;
-    struct rdv_failure *f = &r->last_failure;
-    memset(f, 0, sizeof(*f));
-    f->generation = r->generation;
-    f->rank = (uint32_t)r->hang_rank;
-    snprintf(f->node, sizeof(f->node), "%s", r->nodes[r->hang_node].name);
-    snprintf(f->how, sizeof(f->how), "is hung");
-    f->cls = (int)FAILURE_EXIT;
-    snprintf(f->reason, sizeof(f->reason), "%s", r->hang_what);
-    rdv__stacks_summary(r, f->detail, sizeof(f->detail));
-    rdv__event(r, "rank_hung", r->hang_node, r->hang_rank, "%s", r->hang_what);
-    if (f->detail[0])
-        rdv__event(r, "rank_stacks", r->hang_node, r->hang_rank, "%s", f->detail);
-    fail_generation(r, now_ms, r->hang_node, r->hang_rank, r->hang_what);
-}
-
-/* A hung rank found: ask for the stacks first, so that they are dumped
- * before the ranks are stopped; finish_hang fails the generation. */
-static void found_hung(struct rdv *r, uint32_t stuck, uint64_t limit, uint64_t now_ms)
-{
-    uint32_t culprit = stuck;
-    hang_describe(r, stuck, now_ms, limit, &culprit, r->hang_what, sizeof(r->hang_what));
-    proto_text_sanitize(r->hang_what);
-    r->hang_rank = (int)culprit;
-    r->hang_node = (int)r->ranks[culprit].node;
-    r->hang_generation = r->generation;
-    r->hang_fail_at_ms = now_ms + HANG_STACKS_WAIT_MS;
-    r->hang_pending = 1;
-    if (ask_stacks(r) != 0 || stacks_complete(r))
-        finish_hang(r, now_ms);
-}
-
-/* A rank that heartbeats but whose step stands still is hung (e.g. in a
- * collective); so is a silent one whose process stays stopped. */
-static void check_progress(struct rdv *r, uint64_t now_ms)
-{
-    if (r->hang_pending) {
-        if (r->hang_generation != r->generation || r->state != RDV_RUNNING)
-            r->hang_pending = 0;
-        else if (now_ms >= r->hang_fail_at_ms || stacks_complete(r))
-            finish_hang(r, now_ms);
-        return;
-    }
-    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-    r->progress_limit_ms = limit;
-    if (limit == 0 || r->state != RDV_RUNNING || r->yielding) /* yielding ranks stop on purpose */
-        return;
-    if (now_ms < r->hang_due_ms)
-        return;
-    uint64_t oldest = now_ms;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state != RDV_RANK_RUNNING)
-            continue;
-        if (rk->silent) { /* only a process seen stopped counts */
-            if (!rk->stopped)
-                continue;
-            if (rk->stopped_since_ms < oldest)
-                oldest = rk->stopped_since_ms;
-            if (now_ms - rk->stopped_since_ms > limit) {
-                found_hung(r, i, limit, now_ms);
-                return;
-            }
-            continue;
-        }
-        if (rk->progress_ms < oldest)
-            oldest = rk->progress_ms;
-        if (stalled_ms(r, rk, now_ms) > limit) {
-            found_hung(r, i, limit, now_ms);
-            return;
-        }
-    }
-    /* A rank's progress only moves later, and one that starts to count
-     * (running, no longer silent, stopped) starts its clock now. */
-    r->hang_due_ms = oldest + limit + 1;
 }
 
 /* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */
@@ -1719,7 +1494,7 @@ static void check_start(struct rdv *r, uint64_t now_ms)
             char what[PROTO_REASON_MAX];
             snprintf(what, sizeof(what), "rank %u on node %s did not start within %.1f s (start_timeout_ms)", i,
                      r->nodes[r->ranks[i].node].name, (double)limit / 1000.0);
-            fail_generation(r, now_ms, (int)r->ranks[i].node, (int)i, what);
+            rdv__fail_generation(r, now_ms, (int)r->ranks[i].node, (int)i, what);
             return;
         }
     }
@@ -1831,7 +1606,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     maybe_form(r, now_ms);
     if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= yield_wait_ms(r))
         finish_yield(r, now_ms, 1);
-    check_progress(r, now_ms);
+    rdv__check_progress(r, now_ms);
     check_start(r, now_ms);
     check_rejoin(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {
@@ -1839,7 +1614,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
         missing_members(r, missing, sizeof(missing));
         snprintf(what, sizeof(what), "after the daemon restarted, %s did not rejoin within %.1f s", missing,
                  (double)timeout / 1000.0);
-        fail_generation(r, now_ms, -1, -1, what);
+        rdv__fail_generation(r, now_ms, -1, -1, what);
     }
 }
 
@@ -1870,7 +1645,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
             return -EINVAL;
         for (uint32_t i = 0; i < r->nnodes; i++)
             if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-                send_command(r, i, PROTO_CMD_CHECKPOINT);
+                rdv__send_command(r, i, PROTO_CMD_CHECKPOINT);
         rdv__event(r, "checkpoint_requested", -1, -1,
                    "checkpoint requested by an administrator: taken at the next step boundary");
         rdv__changed(r, 0);
@@ -1880,7 +1655,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
             return -EINVAL;
         if (r->hang_pending)
             return 0; /* a hang's stacks are being collected: that set answers */
-        if (ask_stacks(r) != 0)
+        if (rdv__ask_stacks(r) != 0)
             return -ENOMEM;
         rdv__event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
                    (unsigned long long)r->generation);
@@ -1894,7 +1669,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         if (nd->member && !rdv_terminal(r) && r->state != RDV_WAITING)
             return -EINVAL; /* shrinking a running job needs resharding (issue 4) */
         if (nd->state == RDV_NODE_JOINED) {
-            send_command(r, (uint32_t)idx, PROTO_CMD_SHUTDOWN);
+            rdv__send_command(r, (uint32_t)idx, PROTO_CMD_SHUTDOWN);
             r->ops.disconnect(r->ops.ctx, nd->name, "drained");
         }
         nd->state = RDV_NODE_LEFT;

@@ -22,11 +22,21 @@ void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char 
     __attribute__((format(printf, 5, 6)));
 int rdv__find_node(const struct rdv *r, const char *name);
 void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to);
+void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
 void rdv__changed(struct rdv *r, int persist);
 int rdv__build_ranks(struct rdv *r);
+void rdv__fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what);
 void rdv__grow_waiting(struct rdv *r, uint64_t now_ms);
 void rdv__check_running(struct rdv *r, uint64_t now_ms);
+
+/* rdv_hang.c: hangs and stacks */
+void rdv__stacks_clear(struct rdv_stacks *k);
+int rdv__ask_stacks(struct rdv *r);
+int rdv__stacks_complete(const struct rdv *r);
+void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
 void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap);
+void rdv__finish_hang(struct rdv *r, uint64_t now_ms);
+void rdv__check_progress(struct rdv *r, uint64_t now_ms);
 
 /* rdv_resume.c: a restored generation */
 void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
