@@ -15,9 +15,6 @@
 #include "common/batch.h"
 #include "common/log.h"
 
-/* The longest a grow waits for the ranks to leave at a step boundary. */
-#define YIELD_WAIT_MS 30000
-
 static const char *const job_state_names[] = {
     "waiting", "forming", "running", "recovering", "completed", "stopped", "failed",
 };
@@ -136,7 +133,7 @@ void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action)
 
 void rdv__changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
 
-static uint32_t member_count(const struct rdv *r)
+uint32_t rdv__member_count(const struct rdv *r)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < r->nnodes; i++)
@@ -172,7 +169,7 @@ static int cmp_names(const void *a, const void *b)
 }
 
 /* Lays out rank blocks for the current members: name order, contiguous. */
-static int layout_members(struct rdv *r)
+int rdv__layout_members(struct rdv *r)
 {
     struct rdv_node *order[RDV_MAX_NODES];
     uint32_t n = 0, world = 0;
@@ -254,7 +251,7 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
 }
 
 /* fitness_check, and an event for each node the plan newly finds unfit. */
-static void check_plan(struct rdv *r, int candidates)
+void rdv__check_plan(struct rdv *r, int candidates)
 {
     uint8_t was[RDV_MAX_NODES];
     for (uint32_t i = 0; i < r->nnodes; i++)
@@ -375,7 +372,7 @@ static void waiting_for_fitness(struct rdv *r, const struct rdv_node *nd)
  */
 static int members_fit(struct rdv *r)
 {
-    check_plan(r, 0);
+    rdv__check_plan(r, 0);
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || fitness_ready(nd))
@@ -391,7 +388,7 @@ static int members_fit(struct rdv *r)
  * Assigns the current generation to every member once all are connected.
  * Called whenever a member joins while a generation waits to start.
  */
-static void try_start_generation(struct rdv *r, uint64_t now_ms)
+void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
 {
     char missing[PROTO_REASON_MAX];
 
@@ -445,7 +442,7 @@ static void try_start_generation(struct rdv *r, uint64_t now_ms)
     r->master_port_gen = r->generation;
     /* Rank blocks are contiguous in name order: walking them block by block visits the
      * members in that order, which numbers them. */
-    const uint32_t nnodes = member_count(r);
+    const uint32_t nnodes = rdv__member_count(r);
     uint32_t node_rank = 0;
     for (uint32_t rank = 0; rank < r->world_size;) {
         const uint32_t node = r->ranks[rank].node;
@@ -467,7 +464,7 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
         r->nodes[i].member = fitness_ready(&r->nodes[i]);
-    layout_members(r);
+    rdv__layout_members(r);
     if (rdv__build_ranks(r))
         return -ENOMEM;
     /* The world size is known now: a batch that cannot be split fails the job
@@ -486,9 +483,9 @@ static int form_first_generation(struct rdv *r, uint64_t now_ms)
     rdv__set_state(r, RDV_FORMING);
     r->reason[0] = '\0';
     rdv__event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
-               member_count(r), r->world_size);
+               rdv__member_count(r), r->world_size);
     rdv__changed(r, 1);
-    try_start_generation(r, now_ms);
+    rdv__try_start_generation(r, now_ms);
     return 0;
 }
 
@@ -500,14 +497,14 @@ static void settle_ranks(struct rdv *r)
             rdv__set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
 }
 
-static void command_all(struct rdv *r, enum proto_command action)
+void rdv__command_all(struct rdv *r, enum proto_command action)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
             rdv__send_command(r, i, action);
 }
 
-static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
+static void stop_all(struct rdv *r) { rdv__command_all(r, PROTO_CMD_STOP); }
 
 /* The job is failed for r->reason: persisted first, then every rank stopped. */
 static void fail_job(struct rdv *r, int node, int rank)
@@ -573,7 +570,7 @@ static void want_checkpoints(struct rdv *r, int park)
  * budget is spent or retrying cannot help. An administrator's restart
  * (park 0) stops every rank instead: it asks for fresh processes.
  */
-static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
+void rdv__open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
                                  int spend, enum failure_class cls, int park)
 {
     if (rdv_terminal(r) || r->state == RDV_WAITING)
@@ -640,13 +637,13 @@ static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int r
     r->restore_noted = 0;
     /* Persisted before any frame names the new generation (see rdv_ops.changed). */
     rdv__changed(r, 1);
-    command_all(r, park ? PROTO_CMD_PARK : PROTO_CMD_STOP);
-    try_start_generation(r, now_ms);
+    rdv__command_all(r, park ? PROTO_CMD_PARK : PROTO_CMD_STOP);
+    rdv__try_start_generation(r, now_ms);
 }
 
 void rdv__fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
 {
-    open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT, 1);
+    rdv__open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT, 1);
 }
 
 int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const struct rdv_ops *ops,
@@ -694,16 +691,6 @@ void rdv_free(struct rdv *r)
     r->job_text = NULL;
 }
 
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
-
-/* A node that joined while the job was forming, recovering or resuming is taken now it runs. */
-void rdv__grow_waiting(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
-        if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            maybe_grow(r, i, now_ms);
-}
-
 /* A forming or recovering generation runs once every rank reports running
  * (or has finished); a restored one, not before every member is back. */
 void rdv__check_running(struct rdv *r, uint64_t now_ms)
@@ -724,7 +711,7 @@ void rdv__check_running(struct rdv *r, uint64_t now_ms)
     r->hang_due_ms = 0;
     r->reason[0] = '\0';
     rdv__event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
-               (unsigned long long)r->generation, r->world_size, member_count(r),
+               (unsigned long long)r->generation, r->world_size, rdv__member_count(r),
                (unsigned long long)(now_ms - r->gen_opened_ms));
     rdv__changed(r, 1);
     rdv__grow_waiting(r, now_ms);
@@ -741,7 +728,7 @@ static void maybe_form(struct rdv *r, uint64_t now_ms)
         return;
     uint32_t ready = 0, waited = 1;
     const struct rdv_node *late = NULL;
-    check_plan(r, 1);
+    rdv__check_plan(r, 1);
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (fitness_ready(nd)) {
@@ -852,9 +839,9 @@ static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflig
     }
     maybe_form(r, now_ms);
     if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))
-        try_start_generation(r, now_ms);
+        rdv__try_start_generation(r, now_ms);
     else if (!nd->member && nd->state == RDV_NODE_JOINED)
-        maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
+        rdv__maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
     rdv__changed(r, 0);
 }
 
@@ -876,7 +863,7 @@ static void resend_assign(struct rdv *r, uint32_t node)
     uint32_t node_rank = 0;
     for (uint32_t i = 0; i < r->nnodes; i++)
         node_rank += r->nodes[i].member && r->nodes[i].first_rank < r->nodes[node].first_rank;
-    send_assign(r, node, node_rank, member_count(r), r->master_port);
+    send_assign(r, node, node_rank, rdv__member_count(r), r->master_port);
 }
 
 /*
@@ -895,7 +882,7 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
         expected |= st == RDV_RANK_STARTING || st == RDV_RANK_RUNNING;
     }
     if (pending) {
-        try_start_generation(r, now_ms);
+        rdv__try_start_generation(r, now_ms);
         return;
     }
     if (!expected)
@@ -944,7 +931,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     }
     /* Before generation 1, the first spec->nodes names; after it, a new name
      * only while the job runs below its wanted size (it grows: maybe_grow). */
-    if (idx < 0 && (r->generation > 0 ? member_count(r) >= (uint32_t)r->spec->nodes || rdv_terminal(r)
+    if (idx < 0 && (r->generation > 0 ? rdv__member_count(r) >= (uint32_t)r->spec->nodes || rdv_terminal(r)
                                       : r->nnodes >= (uint32_t)r->spec->nodes)) {
         snprintf(code, 32, "full");
         snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
@@ -1007,151 +994,11 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     } else if (nd->member && !rdv_terminal(r)) {
         member_back(r, (uint32_t)idx, h->generation, now_ms);
     } else if (!nd->member) {
-        maybe_grow(r, (uint32_t)idx, now_ms);
+        rdv__maybe_grow(r, (uint32_t)idx, now_ms);
     }
     /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
     rdv__changed(r, 0);
     return 0;
-}
-
-/*
- * A node that is not a member joined (a new one, or one that was dropped
- * when the job shrank): while the job runs below spec->nodes it is admitted
- * in a new generation, once it is fit (its pre-flight passed, on_preflight)
- * and the plan of the larger world fits its memory. The members' ranks are
- * parked (those that rejoin in place keep their state and re-slice it for
- * the larger world; others are restarted from the last checkpoint); no
- * restart is spent. A job that is forming or recovering takes the node at
- * its next generation instead.
- */
-/* How long a grow waits for the ranks to leave their generation at a step
- * boundary: min(progress_timeout_ms, 30 s); a step takes less than that. */
-static uint64_t yield_wait_ms(const struct rdv *r)
-{
-    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-    return limit && limit < YIELD_WAIT_MS ? limit : YIELD_WAIT_MS;
-}
-
-/* Takes node idx into the running job: a generation with it, the ranks of
- * the one before parked (any still training abort their step). */
-static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    uint32_t before = r->world_size;
-    nd->member = 1;
-    check_plan(r, 0);
-    if (nd->plan_unfit[0]) { /* it stays idle, shown unfit with the plan's figures */
-        nd->member = 0;
-        check_plan(r, 0);
-        return;
-    }
-    layout_members(r);
-    if (rdv__build_ranks(r) != 0) {
-        nd->member = 0;
-        layout_members(r);
-        return;
-    }
-    r->generation++;
-    r->gen_opened_ms = now_ms;
-    r->assigned_ms = 0;
-    r->running_since_ms = 0;
-    r->restore_noted = 0;
-    r->yielding = 0;
-    rdv__set_state(r, RDV_RECOVERING);
-    snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
-             before, r->world_size, member_count(r));
-    rdv__event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
-    /* Persisted before any frame names the new generation (see rdv_ops.changed). */
-    rdv__changed(r, 1);
-    command_all(r, PROTO_CMD_PARK);
-    try_start_generation(r, now_ms);
-}
-
-/* Whether every rank of the generation runs and can rejoin in place: then
- * they can leave it together at a step boundary. */
-static int all_rejoin(const struct rdv *r)
-{
-    if (r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (!r->ranks[i].rejoin || r->ranks[i].silent)
-            return 0;
-    return 1;
-}
-
-/* Whether every rank of the generation has left it at a step boundary. */
-static int all_yielded(const struct rdv *r)
-{
-    if (r->world_size == 0 || r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (!r->ranks[i].yielded)
-            return 0;
-    return 1;
-}
-
-/*
- * A node that joined (or came back to) a job running below its wanted size,
- * once it is fit. When every rank can rejoin in place the ranks first leave
- * the generation at the next step boundary (COMMAND yield; finish_yield
- * goes on once all have said `yielded`, or at the deadline), so that no
- * step in flight is lost; otherwise the generation opens at once.
- */
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    if (r->state != RDV_RUNNING || r->yielding || member_count(r) >= (uint32_t)r->spec->nodes ||
-        !fitness_ready(nd))
-        return;
-    uint32_t world = r->world_size + nd->ndevices;
-    struct batch_plan plan;
-    char why[PROTO_REASON_MAX];
-    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
-        rdv__event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
-                   world, why);
-        return;
-    }
-    if (!all_rejoin(r)) {
-        grow_now(r, idx, now_ms);
-        return;
-    }
-    r->yielding = 1;
-    r->grow_node = idx;
-    r->yield_since_ms = now_ms;
-    snprintf(r->reason, sizeof(r->reason), "node %s joined: the ranks of generation %llu leave it at the next step "
-             "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
-    rdv__event(r, "job_growing", (int)idx, -1, "%s", r->reason);
-    command_all(r, PROTO_CMD_YIELD);
-    rdv__changed(r, 0);
-}
-
-/* The ranks left the generation at a step boundary (or the wait is over):
- * the grow goes on, or, when the node it was for is gone or unfit now, a
- * generation of the same members (the parked ranks need one to go on in). */
-static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
-{
-    /* Ranks that say they yielded while no grow waits (musterd restarted
-     * meanwhile): a generation of the same members; the node, when it
-     * comes back, asks for the grow again. */
-    const uint32_t idx = r->yielding ? r->grow_node : r->nnodes;
-    const int waited = r->yielding;
-    r->yielding = 0;
-    if (timed_out)
-        rdv__event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
-                   "%.1f s: the step in flight is given up", (unsigned long long)r->generation,
-                   (double)yield_wait_ms(r) / 1000.0);
-    if (idx < r->nnodes && !r->nodes[idx].member && r->nodes[idx].state == RDV_NODE_JOINED &&
-        fitness_ready(&r->nodes[idx]) && member_count(r) < (uint32_t)r->spec->nodes) {
-        grow_now(r, idx, now_ms);
-        if (r->state == RDV_RECOVERING)
-            return;
-    }
-    open_next_generation(r, now_ms, -1, -1,
-                         waited ? "the node the job was to grow by is gone; the ranks that left their generation "
-                                  "for it go on"
-                                : "the ranks left their generation for a grow that musterd, restarted since, no "
-                                  "longer waits for; they go on",
-                         0, FAILURE_EXIT, 1);
 }
 
 /* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
@@ -1276,7 +1123,7 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
         nd->free_port = hb->free_port;
         nd->free_port_gen = hb->generation;
         if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
-            try_start_generation(r, now_ms);
+            rdv__try_start_generation(r, now_ms);
     }
     if (hb->generation != r->generation || !nd->member)
         return;
@@ -1297,8 +1144,8 @@ static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartb
             note_restore(r, node, b);
         take_beat(r, rk, b, now_ms);
     }
-    if (r->state == RDV_RUNNING && all_yielded(r)) {
-        finish_yield(r, now_ms, 0);
+    if (r->state == RDV_RUNNING && rdv__all_yielded(r)) {
+        rdv__finish_yield(r, now_ms, 0);
         return;
     }
     rdv__check_running(r, now_ms);
@@ -1322,7 +1169,7 @@ static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
             send_unique_id(r, i);
     rdv__event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
-               (unsigned long long)r->generation, member_count(r));
+               (unsigned long long)r->generation, rdv__member_count(r));
 }
 
 static void record_failure(struct rdv *r, const struct rdv_node *nd, const struct proto_rank_exit *x,
@@ -1382,7 +1229,7 @@ static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_e
         rdv__event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
     else
         rdv__event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
-    open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
+    rdv__open_next_generation(r, now_ms, (int)node, (int)x->rank, what, 1, cls, 1);
 }
 
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
@@ -1467,7 +1314,7 @@ static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now
     snprintf(what, sizeof(what), "node %s lost: %s", nd->name, why);
     /* Already recovering and nothing assigned yet: the same failure continues. */
     if (r->state == RDV_RECOVERING && r->ranks[nd->first_rank].state == RDV_RANK_PENDING) {
-        try_start_generation(r, now_ms);
+        rdv__try_start_generation(r, now_ms);
         rdv__changed(r, 1);
         return;
     }
@@ -1539,7 +1386,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
         }
     }
     uint32_t before = r->world_size;
-    layout_members(r);
+    rdv__layout_members(r);
     if (rdv__build_ranks(r) != 0)
         return;
     struct batch_plan plan;
@@ -1557,7 +1404,7 @@ static void check_rejoin(struct rdv *r, uint64_t now_ms)
     r->assigned_ms = 0;
     snprintf(r->reason, sizeof(r->reason), "%s", what);
     rdv__changed(r, 1);
-    try_start_generation(r, now_ms);
+    rdv__try_start_generation(r, now_ms);
 }
 
 /* Nodes silent for heartbeat_timeout_ms are lost. */
@@ -1602,10 +1449,10 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     check_lost(r, now_ms);
     if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
         (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
-        try_start_generation(r, now_ms);
+        rdv__try_start_generation(r, now_ms);
     maybe_form(r, now_ms);
-    if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= yield_wait_ms(r))
-        finish_yield(r, now_ms, 1);
+    if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= rdv__yield_wait_ms(r))
+        rdv__finish_yield(r, now_ms, 1);
     rdv__check_progress(r, now_ms);
     check_start(r, now_ms);
     check_rejoin(r, now_ms);
@@ -1636,7 +1483,7 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
         if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
             return -EINVAL;
         /* An asked-for restart does not spend the failure budget. */
-        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT, 0);
+        rdv__open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT, 0);
         return 0;
     case RDV_ADMIN_CHECKPOINT:
         if (!r->spec->checkpoint_dir[0])
