@@ -25,15 +25,22 @@ void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state
 void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
 void rdv__changed(struct rdv *r, int persist);
 uint32_t rdv__member_count(const struct rdv *r);
+void rdv__missing_members(const struct rdv *r, char *out, size_t cap);
 int rdv__layout_members(struct rdv *r);
 int rdv__build_ranks(struct rdv *r);
 void rdv__check_plan(struct rdv *r, int candidates);
 void rdv__try_start_generation(struct rdv *r, uint64_t now_ms);
 void rdv__command_all(struct rdv *r, enum proto_command action);
+void rdv__stop_all(struct rdv *r);
+void rdv__check_running(struct rdv *r, uint64_t now_ms);
+
+/* rdv_fail.c: failures and the restart policy */
+void rdv__settle_ranks(struct rdv *r);
 void rdv__open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
                                int spend, enum failure_class cls, int park);
 void rdv__fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what);
-void rdv__check_running(struct rdv *r, uint64_t now_ms);
+void rdv__on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_exit *x, uint64_t now_ms);
+void rdv__check_rejoin(struct rdv *r, uint64_t now_ms);
 
 /* rdv_grow.c: growing by a node, the yield at a step boundary */
 void rdv__grow_waiting(struct rdv *r, uint64_t now_ms);
