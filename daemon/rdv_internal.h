@@ -22,6 +22,7 @@ void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char 
     __attribute__((format(printf, 5, 6)));
 int rdv__find_node(const struct rdv *r, const char *name);
 void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to);
+void rdv__send_to(struct rdv *r, uint32_t node, const struct proto_msg *m);
 void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
 void rdv__changed(struct rdv *r, int persist);
 uint32_t rdv__member_count(const struct rdv *r);
@@ -33,6 +34,9 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms);
 void rdv__command_all(struct rdv *r, enum proto_command action);
 void rdv__stop_all(struct rdv *r);
 void rdv__check_running(struct rdv *r, uint64_t now_ms);
+
+/* rdv_beat.c: heartbeats */
+void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms);
 
 /* rdv_fail.c: failures and the restart policy */
 void rdv__settle_ranks(struct rdv *r);
