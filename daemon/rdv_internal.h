@@ -27,13 +27,20 @@ void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
 void rdv__changed(struct rdv *r, int persist);
 uint32_t rdv__member_count(const struct rdv *r);
 void rdv__missing_members(const struct rdv *r, char *out, size_t cap);
+void rdv__command_all(struct rdv *r, enum proto_command action);
+void rdv__stop_all(struct rdv *r);
+
+/* rdv_form.c: forming generations */
 int rdv__layout_members(struct rdv *r);
 int rdv__build_ranks(struct rdv *r);
 void rdv__check_plan(struct rdv *r, int candidates);
 void rdv__try_start_generation(struct rdv *r, uint64_t now_ms);
-void rdv__command_all(struct rdv *r, enum proto_command action);
-void rdv__stop_all(struct rdv *r);
 void rdv__check_running(struct rdv *r, uint64_t now_ms);
+void rdv__maybe_form(struct rdv *r, uint64_t now_ms);
+void rdv__send_unique_id(struct rdv *r, uint32_t node);
+void rdv__resend_assign(struct rdv *r, uint32_t node);
+void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u);
+void rdv__check_start(struct rdv *r, uint64_t now_ms);
 
 /* rdv_beat.c: heartbeats */
 void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms);
