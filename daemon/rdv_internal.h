@@ -21,6 +21,7 @@ int rdv__set_state(struct rdv *r, enum rdv_job_state to);
 void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int rdv__find_node(const struct rdv *r, const char *name);
+void rdv__remove_node(struct rdv *r, uint32_t idx);
 void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to);
 void rdv__send_to(struct rdv *r, uint32_t node, const struct proto_msg *m);
 void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
@@ -29,6 +30,10 @@ uint32_t rdv__member_count(const struct rdv *r);
 void rdv__missing_members(const struct rdv *r, char *out, size_t cap);
 void rdv__command_all(struct rdv *r, enum proto_command action);
 void rdv__stop_all(struct rdv *r);
+
+/* rdv_join.c: nodes joining, their pre-flight, nodes lost */
+void rdv__on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms);
+void rdv__check_lost(struct rdv *r, uint64_t now_ms);
 
 /* rdv_form.c: forming generations */
 int rdv__layout_members(struct rdv *r);
