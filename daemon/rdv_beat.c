@@ -13,14 +13,14 @@ static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_b
     r->restore_step = b->restore_step;
     switch (b->restore_from) {
     case PROTO_RESTORE_MEMORY:
-        rdv__event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving ranks "
-                   "kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
+        rdv__event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving "
+                   "ranks kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
         break;
     case PROTO_RESTORE_DISK:
         if (g > 1)
             rdv__event(r, "state_from_checkpoint", (int)node, 0, "generation %llu resumed at step %llu from the last "
-                       "committed checkpoint: no step was held in memory for every rank (a rank and the peer holding its "
-                       "replica were both lost, or replicate_every is 0)", g, step);
+                       "committed checkpoint: no step was held in memory for every rank (a rank and the peer "
+                       "holding its replica were both lost, or replicate_every is 0)", g, step);
         else
             rdv__event(r, "state_from_checkpoint", (int)node, 0, "generation 1 resumed at step %llu from the last "
                        "committed checkpoint", step);

@@ -24,7 +24,8 @@ void rdv__settle_ranks(struct rdv *r)
 {
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state != RDV_RANK_COMPLETED && r->ranks[i].state != RDV_RANK_EXITED)
-            rdv__set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
+            rdv__set_rank_state(r, &r->ranks[i],
+                                r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
 }
 
 /* The job is failed for r->reason: persisted first, then every rank stopped. */

@@ -183,8 +183,8 @@ static int members_agree(struct rdv *r, uint64_t now_ms)
         }
         /* its report went astray (a link that broke as the generation ended): not compared */
         nd->checkpoint_wanted = 0;
-        rdv__event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within %.1f s: "
-                   "not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
+        rdv__event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within "
+                   "%.1f s: not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
     }
     r->checkpoint_wait_ms = 0;
     char what[PROTO_REASON_MAX - 160];
@@ -358,8 +358,8 @@ void rdv__check_running(struct rdv *r, uint64_t now_ms)
     hang_steps_new_generation(&r->steps);
     r->hang_due_ms = 0;
     r->reason[0] = '\0';
-    rdv__event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
-               (unsigned long long)r->generation, r->world_size, rdv__member_count(r),
+    rdv__event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it "
+               "opened", (unsigned long long)r->generation, r->world_size, rdv__member_count(r),
                (unsigned long long)(now_ms - r->gen_opened_ms));
     rdv__changed(r, 1);
     rdv__grow_waiting(r, now_ms);

@@ -14,10 +14,12 @@
 #include "daemon/rdv.h"
 
 /* rdv.c: the job state, events, sending, lookups */
+
 /* Every change of r->state goes through here: a transition of the job state
  * machine (rdv.h) is made and logged at debug; any other is refused, logged
  * as an error, and r->state kept. Returns 0 or -EINVAL. */
 int rdv__set_state(struct rdv *r, enum rdv_job_state to);
+
 void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int rdv__find_node(const struct rdv *r, const char *name);

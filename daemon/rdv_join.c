@@ -1,7 +1,6 @@
 /* daemon/rdv_join.c: nodes joining (WELCOME, a resumed session, a member back), their
  * pre-flight, and nodes lost (see rdv.h). */
 #include "daemon/rdv_internal.h"
-#include "daemon/fitness.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -207,8 +206,8 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
             r->ranks[nd->first_rank + l].device = nd->devices[l];
     }
     if (resumes)
-        rdv__event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s after its "
-                   "last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
+        rdv__event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s "
+                   "after its last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
     else
         rdv__event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
                    nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",

@@ -130,8 +130,8 @@ void rdv__check_resumed(struct rdv *r, uint64_t now_ms)
     snprintf(r->reason, sizeof(r->reason), "daemon restarted while generation %llu was forming; every member "
              "rejoined, waiting for its ranks to report running", (unsigned long long)r->generation);
     rdv__event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu, which was forming: waiting "
-               "for %u rank%s to report running (start_timeout_ms from now)", (unsigned long long)r->generation, waiting,
-               waiting == 1 ? "" : "s");
+               "for %u rank%s to report running (start_timeout_ms from now)", (unsigned long long)r->generation,
+               waiting, waiting == 1 ? "" : "s");
     rdv__changed(r, 1);
     rdv__check_running(r, now_ms);
 }

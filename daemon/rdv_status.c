@@ -4,6 +4,7 @@
 #include "daemon/fitness.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
