@@ -2696,30 +2696,101 @@ START_TEST(resume_without_its_ranks_fails_the_generation)
 }
 END_TEST
 
+/* One test case per file of rdv, each test in the case of the idea it checks. */
+static TCase *rdv_case(Suite *s, const char *name)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 10);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
-    TCase *tc = tcase_create("rendezvous");
-    tcase_set_timeout(tc, 10);
-    tcase_add_checked_fixture(tc, NULL, teardown);
-    tcase_add_test(tc, forms_generation_one_in_name_order);
-    tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
-    tcase_add_test(tc, crashed_rank_opens_next_generation);
-    tcase_add_test(tc, stale_frames_are_refused);
+    TCase *tc;
+
+    tc = rdv_case(s, "state"); /* the job state machine and the rank counters (rdv.c) */
+    tcase_add_test(tc, job_state_changes_only_along_the_machine);
+    tcase_add_test(tc, job_state_machine_is_the_documented_one);
+    tcase_add_test(tc, rank_counters_follow_every_state_change);
+    tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
+
+    tc = rdv_case(s, "join"); /* nodes joining, resuming sessions, lost (rdv_join.c) */
     tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
-    tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
-    tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
     tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
-    tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
     tcase_add_test(tc, log_data_counts_as_hearing_from_the_node);
     tcase_add_test(tc, resumed_session_keeps_the_generation);
     tcase_add_test(tc, another_session_is_a_duplicate);
     tcase_add_test(tc, resume_while_forming_gives_back_what_was_missed);
     tcase_add_test(tc, resume_without_its_ranks_fails_the_generation);
+    tcase_add_test(tc, joins_refused_with_reasons);
+    tcase_add_test(tc, node_lookup_by_name_survives_removals);
+    tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
+    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
+
+    tc = rdv_case(s, "form"); /* forming: layout, fitness, checkpoints, MASTER_PORT, unique id (rdv_form.c) */
+    tcase_add_test(tc, forms_generation_one_in_name_order);
+    tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
+    tcase_add_test(tc, stale_frames_are_refused);
+    tcase_add_test(tc, ranks_that_never_run_are_a_failure);
+    tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
+    tcase_add_test(tc, no_free_port_holds_the_generation);
+    tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
+    tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
+    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
+    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
+    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
+    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
+    tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
+
+    tc = rdv_case(s, "beat"); /* heartbeats and the tick's deadlines (rdv_beat.c) */
+    tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
+    tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
+    tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
+    tcase_add_test(tc, rank0_reports_committed_checkpoints);
+
+    tc = rdv_case(s, "fail"); /* failures, the restart policy, shrinking, the job's end (rdv_fail.c) */
+    tcase_add_test(tc, crashed_rank_opens_next_generation);
     tcase_add_test(tc, budget_spent_fails_the_job);
     tcase_add_test(tc, exit_zero_everywhere_completes);
-    tcase_add_test(tc, joins_refused_with_reasons);
+    tcase_add_test(tc, ended_job_settles_rank_states);
+    tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
+    tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
+    tcase_add_test(tc, admin_stop_and_restart);
+    tcase_add_test(tc, failure_reason_reaches_status_and_events);
+    tcase_add_test(tc, failure_streaks_back_off);
+    tcase_add_test(tc, failures_are_classified);
+    tcase_add_test(tc, restart_window_forgets_old_restarts);
+    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
+
+    tc = rdv_case(s, "grow"); /* growing by a node, the yield at a step boundary (rdv_grow.c) */
+    tcase_add_test(tc, new_node_grows_a_job_below_its_size);
+    tcase_add_test(tc, grow_waits_for_the_ranks_to_leave_at_a_step_boundary);
+    tcase_add_test(tc, grow_parks_ranks_that_did_not_leave_in_time);
+    tcase_add_test(tc, grow_whose_node_left_goes_on_without_it);
+    tcase_add_test(tc, grow_of_ranks_that_cannot_rejoin_is_at_once);
+    tcase_add_test(tc, yielded_ranks_without_a_grow_go_on_in_the_same_shape);
+    tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
+
+    tc = rdv_case(s, "hang"); /* hangs, their timeout and naming, stacks (rdv_hang.c, hang.c) */
+    tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
+    tcase_add_test(tc, stalled_step_is_a_hang);
+    tcase_add_test(tc, hang_names_the_stopped_rank_with_where_it_is);
+    tcase_add_test(tc, hang_names_the_rank_not_in_a_collective);
+    tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
+    tcase_add_test(tc, step_seen_late_is_not_a_stall);
+    tcase_add_test(tc, auto_timeout_follows_the_steps);
+    tcase_add_test(tc, median_is_of_the_last_samples);
+    tcase_add_test(tc, rank_ranges_compress);
+    tcase_add_test(tc, silent_rank_is_never_hung);
+    tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
+
+    tc = rdv_case(s, "resume"); /* the state file and a restored generation (rdv_resume.c) */
     tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
     tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
@@ -2731,56 +2802,10 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_stopped_while_members_are_awaited_stays_stopped);
     tcase_add_test(tc, restored_job_completed_while_a_member_is_away_is_saved_completed);
     tcase_add_test(tc, state_file_says_whether_the_generation_ran);
-    tcase_add_test(tc, ended_job_settles_rank_states);
-    tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
-    tcase_add_test(tc, new_node_grows_a_job_below_its_size);
-    tcase_add_test(tc, grow_waits_for_the_ranks_to_leave_at_a_step_boundary);
-    tcase_add_test(tc, grow_parks_ranks_that_did_not_leave_in_time);
-    tcase_add_test(tc, grow_whose_node_left_goes_on_without_it);
-    tcase_add_test(tc, grow_of_ranks_that_cannot_rejoin_is_at_once);
-    tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
-    tcase_add_test(tc, yielded_ranks_without_a_grow_go_on_in_the_same_shape);
-    tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
-    tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
+
+    tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
-    tcase_add_test(tc, stalled_step_is_a_hang);
-    tcase_add_test(tc, hang_names_the_stopped_rank_with_where_it_is);
-    tcase_add_test(tc, hang_names_the_rank_not_in_a_collective);
-    tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
-    tcase_add_test(tc, step_seen_late_is_not_a_stall);
-    tcase_add_test(tc, auto_timeout_follows_the_steps);
-    tcase_add_test(tc, median_is_of_the_last_samples);
-    tcase_add_test(tc, rank_ranges_compress);
-    tcase_add_test(tc, rank0_reports_committed_checkpoints);
-    tcase_add_test(tc, admin_stop_and_restart);
-    tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
-    tcase_add_test(tc, no_free_port_holds_the_generation);
-    tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
-    tcase_add_test(tc, silent_rank_is_never_hung);
-    tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
-    tcase_add_test(tc, failure_reason_reaches_status_and_events);
     tcase_add_test(tc, overflowing_sums_keep_status_valid);
-    tcase_add_test(tc, failure_streaks_back_off);
-    tcase_add_test(tc, failures_are_classified);
-    tcase_add_test(tc, restart_window_forgets_old_restarts);
-    tcase_add_test(tc, job_state_changes_only_along_the_machine);
-    tcase_add_test(tc, job_state_machine_is_the_documented_one);
-    tcase_add_test(tc, rank_counters_follow_every_state_change);
-    tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
-    tcase_add_test(tc, node_lookup_by_name_survives_removals);
-    tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
-    tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
-    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
-    tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
-    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
-    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
-    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
-    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
-    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
-    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
-    tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
-    tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
-    suite_add_tcase(s, tc);
     return s;
 }
