@@ -1,7 +1,6 @@
 #include "common/jobspec.h"
 #include "common/conf.h"
-#include "common/plan_prog.h"
-#include "common/preflight.h"
+#include "common/plan_names.h"
 
 #include <errno.h>
 #include <math.h>
@@ -283,11 +282,41 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     return 0;
 }
 
+/* A Python keyword: `import class` is a syntax error, not a missing module. */
+static int keyword(const char *word, size_t n)
+{
+    static const char *const kw[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break",
+                                     "class", "continue", "def", "del", "elif", "else", "except", "finally", "for",
+                                     "from", "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or",
+                                     "pass", "raise", "return", "try", "while", "with", "yield", NULL};
+    for (const char *const *k = kw; *k; k++)
+        if (strlen(*k) == n && strncmp(*k, word, n) == 0)
+            return 1;
+    return 0;
+}
+
+int job_spec_module_valid(const char *name)
+{
+    if (!name[0])
+        return 0;
+    for (const char *part = name; *part; part += strcspn(part, ".") + (part[strcspn(part, ".")] == '.'))
+        if (keyword(part, strcspn(part, ".")))
+            return 0;
+    for (const char *c = name; *c; c++) {
+        int start = c == name || c[-1] == '.';
+        int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_' ||
+                 (!start && *c >= '0' && *c <= '9') || (!start && *c == '.' && c[1]);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
 /* The require_* and checkpoint_latest keys, together. */
 static int check_needs(const struct job_spec *spec, const char *origin, char *err, size_t errlen)
 {
     for (const char *m = spec->require_python_modules; *m; m += strlen(m) + 1)
-        if (!preflight_module_valid(m)) {
+        if (!job_spec_module_valid(m)) {
             char shown[64]; /* the name as one short line: it may hold anything */
             snprintf(shown, sizeof(shown), "%s", m);
             for (char *c = shown; *c; c++)
@@ -406,7 +435,7 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         char mod[sizeof(spec->warm_imports)];
         size_t n = strcspn(w, ",");
         snprintf(mod, sizeof(mod), "%.*s", (int)n, w);
-        if (n && !preflight_module_valid(mod)) {
+        if (n && !job_spec_module_valid(mod)) {
             fail(err, errlen, "%s: warm_imports: expected comma-separated module names (letters, digits, _ and .), "
                  "got '%s'", origin, spec->warm_imports);
             return -EINVAL;

@@ -103,6 +103,11 @@ int job_spec_load(const char *path, struct job_spec *spec, json_t **raw,
 /* The model the spec describes: its preset with the dimension keys applied (checked). */
 int job_spec_model(const struct job_spec *spec, struct gpt_config *cfg, char *err, size_t errlen);
 
+/* 1 when name is a module name Python can import (dotted identifiers, ASCII,
+ * no keyword): what require_python_modules and warm_imports hold, and what
+ * the pre-flight (common/preflight.h) imports. */
+int job_spec_module_valid(const char *name);
+
 /* Writes the table as Markdown (docs/jobspec.md is generated from it). */
 void job_spec_print_doc(FILE *out);
 

@@ -9,17 +9,6 @@
 #include "common/batch.h"
 #include "common/plan.h"
 
-static const struct {
-    const char *name;
-    int stage;
-} pars[] = {
-    [PLAN_PAR_DDP] = {"ddp", 0},   [PLAN_PAR_ZERO1] = {"zero1", 1}, [PLAN_PAR_ZERO2] = {"zero2", 2},
-    [PLAN_PAR_ZERO3] = {"zero3", 3}, [PLAN_PAR_FSDP] = {"fsdp", 3},   [PLAN_PAR_FSDP_GRAD_OP] = {"fsdp-grad-op", 2},
-};
-#define NPARS (sizeof(pars) / sizeof(pars[0]))
-
-static const char *const precs[] = {[PLAN_FP32] = "fp32", [PLAN_BF16] = "bf16", [PLAN_FP16] = "fp16"};
-
 /* Typical figures: the bandwidth each way, and one hop's latency as a
  * collective's step sees it (TCP over Ethernet; RDMA over InfiniBand and
  * NVLink; PCIe 4.0 x16 between GPUs without NVLink). */
@@ -31,32 +20,6 @@ static const struct {
     {"hdr", {200, 2}},    {"ndr", {400, 2}},   {"nvlink", {3600, 2}}, {"pcie", {256, 5}},
 };
 #define NLINKS (sizeof(links) / sizeof(links[0]))
-
-int plan_par_parse(const char *name, enum plan_par *par)
-{
-    for (size_t i = 0; i < NPARS; i++)
-        if (strcmp(name, pars[i].name) == 0) {
-            *par = (enum plan_par)i;
-            return 0;
-        }
-    return -EINVAL;
-}
-
-const char *plan_par_name(enum plan_par par) { return (size_t)par < NPARS ? pars[par].name : "?"; }
-int plan_par_stage(enum plan_par par) { return (size_t)par < NPARS ? pars[par].stage : 0; }
-const char *plan_par_list(void) { return "ddp, zero1, zero2, zero3, fsdp (= zero3), fsdp-grad-op (= zero2)"; }
-
-int plan_prec_parse(const char *name, enum plan_prec *prec)
-{
-    for (size_t i = 0; i < sizeof(precs) / sizeof(precs[0]); i++)
-        if (strcmp(name, precs[i]) == 0) {
-            *prec = (enum plan_prec)i;
-            return 0;
-        }
-    return -EINVAL;
-}
-
-const char *plan_prec_name(enum plan_prec prec) { return (size_t)prec < 3 ? precs[prec] : "?"; }
 
 int plan_link_parse(const char *text, struct plan_link *link)
 {
@@ -136,7 +99,7 @@ static int check_link(const struct plan_link *l, const char *what, char *err, si
 
 static int check_input(const struct plan_prog_input *in, char *err, size_t errlen)
 {
-    if ((size_t)in->par >= NPARS)
+    if ((unsigned)in->par > PLAN_PAR_FSDP_GRAD_OP)
         snprintf(err, errlen, "parallelism: expected one of %s", plan_par_list());
     else if ((unsigned)in->prec > PLAN_FP16)
         snprintf(err, errlen, "precision: expected fp32, bf16 or fp16");

@@ -28,22 +28,7 @@
 #include <jansson.h>
 
 #include "common/jobspec.h"
-
-/* How the program spreads the model over its ranks. */
-enum plan_par {
-    PLAN_PAR_DDP,          /* replicated; one all-reduce per optimizer step (no_sync while accumulating) */
-    PLAN_PAR_ZERO1,        /* DeepSpeed ZeRO stage 1: optimizer state sharded */
-    PLAN_PAR_ZERO2,        /* stage 2: and gradients */
-    PLAN_PAR_ZERO3,        /* stage 3: and parameters */
-    PLAN_PAR_FSDP,         /* FSDP FULL_SHARD: ZeRO-3's accounting */
-    PLAN_PAR_FSDP_GRAD_OP, /* FSDP SHARD_GRAD_OP: ZeRO-2's */
-};
-
-enum plan_prec {
-    PLAN_FP32,
-    PLAN_BF16, /* bf16 weights, gradients and activations, fp32 master and moments */
-    PLAN_FP16, /* the same in fp16 (loss scaling) */
-};
+#include "common/plan_names.h"
 
 /* A link the ring's traffic crosses. */
 struct plan_link {
@@ -97,16 +82,6 @@ struct plan_prog {
     int comm_over_step;     /* the predicted communication exceeds the measured step */
 };
 
-/* "ddp", "zero1".."zero3", "fsdp", "fsdp-grad-op" -> *par; 0 or -EINVAL. */
-int plan_par_parse(const char *name, enum plan_par *par);
-const char *plan_par_name(enum plan_par par);
-/* The ZeRO stage whose accounting applies: 0 (DDP) to 3. */
-int plan_par_stage(enum plan_par par);
-/* The names, for messages: "ddp, zero1, ...". */
-const char *plan_par_list(void);
-/* "fp32", "bf16", "fp16" -> *prec; 0 or -EINVAL. */
-int plan_prec_parse(const char *name, enum plan_prec *prec);
-const char *plan_prec_name(enum plan_prec prec);
 
 /* A network preset ("1g", "10g", "25g", "100g", "400g" Ethernet, "hdr", "ndr"
  * InfiniBand, "nvlink", "pcie") or a bandwidth in Gbit/s; 0 or -EINVAL. A

@@ -82,9 +82,6 @@ int preflight_latest_ckpt(const char *dir, const char *rule, char *out, size_t c
 int preflight_interpreter(const char *prog, const char *explicit_interp, const char *path_var, char *out,
                           size_t cap, char *why, size_t len);
 
-/* 1 when name is a module name Python can import (dotted identifiers, ASCII). */
-int preflight_module_valid(const char *name);
-
 /*
  * Runs `interp -c 'import m1, m2'` for the packed module list (common/cmdline.h
  * packing) with env, killed after timeout_ms. 0 when it exits 0; else why

@@ -5,6 +5,7 @@
  * deadline.
  */
 #include "common/preflight.h"
+#include "common/jobspec.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -122,43 +123,13 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
                 "interpreter in require_python", file);
 }
 
-/* A Python keyword: `import class` is a syntax error, not a missing module. */
-static int keyword(const char *word, size_t n)
-{
-    static const char *const kw[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break",
-                                     "class", "continue", "def", "del", "elif", "else", "except", "finally", "for",
-                                     "from", "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or",
-                                     "pass", "raise", "return", "try", "while", "with", "yield", NULL};
-    for (const char *const *k = kw; *k; k++)
-        if (strlen(*k) == n && strncmp(*k, word, n) == 0)
-            return 1;
-    return 0;
-}
-
-int preflight_module_valid(const char *name)
-{
-    if (!name[0])
-        return 0;
-    for (const char *part = name; *part; part += strcspn(part, ".") + (part[strcspn(part, ".")] == '.'))
-        if (keyword(part, strcspn(part, ".")))
-            return 0;
-    for (const char *c = name; *c; c++) {
-        int start = c == name || c[-1] == '.';
-        int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_' ||
-                 (!start && *c >= '0' && *c <= '9') || (!start && *c == '.' && c[1]);
-        if (!ok)
-            return 0;
-    }
-    return 1;
-}
-
 /* "import a, b.c" from the packed list, and "a,b.c" for messages. */
 static int import_line(const char *modules, char *out, size_t cap, char *list, size_t lcap)
 {
     size_t n = (size_t)snprintf(out, cap, "import ");
     list[0] = '\0';
     for (const char *m = modules; *m; m += strlen(m) + 1) {
-        if (!preflight_module_valid(m))
+        if (!job_spec_module_valid(m))
             return -EINVAL;
         int w = snprintf(out + n, cap - n, "%s%s", m == modules ? "" : ", ", m);
         if (w < 0 || (size_t)w >= cap - n)

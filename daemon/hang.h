@@ -1,27 +1,17 @@
 /*
- * hang: what musterd needs to call a job hung and to name the right rank.
+ * hang: what musterd needs to call a job hung: the progress timeout, and
+ * the ranks it names as ranges (daemon/rdv_hang.c finds and names them).
  *
  * The progress timeout that fits the job (progress_timeout_ms absent or
- * "auto"): until the generation has run HANG_JUDGE_STEPS steps (steps, not
- * heartbeats: one beat may bring many), a start
+ * "auto"): until the generation has run HANG_JUDGE_STEPS steps past the
+ * step its ranks first reported (steps, not heartbeats: one beat may bring
+ * many), a start
  * allowance of HANG_START_MS (or three times the longest of those first
  * steps, when longer: first steps compile and load); afterwards the largest
  * of HANG_FLOOR_MS, 20 times the median of the recent step times and three
  * times the longest step seen after the first ones, in any generation. Step
  * times are what the ranks measured (`step_s`), or else the time between
  * two of a rank's step changes.
- *
- * A stopped process is conclusive: a rank seen stopped while its reporting
- * peers have not stepped either, both for HANG_STOPPED_MS, is hung then,
- * without waiting for the progress timeout (hang_stopped_due).
- *
- * Naming (hang_describe): a rank whose process is stopped, else a quiet
- * one (no heartbeat entry for three intervals while its node beats), else
- * the ranks not inside a collective while others wait in one, else the
- * rank found stuck; with where each is and the ranks waiting as ranges
- * ("ranks 0-2, 5"). A rank that exits with a collective's error (a timeout,
- * a peer's connection closed) while a peer is stopped or quiet is blamed on
- * that peer (hang_blame_peer).
  */
 #ifndef MUSTER_DAEMON_HANG_H
 #define MUSTER_DAEMON_HANG_H
@@ -36,7 +26,7 @@
 #define HANG_MEDIAN_TIMES 20    /* the derived timeout: this many median steps... */
 #define HANG_LONGEST_TIMES 3    /* ...or this many of the longest, whichever is more */
 #define HANG_STACKS_WAIT_MS 2000u /* a hung generation waits this long for its ranks' stacks */
-#define HANG_STOPPED_MS 5000u   /* a rank seen stopped this long, its peers stalled since, is hung */
+#define HANG_STOPPED_MS 5000u   /* a rank seen stopped this long, its peers stalled as long, is hung */
 
 struct hang_steps {
     double recent[HANG_SAMPLES]; /* ring of step times after the first steps, seconds */
@@ -45,7 +35,7 @@ struct hang_steps {
     uint32_t nrecent, next;
     double longest_s;        /* longest after the first steps of its generation, any generation */
     double first_longest_s;  /* longest of this generation's first steps */
-    uint32_t seen;           /* steps this generation ran (from its first step reported) */
+    uint32_t seen;           /* steps this generation ran past the first one its ranks reported */
     uint64_t top_step;       /* the highest step it reached; 0 = none yet */
 };
 
@@ -66,29 +56,5 @@ double hang_median_step_s(const struct hang_steps *h);
 /* "rank 3" or "ranks 0-2, 5" for ranks[0..n) (ascending) into out; a list
  * too long for out ends in ", ...". Returns strlen(out). */
 size_t hang_ranges(char *out, size_t cap, const uint32_t *ranks, uint32_t n);
-
-struct rdv;
-/*
- * Says which rank of r is hung, now that rank stuck (running, its step
- * still for limit_ms) was found: *culprit (the rank to fail the generation
- * for) and the sentence into what.
- */
-void hang_describe(const struct rdv *r, uint32_t stuck, uint64_t now_ms, uint64_t limit_ms, uint32_t *culprit,
-                   char *what, size_t cap);
-
-/* Whether rank i of r is quiet: running and reporting, but no heartbeat
- * entry from it for three intervals while its node beats. */
-int hang_rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms);
-
-/* When rank i of r is hung by the stopped rule (above) unless something
- * changes: HANG_STOPPED_MS after the later of its stop and its running,
- * reporting peers' last step; 0 when the rule does not apply (not stopped,
- * or no such peer). */
-uint64_t hang_stopped_due(const struct rdv *r, uint32_t i);
-
-/* The peer that rank exited's collective error is put down to: a running
- * rank of r whose process is stopped, else a quiet one; its index, with
- * what it is into *why ("whose process is stopped"), or -1. */
-int hang_blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why);
 
 #endif

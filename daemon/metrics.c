@@ -7,8 +7,8 @@
 
 #include <jansson.h>
 
+#include "common/sbuf.h"
 #include "daemon/rdv.h"
-#include "daemon/restdoc.h"
 
 /* Every job state, in life order; muster_job_state is one-hot over these. */
 static const char *const job_states[] = {"waiting", "forming", "running", "recovering",

@@ -1,21 +1,16 @@
-#include "daemon/rdv.h"
-#include "daemon/failure.h"
-#include "daemon/fitness.h"
+/* daemon/rdv.c: the job state machine and its one setter, the event ring, what every file
+ * of rdv shares (rdv_internal.h), and the entry points that hand each input to the file of
+ * its idea: rdv_init, rdv_message, rdv_tick, rdv_admin (see rdv.h). */
+#include "daemon/rdv_internal.h"
 
 #include <errno.h>
-#include <math.h>
-#include <stddef.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "common/batch.h"
-
-/* The longest a grow waits for the ranks to leave at a step boundary. */
-#define YIELD_WAIT_MS 30000
+#include "common/log.h"
 
 static const char *const job_state_names[] = {
     "waiting", "forming", "running", "recovering", "completed", "stopped", "failed",
@@ -45,12 +40,34 @@ int rdv_terminal(const struct rdv *r)
     return r->state == RDV_COMPLETED || r->state == RDV_STOPPED || r->state == RDV_FAILED;
 }
 
-/* ---- events ---------------------------------------------------------- */
+/* The job state machine (rdv.h says why each transition exists): 1 where
+ * a job in the row's state may go to the column's. */
+static const unsigned char job_transitions[RDV_FAILED + 1][RDV_FAILED + 1] = {
+    /*                waiting forming running recovering completed stopped failed */
+    [RDV_WAITING]    = {0,    1,      0,      1,         1,        1,      1},
+    [RDV_FORMING]    = {0,    0,      1,      1,         1,        1,      1},
+    [RDV_RUNNING]    = {0,    0,      0,      1,         1,        1,      1},
+    [RDV_RECOVERING] = {0,    1,      1,      1,         1,        1,      1},
+    [RDV_COMPLETED]  = {0},
+    [RDV_STOPPED]    = {0},
+    [RDV_FAILED]     = {0},
+};
 
-static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+int rdv__set_state(struct rdv *r, enum rdv_job_state to)
+{
+    if ((unsigned)to > RDV_FAILED || !job_transitions[r->state][to]) {
+        log_error("job %s: refused state change %s -> %s (generation %llu)", r->spec->name,
+                  job_state_names[r->state], (unsigned)to > RDV_FAILED ? "?" : job_state_names[to],
+                  (unsigned long long)r->generation);
+        return -EINVAL;
+    }
+    log_debug("job %s: %s -> %s (generation %llu)", r->spec->name, job_state_names[r->state], job_state_names[to],
+              (unsigned long long)r->generation);
+    r->state = to;
+    return 0;
+}
 
-static void event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
 {
     struct rdv_event *e = &r->events[r->nevents % RDV_EVENTS];
     struct timespec ts;
@@ -71,20 +88,18 @@ static void event(struct rdv *r, const char *kind, int node, int rank, const cha
 
 void rdv_note(struct rdv *r, const char *kind, const char *message)
 {
-    event(r, kind, -1, -1, "%s", message);
+    rdv__event(r, kind, -1, -1, "%s", message);
     r->ops.changed(r->ops.ctx, 0);
 }
 
-/* ---- helpers --------------------------------------------------------- */
-
-static int find_node(const struct rdv *r, const char *name)
+int rdv__find_node(const struct rdv *r, const char *name)
 {
     uintptr_t idx;
     return namemap_get(&r->byname, name, &idx) == 0 ? (int)idx : -1;
 }
 
 /* Forgets nodes[idx] (before formation: no rank refers to nodes by index). */
-static void remove_node(struct rdv *r, uint32_t idx)
+void rdv__remove_node(struct rdv *r, uint32_t idx)
 {
     namemap_del(&r->byname, r->nodes[idx].name);
     r->nodes[idx] = r->nodes[--r->nnodes];
@@ -92,32 +107,30 @@ static void remove_node(struct rdv *r, uint32_t idx)
         namemap_put(&r->byname, r->nodes[idx].name, idx);
 }
 
-/* ---- rank counters ---------------------------------------------------- */
-
 /* Every change of a rank's state goes through here, so nranks_in stays exact. */
-static void set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to)
+void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to)
 {
     r->nranks_in[rk->state]--;
     r->nranks_in[to]++;
     rk->state = to;
 }
 
-static void send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
+void rdv__send_to(struct rdv *r, uint32_t node, const struct proto_msg *m)
 {
     r->ops.send(r->ops.ctx, r->nodes[node].name, m);
 }
 
-static void send_command(struct rdv *r, uint32_t node, enum proto_command action)
+void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action)
 {
     struct proto_msg m; /* sent to each node in turn: only the command is written, not the whole union */
     m.type = PROTO_COMMAND;
     m.u.command = (struct proto_command_msg){.generation = r->generation, .action = action, .term = r->term};
-    send_to(r, node, &m);
+    rdv__send_to(r, node, &m);
 }
 
-static void changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
+void rdv__changed(struct rdv *r, int persist) { r->ops.changed(r->ops.ctx, persist); }
 
-static uint32_t member_count(const struct rdv *r)
+uint32_t rdv__member_count(const struct rdv *r)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < r->nnodes; i++)
@@ -126,7 +139,7 @@ static uint32_t member_count(const struct rdv *r)
 }
 
 /* Members that are not connected, as "a, b" for messages. */
-static void missing_members(const struct rdv *r, char *out, size_t cap)
+void rdv__missing_members(const struct rdv *r, char *out, size_t cap)
 {
     size_t used = 0;
     out[0] = '\0';
@@ -136,507 +149,14 @@ static void missing_members(const struct rdv *r, char *out, size_t cap)
     }
 }
 
-static void describe_exit(char *out, size_t cap, int32_t code, int32_t sig)
-{
-    if (sig > 0) {
-        const char *name = sigabbrev_np(sig);
-        snprintf(out, cap, "was killed by signal %d (SIG%s)", sig, name ? name : "?");
-    } else {
-        snprintf(out, cap, "exited with status %d", code);
-    }
-}
-
-/* ---- layout and generations ----------------------------------------- */
-
-static int cmp_names(const void *a, const void *b)
-{
-    const struct rdv_node *const *x = a, *const *y = b;
-    return strcmp((*x)->name, (*y)->name);
-}
-
-/* Lays out rank blocks for the current members: name order, contiguous. */
-static int layout_members(struct rdv *r)
-{
-    struct rdv_node *order[RDV_MAX_NODES];
-    uint32_t n = 0, world = 0;
-
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member)
-            order[n++] = &r->nodes[i];
-    qsort(order, n, sizeof(order[0]), cmp_names);
-    for (uint32_t i = 0; i < n; i++) {
-        order[i]->first_rank = world;
-        world += order[i]->ndevices;
-    }
-    return (int)world;
-}
-
-/* (Re)builds the rank table from the members' blocks. */
-static int build_ranks(struct rdv *r)
-{
-    uint32_t world = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member)
-            world += r->nodes[i].ndevices;
-    struct rdv_rank *ranks = calloc(world ? world : 1, sizeof(*ranks));
-    if (!ranks)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!nd->member)
-            continue;
-        for (uint32_t l = 0; l < nd->ndevices; l++) {
-            struct rdv_rank *rk = &ranks[nd->first_rank + l];
-            rk->node = i;
-            rk->local_rank = l;
-            rk->device = nd->devices[l];
-            rk->state = RDV_RANK_PENDING;
-            rk->loss = NAN;
-        }
-    }
-    free(r->ranks);
-    r->ranks = ranks;
-    r->world_size = world;
-    memset(r->nranks_in, 0, sizeof(r->nranks_in));
-    r->nranks_in[RDV_RANK_PENDING] = world;
-    return 0;
-}
-
-/* The member that holds global rank 0. */
-static const struct rdv_node *rank0_node(const struct rdv *r)
-{
-    return r->world_size ? &r->nodes[r->ranks[0].node] : NULL;
-}
-
-/* node_rank: the member's index in name order (torchrun's GROUP_RANK), of nnodes. */
-static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32_t nnodes, uint32_t master_port)
-{
-    const struct rdv_node *nd = &r->nodes[node];
-    struct proto_msg m; /* to each member: the assignment is zeroed, not the whole union */
-    m.type = PROTO_ASSIGN;
-    m.u.assign = (struct proto_assign){0};
-    m.u.assign.generation = r->generation;
-    m.u.assign.world_size = r->world_size;
-    m.u.assign.nranks = nd->ndevices;
-    for (uint32_t l = 0; l < nd->ndevices; l++) {
-        m.u.assign.ranks[l].rank = nd->first_rank + l;
-        m.u.assign.ranks[l].local_rank = l;
-        m.u.assign.ranks[l].device = nd->devices[l];
-    }
-    m.u.assign.node_rank = node_rank;
-    m.u.assign.nnodes = nnodes;
-    m.u.assign.restart_count = r->restarts;
-    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "%s", rank0_node(r)->addr);
-    m.u.assign.master_port = master_port;
-    m.u.assign.job = r->job;
-    m.u.assign.job_text = r->job_text;
-    m.u.assign.term = r->term;
-    send_to(r, node, &m);
-    for (uint32_t l = 0; l < nd->ndevices; l++)
-        set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
-}
-
-/* fitness_check, and an event for each node the plan newly finds unfit. */
-static void check_plan(struct rdv *r, int candidates)
-{
-    uint8_t was[RDV_MAX_NODES];
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        was[i] = r->nodes[i].plan_unfit[0] != '\0';
-    if (fitness_check(r, candidates) == 0)
-        return;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (!was[i] && r->nodes[i].plan_unfit[0])
-            event(r, "node_unfit", (int)i, -1, "node %s is unfit: %s", r->nodes[i].name, r->nodes[i].plan_unfit);
-}
-
-/*
- * Whose latest checkpoints are compared: after a failure, the members whose
- * ranks start afresh (those that rejoin in place keep their state); at
- * formation, every member that reported one.
- */
-static int compared(const struct rdv *r, const struct rdv_node *nd)
-{
-    if (!r->spec->checkpoint_latest[0] || !nd->member || !nd->has_checkpoint)
-        return 0; /* a job that names no rule compares nothing, whatever an agent sends */
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].checkpoint_wanted)
-            return nd->checkpoint_wanted;
-    return 1;
-}
-
-/*
- * The compared members agree on their latest checkpoint (checkpoint_latest),
- * or what says who has what: "node a has global_step40, node b has none".
- */
-static int checkpoints_agree(const struct rdv *r, char *what, size_t cap)
-{
-    const struct rdv_node *first = NULL;
-    int agree = 1;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!compared(r, nd))
-            continue;
-        if (!first)
-            first = nd;
-        else if (strcmp(first->checkpoint, nd->checkpoint) != 0)
-            agree = 0;
-    }
-    if (agree)
-        return 1;
-    size_t n = 0;
-    what[0] = '\0';
-    for (uint32_t i = 0; i < r->nnodes && n < cap; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!compared(r, nd))
-            continue;
-        int w = snprintf(what + n, cap - n, "%snode %s has %s", n ? ", " : "", nd->name,
-                         nd->checkpoint[0] ? nd->checkpoint : "none");
-        n += w > 0 ? (size_t)w : 0;
-    }
-    proto_text_sanitize(what); /* cut short, it may end mid-character: the status must stay UTF-8 */
-    return 0;
-}
-
-/*
- * The members' latest checkpoints agree, or checkpoint_diverged_ok lets them
- * differ: reported once per difference in the events, and in r->reason while
- * the generation waits for an operator to make them agree. After a failure
- * the members whose ranks start afresh are waited for until they report.
- */
-static int members_agree(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        struct rdv_node *nd = &r->nodes[i];
-        if (!nd->member || !nd->checkpoint_wanted || nd->has_checkpoint)
-            continue;
-        if (!r->checkpoint_wait_ms)
-            r->checkpoint_wait_ms = now_ms;
-        if (now_ms - r->checkpoint_wait_ms < (uint64_t)r->spec->heartbeat_timeout_ms) {
-            snprintf(r->reason, sizeof(r->reason), "waiting for node %s to report its latest checkpoint "
-                     "(checkpoint_latest)", nd->name);
-            changed(r, 0);
-            return 0;
-        }
-        /* its report went astray (a link that broke as the generation ended): not compared */
-        nd->checkpoint_wanted = 0;
-        event(r, "checkpoint_unreported", (int)i, -1, "node %s did not report its latest checkpoint within %.1f s: "
-              "not compared", nd->name, (double)r->spec->heartbeat_timeout_ms / 1000.0);
-    }
-    r->checkpoint_wait_ms = 0;
-    char what[PROTO_REASON_MAX - 160];
-    if (checkpoints_agree(r, what, sizeof(what))) {
-        r->diverged_said[0] = '\0';
-        return 1;
-    }
-    int ok = r->spec->checkpoint_diverged_ok;
-    if (strcmp(r->diverged_said, what) != 0) {
-        event(r, "checkpoint_diverged", -1, -1, "checkpoint_dir differs between nodes: %s; %s", what,
-              ok ? "starting anyway (checkpoint_diverged_ok)" : "generation not started");
-        snprintf(r->diverged_said, sizeof(r->diverged_said), "%s", what);
-    }
-    if (ok)
-        return 1;
-    snprintf(r->reason, sizeof(r->reason), "checkpoint_dir differs between nodes: %s; copy the latest checkpoint "
-             "to every node (or set checkpoint_diverged_ok)", what);
-    changed(r, 0);
-    return 0;
-}
-
-/* r->reason: the job waits for nd's pre-flight (its reason, cut to fit, still UTF-8). */
-static void waiting_for_fitness(struct rdv *r, const struct rdv_node *nd)
-{
-    if (nd->fitness == RDV_FIT_CHECKING)
-        snprintf(r->reason, sizeof(r->reason), "waiting for node %s's pre-flight checks", nd->name);
-    else
-        snprintf(r->reason, sizeof(r->reason), "waiting for node %s: unfit: %s", nd->name, fitness_reason(nd));
-    proto_text_sanitize(r->reason);
-}
-
-/*
- * Every member is fit (its pre-flight passed, the plan fits its memory), or
- * r->reason says which is not and why: the generation waits, spending nothing.
- */
-static int members_fit(struct rdv *r)
-{
-    check_plan(r, 0);
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (!nd->member || fitness_ready(nd))
-            continue;
-        waiting_for_fitness(r, nd);
-        changed(r, 0);
-        return 0;
-    }
-    return 1;
-}
-
-/*
- * Assigns the current generation to every member once all are connected.
- * Called whenever a member joins while a generation waits to start.
- */
-static void try_start_generation(struct rdv *r, uint64_t now_ms)
-{
-    char missing[PROTO_REASON_MAX];
-
-    if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
-        return;
-    if (r->restart_at_ms && now_ms < r->restart_at_ms)
-        return; /* backing off; rdv_tick starts it when the time comes */
-    r->restart_at_ms = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (!r->nodes[i].member)
-            continue;
-        if (r->nodes[i].state != RDV_NODE_JOINED) {
-            missing_members(r, missing, sizeof(missing));
-            snprintf(r->reason, sizeof(r->reason), "waiting for %s to rejoin", missing);
-            return;
-        }
-        if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
-            return; /* already assigned */
-    }
-    if (!members_fit(r) || !members_agree(r, now_ms))
-        return;
-    /* MASTER_PORT: the port rank 0's agent last reported free on its node,
-     * but not the last generation's in a report sent before the agent had
-     * that generation's ASSIGN (two generations within one heartbeat): a
-     * survivor kept in place may still hold it, and torch's env:// store is
-     * multi-tenant, so a new rank 0 binding that port would join the old
-     * store, whose keys send the new group to the old one's addresses. An
-     * agent that knows the generation never reports its port while a rank of
-     * it lives; its next heartbeat names another. */
-    const struct rdv_node *n0 = rank0_node(r);
-    if (n0->free_port == 0) {
-        snprintf(r->reason, sizeof(r->reason),
-                 "waiting for node %s (rank 0) to find a free port for MASTER_PORT: every port of its "
-                 "master_port_range is in use", n0->name);
-        if (r->port_wait != RDV_PORT_WAIT_NONE_FREE)
-            event(r, "no_master_port", (int)r->ranks[0].node, 0, "%s", r->reason);
-        r->port_wait = RDV_PORT_WAIT_NONE_FREE;
-        changed(r, 0);
-        return;
-    }
-    if (n0->free_port == r->master_port && n0->free_port_gen < r->master_port_gen) {
-        snprintf(r->reason, sizeof(r->reason),
-                 "waiting for node %s (rank 0) to report a free port for MASTER_PORT other than the last "
-                 "generation's (%u)", n0->name, r->master_port);
-        r->port_wait = RDV_PORT_WAIT_NEW;
-        changed(r, 0);
-        return;
-    }
-    r->port_wait = RDV_PORT_WAIT_NO;
-    r->master_port = n0->free_port;
-    r->master_port_gen = r->generation;
-    /* Rank blocks are contiguous in name order: walking them block by block visits the
-     * members in that order, which numbers them. */
-    const uint32_t nnodes = member_count(r);
-    uint32_t node_rank = 0;
-    for (uint32_t rank = 0; rank < r->world_size;) {
-        const uint32_t node = r->ranks[rank].node;
-        send_assign(r, node, node_rank++, nnodes, r->master_port);
-        while (rank < r->world_size && r->ranks[rank].node == node)
-            rank++;
-    }
-    r->assigned_ms = now_ms;
-    for (uint32_t i = 0; i < r->nnodes; i++) /* what they have changes as the generation runs */
-        r->nodes[i].has_checkpoint = r->nodes[i].checkpoint_wanted = 0;
-    r->checkpoint_wait_ms = 0;
-    event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
-          (unsigned long long)r->generation, r->world_size, nnodes);
-    changed(r, 1);
-}
-
-/* Opens generation 1 with the first spec->nodes nodes to join. */
-static int form_first_generation(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        r->nodes[i].member = fitness_ready(&r->nodes[i]);
-    layout_members(r);
-    if (build_ranks(r))
-        return -ENOMEM;
-    /* The world size is known now: a batch that cannot be split fails the job
-     * here, before any rank starts, rather than in every rank at step 1. */
-    struct batch_plan plan;
-    char why[PROTO_REASON_MAX];
-    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
-        snprintf(r->reason, sizeof(r->reason), "%s", why);
-        r->state = RDV_FAILED;
-        event(r, "job_failed", -1, -1, "job refused at formation: %s", why);
-        changed(r, 1);
-        return 0;
-    }
-    r->generation = 1;
-    r->gen_opened_ms = now_ms;
-    r->state = RDV_FORMING;
-    r->reason[0] = '\0';
-    event(r, "generation_opened", -1, -1, "generation 1 opened: %u nodes joined, world size %u",
-          member_count(r), r->world_size);
-    changed(r, 1);
-    try_start_generation(r, now_ms);
-    return 0;
-}
-
-/* The job ended: ranks still alive are being stopped; their exits only settle their state. */
-static void settle_ranks(struct rdv *r)
-{
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state != RDV_RANK_COMPLETED && r->ranks[i].state != RDV_RANK_EXITED)
-            set_rank_state(r, &r->ranks[i], r->ranks[i].state == RDV_RANK_PENDING ? RDV_RANK_EXITED : RDV_RANK_STOPPING);
-}
-
-static void command_all(struct rdv *r, enum proto_command action)
+void rdv__command_all(struct rdv *r, enum proto_command action)
 {
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_command(r, i, action);
+            rdv__send_command(r, i, action);
 }
 
-static void stop_all(struct rdv *r) { command_all(r, PROTO_CMD_STOP); }
-
-/* The job is failed for r->reason: persisted first, then every rank stopped. */
-static void fail_job(struct rdv *r, int node, int rank)
-{
-    r->state = RDV_FAILED;
-    r->resuming = 0;
-    event(r, "job_failed", node, rank, "%s", r->reason);
-    settle_ranks(r);
-    changed(r, 1);
-    stop_all(r);
-}
-
-/* Restarts that count toward max_restarts: all, or those of the last restart_window_s. */
-static uint32_t restarts_counted(const struct rdv *r, uint64_t now_ms)
-{
-    if (r->spec->restart_window_s <= 0 || !r->restart_times)
-        return r->restarts;
-    const uint64_t window = (uint64_t)r->spec->restart_window_s * 1000;
-    const uint32_t cap = (uint32_t)r->spec->max_restarts + 1;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < r->nrestart_times && i < cap; i++)
-        n += now_ms - r->restart_times[i] < window;
-    return n;
-}
-
-static void spend_restart(struct rdv *r, uint64_t now_ms)
-{
-    r->restarts++;
-    if (r->restart_times)
-        r->restart_times[r->nrestart_times++ % ((uint32_t)r->spec->max_restarts + 1)] = now_ms;
-}
-
-/*
- * The generation is over: the members whose ranks start afresh (a rank that
- * is not running and able to rejoin in place, or every rank when they are
- * stopped rather than parked) report their latest checkpoint again before
- * the next one starts, when the job names checkpoint_latest and the node has
- * reported one before (its agent does so on COMMAND park or stop).
- */
-static void want_checkpoints(struct rdv *r, int park)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        struct rdv_node *nd = &r->nodes[i];
-        nd->checkpoint_wanted = 0;
-        if (!nd->member || !r->spec->checkpoint_latest[0] || !nd->reports_checkpoint)
-            continue;
-        int afresh = !park;
-        for (uint32_t k = 0; k < r->world_size; k++) {
-            const struct rdv_rank *rk = &r->ranks[k];
-            if (rk->node == i)
-                afresh |= rk->state != RDV_RANK_RUNNING || !rk->rejoin || rk->silent;
-        }
-        nd->checkpoint_wanted = afresh;
-        nd->has_checkpoint = 0;
-    }
-}
-
-/*
- * A failure in the current generation: open the next one (parking every
- * rank, which stops those that cannot rejoin in place, and assigning the
- * next generation once all members are back, after the backoff the
- * failure's class and the streak call for), or fail the job when the restart
- * budget is spent or retrying cannot help. An administrator's restart
- * (park 0) stops every rank instead: it asks for fresh processes.
- */
-static void open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
-                                 int spend, enum failure_class cls, int park)
-{
-    if (rdv_terminal(r) || r->state == RDV_WAITING)
-        return;
-#ifdef MUSTER_MUTANT_NO_PARK
-    /* A broken heal for `make check-mutants` only (tests/mutants.sh): every failure stops every rank. */
-    park = 0;
-#endif
-    r->resuming = 0;
-    r->yielding = 0;
-    r->hang_pending = 0;
-    if (spend && failure_fatal(cls)) {
-        snprintf(r->reason, sizeof(r->reason), "%s; not retried: the rank's program cannot run as configured "
-                 "(%s failure)", what, failure_class_name(cls));
-        proto_text_sanitize(r->reason);
-        fail_job(r, node, rank);
-        return;
-    }
-    uint32_t counted = restarts_counted(r, now_ms);
-    if (spend && counted >= (uint32_t)r->spec->max_restarts) {
-        if (r->spec->restart_window_s > 0)
-            snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s in %d s (max_restarts=%d, "
-                     "restart_window_s=%d)", what, counted, counted == 1 ? "" : "s", r->spec->restart_window_s,
-                     r->spec->max_restarts, r->spec->restart_window_s);
-        else
-            snprintf(r->reason, sizeof(r->reason), "%s; gave up after %u restart%s (max_restarts=%d)", what,
-                     counted, counted == 1 ? "" : "s", r->spec->max_restarts);
-        proto_text_sanitize(r->reason);
-        fail_job(r, node, rank);
-        return;
-    }
-    /* A generation that ran restart_backoff_max_ms was healthy: the streak starts over. */
-    if (r->running_since_ms && now_ms - r->running_since_ms >= (uint64_t)r->spec->restart_backoff_max_ms)
-        r->streak = 0;
-    r->running_since_ms = 0;
-    uint64_t wait = 0;
-    if (spend) {
-        spend_restart(r, now_ms);
-        r->streak++;
-        wait = failure_backoff_ms(r->spec, r->streak, cls);
-    }
-    r->generation++;
-    r->gen_opened_ms = now_ms;
-    r->assigned_ms = 0;
-    r->restart_at_ms = wait ? now_ms + wait : 0;
-    r->state = RDV_RECOVERING;
-    if (wait)
-        snprintf(r->reason, sizeof(r->reason), "%s; generation %llu starts in %.1f s (%s, failure %u in a row)",
-                 what, (unsigned long long)r->generation, (double)wait / 1000.0,
-                 cls == FAILURE_DISK_FULL || cls == FAILURE_OOM ? "the cause will not go away by itself"
-                                                                 : "restart backoff",
-                 r->streak);
-    else
-        snprintf(r->reason, sizeof(r->reason), "%s", what);
-    proto_text_sanitize(r->reason);
-    want_checkpoints(r, park);
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        set_rank_state(r, &r->ranks[i], RDV_RANK_PENDING);
-        r->ranks[i].last_beat_ms = 0;
-        r->ranks[i].yielded = 0;
-    }
-    event(r, "generation_opened", node, rank, "generation %llu opened: %s (restart %u of %d%s)",
-          (unsigned long long)r->generation, what, r->restarts, r->spec->max_restarts,
-          wait ? ", after a backoff" : "");
-    if (wait)
-        event(r, "restart_backoff", node, rank, "generation %llu waits %.1f s: %s failure %u in a row",
-              (unsigned long long)r->generation, (double)wait / 1000.0, failure_class_name(cls), r->streak);
-    r->restore_noted = 0;
-    /* Persisted before any frame names the new generation (see rdv_ops.changed). */
-    changed(r, 1);
-    command_all(r, park ? PROTO_CMD_PARK : PROTO_CMD_STOP);
-    try_start_generation(r, now_ms);
-}
-
-static void fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what)
-{
-    open_next_generation(r, now_ms, node, rank, what, 1, FAILURE_EXIT, 1);
-}
-
-/* ---- inputs ---------------------------------------------------------- */
+void rdv__stop_all(struct rdv *r) { rdv__command_all(r, PROTO_CMD_STOP); }
 
 int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const struct rdv_ops *ops,
              uint64_t now_ms)
@@ -649,7 +169,7 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
         json_decref(r->job);
         return -ENOMEM;
     }
-    r->state = RDV_WAITING;
+    _Static_assert(RDV_WAITING == 0, "a zeroed rdv is waiting");
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
     if (namemap_init(&r->byname, RDV_MAX_NODES) != 0) {
@@ -664,23 +184,14 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
         json_decref(r->job);
         return -ENOMEM;
     }
-    event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
-          spec->nodes == 1 ? "" : "s");
+    rdv__event(r, "daemon_started", -1, -1, "job %s: waiting for %d node%s", spec->name, spec->nodes,
+               spec->nodes == 1 ? "" : "s");
     return 0;
-}
-
-static void stacks_clear(struct rdv_stacks *k)
-{
-    for (uint32_t i = 0; i < k->nranks; i++)
-        free(k->ranks[i].text);
-    free(k->ranks);
-    k->ranks = NULL;
-    k->nranks = k->nanswered = 0;
 }
 
 void rdv_free(struct rdv *r)
 {
-    stacks_clear(&r->stacks);
+    rdv__stacks_clear(&r->stacks);
     free(r->ranks);
     r->ranks = NULL;
     free(r->restart_times);
@@ -692,845 +203,9 @@ void rdv_free(struct rdv *r)
     r->job_text = NULL;
 }
 
-void rdv_save(const struct rdv *r, struct rdv_saved *out)
-{
-    /* Only the members in use are written: the table is large and this runs at every state change. */
-    memset(out, 0, offsetof(struct rdv_saved, members));
-    snprintf(out->job, sizeof(out->job), "%s", r->spec->name);
-    /* A restored generation waiting for its members is kept as it was before
-     * the restart, so that another restart meanwhile restores it alike. */
-    out->state = r->resuming ? r->resume_to : r->state;
-    snprintf(out->reason, sizeof(out->reason), "%s", r->reason);
-    out->generation = r->generation;
-    out->restarts = r->restarts;
-    out->world_size = r->world_size;
-    out->last_checkpoint_step = r->last_checkpoint_step;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (!r->nodes[i].member)
-            continue;
-        struct rdv_saved_member *m = &out->members[out->nmembers++];
-        snprintf(m->name, sizeof(m->name), "%s", r->nodes[i].name);
-        m->first_rank = r->nodes[i].first_rank;
-        m->ndevices = r->nodes[i].ndevices;
-    }
-}
-
-/*
- * After a daemon restart the members are known but not connected. A job
- * that was forming, running or recovering goes on in its generation: when
- * every member rejoins saying its ranks still run that generation, training
- * never noticed (a generation that was still forming then waits for its
- * ranks to report running, as in formation); a member that comes back
- * without them, or not in time, is a failure like any other.
- */
-int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
-{
-    if (s->nmembers > RDV_MAX_NODES)
-        return -EINVAL;
-    r->state = s->state;
-    snprintf(r->reason, sizeof(r->reason), "%s", s->reason);
-    r->generation = s->generation;
-    r->restarts = s->restarts;
-    r->last_checkpoint_step = s->last_checkpoint_step;
-    r->nnodes = 0;
-    namemap_clear(&r->byname);
-    uint32_t world = 0;
-    for (uint32_t i = 0; i < s->nmembers; i++) {
-        if (find_node(r, s->members[i].name) >= 0)
-            return -EINVAL; /* a member named twice */
-        struct rdv_node *nd = &r->nodes[r->nnodes++];
-        memset(nd, 0, sizeof(*nd));
-        snprintf(nd->name, sizeof(nd->name), "%s", s->members[i].name);
-        nd->member = 1;
-        nd->first_rank = s->members[i].first_rank;
-        nd->ndevices = s->members[i].ndevices;
-        if (nd->ndevices == 0 || nd->ndevices > PROTO_MAX_LOCAL_RANKS)
-            return -EINVAL;
-        for (uint32_t l = 0; l < nd->ndevices; l++)
-            nd->devices[l] = l;
-        nd->state = RDV_NODE_LOST;
-        nd->last_seen_ms = now_ms;
-        world += nd->ndevices;
-        if (namemap_put(&r->byname, nd->name, r->nnodes - 1) != 0)
-            return -EINVAL;
-    }
-    if (world != s->world_size)
-        return -EINVAL;
-    /* Blocks must tile [0, world) exactly. */
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (r->nodes[i].first_rank + r->nodes[i].ndevices > world)
-            return -EINVAL;
-        for (uint32_t j = i + 1; j < r->nnodes; j++) {
-            const struct rdv_node *a = &r->nodes[i], *b = &r->nodes[j];
-            if (a->first_rank < b->first_rank + b->ndevices && b->first_rank < a->first_rank + a->ndevices)
-                return -EINVAL;
-        }
-    }
-    if (r->nnodes && build_ranks(r))
-        return -ENOMEM;
-    r->gen_opened_ms = now_ms;
-    if (r->state == RDV_FORMING || r->state == RDV_RUNNING) {
-        /* Ranks keep their generation until members tell us otherwise. */
-        for (uint32_t i = 0; i < r->world_size; i++)
-            set_rank_state(r, &r->ranks[i], RDV_RANK_STARTING);
-        r->resume_to = r->state;
-        r->state = RDV_RECOVERING;
-        r->resuming = 1;
-        snprintf(r->reason, sizeof(r->reason), "daemon restarted; waiting for members to rejoin");
-    } else if (r->state == RDV_RECOVERING) {
-        /* The failure was already paid for: assign this generation again once all are back. */
-        snprintf(r->reason, sizeof(r->reason), "daemon restarted during recovery; waiting for members to rejoin");
-    }
-    event(r, "state_restored", -1, -1, "restored job %s: %s, generation %llu, %u restarts, %u members",
-          s->job, job_state_names[s->state], (unsigned long long)s->generation, s->restarts, s->nmembers);
-    return 0;
-}
-
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
-
-/* A node that joined while the job was forming, recovering or resuming is taken now it runs. */
-static void grow_waiting(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes && r->state == RDV_RUNNING; i++)
-        if (!r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            maybe_grow(r, i, now_ms);
-}
-
-/* A forming or recovering generation runs once every rank reports running
- * (or has finished); a restored one, not before every member is back. */
-static void check_running(struct rdv *r, uint64_t now_ms)
-{
-    if ((r->state != RDV_FORMING && r->state != RDV_RECOVERING) || r->resuming ||
-        r->nranks_in[RDV_RANK_RUNNING] + r->nranks_in[RDV_RANK_COMPLETED] != r->world_size)
-        return;
-    r->state = RDV_RUNNING;
-    r->running_since_ms = now_ms;
-    /* The hang clock starts with the generation: a rank that rejoined in
-     * place reported running (at its old step) while the others were still
-     * starting, and was not stuck for that wait. */
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        r->ranks[i].progress_ms = now_ms;
-        r->ranks[i].stepped = 0;
-    }
-    hang_steps_new_generation(&r->steps);
-    r->hang_due_ms = 0;
-    r->reason[0] = '\0';
-    event(r, "generation_running", -1, -1, "generation %llu running: %u ranks on %u nodes, %llu ms after it opened",
-          (unsigned long long)r->generation, r->world_size, member_count(r),
-          (unsigned long long)(now_ms - r->gen_opened_ms));
-    changed(r, 1);
-    grow_waiting(r, now_ms);
-}
-
-/*
- * After a restore: every member back in the old generation means nothing
- * failed. A generation that ran before the restart runs on; one that was
- * still forming waits for its ranks to report running, as in formation
- * (check_running), its start_timeout_ms counted from now.
- */
-static void check_resumed(struct rdv *r, uint64_t now_ms)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (nd->member && (nd->state != RDV_NODE_JOINED || nd->reported_generation != r->generation))
-            return;
-    }
-    r->state = r->resume_to;
-    r->resuming = 0;
-    if (r->state == RDV_RUNNING) {
-        r->reason[0] = '\0';
-        event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu; training went on",
-              (unsigned long long)r->generation);
-        changed(r, 1);
-        grow_waiting(r, now_ms);
-        return;
-    }
-    r->assigned_ms = now_ms;
-    const uint32_t waiting = r->world_size - r->nranks_in[RDV_RANK_RUNNING] - r->nranks_in[RDV_RANK_COMPLETED];
-    snprintf(r->reason, sizeof(r->reason), "daemon restarted while generation %llu was forming; every member "
-             "rejoined, waiting for its ranks to report running", (unsigned long long)r->generation);
-    event(r, "generation_resumed", -1, -1, "every member rejoined in generation %llu, which was forming: waiting "
-          "for %u rank%s to report running (start_timeout_ms from now)", (unsigned long long)r->generation, waiting,
-          waiting == 1 ? "" : "s");
-    changed(r, 1);
-    check_running(r, now_ms);
-}
-
-/*
- * Generation 1 forms once spec->nodes nodes are fit. When every slot is
- * taken but some node is unfit (or still checking) for rejoin_timeout_ms,
- * the job forms without it if min_nodes allows.
- */
-static void maybe_form(struct rdv *r, uint64_t now_ms)
-{
-    if (r->state != RDV_WAITING || r->nnodes < (uint32_t)r->spec->nodes)
-        return;
-    uint32_t ready = 0, waited = 1;
-    const struct rdv_node *late = NULL;
-    check_plan(r, 1);
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (fitness_ready(nd)) {
-            ready++;
-            continue;
-        }
-        late = late ? late : nd;
-        if (nd->state == RDV_NODE_JOINED && now_ms - nd->unfit_since_ms < (uint64_t)r->spec->rejoin_timeout_ms)
-            waited = 0;
-    }
-    const uint32_t floor = (uint32_t)(r->spec->min_nodes ? r->spec->min_nodes : r->spec->nodes);
-    if (ready >= (uint32_t)r->spec->nodes || (ready >= floor && ready > 0 && waited)) {
-        if (ready < (uint32_t)r->spec->nodes)
-            event(r, "forming_without", -1, -1, "forming with %u of %d nodes (min_nodes %u): %s stayed unfit for "
-                  "%.0f s (rejoin_timeout_ms)", ready, r->spec->nodes, floor, late->name,
-                  (double)r->spec->rejoin_timeout_ms / 1000.0);
-        form_first_generation(r, now_ms);
-        return;
-    }
-    if (late)
-        waiting_for_fitness(r, late);
-}
-
-/* A fresh session for a join: random, so that only the agent it was given to can resume it. */
-static uint64_t new_session(void)
-{
-    uint8_t bytes[PROTO_NONCE_LEN];
-    uint64_t s = 0;
-    if (proto_nonce(bytes) == 0)
-        memcpy(&s, bytes, sizeof(s));
-    return s & PROTO_U64_MAX; /* 0 (no randomness to be had): this join cannot be resumed */
-}
-
-static void send_welcome(struct rdv *r, uint32_t node)
-{
-    struct proto_msg m = {.type = PROTO_WELCOME};
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    m.u.welcome.heartbeat_interval_ms = (uint32_t)r->spec->heartbeat_interval_ms;
-    m.u.welcome.heartbeat_timeout_ms = (uint32_t)r->spec->heartbeat_timeout_ms;
-    m.u.welcome.lease_ms = (uint32_t)r->spec->lease_ms;
-    m.u.welcome.session = r->nodes[node].session;
-    m.u.welcome.time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-    m.u.welcome.job = r->job; /* for the agent's pre-flight; the message does not own it */
-    m.u.welcome.term = r->term;
-    send_to(r, node, &m);
-}
-
-/* Device facts and the pre-flight promise of a HELLO. */
-static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_t now_ms)
-{
-    nd->gpu_name[0] = '\0';
-    nd->gpu_total_mb = nd->gpu_free_mb = 0;
-    for (uint32_t i = 0; i < h->ngpus; i++) {
-        if (i == 0 || h->gpus[i].total_mb < nd->gpu_total_mb) {
-            snprintf(nd->gpu_name, sizeof(nd->gpu_name), "%s", h->gpus[i].name);
-            nd->gpu_total_mb = h->gpus[i].total_mb;
-        }
-        if (i == 0 || h->gpus[i].free_mb < nd->gpu_free_mb)
-            nd->gpu_free_mb = h->gpus[i].free_mb;
-    }
-    nd->device_mem_mb = h->device_mem_mb;
-    nd->host_mem_mb = h->host_mem_mb;
-    nd->fitness = h->preflight ? RDV_FIT_CHECKING : RDV_FIT_UNCHECKED;
-    nd->unfit_reason[0] = nd->plan_unfit[0] = '\0';
-    nd->has_checkpoint = 0;
-    nd->unfit_since_ms = now_ms;
-}
-
-/* s as one line of UTF-8 without control characters (C0, DEL, C1): each becomes a space. */
-static void one_line(char *s)
-{
-    unsigned char *p = (unsigned char *)s;
-    proto_text_sanitize(s);
-    for (size_t i = 0; p[i]; i++) {
-        if (p[i] < 0x20 || p[i] == 0x7f)
-            p[i] = ' ';
-        else if (p[i] == 0xc2 && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
-            p[i] = p[i + 1] = ' ';
-    }
-}
-
-/* PREFLIGHT: the node's checks passed or failed; either may let the job go on. */
-static void on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    enum rdv_fitness was = nd->fitness;
-    nd->trainer = p->trainer;
-    nd->has_checkpoint = p->has_checkpoint;
-    nd->reports_checkpoint |= p->has_checkpoint;
-    snprintf(nd->checkpoint, sizeof(nd->checkpoint), "%s", p->has_checkpoint ? p->checkpoint : "");
-    if (p->fit) {
-        nd->fitness = RDV_FIT_OK;
-        nd->unfit_reason[0] = '\0';
-        if (was == RDV_FIT_UNFIT)
-            event(r, "node_fit", (int)idx, -1, "node %s is fit: its pre-flight checks pass", nd->name);
-    } else {
-        /* the reason names the job's paths, which may hold any character: none reaches a terminal raw */
-        char reason[sizeof(nd->unfit_reason)];
-        snprintf(reason, sizeof(reason), "%s", p->reason);
-        one_line(reason);
-        if (was != RDV_FIT_UNFIT || strcmp(nd->unfit_reason, reason) != 0)
-            event(r, "node_unfit", (int)idx, -1, "node %s is unfit: %s", nd->name, reason);
-        if (was != RDV_FIT_UNFIT)
-            nd->unfit_since_ms = now_ms;
-        nd->fitness = RDV_FIT_UNFIT;
-        snprintf(nd->unfit_reason, sizeof(nd->unfit_reason), "%s", reason);
-    }
-    maybe_form(r, now_ms);
-    if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))
-        try_start_generation(r, now_ms);
-    else if (!nd->member && nd->state == RDV_NODE_JOINED)
-        maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
-    changed(r, 0);
-}
-
-/* The current generation's unique id, to a node that may have missed it. */
-static void send_unique_id(struct rdv *r, uint32_t node)
-{
-    if (r->generation == 0 || r->uid.generation != r->generation)
-        return;
-    struct proto_msg m;
-    m.type = PROTO_UNIQUE_ID;
-    m.u.unique_id = r->uid;
-    m.u.unique_id.term = r->term;
-    send_to(r, node, &m);
-}
-
-/* The current generation's ASSIGN again, to a member that may have missed it. */
-static void resend_assign(struct rdv *r, uint32_t node)
-{
-    uint32_t node_rank = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        node_rank += r->nodes[i].member && r->nodes[i].first_rank < r->nodes[node].first_rank;
-    send_assign(r, node, node_rank, member_count(r), r->master_port);
-}
-
-/*
- * A member is back on a new connection: rejoining after it was lost, or
- * resuming its session after a stalled link. It is given what it may have
- * missed; when its ranks of a running generation are gone, that generation
- * has failed.
- */
-static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, uint64_t now_ms)
-{
-    const struct rdv_node *nd = &r->nodes[idx];
-    int pending = 0, expected = 0;
-    for (uint32_t l = 0; l < nd->ndevices; l++) {
-        enum rdv_rank_state st = r->ranks[nd->first_rank + l].state;
-        pending |= st == RDV_RANK_PENDING;
-        expected |= st == RDV_RANK_STARTING || st == RDV_RANK_RUNNING;
-    }
-    if (pending) {
-        try_start_generation(r, now_ms);
-        return;
-    }
-    if (!expected)
-        return; /* its ranks are over (completed, exited, being stopped) */
-    const int starting = r->state == RDV_FORMING || r->state == RDV_RECOVERING;
-    if (its_generation == r->generation) {
-        if (starting)
-            send_unique_id(r, idx);
-        return;
-    }
-    /* No master_port: the generation was assigned before musterd restarted,
-     * and its ASSIGN cannot be told again. */
-    if (starting && r->master_port) {
-        resend_assign(r, idx);
-        send_unique_id(r, idx);
-        return;
-    }
-    char what[PROTO_REASON_MAX];
-    snprintf(what, sizeof(what), "node %s came back without its ranks of generation %llu", nd->name,
-             (unsigned long long)r->generation);
-    fail_generation(r, now_ms, (int)idx, -1, what);
-}
-
-int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
-             char reason[PROTO_REASON_MAX])
-{
-    int idx = find_node(r, h->node);
-    /* A connected node whose agent names its session: the same agent on a new connection. */
-    const int resumes = idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED && h->session &&
-                        h->session == r->nodes[idx].session;
-
-    if (idx >= 0 && r->nodes[idx].state == RDV_NODE_JOINED && !resumes) {
-        snprintf(code, 32, "duplicate");
-        snprintf(reason, PROTO_REASON_MAX, "a node named %s is already connected (from %s)", h->node,
-                 r->nodes[idx].addr);
-        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
-        return -1;
-    }
-    if (idx >= 0 && r->nodes[idx].member && r->nodes[idx].ndevices != h->ndevices) {
-        snprintf(code, 32, "bad_request");
-        snprintf(reason, PROTO_REASON_MAX,
-                 "node %s holds a block of %u ranks in this job but came back with %u devices", h->node,
-                 r->nodes[idx].ndevices, h->ndevices);
-        event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
-        return -1;
-    }
-    /* Before generation 1, the first spec->nodes names; after it, a new name
-     * only while the job runs below its wanted size (it grows: maybe_grow). */
-    if (idx < 0 && (r->generation > 0 ? member_count(r) >= (uint32_t)r->spec->nodes || rdv_terminal(r)
-                                      : r->nnodes >= (uint32_t)r->spec->nodes)) {
-        snprintf(code, 32, "full");
-        snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
-                 r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
-        event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
-        return -1;
-    }
-    if (idx < 0) {
-        if (r->nnodes >= RDV_MAX_NODES) {
-            snprintf(code, 32, "full");
-            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes", RDV_MAX_NODES);
-            return -1;
-        }
-        idx = (int)r->nnodes++;
-        memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
-        snprintf(r->nodes[idx].name, sizeof(r->nodes[idx].name), "%s", h->node);
-        namemap_put(&r->byname, r->nodes[idx].name, (uintptr_t)idx);
-    }
-
-    struct rdv_node *nd = &r->nodes[idx];
-    const uint64_t silence_ms = now_ms - nd->last_seen_ms;
-    if (resumes)
-        r->ops.disconnect(r->ops.ctx, nd->name, "replaced by the agent's new connection (session resumed)");
-    nd->session = new_session();
-    snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
-    nd->free_port = h->free_port;
-    nd->free_port_gen = h->generation;
-    nd->kind = h->kind;
-    nd->ndevices = h->ndevices;
-    memcpy(nd->devices, h->devices, sizeof(nd->devices));
-    nd->state = RDV_NODE_JOINED;
-    nd->last_seen_ms = now_ms;
-    nd->joined_ms = now_ms;
-    nd->reported_generation = h->generation;
-    take_facts(nd, h, now_ms);
-    if (nd->member) {
-        /* A returning member keeps its block; devices may be renumbered. */
-        for (uint32_t l = 0; l < nd->ndevices && r->ranks; l++)
-            r->ranks[nd->first_rank + l].device = nd->devices[l];
-    }
-    if (resumes)
-        event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s after its "
-              "last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
-    else
-        event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
-              nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
-              nd->member ? " (rejoined its rank block)" : "");
-    send_welcome(r, (uint32_t)idx);
-
-    if (r->state == RDV_WAITING) {
-        maybe_form(r, now_ms);
-    } else if (r->resuming && nd->member) {
-        if (h->generation == r->generation) {
-            check_resumed(r, now_ms);
-        } else {
-            char what[PROTO_REASON_MAX];
-            snprintf(what, sizeof(what), "node %s rejoined the restarted daemon without its ranks", nd->name);
-            fail_generation(r, now_ms, idx, -1, what);
-        }
-    } else if (nd->member && !rdv_terminal(r)) {
-        member_back(r, (uint32_t)idx, h->generation, now_ms);
-    } else if (!nd->member) {
-        maybe_grow(r, (uint32_t)idx, now_ms);
-    }
-    /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
-    changed(r, 0);
-    return 0;
-}
-
-/*
- * A node that is not a member joined (a new one, or one that was dropped
- * when the job shrank): while the job runs below spec->nodes it is admitted
- * in a new generation, once it is fit (its pre-flight passed, on_preflight)
- * and the plan of the larger world fits its memory. The members' ranks are
- * parked (those that rejoin in place keep their state and re-slice it for
- * the larger world; others are restarted from the last checkpoint); no
- * restart is spent. A job that is forming or recovering takes the node at
- * its next generation instead.
- */
-/* How long a grow waits for the ranks to leave their generation at a step
- * boundary: min(progress_timeout_ms, 30 s); a step takes less than that. */
-static uint64_t yield_wait_ms(const struct rdv *r)
-{
-    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-    return limit && limit < YIELD_WAIT_MS ? limit : YIELD_WAIT_MS;
-}
-
-/* Takes node idx into the running job: a generation with it, the ranks of
- * the one before parked (any still training abort their step). */
-static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    uint32_t before = r->world_size;
-    nd->member = 1;
-    check_plan(r, 0);
-    if (nd->plan_unfit[0]) { /* it stays idle, shown unfit with the plan's figures */
-        nd->member = 0;
-        check_plan(r, 0);
-        return;
-    }
-    layout_members(r);
-    if (build_ranks(r) != 0) {
-        nd->member = 0;
-        layout_members(r);
-        return;
-    }
-    r->generation++;
-    r->gen_opened_ms = now_ms;
-    r->assigned_ms = 0;
-    r->running_since_ms = 0;
-    r->restore_noted = 0;
-    r->yielding = 0;
-    r->state = RDV_RECOVERING;
-    snprintf(r->reason, sizeof(r->reason), "node %s joined: growing from %u to %u ranks on %u nodes", nd->name,
-             before, r->world_size, member_count(r));
-    event(r, "job_grew", (int)idx, -1, "generation %llu: %s", (unsigned long long)r->generation, r->reason);
-    /* Persisted before any frame names the new generation (see rdv_ops.changed). */
-    changed(r, 1);
-    command_all(r, PROTO_CMD_PARK);
-    try_start_generation(r, now_ms);
-}
-
-/* Whether every rank of the generation runs and can rejoin in place: then
- * they can leave it together at a step boundary. */
-static int all_rejoin(const struct rdv *r)
-{
-    if (r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (!r->ranks[i].rejoin || r->ranks[i].silent)
-            return 0;
-    return 1;
-}
-
-/* Whether every rank of the generation has left it at a step boundary. */
-static int all_yielded(const struct rdv *r)
-{
-    if (r->world_size == 0 || r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (!r->ranks[i].yielded)
-            return 0;
-    return 1;
-}
-
-/*
- * A node that joined (or came back to) a job running below its wanted size,
- * once it is fit. When every rank can rejoin in place the ranks first leave
- * the generation at the next step boundary (COMMAND yield; finish_yield
- * goes on once all have said `yielded`, or at the deadline), so that no
- * step in flight is lost; otherwise the generation opens at once.
- */
-static void maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    if (r->state != RDV_RUNNING || r->yielding || member_count(r) >= (uint32_t)r->spec->nodes ||
-        !fitness_ready(nd))
-        return;
-    uint32_t world = r->world_size + nd->ndevices;
-    struct batch_plan plan;
-    char why[PROTO_REASON_MAX];
-    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)world, &plan, why, sizeof(why)) != 0) {
-        event(r, "grow_refused", (int)idx, -1, "node %s stays idle: the job cannot grow to %u ranks: %s", nd->name,
-              world, why);
-        return;
-    }
-    if (!all_rejoin(r)) {
-        grow_now(r, idx, now_ms);
-        return;
-    }
-    r->yielding = 1;
-    r->grow_node = idx;
-    r->yield_since_ms = now_ms;
-    snprintf(r->reason, sizeof(r->reason), "node %s joined: the ranks of generation %llu leave it at the next step "
-             "boundary, then the job grows to %u ranks", nd->name, (unsigned long long)r->generation, world);
-    event(r, "job_growing", (int)idx, -1, "%s", r->reason);
-    command_all(r, PROTO_CMD_YIELD);
-    changed(r, 0);
-}
-
-/* The ranks left the generation at a step boundary (or the wait is over):
- * the grow goes on, or, when the node it was for is gone or unfit now, a
- * generation of the same members (the parked ranks need one to go on in). */
-static void finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
-{
-    /* Ranks that say they yielded while no grow waits (musterd restarted
-     * meanwhile): a generation of the same members; the node, when it
-     * comes back, asks for the grow again. */
-    const uint32_t idx = r->yielding ? r->grow_node : r->nnodes;
-    const int waited = r->yielding;
-    r->yielding = 0;
-    if (timed_out)
-        event(r, "grow_unyielded", (int)idx, -1, "not every rank left generation %llu at a step boundary within "
-              "%.1f s: the step in flight is given up", (unsigned long long)r->generation,
-              (double)yield_wait_ms(r) / 1000.0);
-    if (idx < r->nnodes && !r->nodes[idx].member && r->nodes[idx].state == RDV_NODE_JOINED &&
-        fitness_ready(&r->nodes[idx]) && member_count(r) < (uint32_t)r->spec->nodes) {
-        grow_now(r, idx, now_ms);
-        if (r->state == RDV_RECOVERING)
-            return;
-    }
-    open_next_generation(r, now_ms, -1, -1,
-                         waited ? "the node the job was to grow by is gone; the ranks that left their generation "
-                                  "for it go on"
-                                : "the ranks left their generation for a grow that musterd, restarted since, no "
-                                  "longer waits for; they go on",
-                         0, FAILURE_EXIT, 1);
-}
-
-/* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
-static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_beat *b)
-{
-    const unsigned long long g = (unsigned long long)r->generation, step = (unsigned long long)b->restore_step;
-    r->restore_noted = 1;
-    r->restore_from = b->restore_from;
-    r->restore_step = b->restore_step;
-    switch (b->restore_from) {
-    case PROTO_RESTORE_MEMORY:
-        event(r, "state_restored", (int)node, 0, "generation %llu resumed at step %llu from memory: surviving ranks "
-              "kept their state, replaced ranks took their peers' replicas; no checkpoint read", g, step);
-        break;
-    case PROTO_RESTORE_DISK:
-        if (g > 1)
-            event(r, "state_from_checkpoint", (int)node, 0, "generation %llu resumed at step %llu from the last "
-                  "committed checkpoint: no step was held in memory for every rank (a rank and the peer holding its "
-                  "replica were both lost, or replicate_every is 0)", g, step);
-        else
-            event(r, "state_from_checkpoint", (int)node, 0, "generation 1 resumed at step %llu from the last "
-                  "committed checkpoint", step);
-        break;
-    case PROTO_RESTORE_SEED:
-        if (g > 1)
-            event(r, "state_from_seed", (int)node, 0, "generation %llu started over from step 0: no step was held "
-                  "in memory for every rank and there is no committed checkpoint", g);
-        break;
-    default:
-        break;
-    }
-    changed(r, 0);
-}
-
-/*
- * When a rank's step last changed: now, or by its own clock now -
- * step_age_ms when it says (never later than now, never earlier than the
- * generation opened). A step change is a step time for the timeout
- * (hang.h): the rank's step_s, or else the time since its last change.
- */
-static void note_progress(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
-{
-    /* it began running or reporting, or went back (restored from an older step) */
-    const int began = rk->state != RDV_RANK_RUNNING || (rk->silent && !b->silent) || b->step < rk->step;
-    if (b->state != PROTO_RANK_RUNNING || (!began && b->step == rk->step))
-        return;
-    uint64_t at = now_ms;
-    if (b->has_step_age)
-        at = b->step_age_ms < now_ms - r->gen_opened_ms ? now_ms - b->step_age_ms : r->gen_opened_ms;
-    if (began) {
-        rk->progress_ms = at;
-        rk->stepped = 0;
-        return;
-    }
-    if (at < rk->progress_ms)
-        at = rk->progress_ms; /* progress only moves later */
-    double step_s = b->step_s;
-    if (!(step_s > 0) && rk->stepped && b->step > rk->step)
-        step_s = (double)(at - rk->progress_ms) / 1000.0 / (double)(b->step - rk->step);
-    if (r->state == RDV_RUNNING && b->step > rk->step) {
-        uint64_t before = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-        hang_steps_note(&r->steps, rk->step, b->step, step_s);
-        if (hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms) < before)
-            r->hang_due_ms = 0; /* a shorter timeout: the next tick scans again */
-    }
-    rk->progress_ms = at;
-    rk->stepped = 1;
-}
-
-/* One rank entry of a heartbeat of its node. An entry of a stopped process
- * (its agent relays the last one) is not news from the rank: it does not
- * count as hearing from it. */
-static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
-{
-    note_progress(r, rk, b, now_ms);
-    switch (b->state) {
-    case PROTO_RANK_STARTING: set_rank_state(r, rk, RDV_RANK_STARTING); break;
-    case PROTO_RANK_RUNNING: set_rank_state(r, rk, RDV_RANK_RUNNING); break;
-    case PROTO_RANK_STOPPING: set_rank_state(r, rk, RDV_RANK_STOPPING); break;
-    case PROTO_RANK_EXITED: break; /* RANK_EXIT carries the verdict */
-    }
-    if (b->stopped && !rk->stopped) {
-        rk->stopped_since_ms = now_ms;
-        if (r->hang_due_ms > now_ms + HANG_STOPPED_MS) /* the stopped rule's bound (hang.h) */
-            r->hang_due_ms = now_ms + HANG_STOPPED_MS;
-    }
-    rk->stopped = b->stopped;
-    if (!b->stopped)
-        rk->stopped_since_ms = 0;
-    rk->entry_ms = now_ms;
-    rk->timed = b->has_step_age;
-    rk->loss = b->loss;
-    rk->tokens_per_s = b->tokens_per_s;
-    rk->comm_frac = b->comm_frac;
-    rk->step_bytes = b->step_bytes;
-    rk->peak_mem = b->peak_mem;
-    rk->step = b->step;
-    rk->silent = b->silent;
-    rk->rejoin = b->rejoin;
-    rk->yielded = b->yielded;
-    rk->step_s = b->step_s;
-    rk->total_steps = b->total_steps;
-    memcpy(rk->where, b->where, strlen(b->where) + 1); /* proto_check: NUL-terminated in its array */
-    memcpy(rk->waiting, b->waiting, strlen(b->waiting) + 1);
-    if (!b->stopped)
-        rk->last_beat_ms = now_ms;
-    else if (!rk->last_beat_ms) /* stopped before its first entry came: quiet since now */
-        rk->last_beat_ms = now_ms;
-    r->figures_changed = 1;
-}
-
-static void on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[node];
-    /* The answer, when the agent asks for it (it asks as often as it needs
-     * to see a stalled stream in time: proto_ack_every_ms). */
-    if (!hb->no_ack) {
-        struct proto_msg *ack = &r->ack; /* no rank entries: only its head is written */
-        proto_heartbeat_start(ack);
-        ack->u.heartbeat.generation = r->generation;
-        ack->u.heartbeat.seq = hb->seq;
-        send_to(r, node, ack);
-    }
-    if (hb->free_port != nd->free_port || hb->generation != nd->free_port_gen) {
-        nd->free_port = hb->free_port;
-        nd->free_port_gen = hb->generation;
-        if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
-            try_start_generation(r, now_ms);
-    }
-    if (hb->generation != r->generation || !nd->member)
-        return;
-    for (uint32_t i = 0; i < hb->nranks; i++) {
-        const struct proto_rank_beat *b = &hb->ranks[i];
-        if (b->rank < nd->first_rank || b->rank >= nd->first_rank + nd->ndevices)
-            continue; /* not this node's rank: ignore rather than trust */
-        struct rdv_rank *rk = &r->ranks[b->rank];
-        if (rk->state == RDV_RANK_COMPLETED || rk->state == RDV_RANK_EXITED || rk->state == RDV_RANK_PENDING)
-            continue;
-        if (b->rank == 0 && b->checkpoint_step && (int64_t)b->checkpoint_step > r->last_checkpoint_step) {
-            r->last_checkpoint_step = (int64_t)b->checkpoint_step;
-            event(r, "checkpoint_committed", (int)node, 0, "checkpoint of step %llu committed",
-                  (unsigned long long)b->checkpoint_step);
-            changed(r, 1);
-        }
-        if (b->rank == 0 && b->restore_from != PROTO_RESTORE_NONE && !r->restore_noted)
-            note_restore(r, node, b);
-        take_beat(r, rk, b, now_ms);
-    }
-    if (r->state == RDV_RUNNING && all_yielded(r)) {
-        finish_yield(r, now_ms, 0);
-        return;
-    }
-    check_running(r, now_ms);
-}
-
-static void on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)
-{
-    struct rdv_node *nd = &r->nodes[node];
-
-    if (!nd->member || r->world_size == 0 || r->ranks[0].node != node) {
-        struct proto_msg e = {.type = PROTO_ERROR};
-        snprintf(e.u.error.code, sizeof(e.u.error.code), "not_rank0");
-        snprintf(e.u.error.reason, sizeof(e.u.error.reason),
-                 "unique id refused: node %s does not hold rank 0", nd->name);
-        send_to(r, node, &e);
-        return;
-    }
-    r->uid.generation = r->generation;
-    memcpy(r->uid.id, u->id, PROTO_UID_LEN);
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_unique_id(r, i);
-    event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
-          (unsigned long long)r->generation, member_count(r));
-}
-
-static void record_failure(struct rdv *r, const struct rdv_node *nd, const struct proto_rank_exit *x,
-                           const char *how, enum failure_class cls)
-{
-    struct rdv_failure *f = &r->last_failure;
-    f->cls = (int)cls;
-    f->generation = x->generation;
-    f->rank = x->rank;
-    snprintf(f->node, sizeof(f->node), "%s", nd->name);
-    snprintf(f->how, sizeof(f->how), "%s", how);
-    snprintf(f->reason, sizeof(f->reason), "%s", x->reason);
-    snprintf(f->detail, sizeof(f->detail), "%s", x->detail);
-}
-
-static void on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_exit *x, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[node];
-    char how[96], what[PROTO_REASON_MAX];
-
-    if (!nd->member || x->rank < nd->first_rank || x->rank >= nd->first_rank + nd->ndevices)
-        return;
-    struct rdv_rank *rk = &r->ranks[x->rank];
-    if (rk->state == RDV_RANK_PENDING)
-        return; /* a rank of the generation before, reported late */
-    if (rk->state == RDV_RANK_COMPLETED)
-        return; /* told again by an agent that could not know it was read (a resumed session) */
-    describe_exit(how, sizeof(how), x->exit_code, x->signal);
-    if (x->signal == 0 && x->exit_code == 0) {
-        set_rank_state(r, rk, RDV_RANK_COMPLETED);
-        if (rk->silent)
-            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished", x->rank, nd->name);
-        else
-            event(r, "rank_completed", (int)node, (int)x->rank, "rank %u on %s finished at step %llu", x->rank,
-                  nd->name, (unsigned long long)rk->step);
-        if (r->nranks_in[RDV_RANK_COMPLETED] != r->world_size) {
-            changed(r, 0);
-            return;
-        }
-        r->state = RDV_COMPLETED;
-        r->resuming = 0; /* every rank finished while a member was still awaited after a restart */
-        r->reason[0] = '\0';
-        event(r, "job_completed", -1, -1, "job %s completed in generation %llu after %u restart%s",
-              r->spec->name, (unsigned long long)r->generation, r->restarts, r->restarts == 1 ? "" : "s");
-        changed(r, 1);
-        return;
-    }
-    set_rank_state(r, rk, RDV_RANK_EXITED);
-    enum failure_class cls = failure_classify(x);
-    record_failure(r, nd, x, how, cls);
-    const char *why;
-    uint32_t cause_node = node;
-    int peer = cls == FAILURE_COMM ? hang_blame_peer(r, x->rank, now_ms, &why) : -1;
-    if (peer >= 0) { /* the collective waited for that peer: it is the cause */
-        const struct rdv_rank *p = &r->ranks[peer];
-        snprintf(what, sizeof(what), "rank %u on node %s %s waiting for rank %d (node %s), %s: %s", x->rank,
-                 nd->name, how, peer, r->nodes[p->node].name, why, x->reason[0] ? x->reason : "no reason given");
-        cause_node = p->node;
-    } else if (x->reason[0]) {
-        snprintf(what, sizeof(what), "rank %u on node %s %s: %s", x->rank, nd->name, how, x->reason);
-    } else {
-        snprintf(what, sizeof(what), "rank %u on node %s %s", x->rank, nd->name, how);
-    }
-    proto_text_sanitize(what);
-    if (rk->silent || rk->last_beat_ms == 0) /* its step is unknown */
-        event(r, "rank_failed", (int)node, (int)x->rank, "%s", what);
-    else
-        event(r, "rank_failed", (int)node, (int)x->rank, "%s (at step %llu)", what, (unsigned long long)rk->step);
-    open_next_generation(r, now_ms, (int)cause_node, peer >= 0 ? peer : (int)x->rank, what, 1, cls, 1);
-}
-
-static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
-static int stacks_complete(const struct rdv *r);
-static void finish_hang(struct rdv *r, uint64_t now_ms);
-static int ask_stacks(struct rdv *r);
-
 void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uint64_t now_ms)
 {
-    int idx = find_node(r, name);
+    int idx = rdv__find_node(r, name);
     uint64_t gen = 0;
 
     if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
@@ -1538,20 +213,20 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
     r->nodes[idx].last_seen_ms = now_ms;
     switch (m->type) {
     case PROTO_HEARTBEAT:
-        on_heartbeat(r, (uint32_t)idx, &m->u.heartbeat, now_ms);
+        rdv__on_heartbeat(r, (uint32_t)idx, &m->u.heartbeat, now_ms);
         return;
     case PROTO_UNIQUE_ID: gen = m->u.unique_id.generation; break;
     case PROTO_RANK_EXIT: gen = m->u.rank_exit.generation; break;
     case PROTO_ERROR:
-        event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
+        rdv__event(r, "node_error", idx, -1, "node %s reports: %s: %s", name, m->u.error.code, m->u.error.reason);
         return;
     case PROTO_PREFLIGHT:
-        on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
+        rdv__on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
     case PROTO_STACKS:
-        on_stacks(r, (uint32_t)idx, &m->u.stacks);
-        if (r->hang_pending && stacks_complete(r))
-            finish_hang(r, now_ms);
+        rdv__on_stacks(r, (uint32_t)idx, &m->u.stacks);
+        if (r->hang_pending && rdv__stacks_complete(r))
+            rdv__finish_hang(r, now_ms);
         return;
     default:
         return; /* LOG_DATA: the node is heard, nothing more here */
@@ -1561,8 +236,8 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         const struct rdv_node *nd = &r->nodes[idx];
         if (nd->member && x->rank >= nd->first_rank && x->rank < nd->first_rank + nd->ndevices &&
             r->ranks[x->rank].state != RDV_RANK_COMPLETED) {
-            set_rank_state(r, &r->ranks[x->rank], RDV_RANK_EXITED);
-            changed(r, 0);
+            rdv__set_rank_state(r, &r->ranks[x->rank], RDV_RANK_EXITED);
+            rdv__changed(r, 0);
         }
         return;
     }
@@ -1574,414 +249,36 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
             snprintf(e.u.error.reason, sizeof(e.u.error.reason),
                      "unique id for generation %llu refused: current generation is %llu",
                      (unsigned long long)gen, (unsigned long long)r->generation);
-            send_to(r, (uint32_t)idx, &e);
+            rdv__send_to(r, (uint32_t)idx, &e);
         }
         return;
     }
     if (m->type == PROTO_UNIQUE_ID)
-        on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
+        rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
     else
-        on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
-    changed(r, 0);
-}
-
-/* A node is gone: forget it before formation, fail its generation after. */
-static void node_lost(struct rdv *r, uint32_t idx, const char *why, uint64_t now_ms)
-{
-    struct rdv_node *nd = &r->nodes[idx];
-    char what[PROTO_REASON_MAX];
-
-    nd->state = RDV_NODE_LOST;
-    event(r, "node_lost", (int)idx, -1, "node %s lost: %s", nd->name, why);
-    if (!nd->member) {
-        if (r->state == RDV_WAITING)
-            remove_node(r, idx);
-        changed(r, 0);
-        return;
-    }
-    if (rdv_terminal(r)) {
-        changed(r, 0);
-        return;
-    }
-    if (r->resuming) {
-        changed(r, 0);
-        return;
-    }
-    snprintf(what, sizeof(what), "node %s lost: %s", nd->name, why);
-    /* Already recovering and nothing assigned yet: the same failure continues. */
-    if (r->state == RDV_RECOVERING && r->ranks[nd->first_rank].state == RDV_RANK_PENDING) {
-        try_start_generation(r, now_ms);
-        changed(r, 1);
-        return;
-    }
-    fail_generation(r, now_ms, (int)idx, -1, what);
-}
-
-void rdv_disconnected(struct rdv *r, const char *name, const char *why, uint64_t now_ms)
-{
-    int idx = find_node(r, name);
-    if (idx < 0 || r->nodes[idx].state != RDV_NODE_JOINED)
-        return;
-    node_lost(r, (uint32_t)idx, why, now_ms);
-}
-
-/* How long rank rk's step has stood still. A rank that times its own
- * steps (step_age_ms) is judged as of its latest entry, by its own clock,
- * while its entries come (a step seen late is not a stall); by now once it
- * is quiet, and a rank that does not time them by now. */
-static uint64_t stalled_ms(const struct rdv *r, const struct rdv_rank *rk, uint64_t now_ms)
-{
-    const uint64_t quiet = 3 * (uint64_t)r->spec->heartbeat_interval_ms;
-    uint64_t as_of = rk->timed && rk->entry_ms && now_ms - rk->entry_ms <= quiet ? rk->entry_ms : now_ms;
-    return as_of > rk->progress_ms ? as_of - rk->progress_ms : 0;
-}
-
-/* Asks every member node for its ranks' stacks (COMMAND stacks): the set
- * of r->stacks starts over for the current generation. */
-static int ask_stacks(struct rdv *r)
-{
-    struct rdv_stacks *k = &r->stacks;
-    stacks_clear(k);
-    if (!(k->ranks = calloc(r->world_size ? r->world_size : 1, sizeof(*k->ranks))))
-        return -ENOMEM;
-    k->nranks = r->world_size;
-    k->generation = r->generation;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    k->wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    k->version++;
-    k->asked++;
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-            send_command(r, i, PROTO_CMD_STACKS);
-    return 0;
-}
-
-/* Every running rank of the generation asked for has answered. */
-static int stacks_complete(const struct rdv *r)
-{
-    const struct rdv_stacks *k = &r->stacks;
-    if (k->generation != r->generation || k->nranks != r->world_size)
-        return 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state == RDV_RANK_RUNNING && !k->ranks[i].answered)
-            return 0;
-    return 1;
-}
-
-static void on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
-{
-    struct rdv_stacks *k = &r->stacks;
-    const struct rdv_node *nd = &r->nodes[node];
-    if (x->generation != k->generation || x->rank >= k->nranks || !nd->member || x->rank < nd->first_rank ||
-        x->rank >= nd->first_rank + nd->ndevices)
-        return;
-    struct rdv_stack *e = &k->ranks[x->rank];
-    char *text = NULL;
-    if (x->text && x->text[0] && !(text = strdup(x->text)))
-        return;
-    free(e->text);
-    e->text = text;
-    if (!e->answered)
-        k->nanswered++;
-    e->answered = 1;
-    e->pid = x->pid;
-    e->stopped = x->stopped;
-    snprintf(e->error, sizeof(e->error), "%s", x->error);
-    k->version++;
-    changed(r, 0);
-}
-
-/* One line per group of ranks in the same place, into out: "rank 3 (node b,
- * pid 1234, stopped): train.py:88 in compute_loss", "ranks 0-2: waiting in
- * all_reduce (...)", "rank 1: no stack: <its error>". From what the ranks
- * said in their heartbeats and what their STACKS said. */
-static void stacks_summary(const struct rdv *r, char *out, size_t cap)
-{
-    size_t len = 0;
-    uint32_t *group = malloc((size_t)r->world_size * sizeof(uint32_t));
-    char *done = calloc(r->world_size ? r->world_size : 1, 1);
-    out[0] = '\0';
-    if (!group || !done) {
-        free(group);
-        free(done);
-        return;
-    }
-    const struct rdv_stacks *k = &r->stacks;
-    int have = k->generation == r->generation && k->nranks == r->world_size;
-    for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
-        if (done[i])
-            continue;
-        char line[PROTO_REASON_MAX + PROTO_WHERE_MAX + 200];
-        if (rk->stopped || (e && e->stopped) || (!rk->waiting[0] && rk->where[0])) {
-            /* a rank of its own: stopped, or busy outside a collective */
-            snprintf(line, sizeof(line), "rank %u (node %s%s%.0u%s): %s%s%s\n", i, r->nodes[rk->node].name,
-                     e && e->pid ? ", pid " : "", e && e->pid ? e->pid : 0, rk->stopped || (e && e->stopped) ?
-                     ", stopped" : "", rk->where[0] ? rk->where : "where is not known",
-                     e && !e->text && e->error[0] ? "; no stack: " : "", e && !e->text ? e->error : "");
-            done[i] = 1;
-        } else {
-            /* the ranks in the same call (or in the same unknown place) */
-            uint32_t n = 0;
-            for (uint32_t j = i; j < r->world_size; j++) {
-                const struct rdv_rank *o = &r->ranks[j];
-                if (!done[j] && !o->stopped && !(have && k->ranks[j].stopped) && (o->waiting[0] || !o->where[0]) &&
-                    strcmp(o->waiting, rk->waiting) == 0) {
-                    group[n++] = j;
-                    done[j] = 1;
-                }
-            }
-            char ranks[200];
-            hang_ranges(ranks, sizeof(ranks), group, n);
-            if (rk->waiting[0])
-                snprintf(line, sizeof(line), "%s: waiting in %s\n", ranks, rk->waiting);
-            else
-                snprintf(line, sizeof(line), "%s: where is not known (no report of it%s%s)\n", ranks,
-                         e && !e->text && e->error[0] ? "; " : "", e && !e->text ? e->error : "");
-        }
-        size_t n = strlen(line);
-        if (len + n >= cap)
-            break;
-        memcpy(out + len, line, n + 1);
-        len += n;
-    }
-    if (len && out[len - 1] == '\n')
-        out[--len] = '\0';
-    proto_text_sanitize(out);
-    free(group);
-    free(done);
-}
-
-/* The hung generation's stacks came (or their wait ran out): fail it, with
- * where each rank was in the event and in last_failure. */
-static void finish_hang(struct rdv *r, uint64_t now_ms)
-{
-    r->hang_pending = 0;
-    struct rdv_failure *f = &r->last_failure;
-    memset(f, 0, sizeof(*f));
-    f->generation = r->generation;
-    f->rank = (uint32_t)r->hang_rank;
-    snprintf(f->node, sizeof(f->node), "%s", r->nodes[r->hang_node].name);
-    snprintf(f->how, sizeof(f->how), "is hung");
-    f->cls = (int)FAILURE_EXIT;
-    snprintf(f->reason, sizeof(f->reason), "%s", r->hang_what);
-    stacks_summary(r, f->detail, sizeof(f->detail));
-    event(r, "rank_hung", r->hang_node, r->hang_rank, "%s", r->hang_what);
-    if (f->detail[0])
-        event(r, "rank_stacks", r->hang_node, r->hang_rank, "%s", f->detail);
-    fail_generation(r, now_ms, r->hang_node, r->hang_rank, r->hang_what);
-}
-
-/* A hung rank found: ask for the stacks first, so that they are dumped
- * before the ranks are stopped; finish_hang fails the generation. */
-static void found_hung(struct rdv *r, uint32_t stuck, uint64_t limit, uint64_t now_ms)
-{
-    uint32_t culprit = stuck;
-    hang_describe(r, stuck, now_ms, limit, &culprit, r->hang_what, sizeof(r->hang_what));
-#ifdef MUSTER_MUTANT_HANG_NAMES_RANK0
-    /* A broken detector for `make check-mutants` only (tests/mutants.sh): it names rank 0, whichever hung. */
-    culprit = 0;
-    snprintf(r->hang_what, sizeof(r->hang_what), "rank 0 on node %s is hung", r->nodes[r->ranks[0].node].name);
-#endif
-    proto_text_sanitize(r->hang_what);
-    r->hang_rank = (int)culprit;
-    r->hang_node = (int)r->ranks[culprit].node;
-    r->hang_generation = r->generation;
-    r->hang_fail_at_ms = now_ms + HANG_STACKS_WAIT_MS;
-    r->hang_pending = 1;
-    if (ask_stacks(r) != 0 || stacks_complete(r))
-        finish_hang(r, now_ms);
-}
-
-/* A rank that heartbeats but whose step stands still is hung (e.g. in a
- * collective); so is a silent one whose process stays stopped. */
-static void check_progress(struct rdv *r, uint64_t now_ms)
-{
-    if (r->hang_pending) {
-        if (r->hang_generation != r->generation || r->state != RDV_RUNNING)
-            r->hang_pending = 0;
-        else if (now_ms >= r->hang_fail_at_ms || stacks_complete(r))
-            finish_hang(r, now_ms);
-        return;
-    }
-    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-    r->progress_limit_ms = limit;
-    if (limit == 0 || r->state != RDV_RUNNING || r->yielding) /* yielding ranks stop on purpose */
-        return;
-    if (now_ms < r->hang_due_ms)
-        return;
-    uint64_t oldest = now_ms, due = UINT64_MAX;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state != RDV_RANK_RUNNING)
-            continue;
-        const uint64_t stopped_due = hang_stopped_due(r, i); /* conclusive: no need to wait for the timeout */
-        if (stopped_due && now_ms >= stopped_due) {
-            found_hung(r, i, HANG_STOPPED_MS, now_ms);
-            return;
-        }
-        if (stopped_due && stopped_due < due)
-            due = stopped_due;
-        if (rk->silent) { /* only a process seen stopped counts */
-            if (!rk->stopped)
-                continue;
-            if (rk->stopped_since_ms < oldest)
-                oldest = rk->stopped_since_ms;
-            if (now_ms - rk->stopped_since_ms > limit) {
-                found_hung(r, i, limit, now_ms);
-                return;
-            }
-            continue;
-        }
-        if (rk->progress_ms < oldest)
-            oldest = rk->progress_ms;
-        if (stalled_ms(r, rk, now_ms) > limit) {
-            found_hung(r, i, limit, now_ms);
-            return;
-        }
-    }
-    /* A rank's progress only moves later, and one that starts to count
-     * (running, no longer silent, stopped) starts its clock now. */
-    r->hang_due_ms = oldest + limit + 1;
-    if (due < r->hang_due_ms) /* a stopped rank is judged again when its bound is over */
-        r->hang_due_ms = due;
-}
-
-/* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */
-static void check_start(struct rdv *r, uint64_t now_ms)
-{
-    const uint64_t limit = (uint64_t)r->spec->start_timeout_ms;
-    if (limit == 0 || r->assigned_ms == 0 || (r->state != RDV_FORMING && r->state != RDV_RECOVERING) ||
-        now_ms - r->assigned_ms <= limit)
-        return;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        if (r->ranks[i].state == RDV_RANK_STARTING) {
-            char what[PROTO_REASON_MAX];
-            snprintf(what, sizeof(what), "rank %u on node %s did not start within %.1f s (start_timeout_ms)", i,
-                     r->nodes[r->ranks[i].node].name, (double)limit / 1000.0);
-            fail_generation(r, now_ms, (int)r->ranks[i].node, (int)i, what);
-            return;
-        }
-    }
-}
-
-/*
- * Members that stay away longer than rejoin_timeout_ms: the job goes on
- * without them when at least min_nodes remain (ranks are laid out anew and
- * the ranks re-slice the ZeRO-3 checkpoint for the smaller world), and
- * fails otherwise. Shrinking spends no restart: the failure already did.
- */
-static void check_rejoin(struct rdv *r, uint64_t now_ms)
-{
-    if (r->state != RDV_RECOVERING || r->resuming || now_ms - r->gen_opened_ms <= (uint64_t)r->spec->rejoin_timeout_ms)
-        return;
-    uint32_t present = 0, missing = 0;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (!r->nodes[i].member)
-            continue;
-        if (fitness_ready(&r->nodes[i]))
-            present++;
-        else
-            missing++;
-    }
-    if (missing == 0)
-        return;
-    char names[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
-    missing_members(r, names, sizeof(names));
-    uint32_t floor = (uint32_t)(r->spec->min_nodes ? r->spec->min_nodes : r->spec->nodes);
-    if (present == 0 || present < floor) {
-        snprintf(r->reason, sizeof(r->reason),
-                 "%s did not rejoin within %.0f s (rejoin_timeout_ms); %u node%s left, min_nodes is %u", names,
-                 (double)r->spec->rejoin_timeout_ms / 1000.0, present, present == 1 ? "" : "s", floor);
-        fail_job(r, -1, -1);
-        return;
-    }
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        if (r->nodes[i].member && !fitness_ready(&r->nodes[i])) {
-            r->nodes[i].member = 0;
-            if (r->nodes[i].state != RDV_NODE_JOINED)
-                r->nodes[i].state = RDV_NODE_LEFT;
-        }
-    }
-    uint32_t before = r->world_size;
-    layout_members(r);
-    if (build_ranks(r) != 0)
-        return;
-    struct batch_plan plan;
-    char why[PROTO_REASON_MAX];
-    if (batch_plan(r->spec->batch, r->spec->micro_batch, (int)r->world_size, &plan, why, sizeof(why)) != 0) {
-        snprintf(r->reason, sizeof(r->reason), "cannot shrink without %s: %s", names, why);
-        fail_job(r, -1, -1);
-        return;
-    }
-    snprintf(what, sizeof(what), "%s did not rejoin within %.0f s: shrinking from %u to %u ranks on %u nodes", names,
-             (double)r->spec->rejoin_timeout_ms / 1000.0, before, r->world_size, present);
-    event(r, "job_shrunk", -1, -1, "%s", what);
-    r->generation++;
-    r->gen_opened_ms = now_ms;
-    r->assigned_ms = 0;
-    snprintf(r->reason, sizeof(r->reason), "%s", what);
-    changed(r, 1);
-    try_start_generation(r, now_ms);
-}
-
-/* Nodes silent for heartbeat_timeout_ms are lost. */
-static void check_lost(struct rdv *r, uint64_t now_ms)
-{
-    const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
-    if (now_ms < r->lost_due_ms)
-        return;
-    uint64_t oldest = now_ms;
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        struct rdv_node *nd = &r->nodes[i];
-        if (nd->state != RDV_NODE_JOINED)
-            continue;
-        if (now_ms - nd->last_seen_ms > timeout) {
-            char why[96];
-            snprintf(why, sizeof(why), "no heartbeat for %.1f s (heartbeat_timeout_ms=%llu)",
-                     (double)(now_ms - nd->last_seen_ms) / 1000.0, (unsigned long long)timeout);
-            r->ops.disconnect(r->ops.ctx, nd->name, why);
-            const uint32_t before = r->nnodes;
-            node_lost(r, i, why, now_ms);
-            if (r->nnodes < before)
-                i--; /* removed (before formation): the last node took its place */
-        } else if (nd->last_seen_ms < oldest) {
-            oldest = nd->last_seen_ms;
-        }
-    }
-    /* A node's last frame only moves later, and a node that joins is heard now. */
-    r->lost_due_ms = oldest + timeout + 1;
-}
-
-void rdv_paused(struct rdv *r, uint64_t ms)
-{
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].state == RDV_NODE_JOINED)
-            r->nodes[i].last_seen_ms += ms;
-    r->lost_due_ms += ms;
+        rdv__on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
+    rdv__changed(r, 0);
 }
 
 void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
-    check_lost(r, now_ms);
+    rdv__check_lost(r, now_ms);
     if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
         (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
-        try_start_generation(r, now_ms);
-    maybe_form(r, now_ms);
-    if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= yield_wait_ms(r))
-        finish_yield(r, now_ms, 1);
-    check_progress(r, now_ms);
-    check_start(r, now_ms);
-    check_rejoin(r, now_ms);
+        rdv__try_start_generation(r, now_ms);
+    rdv__maybe_form(r, now_ms);
+    if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= rdv__yield_wait_ms(r))
+        rdv__finish_yield(r, now_ms, 1);
+    rdv__check_progress(r, now_ms);
+    rdv__check_start(r, now_ms);
+    rdv__check_rejoin(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {
         char missing[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
-        missing_members(r, missing, sizeof(missing));
+        rdv__missing_members(r, missing, sizeof(missing));
         snprintf(what, sizeof(what), "after the daemon restarted, %s did not rejoin within %.1f s", missing,
                  (double)timeout / 1000.0);
-        fail_generation(r, now_ms, -1, -1, what);
+        rdv__fail_generation(r, now_ms, -1, -1, what);
     }
 }
 
@@ -1991,19 +288,19 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
     case RDV_ADMIN_STOP:
         if (rdv_terminal(r))
             return -EINVAL;
-        r->state = RDV_STOPPED;
+        rdv__set_state(r, RDV_STOPPED);
         r->resuming = 0; /* members still awaited after a restart bring nothing back */
         snprintf(r->reason, sizeof(r->reason), "stopped by an administrator");
-        event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
-        settle_ranks(r);
-        stop_all(r);
-        changed(r, 1);
+        rdv__event(r, "job_stopped", -1, -1, "job %s stopped by an administrator", r->spec->name);
+        rdv__settle_ranks(r);
+        rdv__stop_all(r);
+        rdv__changed(r, 1);
         return 0;
     case RDV_ADMIN_RESTART:
         if (r->state != RDV_RUNNING && r->state != RDV_RECOVERING && r->state != RDV_FORMING)
             return -EINVAL;
         /* An asked-for restart does not spend the failure budget. */
-        open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT, 0);
+        rdv__open_next_generation(r, now_ms, -1, -1, "restart requested by an administrator", 0, FAILURE_EXIT, 0);
         return 0;
     case RDV_ADMIN_CHECKPOINT:
         if (!r->spec->checkpoint_dir[0])
@@ -2012,223 +309,40 @@ int rdv_admin(struct rdv *r, enum rdv_admin action, const char *name, uint64_t n
             return -EINVAL;
         for (uint32_t i = 0; i < r->nnodes; i++)
             if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
-                send_command(r, i, PROTO_CMD_CHECKPOINT);
-        event(r, "checkpoint_requested", -1, -1,
-              "checkpoint requested by an administrator: taken at the next step boundary");
-        changed(r, 0);
+                rdv__send_command(r, i, PROTO_CMD_CHECKPOINT);
+        rdv__event(r, "checkpoint_requested", -1, -1,
+                   "checkpoint requested by an administrator: taken at the next step boundary");
+        rdv__changed(r, 0);
         return 0;
     case RDV_ADMIN_STACKS:
         if (r->state != RDV_RUNNING && r->state != RDV_FORMING)
             return -EINVAL;
         if (r->hang_pending)
             return 0; /* a hang's stacks are being collected: that set answers */
-        if (ask_stacks(r) != 0)
+        if (rdv__ask_stacks(r) != 0)
             return -ENOMEM;
-        event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
-              (unsigned long long)r->generation);
-        changed(r, 0);
+        rdv__event(r, "stacks_requested", -1, -1, "stacks of generation %llu requested by an administrator",
+                   (unsigned long long)r->generation);
+        rdv__changed(r, 0);
         return 0;
     case RDV_ADMIN_DRAIN: {
-        int idx = name ? find_node(r, name) : -1;
+        int idx = name ? rdv__find_node(r, name) : -1;
         if (idx < 0)
             return -ENOENT;
         struct rdv_node *nd = &r->nodes[idx];
         if (nd->member && !rdv_terminal(r) && r->state != RDV_WAITING)
             return -EINVAL; /* shrinking a running job needs resharding (issue 4) */
         if (nd->state == RDV_NODE_JOINED) {
-            send_command(r, (uint32_t)idx, PROTO_CMD_SHUTDOWN);
+            rdv__send_command(r, (uint32_t)idx, PROTO_CMD_SHUTDOWN);
             r->ops.disconnect(r->ops.ctx, nd->name, "drained");
         }
         nd->state = RDV_NODE_LEFT;
-        event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
+        rdv__event(r, "node_drained", idx, -1, "node %s drained by an administrator", nd->name);
         if (r->state == RDV_WAITING)
-            remove_node(r, (uint32_t)idx);
-        changed(r, 1);
+            rdv__remove_node(r, (uint32_t)idx);
+        rdv__changed(r, 1);
         return 0;
     }
     }
     return -EINVAL;
-}
-
-/* Ranks that count for the job's figures: the running ones, or, when none
- * runs (recovering, ended), every rank that has reported. */
-static int counts(const struct rdv *r, const struct rdv_rank *rk)
-{
-    if (rk->silent)
-        return 0; /* its step is unknown, not 0 */
-    if (r->nranks_in[RDV_RANK_RUNNING])
-        return rk->state == RDV_RANK_RUNNING;
-    return rk->last_beat_ms != 0 || rk->step != 0;
-}
-
-/* Some rank reports its step (not every rank is silent). */
-static int step_known(const struct rdv *r)
-{
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (counts(r, &r->ranks[i]))
-            return 1;
-    return 0;
-}
-
-uint64_t rdv_job_step(const struct rdv *r)
-{
-    uint64_t step = 0;
-    int seen = 0;
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        if (!counts(r, &r->ranks[i]))
-            continue;
-        if (!seen || r->ranks[i].step < step)
-            step = r->ranks[i].step;
-        seen = 1;
-    }
-    return step;
-}
-
-/* ---- documents ------------------------------------------------------- */
-
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
-/* The steps the job will run, when known: the job spec's `steps` (muster-train's), else the most any
- * rank says (total_steps); null otherwise. */
-static json_t *total_steps_json(const struct rdv *r)
-{
-    if (json_object_get(r->job, "steps"))
-        return json_integer(r->spec->steps);
-    uint64_t most = 0;
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].total_steps > most)
-            most = r->ranks[i].total_steps;
-    return most ? json_integer((json_int_t)most) : json_null();
-}
-
-json_t *rdv_stacks_json(const struct rdv *r)
-{
-    const struct rdv_stacks *k = &r->stacks;
-    json_t *ranks = json_array();
-    for (uint32_t i = 0; i < k->nranks; i++) {
-        const struct rdv_stack *e = &k->ranks[i];
-        const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
-        json_array_append_new(
-            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
-                             rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
-                             "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
-                             e->stopped || (rk && rk->stopped), "where",
-                             rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
-                             rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "text",
-                             e->text ? json_string(e->text) : json_null(), "error",
-                             e->error[0] ? json_string(e->error) : json_null()));
-    }
-    char when[40] = "";
-    if (k->generation) {
-        time_t secs = (time_t)(k->wall_ms / 1000);
-        struct tm tm;
-        gmtime_r(&secs, &tm);
-        size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-        snprintf(when + n, sizeof(when) - n, ".%03dZ", (int)(k->wall_ms % 1000));
-    }
-    enum { SUMMARY_MAX = 16384 };
-    char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
-    if (summary)
-        stacks_summary(r, summary, SUMMARY_MAX);
-    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
-                            k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
-                            k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
-                            "expected", (int)k->nranks, "summary",
-                            summary && summary[0] ? json_string(summary) : json_null(), "ranks", ranks);
-    free(summary);
-    return doc;
-}
-
-static json_t *failure_json(const struct rdv_failure *f)
-{
-    if (!f->generation)
-        return json_null();
-    return json_pack("{s:I, s:i, s:s, s:s, s:s, s:o, s:o}", "generation", (json_int_t)f->generation, "rank",
-                     (int)f->rank, "node", f->node, "how", f->how, "class",
-                     failure_class_name((enum failure_class)f->cls), "reason",
-                     f->reason[0] ? json_string(f->reason) : json_null(), "detail",
-                     f->detail[0] ? json_string(f->detail) : json_null());
-}
-
-void rdv_figures(const struct rdv *r, struct rdv_figures *out)
-{
-    double loss_sum = 0;
-    uint32_t nloss = 0;
-    memset(out, 0, sizeof(*out));
-    out->step_known = step_known(r);
-    out->step = rdv_job_step(r);
-    for (uint32_t i = 0; i < r->world_size; i++) {
-        const struct rdv_rank *rk = &r->ranks[i];
-        if (rk->state == RDV_RANK_RUNNING) {
-            out->nrunning++;
-            out->tokens_per_s += rk->tokens_per_s;
-            out->comm_frac += rk->comm_frac;
-        }
-        if (counts(r, rk) && isfinite(rk->loss)) {
-            loss_sum += rk->loss;
-            nloss++;
-        }
-    }
-    out->loss = nloss ? loss_sum / nloss : NAN;
-    if (out->nrunning)
-        out->comm_frac /= out->nrunning;
-}
-
-json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
-{
-    struct rdv_figures fig;
-    rdv_figures(r, &fig);
-    int known = fig.step_known; /* some rank reports steps; else step and steps mean nothing */
-    json_t *restored = r->restore_noted ? json_pack("{s:s, s:I}", "from", proto_restore_name(r->restore_from), "step",
-                                                     (json_int_t)r->restore_step)
-                                         : json_null();
-    json_t *st = json_pack("{s:s, s:s, s:o, s:I, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:f, s:f, s:o, s:o, s:I, s:o}",
-                           "job", r->spec->name, "state", job_state_names[r->state], "reason",
-                           r->reason[0] ? json_string(r->reason) : json_null(), "generation",
-                           (json_int_t)r->generation, "world_size", (int)r->world_size, "nodes_wanted",
-                           r->spec->nodes, "restarts", (int)r->restarts, "max_restarts", r->spec->max_restarts,
-                           "step", known ? json_integer((json_int_t)fig.step) : json_null(), "steps",
-                           total_steps_json(r), "loss", num_or_null(fig.loss),
-                           "tokens_per_s", num_or_null(fig.tokens_per_s), "comm_frac", fig.comm_frac, "uptime_s",
-                           (double)(now_ms - r->started_ms) / 1000.0, "last_checkpoint_step",
-                           r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
-                           "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
-                           failure_json(&r->last_failure));
-    json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
-    double slowest = 0; /* the job steps at its slowest rank's pace */
-    for (uint32_t i = 0; i < r->world_size; i++)
-        if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)
-            slowest = r->ranks[i].step_s;
-    json_object_set_new(st, "step_s", slowest > 0 ? json_real(slowest) : json_null());
-    const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
-    const double median = hang_median_step_s(&r->steps);
-    json_object_set_new(st, "progress_timeout",
-                        json_pack("{s:I, s:s, s:o}", "ms", (json_int_t)limit, "basis",
-                                  r->spec->progress_timeout_ms >= 0 ? "fixed"
-                                  : r->steps.seen <= HANG_JUDGE_STEPS || !r->steps.nrecent ? "start"
-                                                                                          : "steps",
-                                  "median_step_s", median > 0 ? json_real(median) : json_null()));
-    return st;
-}
-
-json_t *rdv_events_json(const struct rdv *r)
-{
-    json_t *arr = json_array();
-    uint64_t first = r->nevents > RDV_EVENTS ? r->nevents - RDV_EVENTS : 0;
-
-    for (uint64_t s = first; s < r->nevents; s++) {
-        const struct rdv_event *e = &r->events[s % RDV_EVENTS];
-        char when[40];
-        time_t secs = (time_t)(e->wall_ms / 1000);
-        struct tm tm;
-        gmtime_r(&secs, &tm);
-        size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-        snprintf(when + n, sizeof(when) - n, ".%03dZ", (int)(e->wall_ms % 1000));
-        json_array_append_new(
-            arr, json_pack("{s:I, s:s, s:I, s:s, s:o, s:o, s:s}", "seq", (json_int_t)e->seq, "time", when,
-                           "generation", (json_int_t)e->generation, "kind", e->kind, "node",
-                           e->node[0] ? json_string(e->node) : json_null(),
-                           "rank", e->rank >= 0 ? json_integer(e->rank) : json_null(), "message", e->message));
-    }
-    return json_pack("{s:o}", "events", arr);
 }

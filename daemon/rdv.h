@@ -7,18 +7,34 @@
  * changed). Unit tests drive it with a fake clock and recording ops.
  *
  * Job states (DESIGN.md): waiting -> forming -> running <-> recovering ->
- * completed | stopped | failed.
+ * completed | stopped | failed (each is described at enum rdv_job_state).
+ * Every change goes through one setter (rdv__set_state, rdv_internal.h),
+ * which refuses any transition but these:
  *
- *   waiting     fewer than spec->nodes agents have joined; no generation yet
- *   forming     generation 1 assigned, not every rank heartbeats yet
- *   running     every rank of the current generation heartbeats "running"
- *   recovering  a failure opened generation G+1: ranks are being stopped,
- *               lost nodes awaited, then G+1 assigned and started; or
- *               musterd restarted and awaits the members of G, which
- *               then runs on, or forms again if it had not run yet
- *   completed   every rank of the current generation exited 0
- *   stopped     an administrator stopped the job
- *   failed      a failure came after max_restarts restarts (reason says which)
+ *   waiting     -> forming      generation 1 opens (enough nodes are fit)
+ *   waiting     -> failed       formation refused: the batch does not split
+ *                               over the world size
+ *   waiting     -> stopped      an administrator stops the job
+ *   waiting     -> recovering | completed | stopped | failed
+ *                               rdv_restore: a fresh rdv takes the state
+ *                               file's (a generation that was forming or
+ *                               running awaits its members as recovering)
+ *   forming     -> running      every rank reports running (or finished)
+ *   forming     -> recovering   a failure, or an administrator's restart,
+ *                               before generation 1 ran
+ *   running     -> recovering   a failure, an administrator's restart, a grow
+ *   recovering  -> running      every rank of the new generation runs, or
+ *                               every member is back after a daemon restart
+ *   recovering  -> forming      every member is back after a daemon restart
+ *                               that stopped a generation still forming
+ *   recovering  -> recovering   another failure (or restart) opens the next
+ *                               generation before this one ran
+ *   forming | running | recovering -> completed   every rank exited 0
+ *   forming | running | recovering -> stopped     an administrator
+ *   forming | running | recovering -> failed      restart budget spent, a
+ *                               failure retrying cannot help, too few nodes
+ *                               left to shrink to
+ *   completed, stopped, failed: none (the job has ended)
  *
  * Membership: the first spec->nodes distinct node names to join become the
  * members when generation 1 forms. Ranks are contiguous per node, nodes in
@@ -50,13 +66,18 @@
 #include "proto/proto.h"
 
 enum rdv_job_state {
-    RDV_WAITING,
-    RDV_FORMING,
-    RDV_RUNNING,
-    RDV_RECOVERING,
-    RDV_COMPLETED,
-    RDV_STOPPED,
-    RDV_FAILED,
+    RDV_WAITING,    /* fewer than spec->nodes fit agents have joined; no generation yet */
+    RDV_FORMING,    /* generation 1 opened (assigned once every member is fit and
+                     * connected); not every rank reports running yet */
+    RDV_RUNNING,    /* every rank of the current generation reports running (or finished) */
+    RDV_RECOVERING, /* a failure, restart, grow or shrink opened generation G+1: ranks
+                     * are parked or stopped, lost nodes awaited, then G+1 assigned and
+                     * started; or musterd restarted and awaits the members of G
+                     * (resuming), which then runs on, or forms again if it had not run */
+    RDV_COMPLETED,  /* every rank of the current generation exited 0 */
+    RDV_STOPPED,    /* an administrator stopped the job */
+    RDV_FAILED,     /* the job gave up; reason says why (restart budget spent, a
+                     * failure retrying cannot help, too few nodes, formation refused) */
 };
 
 enum rdv_node_state {

@@ -53,17 +53,4 @@ char *restdoc_list(const struct snap_view *v, enum restdoc_list list, const stru
 /* Index of the node named name, or -1. */
 int restdoc_find_node(const struct snap_view *v, const char *name);
 
-/* Growable text: what the renderers (restdoc.c, metrics.c) write into. */
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    int failed; /* an allocation failed: the text is incomplete */
-};
-void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_put(struct sbuf *b, const char *s, size_t n);
-/* s as a JSON string literal (quotes, backslash and control characters escaped). */
-void sb_json_str(struct sbuf *b, const char *s);
-/* The text (caller frees), or NULL when an allocation failed. */
-char *sb_finish(struct sbuf *b, size_t *len);
-
 #endif

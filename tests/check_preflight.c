@@ -419,16 +419,16 @@ START_TEST(imports_run_with_the_environment_given_and_bounded)
 
     pack(mods, (const char *const[]){"torch; import os", NULL});
     ck_assert_int_eq(preflight_python(path, mods, env, 300, why, sizeof(why)), -EINVAL);
-    ck_assert_int_eq(preflight_module_valid("torch.distributed"), 1);
-    ck_assert_int_eq(preflight_module_valid("torch..x"), 0);
-    ck_assert_int_eq(preflight_module_valid("9lives"), 0);
-    ck_assert_int_eq(preflight_module_valid("a."), 0);
+    ck_assert_int_eq(job_spec_module_valid("torch.distributed"), 1);
+    ck_assert_int_eq(job_spec_module_valid("torch..x"), 0);
+    ck_assert_int_eq(job_spec_module_valid("9lives"), 0);
+    ck_assert_int_eq(job_spec_module_valid("a."), 0);
     /* what a hostile or careless job may name: none reaches the interpreter */
     const char *bad[] = {"os; import shutil", "__import__('os').system('id')", "torch\nimport os", "", " torch",
                          "torch ", "t\xc3\xb6rch", "class", "torch.import", "None", "a.if.b", "..", "os,sys", NULL};
     for (int i = 0; bad[i]; i++)
-        ck_assert_msg(!preflight_module_valid(bad[i]), "\"%s\" taken for a module name", bad[i]);
-    ck_assert_int_eq(preflight_module_valid("classy.imports.match"), 1); /* keywords only as whole words */
+        ck_assert_msg(!job_spec_module_valid(bad[i]), "\"%s\" taken for a module name", bad[i]);
+    ck_assert_int_eq(job_spec_module_valid("classy.imports.match"), 1); /* keywords only as whole words */
 
     /* a real interpreter, when the machine has one: a module it lacks gives Python's own line */
     if (access("/usr/bin/python3", X_OK) == 0) {

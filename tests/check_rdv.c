@@ -11,7 +11,7 @@
 
 #include "common/cmdline.h"
 #include "daemon/failure.h"
-#include "daemon/rdv.h"
+#include "daemon/rdv_internal.h"
 #include "daemon/restdoc.h"
 #include "daemon/state.h"
 #include "daemon/view_build.h"
@@ -2102,6 +2102,82 @@ START_TEST(restart_window_forgets_old_restarts)
 }
 END_TEST
 
+/* rdv__set_state(&rdv, to), what it wrote to stderr meanwhile into said. */
+static int set_state_said(enum rdv_job_state to, char *said, size_t cap)
+{
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fflush(stderr);
+    const int keep = dup(STDERR_FILENO);
+    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    const int rc = rdv__set_state(&rdv, to);
+    fflush(stderr);
+    dup2(keep, STDERR_FILENO);
+    close(keep);
+    rewind(f);
+    said[fread(said, 1, cap - 1, f)] = '\0';
+    fclose(f);
+    return rc;
+}
+
+/* A job's life through the one setter of its state: each step a transition
+ * of the machine (rdv.h), each refused one leaving the state as it was. */
+START_TEST(job_state_changes_only_along_the_machine)
+{
+    char said[512];
+    setup_spec(2, 3);
+    ck_assert_int_eq(set_state_said(RDV_RUNNING, said, sizeof(said)), -EINVAL); /* not before forming */
+    ck_assert_str_eq(rdv_job_state_name(rdv.state), "waiting");
+    ck_assert_msg(strstr(said, "job t: refused state change waiting -> running (generation 0)"), "logged: %s", said);
+    static const enum rdv_job_state life[] = {
+        RDV_FORMING, RDV_RUNNING, RDV_RECOVERING, RDV_RECOVERING, /* a second failure before it ran */
+        RDV_FORMING, /* every member back after a daemon restart, the generation was forming */
+        RDV_RUNNING, RDV_COMPLETED,
+    };
+    for (size_t i = 0; i < sizeof(life) / sizeof(life[0]); i++) {
+        ck_assert_int_eq(rdv__set_state(&rdv, life[i]), 0);
+        ck_assert_str_eq(rdv_job_state_name(rdv.state), rdv_job_state_name(life[i]));
+    }
+    for (int to = RDV_WAITING; to <= RDV_FAILED; to++) { /* an ended job stays ended */
+        ck_assert_int_eq(set_state_said((enum rdv_job_state)to, said, sizeof(said)), -EINVAL);
+        ck_assert_str_eq(rdv_job_state_name(rdv.state), "completed");
+    }
+    ck_assert_int_eq(set_state_said((enum rdv_job_state)(RDV_FAILED + 1), said, sizeof(said)), -EINVAL);
+    ck_assert_str_eq(rdv_job_state_name(rdv.state), "completed");
+}
+END_TEST
+
+/* Every pair of states against the transitions rdv.h lists. */
+START_TEST(job_state_machine_is_the_documented_one)
+{
+    static const struct {
+        enum rdv_job_state from, to;
+    } listed[] = {
+        {RDV_WAITING, RDV_FORMING},       {RDV_WAITING, RDV_FAILED},        {RDV_WAITING, RDV_STOPPED},
+        {RDV_WAITING, RDV_RECOVERING},    {RDV_WAITING, RDV_COMPLETED},     {RDV_FORMING, RDV_RUNNING},
+        {RDV_FORMING, RDV_RECOVERING},    {RDV_RUNNING, RDV_RECOVERING},    {RDV_RECOVERING, RDV_RUNNING},
+        {RDV_RECOVERING, RDV_FORMING},    {RDV_RECOVERING, RDV_RECOVERING}, {RDV_FORMING, RDV_COMPLETED},
+        {RDV_RUNNING, RDV_COMPLETED},     {RDV_RECOVERING, RDV_COMPLETED},  {RDV_FORMING, RDV_STOPPED},
+        {RDV_RUNNING, RDV_STOPPED},       {RDV_RECOVERING, RDV_STOPPED},    {RDV_FORMING, RDV_FAILED},
+        {RDV_RUNNING, RDV_FAILED},        {RDV_RECOVERING, RDV_FAILED},
+    };
+    char said[512];
+    setup_spec(2, 3);
+    for (int from = RDV_WAITING; from <= RDV_FAILED; from++) {
+        for (int to = RDV_WAITING; to <= RDV_FAILED; to++) {
+            int want = 0;
+            for (size_t i = 0; i < sizeof(listed) / sizeof(listed[0]); i++)
+                want |= (int)listed[i].from == from && (int)listed[i].to == to;
+            rdv.state = (enum rdv_job_state)from; /* the test places the job; rdv itself only uses the setter */
+            int rc = set_state_said((enum rdv_job_state)to, said, sizeof(said));
+            ck_assert_msg(rc == (want ? 0 : -EINVAL), "%s -> %s: %d, want %d", rdv_job_state_name(from),
+                          rdv_job_state_name(to), rc, want ? 0 : -EINVAL);
+            ck_assert_str_eq(rdv_job_state_name(rdv.state), rdv_job_state_name(want ? to : from));
+        }
+    }
+}
+END_TEST
+
 /* rdv's per-state rank counters against a count of the rank table. */
 static void assert_counters_exact(void)
 {
@@ -2713,54 +2789,89 @@ START_TEST(resume_without_its_ranks_fails_the_generation)
 }
 END_TEST
 
+/* One test case per file of rdv, each test in the case of the idea it checks. */
+static TCase *rdv_case(Suite *s, const char *name)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 10);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 Suite *make_rdv_suite(void)
 {
     Suite *s = suite_create("rdv");
-    TCase *tc = tcase_create("rendezvous");
-    tcase_set_timeout(tc, 10);
-    tcase_add_checked_fixture(tc, NULL, teardown);
-    tcase_add_test(tc, forms_generation_one_in_name_order);
-    tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
-    tcase_add_test(tc, crashed_rank_opens_next_generation);
-    tcase_add_test(tc, stale_frames_are_refused);
+    TCase *tc;
+
+    tc = rdv_case(s, "state"); /* the job state machine and the rank counters (rdv.c) */
+    tcase_add_test(tc, job_state_changes_only_along_the_machine);
+    tcase_add_test(tc, job_state_machine_is_the_documented_one);
+    tcase_add_test(tc, rank_counters_follow_every_state_change);
+    tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
+
+    tc = rdv_case(s, "join"); /* nodes joining, resuming sessions, lost (rdv_join.c) */
     tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
-    tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
-    tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
     tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
-    tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
     tcase_add_test(tc, log_data_counts_as_hearing_from_the_node);
     tcase_add_test(tc, resumed_session_keeps_the_generation);
     tcase_add_test(tc, another_session_is_a_duplicate);
     tcase_add_test(tc, resume_while_forming_gives_back_what_was_missed);
     tcase_add_test(tc, resume_without_its_ranks_fails_the_generation);
+    tcase_add_test(tc, joins_refused_with_reasons);
+    tcase_add_test(tc, node_lookup_by_name_survives_removals);
+    tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
+    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
+
+    tc = rdv_case(s, "form"); /* forming: layout, fitness, checkpoints, MASTER_PORT, unique id (rdv_form.c) */
+    tcase_add_test(tc, forms_generation_one_in_name_order);
+    tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
+    tcase_add_test(tc, stale_frames_are_refused);
+    tcase_add_test(tc, ranks_that_never_run_are_a_failure);
+    tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
+    tcase_add_test(tc, no_free_port_holds_the_generation);
+    tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
+    tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
+    tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
+    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
+    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
+    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
+    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
+    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
+    tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
+
+    tc = rdv_case(s, "beat"); /* heartbeats and the tick's deadlines (rdv_beat.c) */
+    tcase_add_test(tc, heartbeat_is_answered_only_when_asked);
+    tcase_add_test(tc, tick_deadlines_are_exact_across_ticks_and_generations);
+    tcase_add_test(tc, tick_skipping_agrees_with_scanning_every_tick);
+    tcase_add_test(tc, rank0_reports_committed_checkpoints);
+
+    tc = rdv_case(s, "fail"); /* failures, the restart policy, shrinking, the job's end (rdv_fail.c) */
+    tcase_add_test(tc, crashed_rank_opens_next_generation);
     tcase_add_test(tc, budget_spent_fails_the_job);
     tcase_add_test(tc, exit_zero_everywhere_completes);
-    tcase_add_test(tc, joins_refused_with_reasons);
-    tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
-    tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
-    tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
-    tcase_add_test(tc, restored_forming_generation_waits_for_its_ranks);
-    tcase_add_test(tc, restored_forming_rank_that_never_starts_fails_after_start_timeout);
-    tcase_add_test(tc, restored_forming_member_back_without_ranks_fails_the_generation);
-    tcase_add_test(tc, restored_running_generation_runs_at_once_across_two_restarts);
-    tcase_add_test(tc, restored_shrunk_job_grows_by_a_node_that_joined_meanwhile);
-    tcase_add_test(tc, restored_job_stopped_while_members_are_awaited_stays_stopped);
-    tcase_add_test(tc, restored_job_completed_while_a_member_is_away_is_saved_completed);
-    tcase_add_test(tc, state_file_says_whether_the_generation_ran);
     tcase_add_test(tc, ended_job_settles_rank_states);
     tcase_add_test(tc, absent_member_shrinks_the_job_to_min_nodes);
+    tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
+    tcase_add_test(tc, admin_stop_and_restart);
+    tcase_add_test(tc, failure_reason_reaches_status_and_events);
+    tcase_add_test(tc, failure_streaks_back_off);
+    tcase_add_test(tc, failures_are_classified);
+    tcase_add_test(tc, restart_window_forgets_old_restarts);
+    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
+
+    tc = rdv_case(s, "grow"); /* growing by a node, the yield at a step boundary (rdv_grow.c) */
     tcase_add_test(tc, new_node_grows_a_job_below_its_size);
     tcase_add_test(tc, grow_waits_for_the_ranks_to_leave_at_a_step_boundary);
     tcase_add_test(tc, grow_parks_ranks_that_did_not_leave_in_time);
     tcase_add_test(tc, grow_whose_node_left_goes_on_without_it);
     tcase_add_test(tc, grow_of_ranks_that_cannot_rejoin_is_at_once);
-    tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
     tcase_add_test(tc, yielded_ranks_without_a_grow_go_on_in_the_same_shape);
-    tcase_add_test(tc, absent_member_fails_a_job_that_may_not_shrink);
-    tcase_add_test(tc, ranks_that_never_run_are_a_failure);
-    tcase_add_test(tc, inconsistent_saved_state_is_refused);
-    tcase_add_test(tc, status_document_has_the_promised_fields);
+    tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
+
+    tc = rdv_case(s, "hang"); /* hangs, their timeout and naming, stacks (rdv_hang.c, hang.c) */
+    tcase_add_test(tc, hang_names_the_rank_whose_heartbeats_stopped);
     tcase_add_test(tc, stalled_step_is_a_hang);
     tcase_add_test(tc, hang_names_the_stopped_rank_with_where_it_is);
     tcase_add_test(tc, hang_names_a_stopped_rank_before_the_progress_timeout);
@@ -2773,33 +2884,25 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, auto_timeout_follows_the_steps);
     tcase_add_test(tc, median_is_of_the_last_samples);
     tcase_add_test(tc, rank_ranges_compress);
-    tcase_add_test(tc, rank0_reports_committed_checkpoints);
-    tcase_add_test(tc, admin_stop_and_restart);
-    tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
-    tcase_add_test(tc, no_free_port_holds_the_generation);
-    tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
     tcase_add_test(tc, silent_rank_is_never_hung);
     tcase_add_test(tc, rejoined_ranks_wait_for_a_slow_replacement_without_a_hang);
-    tcase_add_test(tc, failure_reason_reaches_status_and_events);
+
+    tc = rdv_case(s, "resume"); /* the state file and a restored generation (rdv_resume.c) */
+    tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
+    tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
+    tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
+    tcase_add_test(tc, restored_forming_generation_waits_for_its_ranks);
+    tcase_add_test(tc, restored_forming_rank_that_never_starts_fails_after_start_timeout);
+    tcase_add_test(tc, restored_forming_member_back_without_ranks_fails_the_generation);
+    tcase_add_test(tc, restored_running_generation_runs_at_once_across_two_restarts);
+    tcase_add_test(tc, restored_shrunk_job_grows_by_a_node_that_joined_meanwhile);
+    tcase_add_test(tc, restored_job_stopped_while_members_are_awaited_stays_stopped);
+    tcase_add_test(tc, restored_job_completed_while_a_member_is_away_is_saved_completed);
+    tcase_add_test(tc, state_file_says_whether_the_generation_ran);
+    tcase_add_test(tc, inconsistent_saved_state_is_refused);
+
+    tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
+    tcase_add_test(tc, status_document_has_the_promised_fields);
     tcase_add_test(tc, overflowing_sums_keep_status_valid);
-    tcase_add_test(tc, failure_streaks_back_off);
-    tcase_add_test(tc, failures_are_classified);
-    tcase_add_test(tc, restart_window_forgets_old_restarts);
-    tcase_add_test(tc, rank_counters_follow_every_state_change);
-    tcase_add_test(tc, rank_counters_survive_stop_restore_and_shrink);
-    tcase_add_test(tc, node_lookup_by_name_survives_removals);
-    tcase_add_test(tc, namemap_deletes_without_losing_colliding_names);
-    tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
-    tcase_add_test(tc, unfit_reason_with_control_characters_reaches_no_terminal_raw);
-    tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
-    tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
-    tcase_add_test(tc, diverging_checkpoints_may_be_accepted);
-    tcase_add_test(tc, checkpoints_a_job_does_not_ask_for_are_not_compared);
-    tcase_add_test(tc, long_checkpoint_names_cut_short_stay_utf8);
-    tcase_add_test(tc, after_a_failure_fresh_starters_report_their_checkpoint_again);
-    tcase_add_test(tc, ranks_that_rejoin_in_place_are_not_compared);
-    tcase_add_test(tc, min_nodes_forms_without_an_unfit_node_after_the_window);
-    tcase_add_test(tc, new_node_grows_the_job_once_it_is_fit);
-    suite_add_tcase(s, tc);
     return s;
 }

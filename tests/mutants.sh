@@ -2,7 +2,7 @@
 # make check-mutants (not part of make check): key integration scenarios run
 # against a musterd built with one feature broken on purpose, each of which
 # the scenario must catch (exit non-zero). A mutant is a build flag,
-# MUSTER_MUTANT_<NAME>, read in daemon/ (rdv.c, musterd.c) only; each is
+# MUSTER_MUTANT_<NAME>, read in daemon/ (rdv_fail.c, rdv_hang.c, musterd.c) only; each is
 # built in build-mutants/<name> (a copy of $BUILD with musterd rebuilt), so
 # the release build never holds one. The last line is the tally: a mutant
 # every one of whose scenarios passed "survived", and the run fails.

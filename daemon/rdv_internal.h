@@ -1,0 +1,86 @@
+/*
+ * rdv_internal.h: what the files of rdv (daemon/rdv*.c) share, and nothing
+ * outside them includes but rdv's unit tests. Three tiers of names: rdv_ in
+ * rdv.h for musterd, rdv__ here across rdv's files, static within one.
+ * Each function is described where it is defined.
+ */
+#ifndef MUSTER_RDV_INTERNAL_H
+#define MUSTER_RDV_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/failure.h"
+#include "daemon/rdv.h"
+
+/* rdv.c: the job state, events, sending, lookups */
+
+/* Every change of r->state goes through here: a transition of the job state
+ * machine (rdv.h) is made and logged at debug; any other is refused, logged
+ * as an error, and r->state kept. Returns 0 or -EINVAL. */
+int rdv__set_state(struct rdv *r, enum rdv_job_state to);
+
+void rdv__event(struct rdv *r, const char *kind, int node, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int rdv__find_node(const struct rdv *r, const char *name);
+void rdv__remove_node(struct rdv *r, uint32_t idx);
+void rdv__set_rank_state(struct rdv *r, struct rdv_rank *rk, enum rdv_rank_state to);
+void rdv__send_to(struct rdv *r, uint32_t node, const struct proto_msg *m);
+void rdv__send_command(struct rdv *r, uint32_t node, enum proto_command action);
+void rdv__changed(struct rdv *r, int persist);
+uint32_t rdv__member_count(const struct rdv *r);
+void rdv__missing_members(const struct rdv *r, char *out, size_t cap);
+void rdv__command_all(struct rdv *r, enum proto_command action);
+void rdv__stop_all(struct rdv *r);
+
+/* rdv_join.c: nodes joining, their pre-flight, nodes lost */
+void rdv__on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight *p, uint64_t now_ms);
+void rdv__check_lost(struct rdv *r, uint64_t now_ms);
+
+/* rdv_form.c: forming generations */
+int rdv__layout_members(struct rdv *r);
+int rdv__build_ranks(struct rdv *r);
+void rdv__check_plan(struct rdv *r, int candidates);
+void rdv__try_start_generation(struct rdv *r, uint64_t now_ms);
+void rdv__check_running(struct rdv *r, uint64_t now_ms);
+void rdv__maybe_form(struct rdv *r, uint64_t now_ms);
+void rdv__send_unique_id(struct rdv *r, uint32_t node);
+void rdv__resend_assign(struct rdv *r, uint32_t node);
+void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u);
+void rdv__check_start(struct rdv *r, uint64_t now_ms);
+
+/* rdv_beat.c: heartbeats */
+void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms);
+
+/* rdv_fail.c: failures and the restart policy */
+void rdv__settle_ranks(struct rdv *r);
+void rdv__open_next_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what,
+                               int spend, enum failure_class cls, int park);
+void rdv__fail_generation(struct rdv *r, uint64_t now_ms, int node, int rank, const char *what);
+void rdv__on_rank_exit(struct rdv *r, uint32_t node, const struct proto_rank_exit *x, uint64_t now_ms);
+void rdv__check_rejoin(struct rdv *r, uint64_t now_ms);
+
+/* rdv_grow.c: growing by a node, the yield at a step boundary */
+void rdv__grow_waiting(struct rdv *r, uint64_t now_ms);
+uint64_t rdv__yield_wait_ms(const struct rdv *r);
+int rdv__all_yielded(const struct rdv *r);
+void rdv__maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
+void rdv__finish_yield(struct rdv *r, uint64_t now_ms, int timed_out);
+
+/* rdv_hang.c: hangs and stacks */
+void rdv__stacks_clear(struct rdv_stacks *k);
+int rdv__ask_stacks(struct rdv *r);
+int rdv__stacks_complete(const struct rdv *r);
+void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
+void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap);
+void rdv__finish_hang(struct rdv *r, uint64_t now_ms);
+void rdv__check_progress(struct rdv *r, uint64_t now_ms);
+/* The peer that rank exited's collective error is put down to: a running rank
+ * whose process is stopped, else a quiet one; its index, with what it is
+ * into *why ("whose process is stopped ..."), or -1. */
+int rdv__blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why);
+
+/* rdv_resume.c: a restored generation */
+void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
+
+#endif
