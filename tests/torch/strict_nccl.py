@@ -99,6 +99,9 @@ class StrictNccl(dist.ProcessGroup):
     def _run_stream(self) -> None:
         while True:
             op = self._stream.get()
+            with self._lock:
+                if self._broken:
+                    return  # the stream spins in the collective that lost its peer
             try:
                 op.inner.wait()
             except Exception:
@@ -171,6 +174,13 @@ class StrictNccl(dist.ProcessGroup):
     def recv(self, tensors, src, tag=0):
         staged = [t.clone() for t in tensors]
         return self._issue(tensors, staged, lambda: self._inner.recv(staged, src, tag))
+
+    def lose(self) -> None:
+        """A peer is lost (for tests of one process): the works pending and
+        every later one never complete, as when gloo underneath fails."""
+        with self._lock:
+            self._broken = True
+        self._stream.put(_Op([], []))  # wakes the stream, which stops there
 
     # -- ending --
 
