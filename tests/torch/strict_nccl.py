@@ -45,7 +45,16 @@ class _Op:
         self.inner = None
         self.done = threading.Event()       # completed or aborted
         self.error = None                   # set when aborted
-        self.future = torch.futures.Future()
+        # Its future: completed (from the stream, or abort()) by completing `ended`,
+        # through a callback, so that an abort fails it with an error of torch's own
+        # (a C++ one, which DDP's reducer takes), not with an exception as its value.
+        self.ended = torch.futures.Future()
+        self.future = self.ended.then(lambda _: self.result())
+
+    def result(self) -> List[torch.Tensor]:
+        if self.error is not None:
+            raise self.error
+        return self.outputs
 
 
 class StrictWork(dist.Work):
@@ -57,8 +66,7 @@ class StrictWork(dist.Work):
 
     def wait(self, timeout: timedelta = None) -> bool:
         self._op.done.wait()  # no timeout: a lock acquired in C, the GIL released, as NCCL's host sync
-        if self._op.error is not None:
-            raise self._op.error
+        self._op.result()
         return True
 
     def is_completed(self) -> bool:
@@ -117,7 +125,7 @@ class StrictNccl(dist.ProcessGroup):
                         out.copy_(staged)
                 self._pending.remove(op)
                 op.done.set()
-            op.future.set_result(op.outputs)
+            op.ended.set_result(None)
 
     def _issue(self, outputs: List[torch.Tensor], staged: List[torch.Tensor], start) -> StrictWork:
         op = _Op(outputs, staged)
@@ -192,7 +200,7 @@ class StrictNccl(dist.ProcessGroup):
         for op in pending:
             op.error = RuntimeError("strict_nccl: the communicator was aborted while this collective was pending")
             op.done.set()
-            op.future.set_exception(op.error)
+            op.ended.set_result(None)
 
     def shutdown(self) -> None:
         """A healthy group ends; a broken or aborted one blocks for ever, as
