@@ -73,8 +73,11 @@ for pid in survivors:
         kept.append(pid)
         redone = max(redone, max(before_kill) - (after[0][1] - 1))
 every = max(min(ts) for ts in by_rank.values()) - killed if len(by_rank) == 4 else float("nan")
+# Completed steps lost, on any process: the last step done before the kill less the first one done again.
+last = max(s for seen in by_pid.values() for t, s in seen if t < killed)
+again = min(min(s for t, s in seen if t >= killed) for seen in by_pid.values() if any(t >= killed for t, _ in seen))
 print("kill -> next step on every rank %.2f s, survivors that stepped again in their own process %d/3, "
-      "steps redone %d" % (every, len(kept), redone))
+      "completed steps redone %d" % (every, len(kept), max(redone, last - (again - 1))))
 print("kept %d redone %d" % (len(kept), redone))
 PY
 echo "(b) $(head -n 1 "$ITEST_DIR/figures")"
