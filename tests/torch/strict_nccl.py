@@ -91,6 +91,7 @@ class StrictNccl(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
+        self._name = ""
         self._inner = dist.ProcessGroupGloo(dist.PrefixStore("strict_nccl", store), rank, size, timeout)
         self._lock = threading.Lock()
         self._aborted = False
@@ -101,6 +102,14 @@ class StrictNccl(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return NAME
+
+    # Its name, which torch keeps in a group's backends (this one has none of torch's).
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
 
     # -- the stream --
 
@@ -219,14 +228,18 @@ class StrictNccl(dist.ProcessGroup):
         threading.Event().wait()
 
 
-def _create(store, rank: int, size: int, timeout: timedelta) -> StrictNccl:
-    return StrictNccl(store, rank, size, timeout)
+def _create(opts, backend_options) -> StrictNccl:
+    """torch's extended creator: the group is named as torch named it (device
+    meshes, FSDP's among them, look groups up by name)."""
+    group = StrictNccl(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    group._set_group_name(opts.group_id)
+    return group
 
 
 def register() -> str:
     """Registers the backend with torch (once); returns its name."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
     return NAME
 
 
