@@ -84,7 +84,8 @@ class Elastic:
     calls train_step(step) for each step left. Under muster, when a step
     fails because a peer died (a collective raises) and muster parks the
     generation, the rank keeps its process and its state: it destroys the
-    process group, waits for the next generation's ASSIGN from its agent,
+    process group (an NCCL one is aborted and forgotten instead, see
+    pg.aborts), waits for the next generation's ASSIGN from its agent,
     takes its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, forms the new
     process group, brings every rank to the same state again and redoes
     the step that failed: no completed step is lost. Outside muster (plain
@@ -234,7 +235,7 @@ class Elastic:
         """fn() after each step of the program's optimizer; returns the hook's handle."""
         return self.optimizer.register_step_post_hook(fn)
 
-    def _update_event(self):
+    def _update_event(self) -> Optional[object]:
         """After an optimizer step: a CUDA event recorded behind its update
         where the optimizer's parameters are on a GPU, None on the host
         (the update is done by now)."""

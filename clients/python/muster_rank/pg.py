@@ -19,7 +19,7 @@ generations meets it and a fresh one does not.
 import os
 import socket
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 from .log import trace
 
@@ -189,7 +189,7 @@ def forget(dist) -> None:
     world.group_count = 0
 
 
-def device(backend: str):
+def device(backend: str) -> Optional[object]:
     """The device a group's own collectives (state sync, votes) use, as torch
     picks it for object collectives: the rank's current CUDA device where
     the backend is NCCL's alone, else the host (None; "cpu:gloo,cuda:nccl"
