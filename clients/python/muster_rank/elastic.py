@@ -279,12 +279,16 @@ class Elastic:
             gen = self._gen
             pg.await_store(self._heal_wait if self._timeout is None else max(self._timeout, self._heal_wait),
                            lambda: link.active and link.over(gen))
-            if self._timeout is None:
-                dist.init_process_group(self._backend, init_method="env://")
-            else:
+            kw = {}
+            if self._timeout is not None:
                 import datetime
-                dist.init_process_group(self._backend, init_method="env://",
-                                        timeout=datetime.timedelta(seconds=self._timeout))
+                kw["timeout"] = datetime.timedelta(seconds=self._timeout)
+            if pg.aborts(self._backend):
+                os.environ.update(pg.nccl_env(os.environ, self._heal_wait))
+                device = pg.device(self._backend)
+                if device is not None:
+                    kw["device_id"] = device  # formed eagerly, here, where a park's abort can end it
+            dist.init_process_group(self._backend, init_method="env://", **kw)
             with cond:
                 self._conns = pg.opened_since(before)
             trace("group")

@@ -14,6 +14,8 @@ generations meets it and a fresh one does not.
   fails and finalizing a broken communicator can wait for ever: its groups
   are aborted (from any thread) and then only forgotten.
 - device: NCCL moves only device tensors.
+- nccl_env: torch's NCCL watchdog must leave the errors an abort makes to the
+  healing.
 """
 
 import os
@@ -198,3 +200,22 @@ def device(backend: str) -> Optional[object]:
     if aborts(backend) and "cpu:" not in backend.lower() and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return None
+
+
+def nccl_env(environ: Dict[str, str], heal_s: float) -> Dict[str, str]:
+    """What a process that heals its NCCL groups in place sets in its own
+    environment before each group (torch reads it as it makes one):
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=0, for the watchdog would otherwise end
+    the process on the error an abort leaves (the healing aborts instead),
+    and TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC above the heal window where it is
+    set below it (the heartbeat monitor ends a process whose watchdog looks
+    stuck that long)."""
+    out = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    floor = int(2 * heal_s) + 1
+    try:
+        beat = int(environ.get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", ""))
+    except ValueError:
+        beat = None
+    if beat is not None and beat < floor:
+        out["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(floor)
+    return out

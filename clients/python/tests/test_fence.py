@@ -93,6 +93,15 @@ class BackendTest(unittest.TestCase):
         for name in ("gloo", "mpi", "cpu:gloo"):
             self.assertFalse(pg.aborts(name), name)
 
+    def test_nccl_env(self):
+        self.assertEqual(pg.nccl_env({}, 30.0), {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
+        self.assertEqual(pg.nccl_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, 30.0),
+                         {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})  # the healing needs it off
+        self.assertEqual(pg.nccl_env({"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "20"}, 30.0),
+                         {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "61"})
+        self.assertEqual(pg.nccl_env({"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600"}, 30.0),
+                         {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
+
     def test_device(self):
         try:
             import torch
