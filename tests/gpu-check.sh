@@ -34,4 +34,14 @@ train --device cpu --threads 2 --stop-after 5 --checkpoint-dir "$ck/cpu" --resum
 latest_is "$ck/cpu" step-00000025
 train --device gpu --resume "$ck/cpu" --sample 64 > "$log" || exit 1
 grep -q "^sample at step 30:" "$log" || { cat "$log"; echo "no sample at step 30"; exit 1; }
+# What healing an NCCL program in place needs of the device (abort with work
+# queued, a new group in the same process, a CUDA FSDP2 snapshot), with the
+# build's PyTorch environment where there is one.
+PY=${MUSTER_TORCH_PY:-.venv/bin/python}
+if [ -x "$PY" ]; then
+    echo "NCCL groups healed in place (tests/torch/nccl_gpu_check.py):"
+    PYTHONPATH=clients/python "$PY" tests/torch/nccl_gpu_check.py || exit 1
+else
+    echo "NCCL groups healed in place: skipped (no $PY; run: sh mk/deps.sh venv)"
+fi
 echo "check-gpu: passed"

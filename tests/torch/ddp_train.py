@@ -43,6 +43,9 @@ def parse_args():
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--elastic", action="store_true",
                    help="heal in place through muster_rank.Elastic (survivors keep process and state)")
+    p.add_argument("--backend", default="gloo",
+                   help="with --elastic: the process group's backend; strict_nccl (or STRICT_NCCL=1 in the "
+                        "environment): tests/torch/strict_nccl.py's NCCL-like one, over gloo on the host")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' checksum and loss here")
     p.add_argument("--reference-world", type=int, default=0,
                    help="no ranks, no muster: one process computes what --elastic (per-rank batches) computes "
@@ -101,7 +104,11 @@ def main_elastic(args):
     torch.manual_seed(args.seed)
     net = nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1))
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    elastic = muster_rank.Elastic(net, opt, wrap=DDP)
+    backend = args.backend
+    if backend == "strict_nccl" or os.environ.get("STRICT_NCCL") == "1":
+        import strict_nccl  # beside this script
+        backend = strict_nccl.backend(backend)
+    elastic = muster_rank.Elastic(net, opt, wrap=DDP, backend=backend)
     print(f"rank {os.environ.get('RANK')} pid {os.getpid()} generation {os.environ.get('MUSTER_GENERATION')} "
           f"started", flush=True)
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Dict, Optional
 
 from . import pg
+from .fence import Fence
 from .link import connect
 from .log import log, trace
 from .snapshot import Snapshot
@@ -83,7 +84,8 @@ class Elastic:
     calls train_step(step) for each step left. Under muster, when a step
     fails because a peer died (a collective raises) and muster parks the
     generation, the rank keeps its process and its state: it destroys the
-    process group, waits for the next generation's ASSIGN from its agent,
+    process group (an NCCL one is aborted and forgotten instead, see
+    pg.aborts), waits for the next generation's ASSIGN from its agent,
     takes its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, forms the new
     process group, brings every rank to the same state again and redoes
     the step that failed: no completed step is lost. Outside muster (plain
@@ -129,6 +131,8 @@ class Elastic:
         self._suspect = False          # interrupted in its own code: its state may be half updated
         self._vote_at = 0              # the step at whose boundary the ranks vote next (see _boundary)
         self._voted = None             # (step, monotonic time) of the last vote
+        self._fence = Fence()          # abort epochs, and whether the current step's update counts
+        self._aborted = 0              # the last generation whose groups were aborted (NCCL's: see pg.aborts)
         if self._link.active:
             self._link.rejoin_in_place()  # the steps are this object's, not the start-up hook's count
 
@@ -149,11 +153,13 @@ class Elastic:
     def run(self, train_step, steps: int):
         """train_step(step) for step in [self.step, steps); returns the last step's result.
 
-        A step counts as completed once the optimizer stepped in it, even if
-        something after that raised (its update is in the state)."""
+        A step counts as completed once the optimizer stepped in it and its
+        update finished on the device with no abort of the generation's groups
+        meanwhile (muster_rank.fence), even if something after that raised
+        (its update is in the state)."""
         import torch.distributed as dist
-        stepped = [False]
-        hook = self._watch_steps(lambda *_: stepped.__setitem__(0, True))
+        fence = self._fence
+        hook = self._watch_steps(lambda *_: fence.updated(self._update_event()))
         self._thread = threading.get_ident()
         self._link.own_steps()  # run() reports the steps: the start-up hook's own count stays out
         watcher = None
@@ -170,7 +176,8 @@ class Elastic:
         action = Action.FORM
         try:
             while True:
-                stepped[0] = False
+                with self._link.cond:
+                    fence.begin()
                 err = None
                 try:
                     if action is not Action.STEP:
@@ -190,13 +197,18 @@ class Elastic:
                 except _Parked:
                     self._suspect = True
                     action = Action.PARK
-                if err is None and action is Action.STEP:
+                if err is None and action is Action.STEP and fence.completed():
                     self.step += 1
                     loss = result.item() if hasattr(result, "item") else result
                     self._link.beat(self.step, loss=loss if isinstance(loss, (int, float)) else None)
                     continue
-                if stepped[0]:
-                    self.step += 1
+                if err is None and action is Action.STEP:
+                    action = Action.PARK  # an abort passed during the step (only a park aborts)
+                if fence.stepped:
+                    if fence.completed():
+                        self.step += 1
+                    else:
+                        self._suspect = True  # its update may be half applied: not a state source
                 if err is not None:
                     trace("error")
                     if not (self._link.active and self._link.wait_over(self._gen, self._heal_wait)):
@@ -222,6 +234,20 @@ class Elastic:
     def _watch_steps(self, fn):
         """fn() after each step of the program's optimizer; returns the hook's handle."""
         return self.optimizer.register_step_post_hook(fn)
+
+    def _update_event(self) -> Optional[object]:
+        """After an optimizer step: a CUDA event recorded behind its update
+        where the optimizer's parameters are on a GPU, None on the host
+        (the update is done by now)."""
+        for group in self.optimizer.param_groups if self.optimizer is not None else ():
+            for p in group["params"]:
+                if not p.is_cuda:
+                    return None
+                import torch
+                event = torch.cuda.Event()
+                event.record()
+                return event
+        return None
 
     # -- one generation's process group and state --
 
@@ -253,12 +279,16 @@ class Elastic:
             gen = self._gen
             pg.await_store(self._heal_wait if self._timeout is None else max(self._timeout, self._heal_wait),
                            lambda: link.active and link.over(gen))
-            if self._timeout is None:
-                dist.init_process_group(self._backend, init_method="env://")
-            else:
+            kw = {}
+            if self._timeout is not None:
                 import datetime
-                dist.init_process_group(self._backend, init_method="env://",
-                                        timeout=datetime.timedelta(seconds=self._timeout))
+                kw["timeout"] = datetime.timedelta(seconds=self._timeout)
+            if pg.aborts(self._backend):
+                os.environ.update(pg.nccl_env(os.environ, self._heal_wait))
+                device = pg.device(self._backend)
+                if device is not None:
+                    kw["device_id"] = device  # formed eagerly, here, where a park's abort can end it
+            dist.init_process_group(self._backend, init_method="env://", **kw)
             with cond:
                 self._conns = pg.opened_since(before)
             trace("group")
@@ -268,12 +298,13 @@ class Elastic:
         import torch
         me, world = dist.get_rank(), dist.get_world_size()
         have = self.step if self.step > 0 else -1  # -1: nothing trained, the seed's state
-        best = torch.tensor([have], dtype=torch.int64)
+        device = pg.device(self._backend)
+        best = torch.tensor([have], dtype=torch.int64, device=device)
         dist.all_reduce(best, op=dist.ReduceOp.MAX)
         # The state comes from the first rank with the most steps, one that was not
         # interrupted in its own code (its update may be half done) if there is one.
         key = 2 * world if have != best.item() else me + world if self._suspect else me
-        src = torch.tensor([key], dtype=torch.int64)
+        src = torch.tensor([key], dtype=torch.int64, device=device)
         dist.all_reduce(src, op=dist.ReduceOp.MIN)
         src = int(src.item()) % world
         if best.item() >= 0:
@@ -297,15 +328,13 @@ class Elastic:
 
     def _broadcast_state(self, dist, src: int) -> None:
         """Every object's state_dict from rank src, as one snapshot (muster_rank.transport)."""
-        import torch
         me = dist.get_rank()
         objs = self._objects()
         snap = None
         if me == src:
             snap = Snapshot()
             snap.take(self.step, me, dist.get_world_size(), {name: o.state_dict() for name, o in objs.items()})
-        device = torch.device("cuda", torch.cuda.current_device()) if self._backend == "nccl" else None
-        snap = Transport(dist, device=device).broadcast(snap, src, me)
+        snap = Transport(dist, device=pg.device(self._backend)).broadcast(snap, src, me)
         if me != src:
             snap.load(objs)
 
@@ -332,8 +361,8 @@ class Elastic:
         if self._voted is not None and self.step > self._voted[0]:
             per_step = (now - self._voted[1]) / (self.step - self._voted[0])
             steps = max(1, min(VOTE_MAX_STEPS, int(VOTE_EVERY_S / per_step) if per_step > 0 else VOTE_MAX_STEPS))
-        device = torch.device("cuda", torch.cuda.current_device()) if self._backend == "nccl" else None
-        ask = torch.tensor([1 if link.yield_asked(self._gen) else 0, -steps], dtype=torch.int64, device=device)
+        ask = torch.tensor([1 if link.yield_asked(self._gen) else 0, -steps], dtype=torch.int64,
+                           device=pg.device(self._backend))
         dist.all_reduce(ask, op=dist.ReduceOp.MAX)
         ask = ask.tolist()
         self._voted = (self.step, now)
@@ -361,6 +390,12 @@ class Elastic:
             self._busy = 0
             link.cond.notify_all()
             conns = self._connections()
+            aborted = self._aborted == gen
+        if not yielded and not aborted and pg.aborts(self._backend):
+            # Broken while no park watch aborted it (outside muster's watch, or left by itself):
+            # an NCCL group that broke is never finalized, only aborted.
+            pg.abort(dist, pg.groups(dist))
+            aborted = True
         if yielded:
             link.left_for_grow()
             log("generation %d: left at the boundary of step %d with the other ranks (the job grows)"
@@ -375,10 +410,13 @@ class Elastic:
         import gc
         gc.collect()
         trace("collected")
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
+        if aborted:
+            pg.forget(dist)  # finalizing an aborted communicator can wait for ever
+        else:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
         trace("destroyed")
         got = link.wait_generation(gen, 3600.0)
         if got is None:
@@ -416,13 +454,22 @@ class Elastic:
         its own connections are closed, which ends its wait. Still in the
         generation PARK_EXIT_S after either (native code outside any
         collective), the process exits, so that its peers go on; its slot
-        is started again."""
+        is started again.
+
+        Groups that NCCL backs (pg.aborts) are aborted at once instead, as
+        soon as the generation is over: their collectives never fail when a
+        peer is lost, and the abort ends the training thread's wait (it
+        raises there); the abort epoch it records tells the steps under way
+        that they do not count (muster_rank.fence)."""
         link = self._link
         with link.cond:
             while self._running:
                 busy = self._busy
                 if not busy or not link.over(self._gen):
                     link.cond.wait()
+                    continue
+                if self._aborted != self._gen and pg.aborts(self._backend):
+                    self._abort_generation()
                     continue
                 if not self._held(busy, PARK_INTERRUPT_S):
                     continue
@@ -441,6 +488,25 @@ class Elastic:
                     log("rank %d did not leave generation %d %.0f s after that: exiting, so that its peers go on"
                         % (link.rank, self._gen, PARK_EXIT_S))
                     os._exit(1)
+
+    def _abort_generation(self) -> None:
+        """Aborts the process groups of the generation the rank is in (lock
+        held; released while the groups abort, so that the training thread
+        and the link's keepalives go on), and closes their gloo sockets."""
+        import torch.distributed as dist
+        gen = self._gen
+        self._aborted = gen
+        self._fence.abort()
+        found = pg.groups(dist)
+        conns = self._connections()
+        log("generation %d is over: aborting its %d process group(s)" % (gen, len(found)))
+        self._link.cond.release()
+        try:
+            pg.abort(dist, found)
+            pg.shut(conns)
+        finally:
+            self._link.cond.acquire()
+        trace("aborted")
 
     def _held(self, busy: int, seconds: float) -> bool:
         """True when the rank is still in the generation it entered as busy after seconds (lock held)."""

@@ -10,12 +10,18 @@ generations meets it and a fresh one does not.
   past destroy_process_group; shutting them lets the peers go.
 - release_meshes: device meshes and DTensor's sharding caches hold the old
   generation's groups.
+- aborts, groups, abort, forget: an NCCL collective whose peer is lost never
+  fails and finalizing a broken communicator can wait for ever: its groups
+  are aborted (from any thread) and then only forgotten.
+- device: NCCL moves only device tensors.
+- nccl_env: torch's NCCL watchdog must leave the errors an abort makes to the
+  healing.
 """
 
 import os
 import socket
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 from .log import trace
 
@@ -124,3 +130,92 @@ def release_meshes() -> None:
         clear = getattr(getattr(prop, name, None), "cache_clear", None)
         if clear is not None:
             clear()
+
+
+def aborts(backend: str) -> bool:
+    """Whether the groups of backend are aborted when their generation ends
+    (and never finalized after that): those of NCCL, named in the backend
+    string ("nccl", "cpu:gloo,cuda:nccl", the tests' "strict_nccl"). An
+    NCCL collective whose peer is lost never fails, its kernel spins until
+    the communicator is aborted, and finalizing a broken one can wait for ever."""
+    return "nccl" in backend.lower()
+
+
+def groups(dist) -> list:
+    """Every process group torch knows of, the default one last (as torch
+    aborts and shuts them down: ncclCommAbort was collective in some NCCL versions)."""
+    names = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    named = list((getattr(names, "pg_names", None) or {}).items())
+    return [g for g, _ in sorted(named, key=lambda kv: kv[1], reverse=True)]
+
+
+def abort(dist, found: list) -> None:
+    """Aborts each group of found (groups()), from any thread: the collectives
+    pending on them fail, and their later use raises. Where the default group
+    has an NCCL backend the aborts are grouped (ncclGroupStart/End), so that
+    one communicator's abort does not wait on another's."""
+    import torch
+    nccl = None
+    c10d = dist.distributed_c10d
+    if found and c10d.is_nccl_available():
+        try:
+            backend = found[-1]._get_backend(torch.device("cuda"))
+        except RuntimeError:
+            backend = None
+        if isinstance(backend, c10d.ProcessGroupNCCL):
+            nccl = backend
+    if nccl is not None:
+        nccl._group_start()
+    try:
+        for group in found:
+            try:
+                group.abort()
+            except Exception as e:  # a backend without an abort (gloo's, a side group) has nothing to end
+                trace("abort: %s" % e)
+    finally:
+        if nccl is not None:
+            nccl._group_end()
+
+
+def forget(dist) -> None:
+    """torch's bookkeeping of every process group dropped, none of them
+    shut down (destroy_process_group's part that finalizes nothing): after
+    an abort, what is left of the groups goes with their last reference."""
+    c10d = dist.distributed_c10d
+    world = c10d._world
+    c10d._update_default_pg(None)
+    for table in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                  world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state):
+        table.clear()
+    c10d._unregister_all_process_groups()
+    world.group_count = 0
+
+
+def device(backend: str) -> Optional[object]:
+    """The device a group's own collectives (state sync, votes) use, as torch
+    picks it for object collectives: the rank's current CUDA device where
+    the backend is NCCL's alone, else the host (None; "cpu:gloo,cuda:nccl"
+    moves host tensors over gloo)."""
+    import torch
+    if aborts(backend) and "cpu:" not in backend.lower() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def nccl_env(environ: Dict[str, str], heal_s: float) -> Dict[str, str]:
+    """What a process that heals its NCCL groups in place sets in its own
+    environment before each group (torch reads it as it makes one):
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=0, for the watchdog would otherwise end
+    the process on the error an abort leaves (the healing aborts instead),
+    and TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC above the heal window where it is
+    set below it (the heartbeat monitor ends a process whose watchdog looks
+    stuck that long)."""
+    out = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    floor = int(2 * heal_s) + 1
+    try:
+        beat = int(environ.get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", ""))
+    except ValueError:
+        beat = None
+    if beat is not None and beat < floor:
+        out["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(floor)
+    return out

@@ -46,9 +46,12 @@ class Snapshot:
         self.flat = None     # uint8 tensor
         self.complete = False  # a received one: every byte came
 
-    def take(self, step: int, rank: int, world: int, trees: Dict[str, Any], extra: Any = None) -> None:
-        """Holds trees (name -> state_dict), their tensors copied into flat, and extra as it is."""
+    def take(self, step: int, rank: int, world: int, trees: Dict[str, Any], extra: Any = None, fence=None) -> None:
+        """Holds trees (name -> state_dict), their tensors copied into flat, and
+        extra as it is; not complete when an abort (fence: a muster_rank.fence.Fence)
+        passed while it was taken (what it copied may be half updated)."""
         import torch
+        epoch = fence.epoch if fence is not None else 0
         tensors: list = []
         with torch.no_grad():
             layout = {"trees": {name: state.strip(tree, tensors, local) for name, tree in trees.items()},
@@ -64,7 +67,8 @@ class Snapshot:
             for off, t in zip(offsets, tensors):
                 self.view(off, t.dtype, t.shape).copy_(t)
         self.layout = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
-        self.step, self.rank, self.world, self.complete = step, rank, world, True
+        self.step, self.rank, self.world = step, rank, world
+        self.complete = fence is None or fence.taken(epoch)
 
     def unpack(self) -> dict:
         """The layout as take() made it."""
@@ -77,8 +81,11 @@ class Snapshot:
         return self.flat[off:off + n].view(dtype).view(shape)
 
     def tensor(self, layout: dict, slot: state.TensorSlot):
-        """A copy of the tensor slot of layout holds."""
-        return self.view(layout["offsets"][slot.index], slot.dtype, slot.shape).clone()
+        """A copy of the tensor slot of layout holds, on this rank's device of
+        the slot's device type (state.place)."""
+        view = self.view(layout["offsets"][slot.index], slot.dtype, slot.shape)
+        where = state.place(slot)
+        return view.clone() if where.type == "cpu" else view.to(where)
 
     def load(self, objects: Dict[str, Any]) -> None:
         """Every object's state from the tree of its name (load_state_dict)."""

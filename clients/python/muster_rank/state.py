@@ -7,11 +7,22 @@ from typing import Any, Callable, List
 
 class TensorSlot:
     """A tensor's place in a stripped state_dict: its index in the tensor list,
-    shape and dtype, and a DTensor's spec (placements, global shape, stride;
-    None for a plain tensor)."""
+    shape and dtype, a DTensor's spec (placements, global shape, stride;
+    None for a plain tensor), and the type of the device it was on ("cpu",
+    "cuda": a rank that takes it puts it on its own device of that type)."""
 
-    def __init__(self, index: int, shape: tuple, dtype, spec=None) -> None:
-        self.index, self.shape, self.dtype, self.spec = index, shape, dtype, spec
+    def __init__(self, index: int, shape: tuple, dtype, spec=None, device: str = "cpu") -> None:
+        self.index, self.shape, self.dtype, self.spec, self.device = index, shape, dtype, spec, device
+
+
+def place(slot: TensorSlot):
+    """Where this rank puts slot's tensor: its current CUDA device for a CUDA
+    tensor (the sender's cuda:1 is this rank's own GPU), else the host (a
+    host tensor, or no GPU here)."""
+    import torch
+    if slot.device == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def walk(tree: Any, is_leaf: Callable[[Any], bool], leaf: Callable[[Any], Any]) -> Any:
@@ -34,7 +45,7 @@ def strip(tree: Any, tensors: list, local: Callable[[Any], tuple]) -> Any:
     def take(t):
         kept, spec = local(t)
         tensors.append(kept)
-        return TensorSlot(len(tensors) - 1, tuple(kept.shape), kept.dtype, spec)
+        return TensorSlot(len(tensors) - 1, tuple(kept.shape), kept.dtype, spec, kept.device.type)
     return walk(tree, lambda x: isinstance(x, torch.Tensor), take)
 
 

@@ -1,12 +1,16 @@
 """Elastic's state machine against a fake link, in a one-rank gloo world of
 this process: a park after a failed step (the step is redone, none lost), a
 newer ASSIGN between steps, a yield vote, and an error muster knows nothing
-of. Skipped without torch."""
+of; the same under the strict NCCL-like backend of tests/torch/strict_nccl.py,
+with a lost peer whose collective only the park watch's abort ends. Skipped
+without torch."""
 
 import contextlib
 import io
 import os
 import socket
+import sys
+import tempfile
 import threading
 import unittest
 from unittest import mock
@@ -98,13 +102,15 @@ def batch(step):
 @unittest.skipIf(torch is None or not dist.is_available(), "torch (with torch.distributed) is not importable")
 class ElasticTest(unittest.TestCase):
     STEPS = 5
+    BACKEND = "gloo"
 
     def setUp(self):
         env = mock.patch.dict(os.environ, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                                            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
         env.start()
         self.addCleanup(env.stop)
-        err = contextlib.redirect_stderr(io.StringIO())
+        self.stderr = io.StringIO()
+        err = contextlib.redirect_stderr(self.stderr)
         err.__enter__()
         self.addCleanup(err.__exit__, None, None, None)
         self.link = FakeLink()
@@ -121,6 +127,7 @@ class ElasticTest(unittest.TestCase):
 
     def run_elastic(self, during_step=None, **kw):
         net, opt = self.model()
+        kw.setdefault("backend", self.BACKEND)
         e = elastic.Elastic(net, opt, link=self.link, **kw)
 
         def train_step(step):
@@ -200,6 +207,60 @@ class ElasticTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "the program's own"):
             self.run_elastic(fail, heal_wait_s=0.05)
         self.assertEqual(self.calls, [(1, 0), (1, 1)])
+
+
+STRICT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "torch")
+
+
+@unittest.skipIf(torch is None or not dist.is_available() or not os.path.exists(os.path.join(STRICT, "strict_nccl.py")),
+                 "torch (with torch.distributed) or tests/torch/strict_nccl.py is not there")
+class ElasticStrictTest(ElasticTest):
+    """Every test above under the strict NCCL-like backend, and a lost peer."""
+
+    def setUp(self):
+        super().setUp()
+        if STRICT not in sys.path:
+            sys.path.insert(0, STRICT)
+        import strict_nccl
+        self.BACKEND = strict_nccl.register()
+        log = tempfile.NamedTemporaryFile(prefix="strict_nccl", delete=False)
+        log.close()
+        self.addCleanup(os.unlink, log.name)
+        self.strict_log = log.name
+        env = mock.patch.dict(os.environ, {"STRICT_NCCL_LOG": log.name})
+        env.start()
+        self.addCleanup(env.stop)
+
+    def tearDown(self):
+        with open(self.strict_log) as f:
+            self.assertEqual(f.read(), "", "a process group was destroyed after its abort")
+        super().tearDown()
+
+    def test_newer_assign_between_steps(self):
+        # The watch aborts the group as soon as the ASSIGN comes, in step 1: when
+        # that is before its update, the step does not count and is redone.
+        def assign_at(step, n):
+            if step == 1 and n == 2:
+                self.link.next_generation()
+        e, net = self.run_elastic(assign_at)
+        self.assertIn(self.calls, ([(1, 0), (1, 1), (2, 2), (2, 3), (2, 4)],
+                                   [(1, 0), (1, 1), (2, 1), (2, 2), (2, 3), (2, 4)]))
+        self.assertEqual(self.link.restored[-1], (2, "memory", self.calls[2][1]))
+        self.assert_trained_as_without_a_failure(net)
+
+    def test_lost_peer_aborted_by_the_watch(self):
+        def lose_once(step, n):
+            if step == 2 and n == 3:  # a peer died; its collective spins until the watch aborts it
+                self.link.park()
+                self.link.next_generation()
+                dist.distributed_c10d._get_default_group().lose()
+                dist.all_reduce(torch.zeros(1))
+        e, net = self.run_elastic(lose_once)
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)])
+        self.assertEqual(self.link.restored, [(1, "seed", 0), (2, "memory", 2)])
+        self.assertIn("generation 1 is over: aborting its 1 process group(s)", self.stderr.getvalue())
+        self.assertEqual(e.step, self.STEPS)
+        self.assert_trained_as_without_a_failure(net)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ re-slicing rows. Skipped without torch."""
 
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 
 try:
     import torch
@@ -210,6 +211,50 @@ class CopyRowsTest(unittest.TestCase):
         spec = ((Shard0(),), (6, 1), (1, 1))
         with self.assertRaises(ValueError):
             reslice.copy_rows(torch.zeros(3, 1), torch.zeros(3, 1), spec, 0, 2, 0, 3, "w")
+
+
+
+@unittest.skipIf(torch is None, "torch is not importable")
+class SlotDeviceTest(unittest.TestCase):
+    def test_slot_keeps_its_device_type(self):
+        tensors = []
+        tree = state.strip({"w": torch.ones(2, 3)}, tensors, lambda t: (t, None))
+        self.assertEqual(tree["w"].device, "cpu")
+        self.assertEqual((tree["w"].shape, tree["w"].dtype), ((2, 3), torch.float32))
+
+    def test_place_on_this_ranks_device(self):
+        cuda = state.TensorSlot(0, (1,), torch.float32, device="cuda")
+        host = state.TensorSlot(0, (1,), torch.float32)
+        with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+                mock.patch.object(torch.cuda, "current_device", return_value=2):
+            self.assertEqual(state.place(cuda), torch.device("cuda", 2))  # the sender's index is not kept
+            self.assertEqual(state.place(host), torch.device("cpu"))
+        with mock.patch.object(torch.cuda, "is_available", return_value=False):
+            self.assertEqual(state.place(cuda), torch.device("cpu"))  # no GPU here: the host
+
+    def test_host_state_round_trip(self):
+        snap = Snapshot()
+        snap.take(3, 0, 1, {"m": {"w": torch.arange(6.0).view(2, 3)}})
+        layout = snap.unpack()
+        got = snap.tensor(layout, layout["trees"]["m"]["w"])
+        self.assertEqual(got.device, torch.device("cpu"))
+        self.assertTrue(torch.equal(got, torch.arange(6.0).view(2, 3)))
+
+
+    def test_snapshot_taken_across_an_abort_is_not_complete(self):
+        from muster_rank.fence import Fence
+        fence = Fence()
+
+        class Aborting(dict):
+            """A state_dict whose tensors are read while the park watch aborts."""
+            def items(self):
+                fence.abort()
+                return super().items()
+        snap = Snapshot()
+        snap.take(3, 0, 1, {"m": {"w": torch.ones(2)}}, fence=fence)
+        self.assertTrue(snap.complete)
+        snap.take(4, 0, 1, {"m": Aborting(w=torch.ones(2))}, fence=fence)
+        self.assertFalse(snap.complete)
 
 
 if __name__ == "__main__":

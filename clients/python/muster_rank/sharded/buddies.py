@@ -56,10 +56,12 @@ class Buddy:
                 return s
         return None
 
-    def replicate(self, step: int, model, optimizer, objects) -> None:
+    def replicate(self, step: int, model, optimizer, objects, fence=None) -> None:
         """At a step boundary, on every rank: commits the last round, snapshots
         this step and ships it in the background. Raises RuntimeError when the
-        last round failed (a peer died: the program's healing follows)."""
+        last round failed (a peer died: the program's healing follows), or
+        when an abort (fence) passed while the snapshot was taken: it is not
+        complete, and is not shipped."""
         import torch
         with self._cond:
             while self._busy:
@@ -75,7 +77,9 @@ class Buddy:
             self._keep_after(self._round)
             self.carried = []
         snap = slot(self.own)
-        take_shard(snap, step, self.rank, self.world, model, optimizer, objects)
+        take_shard(snap, step, self.rank, self.world, model, optimizer, objects, fence)
+        if not snap.complete:
+            raise RuntimeError("buddy replica of step %d: the process groups were aborted while it was taken" % step)
         self._post(snap)
 
     def _post(self, snap: Snapshot) -> None:

@@ -70,7 +70,7 @@ class ShardedElastic(Elastic):
         def step_then_replicate(step):
             result = train_step(step)
             if self._every and (step + 1) % self._every == 0 and step + 1 < steps:
-                self._buddy.replicate(step + 1, self.module, self.optimizer, self._state)
+                self._buddy.replicate(step + 1, self.module, self.optimizer, self._state, self._fence)
             # the result outlives the step: without its autograd graph (see _let_go)
             return result.detach() if hasattr(result, "detach") else result
         try:

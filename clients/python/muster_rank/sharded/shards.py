@@ -9,15 +9,18 @@ from .. import state
 from ..snapshot import Snapshot, from_local, local
 
 
-def take_shard(snap: Snapshot, step: int, rank: int, world: int, model, optimizer, objects: Dict[str, Any]) -> None:
+def take_shard(snap: Snapshot, step: int, rank: int, world: int, model, optimizer, objects: Dict[str, Any],
+               fence=None) -> None:
     """snap holds rank's state of step: layout trees "model" and "optimizer",
-    extra {"objects", "rng", "cuda_rng"}."""
+    extra {"objects", "rng", "cuda_rng"}; not complete when an abort passed
+    meanwhile (fence: see Snapshot.take)."""
     import torch
     with torch.no_grad():
         snap.take(step, rank, world, {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                   {"objects": {name: o.state_dict() for name, o in objects.items()},
                    "rng": torch.get_rng_state(),
-                   "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None})
+                   "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None},
+                  fence)
 
 
 def copy_into(dst, src, name: str) -> None:
