@@ -177,6 +177,10 @@ static int rank_quiet(const struct rdv *r, uint32_t i, uint64_t now_ms)
 static uint64_t stopped_due(const struct rdv *r, uint32_t i)
 {
     const struct rdv_rank *rk = &r->ranks[i];
+#ifdef MUSTER_MUTANT_NO_STOPPED_RULE
+    /* A broken detector for `make check-mutants` only (tests/mutants.sh): a stopped rank waits for the timeout. */
+    return 0;
+#endif
     if (rk->state != RDV_RANK_RUNNING || !rk->stopped)
         return 0;
     uint64_t since = rk->stopped_since_ms;

@@ -568,6 +568,10 @@ static void hand_assignment(struct agent *a, struct agent_rank *r, const struct 
 static uint32_t visible_devices(const struct agent *a, uint32_t *out)
 {
     const struct proto_assign *as = &a->assign;
+#ifdef MUSTER_MUTANT_ONE_DEVICE
+    /* A broken device contract for `make check-mutants` only (tests/mutants.sh): one device per rank, always. */
+    return 0;
+#endif
     if (a->cfg->devices.kind != PROTO_DEV_GPU || strcmp(a->spec.visible_devices, "node") != 0 ||
         runs_trainer(a, &a->spec))
         return 0;
