@@ -57,7 +57,7 @@ __all__ = ["connect", "Rank", "Elastic", "ShardedElastic", "BEAT_INTERVAL", "KEE
 
 # Frame header: payload length, protocol version, message type (big-endian).
 _HEADER = struct.Struct(">IHH")
-_VERSION = 1
+_VERSION = 2
 _MAX_PAYLOAD = 256 * 1024
 _ASSIGN, _UNIQUE_ID, _HEARTBEAT, _COMMAND = 6, 7, 8, 10
 _U64_MAX = 2**53 - 1  # the largest integer on the wire
