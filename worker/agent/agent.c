@@ -842,16 +842,13 @@ static uint64_t stall_ms(const struct agent *a)
 }
 
 /*
- * A heartbeat went unanswered for stall_ms: the connection is set aside
- * (kept open, unread: see "Link stalls" at the top) and a new one resumes
- * the session while the daemon's deadline for this node has not passed.
+ * The connection is set aside (kept open, unread: see "Link stalls" at the
+ * top) and a new one resumes the session while the daemon's deadline for
+ * this node has not passed: after a heartbeat went unanswered for stall_ms,
+ * or a frame failed its MAC.
  */
-static void link_stalled(struct agent *a, uint64_t now)
+static void set_aside(struct agent *a, uint64_t now)
 {
-    log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
-             "resuming the session on a new connection",
-             a->daemon, now - a->last_rx, now - a->unanswered_since);
-    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->daemon);
     uv_timer_stop(&a->beat_timer);
     drop_stalled(a);
     a->stalled = a->conn;
@@ -864,6 +861,15 @@ static void link_stalled(struct agent *a, uint64_t now)
     a->resume_until = (a->last_beat_at > a->last_rx ? a->last_beat_at : a->last_rx) + a->heartbeat_timeout_ms;
     link_set_state(a, LINK_IDLE);
     uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
+}
+
+static void link_stalled(struct agent *a, uint64_t now)
+{
+    log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
+             "resuming the session on a new connection",
+             a->daemon, now - a->last_rx, now - a->unanswered_since);
+    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->daemon);
+    set_aside(a, now);
 }
 
 /* 0, or the libuv error (UV_EPROTO: m could not be encoded, nothing was sent). */
@@ -964,6 +970,21 @@ static void daemon_fail(struct fconn *c, int err, const char *why)
     }
     if (c != a->conn)
         return;
+    if (err == PROTO_E_MAC) {
+        /* Someone on the path changed, added, replayed or reordered a frame:
+         * it is not acted on, and nothing after it on this connection can be
+         * trusted. A joined node resumes its session on a new connection (the
+         * old one set aside unread, as after a stall: its close is no loss). */
+        a->unproven++;
+        log_warn("a frame from the daemon at %s failed authentication (forged, altered, replayed or reordered "
+                 "on the way): not acted on; link reset (%" PRIu64 " refused so far)",
+                 a->daemon, a->unproven);
+        if (a->link == LINK_JOINED && a->session) {
+            fconn_stop(c);
+            set_aside(a, uv_now(a->loop));
+            return;
+        }
+    }
     link_lost(a, why);
 }
 

@@ -225,6 +225,13 @@ int fconn_send_frame(struct fconn *c, const uint8_t *frame, size_t len)
     return 0;
 }
 
+void fconn_stop(struct fconn *c)
+{
+    if (c->reading && !c->closing)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+}
+
 static void on_closed(uv_handle_t *h)
 {
     struct fconn *c = h->data;

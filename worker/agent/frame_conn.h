@@ -90,6 +90,9 @@ int fconn_send_frame(struct fconn *c, const uint8_t *frame, size_t len);
 void fconn_seal_rx(struct fconn *c, struct proto_channel *ch);
 void fconn_seal_tx(struct fconn *c);
 
+/* Stops reading (the stream stays open; nothing more reaches on_msg). */
+void fconn_stop(struct fconn *c);
+
 void fconn_close(struct fconn *c);
 
 #endif
