@@ -476,6 +476,10 @@ static void on_response(struct conn *c, const struct proto_msg *m)
     struct server *s = c->srv;
     char code[32], reason[PROTO_REASON_MAX], note[PROTO_REASON_MAX];
 
+    if (!conn_channel(c)) {
+        conn_close(c, "the channel's crypto failed", 0);
+        return;
+    }
     c->rx_sealed = 1;
     if (!proto_proof_verify(s->token, s->token_len, &c->bind, PROTO_SIDE_AGENT, m->u.response.hmac)) {
         snprintf(note, sizeof(note), "node %s from %s failed authentication: wrong cluster token", c->node,

@@ -1,13 +1,16 @@
 /*
  * proto/auth_bind.h: the bytes of a handshake's binding (struct
  * proto_bind), shared by the proofs (auth.c) and the channel's key
- * derivation (channel.c). Internal to proto/.
+ * derivation (channel.c), and the HMAC algorithm both use. Internal to
+ * proto/.
  */
 #ifndef MUSTER_PROTO_AUTH_BIND_H
 #define MUSTER_PROTO_AUTH_BIND_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <openssl/evp.h>
 
 #include "proto/proto.h"
 
@@ -18,5 +21,8 @@
 /* label NUL || agent nonce || daemon nonce || HELLO digest || session (u64
  * big-endian) || node length (u8) || node: the length written. */
 size_t proto__bind_bytes(const struct proto_bind *b, const char *label, uint8_t out[PROTO__BIND_MAX]);
+
+/* OpenSSL's HMAC, fetched once per process (NULL: the library failed). */
+EVP_MAC *proto__hmac_alg(void);
 
 #endif

@@ -57,14 +57,13 @@ struct proto_channel *proto_channel_new(const uint8_t *token, size_t token_len, 
     if (proto_hkdf(token, token_len, salt, sizeof(salt), info, n, keys, sizeof(keys)) != PROTO_OK)
         return NULL;
     ch = calloc(1, sizeof(*ch));
-    mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    mac = proto__hmac_alg();
     if (ch && mac) {
         const uint8_t *mine = side == PROTO_SIDE_AGENT ? keys : keys + PROTO_HMAC_LEN;
         const uint8_t *theirs = side == PROTO_SIDE_AGENT ? keys + PROTO_HMAC_LEN : keys;
         ch->tx = keyed_hmac(mac, mine);
         ch->rx = keyed_hmac(mac, theirs);
     }
-    EVP_MAC_free(mac); /* each context holds its own reference */
     OPENSSL_cleanse(keys, sizeof(keys));
     if (ch && (!ch->tx || !ch->rx)) {
         proto_channel_free(ch);
