@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,13 @@ struct addr_slot {
     struct conn *oldest, *newest;
 };
 
+/* An address and node name whose failed authentication was an event lately. */
+struct auth_note {
+    char key[INET6_ADDRSTRLEN + PROTO_NAME_MAX]; /* "ip node"; "" = free */
+    uint64_t at;   /* its last event */
+    uint64_t held; /* failures since, not made events */
+};
+
 struct server {
     uv_loop_t *loop;
     uv_tcp_t listener;
@@ -104,6 +112,11 @@ struct server {
     int (*admit)(void *ctx, char code[32], char reason[PROTO_REASON_MAX]);
     void *hook_ctx;
     struct coalesce batch; /* reads of one wakeup taken together under load */
+    /* auth_failed events, coalesced (note_auth_failed): */
+    struct auth_note auth_notes[SERVER_AUTH_NOTE_SLOTS];
+    uint64_t auth_failures;     /* every failure since start */
+    uint64_t auth_window_at;    /* the current interval's start */
+    unsigned auth_window_notes; /* events made in it */
 };
 
 struct write_req {
@@ -435,6 +448,58 @@ static void send_reject(struct conn *c, const char *code, const char *reason)
  * nonce and its proof of the token over both nonces and the HELLO, so that
  * the agent can tell musterd from a stranger before it answers anything.
  */
+/*
+ * A failed authentication: logged (rate-limited) and counted, and an
+ * auth_failed event at most once per address and node name per
+ * SERVER_AUTH_NOTE_MS, SERVER_AUTH_NOTES_MAX in all per interval, naming
+ * the failures held back: a churn of wrong answers must not push node_lost,
+ * rank_failed or hang events out of the event ring.
+ */
+static void note_auth_failed(struct conn *c, const char *what)
+{
+    struct server *s = c->srv;
+    uint64_t now = uv_now(s->loop);
+    char key[sizeof(s->auth_notes[0].key)], note[PROTO_REASON_MAX + 160];
+    const char *colon = strrchr(c->peer, ':');
+    int iplen = colon ? (int)(colon - c->peer) : (int)strlen(c->peer);
+
+    s->auth_failures++;
+    snprintf(key, sizeof(key), "%.*s %s", iplen, c->peer, c->node);
+    log_warn_limited("node %s from %s failed authentication: %s", c->node, c->peer, what);
+    struct auth_note *slot = NULL, *oldest = &s->auth_notes[0];
+    for (unsigned i = 0; i < SERVER_AUTH_NOTE_SLOTS; i++) {
+        struct auth_note *n = &s->auth_notes[i];
+        if (n->key[0] && strcmp(n->key, key) == 0) {
+            slot = n;
+            break;
+        }
+        if (!n->key[0] || n->at < oldest->at)
+            oldest = n;
+    }
+    if (now - s->auth_window_at >= SERVER_AUTH_NOTE_MS) {
+        s->auth_window_at = now;
+        s->auth_window_notes = 0;
+    }
+    if ((slot && now - slot->at < SERVER_AUTH_NOTE_MS) || s->auth_window_notes >= SERVER_AUTH_NOTES_MAX) {
+        if (slot)
+            slot->held++;
+        return;
+    }
+    uint64_t held = slot ? slot->held : 0;
+    if (!slot) {
+        slot = oldest;
+        snprintf(slot->key, sizeof(slot->key), "%s", key);
+    }
+    slot->at = now;
+    slot->held = 0;
+    s->auth_window_notes++;
+    snprintf(note, sizeof(note),
+             "node %s from %s failed authentication: %s (%" PRIu64 " more from that address and name since its "
+             "last such event; %" PRIu64 " failures since musterd started)",
+             c->node, c->peer, what, held, s->auth_failures);
+    rdv_note(s->rdv, "auth_failed", note);
+}
+
 static void on_hello(struct conn *c, const struct proto_msg *m, const uint8_t *frame, size_t len)
 {
     struct proto_msg ch = {.type = PROTO_CHALLENGE};
@@ -462,19 +527,14 @@ static void on_hello(struct conn *c, const struct proto_msg *m, const uint8_t *f
  * leaves: its token is not musterd's (or musterd is not the one it meant). */
 static void on_proof_refused(struct conn *c)
 {
-    char note[PROTO_REASON_MAX];
-    snprintf(note, sizeof(note),
-             "node %s from %s failed authentication: it refused musterd's proof (its cluster token differs)",
-             c->node, c->peer);
-    log_warn_limited("%s", note);
-    rdv_note(c->srv->rdv, "auth_failed", note);
+    note_auth_failed(c, "it refused musterd's proof (its cluster token differs)");
     conn_close(c, "the agent refused musterd's proof of the token", 0);
 }
 
 static void on_response(struct conn *c, const struct proto_msg *m)
 {
     struct server *s = c->srv;
-    char code[32], reason[PROTO_REASON_MAX], note[PROTO_REASON_MAX];
+    char code[32], reason[PROTO_REASON_MAX];
 
     if (!conn_channel(c)) {
         conn_close(c, "the channel's crypto failed", 0);
@@ -482,10 +542,7 @@ static void on_response(struct conn *c, const struct proto_msg *m)
     }
     c->rx_sealed = 1;
     if (!proto_proof_verify(s->token, s->token_len, &c->bind, PROTO_SIDE_AGENT, m->u.response.hmac)) {
-        snprintf(note, sizeof(note), "node %s from %s failed authentication: wrong cluster token", c->node,
-                 c->peer);
-        log_warn_limited("%s", note);
-        rdv_note(s->rdv, "auth_failed", note);
+        note_auth_failed(c, "wrong cluster token");
         send_reject(c, "auth", "wrong cluster token (the agent's proof does not verify)");
         return;
     }

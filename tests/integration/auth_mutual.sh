@@ -115,4 +115,31 @@ kill "$E"
 check 'd["state"] == "running" and running == 6' || fail "the replayed handshake disturbed the job"
 [ ! -e "$MARKER" ] || fail "the stranger's rank_cmd ran"
 echo "(c) a recorded handshake played again: refused"
+
+# ---- (d) a churn of wrong proofs: counted, one auth_failed event for them
+first=$(curl -sf "http://127.0.0.1:$HTTP/v1/events" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["events"][0], sort_keys=True))')
+python3 - "$CTL" <<'PY'
+import os, socket, sys
+sys.path.insert(0, os.path.abspath("tests"))
+import muster_wire as w
+for _ in range(300):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+    s.sendall(w.frame("HELLO", w.hello_fields("z", nonce=os.urandom(32).hex())))
+    w.read_whole(s)
+    s.sendall(w.frame("RESPONSE", {"hmac": os.urandom(32).hex()}))
+    try:
+        w.read_whole(s)
+    except (OSError, EOFError):
+        pass
+    s.close()
+PY
+curl -sf "http://127.0.0.1:$HTTP/v1/events" > "$ITEST_DIR/events.json"
+python3 - "$ITEST_DIR/events.json" "$first" <<'PY' || fail "auth_failed events not coalesced: $(tail -c 600 "$ITEST_DIR/events.json")"
+import json, sys
+events = json.load(open(sys.argv[1]))["events"]
+z = [e for e in events if e["kind"] == "auth_failed" and "node z from" in json.dumps(e)]
+assert len(z) == 1, len(z)
+assert json.dumps(events[0], sort_keys=True) == sys.argv[2], "the oldest event was pushed out"
+print("(d) 300 wrong proofs: 1 auth_failed event; the oldest event kept")
+PY
 echo "auth mutual: ok"
