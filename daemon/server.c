@@ -218,18 +218,29 @@ static void pool_make_room(struct server *s, const char *ip)
         evict(s->pool_oldest, "evicted: the oldest of the unauthenticated connections when their pool was full");
 }
 
-/* A HELLO that names a node rdv knows: out of the strangers' reach. A newer
- * claim on the name replaces an older one (the older is a dead attempt of
- * the same agent, or an impostor that cannot answer the challenge anyway). */
-static void claim(struct conn *c)
+/*
+ * A HELLO that names a node rdv knows: out of the strangers' reach, while
+ * no other claim holds the name. Nothing is proven before the RESPONSE, so
+ * a newer claim takes the name from an older one only when it names the
+ * node's current session: WELCOME gives it sealed, so only that node's
+ * agent knows it, and the older claim is a dead attempt of the same agent.
+ * A HELLO without it (a first join, a restarted agent, or anyone who knows
+ * the name) stays in the pool instead: a stranger cannot evict a member's
+ * pending claim.
+ */
+static void claim(struct conn *c, uint64_t session)
 {
     struct server *s = c->srv;
-    uintptr_t v;
-    if (namemap_get(&s->rdv->byname, c->node, &v) != 0)
+    uintptr_t v, idx;
+    if (namemap_get(&s->rdv->byname, c->node, &idx) != 0)
         return;
+    int resumes = session && s->rdv->nodes[idx].session == session;
+    if (namemap_get(&s->claims, c->node, &v) == 0) {
+        if (!resumes)
+            return;
+        evict((struct conn *)v, "a newer connection resumes the same node's session");
+    }
     class_leave(c);
-    if (namemap_get(&s->claims, c->node, &v) == 0)
-        evict((struct conn *)v, "a newer connection claims the same node");
     if (namemap_put(&s->claims, c->node, (uintptr_t)c) == 0)
         c->class = CLASS_CLAIM;
 }
@@ -511,7 +522,7 @@ static void on_hello(struct conn *c, const struct proto_msg *m, const uint8_t *f
     }
     *c->hello = m->u.hello;
     snprintf(c->node, sizeof(c->node), "%s", m->u.hello.node);
-    claim(c);
+    claim(c, m->u.hello.session);
     if (proto_bind_hello(&c->bind, frame, len, &m->u.hello) != 0 || proto_nonce(c->bind.daemon_nonce) != 0 ||
         proto_proof(c->srv->token, c->srv->token_len, &c->bind, PROTO_SIDE_DAEMON, ch.u.challenge.hmac) != 0) {
         send_reject(c, "internal", "musterd could not draw a nonce or compute its proof");

@@ -133,6 +133,8 @@ for _ in range(300):
         pass
     s.close()
 PY
+wait_event 5 "node z from" || fail "no auth_failed event for the wrong proofs"
+sleep 1 # the REST snapshot follows the loop
 curl -sf "http://127.0.0.1:$HTTP/v1/events" > "$ITEST_DIR/events.json"
 python3 - "$ITEST_DIR/events.json" "$first" <<'PY' || fail "auth_failed events not coalesced: $(tail -c 600 "$ITEST_DIR/events.json")"
 import json, sys
@@ -142,4 +144,40 @@ assert len(z) == 1, len(z)
 assert json.dumps(events[0], sort_keys=True) == sys.argv[2], "the oldest event was pushed out"
 print("(d) 300 wrong proofs: 1 auth_failed event; the oldest event kept")
 PY
+
+# ---- (e) a stranger naming a member does not evict the member's pending claim
+echo '{"name": "claims", "nodes": 1, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 5000}' > "$ITEST_DIR/claims.json"
+rm -rf "$ITEST_DIR/state"
+start_daemon "$ITEST_DIR/claims.json" --token-file "$ITEST_DIR/token"
+python3 - "$CTL" "$ITEST_DIR/token" <<'PY' || fail "a stranger's HELLO evicted the member's resuming connection"
+import hmac, json, os, socket, sys, time
+sys.path.insert(0, os.path.abspath("tests"))
+import muster_wire as w
+port, token = int(sys.argv[1]), open(sys.argv[2], "rb").read().rstrip(b"\n")
+old, welcome = w.join(port, token, "m")
+session = welcome["session"]
+# The member resumes its session on a new connection: HELLO, CHALLENGE ...
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+nonce = os.urandom(32)
+hello = w.frame("HELLO", w.hello_fields("m", nonce=nonce.hex(), session=session))
+s.sendall(hello)
+bind = w.Bind(hello, nonce, "m", session)
+m = json.loads(w.read_whole(s)[8:])
+bind.daemon_nonce = bytes.fromhex(m["nonce"])
+assert hmac.compare_digest(w.proof(token, bind, "daemon"), bytes.fromhex(m["hmac"]))
+# ... while strangers name it, without its session or with a wrong one.
+strangers = []
+for extra in ({}, {"session": session + 1}, {}):
+    x = socket.create_connection(("127.0.0.1", port), timeout=5)
+    x.sendall(w.frame("HELLO", w.hello_fields("m", nonce=os.urandom(32).hex(), **extra)))
+    w.read_whole(x)
+    strangers.append(x)
+time.sleep(0.3)
+s.sendall(w.frame("RESPONSE", {"hmac": w.proof(token, bind, "agent").hex()}))
+link = w.Link(s, w.Channel(token, bind, "agent"))
+t, m = link.recv()
+assert t == "WELCOME", (t, m)
+print("(e) the member resumed its session past 3 strangers naming it")
+PY
+wait_event 5 "node_resumed" || fail "no node_resumed event"
 echo "auth mutual: ok"
