@@ -12,7 +12,8 @@
  * of its own: pool and per-address limits, both met by closing the oldest
  * stranger, so that a flood of unauthenticated connections neither grows
  * musterd nor takes a member's place. A HELLO naming a node rdv knows
- * leaves the pool (one such claim per name). The
+ * leaves the pool (one such claim per name; a newer one takes the name only
+ * when it names the node's session, which its agent alone knows). The
  * listen backlog is the system's maximum (net.core.somaxconn), so that
  * thousands of agents starting together are not dropped at SYN time.
  * Under load the loop takes many agents' frames per wakeup
