@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,9 @@
 /* A connection's life; conn_set_state() checks and logs every transition. */
 enum conn_state {
     CONN_HELLO,   /* accepted; waiting for HELLO within the handshake deadline */
-    CONN_AUTH,    /* CHALLENGE sent; waiting for RESPONSE */
-    CONN_JOINED,  /* authenticated and known to rdv under conn->node */
+    CONN_AUTH,    /* CHALLENGE (with musterd's proof) sent; waiting for the agent's RESPONSE */
+    CONN_JOINED,  /* the agent proved the token; known to rdv under conn->node; every
+                   * frame either way sealed (proto_seal) */
     CONN_CLOSING, /* shutdown/close issued; nothing more is read or sent */
 };
 
@@ -51,7 +53,10 @@ struct conn {
     struct addr_slot *addr;        /* its address's pool entry (CLASS_POOL) */
     struct conn *pool_prev, *pool_next; /* the pool, oldest first (CLASS_POOL) */
     struct conn *addr_prev, *addr_next; /* its address's pool connections, oldest first */
-    uint8_t nonce[PROTO_NONCE_LEN];
+    struct proto_bind bind;        /* the handshake: both nonces, the HELLO (from HELLO on) */
+    struct proto_channel *ch;      /* the sealed channel; made when first needed */
+    int tx_sealed;                 /* CHALLENGE sent: every later frame to the agent is sealed */
+    int rx_sealed;                 /* RESPONSE read: every later frame from it is sealed */
     uint64_t accepted_ms;
     uint64_t closing_ms;           /* when CLOSING began: a stalled shutdown is cut short */
     char lost_why[PROTO_REASON_MAX]; /* rdv hears of the loss from on_closed, not re-entrantly */
@@ -70,6 +75,13 @@ struct addr_slot {
     char key[INET6_ADDRSTRLEN];
     unsigned count;
     struct conn *oldest, *newest;
+};
+
+/* An address and node name whose failed authentication was an event lately. */
+struct auth_note {
+    char key[INET6_ADDRSTRLEN + PROTO_NAME_MAX]; /* "ip node"; "" = free */
+    uint64_t at;   /* its last event */
+    uint64_t held; /* failures since, not made events */
 };
 
 struct server {
@@ -100,6 +112,11 @@ struct server {
     int (*admit)(void *ctx, char code[32], char reason[PROTO_REASON_MAX]);
     void *hook_ctx;
     struct coalesce batch; /* reads of one wakeup taken together under load */
+    /* auth_failed events, coalesced (note_auth_failed): */
+    struct auth_note auth_notes[SERVER_AUTH_NOTE_SLOTS];
+    uint64_t auth_failures;     /* every failure since start */
+    uint64_t auth_window_at;    /* the current interval's start */
+    unsigned auth_window_notes; /* events made in it */
 };
 
 struct write_req {
@@ -201,18 +218,29 @@ static void pool_make_room(struct server *s, const char *ip)
         evict(s->pool_oldest, "evicted: the oldest of the unauthenticated connections when their pool was full");
 }
 
-/* A HELLO that names a node rdv knows: out of the strangers' reach. A newer
- * claim on the name replaces an older one (the older is a dead attempt of
- * the same agent, or an impostor that cannot answer the challenge anyway). */
-static void claim(struct conn *c)
+/*
+ * A HELLO that names a node rdv knows: out of the strangers' reach, while
+ * no other claim holds the name. Nothing is proven before the RESPONSE, so
+ * a newer claim takes the name from an older one only when it names the
+ * node's current session: WELCOME gives it sealed, so only that node's
+ * agent knows it, and the older claim is a dead attempt of the same agent.
+ * A HELLO without it (a first join, a restarted agent, or anyone who knows
+ * the name) stays in the pool instead: a stranger cannot evict a member's
+ * pending claim.
+ */
+static void claim(struct conn *c, uint64_t session)
 {
     struct server *s = c->srv;
-    uintptr_t v;
-    if (namemap_get(&s->rdv->byname, c->node, &v) != 0)
+    uintptr_t v, idx;
+    if (namemap_get(&s->rdv->byname, c->node, &idx) != 0)
         return;
+    int resumes = session && s->rdv->nodes[idx].session == session;
+    if (namemap_get(&s->claims, c->node, &v) == 0) {
+        if (!resumes)
+            return;
+        evict((struct conn *)v, "a newer connection resumes the same node's session");
+    }
     class_leave(c);
-    if (namemap_get(&s->claims, c->node, &v) == 0)
-        evict((struct conn *)v, "a newer connection claims the same node");
     if (namemap_put(&s->claims, c->node, (uintptr_t)c) == 0)
         c->class = CLASS_CLAIM;
 }
@@ -260,6 +288,28 @@ static void conn_submit(struct conn *c, struct write_req *w)
     }
 }
 
+/* The channel, derived from the token and the handshake when first needed
+ * (a stranger that never answers the challenge costs no keys). */
+static struct proto_channel *conn_channel(struct conn *c)
+{
+    if (!c->ch)
+        c->ch = proto_channel_new(c->srv->token, c->srv->token_len, &c->bind, PROTO_SIDE_DAEMON);
+    return c->ch;
+}
+
+/* frame[0..len) sealed in place (cap bytes of room): its new length, or < 0
+ * with the connection dropped. */
+static int conn_seal(struct conn *c, uint8_t *frame, size_t len, size_t cap)
+{
+    struct proto_channel *ch = conn_channel(c);
+    int n = ch ? proto_seal(ch, frame, len, cap) : PROTO_E_CRYPTO;
+    if (n < 0) {
+        log_error("cannot seal a frame for %s: %s", c->peer, proto_strerror(n));
+        conn_lost_later(c, "the channel's crypto failed");
+    }
+    return n;
+}
+
 /* after != 0: the frame waits until state write `after` is durable (server_hold). */
 static void conn_write(struct conn *c, const struct proto_msg *m, uint64_t after)
 {
@@ -270,13 +320,17 @@ static void conn_write(struct conn *c, const struct proto_msg *m, uint64_t after
         conn_lost_later(c, "peer does not read its frames (write queue full)");
         return;
     }
-    static uint8_t scratch[PROTO_MAX_FRAME]; /* the loop thread is the only user */
-    int n = proto_encode(m, scratch, sizeof(scratch));
+    static uint8_t scratch[PROTO_MAX_SEALED]; /* the loop thread is the only user */
+    int n = proto_encode(m, scratch, sizeof(scratch) - PROTO_MAC_LEN);
     if (n < 0) {
         log_error("cannot encode %s for %s: %s", proto_type_name(m->type), c->peer, proto_strerror(n));
         return;
     }
     size_t sent = 0;
+    /* A frame is sealed when it is handed to the stream (now, or when a held
+     * one is released), so that the channel's count follows the wire's order. */
+    if (!after && c->tx_sealed && (n = conn_seal(c, scratch, (size_t)n, sizeof(scratch))) < 0)
+        return;
     if (!after) {
         /* Nearly every frame (a heartbeat's echo) goes out whole at once: no
          * request, no allocation, no poll change. uv_try_write answers
@@ -291,7 +345,7 @@ static void conn_write(struct conn *c, const struct proto_msg *m, uint64_t after
         }
         sent = k > 0 ? (size_t)k : 0;
     }
-    struct write_req *w = malloc(sizeof(*w) + (size_t)n - sent);
+    struct write_req *w = malloc(sizeof(*w) + (size_t)n - sent + (after ? PROTO_MAC_LEN : 0));
     if (!w) {
         conn_lost_later(c, "out of memory");
         return;
@@ -323,6 +377,7 @@ static void on_closed(uv_handle_t *h)
     class_leave(c);
     free(c->hello);
     free(c->rbuf);
+    proto_channel_free(c->ch);
     while (c->held) {
         struct write_req *w = c->held;
         c->held = w->next;
@@ -399,7 +454,64 @@ static void send_reject(struct conn *c, const char *code, const char *reason)
     conn_close(c, reason, 0);
 }
 
-static void on_hello(struct conn *c, const struct proto_msg *m)
+/*
+ * HELLO (frame[0..len) as read): musterd answers its challenge with its own
+ * nonce and its proof of the token over both nonces and the HELLO, so that
+ * the agent can tell musterd from a stranger before it answers anything.
+ */
+/*
+ * A failed authentication: logged (rate-limited) and counted, and an
+ * auth_failed event at most once per address and node name per
+ * SERVER_AUTH_NOTE_MS, SERVER_AUTH_NOTES_MAX in all per interval, naming
+ * the failures held back: a churn of wrong answers must not push node_lost,
+ * rank_failed or hang events out of the event ring.
+ */
+static void note_auth_failed(struct conn *c, const char *what)
+{
+    struct server *s = c->srv;
+    uint64_t now = uv_now(s->loop);
+    char key[sizeof(s->auth_notes[0].key)], note[PROTO_REASON_MAX + 160];
+    const char *colon = strrchr(c->peer, ':');
+    int iplen = colon ? (int)(colon - c->peer) : (int)strlen(c->peer);
+
+    s->auth_failures++;
+    snprintf(key, sizeof(key), "%.*s %s", iplen, c->peer, c->node);
+    log_warn_limited("node %s from %s failed authentication: %s", c->node, c->peer, what);
+    struct auth_note *slot = NULL, *oldest = &s->auth_notes[0];
+    for (unsigned i = 0; i < SERVER_AUTH_NOTE_SLOTS; i++) {
+        struct auth_note *n = &s->auth_notes[i];
+        if (n->key[0] && strcmp(n->key, key) == 0) {
+            slot = n;
+            break;
+        }
+        if (!n->key[0] || n->at < oldest->at)
+            oldest = n;
+    }
+    if (now - s->auth_window_at >= SERVER_AUTH_NOTE_MS) {
+        s->auth_window_at = now;
+        s->auth_window_notes = 0;
+    }
+    if ((slot && now - slot->at < SERVER_AUTH_NOTE_MS) || s->auth_window_notes >= SERVER_AUTH_NOTES_MAX) {
+        if (slot)
+            slot->held++;
+        return;
+    }
+    uint64_t held = slot ? slot->held : 0;
+    if (!slot) {
+        slot = oldest;
+        snprintf(slot->key, sizeof(slot->key), "%s", key);
+    }
+    slot->at = now;
+    slot->held = 0;
+    s->auth_window_notes++;
+    snprintf(note, sizeof(note),
+             "node %s from %s failed authentication: %s (%" PRIu64 " more from that address and name since its "
+             "last such event; %" PRIu64 " failures since musterd started)",
+             c->node, c->peer, what, held, s->auth_failures);
+    rdv_note(s->rdv, "auth_failed", note);
+}
+
+static void on_hello(struct conn *c, const struct proto_msg *m, const uint8_t *frame, size_t len)
 {
     struct proto_msg ch = {.type = PROTO_CHALLENGE};
 
@@ -410,27 +522,39 @@ static void on_hello(struct conn *c, const struct proto_msg *m)
     }
     *c->hello = m->u.hello;
     snprintf(c->node, sizeof(c->node), "%s", m->u.hello.node);
-    claim(c);
-    if (proto_nonce(c->nonce) != 0) {
-        send_reject(c, "internal", "musterd could not draw a nonce");
+    claim(c, m->u.hello.session);
+    if (proto_bind_hello(&c->bind, frame, len, &m->u.hello) != 0 || proto_nonce(c->bind.daemon_nonce) != 0 ||
+        proto_proof(c->srv->token, c->srv->token_len, &c->bind, PROTO_SIDE_DAEMON, ch.u.challenge.hmac) != 0) {
+        send_reject(c, "internal", "musterd could not draw a nonce or compute its proof");
         return;
     }
-    memcpy(ch.u.challenge.nonce, c->nonce, PROTO_NONCE_LEN);
+    memcpy(ch.u.challenge.nonce, c->bind.daemon_nonce, PROTO_NONCE_LEN);
     conn_set_state(c, CONN_AUTH);
     conn_send(c, &ch);
+    c->tx_sealed = 1;
+}
+
+/* An agent that cannot verify musterd's proof says so (ERROR auth) and
+ * leaves: its token is not musterd's (or musterd is not the one it meant). */
+static void on_proof_refused(struct conn *c)
+{
+    note_auth_failed(c, "it refused musterd's proof (its cluster token differs)");
+    conn_close(c, "the agent refused musterd's proof of the token", 0);
 }
 
 static void on_response(struct conn *c, const struct proto_msg *m)
 {
     struct server *s = c->srv;
-    char code[32], reason[PROTO_REASON_MAX], note[PROTO_REASON_MAX];
+    char code[32], reason[PROTO_REASON_MAX];
 
-    if (!proto_hmac_verify(s->token, s->token_len, c->nonce, m->u.response.hmac)) {
-        snprintf(note, sizeof(note), "node %s from %s failed authentication: wrong cluster token", c->node,
-                 c->peer);
-        log_warn_limited("%s", note);
-        rdv_note(s->rdv, "auth_failed", note);
-        send_reject(c, "auth", "wrong cluster token (the HMAC of the challenge does not match)");
+    if (!conn_channel(c)) {
+        conn_close(c, "the channel's crypto failed", 0);
+        return;
+    }
+    c->rx_sealed = 1;
+    if (!proto_proof_verify(s->token, s->token_len, &c->bind, PROTO_SIDE_AGENT, m->u.response.hmac)) {
+        note_auth_failed(c, "wrong cluster token");
+        send_reject(c, "auth", "wrong cluster token (the agent's proof does not verify)");
         return;
     }
     if (s->admit && s->admit(s->hook_ctx, code, reason) != 0) {
@@ -463,7 +587,7 @@ static void on_response(struct conn *c, const struct proto_msg *m)
     conn_set_state(c, CONN_JOINED);
 }
 
-static void on_frame(struct conn *c, const struct proto_msg *m)
+static void on_frame(struct conn *c, const struct proto_msg *m, const uint8_t *frame, size_t len)
 {
     switch (c->state) {
     case CONN_HELLO:
@@ -471,9 +595,13 @@ static void on_frame(struct conn *c, const struct proto_msg *m)
             send_reject(c, "bad_request", "expected HELLO first");
             return;
         }
-        on_hello(c, m);
+        on_hello(c, m, frame, len);
         return;
     case CONN_AUTH:
+        if (m->type == PROTO_ERROR && strcmp(m->u.error.code, PROTO_REJECT_AUTH) == 0) {
+            on_proof_refused(c);
+            return;
+        }
         if (m->type != PROTO_RESPONSE) {
             send_reject(c, "bad_request", "expected RESPONSE to the challenge");
             return;
@@ -532,7 +660,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
  */
 static int keep_rest(struct conn *c, const uint8_t *data)
 {
-    size_t want = c->state == CONN_JOINED ? PROTO_MAX_FRAME : SERVER_PREAUTH_FRAME_MAX;
+    size_t want = c->state == CONN_JOINED ? PROTO_MAX_SEALED : SERVER_PREAUTH_FRAME_MAX;
     if (c->state != CONN_JOINED && c->rlen == 0) {
         free(c->rbuf);
         c->rbuf = NULL;
@@ -574,7 +702,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     while (c->state != CONN_CLOSING) {
         struct proto_msg m;
         size_t used = 0;
-        int rc = proto_decode(data, c->rlen, &m, &used);
+        int rc = c->rx_sealed ? proto_open(c->ch, data, c->rlen, &m, &used) : proto_decode(data, c->rlen, &m, &used);
         if (rc == PROTO_NEED_MORE) {
             if (c->state != CONN_JOINED && c->rlen >= SERVER_PREAUTH_FRAME_MAX) {
                 snprintf(why, sizeof(why), "a frame before authentication is limited to %u bytes",
@@ -597,6 +725,15 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
                 c->rlen -= used;
                 continue;
             }
+            if (rc == PROTO_E_MAC) {
+                char note[PROTO_REASON_MAX];
+                snprintf(note, sizeof(note),
+                         "a frame from node %s (%s) failed authentication (forged, altered, replayed or "
+                         "reordered on the way): link reset",
+                         c->node, c->peer);
+                log_warn_limited("%s", note);
+                rdv_note(c->srv->rdv, "bad_mac", note);
+            }
             if (c->state == CONN_JOINED) {
                 conn_close(c, why, 1);
             } else {
@@ -604,7 +741,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
             }
             return;
         }
-        on_frame(c, &m);
+        on_frame(c, &m, data, used);
         proto_msg_clear(&m);
         data += used;
         c->rlen -= used;
@@ -736,6 +873,12 @@ void server_release(struct server *s, uint64_t seq)
                     c->held_tail = NULL;
                 c->held_bytes -= w->len;
                 ws[n++] = w;
+            }
+            for (unsigned i = 0; i < n && c->state != CONN_CLOSING; i++) {
+                int k = c->tx_sealed ? conn_seal(c, ws[i]->data, ws[i]->len, ws[i]->len + PROTO_MAC_LEN)
+                                     : (int)ws[i]->len;
+                if (k > 0)
+                    ws[i]->len = (size_t)k;
             }
             if (c->state == CONN_CLOSING) {
                 for (unsigned i = 0; i < n; i++)

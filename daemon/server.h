@@ -12,7 +12,8 @@
  * of its own: pool and per-address limits, both met by closing the oldest
  * stranger, so that a flood of unauthenticated connections neither grows
  * musterd nor takes a member's place. A HELLO naming a node rdv knows
- * leaves the pool (one such claim per name). The
+ * leaves the pool (one such claim per name; a newer one takes the name only
+ * when it names the node's session, which its agent alone knows). The
  * listen backlog is the system's maximum (net.core.somaxconn), so that
  * thousands of agents starting together are not dropped at SYN time.
  * Under load the loop takes many agents' frames per wakeup
@@ -41,6 +42,11 @@
 #define SERVER_PREAUTH_PER_ADDR 64
 #define SERVER_MAX_WRITE_QUEUE (4u * 1024u * 1024u)
 #define SERVER_CLOSE_MS 2000 /* a closing connection's queued frames get this long to go out */
+/* auth_failed events: one per address and node name per interval, and at
+ * most this many per interval in all; the rest are counted in the next. */
+#define SERVER_AUTH_NOTE_MS 10000
+#define SERVER_AUTH_NOTES_MAX 8
+#define SERVER_AUTH_NOTE_SLOTS 64
 /* Under load, a loop iteration that read frames from this many connections
  * waits this long before the next poll (daemon/coalesce.h): at 4096 agents
  * x 8 ranks a fifth less CPU; a frame waits at most 1 ms more. */

@@ -420,6 +420,7 @@ const char *proto_strerror(int err)
     case PROTO_E_NOSPACE: return "output buffer too small for the frame";
     case PROTO_E_CRYPTO: return "the cryptographic library failed";
     case PROTO_E_NOMEM: return "out of memory";
+    case PROTO_E_MAC: return "frame failed authentication (its MAC does not verify)";
     }
     return "unknown protocol error code";
 }

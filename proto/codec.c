@@ -17,6 +17,7 @@
 
 #include "proto/check.h"
 #include "proto/fastbeat.h"
+#include "proto/internal.h"
 #include "proto/proto.h"
 
 #define TRY(expr)              \
@@ -247,7 +248,7 @@ static int dec_gpu(json_t *o, struct proto_gpu *g)
 static int dec_hello(json_t *o, struct proto_hello *h)
 {
     static const char *const keys[] = {"node", "addr", "kind", "devices",
-        "device_mem_mb", "generation", "agent_version", "free_port", "session", "gpus",
+        "device_mem_mb", "generation", "agent_version", "free_port", "nonce", "session", "gpus",
         "host_mem_mb", "preflight", NULL};
     json_t *devices;
     int kind;
@@ -268,6 +269,7 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     TRY(get_u64(o, "generation", &h->generation));
     TRY(get_u32(o, "free_port", &h->free_port));
     TRY(get_str(o, "agent_version", h->agent_version, sizeof(h->agent_version)));
+    TRY(get_hex(o, "nonce", h->nonce, sizeof(h->nonce)));
     /* Optional: the session to resume, device facts and the pre-flight promise. */
     if (json_object_get(o, "session"))
         TRY(get_u64(o, "session", &h->session));
@@ -285,10 +287,11 @@ static int dec_hello(json_t *o, struct proto_hello *h)
 
 static int dec_challenge(json_t *o, struct proto_challenge *c)
 {
-    static const char *const keys[] = {"nonce", NULL};
+    static const char *const keys[] = {"nonce", "hmac", NULL};
 
     TRY(check_keys(o, keys));
-    return get_hex(o, "nonce", c->nonce, sizeof(c->nonce));
+    TRY(get_hex(o, "nonce", c->nonce, sizeof(c->nonce)));
+    return get_hex(o, "hmac", c->hmac, sizeof(c->hmac));
 }
 
 static int dec_response(json_t *o, struct proto_response *r)
@@ -653,6 +656,40 @@ static uint16_t get_be16(const uint8_t *p)
     return (uint16_t)(p[0] << 8 | p[1]);
 }
 
+int proto__header(const uint8_t *buf, size_t len, uint32_t max, uint32_t *plen, uint16_t *type)
+{
+    if (len < PROTO_HEADER_LEN)
+        return PROTO_NEED_MORE;
+    *plen = get_be32(buf);
+    *type = get_be16(buf + 6);
+    return *plen > max ? PROTO_E_OVERSIZE
+           : get_be16(buf + 4) != PROTO_VERSION ? PROTO_E_VERSION
+           : *type < PROTO_HELLO || *type > PROTO_TYPE_MAX ? PROTO_E_TYPE : PROTO_OK;
+}
+
+int proto__decode_body(uint16_t type, const uint8_t *p, size_t n, struct proto_msg *msg)
+{
+    int rc;
+
+    /* A heartbeat's decoders clear each rank entry they fill (proto_decode's contract). */
+    if (type == PROTO_HEARTBEAT) {
+        proto_heartbeat_start(msg);
+    } else {
+        memset(msg, 0, sizeof(*msg));
+        msg->type = (enum proto_type)type;
+    }
+    /* Heartbeats, nearly every frame musterd reads, take the fast path when they can. */
+    if (msg->type == PROTO_HEARTBEAT && fastbeat_decode(p, n, msg) == 0)
+        rc = PROTO_OK;
+    else
+        rc = proto_decode_payload_json(p, n, msg);
+    if (rc < 0) {
+        proto_msg_clear(msg);
+        memset(msg, 0, sizeof(*msg));
+    }
+    return rc;
+}
+
 int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
                  size_t *consumed)
 {
@@ -665,38 +702,18 @@ int proto_decode(const uint8_t *buf, size_t len, struct proto_msg *msg,
     msg->type = (enum proto_type)0;
     if (consumed)
         *consumed = 0;
-    if (len < PROTO_HEADER_LEN)
-        return PROTO_NEED_MORE;
-    plen = get_be32(buf);
-    type = get_be16(buf + 6);
-    rc = plen > PROTO_MAX_PAYLOAD ? PROTO_E_OVERSIZE
-         : get_be16(buf + 4) != PROTO_VERSION ? PROTO_E_VERSION
-         : type < PROTO_HELLO || type > PROTO_TYPE_MAX ? PROTO_E_TYPE : PROTO_OK;
+    rc = proto__header(buf, len, PROTO_MAX_PAYLOAD, &plen, &type);
+    if (rc == PROTO_NEED_MORE)
+        return rc;
     if (rc < 0) {
         memset(msg, 0, sizeof(*msg));
         return rc;
     }
     if (len - PROTO_HEADER_LEN < plen)
         return PROTO_NEED_MORE;
-
-    /* A heartbeat's decoders clear each rank entry they fill (proto_decode's contract). */
-    if (type == PROTO_HEARTBEAT) {
-        proto_heartbeat_start(msg);
-    } else {
-        memset(msg, 0, sizeof(*msg));
-        msg->type = (enum proto_type)type;
-    }
-    /* Heartbeats, nearly every frame musterd reads, take the fast path when they can. */
-    if (msg->type == PROTO_HEARTBEAT && fastbeat_decode(buf + PROTO_HEADER_LEN, plen, msg) == 0)
-        rc = PROTO_OK;
-    else
-        rc = proto_decode_payload_json(buf + PROTO_HEADER_LEN, plen, msg);
-    if (rc < 0) {
-        proto_msg_clear(msg);
-        memset(msg, 0, sizeof(*msg));
-        if (rc == PROTO_E_NOMEM)
-            return rc;
-    }
+    rc = proto__decode_body(type, buf + PROTO_HEADER_LEN, plen, msg);
+    if (rc == PROTO_E_NOMEM)
+        return rc;
     if (consumed)
         *consumed = PROTO_HEADER_LEN + (size_t)plen;
     return rc;
@@ -777,6 +794,7 @@ static int enc_hello(json_t *o, const struct proto_hello *h)
     TRY(put_uint(o, "generation", h->generation));
     TRY(put_uint(o, "free_port", h->free_port));
     TRY(put(o, "agent_version", json_string(h->agent_version)));
+    TRY(put_hex(o, "nonce", h->nonce, PROTO_NONCE_LEN));
     if (h->session)
         TRY(put_uint(o, "session", h->session));
     if (h->ngpus) {
@@ -924,7 +942,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
     switch (m->type) {
     case PROTO_HELLO: return enc_hello(o, &m->u.hello);
     case PROTO_CHALLENGE:
-        return put_hex(o, "nonce", m->u.challenge.nonce, PROTO_NONCE_LEN);
+        TRY(put_hex(o, "nonce", m->u.challenge.nonce, PROTO_NONCE_LEN));
+        return put_hex(o, "hmac", m->u.challenge.hmac, PROTO_HMAC_LEN);
     case PROTO_RESPONSE:
         return put_hex(o, "hmac", m->u.response.hmac, PROTO_HMAC_LEN);
     case PROTO_WELCOME:

@@ -27,10 +27,14 @@
 
 #include <jansson.h>
 
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define PROTO_HEADER_LEN 8
 #define PROTO_MAX_PAYLOAD (256u * 1024u)
 #define PROTO_MAX_FRAME (PROTO_HEADER_LEN + PROTO_MAX_PAYLOAD)
+/* A sealed frame (daemon <-> agent after the handshake, proto_seal): the
+ * header's length counts the payload and the MAC that follows it. */
+#define PROTO_MAC_LEN 32
+#define PROTO_MAX_SEALED (PROTO_MAX_FRAME + PROTO_MAC_LEN)
 
 #define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
 #define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
@@ -82,12 +86,14 @@ enum proto_err {
     PROTO_E_NOSPACE = -10,   /* encoder: output buffer too small */
     PROTO_E_CRYPTO = -11,    /* the crypto library failed */
     PROTO_E_NOMEM = -12,     /* out of memory (jansson could not allocate) */
+    PROTO_E_MAC = -13,       /* a sealed frame's MAC does not verify: forged, altered,
+                              * replayed, reordered or one left out */
 };
 
 enum proto_type {
-    PROTO_HELLO = 1,     /* agent -> daemon: who I am, what I have */
-    PROTO_CHALLENGE = 2, /* daemon -> agent: nonce to prove the token with */
-    PROTO_RESPONSE = 3,  /* agent -> daemon: HMAC-SHA256(token, nonce) */
+    PROTO_HELLO = 1,     /* agent -> daemon: who I am, what I have, my nonce */
+    PROTO_CHALLENGE = 2, /* daemon -> agent: its nonce and its proof of the token */
+    PROTO_RESPONSE = 3,  /* agent -> daemon: the agent's proof of the token */
     PROTO_WELCOME = 4,   /* daemon -> agent: joined; timing parameters */
     PROTO_REJECT = 5,    /* daemon -> agent: refused, with reason; then close */
     PROTO_ASSIGN = 6,    /* daemon -> agent, agent -> rank: generation layout */
@@ -163,6 +169,7 @@ struct proto_hello {
     uint64_t generation;         /* generation its ranks run now, 0 if none */
     uint32_t free_port;          /* a port free on this node for MASTER_PORT; 0 = none */
     char agent_version[32];
+    uint8_t nonce[PROTO_NONCE_LEN]; /* the agent's challenge: fresh random bytes */
     /* Optional (absent: 0 / none / false): */
     uint64_t session;            /* the session WELCOME gave this agent, to resume it on a new
                                   * connection; 0 = none */
@@ -173,11 +180,12 @@ struct proto_hello {
 };
 
 struct proto_challenge {
-    uint8_t nonce[PROTO_NONCE_LEN];
+    uint8_t nonce[PROTO_NONCE_LEN]; /* the daemon's challenge: fresh random bytes */
+    uint8_t hmac[PROTO_HMAC_LEN];   /* the daemon's proof (proto_proof, PROTO_SIDE_DAEMON) */
 };
 
 struct proto_response {
-    uint8_t hmac[PROTO_HMAC_LEN];
+    uint8_t hmac[PROTO_HMAC_LEN]; /* the agent's proof (proto_proof, PROTO_SIDE_AGENT) */
 };
 
 struct proto_welcome {
@@ -454,25 +462,85 @@ const char *proto_log_error_name(enum proto_log_error err);
 const char *proto_restore_name(enum proto_restore from); /* "" for none */
 
 /*
- * Authentication (OpenSSL): random nonce, HMAC-SHA256, constant-time compare.
- * proto_nonce and proto_hmac return 0 or PROTO_E_CRYPTO; proto_hmac refuses
- * an empty token with PROTO_E_RANGE (it would prove nothing).
+ * Authentication (OpenSSL; PROTOCOL.md "Join"): both sides challenge, both
+ * prove the cluster token by an HMAC-SHA256 over what binds the proof to
+ * this connection (struct proto_bind), and the keys of the channel that
+ * follows are derived from the token and the same binding by HKDF-SHA256.
+ * Every call returns 0 (or its answer) or PROTO_E_CRYPTO when the crypto
+ * library fails; an empty token is refused with PROTO_E_RANGE (it would
+ * prove nothing).
  */
 int proto_nonce(uint8_t nonce[PROTO_NONCE_LEN]);
-int proto_hmac(const uint8_t *token, size_t token_len,
-               const uint8_t nonce[PROTO_NONCE_LEN],
-               uint8_t out[PROTO_HMAC_LEN]);
-/* 1 when hmac is HMAC-SHA256(token, nonce), 0 otherwise (empty token: 0). */
-int proto_hmac_verify(const uint8_t *token, size_t token_len,
-                      const uint8_t nonce[PROTO_NONCE_LEN],
-                      const uint8_t hmac[PROTO_HMAC_LEN]);
 
-/*
- * HMAC-SHA256(key, data) for any lengths (key may be empty); what
- * proto_hmac computes over a nonce. Returns 0 or PROTO_E_CRYPTO.
- */
+/* HMAC-SHA256(key, data) for any lengths (key may be empty). */
 int proto_hmac_raw(const uint8_t *key, size_t key_len, const uint8_t *data,
                    size_t data_len, uint8_t out[PROTO_HMAC_LEN]);
+
+/* HKDF-SHA256 (RFC 5869): out_len (1..8160) bytes from ikm, salt and info. */
+int proto_hkdf(const uint8_t *ikm, size_t ikm_len, const uint8_t *salt, size_t salt_len,
+               const uint8_t *info, size_t info_len, uint8_t *out, size_t out_len);
+
+/* What a proof and the channel's keys are bound to: both challenges, the
+ * HELLO frame whole (its node, address, devices, session) and, named
+ * again, the node and the session the HELLO resumes. A proof made for
+ * another connection (another nonce), another node or session, or a HELLO
+ * changed on the way does not verify. */
+struct proto_bind {
+    uint8_t agent_nonce[PROTO_NONCE_LEN];  /* HELLO.nonce */
+    uint8_t daemon_nonce[PROTO_NONCE_LEN]; /* CHALLENGE.nonce */
+    uint8_t hello_digest[PROTO_HMAC_LEN];  /* SHA-256 of the HELLO frame, header included, as sent */
+    char node[PROTO_NAME_MAX];             /* HELLO.node */
+    uint64_t session;                      /* HELLO.session (0: a first join) */
+};
+
+/* b's agent side from the HELLO frame[0..len) as sent (or read) and its
+ * decoded message; daemon_nonce is left for the CHALLENGE. */
+int proto_bind_hello(struct proto_bind *b, const uint8_t *frame, size_t len, const struct proto_hello *h);
+
+/* Which side proves (a proof of one side never verifies as the other's). */
+enum proto_side {
+    PROTO_SIDE_AGENT = 0,  /* RESPONSE.hmac */
+    PROTO_SIDE_DAEMON = 1, /* CHALLENGE.hmac */
+};
+
+/* HMAC-SHA256(token, "muster/2 <side> proof" NUL || binding) (PROTOCOL.md). */
+int proto_proof(const uint8_t *token, size_t token_len, const struct proto_bind *b, enum proto_side side,
+                uint8_t out[PROTO_HMAC_LEN]);
+/* 1 when mac is side's proof over b under token (constant time), else 0. */
+int proto_proof_verify(const uint8_t *token, size_t token_len, const struct proto_bind *b,
+                       enum proto_side side, const uint8_t mac[PROTO_HMAC_LEN]);
+
+/*
+ * The authenticated channel after the handshake: each direction has its own
+ * key and counts its frames from 0. proto_seal turns an encoded frame into
+ * a sealed one (the header's length grows by PROTO_MAC_LEN, and
+ * HMAC-SHA256(key, seq as u64 big-endian || header || payload) follows the
+ * payload); proto_open verifies the next sealed frame of a stream and
+ * decodes it. The sequence number is not sent: a frame replayed, reordered,
+ * altered or left out fails the MAC, and the stream cannot be trusted
+ * after that (close it). Pure like the codec: bytes in, bytes out.
+ */
+struct proto_channel;
+
+/* The channel of side `side` (its frames go out under side's key) for the
+ * handshake b under token. NULL when out of memory or the library fails. */
+struct proto_channel *proto_channel_new(const uint8_t *token, size_t token_len, const struct proto_bind *b,
+                                        enum proto_side side);
+void proto_channel_free(struct proto_channel *ch); /* NULL: nothing */
+
+/* frame[0..len) as proto_encode wrote it, sealed in place: returns the
+ * sealed length (len + PROTO_MAC_LEN), PROTO_E_NOSPACE when cap is short,
+ * PROTO_E_RANGE for bytes that are not one whole frame. */
+int proto_seal(struct proto_channel *ch, uint8_t *frame, size_t len, size_t cap);
+
+/*
+ * As proto_decode, for the next sealed frame at buf[0..len): PROTO_NEED_MORE,
+ * a header error, PROTO_E_MAC (nothing consumed: close the stream), or the
+ * payload's result with *consumed the sealed frame's length (a payload
+ * error of an authentic frame may be skipped as proto_decode's).
+ */
+int proto_open(struct proto_channel *ch, const uint8_t *buf, size_t len, struct proto_msg *msg,
+               size_t *consumed);
 
 /*
  * Makes s well-formed UTF-8 in place (what the encoder accepts for free

@@ -340,8 +340,8 @@ START_TEST(a_gone_agent_makes_every_call_a_quiet_noop)
     /* The agent speaks another protocol version: silence, but no stop. */
     put_env(1, 2);
     r = muster_rank_open();
-    const uint8_t v2[PROTO_HEADER_LEN] = {0, 0, 0, 2, 0, 2, 0, PROTO_COMMAND};
-    ck_assert_int_eq(write(agent_fd, v2, sizeof(v2)), (ssize_t)sizeof(v2));
+    const uint8_t other[PROTO_HEADER_LEN] = {0, 0, 0, 2, 0, PROTO_VERSION + 1, 0, PROTO_COMMAND};
+    ck_assert_int_eq(write(agent_fd, other, sizeof(other)), (ssize_t)sizeof(other));
     muster_rank_beat(r, 1, 1.0, 1.0);
     ck_assert_int_eq(muster_rank_active(r), 0);
     ck_assert_int_eq(muster_rank_stop_requested(r), 0);

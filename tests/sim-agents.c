@@ -1,8 +1,9 @@
 /*
  * sim-agents: a load generator for musterd's control port. N simulated
  * agents of R ranks each speak the real protocol over loopback TCP (HELLO,
- * CHALLENGE, HMAC RESPONSE with the cluster token, WELCOME, ASSIGN,
- * heartbeats, RANK_EXIT) from one thread with epoll; no rank processes.
+ * CHALLENGE with musterd's proof, checked, RESPONSE with the agent's, then
+ * sealed frames: WELCOME, ASSIGN, heartbeats, RANK_EXIT) from one thread
+ * with epoll; no rank processes.
  *
  * What it measures (one "key=value" line each, for scripts):
  *   form_ms        agents started -> musterd's generation_running event of
@@ -60,7 +61,7 @@ enum link {
     LINK_DOWN,       /* not connected; reconnect at retry_ms */
     LINK_CONNECTING, /* non-blocking connect in flight */
     LINK_HELLO,      /* HELLO sent; waiting for CHALLENGE */
-    LINK_AUTH,       /* RESPONSE sent; waiting for WELCOME */
+    LINK_AUTH,       /* RESPONSE sent; waiting for WELCOME; sealed frames from here on */
     LINK_JOINED,
 };
 
@@ -82,6 +83,9 @@ struct agent {
     size_t rlen, rcap;
     uint8_t *wbuf;
     size_t wlen, wcap;
+    struct proto_bind bind;   /* the handshake, from HELLO on */
+    struct proto_channel *ch; /* after musterd's proof: frames read are sealed */
+    int seal_tx;              /* after RESPONSE: frames sent are sealed */
 };
 
 static struct {
@@ -146,6 +150,9 @@ static void agent_down(struct agent *a, const char *why)
         fprintf(stderr, "sim-agents: %s: %s\n", a->name, why);
     a->fd = -1;
     a->link = LINK_DOWN;
+    proto_channel_free(a->ch);
+    a->ch = NULL;
+    a->seal_tx = 0;
     a->rlen = a->wlen = 0;
     a->generation = 0;
     a->retry_ms = mono_ms() + RECONNECT_MS + (uint64_t)(rand() % 500);
@@ -175,12 +182,20 @@ static int flush_out(struct agent *a)
     return 0;
 }
 
-static void agent_send(struct agent *a, const struct proto_msg *m)
+/* m encoded into frame (PROTO_MAX_SEALED bytes): its length. */
+static size_t encode(const struct proto_msg *m, uint8_t *frame)
 {
-    static uint8_t frame[PROTO_MAX_FRAME];
-    int n = proto_encode(m, frame, sizeof(frame));
+    int n = proto_encode(m, frame, PROTO_MAX_FRAME);
     if (n < 0)
         die("cannot encode %s: %s", proto_type_name(m->type), proto_strerror(n));
+    return (size_t)n;
+}
+
+static void send_frame(struct agent *a, uint8_t *frame, size_t len)
+{
+    int n = a->seal_tx ? proto_seal(a->ch, frame, len, PROTO_MAX_SEALED) : (int)len;
+    if (n < 0)
+        die("cannot seal a frame: %s", proto_strerror(n));
     if (a->wlen + (size_t)n > a->wcap) {
         a->wcap = a->wlen + (size_t)n + 4096;
         a->wbuf = realloc(a->wbuf, a->wcap);
@@ -191,6 +206,12 @@ static void agent_send(struct agent *a, const struct proto_msg *m)
     a->wlen += (size_t)n;
     if (flush_out(a) != 0)
         agent_down(a, "send failed");
+}
+
+static void agent_send(struct agent *a, const struct proto_msg *m)
+{
+    static uint8_t frame[PROTO_MAX_SEALED];
+    send_frame(a, frame, encode(m, frame));
 }
 
 static void agent_connect(struct agent *a)
@@ -224,8 +245,14 @@ static void send_hello(struct agent *a)
     h->device_mem_mb = 81920;
     h->free_port = free_port(a);
     snprintf(h->agent_version, sizeof(h->agent_version), "sim-agents");
+    if (proto_nonce(h->nonce) != 0)
+        die("cannot draw a nonce");
+    static uint8_t frame[PROTO_MAX_SEALED];
+    size_t n = encode(&m, frame);
+    if (proto_bind_hello(&a->bind, frame, n, h) != 0)
+        die("cannot hash the HELLO");
     a->link = LINK_HELLO;
-    agent_send(a, &m);
+    send_frame(a, frame, n);
 }
 
 /* ---- heartbeats and ranks --------------------------------------------- */
@@ -301,10 +328,18 @@ static void on_msg(struct agent *a, const struct proto_msg *m)
     switch (m->type) {
     case PROTO_CHALLENGE: {
         struct proto_msg r = {.type = PROTO_RESPONSE};
-        if (proto_hmac(opt.token, opt.token_len, m->u.challenge.nonce, r.u.response.hmac) != 0)
-            die("cannot compute the HMAC");
+        memcpy(a->bind.daemon_nonce, m->u.challenge.nonce, PROTO_NONCE_LEN);
+        if (a->link != LINK_HELLO ||
+            !proto_proof_verify(opt.token, opt.token_len, &a->bind, PROTO_SIDE_DAEMON, m->u.challenge.hmac)) {
+            agent_down(a, "musterd's proof of the token does not verify");
+            return;
+        }
+        a->ch = proto_channel_new(opt.token, opt.token_len, &a->bind, PROTO_SIDE_AGENT);
+        if (!a->ch || proto_proof(opt.token, opt.token_len, &a->bind, PROTO_SIDE_AGENT, r.u.response.hmac) != 0)
+            die("cannot compute the proof or the channel's keys");
         a->link = LINK_AUTH;
         agent_send(a, &r);
+        a->seal_tx = a->fd >= 0; /* a failed send took the link down */
         return;
     }
     case PROTO_WELCOME:
@@ -364,7 +399,8 @@ static void on_readable(struct agent *a)
     while (a->fd >= 0) {
         struct proto_msg m;
         size_t used = 0;
-        int rc = proto_decode(a->rbuf + off, a->rlen - off, &m, &used);
+        int rc = a->ch ? proto_open(a->ch, a->rbuf + off, a->rlen - off, &m, &used)
+                       : proto_decode(a->rbuf + off, a->rlen - off, &m, &used);
         if (rc == PROTO_NEED_MORE)
             break;
         if (rc < 0) {

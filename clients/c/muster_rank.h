@@ -54,7 +54,7 @@
 #define MUSTER_RANK_UID_LEN 128  /* communicator unique id, bytes */
 
 /* Wire constants (PROTOCOL.md, "Frames"). */
-#define MUSTER_RANK_VERSION 1
+#define MUSTER_RANK_VERSION 2
 #define MUSTER_RANK_MAX_PAYLOAD (256u * 1024u)
 #define MUSTER_RANK_T_UNIQUE_ID 7
 #define MUSTER_RANK_T_HEARTBEAT 8

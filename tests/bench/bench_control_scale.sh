@@ -1,6 +1,6 @@
 #!/bin/sh
 # Control plane at scale, on loopback: musterd and SIZES simulated agents x
-# RANKS ranks (tests/sim-agents.c speaks the real protocol: HMAC join,
+# RANKS ranks (tests/sim-agents.c speaks the real protocol: mutual join, sealed frames,
 # heartbeats at heartbeat_interval_ms 1000, ranks reported running at once,
 # no rank processes). For each size, one line:
 #   form      agents started together -> generation 1 running (musterd's event)

@@ -55,7 +55,7 @@ open(flag, "w").close()
 
 # A frame over 16 KiB before authentication: REJECT bad_request.
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
-s.sendall(struct.pack(">IHH", 20000, 1, 1) + b"{" * 17000)
+s.sendall(struct.pack(">IHH", 20000, 2, 1) + b"{" * 17000)
 t, msg = read_frame(s)
 assert t == 5 and msg["code"] == "bad_request" and "16384 bytes" in msg["reason"], (t, msg)
 print("oversized pre-authentication frame: REJECT bad_request: %s" % msg["reason"])

@@ -12,43 +12,19 @@ make_token "$ITEST_DIR/token"
 start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
 
 cat > "$ITEST_DIR/peer.py" <<'PY'
-import hashlib, hmac, json, socket, struct, sys, time
+import os, socket, struct, sys, time
+sys.path.insert(0, os.path.abspath("tests"))
+import muster_wire as w
 
 port, token_path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 token = open(token_path, "rb").read().rstrip(b"\n")
-TYPES = {"HELLO": 1, "CHALLENGE": 2, "RESPONSE": 3, "WELCOME": 4, "REJECT": 5, "HEARTBEAT": 8, "ERROR": 11}
-
-def frame(t, obj=None, raw=None):
-    body = raw if raw is not None else json.dumps(obj).encode()
-    return struct.pack(">IHH", len(body), 1, TYPES[t]) + body
-
-def read_frame(s):
-    head = b""
-    while len(head) < 8:
-        chunk = s.recv(8 - len(head))
-        if not chunk:
-            raise EOFError("closed")
-        head += chunk
-    n, _, t = struct.unpack(">IHH", head)
-    body = b""
-    while len(body) < n:
-        body += s.recv(n - len(body))
-    return t, json.loads(body)
+frame = w.frame
 
 def hello(s, node):
-    s.sendall(frame("HELLO", {"node": node, "addr": "127.0.0.1", "kind": "cpu", "devices": [0],
-                               "device_mem_mb": 0, "generation": 0, "free_port": 0, "agent_version": "test"}))
+    s.sendall(frame("HELLO", w.hello_fields(node, nonce=os.urandom(32).hex())))
 
 def join(node):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    hello(s, node)
-    t, m = read_frame(s)
-    assert t == TYPES["CHALLENGE"], (t, m)
-    mac = hmac.new(token, bytes.fromhex(m["nonce"]), hashlib.sha256).hexdigest()
-    s.sendall(frame("RESPONSE", {"hmac": mac}))
-    t, m = read_frame(s)
-    assert t == TYPES["WELCOME"], (t, m)
-    return s
+    return w.join(port, token, node)[0]
 
 if mode == "reset":
     # HELLO, then a frame out of order, then an abortive close (RST).
@@ -60,26 +36,27 @@ if mode == "reset":
         s.close()
 elif mode == "badpayload":
     s = join("p")
-    s.sendall(frame("HEARTBEAT", {"generation": 0, "seq": 1, "ranks": [], "extra": 1}))
+    s.send("HEARTBEAT", {"generation": 0, "seq": 1, "ranks": [], "extra": 1})
     while True:
-        t, m = read_frame(s)
-        if t == TYPES["ERROR"]:
+        t, m = s.recv()
+        if t == "ERROR":
             assert m["code"] == "bad_request", m
             break
     # Still joined: a good heartbeat is answered.
-    s.sendall(frame("HEARTBEAT", {"generation": 0, "seq": 2, "ranks": []}))
+    s.send("HEARTBEAT", {"generation": 0, "seq": 2, "ranks": []})
     while True:
-        t, m = read_frame(s)
-        if t == TYPES["HEARTBEAT"] and m["seq"] == 2:
+        t, m = s.recv()
+        if t == "HEARTBEAT" and m["seq"] == 2:
             break
     print("skipped and still joined")
 elif mode == "noread":
-    s = join("q")
+    link = join("q")
+    s = link.sock
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     end = time.monotonic() + 8
     try:
         while time.monotonic() < end:
-            s.sendall(frame("HEARTBEAT", {"generation": 0, "seq": 1, "ranks": []}))
+            link.send("HEARTBEAT", {"generation": 0, "seq": 1, "ranks": []})
     except OSError:
         pass
     print("sent until", "closed" if time.monotonic() < end else "time limit")

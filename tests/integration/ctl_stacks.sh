@@ -32,52 +32,33 @@ grep -q "not running" "$ITEST_DIR/out" || fail "musterctl stacks of a waiting jo
 
 # ---- an agent of four ranks that says where they are and dumps their stacks
 cat > "$ITEST_DIR/agent.py" <<'PY'
-import hashlib, hmac, json, os, select, socket, struct, sys, time
+import os, select, sys, time
+sys.path.insert(0, os.path.abspath("tests"))
+import muster_wire as w
 
 port, token_path = int(sys.argv[1]), sys.argv[2]
 token = open(token_path, "rb").read().rstrip(b"\n")
-T = {"HELLO": 1, "CHALLENGE": 2, "RESPONSE": 3, "WELCOME": 4, "ASSIGN": 6, "HEARTBEAT": 8, "COMMAND": 10,
-     "STACKS": 15}
 WAIT = "all_reduce (distributed_c10d.py)"
 PLACES = [("train.py:88 in compute_loss", None, False), ("distributed_c10d.py:2050 in all_reduce", WAIT, False),
           ("distributed_c10d.py:2050 in all_reduce", WAIT, False), ("distributed_c10d.py:2050 in all_reduce", WAIT, True)]
 PID = 40000
 
-def send(s, t, obj):
-    body = json.dumps(obj).encode()
-    s.sendall(struct.pack(">IHH", len(body), 1, T[t]) + body)
-
-buf = b""
-def frames(s):
-    global buf
-    c = s.recv(65536)
-    if not c:
-        sys.exit("musterd closed the connection")
-    buf += c
-    out = []
-    while len(buf) >= 8:
-        n, _, t = struct.unpack(">IHH", buf[:8])
-        if len(buf) < 8 + n:
-            break
-        out.append((t, json.loads(buf[8:8 + n])))
-        buf = buf[8 + n:]
-    return out
-
-s = socket.create_connection(("127.0.0.1", port), timeout=10)
-send(s, "HELLO", {"node": "n", "addr": "127.0.0.1", "kind": "cpu", "devices": [0, 1, 2, 3], "device_mem_mb": 0,
-                  "generation": 0, "free_port": 29999, "agent_version": "test"})
-gen, seq, step, asked, joined = 0, 0, 0, 0, False
+link, _ = w.join(port, token, "n", devices=[0, 1, 2, 3], free_port=29999)
+link.sock.settimeout(10)
+s = link.sock
+send = lambda s, t, obj: link.send(t, obj)
+gen, seq, step, asked = 0, 0, 0, 0
 next_beat = time.monotonic()
 while True:
     if select.select([s], [], [], max(0.0, next_beat - time.monotonic()))[0]:
-        for t, m in frames(s):
-            if t == T["CHALLENGE"]:
-                send(s, "RESPONSE", {"hmac": hmac.new(token, bytes.fromhex(m["nonce"]), hashlib.sha256).hexdigest()})
-            elif t == T["WELCOME"]:
-                joined = True
-            elif t == T["ASSIGN"]:
+        try:
+            got = link.poll()
+        except EOFError:
+            sys.exit("musterd closed the connection")
+        for t, m in got:
+            if t == "ASSIGN":
                 gen = m["generation"]
-            elif t == T["COMMAND"] and m["action"] == "stacks" and m["generation"] == gen:
+            elif t == "COMMAND" and m["action"] == "stacks" and m["generation"] == gen:
                 asked += 1
                 print("stacks asked %d" % asked, flush=True)
                 for r, (where, waiting, stopped) in enumerate(PLACES):
@@ -90,8 +71,6 @@ while True:
                                                    % (PID + r, where.split(":")[0], where.split(":")[1].split()[0], where.split()[-1])})
     if time.monotonic() >= next_beat:
         next_beat += 0.2
-        if not joined:
-            continue
         seq += 1
         step += gen > 0
         ranks = []

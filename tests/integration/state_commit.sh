@@ -34,37 +34,18 @@ kill -TERM "$DAEMON_PID"; wait "$DAEMON_PID" || fail "musterd exited non-zero"
 
 # ---- SIGKILL right after ASSIGN
 cat > "$ITEST_DIR/peer.py" <<'PY'
-import hashlib, hmac, json, os, signal, socket, struct, sys
+import os, signal, sys
+sys.path.insert(0, os.path.abspath("tests"))
+import muster_wire as w
 
 port, token_path, daemon_pid, gen = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 token = open(token_path, "rb").read().rstrip(b"\n")
-T = {"HELLO": 1, "CHALLENGE": 2, "RESPONSE": 3, "WELCOME": 4, "REJECT": 5, "ASSIGN": 6, "HEARTBEAT": 8,
-     "RANK_EXIT": 9}
 
-def send(s, t, obj):
-    body = json.dumps(obj).encode()
-    s.sendall(struct.pack(">IHH", len(body), 1, T[t]) + body)
-
-def recv(s):
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            c = s.recv(n - len(b))
-            if not c:
-                raise EOFError("musterd closed the connection")
-            b += c
-        return b
-    n, _, t = struct.unpack(">IHH", exact(8))
-    return t, json.loads(exact(n))
-
-s = socket.create_connection(("127.0.0.1", port), timeout=10)
-send(s, "HELLO", {"node": "n", "addr": "127.0.0.1", "kind": "cpu", "devices": [0], "device_mem_mb": 0,
-                  "generation": gen, "free_port": 29999, "agent_version": "test"})
-t, m = recv(s)
-assert t == T["CHALLENGE"], (t, m)
-send(s, "RESPONSE", {"hmac": hmac.new(token, bytes.fromhex(m["nonce"]), hashlib.sha256).hexdigest()})
-t, m = recv(s)
-assert t == T["WELCOME"], (t, m)
+link, _ = w.join(port, token, "n", generation=gen, free_port=29999)
+link.sock.settimeout(10)
+send = lambda s, t, obj: link.send(t, obj)
+recv = lambda s: link.recv()
+s = None
 def run_then_fail():
     send(s, "HEARTBEAT", {"generation": gen, "seq": 1, "free_port": 29999, "ranks": [
         {"rank": 0, "state": "running", "step": 1, "loss": 2.0, "tokens_per_s": 1.0, "comm_frac": 0.0}]})
@@ -76,11 +57,11 @@ if gen:
     run_then_fail()
 while True:
     t, m = recv(s)
-    if t == T["ASSIGN"] and m["generation"] > gen:
+    if t == "ASSIGN" and m["generation"] > gen:
         os.kill(daemon_pid, signal.SIGKILL)
         print(m["generation"])
         break
-    if t == T["ASSIGN"]:
+    if t == "ASSIGN":
         run_then_fail()
 PY
 

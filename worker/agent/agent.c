@@ -75,8 +75,9 @@ enum link_state {
     LINK_IDLE,       /* no connection; the retry timer runs */
     LINK_RESOLVING,  /* uv_getaddrinfo in flight */
     LINK_CONNECTING, /* uv_tcp_connect in flight (one address after another) */
-    LINK_HELLO,      /* HELLO sent; waiting for CHALLENGE */
-    LINK_AUTH,       /* RESPONSE sent; waiting for WELCOME or REJECT */
+    LINK_HELLO,      /* HELLO sent; waiting for CHALLENGE: the peer has proven nothing yet */
+    LINK_AUTH,       /* the daemon proved the token, RESPONSE sent; waiting for WELCOME or
+                      * REJECT; every frame either way sealed from here on */
     LINK_JOINED,     /* welcomed: heartbeats flow, assignments come */
     LINK_CLOSED,     /* shutting down: no more attempts */
 };
@@ -122,6 +123,8 @@ struct agent {
     uint64_t stalled_at;
     uint64_t resume_until;     /* quick reconnects until then (the daemon's deadline); 0 = not resuming */
     struct exitq exits;        /* RANK_EXITs the daemon may not have read (exit_queue.h) */
+    struct proto_bind bind;    /* this connection's handshake (HELLO on) */
+    uint64_t unproven;         /* peers refused: no proof of the token, or a frame before it */
     char local_addr[PROTO_NAME_MAX];
 
     /* generations and ranks */
@@ -860,16 +863,13 @@ static uint64_t stall_ms(const struct agent *a)
 }
 
 /*
- * A heartbeat went unanswered for stall_ms: the connection is set aside
- * (kept open, unread: see "Link stalls" at the top) and a new one resumes
- * the session while the daemon's deadline for this node has not passed.
+ * The connection is set aside (kept open, unread: see "Link stalls" at the
+ * top) and a new one resumes the session while the daemon's deadline for
+ * this node has not passed: after a heartbeat went unanswered for stall_ms,
+ * or a frame failed its MAC.
  */
-static void link_stalled(struct agent *a, uint64_t now)
+static void set_aside(struct agent *a, uint64_t now)
 {
-    log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
-             "resuming the session on a new connection",
-             a->daemon, now - a->last_rx, now - a->unanswered_since);
-    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->daemon);
     uv_timer_stop(&a->beat_timer);
     drop_stalled(a);
     a->stalled = a->conn;
@@ -882,6 +882,15 @@ static void link_stalled(struct agent *a, uint64_t now)
     a->resume_until = (a->last_beat_at > a->last_rx ? a->last_beat_at : a->last_rx) + a->heartbeat_timeout_ms;
     link_set_state(a, LINK_IDLE);
     uv_timer_start(&a->retry_timer, on_retry_timer, 0, 0);
+}
+
+static void link_stalled(struct agent *a, uint64_t now)
+{
+    log_warn("no answer from the daemon at %s for %" PRIu64 " ms (heartbeat sent %" PRIu64 " ms ago): "
+             "resuming the session on a new connection",
+             a->daemon, now - a->last_rx, now - a->unanswered_since);
+    notify_sendf("STATUS=link to the daemon at %s stalled; resuming the session", a->daemon);
+    set_aside(a, now);
 }
 
 /* 0, or the libuv error (UV_EPROTO: m could not be encoded, nothing was sent). */
@@ -982,6 +991,21 @@ static void daemon_fail(struct fconn *c, int err, const char *why)
     }
     if (c != a->conn)
         return;
+    if (err == PROTO_E_MAC) {
+        /* Someone on the path changed, added, replayed or reordered a frame:
+         * it is not acted on, and nothing after it on this connection can be
+         * trusted. A joined node resumes its session on a new connection (the
+         * old one set aside unread, as after a stall: its close is no loss). */
+        a->unproven++;
+        log_warn("a frame from the daemon at %s failed authentication (forged, altered, replayed or reordered "
+                 "on the way): not acted on; link reset (%" PRIu64 " refused so far)",
+                 a->daemon, a->unproven);
+        if (a->link == LINK_JOINED && a->session) {
+            fconn_stop(c);
+            set_aside(a, uv_now(a->loop));
+            return;
+        }
+    }
     link_lost(a, why);
 }
 
@@ -1050,7 +1074,20 @@ static void send_hello(struct agent *a)
     h->session = a->session;
     snprintf(h->agent_version, sizeof(h->agent_version), "%s", MUSTER_VERSION);
     log_debug("HELLO node %s addr %s generation %" PRIu64, h->node, h->addr, h->generation);
-    send_to_daemon(a, &m);
+    /* The proofs cover the HELLO as sent: it is encoded here, once. */
+    static uint8_t frame[PROTO_MAX_FRAME];
+    int n = proto_nonce(h->nonce) == 0 ? proto_encode(&m, frame, sizeof(frame)) : PROTO_E_CRYPTO;
+    if (n < 0 || proto_bind_hello(&a->bind, frame, (size_t)n, h) != 0) {
+        log_error("cannot make the HELLO: %s", proto_strerror(n < 0 ? n : PROTO_E_CRYPTO));
+        link_lost(a, "cannot make the HELLO");
+        return;
+    }
+    int rc = fconn_send_frame(a->conn, frame, (size_t)n);
+    if (rc != 0) {
+        char why[160];
+        snprintf(why, sizeof(why), "cannot send HELLO: %s", uv_strerror(rc));
+        link_lost(a, why);
+    }
 }
 
 static void on_connected(uv_connect_t *req, int status)
@@ -1791,11 +1828,85 @@ static bool refuse_deposed(struct agent *a, struct proto_msg *msg)
     return true;
 }
 
+/*
+ * A peer that has not proven the token is acted on in nothing: not its
+ * WELCOME, ASSIGN, COMMAND, LOG_REQUEST or term, not even its REJECT's
+ * verdict (a stranger could make the agent exit or follow it elsewhere).
+ * The agent says why, counts it and goes on with the next of its daemons.
+ */
+static void refuse_unproven(struct agent *a, const char *what)
+{
+    a->unproven++;
+    log_warn("refused the peer at %s: %s; nothing it sent is acted on (%" PRIu64 " peer%s refused so far)",
+             a->daemon, what, a->unproven, a->unproven == 1 ? "" : "s");
+    notify_sendf("STATUS=refused the peer at %s: it has not proven the cluster token (%" PRIu64 " so far)",
+                 a->daemon, a->unproven);
+    link_close(a);
+    if (a->daemons.n > 1) {
+        daemon_list_next(&a->daemons);
+        use_daemon(a);
+    }
+    schedule_retry(a, NULL);
+}
+
+/* LINK_HELLO: the first frame a daemon sends is its CHALLENGE, with its proof. */
+static void on_challenge(struct agent *a, const struct proto_msg *msg)
+{
+    char what[PROTO_REASON_MAX + 96];
+    if (msg->type == PROTO_REJECT) {
+        /* musterd's own REJECTs before its proof (a full connection table at
+         * accept, a HELLO it could not read) are worth a retry: none is final. */
+        log_warn("daemon at %s refused node %s before proving the token: %s: %s; retrying", a->daemon,
+                 a->cfg->node, msg->u.reject.code, msg->u.reject.reason);
+        link_close(a);
+        schedule_retry(a, NULL);
+        return;
+    }
+    if (msg->type != PROTO_CHALLENGE) {
+        snprintf(what, sizeof(what), "it sent %s before proving the cluster token", proto_type_name(msg->type));
+        refuse_unproven(a, what);
+        return;
+    }
+    memcpy(a->bind.daemon_nonce, msg->u.challenge.nonce, PROTO_NONCE_LEN);
+    if (!proto_proof_verify(a->cfg->token, a->cfg->token_len, &a->bind, PROTO_SIDE_DAEMON,
+                            msg->u.challenge.hmac)) {
+        /* Told, so that the master's log names a node whose token differs. */
+        struct proto_msg e;
+        msg_init(&e, PROTO_ERROR);
+        snprintf(e.u.error.code, sizeof(e.u.error.code), "%s", PROTO_REJECT_AUTH);
+        snprintf(e.u.error.reason, sizeof(e.u.error.reason), "musterd's proof does not verify under node %s's token",
+                 a->cfg->node);
+        fconn_send(a->conn, &e);
+        refuse_unproven(a, "its CHALLENGE does not prove the cluster token (a listener that is not a musterd "
+                           "of this cluster, a relay, or this node's token differs from musterd's)");
+        return;
+    }
+    struct proto_channel *ch = proto_channel_new(a->cfg->token, a->cfg->token_len, &a->bind, PROTO_SIDE_AGENT);
+    struct proto_msg r;
+    msg_init(&r, PROTO_RESPONSE);
+    if (!ch || proto_proof(a->cfg->token, a->cfg->token_len, &a->bind, PROTO_SIDE_AGENT, r.u.response.hmac) != 0) {
+        proto_channel_free(ch);
+        log_error("cannot compute the proof or the channel's keys (crypto library failure)");
+        link_lost(a, "crypto failure");
+        return;
+    }
+    fconn_seal_rx(a->conn, ch); /* every later frame from the daemon is sealed */
+    link_set_state(a, LINK_AUTH);
+    if (send_to_daemon(a, &r) == 0)
+        fconn_seal_tx(a->conn); /* and every later frame to it */
+}
+
 static void daemon_msg(struct fconn *c, struct proto_msg *msg)
 {
     struct agent *a = c->data;
     if (c != a->conn)
         return;
+    if (a->link == LINK_HELLO) {
+        on_challenge(a, msg);
+        return;
+    }
+    /* Past LINK_HELLO every frame came sealed under the handshake's keys:
+     * from the daemon that proved the token, in its order. */
     if (msg->type != PROTO_REJECT) {
         a->last_rx = uv_now(a->loop);
         a->unanswered_since = 0;
@@ -1811,22 +1922,6 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     if (refuse_deposed(a, msg))
         return;
     switch (a->link) {
-    case LINK_HELLO:
-        if (msg->type != PROTO_CHALLENGE) {
-            protocol_violation(a, msg);
-            return;
-        }
-        struct proto_msg r;
-        msg_init(&r, PROTO_RESPONSE);
-        if (proto_hmac_raw(a->cfg->token, a->cfg->token_len, msg->u.challenge.nonce, PROTO_NONCE_LEN,
-                           r.u.response.hmac) != 0) {
-            log_error("cannot compute the HMAC response (crypto library failure)");
-            link_lost(a, "crypto failure");
-            return;
-        }
-        link_set_state(a, LINK_AUTH);
-        send_to_daemon(a, &r);
-        return;
     case LINK_AUTH:
         if (msg->type != PROTO_WELCOME) {
             protocol_violation(a, msg);

@@ -15,7 +15,7 @@ struct fconn_write {
 };
 
 /* One frame being encoded at a time: the loop is single-threaded. */
-static uint8_t encode_scratch[PROTO_MAX_FRAME];
+static uint8_t encode_scratch[PROTO_MAX_SEALED];
 
 static struct fconn *fconn_alloc(void *data)
 {
@@ -35,6 +35,7 @@ static struct fconn *fconn_alloc(void *data)
 
 static void fconn_free(struct fconn *c)
 {
+    proto_channel_free(c->ch);
     free(c->rbuf);
     free(c);
 }
@@ -73,8 +74,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct fconn *c = h->data;
     (void)suggested;
-    if (c->rlen == c->rcap && c->rcap < PROTO_MAX_FRAME) {
-        size_t ncap = c->rcap * 2 < PROTO_MAX_FRAME ? c->rcap * 2 : PROTO_MAX_FRAME;
+    if (c->rlen == c->rcap && c->rcap < PROTO_MAX_SEALED) {
+        size_t ncap = c->rcap * 2 < PROTO_MAX_SEALED ? c->rcap * 2 : PROTO_MAX_SEALED;
         uint8_t *n = realloc(c->rbuf, ncap);
         if (n) {
             c->rbuf = n;
@@ -98,8 +99,10 @@ static void drain_frames(struct fconn *c, bool eof)
     while (!c->closing) {
         struct proto_msg msg;
         size_t consumed = 0;
-        int rc = eof ? proto_decode_eof(c->rbuf + off, c->rlen - off, &msg, &consumed)
-                     : proto_decode(c->rbuf + off, c->rlen - off, &msg, &consumed);
+        int rc = c->open_rx ? proto_open(c->ch, c->rbuf + off, c->rlen - off, &msg, &consumed)
+                            : proto_decode(c->rbuf + off, c->rlen - off, &msg, &consumed);
+        if (rc == PROTO_NEED_MORE && eof && c->rlen > off)
+            rc = PROTO_E_TRUNCATED;
         if (rc == PROTO_NEED_MORE)
             break;
         if (rc < 0 && consumed > 0 && c->on_bad) {
@@ -180,19 +183,38 @@ int fconn_send(struct fconn *c, const struct proto_msg *msg)
 {
     if (c->closing)
         return UV_EPIPE;
-    int n = proto_encode(msg, encode_scratch, sizeof(encode_scratch));
+    int n = proto_encode(msg, encode_scratch, sizeof(encode_scratch) - PROTO_MAC_LEN);
     if (n < 0) {
         c->encode_err = n;
         return UV_EPROTO;
     }
-    if (c->wq_bytes + (size_t)n > FCONN_WRITE_QUEUE_MAX)
+    return fconn_send_frame(c, encode_scratch, (size_t)n);
+}
+
+int fconn_send_frame(struct fconn *c, const uint8_t *frame, size_t len)
+{
+    if (c->closing)
+        return UV_EPIPE;
+    if (len > PROTO_MAX_FRAME)
+        return UV_EINVAL;
+    size_t n = len;
+    if (c->wq_bytes + n + (c->seal_tx ? PROTO_MAC_LEN : 0) > FCONN_WRITE_QUEUE_MAX)
         return UV_ENOBUFS;
-    struct fconn_write *w = malloc(sizeof(*w) + (size_t)n);
+    struct fconn_write *w = malloc(sizeof(*w) + n + PROTO_MAC_LEN);
     if (!w)
         return UV_ENOMEM;
     w->c = c;
-    w->len = (size_t)n;
-    memcpy(w->bytes, encode_scratch, (size_t)n);
+    memcpy(w->bytes, frame, n);
+    if (c->seal_tx) {
+        int k = proto_seal(c->ch, w->bytes, n, n + PROTO_MAC_LEN);
+        if (k < 0) {
+            free(w);
+            c->encode_err = k;
+            return UV_EPROTO;
+        }
+        n = (size_t)k;
+    }
+    w->len = n;
     uv_buf_t b = uv_buf_init((char *)w->bytes, (unsigned)n);
     int rc = uv_write(&w->req, &c->h.stream, &b, 1, on_write);
     if (rc != 0) {
@@ -201,6 +223,13 @@ int fconn_send(struct fconn *c, const struct proto_msg *msg)
     }
     c->wq_bytes += w->len;
     return 0;
+}
+
+void fconn_stop(struct fconn *c)
+{
+    if (c->reading && !c->closing)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -218,3 +247,13 @@ void fconn_close(struct fconn *c)
     c->closing = true;
     uv_close(&c->h.handle, on_closed);
 }
+
+void fconn_seal_rx(struct fconn *c, struct proto_channel *ch)
+{
+    proto_channel_free(c->ch);
+    c->ch = ch;
+    c->open_rx = ch != NULL;
+    c->seal_tx = false;
+}
+
+void fconn_seal_tx(struct fconn *c) { c->seal_tx = c->ch != NULL; }

@@ -1,8 +1,11 @@
 /*
  * frame_conn: proto frames over one libuv stream (the TCP connection to the
  * daemon, or a rank's control socketpair). Reads are reassembled into whole
- * frames (at most PROTO_MAX_FRAME) and handed to on_msg; writes are encoded
- * and queued, with a bound on the bytes waiting in the queue.
+ * frames (at most PROTO_MAX_SEALED) and handed to on_msg; writes are encoded
+ * and queued, with a bound on the bytes waiting in the queue. Given a
+ * channel (fconn_seal_tx, fconn_seal_rx: the daemon's link after the
+ * handshake), frames are sealed as they are queued and opened as they are
+ * read; a frame that fails its MAC fails the stream (PROTO_E_MAC).
  *
  * Lifecycle: fconn_new_tcp()/fconn_new_pipe() init the handle; the owner
  * calls fconn_close() (idempotent) when done or when on_fail fires, and the
@@ -57,6 +60,8 @@ struct fconn {
     size_t rlen, rcap;
     size_t wq_bytes; /* encoded bytes handed to uv_write, not yet written */
     int encode_err; /* proto_err of the last encoding failure */
+    struct proto_channel *ch; /* owned; NULL: plain frames */
+    bool seal_tx, open_rx;    /* frames sent / read from now on are sealed */
     bool reading;
     bool closing;
 };
@@ -75,6 +80,18 @@ int fconn_start(struct fconn *c);
  * when msg does not encode (the proto_err is left in c->encode_err).
  */
 int fconn_send(struct fconn *c, const struct proto_msg *msg);
+
+/* Queues the encoded frame[0..len) as it is (sealed first once seal_tx is
+ * set): what fconn_send does after encoding. Same returns. */
+int fconn_send_frame(struct fconn *c, const uint8_t *frame, size_t len);
+
+/* Takes ch over (freed with c): frames read from now on must be sealed
+ * under it; fconn_seal_tx then seals the frames sent after that call. */
+void fconn_seal_rx(struct fconn *c, struct proto_channel *ch);
+void fconn_seal_tx(struct fconn *c);
+
+/* Stops reading (the stream stays open; nothing more reaches on_msg). */
+void fconn_stop(struct fconn *c);
 
 void fconn_close(struct fconn *c);
 

@@ -7,7 +7,7 @@ import struct
 from typing import List, Tuple
 
 HEADER = struct.Struct(">IHH")
-VERSION = 1
+VERSION = 2
 MAX_PAYLOAD = 256 * 1024
 ASSIGN, UNIQUE_ID, HEARTBEAT, COMMAND = 6, 7, 8, 10
 U64_MAX = 2**53 - 1  # the largest integer on the wire
