@@ -2,8 +2,9 @@
 # make check-mutants (not part of make check): key integration scenarios run
 # against a musterd built with one feature broken on purpose, each of which
 # the scenario must catch (exit non-zero). A mutant is a build flag,
-# MUSTER_MUTANT_<NAME>, read in daemon/ (rdv_fail.c, rdv_hang.c, musterd.c) and
-# worker/agent/ (agent.c) only; each is built in build-mutants/<name> (a copy
+# MUSTER_MUTANT_<NAME>, read in daemon/ (rdv_fail.c, rdv_hang.c, musterd.c),
+# worker/agent/ (agent.c) and proto/ (channel.c) only; each is built in
+# build-mutants/<name> (a copy
 # of $BUILD with musterd and muster-worker rebuilt), so
 # the release build never holds one. The last line is the tally: a mutant
 # every one of whose scenarios passed "survived", and the run fails.
@@ -14,13 +15,15 @@
 #                     etcd (a failover starts the job afresh)
 #   NO_STOPPED_RULE   a stopped rank whose peers stall waits for the progress
 #                     timeout (300 s early in a job) instead of HANG_STOPPED_MS
+#   NO_FRAME_MAC      a sealed frame's MAC is not checked (a relay can change
+#                     or replay frames after the handshake)
 #   ONE_DEVICE        the agent gives a user's program one visible GPU, not
 #                     torchrun's view (cuda:LOCAL_RANK is "invalid device ordinal")
 # MUTANTS="NAME ..." picks some (default: all).
 set -u
 BUILD=${BUILD:-build}
 OUT=build-mutants
-MUTANTS=${MUTANTS:-HANG_NAMES_RANK0 NO_PARK NO_STATE_RESTORE NO_STOPPED_RULE ONE_DEVICE}
+MUTANTS=${MUTANTS:-HANG_NAMES_RANK0 NO_PARK NO_STATE_RESTORE NO_STOPPED_RULE ONE_DEVICE NO_FRAME_MAC}
 
 scenarios() { # NAME: the scripts that must catch it (short first)
     case $1 in
@@ -29,6 +32,7 @@ scenarios() { # NAME: the scripts that must catch it (short first)
     NO_STATE_RESTORE) echo "failover_etcd" ;;
     NO_STOPPED_RULE) echo "hang_early" ;;
     ONE_DEVICE) echo "device_contract" ;;
+    NO_FRAME_MAC) echo "auth_mutual" ;;
     *) echo "" ;;
     esac
 }
@@ -42,7 +46,7 @@ for m in $MUTANTS; do
     mkdir -p "$dir"
     cp -a "$BUILD/." "$dir/"
     # the objects of the files that read a mutant flag, rebuilt with it
-    for f in $(grep -l MUSTER_MUTANT_ daemon/*.c worker/agent/*.c); do rm -f "$dir/obj/${f%.c}.o"; done
+    for f in $(grep -l MUSTER_MUTANT_ daemon/*.c worker/agent/*.c proto/*.c); do rm -f "$dir/obj/${f%.c}.o"; done
     rm -f "$dir/musterd" "$dir/muster-worker"
     make --no-print-directory BUILD="$dir" CFLAGS="-DMUSTER_MUTANT_$m" "$dir/musterd" "$dir/muster-worker" \
         > "$dir/make.log" 2>&1 ||
