@@ -11,6 +11,7 @@
 #      a collective" within 45 s of the step before: the timeout follows the steps after the
 #      first 5 (the 30 s floor), not after 5 heartbeats' worth of steps
 #      (~75 steps), which left the start allowance (300 s) in force.
+# itest: solo
 set -eu
 . tests/itest-lib.sh
 
