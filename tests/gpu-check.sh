@@ -44,4 +44,11 @@ if [ -x "$PY" ]; then
 else
     echo "NCCL groups healed in place: skipped (no $PY; run: sh mk/deps.sh venv)"
 fi
+# torchrun's device contract under the agent with real set_device(LOCAL_RANK),
+# NCCL, RAS and the flight recorder (tests/gpu-contract.sh).
+if [ -x "$PY" ]; then
+    BUILD=$BUILD PY=$PY sh tests/gpu-contract.sh || exit 1
+else
+    echo "gpu contract: skipped (no $PY)"
+fi
 echo "check-gpu: passed"
