@@ -33,7 +33,7 @@ START_TEST(ras_protocol_steps)
     q.phase = RAS_HELLO;
     ck_assert_str_eq(feed(&q, "SERVER PROTOCOL"), ""); /* half a line: nothing yet */
     ck_assert_int_eq(q.phase, RAS_HELLO);
-    ck_assert_str_eq(feed(&q, " 2\n"), "TIMEOUT 2\n");
+    ck_assert_str_eq(feed(&q, " 2\n"), "TIMEOUT 1\n");
     ck_assert_int_eq(q.server_protocol, 2);
     ck_assert_int_eq(q.phase, RAS_TIMEOUT);
     ck_assert_str_eq(feed(&q, "OK\n"), "SET FORMAT json\n");

@@ -39,8 +39,8 @@
 #define RAS_DEFAULT_ADDR "127.0.0.1:28028"
 #define RAS_ANSWER_MAX (4u << 20)     /* bytes of one answer read at most */
 #define RAS_MAX_FINDINGS 64
-#define RAS_PEER_TIMEOUT_S 2          /* TIMEOUT sent: RAS's wait for its peers */
-#define RAS_DEADLINE_MS 4000          /* the whole query, connect to EOF */
+#define RAS_PEER_TIMEOUT_S 1          /* TIMEOUT sent: RAS's wait for its peers */
+#define RAS_DEADLINE_MS 1500          /* the whole query, connect to EOF: inside musterd's wait for stacks (2 s) */
 
 enum ras_phase {
     RAS_CONNECTING, /* non-blocking connect under way */
