@@ -7,7 +7,9 @@
 # ETCDCTL_PASSWORD) and no MUSTER_CTL_FD (the hook took it), (d) setuid(0)
 # fails; it reports steps through the client, writes into its rank directory,
 # and the job completes, its log kept by the agent. The pre-flight's import
-# check runs as the rank user too. Then the errors: an unknown rank_user in
+# check runs as the rank user too (its interpreter is one the rank user can
+# run). Twice: the agent as root, and as the shipped unit runs it, a user of
+# its own holding exactly the unit's AmbientCapabilities= (setpriv). Then the errors: an unknown rank_user in
 # worker.json and on the command line, a rank_group without a rank_user, and
 # an agent that is not root and has no CAP_SETUID: each stops start-up naming
 # the key. Needs root (to switch users): skipped otherwise.
@@ -67,24 +69,32 @@ cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "rankuser", "nodes": 1, "max_restarts": 0, "heartbeat_interval_ms": 100,
  "require_python": "$PY", "require_python_modules": ["json"]}
 JSON
-start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
-mkdir -p "$ITEST_DIR/pids-a"
-MUSTER_TOKEN_FILE="$ITEST_DIR/token" MUSTER_ADMIN_TOKEN=admin-secret ETCDCTL_PASSWORD=etcd-secret \
-    "$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" --node a --devices cpu:1 --token-file "$ITEST_DIR/token" \
-    --state-dir "$ITEST_DIR/agent-state" --rank-user "$U" \
-    --rank-cmd "$PY $ITEST_DIR/rank.py $ITEST_DIR/token" >> "$ITEST_DIR/agent-a.log" 2>&1 &
-AGENT_PID=$!
-ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
-wait_for 30 'd["state"] == "completed"' || { show_status; fail "the rank user's job did not complete"; }
-grep -q "ranks run as $U (uid $UID_R, gid $GID_R)" "$ITEST_DIR/agent-a.log" || fail "the agent does not say who ranks run as"
 
-RD="$ITEST_DIR/agent-state/a/gen-1/rank-0"
-[ -f "$RD/output.log" ] || fail "no output.log in $RD"
-line=$(sed -n 's/^RANKREPORT //p' "$RD/output.log")
-[ -n "$line" ] || fail "the rank printed no report: $(head -c 500 "$RD/output.log")"
-echo "rank: $line"
-want_groups=$(id -G "$U" | tr ' ' '\n' | sort -n | tr '\n' ',' | sed 's/,$//')
-python3 - "$line" "$UID_R" "$GID_R" "$want_groups" <<'PY' || fail "the rank's report is not what a rank user's must be"
+# run_job CASE OWNER TOKEN [PREFIX...]: the job under an agent started through PREFIX (nothing:
+# as root) whose files are OWNER's (uid), with token file TOKEN; checks what its rank saw.
+run_job() {
+    case_=$1; owner=$2; tok=$3; shift 3
+    rm -rf "$ITEST_DIR/state"
+    start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
+    st="$ITEST_DIR/agent-state-$case_"
+    mkdir -p "$st" && chown "$owner" "$st"
+    MUSTER_TOKEN_FILE="$tok" MUSTER_ADMIN_TOKEN=admin-secret ETCDCTL_PASSWORD=etcd-secret \
+        "$@" "$abs/$BUILD/muster-worker" --daemon "127.0.0.1:$CTL" --node a --devices cpu:1 --token-file "$tok" \
+        --state-dir "$st" --rank-user "$U" \
+        --rank-cmd "$PY $ITEST_DIR/rank.py $tok" >> "$ITEST_DIR/agent-$case_.log" 2>&1 &
+    AGENT_PID=$!
+    ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
+    wait_for 30 'd["state"] in ("completed", "failed")' && check 'd["state"] == "completed"' \
+        || { show_status; fail "$case_: the rank user's job did not complete"; }
+    grep -q "ranks run as $U (uid $UID_R, gid $GID_R)" "$ITEST_DIR/agent-$case_.log" \
+        || fail "$case_: the agent does not say who ranks run as"
+    RD="$st/a/gen-1/rank-0"
+    [ -f "$RD/output.log" ] || fail "$case_: no output.log in $RD"
+    line=$(sed -n 's/^RANKREPORT //p' "$RD/output.log")
+    [ -n "$line" ] || fail "$case_: the rank printed no report: $(head -c 500 "$RD/output.log")"
+    echo "$case_: rank: $line"
+    want_groups=$(id -G "$U" | tr ' ' '\n' | sort -n | tr '\n' ',' | sed 's/,$//')
+    python3 - "$line" "$UID_R" "$GID_R" "$want_groups" <<'PY' || fail "$case_: the rank's report is not what a rank user's must be"
 import json, sys
 got, uid, gid, groups = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 want = {"uid": uid, "euid": uid, "gid": gid, "egid": gid, "groups": sorted(int(g) for g in groups.split(",")),
@@ -94,15 +104,29 @@ for k, (g, w) in bad.items():
     print("rank report %s: got %r, expected %r" % (k, g, w), file=sys.stderr)
 sys.exit(1 if bad else 0)
 PY
-[ "$(stat -c %u "$RD/mine.txt")" = "$UID_R" ] || fail "the rank's own file is not the rank user's"
-[ "$(stat -c %u:%g:%a "$RD")" = "0:$GID_R:770" ] || fail "rank directory is $(stat -c %u:%g:%a "$RD"), expected 0:$GID_R:770"
-[ "$(stat -c %a "$ITEST_DIR/token")" = 600 ] || fail "the token file's mode changed"
-# The steps reported through the client reached musterd.
-check 'd["ranks"] and all(r["step"] == 10 for r in d["ranks"])' \
-    || { show_status; fail "the rank's steps (10, through muster_rank) did not reach musterd"; }
-echo "rank_user: the rank ran as $U, could not read the token, saw no secret, could not become root; job completed"
-kill "$AGENT_PID" 2>/dev/null || true
-kill "$DAEMON_PID" 2>/dev/null || true
+    [ "$(stat -c %u "$RD/mine.txt")" = "$UID_R" ] || fail "$case_: the rank's own file is not the rank user's"
+    [ "$(stat -c %u:%g:%a "$RD")" = "$owner:$GID_R:770" ] \
+        || fail "$case_: rank directory is $(stat -c %u:%g:%a "$RD"), expected $owner:$GID_R:770"
+    [ "$(stat -c %a "$tok")" = 600 ] || fail "$case_: the token file's mode changed"
+    # The steps reported through the client reached musterd.
+    check 'd["ranks"] and all(r["step"] == 10 for r in d["ranks"])' \
+        || { show_status; fail "$case_: the rank's steps (10, through muster_rank) did not reach musterd"; }
+    kill "$AGENT_PID" 2>/dev/null || true
+    kill "$DAEMON_PID" 2>/dev/null || true
+    wait "$DAEMON_PID" 2>/dev/null || true
+}
+
+# 1. The agent as root.
+run_job root 0 "$ITEST_DIR/token"
+# 2. As the shipped unit runs it: a user of its own holding exactly the unit's ambient capabilities.
+A=muster-itest-agent
+id -u "$A" > /dev/null 2>&1 || useradd -r -M -s /usr/sbin/nologin "$A" || fail "cannot create the throwaway user $A"
+caps=$(sed -n 's/^AmbientCapabilities=//p' systemd/muster-worker.service | tr 'A-Z ' 'a-z,' | sed 's/cap_/+/g')
+[ -n "$caps" ] || fail "muster-worker.service has no AmbientCapabilities="
+install -o "$A" -m 0600 "$ITEST_DIR/token" "$ITEST_DIR/token-agent"
+run_job unit "$(id -u "$A")" "$ITEST_DIR/token-agent" setpriv --reuid="$A" --regid="$A" --clear-groups \
+    --inh-caps="$caps" --ambient-caps="$caps" --
+echo "rank_user: as root and with the unit's capabilities, the rank ran as $U, could not read the token, saw no secret, could not become root; job completed"
 
 # Errors at start-up, each naming what was wrong.
 printf '{"daemon": "127.0.0.1:1", "devices": "cpu:1", "token_file": "%s", "rank_user": "no-such-user-zz"}\n' \
