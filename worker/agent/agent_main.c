@@ -412,7 +412,7 @@ int main(int argc, char **argv)
     state_dir = first_set(state_dir, file.state_dir, is_local ? NULL : getenv("STATE_DIRECTORY"));
     if (state_dir)
         snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", state_dir);
-    /* The rank user: a flag names where a bad one came from as "--rank-user", the file as "FILE: rank_user". */
+    /* Who the job's processes run as; a bad one stops start-up naming the flag, or the file and its key. */
     int ru_rc = rank_user_resolve(first_set(rank_user, file.rank_user, NULL),
                                   first_set(rank_group, file.rank_group, NULL), &cfg.rank_user, err, sizeof(err));
     if (ru_rc != 0) {
