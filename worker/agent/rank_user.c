@@ -87,6 +87,8 @@ int rank_user_resolve(const char *user, const char *group, struct rank_user *ru,
         snprintf(err, cap, "rank_user: \"%s\" is root; name an unprivileged user (or leave rank_user unset)", user);
         return -EINVAL;
     }
+    if (ru->uid == geteuid() && ru->gid == getegid() && ru->ngroups == 1 && ru->groups[0] == ru->gid)
+        return 0; /* already who the ranks must be: nothing to drop (ru->set stays false) */
     struct __user_cap_data_struct caps[2];
     bool can = geteuid() == 0 || (caps_get(caps) == 0 && has_cap(caps, CAP_SETUID) && has_cap(caps, CAP_SETGID));
     if (!can) {

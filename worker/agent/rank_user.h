@@ -38,9 +38,10 @@ struct rank_user {
  * Resolves user (a name or a numeric uid; NULL or "" = none: ru->set false)
  * and group (a name or gid; NULL or "" = the user's primary group; only
  * with a user). Checks that this process can switch to them: root, or
- * CAP_SETUID and CAP_SETGID in its effective set, unless the user and group
- * are its own. 0, or -EINVAL / -EPERM with err saying "KEY: what" (the
- * caller puts the file or flag in front).
+ * CAP_SETUID and CAP_SETGID in its effective set; when the user and group
+ * (and no other group) are this process's own already, ru->set stays
+ * false. 0, or -EINVAL / -EPERM with err saying "KEY: what" (the caller
+ * puts the file or flag in front).
  */
 int rank_user_resolve(const char *user, const char *group, struct rank_user *ru, char *err, size_t cap);
 
