@@ -276,7 +276,8 @@ asan: deps
 docs: $(BUILD)/tests/jobspec-doc
 	$(BUILD)/tests/jobspec-doc > docs/jobspec.md
 
-# Installed layout: binaries, systemd units (ExecStart rewritten to PREFIX),
+# Installed layout: binaries, systemd units (ExecStart rewritten to PREFIX) and
+# the sysusers.d/tmpfiles.d files of their users and /etc/muster,
 # example configs and job presets, docs, man pages, and the rank clients
 # (the C header under include/, the Python module in lib/muster/python/ for
 # PYTHONPATH), and with CUDA muster-train's GPU module in lib/muster/, where
@@ -288,8 +289,11 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/muster/etc \
 	    $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8 \
 	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/muster/python/startup \
-	    $(DESTDIR)$(PREFIX)/lib/muster/python/muster_rank/sharded
+	    $(DESTDIR)$(PREFIX)/lib/muster/python/muster_rank/sharded \
+	    $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d
 	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 systemd/muster.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/muster.conf
+	install -m 0644 systemd/muster.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/muster.conf
 	for u in systemd/*.service; do \
 	    sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(UNITDIR)/$${u#systemd/} && \
 	    chmod 0644 $(DESTDIR)$(UNITDIR)/$${u#systemd/} || exit 1; done
@@ -307,6 +311,7 @@ install: all
 uninstall:
 	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(PREFIX)/bin/%,$(BINS))
 	rm -f $(patsubst systemd/%,$(DESTDIR)$(UNITDIR)/%,$(wildcard systemd/*.service))
+	rm -f $(DESTDIR)$(PREFIX)/lib/sysusers.d/muster.conf $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/muster.conf
 	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man1/%,$(MAN1))
 	rm -f $(patsubst docs/man/%,$(DESTDIR)$(PREFIX)/share/man/man8/%,$(MAN8))
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/muster $(DESTDIR)$(PREFIX)/share/muster

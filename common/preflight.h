@@ -89,6 +89,14 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
  */
 int preflight_python(const char *interp, const char *modules, char *const *env, int timeout_ms, char *why,
                      size_t len);
+/*
+ * preflight_python, the interpreter run through wrap: the words that go
+ * before it (wrap[0] an absolute path; at most PREFLIGHT_WRAP_MAX of them;
+ * NULL = none), as the agent's rank_user drop (worker/agent/rank_user.h).
+ */
+#define PREFLIGHT_WRAP_MAX 8
+int preflight_python_as(char *const *wrap, const char *interp, const char *modules, char *const *env,
+                        int timeout_ms, char *why, size_t len);
 /* Kills the import check running now, and any started after (the process is
  * stopping: it must not wait out require_python_timeout_s); safe from any thread. */
 void preflight_python_abort(void);

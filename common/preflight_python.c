@@ -126,7 +126,10 @@ int preflight_interpreter(const char *prog, const char *explicit_interp, const c
 /* "import a, b.c" from the packed list, and "a,b.c" for messages. */
 static int import_line(const char *modules, char *out, size_t cap, char *list, size_t lcap)
 {
-    size_t n = (size_t)snprintf(out, cap, "import ");
+    /* -c puts the working directory (the agent's) first on sys.path: a module planted there would be
+     * what imports. The rank finds its script's directory there instead; neither is the check's. (-P
+     * does this only from Python 3.11 on.) */
+    size_t n = (size_t)snprintf(out, cap, "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; import ");
     list[0] = '\0';
     for (const char *m = modules; *m; m += strlen(m) + 1) {
         if (!job_spec_module_valid(m))
@@ -237,6 +240,12 @@ static int drain(int fd, pid_t pid, int64_t end, char *buf, size_t *n)
 int preflight_python(const char *interp, const char *modules, char *const *env, int timeout_ms, char *why,
                      size_t len)
 {
+    return preflight_python_as(NULL, interp, modules, env, timeout_ms, why, len);
+}
+
+int preflight_python_as(char *const *wrap, const char *interp, const char *modules, char *const *env,
+                        int timeout_ms, char *why, size_t len)
+{
     char code[4096], list[1024];
     int rc = import_line(modules, code, sizeof(code), list, sizeof(list));
     if (rc)
@@ -259,9 +268,16 @@ int preflight_python(const char *interp, const char *modules, char *const *env, 
     sigfillset(&all);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setsigdefault(&at, &all);
-    char *argv[] = {(char *)interp, "-c", code, NULL};
+    char *argv[PREFLIGHT_WRAP_MAX + 4];
+    size_t w = 0;
+    for (; wrap && wrap[w] && w < PREFLIGHT_WRAP_MAX; w++)
+        argv[w] = wrap[w];
+    argv[w] = (char *)interp;
+    argv[w + 1] = "-c";
+    argv[w + 2] = code;
+    argv[w + 3] = NULL;
     pid_t pid;
-    int e = posix_spawn(&pid, interp, &fa, &at, argv, env);
+    int e = posix_spawn(&pid, argv[0], &fa, &at, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     close(fds[1]);

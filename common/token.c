@@ -76,3 +76,25 @@ void token_default_path(char *out, size_t cap)
     const char *conf = getenv("CONFIGURATION_DIRECTORY");
     snprintf(out, cap, "%s/token", conf && conf[0] ? conf : "/etc/muster");
 }
+
+int token_check_private(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    unsigned mode = (unsigned)(st.st_mode & 07777);
+    if (st.st_mode & (S_IRWXO | S_IWGRP | S_IXGRP)) {
+        snprintf(err, errlen, "%s: mode %04o lets other users read or change it (a rank, say); run `chmod 600 %s`",
+                 path, mode, path);
+        return -EPERM;
+    }
+    if (st.st_mode & S_IRGRP) {
+        snprintf(err, errlen, "%s: mode %04o lets group %u read it; unless only musterd's users are in that group, "
+                 "run `chmod 600 %s`", path, mode, (unsigned)st.st_gid, path);
+        return 1;
+    }
+    return 0;
+}

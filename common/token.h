@@ -22,6 +22,15 @@
  */
 int token_read(const char *path, uint8_t *buf, size_t cap, size_t *len, char *err, size_t errlen);
 
+/*
+ * A credential file that is not a token (the etcd client's private key,
+ * which an etcd client group may share): 0 when only its owner may read
+ * it; 1 when its group may (err holds a warning with the chmod); -EPERM
+ * when anyone may, or anyone but its owner may write it; -errno when it
+ * cannot be examined. err names the file.
+ */
+int token_check_private(const char *path, char *err, size_t errlen);
+
 /* "$CONFIGURATION_DIRECTORY/token", or "/etc/muster/token" outside systemd. */
 void token_default_path(char *out, size_t cap);
 

@@ -746,6 +746,16 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    /* The client key proves musterd to etcd: nobody else on the host (no rank) may read it. */
+    if (cfg.store_key_file[0]) {
+        int krc = token_check_private(cfg.store_key_file, err, sizeof(err));
+        if (krc < 0) {
+            fprintf(stderr, "musterd: store_key_file: %s\n", err);
+            return 2;
+        }
+        if (krc == 1)
+            log_warn("store_key_file: %s", err);
+    }
     if (!cfg.store_cert_file[0] != !cfg.store_key_file[0]) {
         fprintf(stderr, "musterd: store_cert_file and store_key_file go together: give both or neither\n");
         return 2;

@@ -22,8 +22,11 @@
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 #include "worker/agent/rank_stacks.h"
+#include "worker/agent/rank_user.h"
 #include "worker/agent/spare.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -357,6 +360,179 @@ START_TEST(rank_env_gpu)
     /* the device is NVML's ordinal (PCI bus order): CUDA must count the same way */
     ck_assert_str_eq(env_get(env, "CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
     cmdline_free(env);
+}
+END_TEST
+
+START_TEST(rank_env_drops_secrets)
+{
+    char *parent[] = {"PATH=/usr/bin", "MUSTER_TOKEN_FILE=/etc/muster/token", "MUSTER_TOKEN=abc",
+                      "MUSTER_ADMIN_TOKEN=adm", "MUSTER_READ_TOKEN=rd", "ETCDCTL_PASSWORD=pw", "ETCDCTL_KEY=/k",
+                      "CREDENTIALS_DIRECTORY=/run/credentials/x", "CONFIGURATION_DIRECTORY=/etc/muster",
+                      "NOTIFY_SOCKET=/run/systemd/notify", "WATCHDOG_USEC=1", "MUSTER_CTL_FD=9",
+                      "MUSTER_TOKENISER=keep?", "MUSTER_JOB=/job.json", "HOME=/root", NULL};
+    struct rank_identity id = {.rank = 0, .world_size = 1, .local_world_size = 1, .node = "n", .kind = PROTO_DEV_CPU};
+    char **env = rank_env_build(parent, &id);
+    ck_assert_ptr_nonnull(env);
+    static const char *const gone[] = {"MUSTER_TOKEN_FILE", "MUSTER_TOKEN", "MUSTER_ADMIN_TOKEN", "MUSTER_READ_TOKEN",
+                                       "ETCDCTL_PASSWORD", "ETCDCTL_KEY", "CREDENTIALS_DIRECTORY",
+                                       "CONFIGURATION_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC",
+                                       "MUSTER_TOKENISER"}; /* a prefix: any MUSTER_TOKEN* */
+    for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++)
+        ck_assert_msg(env_get(env, gone[i]) == NULL, "%s reached the rank", gone[i]);
+    ck_assert_str_eq(env_get(env, "MUSTER_CTL_FD"), "3"); /* the agent's own, not the parent's */
+    ck_assert_str_eq(env_get(env, "MUSTER_JOB"), "/job.json");
+    ck_assert_str_eq(env_get(env, "HOME"), "/root");
+    ck_assert(rank_env_secret("ETCDCTL_USER=u"));
+    ck_assert(!rank_env_secret("MUSTER_NODE=a"));
+    ck_assert(!rank_env_secret("NOTIFY_SOCKETS=x")); /* exact names are not prefixes */
+    cmdline_free(env);
+}
+END_TEST
+
+/* ---- rank_user ----------------------------------------------------------- */
+
+START_TEST(rank_user_resolve_names_the_key)
+{
+    struct rank_user ru;
+    char err[512] = "";
+    ck_assert_int_eq(rank_user_resolve(NULL, NULL, &ru, err, sizeof(err)), 0);
+    ck_assert(!ru.set);
+    ck_assert_int_eq(rank_user_resolve("", "", &ru, err, sizeof(err)), 0);
+    ck_assert(!ru.set);
+    ck_assert_int_eq(rank_user_resolve("no-such-user-zz", NULL, &ru, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strncmp(err, "rank_user: no user \"no-such-user-zz\" on this machine", 50) == 0, "%s", err);
+    ck_assert_int_eq(rank_user_resolve(NULL, "root", &ru, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "rank_group: needs rank_user") == err, "%s", err);
+    ck_assert_int_eq(rank_user_resolve("root", NULL, &ru, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "rank_user: \"root\" is root") == err, "%s", err);
+    struct passwd *pw = getpwnam("nobody");
+    if (!pw)
+        return;
+    struct passwd nobody_copy = *pw, *nobody = &nobody_copy; /* getpw* reuse their buffer */
+    ck_assert_int_eq(rank_user_resolve("nobody", "no-such-group-zz", &ru, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "rank_group: no group \"no-such-group-zz\"") == err, "%s", err);
+    int rc = rank_user_resolve("nobody", NULL, &ru, err, sizeof(err));
+    if (geteuid() != 0) { /* no CAP_SETUID in a test run as a user */
+        ck_assert_int_eq(rc, -EPERM);
+        ck_assert_msg(strstr(err, "without CAP_SETUID and CAP_SETGID") != NULL, "%s", err);
+        return;
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert(ru.set);
+    ck_assert_int_eq(ru.uid, nobody->pw_uid);
+    ck_assert_int_eq(ru.gid, nobody->pw_gid);
+    ck_assert_int_ge(ru.ngroups, 1);
+    ck_assert_str_eq(ru.name, "nobody");
+    char uid[16];
+    snprintf(uid, sizeof(uid), "%u", (unsigned)nobody->pw_uid);
+    struct group *g = getgrgid(0);
+    ck_assert_int_eq(rank_user_resolve(uid, g ? g->gr_name : "0", &ru, err, sizeof(err)), 0); /* by number */
+    ck_assert_int_eq(ru.uid, nobody->pw_uid);
+    ck_assert_int_eq(ru.gid, 0);
+    ck_assert_int_eq(ru.ngroups, 1); /* a named group is the only one */
+    ck_assert_int_eq(ru.groups[0], 0);
+}
+END_TEST
+
+START_TEST(rank_user_argv_prefixes_the_drop)
+{
+    char *cmd[] = {"python3", "train.py", "--lr", "1e-3", NULL};
+    struct rank_user none = {0};
+    char **same = rank_user_argv(&none, cmd);
+    ck_assert_ptr_nonnull(same);
+    for (int i = 0; i < 4; i++)
+        ck_assert_str_eq(same[i], cmd[i]);
+    ck_assert_ptr_null(same[4]);
+    cmdline_free(same);
+    struct rank_user ru = {.set = true, .uid = 1234, .gid = 99, .ngroups = 2, .groups = {99, 44}, .exe = "/opt/mw"};
+    char **run = rank_user_argv(&ru, cmd);
+    ck_assert_ptr_nonnull(run);
+    const char *want[] = {"/opt/mw", RANK_USER_EXEC_FLAG, "1234", "99", "99,44", "--", "python3", "train.py", "--lr",
+                          "1e-3"};
+    for (int i = 0; i < 10; i++)
+        ck_assert_str_eq(run[i], want[i]);
+    ck_assert_ptr_null(run[10]);
+    struct rank_user back;
+    ck_assert_int_eq(rank_user_parse_ids(run[2], run[3], run[4], &back), 0);
+    ck_assert_int_eq(back.uid, 1234);
+    ck_assert_int_eq(back.gid, 99);
+    ck_assert_int_eq(back.ngroups, 2);
+    ck_assert_int_eq(back.groups[1], 44);
+    cmdline_free(run);
+    /* Bad forms: root, signs, junk, an empty list, the "unchanged" id. */
+    ck_assert_int_eq(rank_user_parse_ids("0", "1", "1", &back), -EINVAL);
+    ck_assert_int_eq(rank_user_parse_ids("-5", "1", "1", &back), -EINVAL);
+    ck_assert_int_eq(rank_user_parse_ids("12x", "1", "1", &back), -EINVAL);
+    ck_assert_int_eq(rank_user_parse_ids("12", "1", ",", &back), -EINVAL);
+    ck_assert_int_eq(rank_user_parse_ids("12", "4294967295", "1", &back), -EINVAL);
+    ck_assert_int_eq(rank_user_parse_ids("12", "1", "-", &back), 0);
+    ck_assert_int_eq(back.ngroups, 0);
+}
+END_TEST
+
+/* The trampoline as a rank would run it: drops, proves it cannot go back, execs. */
+START_TEST(rank_user_exec_drops_for_good)
+{
+    struct passwd *nobody = getpwnam("nobody");
+    if (geteuid() != 0 || !nobody)
+        return; /* switching users needs root */
+    char uid[16], gid[16], out[] = "/tmp/check-rank-user.XXXXXX";
+    int fd = mkstemp(out);
+    ck_assert_int_ge(fd, 0);
+    snprintf(uid, sizeof(uid), "%u", (unsigned)nobody->pw_uid);
+    snprintf(gid, sizeof(gid), "%u", (unsigned)nobody->pw_gid);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 1);
+        char *argv[] = {"muster-worker", RANK_USER_EXEC_FLAG, uid, gid, gid, "--", "/bin/sh", "-c", "id -u; id -G",
+                        NULL};
+        _exit(rank_user_exec(9, argv));
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFEXITED(status));
+    ck_assert_int_eq(WEXITSTATUS(status), 0);
+    char text[128] = "", want[64];
+    ck_assert_int_gt(pread(fd, text, sizeof(text) - 1, 0), 0);
+    snprintf(want, sizeof(want), "%s\n%s\n", uid, gid);
+    ck_assert_str_eq(text, want);
+    close(fd);
+    unlink(out);
+    char *bad[] = {"muster-worker", RANK_USER_EXEC_FLAG, "0", "0", "0", "--", "/bin/true", NULL};
+    ck_assert_int_eq(rank_user_exec(7, bad), 2); /* never to root */
+}
+END_TEST
+
+START_TEST(rank_user_grant_dir_lets_the_rank_in)
+{
+    char base[] = "/tmp/check-grant.XXXXXX", dir[256];
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    snprintf(dir, sizeof(dir), "%s/node/gen-1/rank-0", base);
+    char mk[300];
+    snprintf(mk, sizeof(mk), "mkdir -p %s", dir);
+    ck_assert_int_eq(system(mk), 0);
+    struct rank_user ru = {.set = true, .uid = 4242, .gid = getegid()};
+    int rc = rank_user_grant_dir(&ru, base, dir);
+    ck_assert_int_eq(rc, 0);
+    struct stat st;
+    ck_assert_int_eq(stat(dir, &st), 0);
+    ck_assert_int_eq(st.st_mode & 07777, 0770);
+    ck_assert_int_eq(st.st_uid, geteuid()); /* the agent keeps it */
+    ck_assert_int_eq(st.st_gid, getegid());
+    snprintf(mk, sizeof(mk), "%s/node/gen-1", base);
+    ck_assert_int_eq(stat(mk, &st), 0);
+    ck_assert_int_eq(st.st_mode & 07777, 0710);
+    ck_assert_int_eq(stat(base, &st), 0);
+    ck_assert_int_eq(st.st_mode & 07777, 0710);
+    ck_assert_int_eq(rank_user_grant_dir(&ru, "/elsewhere", dir), -EINVAL);
+    /* A link planted in the path is not followed. */
+    snprintf(mk, sizeof(mk), "%s/link", base);
+    ck_assert_int_eq(symlink("/etc", mk), 0);
+    snprintf(dir, sizeof(dir), "%s/link/ssl", base);
+    rc = rank_user_grant_dir(&ru, base, dir);
+    ck_assert_msg(rc == -ELOOP || rc == -ENOTDIR, "a link was followed: %d", rc);
+    snprintf(mk, sizeof(mk), "rm -rf %s", base);
+    ck_assert_int_eq(system(mk), 0);
 }
 END_TEST
 
@@ -1152,6 +1328,11 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_env_torchrun_names);
     tcase_add_test(tc, rank_env_user_defaults_win);
     tcase_add_test(tc, rank_env_python_hook);
+    tcase_add_test(tc, rank_env_drops_secrets);
+    tcase_add_test(tc, rank_user_resolve_names_the_key);
+    tcase_add_test(tc, rank_user_argv_prefixes_the_drop);
+    tcase_add_test(tc, rank_user_exec_drops_for_good);
+    tcase_add_test(tc, rank_user_grant_dir_lets_the_rank_in);
     tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);

@@ -102,6 +102,14 @@ START_TEST(unknown_key_and_bad_values_name_file_key_and_expectation)
     expect_err(err, "rank_cmd: expected an array of strings, got an integer at index 1");
     ck_assert_int_eq(load_worker("{\"master_port_range\": \"29600-29500\"}", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "master_port_range: expected LO-HI with 1024 <= LO <= HI <= 65535, got \"29600-29500\"");
+    ck_assert_int_eq(load_worker("{\"rank_user\": \"no-such-user-zz\"}", &f, err, sizeof(err)), -EINVAL);
+    expect_err(err, "rank_user: expected a user of this machine (name or uid), not root, got \"no-such-user-zz\"");
+    ck_assert_int_eq(load_worker("{\"rank_user\": \"\"}", &f, err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(load_worker("{\"rank_group\": \"no-such-group-zz\"}", &f, err, sizeof(err)), -EINVAL);
+    expect_err(err, "rank_group: expected a group of this machine (name or gid), got \"no-such-group-zz\"");
+    ck_assert_int_eq(load_worker("{\"rank_user\": \"root\", \"rank_group\": \"0\"}", &f, err, sizeof(err)), 0);
+    ck_assert_str_eq(f.rank_user, "root"); /* a name of this machine: who may be one is for start-up to say */
+    ck_assert_str_eq(f.rank_group, "0");
     ck_assert_int_eq(load_worker("[1, 2]", &f, err, sizeof(err)), -EINVAL);
     expect_err(err, "expected a JSON object at the top level, got an array");
     ck_assert_int_eq(load_worker("{\"daemon\": ", &f, err, sizeof(err)), -EINVAL);

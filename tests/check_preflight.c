@@ -401,8 +401,9 @@ START_TEST(imports_run_with_the_environment_given_and_bounded)
     char *env[] = {"MARK=from-the-rank-env", "PATH=/usr/bin:/bin", NULL};
     pack(mods, (const char *const[]){"torch", "deepspeed.ops", NULL});
     ck_assert_int_eq(preflight_python(path, mods, env, 5000, why, sizeof(why)), -ENOPKG);
-    ck_assert_ptr_nonnull(strstr(why, "cannot import torch,deepspeed.ops: ModuleNotFoundError: asked "
-                                      "[import torch, deepspeed.ops] with MARK=from-the-rank-env"));
+    ck_assert_msg(strstr(why, "cannot import torch,deepspeed.ops: ModuleNotFoundError: asked [import sys; "
+                              "sys.path[:1] = [p for p in sys.path[:1] if p]; import torch, deepspeed.ops] with "
+                              "MARK=from-the-rank-env"), "%s", why);
 
     put_file("python-ok", "#!/bin/sh\nexit 0\n", 0755, path, sizeof(path));
     ck_assert_int_eq(preflight_python(path, mods, env, 5000, why, sizeof(why)), 0);
@@ -435,6 +436,15 @@ START_TEST(imports_run_with_the_environment_given_and_bounded)
         pack(mods, (const char *const[]){"json", "no_such_module_muster", NULL});
         ck_assert_int_eq(preflight_python("/usr/bin/python3", mods, env, 20000, why, sizeof(why)), -ENOPKG);
         ck_assert_ptr_nonnull(strstr(why, "ModuleNotFoundError: No module named 'no_such_module_muster'"));
+        /* A module planted in the working directory (the agent's) is not what the check imports. */
+        char planted[256];
+        put_file("planted_muster.py", "pass\n", 0644, planted, sizeof(planted));
+        ck_assert_int_eq(chdir(dir), 0);
+        pack(mods, (const char *const[]){"planted_muster", NULL});
+        ck_assert_int_eq(preflight_python("/usr/bin/python3", mods, env, 20000, why, sizeof(why)), -ENOPKG);
+        ck_assert_ptr_nonnull(strstr(why, "No module named 'planted_muster'"));
+        ck_assert_int_eq(chdir("/"), 0);
+        unlink(planted);
     }
 }
 END_TEST

@@ -67,6 +67,25 @@ START_TEST(group_or_other_access_is_refused_with_chmod_hint)
 }
 END_TEST
 
+START_TEST(private_file_check_warns_for_group_and_refuses_others)
+{
+    char err[512];
+    write_token("key", 0600);
+    ck_assert_int_eq(token_check_private(path, err, sizeof(err)), 0);
+    write_token("key", 0640);
+    ck_assert_int_eq(token_check_private(path, err, sizeof(err)), 1);
+    ck_assert_msg(strstr(err, "mode 0640 lets group") && strstr(err, "chmod 600"), "%s", err);
+    static const mode_t refused[] = {0644, 0604, 0660, 0602};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        write_token("key", refused[i]);
+        ck_assert_int_eq(token_check_private(path, err, sizeof(err)), -EPERM);
+        ck_assert_msg(strstr(err, "lets other users read or change it"), "%s", err);
+    }
+    unlink(path);
+    ck_assert_int_eq(token_check_private(path, err, sizeof(err)), -ENOENT);
+}
+END_TEST
+
 START_TEST(missing_empty_large_and_directory_are_refused)
 {
     uint8_t buf[16];
@@ -108,6 +127,7 @@ Suite *make_token_suite(void)
     tcase_add_test(tc, owner_only_token_is_read_and_newlines_stripped);
     tcase_add_test(tc, group_or_other_access_is_refused_with_chmod_hint);
     tcase_add_test(tc, missing_empty_large_and_directory_are_refused);
+    tcase_add_test(tc, private_file_check_warns_for_group_and_refuses_others);
     tcase_add_test(tc, default_path_follows_systemd);
     suite_add_tcase(s, tc);
     return s;

@@ -1,8 +1,10 @@
 """muster's warm spare: a Python process that becomes a rank without paying
 interpreter start and `import torch` when the rank is needed.
 
-muster-worker starts `PYTHON -m muster_spare ARGS...` (ARGS: the rank
-command's, so that ps and pgrep -f see the rank's command line) for a job
+muster-worker starts `PYTHON -c SPARE_START ARGS...`, which runs this module
+as `-m` would but without the agent's working directory on sys.path
+(worker/agent/spare.h; ARGS: the rank command's, so that ps and pgrep -f see
+the rank's command line) for a job
 with warm_spares on (worker/agent/spare.h), with the ranks' environment less what names one rank,
 no visible device, MUSTER_SPARE_FD (its hand-off socket, fd 4) and
 MUSTER_WARM_IMPORTS. It imports torch, torch.distributed and those modules,
@@ -75,11 +77,11 @@ def _become(rank):
     hook.startup()
     if argv[1] == "-m":
         sys.argv = [argv[2]] + argv[3:]  # run_module puts the module's file in argv[0]
-        sys.path[0] = cwd  # `python -m` runs with the working directory first on the path
+        sys.path.insert(0, cwd)  # `python -m` runs with the working directory first on the path
         return lambda: runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
     script = os.path.abspath(argv[1])
     sys.argv = argv[1:]
-    sys.path[0] = os.path.dirname(script)  # `python script.py` runs with the script's directory first
+    sys.path.insert(0, os.path.dirname(script))  # `python script.py` runs with the script's directory first
     return lambda: runpy.run_path(script, run_name="__main__")
 
 

@@ -1,6 +1,8 @@
 #!/bin/sh
 # make install / uninstall: the layout under DESTDIR (binaries, units with
 # ExecStart under PREFIX, example configs, docs, man pages that man renders),
+# the units' users and hardening (User=muster, capabilities only where
+# rank_user needs them; sysusers.d and tmpfiles.d applied in a scratch root),
 # and `systemd-analyze verify` on the installed units. verify needs the
 # ExecStart binaries and the Documentation= man pages where the unit says,
 # so it runs on an install with PREFIX inside the test directory (no
@@ -20,7 +22,7 @@ for f in bin/musterd bin/muster-worker bin/muster-train bin/musterctl \
          share/doc/muster/operator-guide.md share/doc/muster/troubleshooting.md share/doc/muster/config.md \
          share/man/man8/musterd.8 share/man/man8/muster-worker.8 share/man/man1/muster-train.1 \
          share/man/man1/musterctl.1 include/muster_rank.h lib/muster/python/muster_rank/__init__.py lib/muster/python/muster_rank/sharded/elastic.py \
-         lib/muster/python/muster_spare.py; do
+         lib/muster/python/muster_spare.py lib/sysusers.d/muster.conf lib/tmpfiles.d/muster.conf; do
     [ -f "$P/$f" ] || fail "make install did not install $f"
 done
 # With CUDA, muster-train's GPU module, where the installed muster-train finds it.
@@ -46,6 +48,34 @@ PYTHONPATH="$P/lib/muster/python" python3 -c 'import muster_rank; assert not mus
 grep -qx 'ExecStart=/usr/local/bin/musterd' "$P/lib/systemd/system/musterd.service" || fail "musterd ExecStart"
 grep -qx 'ExecStart=/usr/local/bin/muster-worker' "$P/lib/systemd/system/muster-worker.service" \
     || fail "muster-worker ExecStart"
+# Both services run as the muster user; only the agent holds capabilities, the ones to start ranks as rank_user.
+for u in musterd muster-worker; do
+    grep -qx 'User=muster' "$P/lib/systemd/system/$u.service" || fail "$u.service does not run as muster"
+    grep -qx 'NoNewPrivileges=yes' "$P/lib/systemd/system/$u.service" || fail "$u.service lacks NoNewPrivileges"
+done
+grep -qx 'CapabilityBoundingSet=' "$P/lib/systemd/system/musterd.service" || fail "musterd.service keeps capabilities"
+grep -qx 'AmbientCapabilities=CAP_SETUID CAP_SETGID CAP_KILL CAP_CHOWN CAP_DAC_OVERRIDE' \
+    "$P/lib/systemd/system/muster-worker.service" || fail "muster-worker.service: not the capabilities rank_user needs"
+# The sysusers file makes both users (in a scratch root: the host's users are left alone).
+if command -v systemd-sysusers > /dev/null; then
+    mkdir -p "$ITEST_DIR/sysroot/etc"
+    systemd-sysusers --root="$ITEST_DIR/sysroot" "$P/lib/sysusers.d/muster.conf" > "$ITEST_DIR/sysusers.log" 2>&1 \
+        || fail "systemd-sysusers refused muster.conf: $(cat "$ITEST_DIR/sysusers.log")"
+    for user in muster muster-rank; do
+        grep -q "^$user:" "$ITEST_DIR/sysroot/etc/passwd" || fail "systemd-sysusers did not make $user"
+    done
+    # tmpfiles makes an existing install's token muster's 0600 and /etc/muster root:muster 0750.
+    mkdir -p "$ITEST_DIR/sysroot/etc/muster"
+    (umask 022; echo secret > "$ITEST_DIR/sysroot/etc/muster/token")
+    systemd-tmpfiles --root="$ITEST_DIR/sysroot" --create "$P/lib/tmpfiles.d/muster.conf" \
+        > "$ITEST_DIR/tmpfiles.log" 2>&1 || fail "systemd-tmpfiles refused muster.conf: $(cat "$ITEST_DIR/tmpfiles.log")"
+    m=$(sed -n 's/^muster:x:\([0-9]*\):\([0-9]*\):.*/\1:\2/p' "$ITEST_DIR/sysroot/etc/passwd")
+    [ "$(stat -c %a:%u:%g "$ITEST_DIR/sysroot/etc/muster/token")" = "600:$m" ] \
+        || fail "tmpfiles left the token $(stat -c %a:%u:%g "$ITEST_DIR/sysroot/etc/muster/token"), expected 600:$m"
+    [ "$(stat -c %a:%u:%g "$ITEST_DIR/sysroot/etc/muster")" = "750:0:${m#*:}" ] \
+        || fail "tmpfiles left /etc/muster $(stat -c %a:%u:%g "$ITEST_DIR/sysroot/etc/muster")"
+fi
+grep -q '^z /etc/muster/token 0600 muster muster' "$P/lib/tmpfiles.d/muster.conf" || fail "tmpfiles: the token is not muster's 0600"
 for m in "$P"/share/man/man*/*; do
     out=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$m" 2>&1 > /dev/null) || fail "man -l $m failed"
     [ -z "$out" ] || fail "man -l $m warns: $out"

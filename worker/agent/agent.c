@@ -488,6 +488,17 @@ static void prune_generations(const struct agent *a, uint64_t gen)
     uv_fs_req_cleanup(&req);
 }
 
+/* The rank user may pass from the configured state directory (the node's directory's parent) down to dir. */
+static int grant_rank_dir(const struct agent *a, const char *dir)
+{
+    char base[PATH_MAX];
+    snprintf(base, sizeof(base), "%s", a->state_dir);
+    char *slash = strrchr(base, '/');
+    if (slash && slash != base)
+        *slash = '\0';
+    return rank_user_grant_dir(&a->cfg->rank_user, base, dir);
+}
+
 /* <state>/<node>/gen-G/rank-R, made if missing; "" when there is no usable state directory. */
 static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *out, size_t cap)
 {
@@ -498,6 +509,8 @@ static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
     if (rank_log_dir(dir, sizeof(dir), a->state_dir, gen, rank) != 0)
         return;
     int rc = make_dirs(dir, 0700);
+    if (rc == 0)
+        rc = grant_rank_dir(a, dir);
     if (rc != 0) {
         log_warn("cannot create rank directory %s: %s; rank %u gets no error file", dir, strerror(-rc), rank);
         return;
@@ -676,8 +689,11 @@ static void spawn_all(struct agent *a)
         const bool warm = r != NULL;
         if (warm)
             rank_take_up(r, &a->all, &id, &cb);
-        else if (env && argv)
-            r = rank_spawn(a->loop, &a->all, argv, env, &id, &cb, &err_code);
+        else if (env && argv) {
+            char **run = rank_user_argv(&a->cfg->rank_user, argv);
+            r = run ? rank_spawn(a->loop, &a->all, run, env, &id, &cb, &err_code) : NULL;
+            cmdline_free(run);
+        }
         cmdline_free(env);
         a->ranks[i] = r;
         if (!r) {
@@ -1707,6 +1723,7 @@ static void preflight_inputs_of(struct agent *a, const struct job_spec *spec, st
         cmdline_free(argv);
     python_hook_path(a, spec, a->trainer, in->python_path, sizeof(in->python_path));
     snprintf(in->node, sizeof(in->node), "%s", a->cfg->node);
+    in->user = &a->cfg->rank_user;
 }
 
 /* The pre-flight HELLO promised, of the job WELCOME carries. */
@@ -2131,6 +2148,7 @@ int agent_run(const struct agent_config *cfg)
     probe_gpus(a);
     agent_preflight_init(&a->pf, &loop, on_preflight_done, a);
     spare_init(&a->spare, &loop, spare_gone, a);
+    a->spare.user = &a->cfg->rank_user;
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

@@ -14,6 +14,7 @@
 #include "proto/proto.h"
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
+#include "worker/agent/rank_user.h"
 
 struct agent_config {
     char daemon[HOSTPORT_HOST_MAX + 16]; /* HOST:PORT as given, for messages */
@@ -32,6 +33,7 @@ struct agent_config {
     char python_dir[4096]; /* muster's Python client with its start-up hook (startup/); "" = none found */
     uint16_t port_lo, port_hi; /* master_port_range */
     uint64_t log_max_bytes; /* per rank log file (log_max_mb); 0 = no rank logs */
+    struct rank_user rank_user; /* who the job's processes run as; .set false = the agent's user */
 };
 
 /*

@@ -1,6 +1,8 @@
 #include "worker/agent/agent_config.h"
 
 #include <errno.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +64,21 @@ static int valid_log_max(const char *s)
     return agent_log_max_parse(s, &bytes);
 }
 
+/* A user or group of this machine, by name or number: checked again, with its rights, at start-up. */
+static int valid_user(const char *s)
+{
+    char *end;
+    unsigned long id = strtoul(s, &end, 10);
+    return getpwnam(s) || (s[0] >= '0' && s[0] <= '9' && !*end && getpwuid((uid_t)id)) ? 0 : -1;
+}
+
+static int valid_group(const char *s)
+{
+    char *end;
+    unsigned long id = strtoul(s, &end, 10);
+    return getgrnam(s) || (s[0] >= '0' && s[0] <= '9' && !*end && getgrgid((gid_t)id)) ? 0 : -1;
+}
+
 #define F(field) offsetof(struct agent_file, field), sizeof(((struct agent_file *)0)->field)
 
 /* The one table of worker.json keys. Keep docs/config.md in step. */
@@ -87,6 +104,11 @@ const struct conf_key agent_config_keys[] = {
      "each rank's output log per generation turns over to output.log.1 past this size (2 files kept)"},
     {"addr", CONF_STRING, F(addr), NULL, "an address of 1..63 bytes", "",
      "address the ranks of this node are reached at; unset = local address of the daemon connection"},
+    {"rank_user", CONF_STRING, F(rank_user), valid_user, "a user of this machine (name or uid), not root", "",
+     "user every process the agent starts for a job runs as (ranks, warm spare, pre-flight import check); "
+     "unset = the agent's own user. The agent must be root or hold CAP_SETUID and CAP_SETGID"},
+    {"rank_group", CONF_STRING, F(rank_group), valid_group, "a group of this machine (name or gid)", "",
+     "group of those processes, their only group; unset = rank_user's primary group and its other groups"},
     {"log_level", CONF_STRING, F(log_level), conf_valid_log_level, "error, warn, info or debug", "info",
      "least severe level logged"},
 };

@@ -27,6 +27,7 @@
 #include "worker/agent/local.h"
 #include "common/cmdline.h"
 #include "worker/agent/rank_env.h"
+#include "worker/agent/rank_user.h"
 
 static void usage(FILE *out)
 {
@@ -64,6 +65,10 @@ static void usage(FILE *out)
             "                       fractions allowed; 0 = keep no rank logs)\n"
             "  --master-port-range LO-HI  ports this node may give rank 0 as MASTER_PORT\n"
             "                       (default 29500-29999; the first free one per generation)\n"
+            "  --rank-user USER     run ranks, the warm spare and the pre-flight's import check as\n"
+            "                       USER (name or uid; the agent must be root or hold CAP_SETUID\n"
+            "                       and CAP_SETGID; default: the agent's own user)\n"
+            "  --rank-group GROUP   their group (default: USER's primary group and its others)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
             "                       (default: local address of the connection to the daemon)\n"
             "  --local              one-machine launcher: private daemon, this node only\n"
@@ -161,7 +166,7 @@ int main(int argc, char **argv)
 {
     enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
            OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV, OPT_STATE_DIR, OPT_PORT_RANGE,
-           OPT_LOG_MAX };
+           OPT_LOG_MAX, OPT_RANK_USER, OPT_RANK_GROUP };
     static const struct option opts[] = {
         {"config", required_argument, NULL, OPT_CONFIG},
         {"daemon", required_argument, NULL, OPT_DAEMON},
@@ -178,10 +183,15 @@ int main(int argc, char **argv)
         {"state-dir", required_argument, NULL, OPT_STATE_DIR},
         {"master-port-range", required_argument, NULL, OPT_PORT_RANGE},
         {"log-max-mb", required_argument, NULL, OPT_LOG_MAX},
+        {"rank-user", required_argument, NULL, OPT_RANK_USER},
+        {"rank-group", required_argument, NULL, OPT_RANK_GROUP},
         {"help", no_argument, NULL, OPT_HELP},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
+    /* The agent's own trampoline into a rank's user (rank_user.h): before anything else. */
+    if (argc > 1 && strcmp(argv[1], RANK_USER_EXEC_FLAG) == 0)
+        return rank_user_exec(argc, argv);
     log_set_prog("muster-worker");
 
     static struct agent_config cfg;
@@ -189,7 +199,7 @@ int main(int argc, char **argv)
     /* Flags as given (NULL = not given); they override worker.json. */
     const char *config = NULL, *daemon = NULL, *node = NULL, *devices = NULL, *token_file = NULL;
     const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL, *state_dir = NULL,
-               *port_range = NULL, *log_max = NULL;
+               *port_range = NULL, *log_max = NULL, *rank_user = NULL, *rank_group = NULL;
     struct local_config local = {0};
     int is_local = 0, from_env = 0;
     char err[512];
@@ -238,6 +248,8 @@ int main(int argc, char **argv)
                                    "got '%s'", optarg);
             log_max = optarg;
             break;
+        case OPT_RANK_USER: rank_user = optarg; break;
+        case OPT_RANK_GROUP: rank_group = optarg; break;
         case OPT_HTTP_PORT: {
             char *end;
             long p = strtol(optarg, &end, 10);
@@ -400,6 +412,19 @@ int main(int argc, char **argv)
     state_dir = first_set(state_dir, file.state_dir, is_local ? NULL : getenv("STATE_DIRECTORY"));
     if (state_dir)
         snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", state_dir);
+    /* Who the job's processes run as; a bad one stops start-up naming the flag, or the file and its key. */
+    int ru_rc = rank_user_resolve(first_set(rank_user, file.rank_user, NULL),
+                                  first_set(rank_group, file.rank_group, NULL), &cfg.rank_user, err, sizeof(err));
+    if (ru_rc != 0) {
+        cmdline_free(cfg.rank_argv);
+        if (rank_user || rank_group)
+            return usage_error("%s (from --rank-user or --rank-group)", err);
+        log_error("%s: %s", config ? config : "worker.json", err);
+        return 1;
+    }
+    if (cfg.rank_user.set)
+        log_info("ranks run as %s (uid %u, gid %u)", cfg.rank_user.name, (unsigned)cfg.rank_user.uid,
+                 (unsigned)cfg.rank_user.gid);
 
     signal(SIGPIPE, SIG_IGN);
     int code;

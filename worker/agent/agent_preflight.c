@@ -169,8 +169,12 @@ static int check_python(const struct preflight_inputs *p, struct preflight_resul
     if (rc == 0) {
         uint64_t key = python_key(interp, env, s->require_python_modules);
         if (key != res->python_ok) {
-            rc = preflight_python(interp, s->require_python_modules, env, s->require_python_timeout_s * 1000, why,
-                                  len);
+            char *none[] = {NULL};
+            char **wrap = rank_user_argv(p->user, none); /* the drop to rank_user, or nothing */
+            rc = wrap ? preflight_python_as(wrap, interp, s->require_python_modules, env,
+                                            s->require_python_timeout_s * 1000, why, len)
+                      : -ENOMEM;
+            cmdline_free(wrap);
             res->python_ok = rc == 0 ? key : 0;
         }
     }

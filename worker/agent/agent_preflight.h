@@ -20,6 +20,7 @@
 #include "common/jobspec.h"
 #include "common/preflight.h"
 #include "proto/proto.h"
+#include "worker/agent/rank_user.h"
 
 #define PREFLIGHT_RETRY_MS 2000
 
@@ -39,6 +40,7 @@ struct preflight_inputs {
     char cmd[CMDLINE_MAX];     /* the ranks' command, packed (common/cmdline.h), for require_python */
     char python_path[2 * 4096 + 16]; /* PYTHONPATH's head a rank gets (the hook); "" = none */
     char node[PROTO_NAME_MAX];
+    const struct rank_user *user; /* the import check runs as the ranks do; NULL = the agent */
 };
 
 /* What a run found beside its verdict. */

@@ -1,7 +1,9 @@
 #include "worker/agent/local.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/log.h"
 #include "worker/agent/launch.h"
@@ -24,7 +26,12 @@ int local_run(const struct local_config *lc, struct agent_config *cfg)
     cfg->token = (const uint8_t *)l.token_hex;
     cfg->token_len = strlen(l.token_hex);
     /* Rank directories go with the private daemon's: kept when the job did not complete. */
-    if (!cfg->state_dir[0])
+    if (!cfg->state_dir[0]) {
         snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/worker", l.dir);
+        /* A rank_user must pass through the private directory to its own; it lists nothing there,
+         * and the private token in it stays 0600. */
+        if (cfg->rank_user.set && chmod(l.dir, 0711) != 0)
+            log_warn("%s: cannot let rank_user pass: %s", l.dir, strerror(errno));
+    }
     return launch_finish(&l, agent_run(cfg));
 }

@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,35 @@ static int has_name(const char *entry, const char *name)
 {
     size_t n = strlen(name);
     return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
+
+/*
+ * muster's own secrets, and the variables that say where they are, which a
+ * rank (user code) never inherits: every name the agent, musterd and
+ * musterctl read a token or a credential from, the systemd service's
+ * directories of them, and the service's notify socket (a rank must not
+ * speak for the service). Names that end in '*' are prefixes. Keep in step
+ * with getenv in common/, daemon/, worker/ and ctl/, and docs/rank-env.md.
+ */
+static const char *const secret[] = {
+    "MUSTER_TOKEN*",          /* MUSTER_TOKEN_FILE (--from-env's cluster token), and any other spelling */
+    "MUSTER_ADMIN_TOKEN*",    /* musterctl's admin token */
+    "MUSTER_READ_TOKEN*",     /* musterctl's read token */
+    "ETCDCTL_*",              /* etcd client user, password, certificate and key (etcdctl's names) */
+    "CREDENTIALS_DIRECTORY",  /* systemd LoadCredential= files */
+    "CONFIGURATION_DIRECTORY", /* /etc/muster: the token files */
+    "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC",
+};
+#define NSECRET (sizeof(secret) / sizeof(secret[0]))
+
+bool rank_env_secret(const char *entry)
+{
+    for (size_t i = 0; i < NSECRET; i++) {
+        size_t n = strlen(secret[i]);
+        if (secret[i][n - 1] == '*' ? strncmp(entry, secret[i], n - 1) == 0 : has_name(entry, secret[i]))
+            return true;
+    }
+    return false;
 }
 
 static int is_owned(const char *entry)
@@ -89,7 +119,7 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     size_t n = 0;
     const int hook = id->python_path && id->python_path[0];
     for (size_t i = 0; i < np; i++) {
-        if (is_owned(parent[i]) || (hook && has_name(parent[i], "PYTHONPATH")))
+        if (is_owned(parent[i]) || rank_env_secret(parent[i]) || (hook && has_name(parent[i], "PYTHONPATH")))
             continue;
         if (!(env[n++] = strdup(parent[i])))
             goto oom;

@@ -1,5 +1,6 @@
 /*
- * rank_env: the environment a rank process is started with: the agent's own, plus the rank's identity under
+ * rank_env: the environment a rank process is started with: the agent's own
+ * less muster's secrets (rank_env_secret), plus the rank's identity under
  * torchrun's names and meanings (so that a PyTorch program runs unmodified,
  * docs/rank-env.md lists every variable), muster's own variables and the
  * devices it sees. Pure functions; the results are malloc'd NULL-terminated
@@ -15,6 +16,7 @@
 #ifndef MUSTER_WORKER_RANK_ENV_H
 #define MUSTER_WORKER_RANK_ENV_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/proto.h"
@@ -58,6 +60,10 @@ struct rank_identity {
  * has it: torch's own default when unset. Returns NULL when out of memory.
  */
 char **rank_env_build(char *const *parent, const struct rank_identity *id);
+
+/* Whether the "NAME=value" entry is one of muster's secrets (a token, a credential, where they are),
+ * which rank_env_build leaves out of every rank's environment. */
+bool rank_env_secret(const char *entry);
 
 /* Looks up name in a NULL-terminated environment; NULL when absent. */
 const char *rank_env_get(char *const *env, const char *name);

@@ -149,10 +149,13 @@ static void start_now(uv_timer_t *t)
     int err = UV_ENOMEM;
     if (argv) {
         argv[0] = p->argv[0];
-        argv[1] = "-m";
-        argv[2] = "muster_spare";
+        argv[1] = "-c";
+        argv[2] = (char *)SPARE_START;
         memcpy(argv + 3, p->argv + 1, (n - 1) * sizeof(*argv));
-        p->r = rank_spawn_spare(p->loop, &p->list, argv, p->env, sp[1], &cb, &err);
+        char **run = rank_user_argv(p->user, argv);
+        if (run)
+            p->r = rank_spawn_spare(p->loop, &p->list, run, p->env, sp[1], &cb, &err);
+        cmdline_free(run);
     }
     free(argv);
     close(sp[1]);

@@ -25,6 +25,7 @@
 
 #include "common/jobspec.h"
 #include "worker/agent/agent_rank.h"
+#include "worker/agent/rank_user.h"
 
 /* The spare's hand-off socket is its file descriptor 4. */
 #define SPARE_HANDOFF_FD 4
@@ -33,6 +34,17 @@
  * that the taken spare is joining. */
 #define SPARE_DELAY_MS 3000
 #define SPARE_AGAIN_MS 10000
+/*
+ * What the spare's interpreter runs: `PYTHON -c SPARE_START ARGS...`, which is
+ * `python -m muster_spare ARGS...` without the agent's working directory
+ * first on sys.path (-m and -c put it there: a muster_spare.py or a torch/
+ * planted in it would run in place of muster's). -P does that only from
+ * Python 3.11 on; this works with any Python 3. It ends with the module's
+ * name so that ps and pgrep -f show "muster_spare ARGS...".
+ */
+#define SPARE_START                                                                                               \
+    "import runpy, sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "                                      \
+    "runpy.run_module('muster_spare', run_name='__main__', alter_sys=True)  # muster_spare"
 /* Spares that die untaken in a row before the agent stops starting them. */
 #define SPARE_MAX_DEATHS 3
 
@@ -43,9 +55,10 @@ struct spare_pool {
     struct agent_rank *r;      /* the live spare; NULL = none */
     int handoff_fd;            /* the agent's end of its hand-off socket; -1 = none */
     char **env;                /* the next spare's environment (owned); NULL = no spare wanted */
-    char **argv;               /* the ranks' command (owned): the spare runs `argv[0] -m muster_spare argv[1..]` */
+    char **argv;               /* the ranks' command (owned): the spare runs `argv[0] -c SPARE_START argv[1..]` */
     unsigned deaths;           /* spares that died untaken in a row */
     bool closing;              /* the agent is exiting: no new spare */
+    const struct rank_user *user; /* who the spare runs as (NULL or unset: the agent) */
     void (*on_gone)(void *data); /* a spare ended while closing */
     void *data;
 };

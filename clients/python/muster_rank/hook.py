@@ -10,14 +10,14 @@ import os
 import sys
 from typing import Optional
 
-from .link import connect
+from .link import claim, connect
 
 _hook = {"stacks": None, "counts": {}, "step": 0}
 
 
 def startup() -> None:
     """Run by muster's sitecustomize in every Python process of a rank."""
-    if "MUSTER_CTL_FD" not in os.environ:
+    if not claim():
         return  # not a rank's own process (or not under muster)
     _arm_stacks()
     if "torch" in sys.modules:  # a warm spare (muster_spare) imported it before it became this rank

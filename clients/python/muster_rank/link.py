@@ -17,6 +17,7 @@ it knows changes; `rejoin_in_place()`; `over(generation)`, `wait_over()`,
 import math
 import os
 import socket
+import stat
 import threading
 import time
 from typing import Optional, Tuple
@@ -36,6 +37,10 @@ KEEPALIVE_INTERVAL = 0.5
 
 _connect_lock = threading.Lock()
 _connected = None
+# The control socket claimed from MUSTER_CTL_FD: (pid, fd, why). Kept with
+# the pid that claimed it: a forked child (a data loader worker) inherits
+# this module's memory, not the right to speak for the rank.
+_claimed = None
 
 
 def _env_int(name: str, limit: int) -> int:
@@ -45,12 +50,38 @@ def _env_int(name: str, limit: int) -> int:
     return int(text)
 
 
+def claim() -> bool:
+    """Takes MUSTER_CTL_FD out of os.environ at once, so that no process this
+    one starts (data loader and compile workers, subprocesses) sees it and
+    takes its own descriptor of that number for the agent's socket. Keeps
+    the number here, for connect(), once it checked that the descriptor is a
+    socket and made it not inherited across exec. muster's start-up hook
+    calls it first thing; connect() calls it too. True when this process
+    holds the rank's control socket."""
+    global _claimed
+    text = os.environ.pop("MUSTER_CTL_FD", None)
+    if text is not None:
+        why = None
+        fd = -1
+        try:
+            if not (text.isascii() and text.isdigit()) or int(text) > 2**31 - 1:
+                raise ValueError("MUSTER_CTL_FD: expected an integer in [0, %d], got %r" % (2**31 - 1, text))
+            fd = int(text)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise ValueError("MUSTER_CTL_FD: descriptor %d is not a socket" % fd)
+            os.set_inheritable(fd, False)
+        except (ValueError, OSError) as e:
+            why = str(e)
+        _claimed = (os.getpid(), fd, why)
+    return _claimed is not None and _claimed[0] == os.getpid() and _claimed[2] is None
+
+
 def connect() -> "Rank":
     """The rank's link to its agent; the same object on every call.
 
-    Takes over the socket MUSTER_CTL_FD names and removes MUSTER_CTL_FD from
-    os.environ, so that child processes (data loader workers) do not take
-    the socket for theirs. When MUSTER_CTL_FD is unset, or it or RANK or
+    Takes over the socket MUSTER_CTL_FD named (claim() removed it from
+    os.environ, so that child processes such as data loader workers do not
+    take the socket for theirs). When MUSTER_CTL_FD is unset, or it or RANK or
     MUSTER_GENERATION is unusable (said once on stderr), the object is
     inactive and every call does nothing.
     """
@@ -62,18 +93,25 @@ def connect() -> "Rank":
 
 
 def _open() -> "Rank":
-    if not os.environ.get("MUSTER_CTL_FD"):
+    global _claimed
+    claim()
+    held, _claimed = _claimed, None  # the socket is the Rank's now (or nobody's)
+    if held is None or held[0] != os.getpid():
         return Rank(None, 0, 0)
     try:
-        fd = _env_int("MUSTER_CTL_FD", 2**31 - 1)
+        if held[2] is not None:
+            raise ValueError(held[2])
         generation = _env_int("MUSTER_GENERATION", wire.U64_MAX)
         rank = _env_int("RANK", 2**32 - 1)
-        sock = socket.socket(fileno=fd)
+        sock = socket.socket(fileno=held[1])
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            sock.detach()
+            raise ValueError("MUSTER_CTL_FD: descriptor %d is not the agent's socket (a Unix stream socket)"
+                             % held[1])
     except (ValueError, OSError) as e:
         log("not reporting to muster: %s" % e)
         return Rank(None, 0, 0)
     sock.set_inheritable(False)
-    del os.environ["MUSTER_CTL_FD"]
     return Rank(sock, generation, rank)
 
 

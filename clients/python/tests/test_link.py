@@ -4,6 +4,8 @@ import contextlib
 import io
 import os
 import socket
+import subprocess
+import sys
 import time
 import unittest
 from unittest import mock
@@ -217,6 +219,41 @@ class ConnectTest(unittest.TestCase):
                 contextlib.redirect_stderr(io.StringIO()) as err:
             self.assertFalse(link._open().active)
         self.assertIn("MUSTER_CTL_FD", err.getvalue())
+
+    def test_not_a_socket_is_inactive(self):
+        r, w = os.pipe()
+        try:
+            with mock.patch.dict(os.environ, {"MUSTER_CTL_FD": str(r), "RANK": "0", "MUSTER_GENERATION": "1"}), \
+                    contextlib.redirect_stderr(io.StringIO()) as err:
+                self.assertFalse(link.claim())
+                self.assertNotIn("MUSTER_CTL_FD", os.environ)
+                self.assertFalse(link._open().active)
+            self.assertIn("not a socket", err.getvalue())
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def test_claim_hides_the_fd_from_children(self):
+        a, b = socket.socketpair()
+        fd = os.dup(b.fileno())
+        b.close()
+        try:
+            with mock.patch.dict(os.environ, {"MUSTER_CTL_FD": str(fd), "RANK": "0", "MUSTER_GENERATION": "1"}):
+                self.assertTrue(link.claim())
+                self.assertNotIn("MUSTER_CTL_FD", os.environ)
+                self.assertFalse(os.get_inheritable(fd))
+                out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MUSTER_CTL_FD'))"],
+                                     capture_output=True, text=True, check=True).stdout
+                self.assertEqual(out.strip(), "None")
+                pid = os.fork()
+                if pid == 0:  # a forked worker holds the memory, not the right to the socket
+                    os._exit(0 if not link.claim() and not link._open().active else 1)
+                self.assertEqual(os.waitpid(pid, 0)[1], 0)
+                r = link._open()
+                self.assertTrue(r.active)
+                r.close()
+        finally:
+            a.close()
 
     def test_takes_over_the_socket(self):
         a, b = socket.socketpair()
