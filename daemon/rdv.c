@@ -253,9 +253,10 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         }
         return;
     }
-    if (m->type == PROTO_UNIQUE_ID)
-        rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
-    else
+    if (m->type == PROTO_UNIQUE_ID) {
+        if (!rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id))
+            return;
+    } else
         rdv__on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
     rdv__changed(r, 0);
 }

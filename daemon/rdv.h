@@ -330,6 +330,7 @@ struct rdv {
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */
     uint64_t stale_frames;               /* frames dropped for an old generation */
+    uint64_t repeated_unique_ids;        /* UNIQUE_IDs ignored: the generation had its id already */
     /* The heartbeat answer, reused: a message has room for 64 rank entries
      * (tens of KiB) that an answer never fills, so it is not zeroed each time. */
     struct proto_msg ack;

@@ -151,6 +151,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
                            r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
                            "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
                            failure_json(&r->last_failure));
+    json_object_set_new(st, "repeated_unique_ids", json_integer((json_int_t)r->repeated_unique_ids));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
     double slowest = 0; /* the job steps at its slowest rank's pace */
     for (uint32_t i = 0; i < r->world_size; i++)

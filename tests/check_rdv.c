@@ -29,6 +29,7 @@ struct rec {
     char disconnected[8][PROTO_NAME_MAX];
     int ndisconnected;
     int persists;
+    int changes; /* calls of ops.changed */
 };
 
 static struct rec rec;
@@ -58,7 +59,11 @@ static void rec_disconnect(void *ctx, const char *node, const char *why)
     snprintf(rec.disconnected[rec.ndisconnected++ % 8], PROTO_NAME_MAX, "%s", node);
 }
 
-static void rec_changed(void *ctx, int persist) { rec.persists += persist; }
+static void rec_changed(void *ctx, int persist)
+{
+    rec.persists += persist;
+    rec.changes++;
+}
 
 /* What beat() says of every rank besides its state and step: that it
  * rejoins in place, that it left its generation for a grow. */
@@ -313,6 +318,41 @@ START_TEST(unique_id_from_rank0_reaches_every_node)
     ck_assert_ptr_nonnull(e);
     ck_assert_str_eq(e->u.error.code, "not_rank0");
     ck_assert_ptr_null(find_sent(mark, "a", PROTO_UNIQUE_ID));
+}
+END_TEST
+
+/* A rank 0 that sends its unique id again and again: the first is sent on,
+ * the rest are counted, not sent on, not events; the next generation takes one. */
+START_TEST(unique_id_taken_once_per_generation)
+{
+    form_running(3);
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id.generation = 1;
+    memset(m.u.unique_id.id, 0xab, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", &m, now);
+    uint64_t events = rdv.nevents;
+    int mark = rec.nsent, changes = rec.changes;
+    memset(m.u.unique_id.id, 0xcd, PROTO_UID_LEN);
+    for (int i = 0; i < 1000; i++)
+        rdv_message(&rdv, "a", &m, now);
+    ck_assert_int_eq(rec.nsent, mark);
+    ck_assert_uint_eq(rdv.nevents, events);
+    ck_assert_int_eq(rec.changes, changes);
+    ck_assert_uint_eq(rdv.repeated_unique_ids, 1000);
+    ck_assert_int_eq(rdv.uid.id[0], 0xab);
+    json_t *st = rdv_summary_json(&rdv, now);
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "repeated_unique_ids")), 1000);
+    json_decref(st);
+
+    rank_exit("b", 1, 2, 1, 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    mark = rec.nsent;
+    m.u.unique_id.generation = 2;
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *ub = find_sent(mark, "b", PROTO_UNIQUE_ID);
+    ck_assert_ptr_nonnull(ub);
+    ck_assert_int_eq(ub->u.unique_id.id[0], 0xcd);
+    ck_assert_uint_eq(rdv.repeated_unique_ids, 1000);
 }
 END_TEST
 
@@ -2827,6 +2867,7 @@ Suite *make_rdv_suite(void)
     tc = rdv_case(s, "form"); /* forming: layout, fitness, checkpoints, MASTER_PORT, unique id (rdv_form.c) */
     tcase_add_test(tc, forms_generation_one_in_name_order);
     tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
+    tcase_add_test(tc, unique_id_taken_once_per_generation);
     tcase_add_test(tc, stale_frames_are_refused);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
