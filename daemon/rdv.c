@@ -254,7 +254,7 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         return;
     }
     if (m->type == PROTO_UNIQUE_ID) {
-        if (!rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id))
+        if (!rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id, now_ms))
             return;
     } else
         rdv__on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);

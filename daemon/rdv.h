@@ -62,6 +62,7 @@
 
 #include "common/jobspec.h"
 #include "common/namemap.h"
+#include "common/ratelimit.h"
 #include "daemon/hang.h"
 #include "proto/proto.h"
 
@@ -146,6 +147,7 @@ struct rdv_node {
     char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
     int reports_checkpoint; /* it has named one: it names it again when a generation ends */
     int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
+    struct ratelimit ignored_log; /* lines about its ignored frames (common/ratelimit.h) */
 };
 
 struct rdv_rank {

@@ -429,7 +429,7 @@ void rdv__resend_assign(struct rdv *r, uint32_t node)
  * event, so that it costs the members nothing and leaves the events ring
  * alone. A rank 0 that needs a new id is in a new generation.
  */
-int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)
+int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
 
@@ -442,9 +442,13 @@ int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id
         return 0;
     }
     if (r->uid.generation == r->generation) {
+        unsigned long held;
+        char note[64];
         r->repeated_unique_ids++;
-        log_warn_limited("node %s sent the unique id of generation %llu again: ignored (%llu repeats so far)",
-                         nd->name, (unsigned long long)r->generation, (unsigned long long)r->repeated_unique_ids);
+        if (ratelimit_pass(&nd->ignored_log, now_ms, RATELIMIT_PEER_MS, &held))
+            log_warn("node %s sent the unique id of generation %llu again: ignored (%llu repeats in all)%s", nd->name,
+                     (unsigned long long)r->generation, (unsigned long long)r->repeated_unique_ids,
+                     ratelimit_note(held, note, sizeof(note)));
         return 0;
     }
     r->uid.generation = r->generation;

@@ -333,8 +333,28 @@ START_TEST(unique_id_taken_once_per_generation)
     uint64_t events = rdv.nevents;
     int mark = rec.nsent, changes = rec.changes;
     memset(m.u.unique_id.id, 0xcd, PROTO_UID_LEN);
-    for (int i = 0; i < 1000; i++)
+    /* stderr into a file meanwhile: one line for the repeats, then one with the count held back */
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    ck_assert_ptr_nonnull(cap);
+    int saved = dup(STDERR_FILENO);
+    dup2(fileno(cap), STDERR_FILENO);
+    for (int i = 0; i < 999; i++)
         rdv_message(&rdv, "a", &m, now);
+    rdv_message(&rdv, "a", &m, now + RATELIMIT_PEER_MS);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char text[4096];
+    rewind(cap);
+    size_t n = fread(text, 1, sizeof(text) - 1, cap);
+    text[n] = '\0';
+    fclose(cap);
+    int lines = 0;
+    for (const char *p = text; (p = strstr(p, "again: ignored")) != NULL; p++)
+        lines++;
+    ck_assert_msg(lines == 2, "%d lines about the repeats:\n%s", lines, text);
+    ck_assert_msg(strstr(text, "(998 more like it held back)") != NULL, "no count held back in:\n%s", text);
     ck_assert_int_eq(rec.nsent, mark);
     ck_assert_uint_eq(rdv.nevents, events);
     ck_assert_int_eq(rec.changes, changes);

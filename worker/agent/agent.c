@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/mkdirs.h"
 #include "common/notify.h"
+#include "common/ratelimit.h"
 #include "worker/agent/agent_preflight.h"
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/exit_queue.h"
@@ -144,6 +145,8 @@ struct agent {
      * again to a daemon that restarted before handing it out. */
     bool have_made_uid;
     struct proto_unique_id made_uid;
+    uint64_t repeated_uids;  /* rank 0's unique ids of a generation after its first: not sent up */
+    struct ratelimit daemon_ignored_log; /* lines about the daemon's ignored frames */
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
 
@@ -332,21 +335,38 @@ static void send_unread_exits(struct agent *a)
 
 static void on_beat_timer(uv_timer_t *t);
 
+/* Whether a line about one more ignored frame of rank r may go out now
+ * (one per rank per RATELIMIT_PEER_MS); note then says how many were held back. */
+static bool rank_may_log(struct agent_rank *r, char *note, size_t cap)
+{
+    struct agent *a = r->cb.data;
+    unsigned long held;
+    if (!ratelimit_pass(&r->ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+        return false;
+    ratelimit_note(held, note, cap);
+    if (!held)
+        note[0] = '\0';
+    return true;
+}
+
 static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
 {
     struct agent *a = r->cb.data;
     uint64_t gen = 0;
+    char note[64];
     if (msg->type == PROTO_HEARTBEAT)
         gen = msg->u.heartbeat.generation;
     else if (msg->type == PROTO_UNIQUE_ID)
         gen = msg->u.unique_id.generation;
     else {
-        log_warn("rank %u sent %s, which ranks do not send; ignored", r->rank, proto_type_name(msg->type));
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent %s, which ranks do not send; ignored%s", r->rank, proto_type_name(msg->type), note);
         return;
     }
     if (gen < a->cur_gen || gen != r->generation) {
-        log_debug("rank %u: %s of generation %" PRIu64 " ignored (current %" PRIu64 ", rank's %" PRIu64 ")",
-                  r->rank, proto_type_name(msg->type), gen, a->cur_gen, r->generation);
+        if (log_threshold >= LOG_DEBUG && rank_may_log(r, note, sizeof(note)))
+            log_debug("rank %u: %s of generation %" PRIu64 " ignored (current %" PRIu64 ", rank's %" PRIu64 ")%s",
+                      r->rank, proto_type_name(msg->type), gen, a->cur_gen, r->generation, note);
         return;
     }
     if (msg->type == PROTO_HEARTBEAT) {
@@ -374,11 +394,21 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 on_beat_timer(&a->beat_timer);
             return;
         }
-        log_warn("rank %u sent a heartbeat without its own entry; ignored", r->rank);
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent a heartbeat without its own entry; ignored%s", r->rank, note);
         return;
     }
     if (r->rank != 0) {
-        log_warn("rank %u sent a unique id; only rank 0 creates it; ignored", r->rank);
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent a unique id; only rank 0 creates it; ignored%s", r->rank, note);
+        return;
+    }
+    /* One per generation, as the daemon takes it: a repeat is counted, not sent up. */
+    if (a->have_made_uid && a->made_uid.generation == gen) {
+        a->repeated_uids++;
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank 0 sent the unique id of generation %" PRIu64 " again; ignored (%" PRIu64 " repeats in all)%s",
+                     gen, a->repeated_uids, note);
         return;
     }
     a->made_uid = msg->u.unique_id;
@@ -1592,8 +1622,12 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
     case PROTO_CMD_STACKS:
         begin_stacks(a, c->generation);
         break;
-    default:
-        log_warn("daemon: unknown command %d ignored", (int)c->action);
+    default: {
+        unsigned long held;
+        char note[64];
+        if (ratelimit_pass(&a->daemon_ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+            log_warn("daemon: unknown command %d ignored%s", (int)c->action, ratelimit_note(held, note, sizeof(note)));
+    }
     }
 }
 
@@ -1956,8 +1990,13 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     case PROTO_LOG_REQUEST:
         on_log_request(a, &msg->u.log_request);
         break;
-    default:
-        log_warn("daemon sent %s after joining; ignored", proto_type_name(msg->type));
+    default: {
+        unsigned long held;
+        char note[64];
+        if (ratelimit_pass(&a->daemon_ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+            log_warn("daemon sent %s after joining; ignored%s", proto_type_name(msg->type),
+                     ratelimit_note(held, note, sizeof(note)));
+    }
     }
 }
 
