@@ -391,13 +391,17 @@ static void publish(struct daemon *d)
             d->history_text = h;
         }
     }
-    /* The set is rendered whole (up to 60 KiB a rank): while its answers come,
-     * at most every STACKS_RENDER_MS, and at once when the last one came. */
+    /* The set is put together from its dumps as rendered when they came (at
+     * most RDV_STACKS_TOTAL_MAX): while its answers come, at most every
+     * STACKS_RENDER_MS, and at once when the last one came; not again
+     * until an answer changes it. */
     const struct rdv_stacks *k = &d->rdv.stacks;
     if (!d->stacks || (k->version != d->stacks_version &&
                        (k->nanswered >= k->nranks || now - d->stacks_at >= STACKS_RENDER_MS))) {
         d->stacks_at = now;
-        char *text = render(rdv_stacks_json(&d->rdv), "stacks");
+        char *text = rdv_stacks_text(&d->rdv);
+        if (!text)
+            log_error("internal: cannot render the stacks document");
         struct snap_shared *shared = text ? snap_shared_new(text) : NULL;
         free(text);
         if (shared) {

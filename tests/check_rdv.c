@@ -1478,11 +1478,89 @@ START_TEST(hang_names_the_stopped_rank_with_where_it_is)
     ck_assert_str_eq(rdv.last_failure.how, "is hung");
     ck_assert_uint_eq(rdv.last_failure.rank, 3);
     ck_assert(has_event("rank_hung"));
-    json_t *k = rdv_stacks_json(&rdv);
+    char *text = rdv_stacks_text(&rdv);
+    json_t *k = json_loads(text, 0, NULL);
+    ck_assert_msg(k != NULL, "not JSON: %s", text);
+    free(text);
     ck_assert_int_eq(json_integer_value(json_object_get(k, "answered")), 4);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(k, "ranks"), 3), "text")),
                      "process 1000:\n  File \"train.py\", line 88 in compute_loss\n");
     json_decref(k);
+}
+END_TEST
+
+/* One rank's STACKS answer with text. */
+static void answer_text(const char *node, uint32_t rank, const char *text)
+{
+    static struct proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_STACKS;
+    m.u.stacks.generation = rdv.generation;
+    m.u.stacks.rank = rank;
+    m.u.stacks.pid = 100 + rank;
+    m.u.stacks.text = (char *)text;
+    rdv_message(&rdv, node, &m, now);
+}
+
+/* Dumps are kept within a rank's limit and the set's (here 100 bytes and
+ * 450 of JSON text), cut at a character boundary, the cut said at the end of
+ * the text and counted in "cut"; an answer again replaces the one before. */
+START_TEST(stacks_kept_within_budget)
+{
+    form_running(3);
+    rdv.stacks.rank_max = 100;
+    rdv.stacks.total_max = 450;
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STACKS, NULL, now), 0);
+    static char big[PROTO_STACKS_MAX + 1];
+    big[0] = 'a';
+    size_t n = 1;
+    while (n + 2 < sizeof(big)) { /* "é", two bytes: byte 100 is inside one */
+        big[n++] = (char)0xc3;
+        big[n++] = (char)0xa9;
+    }
+    big[n] = '\0';
+    answer_text("a", 0, big);
+    ck_assert_uint_eq(rdv.stacks.ranks[0].cut, n - 99);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    answer_text("a", 1, "short\n");
+    ck_assert_uint_eq(rdv.stacks.ranks[1].cut, 0);
+    answer_text("b", 2, big);
+    answer_text("b", 3, big);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    ck_assert_uint_eq(rdv.stacks.ranks[3].cut, n); /* no room left for it */
+
+    char *text = rdv_stacks_text(&rdv);
+    json_error_t jerr;
+    json_t *doc = json_loads(text, 0, &jerr);
+    ck_assert_msg(doc != NULL, "not JSON (%s): %.200s", jerr.text, text);
+    free(text);
+    json_t *ranks = json_object_get(doc, "ranks");
+    const char *t0 = json_string_value(json_object_get(json_array_get(ranks, 0), "text"));
+    ck_assert_ptr_nonnull(t0);
+    ck_assert_int_eq(strncmp(t0, big, 99), 0);
+    ck_assert_msg(strstr(t0, "[musterd cut ") && strstr(t0, " bytes of this dump: it keeps 100 bytes a rank, 450 in all]"),
+                  "no note of the cut: %s", t0);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ranks, 1), "text")), "short\n");
+    ck_assert(json_is_null(json_object_get(json_array_get(ranks, 3), "text")));
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ranks, 3), "cut")), (json_int_t)n);
+    uint64_t cut = rdv.stacks.ranks[0].cut + rdv.stacks.ranks[2].cut + rdv.stacks.ranks[3].cut;
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "cut")), (json_int_t)cut);
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "answered")), 4);
+    json_decref(doc);
+
+    /* rank 0 again, short: its room goes back to the set */
+    size_t before = rdv.stacks.bytes;
+    answer_text("a", 0, "again\n");
+    ck_assert_uint_lt(rdv.stacks.bytes, before);
+    ck_assert_uint_eq(rdv.stacks.ranks[0].cut, 0);
+    ck_assert_uint_eq(rdv.stacks.cut, rdv.stacks.ranks[2].cut + rdv.stacks.ranks[3].cut);
+    answer_text("b", 3, "now it fits\n");
+    ck_assert_uint_eq(rdv.stacks.ranks[3].cut, 0);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    /* a new set starts empty */
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STACKS, NULL, now), 0);
+    ck_assert_uint_eq(rdv.stacks.bytes, 0);
+    ck_assert_uint_eq(rdv.stacks.cut, 0);
 }
 END_TEST
 
@@ -2888,6 +2966,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, forms_generation_one_in_name_order);
     tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
     tcase_add_test(tc, unique_id_taken_once_per_generation);
+    tcase_add_test(tc, stacks_kept_within_budget);
     tcase_add_test(tc, stale_frames_are_refused);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
