@@ -759,6 +759,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: store_user and store_password_file go together, with a store\n");
         return 2;
     }
+    /* etcd's auth sends the password (and then its token, which is as good)
+     * with the requests: over http:// anyone on the path would read it. */
+    if (cfg.store_user[0] && !store_ep.tls) {
+        fprintf(stderr, "musterd: store_user: etcd's password would cross the network in the clear to %s; "
+                        "use https:// endpoints (with store_ca_file), or no store_user\n", store_url);
+        return 2;
+    }
     if (advertise[0] && conf_valid_hostport(advertise) != 0) {
         fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
         return 2;
