@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1092,6 +1093,81 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
 }
 END_TEST
 
+/* A child in a process group of its own that ignores signum (a rank whose hook never writes). */
+static pid_t quiet_child(int signum)
+{
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, even one killed for its timeout */
+        signal(signum, SIG_IGN);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(2);
+        for (;;)
+            pause();
+    }
+    char c;
+    close(ready[1]);
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    return pid;
+}
+
+/* A rank that makes its stacks file a FIFO (before the dump, or swapped in
+ * during it) or a link to another file stalls nothing and truncates nothing:
+ * the agent's loop, which runs these, would stop its heartbeats. SIGALRM
+ * ends the test if an open blocks. */
+START_TEST(stacks_fifo_or_link_does_not_stall)
+{
+    char dir[] = "/tmp/check_stacksXXXXXX", path[600], other[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const int sig = SIGRTMIN + 6;
+    pid_t child = quiet_child(sig);
+    snprintf(path, sizeof(path), "%s/stacks-%d.txt", dir, (int)child);
+    snprintf(other, sizeof(other), "%s/agent-file", dir);
+    alarm(5);
+
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    struct stacks_dump d = {.generation = 1, .rank = 0};
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_ptr_nonnull(strstr(d.error, "no stack hook"));
+
+    /* a link to a file of the agent's: not followed, not truncated */
+    unlink(path);
+    FILE *f = fopen(other, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("keep me\n", f);
+    fclose(f);
+    ck_assert_int_eq(symlink(other, path), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(other, &st), 0);
+    ck_assert_int_eq(st.st_size, 8);
+
+    /* a regular file when the dump begins, a FIFO by the time it is read */
+    unlink(path);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 1);
+    unlink(path);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(stacks_poll(&d), 0);
+    struct proto_msg m;
+    ck_assert_int_eq(stacks_message(&d, &m, 1), 0);
+    ck_assert_msg(strstr(m.u.stacks.error, "wrote no dump") != NULL, "error: %s", m.u.stacks.error);
+    proto_msg_clear(&m);
+    alarm(0);
+    reap(child);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* Which rank commands a warm spare can stand in for, and why not. */
 START_TEST(spare_usable_forms)
 {
@@ -1153,6 +1229,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_env_user_defaults_win);
     tcase_add_test(tc, rank_env_python_hook);
     tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
+    tcase_add_test(tc, stacks_fifo_or_link_does_not_stall);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);
