@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/mkdirs.h"
 #include "worker/agent/agent_config.h"
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
@@ -1168,6 +1169,74 @@ START_TEST(stacks_fifo_or_link_does_not_stall)
 }
 END_TEST
 
+/* A state directory is taken only when it is this user's alone. */
+START_TEST(state_dir_private_or_refused)
+{
+    char dir[] = "/tmp/check_privXXXXXX", link[600], why[160];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), 0);
+    ck_assert_int_eq(chmod(dir, 0770), 0);
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+    ck_assert_msg(strstr(why, "its group may write it (mode 0770)") != NULL, "why: %s", why);
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+    ck_assert_msg(strstr(why, "anyone may write it") != NULL, "why: %s", why);
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    snprintf(link, sizeof(link), "%s.link", dir);
+    ck_assert_int_eq(symlink(dir, link), 0);
+    ck_assert_int_eq(dir_private(link, why, sizeof(why)), -ENOTDIR);
+    ck_assert_msg(strstr(why, "symbolic link") != NULL, "why: %s", why);
+    unlink(link);
+    if (geteuid() == 0) { /* another owner: only root can make one here */
+        ck_assert_int_eq(chown(dir, 65534, (gid_t)-1), 0);
+        ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+        ck_assert_msg(strstr(why, "owned by uid 65534") != NULL, "why: %s", why);
+    }
+    rmdir(dir);
+}
+END_TEST
+
+/* Pruning by descriptor removes the tree, FIFOs and links included, and
+ * nothing a link points to. */
+START_TEST(rmtree_stays_inside)
+{
+    char top[] = "/tmp/check_rmtreeXXXXXX", p[700];
+    ck_assert_ptr_nonnull(mkdtemp(top));
+    snprintf(p, sizeof(p), "%s/outside", top);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(p, sizeof(p), "%s/outside/victim", top);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    const char *dirs[] = {"gen-1", "gen-1/rank-0", "gen-1/rank-0/deep"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s/%s", top, dirs[i]);
+        ck_assert_int_eq(mkdir(p, 0700), 0);
+    }
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/error.json", top);
+    f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/stacks-1.txt", top);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    char target[700];
+    snprintf(target, sizeof(target), "%s/outside", top);
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/deep/planted", top);
+    ck_assert_int_eq(symlink(target, p), 0);
+    int fd = open(top, O_RDONLY | O_DIRECTORY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(rmtree_at(fd, "gen-1"), 0);
+    close(fd);
+    snprintf(p, sizeof(p), "%s/gen-1", top);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    snprintf(p, sizeof(p), "%s/outside/victim", top);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", top);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* Which rank commands a warm spare can stand in for, and why not. */
 START_TEST(spare_usable_forms)
 {
@@ -1230,6 +1299,8 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_env_python_hook);
     tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
     tcase_add_test(tc, stacks_fifo_or_link_does_not_stall);
+    tcase_add_test(tc, state_dir_private_or_refused);
+    tcase_add_test(tc, rmtree_stays_inside);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);

@@ -1,7 +1,7 @@
 #include "worker/agent/agent.h"
 
 #include <errno.h>
-#include <ftw.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -489,21 +489,20 @@ static int make_dirs(const char *path, mode_t mode)
     return access(path, W_OK | X_OK) == 0 ? 0 : -errno;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0;
-}
-
 /* Keeps the rank directories of the last KEEP_GENERATIONS generations up to gen. */
 static void prune_generations(const struct agent *a, uint64_t gen)
 {
     if (gen <= KEEP_GENERATIONS)
         return;
+    /* By descriptor from the state directory down: the ranks write in these
+     * trees, and a directory swapped for a link must not take the removal elsewhere. */
+    int sd = open(a->state_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sd < 0)
+        return;
     uv_fs_t req;
     if (uv_fs_scandir(NULL, &req, a->state_dir, 0, NULL) < 0) {
         uv_fs_req_cleanup(&req);
+        close(sd);
         return;
     }
     uv_dirent_t ent;
@@ -511,11 +510,12 @@ static void prune_generations(const struct agent *a, uint64_t gen)
         uint64_t g;
         if (!rank_log_generation(ent.name, &g) || g + KEEP_GENERATIONS > gen)
             continue;
-        char path[PATH_MAX];
-        if (snprintf(path, sizeof(path), "%s/%s", a->state_dir, ent.name) < (int)sizeof(path))
-            nftw(path, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+        int rc = rmtree_at(sd, ent.name);
+        if (rc)
+            log_warn_limited("pruning %s/%s: %s", a->state_dir, ent.name, strerror(-rc));
     }
     uv_fs_req_cleanup(&req);
+    close(sd);
 }
 
 /* <state>/<node>/gen-G/rank-R, made if missing; "" when there is no usable state directory. */
@@ -820,10 +820,21 @@ static void choose_state_dir(struct agent *a)
         if (!candidates[i])
             continue;
         /* One subdirectory per node: agents of several nodes may share a machine and a directory. */
-        char dir[PATH_MAX];
+        char dir[PATH_MAX], why[160] = "";
         int rc = snprintf(dir, sizeof(dir), "%s/%s", candidates[i], a->cfg->node) < (int)sizeof(dir)
                      ? make_dirs(dir, 0700)
                      : -ENAMETOOLONG;
+        /* $TMPDIR is everyone's: a muster-worker-NODE found there may be a stranger's, with links
+         * planted in it. It and the node's directory must be this agent's alone. */
+        if (rc == 0 && candidates[i] == fallback && dir_private(candidates[i], why, sizeof(why)) != 0) {
+            log_error("state directory %s refused: %s (someone else's directory could redirect the ranks' "
+                      "files); remove it or give --state-dir DIR", candidates[i], why);
+            continue;
+        }
+        if (rc == 0 && dir_private(dir, why, sizeof(why)) != 0) {
+            log_error("state directory %s refused: %s; remove it or give --state-dir DIR", dir, why);
+            continue;
+        }
         if (rc == 0) {
             snprintf(a->state_dir, sizeof(a->state_dir), "%s", dir);
             log_info("rank directories (error files, logs) under %s", a->state_dir);
