@@ -780,12 +780,15 @@ static void *own_watch_main(void *arg)
         free(w.line.p);
         if (w.deleted || w.put || w.canceled) {
             char why[LEADER_WHY_MAX];
-            snprintf(why, sizeof(why),
-                     w.canceled ? "etcd ended the watch of the leader key %s (its revision was compacted): it may "
-                                  "no longer be this musterd's"
-                                : "the leader key %s was %s in etcd (revision %lld) while the lease was alive: "
-                                  "another musterd may lead",
-                     s->leader_key, w.deleted ? "deleted" : "overwritten", (long long)w.revision);
+            if (w.canceled)
+                snprintf(why, sizeof(why),
+                         "etcd ended the watch of the leader key %s (its revision was compacted): it may no longer "
+                         "be this musterd's", s->leader_key);
+            else
+                snprintf(why, sizeof(why),
+                         "the leader key %s was %s in etcd (revision %lld) while the lease was alive: another "
+                         "musterd may lead", s->leader_key, w.deleted ? "deleted" : "overwritten",
+                         (long long)w.revision);
             pthread_mutex_lock(&s->lock);
             if (!s->stop && s->el.role == LEADER_LEADING && s->el.term == term) {
                 log_warn("etcd: %s", why);
