@@ -78,15 +78,18 @@ static int request_url(const char *base, const char *url, const char *method, co
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &sink);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "musterctl/" MUSTER_VERSION);
     if (strcmp(method, "POST") == 0) {
+        /* admin calls take a JSON content type (an empty body is one) */
         curl_easy_setopt(h, CURLOPT_POST, 1L);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+        headers = curl_slist_append(headers, "Content-Type: application/json");
     }
     if (token) {
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
         headers = curl_slist_append(headers, auth);
-        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
     }
+    if (headers)
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
 
     CURLcode cc = curl_easy_perform(h);
     *unreached = cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||

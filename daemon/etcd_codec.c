@@ -435,6 +435,8 @@ int etcd_parse_watch(const char *text, size_t len, struct etcd_watch_msg *m, cha
         const char *type = json_string_value(json_object_get(e, "type"));
         if (type && strcmp(type, "DELETE") == 0)
             m->deleted = 1;
+        else if (!type || strcmp(type, "PUT") == 0) /* PUT is the enum's 0: the gateway leaves it out */
+            m->put = 1;
     }
 out:
     json_decref(doc);

@@ -97,6 +97,7 @@ struct etcd_watch_msg {
     int created;   /* the watch is set up */
     int canceled;  /* etcd ended it (e.g. its start revision was compacted) */
     int deleted;   /* an event deleted the key */
+    int put;       /* an event wrote it */
     int64_t revision;
 };
 int etcd_parse_watch(const char *text, size_t len, struct etcd_watch_msg *m, char *err, size_t errlen);

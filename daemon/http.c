@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "daemon/dashboard.h"
+#include "daemon/http_host.h"
 #include "daemon/plan_http.h"
 #include "daemon/restdoc.h"
 
@@ -49,6 +50,7 @@ struct http_server {
     uint16_t port;
     atomic_int logs_open; /* log requests handed to the loop and not yet completed */
     struct http_guard *guard;
+    struct http_hosts hosts; /* the names requests may address it by */
 };
 
 /* A log request's way through the connection (suspended while the loop fetches). */
@@ -531,16 +533,22 @@ static int token_equal(const char *want_tok, const char *tok, size_t len)
 }
 
 /*
- * The token a request carries: "Bearer <token>" (musterctl, scripts), or
- * "Basic" with the token as the password (what a browser sends once its
- * user has answered the prompt; the user name is ignored). Copied into
- * out; 0 when there is none.
+ * The token a request carries: "Bearer <token>" (musterctl, scripts), or,
+ * when basic_too, "Basic" with the token as the password (what a browser
+ * sends once its user has answered the prompt; the user name is ignored).
+ * Copied into out; 0 when there is none.
+ *
+ * Basic is for reads only: a browser that has it attaches it by itself to
+ * every request to the origin, a cross-site form's POST included, so it
+ * cannot vouch that the operator meant an action. Reads keep it for the
+ * dashboard: another site's page cannot read the answers (same-origin
+ * policy, and the Host and Origin checks against DNS rebinding).
  */
-static size_t request_token(struct MHD_Connection *c, char *out, size_t cap)
+static size_t request_token(struct MHD_Connection *c, char *out, size_t cap, int basic_too)
 {
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     int basic = auth && strncasecmp(auth, "Basic ", 6) == 0;
-    if (!auth || (!basic && strncasecmp(auth, "Bearer ", 7) != 0))
+    if (!auth || (basic && !basic_too) || (!basic && strncasecmp(auth, "Bearer ", 7) != 0))
         return 0;
     const char *tok = auth + (basic ? 6 : 7);
     while (*tok == ' ')
@@ -574,11 +582,11 @@ static size_t request_token(struct MHD_Connection *c, char *out, size_t cap)
     return plen;
 }
 
-/* The request carries the admin token. */
+/* The request carries the admin token, as Bearer. */
 static int authorized(const struct http_server *srv, struct MHD_Connection *c)
 {
     char tok[1024];
-    size_t len = request_token(c, tok, sizeof(tok));
+    size_t len = request_token(c, tok, sizeof(tok), 0);
     int ok = len > 0 && token_equal(srv->admin_token, tok, len);
     OPENSSL_cleanse(tok, sizeof(tok));
     return ok;
@@ -590,7 +598,7 @@ static int may_read(const struct http_server *srv, struct MHD_Connection *c)
     if (!srv->read_token)
         return 1;
     char tok[1024];
-    size_t len = request_token(c, tok, sizeof(tok));
+    size_t len = request_token(c, tok, sizeof(tok), 1);
     int ok = len > 0 && (token_equal(srv->read_token, tok, len) ||
                          (srv->admin_token && token_equal(srv->admin_token, tok, len)));
     OPENSSL_cleanse(tok, sizeof(tok));
@@ -666,6 +674,24 @@ static enum MHD_Result action_refused(struct http_server *srv, struct MHD_Connec
     return MHD_YES;
 }
 
+/* Content-Type is application/json (parameters such as charset allowed):
+ * what no HTML form can send, so a cross-site form cannot make an admin call. */
+static int json_content_type(struct MHD_Connection *c)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct)
+        return 0;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    size_t n = strlen(CT_JSON);
+    if (strncasecmp(ct, CT_JSON, n) != 0)
+        return 0;
+    ct += n;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    return *ct == '\0' || *ct == ';';
+}
+
 static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
                              enum http_admin_action action, const char *node, size_t node_len)
 {
@@ -675,10 +701,24 @@ static enum MHD_Result admin(struct http_server *srv, struct MHD_Connection *c,
         return reply_error(c, MHD_HTTP_FORBIDDEN, "admin disabled",
                            "start musterd with --admin-token-file", NULL);
     if (!authorized(srv, c)) {
-        log_warn("http: refused %s from %s: missing or wrong admin token", action_names[action],
-                 peer);
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        int basic = auth && strncasecmp(auth, "Basic ", 6) == 0;
+        log_warn_limited("http: refused %s from %s: %s", action_names[action], peer,
+                         basic ? "Basic authorization (admin calls take Bearer only)" : "missing or wrong admin token");
         return reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
-                           "send \"Authorization: Bearer <admin token>\"", NULL);
+                           basic ? "admin calls take the admin token as \"Authorization: Bearer <admin token>\", "
+                                   "not as Basic (a browser would send Basic by itself)"
+                                 : "send \"Authorization: Bearer <admin token>\"",
+                           NULL);
+    }
+    if (!json_content_type(c)) {
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        char detail[160];
+        snprintf(detail, sizeof(detail), "admin calls take \"Content-Type: application/json\"; got %s%.60s%s",
+                 ct ? "'" : "", ct ? ct : "none", ct ? "'" : "");
+        log_warn_limited("http: refused %s from %s: content type %.60s", action_names[action], peer,
+                         ct ? ct : "none");
+        return reply_error(c, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported media type", detail, NULL);
     }
 
     if (action == HTTP_ADMIN_CHECKPOINT || action == HTTP_ADMIN_STACKS) {
@@ -813,6 +853,42 @@ static int redirect_to_leader(struct http_server *srv, struct MHD_Connection *c,
     return 1;
 }
 
+/* ---- names ---------------------------------------------------------------- */
+
+/*
+ * Host names an allowed host and Origin, when present, too (daemon/http_host.h);
+ * else answers 421 or 403 naming what came, and returns 1. /healthz answers
+ * whatever name a probe uses: it tells nothing.
+ */
+static int misaddressed(struct http_server *srv, struct MHD_Connection *c, const char *url, enum MHD_Result *ret)
+{
+    if (strcmp(url, "/healthz") == 0)
+        return 0;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    char peer[INET_ADDRSTRLEN], detail[320];
+    if (!host || !http_host_allowed(&srv->hosts, host)) {
+        client_addr(c, peer, sizeof(peer));
+        snprintf(detail, sizeof(detail),
+                 "Host %s%.100s%s is not a name of this musterd (its REST address, or one in rest_hosts; "
+                 "port %u)",
+                 host ? "'" : "", host ? host : "missing", host ? "'" : "", srv->hosts.port);
+        log_warn_limited("http: refused %s from %s: Host %.100s is not an allowed name", url, peer,
+                         host ? host : "missing");
+        *ret = reply_error(c, MHD_HTTP_MISDIRECTED_REQUEST, "misdirected request", detail, NULL);
+        return 1;
+    }
+    if (origin && !http_origin_allowed(&srv->hosts, origin)) {
+        client_addr(c, peer, sizeof(peer));
+        snprintf(detail, sizeof(detail),
+                 "Origin '%.100s' is not this musterd: requests from another site's pages are refused", origin);
+        log_warn_limited("http: refused %s from %s: Origin %.100s is another site", url, peer, origin);
+        *ret = reply_error(c, MHD_HTTP_FORBIDDEN, "cross-origin request", detail, NULL);
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- routing ------------------------------------------------------------ */
 
 typedef enum MHD_Result (*get_fn)(struct http_server *srv, struct MHD_Connection *c);
@@ -847,6 +923,10 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
     int is_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                  strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     int is_post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    enum MHD_Result ret;
+
+    if (misaddressed(srv, c, url, &ret))
+        return ret;
 
     /* Every read but the health check, whatever its path (endpoints added later included). */
     if (is_get && strcmp(url, "/healthz") != 0 && !may_read(srv, c)) {
@@ -858,7 +938,6 @@ static enum MHD_Result dispatch(struct http_server *srv, struct MHD_Connection *
                            NULL);
     }
 
-    enum MHD_Result ret;
     if ((is_get || (is_post && srv->admin_token && authorized(srv, c))) && redirect_to_leader(srv, c, url, &ret))
         return ret;
 
@@ -1027,6 +1106,16 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
         return -ENOMEM;
     }
 
+    char herr[160] = "";
+    if (http_hosts_init(&srv->hosts, addr, cfg->port) != 0 ||
+        http_hosts_add(&srv->hosts, cfg->hosts ? cfg->hosts : "", herr, sizeof(herr)) != 0) {
+        snprintf(err, errlen, "REST host names: %s", herr);
+        free(srv->admin_token);
+        free(srv->read_token);
+        free(srv);
+        return -EINVAL;
+    }
+
     struct http_guard_limits lim = {
         .max_conns = cfg->max_conns ? cfg->max_conns : HTTP_CONNECTION_LIMIT,
         .max_per_addr = cfg->max_per_addr ? cfg->max_per_addr : HTTP_ADDR_LIMIT,
@@ -1067,6 +1156,8 @@ int http_start(struct http_server **out, const struct http_config *cfg, struct s
 
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : cfg->port;
+    /* port 0: no request can come before the caller learns the port from us */
+    srv->hosts.port = srv->port;
     *out = srv;
     return 0;
 }

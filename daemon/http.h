@@ -33,6 +33,11 @@
  * With a read token, every GET but /healthz (the dashboard and endpoints
  * added later included) needs it, as "Bearer <token>" or as Basic's
  * password (a browser asks once): 401 otherwise.
+ * Every request but /healthz must address musterd by an allowed name
+ * (Host, and Origin when a browser sends one: daemon/http_host.h), else
+ * 421 (Host) or 403 (Origin). Admin POSTs take the admin token as Bearer
+ * only (never Basic) and Content-Type: application/json (else 415), so a
+ * cross-site form cannot make one.
  * Errors are JSON {"error": "...", "detail": "..."} with a fitting status; a
  * bad query parameter is a 400 whose detail names it.
  *
@@ -76,6 +81,7 @@ struct http_config {
     uint16_t port;           /* 0 = pick a free port (see http_port) */
     const char *admin_token; /* NULL: admin endpoints answer 403 */
     const char *read_token;  /* every GET but /healthz needs it (or the admin token); NULL: reads open */
+    const char *hosts;       /* more names REST may be addressed by, "NAME[:PORT],..." (http_host.h); NULL = none */
     http_log_fn log;         /* NULL: rank logs answer 503 */
     int checkpoints;         /* the job has a checkpoint_dir: checkpoints can be asked for */
     void *log_ctx;

@@ -36,7 +36,9 @@
  *   standby    another musterd holds the key (leader, term): watch the
  *              key, and run again (candidate) when it is deleted.
  *   deposed    was leader and lost it (keepalive answered "gone", a state
- *              write refused, or lease_until passed): never acts again.
+ *              write refused, its own key deleted or written by another,
+ *              which the store watches while it leads, or lease_until
+ *              passed): never acts again.
  */
 #ifndef MUSTER_LEADER_H
 #define MUSTER_LEADER_H

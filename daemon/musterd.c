@@ -25,6 +25,7 @@
 #include "daemon/history.h"
 #include "daemon/etcd_codec.h"
 #include "daemon/http.h"
+#include "daemon/http_host.h"
 #include "daemon/logfetch.h"
 #include "daemon/musterd_config.h"
 #include "daemon/persist.h"
@@ -390,13 +391,17 @@ static void publish(struct daemon *d)
             d->history_text = h;
         }
     }
-    /* The set is rendered whole (up to 60 KiB a rank): while its answers come,
-     * at most every STACKS_RENDER_MS, and at once when the last one came. */
+    /* The set is put together from its dumps as rendered when they came (at
+     * most RDV_STACKS_TOTAL_MAX): while its answers come, at most every
+     * STACKS_RENDER_MS, and at once when the last one came; not again
+     * until an answer changes it. */
     const struct rdv_stacks *k = &d->rdv.stacks;
     if (!d->stacks || (k->version != d->stacks_version &&
                        (k->nanswered >= k->nranks || now - d->stacks_at >= STACKS_RENDER_MS))) {
         d->stacks_at = now;
-        char *text = render(rdv_stacks_json(&d->rdv), "stacks");
+        char *text = rdv_stacks_text(&d->rdv);
+        if (!text)
+            log_error("internal: cannot render the stacks document");
         struct snap_shared *shared = text ? snap_shared_new(text) : NULL;
         free(text);
         if (shared) {
@@ -764,6 +769,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "musterd: store_user and store_password_file go together, with a store\n");
         return 2;
     }
+    /* etcd's auth sends the password (and then its token, which is as good)
+     * with the requests: over http:// anyone on the path would read it. */
+    if (cfg.store_user[0] && !store_ep.tls) {
+        fprintf(stderr, "musterd: store_user: etcd's password would cross the network in the clear to %s; "
+                        "use https:// endpoints (with store_ca_file), or no store_user\n", store_url);
+        return 2;
+    }
     if (advertise[0] && conf_valid_hostport(advertise) != 0) {
         fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
         return 2;
@@ -873,7 +885,26 @@ int main(int argc, char **argv)
         log_warn("REST (%s:%u) is reachable beyond this host and its reads are open: status, nodes and rank logs "
                  "answer anyone who reaches it; set read_token_file (or --read-token-file), or bind 127.0.0.1",
                  http_host, http_portnum);
-    struct http_config hcfg = {.addr = http_host, .port = http_portnum, .admin_token = admin_path ? (char *)admin : NULL,
+    /* Names REST answers to beyond its address (daemon/http_host.h): rest_hosts, and,
+     * bound to every address, the names a standby's redirect or a user may use for
+     * this host (its host name, the advertised name). */
+    static char rest_hosts[sizeof(cfg.rest_hosts) + 2 * 300];
+    snprintf(rest_hosts, sizeof(rest_hosts), "%s", cfg.rest_hosts);
+    if (strcmp(http_host, "0.0.0.0") == 0) {
+        char name[256];
+        if (gethostname(name, sizeof(name)) == 0 && http_hosts_valid_list(name) == 0)
+            snprintf(rest_hosts + strlen(rest_hosts), sizeof(rest_hosts) - strlen(rest_hosts), "%s%s",
+                     rest_hosts[0] ? "," : "", name);
+        const char *colon = advertise[0] ? strrchr(advertise, ':') : NULL;
+        if (colon && colon - advertise < (long)sizeof(name)) {
+            snprintf(name, sizeof(name), "%.*s", (int)(colon - advertise), advertise);
+            if (http_hosts_valid_list(name) == 0)
+                snprintf(rest_hosts + strlen(rest_hosts), sizeof(rest_hosts) - strlen(rest_hosts), "%s%s",
+                         rest_hosts[0] ? "," : "", name);
+        }
+    }
+    struct http_config hcfg = {.addr = http_host, .port = http_portnum, .hosts = rest_hosts,
+                               .admin_token = admin_path ? (char *)admin : NULL,
                                .read_token = read_path ? (char *)reader : NULL,
                                .log = log_from_http, .log_ctx = &d, .checkpoints = spec.checkpoint_dir[0] != '\0'};
     rc = http_start(&d.http, &hcfg, &d.snap, admin_from_http, &d, err, sizeof(err));

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/etcd_codec.h"
+#include "daemon/http_host.h"
 
 #define F(field) offsetof(struct musterd_config, field), sizeof(((struct musterd_config *)0)->field)
 
@@ -31,6 +32,8 @@ static int valid_user(const char *s)
     return 0;
 }
 
+static int valid_rest_hosts(const char *s) { return http_hosts_valid_list(s); }
+
 static int valid_advertise(const char *s) { return s[0] ? conf_valid_hostport(s) : 0; }
 
 /* The one table of musterd.json keys. Keep docs/config.md in step. */
@@ -39,6 +42,9 @@ const struct conf_key musterd_config_keys[] = {
      "control port the agents join"},
     {"http", CONF_STRING, F(http), conf_valid_hostport, "ADDR:PORT", "127.0.0.1:29471",
      "REST API, dashboard and /metrics"},
+    {"rest_hosts", CONF_STRING, F(rest_hosts), valid_rest_hosts, "NAME[:PORT] separated by commas", "",
+     "more host names browsers and clients may address REST by (Host and Origin are checked: DNS rebinding); "
+     "without a port, the REST port's; unset = the http address only (and localhost when it is loopback)"},
     {"state_dir", CONF_PATH, F(state_dir), NULL, "a directory", "/var/lib/muster",
      "directory of the state file ($STATE_DIRECTORY under systemd)"},
     {"token_file", CONF_PATH, F(token_file), NULL, "a file", "/etc/muster/token",

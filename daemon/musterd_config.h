@@ -14,6 +14,7 @@
 struct musterd_config {
     char listen[64];                 /* control port for agents, ADDR:PORT */
     char http[64];                   /* REST API and dashboard, ADDR:PORT */
+    char rest_hosts[1024];           /* more names REST answers to, NAME[:PORT],... */
     char state_dir[PATH_MAX];        /* where the state file lives */
     char token_file[PATH_MAX];       /* cluster token agents must prove */
     char admin_token_file[PATH_MAX]; /* "" = admin REST calls off */

@@ -172,6 +172,8 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
     _Static_assert(RDV_WAITING == 0, "a zeroed rdv is waiting");
     r->started_ms = now_ms;
     r->last_checkpoint_step = -1;
+    r->stacks.rank_max = RDV_STACKS_RANK_MAX;
+    r->stacks.total_max = RDV_STACKS_TOTAL_MAX;
     if (namemap_init(&r->byname, RDV_MAX_NODES) != 0) {
         free(r->job_text);
         json_decref(r->job);
@@ -253,9 +255,10 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
         }
         return;
     }
-    if (m->type == PROTO_UNIQUE_ID)
-        rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id);
-    else
+    if (m->type == PROTO_UNIQUE_ID) {
+        if (!rdv__on_unique_id(r, (uint32_t)idx, &m->u.unique_id, now_ms))
+            return;
+    } else
         rdv__on_rank_exit(r, (uint32_t)idx, &m->u.rank_exit, now_ms);
     rdv__changed(r, 0);
 }

@@ -62,6 +62,7 @@
 
 #include "common/jobspec.h"
 #include "common/namemap.h"
+#include "common/ratelimit.h"
 #include "daemon/hang.h"
 #include "proto/proto.h"
 
@@ -146,6 +147,7 @@ struct rdv_node {
     char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
     int reports_checkpoint; /* it has named one: it names it again when a generation ends */
     int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
+    struct ratelimit ignored_log; /* lines about its ignored frames (common/ratelimit.h) */
 };
 
 struct rdv_rank {
@@ -176,13 +178,28 @@ struct rdv_rank {
     char waiting[PROTO_WAITING_MAX]; /* "" = not in a collective */
 };
 
+/*
+ * What a set of stacks may hold. A rank's dump is up to PROTO_STACKS_MAX
+ * (60 KiB): at 32k ranks a whole set would be near 2 GiB, over musterd's
+ * MemoryMax. So each dump keeps its first RDV_STACKS_RANK_MAX bytes, and a
+ * set RDV_STACKS_TOTAL_MAX in all (as JSON text, which is what is held);
+ * what is cut is said at the end of the text and in "cut". A dump's head
+ * (the innermost frames come last in Python's faulthandler, first in gdb's)
+ * says where the rank is; the summary comes from the heartbeats' "where".
+ */
+#define RDV_STACKS_RANK_MAX (16 * 1024)
+#define RDV_STACKS_TOTAL_MAX (64u << 20)
+
 /* One rank's answer to COMMAND stacks. */
 struct rdv_stack {
     int answered;
     uint32_t pid;          /* 0 = none dumped */
     int stopped;
+    uint32_t cut;          /* bytes of its dump not kept (the limits above) */
     char error[PROTO_REASON_MAX];
-    char *text;            /* malloc'd; NULL = none */
+    char *text;            /* the dump as kept, as a JSON string literal (rendered once, when it
+                            * came); malloc'd; NULL = none */
+    size_t len;            /* strlen(text) */
 };
 
 /* The latest set of stacks asked for (a hang, or POST /v1/stacks). */
@@ -193,6 +210,10 @@ struct rdv_stacks {
     uint32_t nanswered;
     struct rdv_stack *ranks;
     uint64_t version;      /* counts changes, for musterd's rendering */
+    size_t rank_max;       /* RDV_STACKS_RANK_MAX (rdv_init; tests set less) */
+    size_t total_max;      /* RDV_STACKS_TOTAL_MAX */
+    size_t bytes;          /* of the texts kept: at most total_max */
+    uint64_t cut;          /* bytes cut from this set's dumps, in all */
     uint64_t asked;        /* sets asked for so far: this one's number ("set" in GET /v1/stacks) */
 };
 
@@ -330,6 +351,7 @@ struct rdv {
     struct rdv_event events[RDV_EVENTS]; /* ring */
     uint64_t nevents;                    /* total ever recorded */
     uint64_t stale_frames;               /* frames dropped for an old generation */
+    uint64_t repeated_unique_ids;        /* UNIQUE_IDs ignored: the generation had its id already */
     /* The heartbeat answer, reused: a message has room for 64 rank entries
      * (tens of KiB) that an answer never fills, so it is not zeroed each time. */
     struct proto_msg ack;
@@ -406,8 +428,10 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out);
  * rank tables (daemon/view_build.h adds those); new references. */
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
 json_t *rdv_events_json(const struct rdv *r);
-/* GET /v1/stacks (docs/rest.md): the latest set of stacks; a new reference. */
-json_t *rdv_stacks_json(const struct rdv *r);
+/* GET /v1/stacks (docs/rest.md): the latest set of stacks as JSON text
+ * (malloc'd; NULL when out of memory). The dumps are spliced in as they
+ * were rendered when they came: no JSON tree of the whole set is built. */
+char *rdv_stacks_text(const struct rdv *r);
 
 const char *rdv_job_state_name(enum rdv_job_state s);
 int rdv_job_state_parse(const char *name, enum rdv_job_state *out);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/batch.h"
+#include "common/log.h"
 
 static int cmp_names(const void *a, const void *b)
 {
@@ -421,7 +422,14 @@ void rdv__resend_assign(struct rdv *r, uint32_t node)
     send_assign(r, node, node_rank, rdv__member_count(r), r->master_port);
 }
 
-void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u)
+/*
+ * Rank 0's unique id is taken once per generation: a repeat (a rank that
+ * sends it in a loop, or again after it already went out) is counted and
+ * logged at a limited rate, and neither sent on to every member nor made an
+ * event, so that it costs the members nothing and leaves the events ring
+ * alone. A rank 0 that needs a new id is in a new generation.
+ */
+int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
 
@@ -431,7 +439,17 @@ void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_i
         snprintf(e.u.error.reason, sizeof(e.u.error.reason),
                  "unique id refused: node %s does not hold rank 0", nd->name);
         rdv__send_to(r, node, &e);
-        return;
+        return 0;
+    }
+    if (r->uid.generation == r->generation) {
+        unsigned long held;
+        char note[64];
+        r->repeated_unique_ids++;
+        if (ratelimit_pass(&nd->ignored_log, now_ms, RATELIMIT_PEER_MS, &held))
+            log_warn("node %s sent the unique id of generation %llu again: ignored (%llu repeats in all)%s", nd->name,
+                     (unsigned long long)r->generation, (unsigned long long)r->repeated_unique_ids,
+                     ratelimit_note(held, note, sizeof(note)));
+        return 0;
     }
     r->uid.generation = r->generation;
     memcpy(r->uid.id, u->id, PROTO_UID_LEN);
@@ -440,6 +458,7 @@ void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_i
             rdv__send_unique_id(r, i);
     rdv__event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
                (unsigned long long)r->generation, rdv__member_count(r));
+    return 1;
 }
 
 /* Assigned ranks that never report running (stuck loading, stuck forming the communicator). */

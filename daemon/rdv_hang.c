@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/sbuf.h"
+
 void rdv__stacks_clear(struct rdv_stacks *k)
 {
     for (uint32_t i = 0; i < k->nranks; i++)
@@ -29,6 +31,68 @@ void rdv__stacks_clear(struct rdv_stacks *k)
     free(k->ranks);
     k->ranks = NULL;
     k->nranks = k->nanswered = 0;
+    k->bytes = 0;
+    k->cut = 0;
+}
+
+/* Of len bytes of UTF-8, how many to keep so that at most want are kept
+ * and no character is split. */
+static size_t utf8_prefix(const char *s, size_t len, size_t want)
+{
+    if (len <= want)
+        return len;
+    while (want > 0 && ((unsigned char)s[want] & 0xC0) == 0x80)
+        want--;
+    return want;
+}
+
+/*
+ * A dump as kept: its first bytes within k->rank_max and what the set has
+ * left of k->total_max (room, counted as JSON text), with
+ * a line that says what was cut, as a JSON string literal. NULL when out of
+ * memory; *cut gets the bytes not kept.
+ */
+static char *kept_text(const struct rdv_stacks *k, const char *dump, size_t room, uint32_t *cut, size_t *out_len)
+{
+    static const char marker[] = "\n[musterd cut %zu bytes of this dump: it keeps %zu bytes a rank, %zu in all]";
+    size_t len = strlen(dump), keep = utf8_prefix(dump, len, k->rank_max);
+    char note[160];
+    struct sbuf b = {0};
+    for (;;) {
+        b.len = 0;
+        note[0] = '\0';
+        if (keep < len)
+            snprintf(note, sizeof(note), marker, len - keep, k->rank_max, k->total_max);
+        char *part = strndup(dump, keep);
+        if (!part) {
+            free(b.p);
+            return NULL;
+        }
+        struct sbuf t = {0};
+        sb_put(&t, part, keep);
+        sb_put(&t, note, strlen(note));
+        free(part);
+        char *whole = sb_finish(&t, NULL);
+        if (!whole) {
+            free(b.p);
+            return NULL;
+        }
+        sb_json_str(&b, whole);
+        free(whole);
+        /* escaping can double a text: cut more until it fits what the set has left */
+        if (b.failed || b.len <= room || keep == 0)
+            break;
+        size_t over = b.len - room;
+        keep = utf8_prefix(dump, len, keep > over ? keep - over : 0);
+    }
+    if (b.len > room) { /* not even the note fits: nothing is kept */
+        free(b.p);
+        *cut = (uint32_t)len;
+        *out_len = 0;
+        return NULL;
+    }
+    *cut = (uint32_t)(len - keep);
+    return sb_finish(&b, out_len);
 }
 
 /* How long rank rk's step has stood still. A rank that times its own
@@ -84,10 +148,24 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         return;
     struct rdv_stack *e = &k->ranks[x->rank];
     char *text = NULL;
-    if (x->text && x->text[0] && !(text = strdup(x->text)))
-        return;
+    size_t len = 0;
+    uint32_t cut = 0;
+    k->bytes -= e->len; /* an answer again replaces the one before */
+    if (x->text && x->text[0]) {
+        size_t room = k->total_max > k->bytes ? k->total_max - k->bytes : 0;
+        text = kept_text(k, x->text, room, &cut, &len);
+        if (!text && !cut) {
+            k->bytes += e->len;
+            return; /* out of memory */
+        }
+    }
+    k->cut -= e->cut;
     free(e->text);
     e->text = text;
+    e->len = len;
+    e->cut = cut;
+    k->bytes += len;
+    k->cut += cut;
     if (!e->answered)
         k->nanswered++;
     e->answered = 1;

@@ -46,7 +46,8 @@ void rdv__check_running(struct rdv *r, uint64_t now_ms);
 void rdv__maybe_form(struct rdv *r, uint64_t now_ms);
 void rdv__send_unique_id(struct rdv *r, uint32_t node);
 void rdv__resend_assign(struct rdv *r, uint32_t node);
-void rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u);
+/* 1 when u is taken (and sent on), 0 when it is refused or ignored. */
+int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id *u, uint64_t now_ms);
 void rdv__check_start(struct rdv *r, uint64_t now_ms);
 
 /* rdv_beat.c: heartbeats */

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/sbuf.h"
+
 /* Ranks that count for the job's figures: the running ones, or, when none
  * runs (recovering, ended), every rank that has reported. */
 static int counts(const struct rdv *r, const struct rdv_rank *rk)
@@ -58,23 +60,23 @@ static json_t *total_steps_json(const struct rdv *r)
     return most ? json_integer((json_int_t)most) : json_null();
 }
 
-json_t *rdv_stacks_json(const struct rdv *r)
+/* o as JSON text without its closing brace, into b: for more members after it. */
+static void put_open(struct sbuf *b, json_t *o)
+{
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!text) {
+        b->failed = 1;
+        return;
+    }
+    size_t n = strlen(text);
+    sb_put(b, text, n > 0 ? n - 1 : 0);
+    free(text);
+}
+
+char *rdv_stacks_text(const struct rdv *r)
 {
     const struct rdv_stacks *k = &r->stacks;
-    json_t *ranks = json_array();
-    for (uint32_t i = 0; i < k->nranks; i++) {
-        const struct rdv_stack *e = &k->ranks[i];
-        const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
-        json_array_append_new(
-            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
-                             rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
-                             "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
-                             e->stopped || (rk && rk->stopped), "where",
-                             rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
-                             rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "text",
-                             e->text ? json_string(e->text) : json_null(), "error",
-                             e->error[0] ? json_string(e->error) : json_null()));
-    }
     char when[40] = "";
     if (k->generation) {
         time_t secs = (time_t)(k->wall_ms / 1000);
@@ -87,13 +89,35 @@ json_t *rdv_stacks_json(const struct rdv *r)
     char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
     if (summary)
         rdv__stacks_summary(r, summary, SUMMARY_MAX);
-    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
-                            k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
-                            k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
-                            "expected", (int)k->nranks, "summary",
-                            summary && summary[0] ? json_string(summary) : json_null(), "ranks", ranks);
+    struct sbuf b = {0};
+    put_open(&b, json_pack("{s:I, s:o, s:o, s:i, s:i, s:I, s:o}", "set", (json_int_t)k->asked, "generation",
+                           k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
+                           k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
+                           "expected", (int)k->nranks, "cut", (json_int_t)k->cut, "summary",
+                           summary && summary[0] ? json_string(summary) : json_null()));
     free(summary);
-    return doc;
+    sb_put(&b, ",\"ranks\":[", 10);
+    for (uint32_t i = 0; i < k->nranks && !b.failed; i++) {
+        const struct rdv_stack *e = &k->ranks[i];
+        const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
+        if (i)
+            sb_put(&b, ",", 1);
+        put_open(&b, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:i}", "rank", (int)i, "node",
+                               rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
+                               "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
+                               e->stopped || (rk && rk->stopped), "where",
+                               rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
+                               rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "error",
+                               e->error[0] ? json_string(e->error) : json_null(), "cut", (int)e->cut));
+        sb_put(&b, ",\"text\":", 8);
+        if (e->text)
+            sb_put(&b, e->text, e->len); /* rendered once, when it came */
+        else
+            sb_put(&b, "null", 4);
+        sb_put(&b, "}", 1);
+    }
+    sb_put(&b, "]}", 2);
+    return sb_finish(&b, NULL);
 }
 
 static json_t *failure_json(const struct rdv_failure *f)
@@ -151,6 +175,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
                            r->last_checkpoint_step >= 0 ? json_integer(r->last_checkpoint_step) : json_null(),
                            "restored", restored, "stale_frames", (json_int_t)r->stale_frames, "last_failure",
                            failure_json(&r->last_failure));
+    json_object_set_new(st, "repeated_unique_ids", json_integer((json_int_t)r->repeated_unique_ids));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
     double slowest = 0; /* the job steps at its slowest rank's pace */
     for (uint32_t i = 0; i < r->world_size; i++)

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/namemap.h"
+#include "common/ratelimit.h"
 #include "daemon/coalesce.h"
 
 /* A connection's life; conn_set_state() checks and logs every transition. */
@@ -65,6 +66,7 @@ struct conn {
     size_t held_bytes;
     size_t rlen;
     uint64_t noted;                /* coalesce_note's mark: counted once per loop iteration */
+    struct ratelimit ignored_log;  /* lines about its skipped frames (common/ratelimit.h) */
     uint8_t *rbuf;                 /* NULL: nothing buffered before authentication */
     size_t rcap;
     struct conn *prev, *next;
@@ -628,9 +630,14 @@ static void on_frame(struct conn *c, const struct proto_msg *m, const uint8_t *f
             return;
         default: {
             struct proto_msg e = {.type = PROTO_ERROR};
+            unsigned long held;
+            char note[64];
             snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_request");
             snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s is not expected from an agent",
                      proto_type_name(m->type));
+            if (ratelimit_pass(&c->ignored_log, uv_now(c->srv->loop), RATELIMIT_PEER_MS, &held))
+                log_warn("node %s sent %s, which agents do not send: ignored%s", c->node, proto_type_name(m->type),
+                         ratelimit_note(held, note, sizeof(note)));
             conn_send(c, &e);
             return;
         }
@@ -719,7 +726,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
                 struct proto_msg e = {.type = PROTO_ERROR};
                 snprintf(e.u.error.code, sizeof(e.u.error.code), "bad_request");
                 snprintf(e.u.error.reason, sizeof(e.u.error.reason), "%s (frame skipped)", why);
-                log_warn_limited("node %s sent a %s", c->node, e.u.error.reason);
+                unsigned long held;
+                char note[64];
+                if (ratelimit_pass(&c->ignored_log, uv_now(c->srv->loop), RATELIMIT_PEER_MS, &held))
+                    log_warn("node %s sent a %s%s", c->node, e.u.error.reason, ratelimit_note(held, note, sizeof(note)));
                 conn_send(c, &e);
                 data += used;
                 c->rlen -= used;

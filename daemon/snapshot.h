@@ -122,7 +122,7 @@ enum snap_doc {
 };
 
 /* JSON text the loop rendered once and that several views share (GET
- * /v1/stacks: up to 60 KiB per rank, not copied into every view). */
+ * /v1/stacks: up to RDV_STACKS_TOTAL_MAX, not copied into every view). */
 struct snap_shared {
     atomic_int refs;
     size_t len;

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,8 @@ struct store {
 
     pthread_t thread;
     int started;
+    pthread_t own_thread;   /* own_watch_main */
+    int own_started;
     pthread_mutex_t lock;   /* everything below */
     pthread_cond_t wake;
     pthread_cond_t kept;    /* a keepalive answered or failed, or deposed, or stop */
@@ -579,7 +582,8 @@ static void do_keepalive(struct store *s, CURL *h, struct buf *resp)
 struct watch_ctx {
     struct store *s;
     struct buf line;
-    int deleted, canceled;
+    int any_write;          /* a write ends the watch too (the leader's own key) */
+    int deleted, canceled, put;
     int64_t revision;
     char malformed[512]; /* a line that is not a watch answer: why ("" = none) */
 };
@@ -603,9 +607,10 @@ static size_t on_watch(char *data, size_t size, size_t n, void *ctx)
         memmove(w->line.p, nl + 1, w->line.len - one - 1);
         w->line.len -= one + 1;
         w->revision = m.revision;
-        if (m.deleted || m.canceled) {
+        if (m.deleted || m.canceled || (w->any_write && m.put)) {
             w->deleted = m.deleted;
             w->canceled = m.canceled;
+            w->put = m.put;
             return 0;
         }
     }
@@ -701,6 +706,106 @@ static void do_watch(struct store *s, CURL *h, struct buf *resp)
         snprintf(why, sizeof(why), "%s", rc == CURLE_OK ? "the watch ended" : curl_easy_strerror(rc));
     next_member(s, i, why);
     wait_until(s, mono_ms() + STORE_REWATCH_MS);
+}
+
+/* ---- the leader watches its own key -------------------------------------- */
+
+/* How long the watcher waits before it looks again (not leading, or a watch that broke). */
+#define STORE_OWN_POLL_MS 100
+
+struct own_ctx {
+    struct store *s;
+    int64_t term;
+};
+
+/* Ends the transfer at stop, or once this musterd no longer leads in term. */
+static int own_progress(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    struct own_ctx *o = ctx;
+    (void)a, (void)b, (void)c, (void)d;
+    pthread_mutex_lock(&o->s->lock);
+    int end = o->s->stop || o->s->el.role != LEADER_LEADING || o->s->el.term != o->term;
+    pthread_mutex_unlock(&o->s->lock);
+    return end;
+}
+
+/*
+ * The leader watches its own key from the revision after its creation:
+ * deleted, or written by anyone (this musterd never writes it again), while
+ * its lease is alive, it no longer stands for this musterd's leadership and
+ * a standby may already be campaigning; so it steps down at once instead of
+ * at its next refused write. On a thread of its own: the store's thread
+ * blocks in its requests and waits between keepalives. A watch that breaks
+ * is set up again from the same revision, at the next member.
+ */
+static void *own_watch_main(void *arg)
+{
+    struct store *s = arg;
+    CURL *h = curl_easy_init();
+    if (!h) {
+        log_error("etcd: cannot set up libcurl: the leader does not watch its own key");
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        int stop = s->stop, leading = s->el.role == LEADER_LEADING;
+        int64_t term = s->el.term;
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+        if (!leading || !term) {
+            usleep(STORE_OWN_POLL_MS * 1000);
+            continue;
+        }
+        char url[ETCD_URL_MAX + 64];
+        int i = member(s);
+        char *body = etcd_body_watch(s->leader_key, term + 1);
+        if (!body) {
+            usleep(STORE_OWN_POLL_MS * 1000);
+            continue;
+        }
+        struct watch_ctx w = {.s = s, .any_write = 1};
+        struct own_ctx o = {.s = s, .term = term};
+        snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
+        struct curl_slist *hdrs = set_common(s, h, url, body, &w.line, 1);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, own_progress);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, &o);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms); /* then set up anew */
+        CURLcode rc = curl_easy_perform(h);
+        curl_slist_free_all(hdrs);
+        free(body);
+        free(w.line.p);
+        if (w.deleted || w.put || w.canceled) {
+            char why[LEADER_WHY_MAX];
+            if (w.canceled)
+                snprintf(why, sizeof(why),
+                         "etcd ended the watch of the leader key %s (its revision was compacted): it may no longer "
+                         "be this musterd's", s->leader_key);
+            else
+                snprintf(why, sizeof(why),
+                         "the leader key %s was %s in etcd (revision %lld) while the lease was alive: another "
+                         "musterd may lead", s->leader_key, w.deleted ? "deleted" : "overwritten",
+                         (long long)w.revision);
+            pthread_mutex_lock(&s->lock);
+            if (!s->stop && s->el.role == LEADER_LEADING && s->el.term == term) {
+                log_warn("etcd: %s", why);
+                leader_depose(&s->el, why);
+                tell_deposed(s);
+            }
+            pthread_mutex_unlock(&s->lock);
+            continue;
+        }
+        if (rc != CURLE_OK && rc != CURLE_ABORTED_BY_CALLBACK && rc != CURLE_OPERATION_TIMEDOUT) {
+            log_warn_limited("etcd member %s: the leader's watch of its own key: %s", s->ep.url[i],
+                             w.malformed[0] ? w.malformed : curl_easy_strerror(rc));
+            usleep(STORE_OWN_POLL_MS * 1000);
+        }
+    }
+    curl_easy_cleanup(h);
+    return NULL;
 }
 
 static void revoke_lease(struct store *s, CURL *h, struct buf *resp)
@@ -866,6 +971,10 @@ int store_open(struct store **out, uv_loop_t *loop, const struct store_config *c
         return -rc;
     }
     s->started = 1;
+    if (pthread_create(&s->own_thread, NULL, own_watch_main, s) == 0)
+        s->own_started = 1;
+    else
+        log_error("etcd: cannot start the leader's watch of its own key: it steps down only when a write is refused");
     *out = s;
     return 0;
 }
@@ -882,6 +991,9 @@ void store_close(struct store *s)
     if (s->started)
         pthread_join(s->thread, NULL);
     s->started = 0;
+    if (s->own_started)
+        pthread_join(s->own_thread, NULL);
+    s->own_started = 0;
     if (!uv_is_closing((uv_handle_t *)&s->async))
         uv_close((uv_handle_t *)&s->async, NULL);
 }

@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/mkdirs.h"
 #include "worker/agent/agent_config.h"
 #include "worker/agent/agent_join.h"
 #include "worker/agent/devices.h"
@@ -1268,6 +1270,149 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
 }
 END_TEST
 
+/* A child in a process group of its own that ignores signum (a rank whose hook never writes). */
+static pid_t quiet_child(int signum)
+{
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, even one killed for its timeout */
+        signal(signum, SIG_IGN);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(2);
+        for (;;)
+            pause();
+    }
+    char c;
+    close(ready[1]);
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    return pid;
+}
+
+/* A rank that makes its stacks file a FIFO (before the dump, or swapped in
+ * during it) or a link to another file stalls nothing and truncates nothing:
+ * the agent's loop, which runs these, would stop its heartbeats. SIGALRM
+ * ends the test if an open blocks. */
+START_TEST(stacks_fifo_or_link_does_not_stall)
+{
+    char dir[] = "/tmp/check_stacksXXXXXX", path[600], other[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const int sig = SIGRTMIN + 6;
+    pid_t child = quiet_child(sig);
+    snprintf(path, sizeof(path), "%s/stacks-%d.txt", dir, (int)child);
+    snprintf(other, sizeof(other), "%s/agent-file", dir);
+    alarm(5);
+
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    struct stacks_dump d = {.generation = 1, .rank = 0};
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_ptr_nonnull(strstr(d.error, "no stack hook"));
+
+    /* a link to a file of the agent's: not followed, not truncated */
+    unlink(path);
+    FILE *f = fopen(other, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("keep me\n", f);
+    fclose(f);
+    ck_assert_int_eq(symlink(other, path), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(other, &st), 0);
+    ck_assert_int_eq(st.st_size, 8);
+
+    /* a regular file when the dump begins, a FIFO by the time it is read */
+    unlink(path);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 1);
+    unlink(path);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(stacks_poll(&d), 0);
+    struct proto_msg m;
+    ck_assert_int_eq(stacks_message(&d, &m, 1), 0);
+    ck_assert_msg(strstr(m.u.stacks.error, "wrote no dump") != NULL, "error: %s", m.u.stacks.error);
+    proto_msg_clear(&m);
+    alarm(0);
+    reap(child);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A state directory is taken only when it is this user's alone. */
+START_TEST(state_dir_private_or_refused)
+{
+    char dir[] = "/tmp/check_privXXXXXX", link[600], why[160];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), 0);
+    ck_assert_int_eq(chmod(dir, 0770), 0);
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+    ck_assert_msg(strstr(why, "its group may write it (mode 0770)") != NULL, "why: %s", why);
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+    ck_assert_msg(strstr(why, "anyone may write it") != NULL, "why: %s", why);
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    snprintf(link, sizeof(link), "%s.link", dir);
+    ck_assert_int_eq(symlink(dir, link), 0);
+    ck_assert_int_eq(dir_private(link, why, sizeof(why)), -ENOTDIR);
+    ck_assert_msg(strstr(why, "symbolic link") != NULL, "why: %s", why);
+    unlink(link);
+    if (geteuid() == 0) { /* another owner: only root can make one here */
+        ck_assert_int_eq(chown(dir, 65534, (gid_t)-1), 0);
+        ck_assert_int_eq(dir_private(dir, why, sizeof(why)), -EPERM);
+        ck_assert_msg(strstr(why, "owned by uid 65534") != NULL, "why: %s", why);
+    }
+    rmdir(dir);
+}
+END_TEST
+
+/* Pruning by descriptor removes the tree, FIFOs and links included, and
+ * nothing a link points to. */
+START_TEST(rmtree_stays_inside)
+{
+    char top[] = "/tmp/check_rmtreeXXXXXX", p[700];
+    ck_assert_ptr_nonnull(mkdtemp(top));
+    snprintf(p, sizeof(p), "%s/outside", top);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(p, sizeof(p), "%s/outside/victim", top);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    const char *dirs[] = {"gen-1", "gen-1/rank-0", "gen-1/rank-0/deep"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s/%s", top, dirs[i]);
+        ck_assert_int_eq(mkdir(p, 0700), 0);
+    }
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/error.json", top);
+    f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/stacks-1.txt", top);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    char target[700];
+    snprintf(target, sizeof(target), "%s/outside", top);
+    snprintf(p, sizeof(p), "%s/gen-1/rank-0/deep/planted", top);
+    ck_assert_int_eq(symlink(target, p), 0);
+    int fd = open(top, O_RDONLY | O_DIRECTORY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(rmtree_at(fd, "gen-1"), 0);
+    close(fd);
+    snprintf(p, sizeof(p), "%s/gen-1", top);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    snprintf(p, sizeof(p), "%s/outside/victim", top);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", top);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* Which rank commands a warm spare can stand in for, and why not. */
 START_TEST(spare_usable_forms)
 {
@@ -1334,6 +1479,9 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_user_exec_drops_for_good);
     tcase_add_test(tc, rank_user_grant_dir_lets_the_rank_in);
     tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
+    tcase_add_test(tc, stacks_fifo_or_link_does_not_stall);
+    tcase_add_test(tc, state_dir_private_or_refused);
+    tcase_add_test(tc, rmtree_stays_inside);
     tcase_add_test(tc, cmdline_string_and_array);
     tcase_add_test(tc, cmdline_bad_forms_are_named);
     tcase_add_test(tc, failure_from_torch_error_file);

@@ -177,6 +177,11 @@ START_TEST(answers_parse_as_etcd_writes_them)
     const char *put = "{\"result\":{\"header\":{\"revision\":\"7\"},\"events\":[{\"kv\":{\"key\":\"eA==\"}}]}}";
     ck_assert_int_eq(etcd_parse_watch(put, strlen(put), &m, err, sizeof(err)), 0);
     ck_assert_int_eq(m.deleted, 0);
+    ck_assert_int_eq(m.put, 1); /* the leader's watch of its own key steps down on it */
+    ck_assert_int_eq(etcd_parse_watch(del, strlen(del), &m, err, sizeof(err)), 0);
+    ck_assert_int_eq(m.put, 0);
+    ck_assert_int_eq(etcd_parse_watch(created, strlen(created), &m, err, sizeof(err)), 0);
+    ck_assert_int_eq(m.put, 0);
 }
 END_TEST
 

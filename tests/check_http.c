@@ -22,6 +22,7 @@
 
 #include "daemon/history.h"
 #include "daemon/http.h"
+#include "daemon/http_host.h"
 #include "daemon/metrics.h"
 #include "daemon/rdv.h"
 #include "daemon/restdoc.h"
@@ -29,6 +30,8 @@
 #include "daemon/view_build.h"
 
 #define TOKEN "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+/* base64 of "op:" TOKEN, Basic's form of it */
+#define BASIC_TOKEN "b3A6MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWYwMTIzNDU2Nzg5YWJjZGVmMDEyMzQ1Njc4OWFiY2RlZg=="
 
 /* The job-level fields of the test job (what rdv_summary_json gives). */
 static const char head_doc[] =
@@ -293,6 +296,11 @@ static size_t on_header(char *d, size_t sz, size_t n, void *p)
     return len;
 }
 
+/* The Content-Type line of a POST (what musterctl sends; NULL = none), and up
+ * to 4 more header lines for the next requests (a Host, an Origin). */
+static const char *post_type = "Content-Type: application/json";
+static const char *extra[5];
+
 /* method GET/POST/HEAD; auth is a whole header line or NULL; body for POST. */
 static struct resp *request(const char *method, const char *path, const char *auth,
                             const char *body)
@@ -316,10 +324,14 @@ static struct resp *request(const char *method, const char *path, const char *au
     } else if (strcmp(method, "HEAD") == 0) {
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     }
-    if (auth) {
+    if (strcmp(method, "POST") == 0 && post_type)
+        hdrs = curl_slist_append(hdrs, post_type);
+    if (auth)
         hdrs = curl_slist_append(hdrs, auth);
+    for (int i = 0; i < 4 && extra[i]; i++)
+        hdrs = curl_slist_append(hdrs, extra[i]);
+    if (hdrs)
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-    }
     CURLcode cc = curl_easy_perform(h);
     ck_assert_msg(cc == CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(cc));
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
@@ -854,12 +866,115 @@ START_TEST(test_dashboard)
 }
 END_TEST
 
+/* ---- names: Host and Origin ---------------------------------------------- */
+
+START_TEST(test_host_names)
+{
+    struct http_hosts h;
+    char err[160];
+    ck_assert_int_eq(http_hosts_init(&h, "127.0.0.1", 8000), 0);
+    ck_assert_int_eq(http_hosts_add(&h, "master1, proxy.example:443 ,", err, sizeof(err)), 0);
+    const char *ok[] = {"127.0.0.1:8000", "localhost:8000", "LocalHost.:8000", "127.0.0.2:8000", "[::1]:8000",
+                        "master1:8000", "MASTER1:8000", "proxy.example:443"};
+    const char *no[] = {"127.0.0.1", "127.0.0.1:8001", "evil.example:8000", "localhost.evil.example:8000", "",
+                        "127.0.0.1:8000:1", "127.0.0.1:0", "127.0.0.1:99999", "127.0.0.1:", "[::2]:8000",
+                        "10.0.0.1:8000", "master1:443", "proxy.example:8000", "proxy.example", "a b:8000",
+                        "[::1", "master1:80x0"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        ck_assert_msg(http_host_allowed(&h, ok[i]), "Host '%s' refused", ok[i]);
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        ck_assert_msg(!http_host_allowed(&h, no[i]), "Host '%s' allowed", no[i]);
+    ck_assert(!http_host_allowed(&h, NULL));
+
+    const char *ook[] = {"http://127.0.0.1:8000", "http://localhost:8000", "https://proxy.example",
+                         "HTTP://master1:8000"};
+    const char *ono[] = {"null", "http://evil.example:8000", "http://127.0.0.1:8000/", "ftp://127.0.0.1:8000",
+                         "http://127.0.0.1", "http://localhost:8080", "127.0.0.1:8000", ""};
+    for (size_t i = 0; i < sizeof(ook) / sizeof(ook[0]); i++)
+        ck_assert_msg(http_origin_allowed(&h, ook[i]), "Origin '%s' refused", ook[i]);
+    for (size_t i = 0; i < sizeof(ono) / sizeof(ono[0]); i++)
+        ck_assert_msg(!http_origin_allowed(&h, ono[i]), "Origin '%s' allowed", ono[i]);
+
+    /* bound to one address that is not loopback: that address and the names added, nothing else */
+    ck_assert_int_eq(http_hosts_init(&h, "10.0.0.5", 29471), 0);
+    ck_assert(http_host_allowed(&h, "10.0.0.5:29471"));
+    ck_assert(!http_host_allowed(&h, "localhost:29471"));
+    ck_assert(!http_host_allowed(&h, "127.0.0.1:29471"));
+    ck_assert(!http_host_allowed(&h, "10.0.0.6:29471"));
+    /* bound to every address: any literal address, localhost, and the names added */
+    ck_assert_int_eq(http_hosts_init(&h, "0.0.0.0", 29471), 0);
+    ck_assert_int_eq(http_hosts_add(&h, "gpu-master", err, sizeof(err)), 0);
+    ck_assert(http_host_allowed(&h, "192.168.7.9:29471"));
+    ck_assert(http_host_allowed(&h, "localhost:29471"));
+    ck_assert(http_host_allowed(&h, "gpu-master:29471"));
+    ck_assert(!http_host_allowed(&h, "rebound.evil.example:29471"));
+    ck_assert(!http_host_allowed(&h, "192.168.7.9:29472"));
+
+    /* rest_hosts values */
+    ck_assert_int_eq(http_hosts_valid_list("a.example, b:8080,[::1]:9"), 0);
+    ck_assert_int_ne(http_hosts_valid_list("a b"), 0);
+    ck_assert_int_ne(http_hosts_valid_list("a:b"), 0);
+    ck_assert_int_ne(http_hosts_valid_list("a:0"), 0);
+    ck_assert_int_ne(http_hosts_valid_list("http://a"), 0);
+    ck_assert_int_eq(http_hosts_add(&h, "ok, x/y", err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "'x/y'") != NULL, "error: %s", err);
+    ck_assert_int_eq(http_hosts_init(&h, "127.0.0.1", 1), 0);
+    ck_assert_int_eq(http_hosts_add(&h, "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q", err, sizeof(err)), -ENOSPC);
+    ck_assert_int_eq(http_hosts_init(&h, "localhost", 1), -EINVAL);
+}
+END_TEST
+
+/* A request by another name (DNS rebinding) is refused with 421, one from
+ * another site's page with 403; /healthz answers any name. */
+START_TEST(test_host_and_origin_checked)
+{
+    char host[64], origin[96], badport[64];
+    publish_all();
+    snprintf(host, sizeof(host), "Host: rebound.evil.example:%u", port);
+    extra[0] = host;
+    struct resp *r = get("/v1/status");
+    assert_error(r, 421, "misdirected request");
+    ck_assert_msg(strstr(r->body, "rebound.evil.example") != NULL, "detail: %s", r->body);
+    r = get("/");
+    ck_assert_int_eq(r->status, 421);
+    ck_assert_int_eq(get("/healthz")->status, 200);
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    ck_assert_int_eq(r->status, 421);
+    snprintf(badport, sizeof(badport), "Host: 127.0.0.1:%u", port == 65535 ? 1 : port + 1);
+    extra[0] = badport;
+    ck_assert_int_eq(get("/v1/events")->status, 421);
+    snprintf(host, sizeof(host), "Host: localhost:%u", port);
+    extra[0] = host;
+    ck_assert_int_eq(get("/v1/status")->status, 200);
+
+    extra[0] = "Origin: http://evil.example";
+    r = get("/v1/events");
+    assert_error(r, 403, "cross-origin request");
+    ck_assert_msg(strstr(r->body, "http://evil.example") != NULL, "detail: %s", r->body);
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    assert_error(r, 403, "cross-origin request");
+    extra[0] = "Origin: null";
+    ck_assert_int_eq(get("/v1/status")->status, 403);
+    ck_assert_int_eq(recorded(NULL, NULL), 0);
+
+    /* the dashboard's own fetches: Origin is the page's, that is the server */
+    snprintf(origin, sizeof(origin), "Origin: http://127.0.0.1:%u", port);
+    extra[0] = origin;
+    ck_assert_int_eq(get("/v1/status")->status, 200);
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    ck_assert_int_eq(r->status, 202);
+    ck_assert_int_eq(recorded(NULL, NULL), 1);
+    extra[0] = NULL;
+}
+END_TEST
+
 /* ---- admin -------------------------------------------------------------- */
 
 START_TEST(test_admin_auth)
 {
     enum http_admin_action action;
     char node[64];
+    struct resp *r;
 
     assert_error(request("POST", "/v1/job/stop", NULL, NULL), 401, "unauthorized");
     assert_header(request("POST", "/v1/job/stop", NULL, NULL), "WWW-Authenticate: Bearer");
@@ -869,9 +984,27 @@ START_TEST(test_admin_auth)
                  "unauthorized");
     assert_error(request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN "0", NULL), 401,
                  "unauthorized");
+    /* the right token as Basic's password ("op:TOKEN"): what a browser would attach to a cross-site form */
+    r = request("POST", "/v1/job/stop", "Authorization: Basic " BASIC_TOKEN, NULL);
+    assert_error(r, 401, "unauthorized");
+    ck_assert_msg(strstr(r->body, "not as Basic") != NULL, "detail: %s", r->body);
+    /* the right Bearer token, but not a JSON content type: what a form or a simple request sends */
+    const char *types[] = {NULL, "Content-Type: text/plain", "Content-Type: application/x-www-form-urlencoded",
+                           "Content-Type: multipart/form-data; boundary=x", "Content-Type: application/jsonp"};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        post_type = types[i];
+        r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+        assert_error(r, 415, "unsupported media type");
+        ck_assert_msg(strstr(r->body, "application/json") != NULL, "detail: %s", r->body);
+    }
+    post_type = "Content-Type: application/json";
     ck_assert_int_eq(recorded(NULL, NULL), 0);
+    /* Basic still reads (the dashboard's browser) */
+    ck_assert_int_eq(request("GET", "/v1/status", "Authorization: Basic " BASIC_TOKEN, NULL)->status, 503);
 
-    struct resp *r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    post_type = "Content-Type: Application/JSON; charset=utf-8";
+    r = request("POST", "/v1/job/stop", "Authorization: Bearer " TOKEN, NULL);
+    post_type = "Content-Type: application/json";
     ck_assert_int_eq(r->status, 202);
     ck_assert_str_eq(r->body, "{\"accepted\":\"stop\"}");
     ck_assert_int_eq(recorded(&action, node), 1);
@@ -1201,6 +1334,14 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* "GET path HTTP/1.1" with a Host naming the server, and the blank line when whole. */
+static const char *raw_get(const char *path, int whole)
+{
+    static char text[256];
+    snprintf(text, sizeof(text), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n%s", path, port, whole ? "\r\n" : "");
+    return text;
+}
+
 /* A raw connection to the server that has sent text (no request yet if partial). */
 static int raw_connect(const char *text)
 {
@@ -1240,7 +1381,7 @@ static size_t raw_read(int fd, char *buf, size_t cap, int ms, int *closed)
 START_TEST(test_request_deadline)
 {
     publish_all();
-    int fd = raw_connect("GET /v1/status HTTP/1.1\r\nHost: x\r\n");
+    int fd = raw_connect(raw_get("/v1/status", 0));
     uint64_t t0 = now_ms(), closed_at = 0;
     char buf[1024];
     size_t have = 0;
@@ -1262,7 +1403,7 @@ START_TEST(test_request_deadline)
 
     /* a quick request on a kept-alive connection is answered, and the idle
      * connection after it is closed at the deadline too */
-    fd = raw_connect("GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n");
+    fd = raw_connect(raw_get("/v1/status", 1));
     int closed;
     raw_read(fd, buf, sizeof(buf), 200, &closed);
     ck_assert_msg(strncmp(buf, "HTTP/1.1 200", 12) == 0 && !closed, "answer: %.80s", buf);
@@ -1310,7 +1451,7 @@ START_TEST(test_refused_when_all_answering)
     pthread_mutex_unlock(&fake.lock);
     int held[4]; /* suspended log requests: being answered, as far as the guard knows */
     for (int i = 0; i < 4; i++)
-        held[i] = raw_connect("GET /v1/ranks/1/log HTTP/1.1\r\nHost: x\r\n\r\n");
+        held[i] = raw_connect(raw_get("/v1/ranks/1/log", 1));
     for (int i = 0; i < 100 && fake_calls(NULL) < 4; i++)
         usleep(10000);
     ck_assert_int_eq(fake_calls(NULL), 4);
@@ -1350,7 +1491,7 @@ START_TEST(test_slow_readers_evicted)
         int small = 4096; /* a 6 MB list cannot fit in the socket buffers */
         setsockopt(slow[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
         ck_assert_int_eq(connect(slow[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
-        const char *req = "GET /v1/ranks HTTP/1.1\r\nHost: x\r\n\r\n";
+        const char *req = raw_get("/v1/ranks", 1);
         ck_assert_int_eq(send(slow[i], req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
     }
     for (int i = 0; i < 4; i++) { /* each answer is going out (at most 5 s) */
@@ -1400,9 +1541,14 @@ Suite *make_http_suite(void)
     tcase_add_checked_fixture(tc, setup_admin, teardown);
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_admin_auth);
+    tcase_add_test(tc, test_host_and_origin_checked);
     tcase_add_test(tc, test_standby_redirects_to_the_leader);
     tcase_add_test(tc, test_drain_bad_names);
     tcase_add_test(tc, test_body_limit);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("hosts");
+    tcase_add_test(tc, test_host_names);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("logs");

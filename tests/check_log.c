@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/ratelimit.h"
 
 /* stderr into a temporary file while the test logs; text gets what was written. */
 static FILE *capture;
@@ -79,12 +80,42 @@ START_TEST(held_back_lines_are_counted_when_the_site_falls_quiet)
 }
 END_TEST
 
+/* One line per peer per interval, with the count held back; peers apart. */
+START_TEST(peer_lines_one_per_interval)
+{
+    struct ratelimit a = {0}, b = {0};
+    unsigned long held = 99;
+    char note[64];
+    ck_assert_int_eq(ratelimit_pass(&a, 5000, 1000, &held), 1);
+    ck_assert_uint_eq(held, 0);
+    ck_assert_str_eq(ratelimit_note(held, note, sizeof(note)), "");
+    int passed = 0;
+    for (uint64_t t = 5001; t < 6000; t++)
+        passed += ratelimit_pass(&a, t, 1000, &held);
+    ck_assert_int_eq(passed, 0);
+    /* another peer is not held back by the first */
+    ck_assert_int_eq(ratelimit_pass(&b, 5500, 1000, &held), 1);
+    ck_assert_uint_eq(held, 0);
+    ck_assert_int_eq(ratelimit_pass(&a, 6000, 1000, &held), 1);
+    ck_assert_uint_eq(held, 999);
+    ck_assert_str_eq(ratelimit_note(held, note, sizeof(note)), " (999 more like it held back)");
+    ck_assert_int_eq(ratelimit_pass(&a, 6999, 1000, &held), 0);
+    ck_assert_int_eq(ratelimit_pass(&a, 9000, 1000, &held), 1);
+    ck_assert_uint_eq(held, 1);
+    /* a first line at time 0 passes too */
+    struct ratelimit c = {0};
+    ck_assert_int_eq(ratelimit_pass(&c, 0, 1000, &held), 1);
+    ck_assert_int_eq(ratelimit_pass(&c, 10, 1000, &held), 0);
+}
+END_TEST
+
 Suite *make_log_suite(void)
 {
     Suite *s = suite_create("log");
     TCase *tc = tcase_create("log");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, held_back_lines_are_counted_when_the_site_falls_quiet);
+    tcase_add_test(tc, peer_lines_one_per_interval);
     suite_add_tcase(s, tc);
     return s;
 }

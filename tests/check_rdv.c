@@ -29,6 +29,7 @@ struct rec {
     char disconnected[8][PROTO_NAME_MAX];
     int ndisconnected;
     int persists;
+    int changes; /* calls of ops.changed */
 };
 
 static struct rec rec;
@@ -58,7 +59,11 @@ static void rec_disconnect(void *ctx, const char *node, const char *why)
     snprintf(rec.disconnected[rec.ndisconnected++ % 8], PROTO_NAME_MAX, "%s", node);
 }
 
-static void rec_changed(void *ctx, int persist) { rec.persists += persist; }
+static void rec_changed(void *ctx, int persist)
+{
+    rec.persists += persist;
+    rec.changes++;
+}
 
 /* What beat() says of every rank besides its state and step: that it
  * rejoins in place, that it left its generation for a grow. */
@@ -313,6 +318,61 @@ START_TEST(unique_id_from_rank0_reaches_every_node)
     ck_assert_ptr_nonnull(e);
     ck_assert_str_eq(e->u.error.code, "not_rank0");
     ck_assert_ptr_null(find_sent(mark, "a", PROTO_UNIQUE_ID));
+}
+END_TEST
+
+/* A rank 0 that sends its unique id again and again: the first is sent on,
+ * the rest are counted, not sent on, not events; the next generation takes one. */
+START_TEST(unique_id_taken_once_per_generation)
+{
+    form_running(3);
+    struct proto_msg m = {.type = PROTO_UNIQUE_ID};
+    m.u.unique_id.generation = 1;
+    memset(m.u.unique_id.id, 0xab, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", &m, now);
+    uint64_t events = rdv.nevents;
+    int mark = rec.nsent, changes = rec.changes;
+    memset(m.u.unique_id.id, 0xcd, PROTO_UID_LEN);
+    /* stderr into a file meanwhile: one line for the repeats, then one with the count held back */
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    ck_assert_ptr_nonnull(cap);
+    int saved = dup(STDERR_FILENO);
+    dup2(fileno(cap), STDERR_FILENO);
+    for (int i = 0; i < 999; i++)
+        rdv_message(&rdv, "a", &m, now);
+    rdv_message(&rdv, "a", &m, now + RATELIMIT_PEER_MS);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char text[4096];
+    rewind(cap);
+    size_t n = fread(text, 1, sizeof(text) - 1, cap);
+    text[n] = '\0';
+    fclose(cap);
+    int lines = 0;
+    for (const char *p = text; (p = strstr(p, "again: ignored")) != NULL; p++)
+        lines++;
+    ck_assert_msg(lines == 2, "%d lines about the repeats:\n%s", lines, text);
+    ck_assert_msg(strstr(text, "(998 more like it held back)") != NULL, "no count held back in:\n%s", text);
+    ck_assert_int_eq(rec.nsent, mark);
+    ck_assert_uint_eq(rdv.nevents, events);
+    ck_assert_int_eq(rec.changes, changes);
+    ck_assert_uint_eq(rdv.repeated_unique_ids, 1000);
+    ck_assert_int_eq(rdv.uid.id[0], 0xab);
+    json_t *st = rdv_summary_json(&rdv, now);
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "repeated_unique_ids")), 1000);
+    json_decref(st);
+
+    rank_exit("b", 1, 2, 1, 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    mark = rec.nsent;
+    m.u.unique_id.generation = 2;
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *ub = find_sent(mark, "b", PROTO_UNIQUE_ID);
+    ck_assert_ptr_nonnull(ub);
+    ck_assert_int_eq(ub->u.unique_id.id[0], 0xcd);
+    ck_assert_uint_eq(rdv.repeated_unique_ids, 1000);
 }
 END_TEST
 
@@ -1418,11 +1478,89 @@ START_TEST(hang_names_the_stopped_rank_with_where_it_is)
     ck_assert_str_eq(rdv.last_failure.how, "is hung");
     ck_assert_uint_eq(rdv.last_failure.rank, 3);
     ck_assert(has_event("rank_hung"));
-    json_t *k = rdv_stacks_json(&rdv);
+    char *text = rdv_stacks_text(&rdv);
+    json_t *k = json_loads(text, 0, NULL);
+    ck_assert_msg(k != NULL, "not JSON: %s", text);
+    free(text);
     ck_assert_int_eq(json_integer_value(json_object_get(k, "answered")), 4);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(k, "ranks"), 3), "text")),
                      "process 1000:\n  File \"train.py\", line 88 in compute_loss\n");
     json_decref(k);
+}
+END_TEST
+
+/* One rank's STACKS answer with text. */
+static void answer_text(const char *node, uint32_t rank, const char *text)
+{
+    static struct proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_STACKS;
+    m.u.stacks.generation = rdv.generation;
+    m.u.stacks.rank = rank;
+    m.u.stacks.pid = 100 + rank;
+    m.u.stacks.text = (char *)text;
+    rdv_message(&rdv, node, &m, now);
+}
+
+/* Dumps are kept within a rank's limit and the set's (here 100 bytes and
+ * 450 of JSON text), cut at a character boundary, the cut said at the end of
+ * the text and counted in "cut"; an answer again replaces the one before. */
+START_TEST(stacks_kept_within_budget)
+{
+    form_running(3);
+    rdv.stacks.rank_max = 100;
+    rdv.stacks.total_max = 450;
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STACKS, NULL, now), 0);
+    static char big[PROTO_STACKS_MAX + 1];
+    big[0] = 'a';
+    size_t n = 1;
+    while (n + 2 < sizeof(big)) { /* "é", two bytes: byte 100 is inside one */
+        big[n++] = (char)0xc3;
+        big[n++] = (char)0xa9;
+    }
+    big[n] = '\0';
+    answer_text("a", 0, big);
+    ck_assert_uint_eq(rdv.stacks.ranks[0].cut, n - 99);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    answer_text("a", 1, "short\n");
+    ck_assert_uint_eq(rdv.stacks.ranks[1].cut, 0);
+    answer_text("b", 2, big);
+    answer_text("b", 3, big);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    ck_assert_uint_eq(rdv.stacks.ranks[3].cut, n); /* no room left for it */
+
+    char *text = rdv_stacks_text(&rdv);
+    json_error_t jerr;
+    json_t *doc = json_loads(text, 0, &jerr);
+    ck_assert_msg(doc != NULL, "not JSON (%s): %.200s", jerr.text, text);
+    free(text);
+    json_t *ranks = json_object_get(doc, "ranks");
+    const char *t0 = json_string_value(json_object_get(json_array_get(ranks, 0), "text"));
+    ck_assert_ptr_nonnull(t0);
+    ck_assert_int_eq(strncmp(t0, big, 99), 0);
+    ck_assert_msg(strstr(t0, "[musterd cut ") && strstr(t0, " bytes of this dump: it keeps 100 bytes a rank, 450 in all]"),
+                  "no note of the cut: %s", t0);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ranks, 1), "text")), "short\n");
+    ck_assert(json_is_null(json_object_get(json_array_get(ranks, 3), "text")));
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ranks, 3), "cut")), (json_int_t)n);
+    uint64_t cut = rdv.stacks.ranks[0].cut + rdv.stacks.ranks[2].cut + rdv.stacks.ranks[3].cut;
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "cut")), (json_int_t)cut);
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "answered")), 4);
+    json_decref(doc);
+
+    /* rank 0 again, short: its room goes back to the set */
+    size_t before = rdv.stacks.bytes;
+    answer_text("a", 0, "again\n");
+    ck_assert_uint_lt(rdv.stacks.bytes, before);
+    ck_assert_uint_eq(rdv.stacks.ranks[0].cut, 0);
+    ck_assert_uint_eq(rdv.stacks.cut, rdv.stacks.ranks[2].cut + rdv.stacks.ranks[3].cut);
+    answer_text("b", 3, "now it fits\n");
+    ck_assert_uint_eq(rdv.stacks.ranks[3].cut, 0);
+    ck_assert_uint_le(rdv.stacks.bytes, 450);
+    /* a new set starts empty */
+    ck_assert_int_eq(rdv_admin(&rdv, RDV_ADMIN_STACKS, NULL, now), 0);
+    ck_assert_uint_eq(rdv.stacks.bytes, 0);
+    ck_assert_uint_eq(rdv.stacks.cut, 0);
 }
 END_TEST
 
@@ -2827,6 +2965,8 @@ Suite *make_rdv_suite(void)
     tc = rdv_case(s, "form"); /* forming: layout, fitness, checkpoints, MASTER_PORT, unique id (rdv_form.c) */
     tcase_add_test(tc, forms_generation_one_in_name_order);
     tcase_add_test(tc, unique_id_from_rank0_reaches_every_node);
+    tcase_add_test(tc, unique_id_taken_once_per_generation);
+    tcase_add_test(tc, stacks_kept_within_budget);
     tcase_add_test(tc, stale_frames_are_refused);
     tcase_add_test(tc, ranks_that_never_run_are_a_failure);
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);

@@ -166,7 +166,7 @@ int main(int argc, char **argv)
                 continue;
             }
             char req[512];
-            int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", paths[sent % (size_t)npaths]);
+            int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", paths[sent % (size_t)npaths], port);
             c->due = start + (double)sent / rate;
             sent++;
             if (send(c->fd, req, (size_t)n, MSG_NOSIGNAL) != n) {

@@ -478,7 +478,7 @@ static char *http_get(const char *path)
         return NULL;
     }
     char req[256];
-    int rl = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    int rl = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%u\r\n\r\n", path, opt.http_port);
     if (send(fd, req, (size_t)rl, MSG_NOSIGNAL) != rl) {
         close(fd);
         return NULL;

@@ -111,7 +111,7 @@ kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
 job nodir 100 ""
 rm -rf "$ITEST_DIR/state"
 start_daemon "$ITEST_DIR/nodir.json" --token-file "$ITEST_DIR/token" --admin-token-file "$ITEST_DIR/admin"
-code=$(curl -s -o "$ITEST_DIR/body" -w '%{http_code}' -X POST \
+code=$(curl -s -o "$ITEST_DIR/body" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
     -H "Authorization: Bearer $(cat "$ITEST_DIR/admin")" "http://127.0.0.1:$HTTP/v1/job/checkpoint")
 [ "$code" = 409 ] || fail "no checkpoint_dir: HTTP $code, expected 409"
 grep -q '"error":"no checkpoint_dir"' "$ITEST_DIR/body" || fail "no checkpoint_dir: body $(cat "$ITEST_DIR/body")"

@@ -25,7 +25,7 @@ URL="http://127.0.0.1:$HTTP/v1/stacks"
 curl -sf "$URL" > "$ITEST_DIR/out" || fail "GET /v1/stacks of a waiting job"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(not (d["set"] == 0 and d["generation"] is None and d["ranks"] == []))' \
     "$ITEST_DIR/out" || fail "GET /v1/stacks before any set: $(cat "$ITEST_DIR/out")"
-code=$(curl -s -o "$ITEST_DIR/out" -w '%{http_code}' -X POST -H "Authorization: Bearer $(cat "$ITEST_DIR/admin")" "$URL")
+code=$(curl -s -o "$ITEST_DIR/out" -w '%{http_code}' -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $(cat "$ITEST_DIR/admin")" "$URL")
 [ "$code" = 409 ] && grep -q '"not running"' "$ITEST_DIR/out" || fail "POST /v1/stacks while waiting: $code $(cat "$ITEST_DIR/out")"
 if "$M" $S $A stacks > "$ITEST_DIR/out" 2>&1; then fail "musterctl stacks of a waiting job succeeded"; fi
 grep -q "not running" "$ITEST_DIR/out" || fail "musterctl stacks of a waiting job: $(cat "$ITEST_DIR/out")"

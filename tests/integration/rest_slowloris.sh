@@ -26,7 +26,7 @@ import socket, sys, time, select
 
 port, token, phase, run_s, sources = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:]
 N, DEADLINE_S = 200, 5.0
-head = b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+head = b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port
 
 def slow_open(i):
     s = socket.socket()
@@ -41,11 +41,11 @@ def slow_open(i):
 def timed(method, path, auth=None):
     t0 = time.monotonic()
     s = socket.create_connection(("127.0.0.1", port), timeout=2)
-    req = "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" % (method, path)
+    req = "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n" % (method, path, port)
     if auth:
         req += "Authorization: Bearer %s\r\n" % auth
     if method == "POST":
-        req += "Content-Length: 0\r\n"
+        req += "Content-Type: application/json\r\nContent-Length: 0\r\n"
     s.sendall((req + "\r\n").encode())
     data = b""
     while True:

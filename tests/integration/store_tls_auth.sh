@@ -7,7 +7,8 @@
 #    leads, and its state is in etcd (read back as root);
 #  - with a wrong password it does not lead and says authentication failed;
 #  - without the CA file it does not lead and says the certificate could
-#    not be checked.
+#    not be checked;
+#  - with the password over http:// it does not start (exit 2, saying why).
 # Skipped with a message where etcd, etcdctl or openssl is not installed; a
 # failure under CI, where mk/deps.sh build installs them.
 set -eu
@@ -73,6 +74,15 @@ JSON
     "$BUILD/musterd" --config "$ITEST_DIR/$1.conf.json" >> "$ITEST_DIR/$1.log" 2>&1 &
     ITEST_PIDS="$ITEST_PIDS $!"
 }
+# A password over plain http: refused at start-up, before any request.
+cat > "$ITEST_DIR/plain.conf.json" <<JSON
+{"job": "$ITEST_DIR/tls.json", "listen": "127.0.0.1:0", "http": "127.0.0.1:0",
+ "state_dir": "$ITEST_DIR/state-plain", "token_file": "$ITEST_DIR/token",
+ "store": "http://127.0.0.1:$C", "store_user": "muster", "store_password_file": "$ITEST_DIR/pw-good"}
+JSON
+rc=0; timeout 10 "$BUILD/musterd" --config "$ITEST_DIR/plain.conf.json" > "$ITEST_DIR/plain.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "store_user: etcd's password would cross the network in the clear" "$ITEST_DIR/plain.log" \
+    || fail "a password over http:// was not refused at start-up: rc $rc $(cat "$ITEST_DIR/plain.log")"
 musterd_tls bad "$ITEST_DIR/pw-bad" "$P/ca.crt"
 musterd_tls noca "$ITEST_DIR/pw-good" ""
 wait_log 15 "$ITEST_DIR/bad.log" "authentication as 'muster' failed: .*invalid user ID or password" \

@@ -65,7 +65,7 @@ wait_log 60 "$ITEST_DIR/agent-b.log" "started rank 3 .*pid $spare) for generatio
     || fail "rank 3's replacement is not the spare (pid $spare): $(grep 'started rank 3' "$ITEST_DIR/agent-b.log")"
 wait_for 60 'd["generation"] == 2 and d["state"] == "running" and all((r["step"] or 0) > 25 for r in d["ranks"])' \
     || fail "generation 2 does not run"
-curl -sf -X POST -H "Authorization: Bearer $(cat "$ITEST_DIR/admin")" "http://127.0.0.1:$HTTP/v1/stacks" > /dev/null \
+curl -sf -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $(cat "$ITEST_DIR/admin")" "http://127.0.0.1:$HTTP/v1/stacks" > /dev/null \
     || fail "POST /v1/stacks"
 i=0
 until curl -sf "http://127.0.0.1:$HTTP/v1/stacks" > "$ITEST_DIR/stacks" && python3 - "$ITEST_DIR/stacks" "$spare" <<'PY'

@@ -1,7 +1,7 @@
 #include "worker/agent/agent.h"
 
 #include <errno.h>
-#include <ftw.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/mkdirs.h"
 #include "common/notify.h"
+#include "common/ratelimit.h"
 #include "worker/agent/agent_preflight.h"
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/exit_queue.h"
@@ -144,6 +145,8 @@ struct agent {
      * again to a daemon that restarted before handing it out. */
     bool have_made_uid;
     struct proto_unique_id made_uid;
+    uint64_t repeated_uids;  /* rank 0's unique ids of a generation after its first: not sent up */
+    struct ratelimit daemon_ignored_log; /* lines about the daemon's ignored frames */
 
     bool told_ready; /* READY=1 sent to systemd (first join) */
 
@@ -332,21 +335,38 @@ static void send_unread_exits(struct agent *a)
 
 static void on_beat_timer(uv_timer_t *t);
 
+/* Whether a line about one more ignored frame of rank r may go out now
+ * (one per rank per RATELIMIT_PEER_MS); note then says how many were held back. */
+static bool rank_may_log(struct agent_rank *r, char *note, size_t cap)
+{
+    struct agent *a = r->cb.data;
+    unsigned long held;
+    if (!ratelimit_pass(&r->ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+        return false;
+    ratelimit_note(held, note, cap);
+    if (!held)
+        note[0] = '\0';
+    return true;
+}
+
 static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
 {
     struct agent *a = r->cb.data;
     uint64_t gen = 0;
+    char note[64];
     if (msg->type == PROTO_HEARTBEAT)
         gen = msg->u.heartbeat.generation;
     else if (msg->type == PROTO_UNIQUE_ID)
         gen = msg->u.unique_id.generation;
     else {
-        log_warn("rank %u sent %s, which ranks do not send; ignored", r->rank, proto_type_name(msg->type));
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent %s, which ranks do not send; ignored%s", r->rank, proto_type_name(msg->type), note);
         return;
     }
     if (gen < a->cur_gen || gen != r->generation) {
-        log_debug("rank %u: %s of generation %" PRIu64 " ignored (current %" PRIu64 ", rank's %" PRIu64 ")",
-                  r->rank, proto_type_name(msg->type), gen, a->cur_gen, r->generation);
+        if (log_threshold >= LOG_DEBUG && rank_may_log(r, note, sizeof(note)))
+            log_debug("rank %u: %s of generation %" PRIu64 " ignored (current %" PRIu64 ", rank's %" PRIu64 ")%s",
+                      r->rank, proto_type_name(msg->type), gen, a->cur_gen, r->generation, note);
         return;
     }
     if (msg->type == PROTO_HEARTBEAT) {
@@ -374,11 +394,21 @@ static void rank_on_msg(struct agent_rank *r, struct proto_msg *msg)
                 on_beat_timer(&a->beat_timer);
             return;
         }
-        log_warn("rank %u sent a heartbeat without its own entry; ignored", r->rank);
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent a heartbeat without its own entry; ignored%s", r->rank, note);
         return;
     }
     if (r->rank != 0) {
-        log_warn("rank %u sent a unique id; only rank 0 creates it; ignored", r->rank);
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank %u sent a unique id; only rank 0 creates it; ignored%s", r->rank, note);
+        return;
+    }
+    /* One per generation, as the daemon takes it: a repeat is counted, not sent up. */
+    if (a->have_made_uid && a->made_uid.generation == gen) {
+        a->repeated_uids++;
+        if (rank_may_log(r, note, sizeof(note)))
+            log_warn("rank 0 sent the unique id of generation %" PRIu64 " again; ignored (%" PRIu64 " repeats in all)%s",
+                     gen, a->repeated_uids, note);
         return;
     }
     a->made_uid = msg->u.unique_id;
@@ -459,21 +489,20 @@ static int make_dirs(const char *path, mode_t mode)
     return access(path, W_OK | X_OK) == 0 ? 0 : -errno;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0;
-}
-
 /* Keeps the rank directories of the last KEEP_GENERATIONS generations up to gen. */
 static void prune_generations(const struct agent *a, uint64_t gen)
 {
     if (gen <= KEEP_GENERATIONS)
         return;
+    /* By descriptor from the state directory down: the ranks write in these
+     * trees, and a directory swapped for a link must not take the removal elsewhere. */
+    int sd = open(a->state_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sd < 0)
+        return;
     uv_fs_t req;
     if (uv_fs_scandir(NULL, &req, a->state_dir, 0, NULL) < 0) {
         uv_fs_req_cleanup(&req);
+        close(sd);
         return;
     }
     uv_dirent_t ent;
@@ -481,11 +510,12 @@ static void prune_generations(const struct agent *a, uint64_t gen)
         uint64_t g;
         if (!rank_log_generation(ent.name, &g) || g + KEEP_GENERATIONS > gen)
             continue;
-        char path[PATH_MAX];
-        if (snprintf(path, sizeof(path), "%s/%s", a->state_dir, ent.name) < (int)sizeof(path))
-            nftw(path, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+        int rc = rmtree_at(sd, ent.name);
+        if (rc)
+            log_warn_limited("pruning %s/%s: %s", a->state_dir, ent.name, strerror(-rc));
     }
     uv_fs_req_cleanup(&req);
+    close(sd);
 }
 
 /* The rank user may pass from the configured state directory (the node's directory's parent) down to dir. */
@@ -806,10 +836,21 @@ static void choose_state_dir(struct agent *a)
         if (!candidates[i])
             continue;
         /* One subdirectory per node: agents of several nodes may share a machine and a directory. */
-        char dir[PATH_MAX];
+        char dir[PATH_MAX], why[160] = "";
         int rc = snprintf(dir, sizeof(dir), "%s/%s", candidates[i], a->cfg->node) < (int)sizeof(dir)
                      ? make_dirs(dir, 0700)
                      : -ENAMETOOLONG;
+        /* $TMPDIR is everyone's: a muster-worker-NODE found there may be a stranger's, with links
+         * planted in it. It and the node's directory must be this agent's alone. */
+        if (rc == 0 && candidates[i] == fallback && dir_private(candidates[i], why, sizeof(why)) != 0) {
+            log_error("state directory %s refused: %s (someone else's directory could redirect the ranks' "
+                      "files); remove it or give --state-dir DIR", candidates[i], why);
+            continue;
+        }
+        if (rc == 0 && dir_private(dir, why, sizeof(why)) != 0) {
+            log_error("state directory %s refused: %s; remove it or give --state-dir DIR", dir, why);
+            continue;
+        }
         if (rc == 0) {
             snprintf(a->state_dir, sizeof(a->state_dir), "%s", dir);
             log_info("rank directories (error files, logs) under %s", a->state_dir);
@@ -1608,8 +1649,12 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
     case PROTO_CMD_STACKS:
         begin_stacks(a, c->generation);
         break;
-    default:
-        log_warn("daemon: unknown command %d ignored", (int)c->action);
+    default: {
+        unsigned long held;
+        char note[64];
+        if (ratelimit_pass(&a->daemon_ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+            log_warn("daemon: unknown command %d ignored%s", (int)c->action, ratelimit_note(held, note, sizeof(note)));
+    }
     }
 }
 
@@ -1973,8 +2018,13 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     case PROTO_LOG_REQUEST:
         on_log_request(a, &msg->u.log_request);
         break;
-    default:
-        log_warn("daemon sent %s after joining; ignored", proto_type_name(msg->type));
+    default: {
+        unsigned long held;
+        char note[64];
+        if (ratelimit_pass(&a->daemon_ignored_log, uv_now(a->loop), RATELIMIT_PEER_MS, &held))
+            log_warn("daemon sent %s after joining; ignored%s", proto_type_name(msg->type),
+                     ratelimit_note(held, note, sizeof(note)));
+    }
     }
 }
 

@@ -21,6 +21,7 @@
 
 #include <uv.h>
 
+#include "common/ratelimit.h"
 #include "proto/proto.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
@@ -68,6 +69,7 @@ struct agent_rank {
                             * its cadence, once a step for a program with long steps */
     char error_file[PATH_MAX + 16]; /* its TORCHELASTIC_ERROR_FILE; "" = none */
     unsigned bad_frames;  /* frames on its control socket that did not decode */
+    struct ratelimit ignored_log; /* lines about its ignored frames (common/ratelimit.h) */
     struct proto_rank_beat beat; /* latest state, as reported to the daemon */
     bool beat_unrelayed;         /* beat came from the rank after the last heartbeat to the daemon */
     bool spare;           /* a warm spare no slot has taken yet (spare.h): no identity, no log */

@@ -10,6 +10,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/log.h"
+
+/*
+ * The rank owns its directory: what is named stacks-PID.txt there may be a
+ * FIFO (an open blocks until the other end opens: the agent's loop would
+ * stop, and with it its heartbeats and fencing), a device, or a symbolic
+ * link to a file of the agent's. So a file is opened without following a
+ * link and without blocking, and used only when it is a regular file.
+ * Returns the descriptor, or -1 (logged when it is not a regular file).
+ */
+static int open_regular(const char *path, int flags)
+{
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        log_warn_limited("%s is not a regular file (a rank's FIFO or device?): skipped", path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int rank_stopped(int pid)
 {
     char path[64], buf[512];
@@ -59,10 +83,13 @@ int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signu
         struct stacks_proc *p = &d->procs[d->nprocs];
         if ((size_t)snprintf(p->path, sizeof(p->path), "%s/%s", dir, e->d_name) >= sizeof(p->path))
             continue;
-        int fd = open(p->path, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+        int fd = open_regular(p->path, O_WRONLY);
         if (fd < 0)
             continue;
+        int cut = ftruncate(fd, 0); /* truncated only once known to be a regular file */
         close(fd);
+        if (cut != 0)
+            continue;
         if (kill(pid, signum) != 0)
             continue;
         p->pid = pid;
@@ -87,7 +114,7 @@ int stacks_poll(struct stacks_dump *d)
         if (p->done)
             continue;
         struct stat st;
-        int64_t size = stat(p->path, &st) == 0 ? (int64_t)st.st_size : -1;
+        int64_t size = lstat(p->path, &st) == 0 && S_ISREG(st.st_mode) ? (int64_t)st.st_size : -1;
         /* faulthandler writes from the handler in a burst: bytes that stopped growing are the dump. */
         if (size > 0 && size == p->last_size)
             p->done = 1;
@@ -101,7 +128,7 @@ int stacks_poll(struct stacks_dump *d)
 /* Appends up to the room left of path's bytes to buf at *len. */
 static void append_file(const char *path, char *buf, size_t *len, size_t cap)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_regular(path, O_RDONLY); /* swapped for a FIFO since the dump began: skipped */
     if (fd < 0)
         return;
     while (*len < cap) {
