@@ -6,8 +6,9 @@
  * it keeps it (a rank's words, relayed). Once every running rank of the
  * generation answered with one, flight_blame compares them: the rank that
  * never entered the collective its peers wait in, with the collective's
- * number and op. Without every rank's summary there is no verdict: a rank
- * left out may be the one behind.
+ * number and op. Without every running rank's summary there is no verdict:
+ * a rank left out may be the one behind. Once the generation is over (no
+ * rank running) the set keeps its verdict, for GET /v1/stacks.
  */
 #include "daemon/rdv_internal.h"
 
@@ -33,7 +34,7 @@ int rdv__flight_verdict(const struct rdv *r, char *out, size_t cap, uint32_t *cu
         goto out;
     for (uint32_t i = 0; i < r->world_size; i++) {
         const char *fr = k->ranks[i].fr;
-        if (r->ranks[i].state != RDV_RANK_RUNNING || !fr)
+        if (!fr)
             continue;
         if (flight_parse(fr, strlen(fr), &parsed[i], NULL) != 0)
             continue; /* refused when it came: cannot happen */

@@ -1,18 +1,19 @@
 #!/bin/sh
-# A rank that skips one collective (rank-conditional code, the classic
-# deadlock), named by torch's flight recorder (issue 32, item 5): an
-# unmodified gloo DDP program (tests/torch/ddp_train.py --skip-at-step 30
-# --skip-rank 2) on musterd + 2 agents x 2 ranks, the recorder on by default.
-# At its step 30 (0-based) every rank but 2 all-reduces its loss and then all
-# meet in a barrier: rank 2's barrier takes the number of the all_reduce it
-# skipped, and every rank waits for ever (gloo's timeout is 30 min). The
-# existing rules see four ranks waiting in a collective; the recorders'
-# summaries name rank 2, the op and its number:
+# A rank that skips one collective (rank-conditional code), named by torch's
+# flight recorder (issue 32, item 5): an unmodified gloo DDP program
+# (tests/torch/ddp_train.py --skip-at-step 30 --skip-rank 2) on musterd + 2
+# agents x 2 ranks, the recorder on by default. At its step 30 (0-based)
+# every rank but 2 all-reduces its loss, and rank 0 would then write the
+# mean to a file rank 2 waits for: ranks 0-1, 3 wait in the all_reduce for
+# ever (gloo's timeout is 30 min). (Had rank 2 gone on to another collective
+# instead, gloo pairs the two by number: it hangs, or aborts on the sizes;
+# tests/check_flight.c has that case.) The recorders' summaries name rank 2,
+# the op and its number:
 #   3 collectives when DDP wraps the model (all_gather of the parameter
 #     shapes, 2 broadcasts of its state), 1 all_reduce of the gradient
 #     bucket per step, 2 broadcasts before step 1 (DDP rebuilds its buckets
 #     after the first step): step S's bucket is #S+6 (S >= 1), and the
-#     skipped all_reduce after step 30 is #37.
+#     all_reduce rank 2 skips after step 30 is #37, its last #36.
 # Then, with "flight_recorder": 0, the same program's hang says nothing of
 # the recorder, and the rank environment has no TORCH_FR_BUFFER_SIZE.
 set -eu
@@ -39,16 +40,17 @@ wait_hung() {
         [ -n "$MSG" ] || sleep 0.2
     done
 }
-job() { # job FLIGHT_RECORDER_KEY
+job() { # job SKIP_AT_STEP [FLIGHT_RECORDER_KEY]
     cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "hang-skip", "nodes": 2, "max_restarts": 0, "batch": 4, "stop_grace_ms": 500, "progress_timeout_ms": 4000,
- "heartbeat_interval_ms": 200 $1,
- "rank_cmd": ["$PY", "$SCRIPT", "--steps", "100000", "--skip-at-step", "$SKIP", "--skip-rank", "2"]}
+ "heartbeat_interval_ms": 200 ${2:-},
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "100000", "--skip-at-step", "$1", "--skip-rank", "2",
+              "--skip-file", "$ITEST_DIR/mean-loss"]}
 JSON
 }
 
 # ---- the recorder on (the default)
-job ""
+job "$SKIP"
 start_pair_job "$ITEST_DIR/job.json"
 # rank 0 prints step 30's line after the all_reduce it never leaves: step 29's is its last
 wait_log 120 "$ITEST_DIR/agent-a.log" "rank 0: step $SKIP loss" || fail "rank 0 did not reach step $SKIP"
@@ -57,7 +59,7 @@ tr '\0' '\n' < "/proc/$pid/environ" | grep -qx 'TORCH_FR_BUFFER_SIZE=2000' ||
     fail "rank 0's environment has no TORCH_FR_BUFFER_SIZE=2000"
 wait_hung 1 30
 [ -n "$MSG" ] || fail "the deadlock was not named within 30 s of step $SKIP"
-want="rank 2 on node b is hung: rank 2 never entered all_reduce #$EXPECT (its #$EXPECT is barrier); ranks 0-1, 3 wait in it (torch's flight recorder)"
+want="rank 2 on node b is hung: rank 2 never entered all_reduce #$EXPECT (its last is all_reduce #$((EXPECT - 1))); ranks 0-1, 3 wait in it (torch's flight recorder)"
 [ "$MSG" = "$want" ] || fail "the hang's message:
   got:  $MSG
   want: $want"
@@ -76,13 +78,15 @@ assert d["flight_recorder"]["rank"] == 2, d["flight_recorder"]
 assert d["flight_recorder"]["verdict"].startswith("rank 2 never entered all_reduce #%d" % n)
 for r in d["ranks"]:
     line = r["fr"].split("\n")[0].split()
-    assert line[:3] == ["0", "default_pg", str(n)], (r["rank"], r["fr"])
-    assert line[-1] == "%d:%s" % (n, "barrier" if r["rank"] == 2 else "all_reduce"), (r["rank"], r["fr"])
+    entered = n - 1 if r["rank"] == 2 else n  # rank 2 stopped short of #n; the others are inside it
+    assert line[:4] == ["0", "default_pg", str(entered), str(n - 1)], (r["rank"], r["fr"])
+    assert line[-1] == "%d:all_reduce" % entered, (r["rank"], r["fr"])
 PYEOF
 end_pair_job
+rm -f "$ITEST_DIR"/agent-*.log # the agents append: the next job's lines alone
 
-# ---- the recorder off: no summary, no verdict, no TORCH_FR_BUFFER_SIZE
-job ', "flight_recorder": 0'
+# ---- the recorder off: no summary, no verdict, no TORCH_FR_BUFFER_SIZE (the skip at step 3, to be quick)
+job 3 ', "flight_recorder": 0'
 start_pair_job "$ITEST_DIR/job.json"
 wait_log 120 "$ITEST_DIR/agent-a.log" "rank 0: step 3 loss" || fail "(off) rank 0 did not reach step 3"
 pid=$(rank_pid "$SCRIPT" 1)
