@@ -296,10 +296,10 @@ static int blame_pg(const struct flight_pg *const *g, uint32_t n, uint32_t *blam
         ranges(passed, sizeof(passed), past, npast);
     if (strcmp(desc, "default_pg") != 0)
         snprintf(group, sizeof(group), " of process group %s (%s)", name, desc);
-    snprintf(out, cap, "%s never entered %s%s#%llu%s%s; %s%s%s%s%s%s", who, op, op[0] ? " " : "collective ",
+    /* some rank is not blamed (those at hi, or in the op most are in): it waits in it or is past it */
+    snprintf(out, cap, "%s never entered %s%s#%llu%s%s; %s%s%s%s%s", who, op, op[0] ? " " : "collective ",
              (unsigned long long)seq, group, theirs, waiters, nin ? (nin == 1 ? " waits in it" : " wait in it") : "",
-             nin && npast ? ", " : "", passed, npast ? (npast == 1 ? " is past it" : " are past it") : "",
-             nin || npast ? "" : "nobody else is in it");
+             nin && npast ? ", " : "", passed, npast ? (npast == 1 ? " is past it" : " are past it") : "");
     *culprit = blamed[0];
     return 1;
 }

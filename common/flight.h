@@ -31,8 +31,10 @@
  *    all_reduce #31; ranks 0-1, 3 wait in it" (or "are past it");
  *  - all entered the same #M but not the same op (a rank skipped one and
  *    went on to its next collective, which took the skipped one's number):
- *    the ranks not in the op most are in never entered it: "rank 2 never
- *    entered all_reduce #37 (its #37 is barrier); ranks 0-1, 3 wait in it";
+ *    the ranks not in the op most are in (a tie: the lowest rank's) never
+ *    entered it: "rank 2 never entered all_reduce #37 (its #37 is
+ *    barrier); ranks 0-1, 3 wait in it" (NCCL hangs there; gloo pairs the
+ *    two by number and hangs, or aborts when the sizes differ);
  *  - all in the same op at the same number, or all done: the recorder
  *    blames nobody (a peer stuck inside the collective, a wedged link).
  * The first group, in the lowest rank's order, that blames somebody speaks.
