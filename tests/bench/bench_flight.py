@@ -1,8 +1,10 @@
 """The flight recorder's cost (issue 32, item 5): tests/torch/ddp_train.py on
 2 gloo ranks on loopback, with TORCH_FR_BUFFER_SIZE=2000 (what the agent sets
 by default) and without, in alternating runs; and a loop of small
-all_reduces, which is all collective overhead, the same way. Prints medians
-over the runs with their range, and the cost per collective.
+all_reduces on one gloo rank, which is all collective overhead and no peer
+to wait for, the same way: its wall time and its main thread's CPU time (the
+recorder records on the calling thread; CPU time is what a loaded machine
+disturbs least). Prints medians over the runs with their range.
 
   .venv/bin/python tests/bench/bench_flight.py [--runs 5] [--steps 300] [--ops 3000]
 """
@@ -23,12 +25,13 @@ x = torch.ones(8)
 for _ in range(50):
     dist.all_reduce(x)
 dist.barrier()
-t = time.perf_counter()
-for _ in range(int(os.environ["OPS"])):
+n = int(os.environ["OPS"])
+t, c = time.perf_counter(), time.thread_time()
+for _ in range(n):
     dist.all_reduce(x)
-dt = time.perf_counter() - t
+dt, dc = time.perf_counter() - t, time.thread_time() - c
 if dist.get_rank() == 0:
-    print(dt / int(os.environ["OPS"]))
+    print(dt / n, dc / n)
 dist.destroy_process_group()
 """
 
@@ -66,8 +69,10 @@ def ddp_step(fr: bool, steps: int) -> float:
     return statistics.median(gaps)
 
 
-def loop_op(fr: bool, ops: int) -> float:
-    return float(launch(["-c", LOOP], fr, extra={"OPS": str(ops)}).split()[-1])
+def loop_op(fr: bool, ops: int):
+    """(wall, main thread CPU) seconds per all_reduce on one rank."""
+    wall, cpu = launch(["-c", LOOP], fr, world=1, extra={"OPS": str(ops)}).split()[-2:]
+    return float(wall), float(cpu)
 
 
 def show(name: str, on, off, unit: float, per: str):
@@ -88,10 +93,13 @@ def main():
         for fr in ((True, False) if i % 2 == 0 else (False, True)):  # alternate which goes first
             (on if fr else off).append(ddp_step(fr, a.steps))
             (lon if fr else loff).append(loop_op(fr, a.ops))
-    print("flight recorder cost, %d runs each, alternating, 2 gloo ranks on loopback:" % a.runs)
+    print("flight recorder cost (TORCH_FR_BUFFER_SIZE=2000 vs unset), %d runs each, alternating:" % a.runs)
     # ddp_train.py's step has one collective (the gradient bucket's all_reduce)
-    show("ddp_train.py step (1 collective)", on, off, 1e6, "per step")
-    show("all_reduce of 8 floats", lon, loff, 1e6, "per collective")
+    show("ddp_train.py step, 2 gloo ranks (1 collective a step), wall", on, off, 1e6, "per step")
+    show("all_reduce of 8 floats, 1 gloo rank, wall", [x[0] for x in lon], [x[0] for x in loff], 1e6,
+         "per collective")
+    show("all_reduce of 8 floats, 1 gloo rank, main thread CPU", [x[1] for x in lon], [x[1] for x in loff], 1e6,
+         "per collective")
 
 
 if __name__ == "__main__":
