@@ -492,6 +492,20 @@ START_TEST(rank_env_python_hook)
     ck_assert_ptr_null(env_get(env, "MUSTER_RANK_DIR")); /* the agent's, never a stale parent's */
     ck_assert_ptr_null(env_get(env, "MUSTER_STACKS_SIGNAL"));
     cmdline_free(env);
+
+    /* the flight recorder's buffer: the job's, unless the agent's environment sets one; 0 = unset */
+    id.fr_buffer = 2000;
+    env = rank_env_build(bare, &id);
+    ck_assert_str_eq(env_get(env, "TORCH_FR_BUFFER_SIZE"), "2000");
+    cmdline_free(env);
+    char *own[] = {"TORCH_FR_BUFFER_SIZE=50", NULL};
+    env = rank_env_build(own, &id);
+    ck_assert_str_eq(env_get(env, "TORCH_FR_BUFFER_SIZE"), "50");
+    cmdline_free(env);
+    id.fr_buffer = 0;
+    env = rank_env_build(bare, &id);
+    ck_assert_ptr_null(env_get(env, "TORCH_FR_BUFFER_SIZE"));
+    cmdline_free(env);
 }
 END_TEST
 
