@@ -369,19 +369,25 @@ done:
     free(others);
 }
 
-/* When the ranks' flight recorders name the rank behind, it is the one hung,
- * whatever the rules of name_hung chose before the stacks came (a rank that
- * skipped a collective waits in the next one like its peers). */
+/* When the ranks' flight recorders name the rank behind: the rules of
+ * name_hung named it too (a rank outside any collective) and the verdict
+ * adds the collective to their words (where it is), or they named another
+ * (a rank that skipped a collective waits in the next one like its peers,
+ * and every rank waits) and the verdict is the reason. */
 static void flight_named(struct rdv *r)
 {
     uint32_t culprit;
-    char verdict[PROTO_REASON_MAX];
+    char verdict[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
     if (rdv__flight_verdict(r, verdict, sizeof(verdict), &culprit) != 1 || culprit >= r->world_size)
         return;
+    if (r->hang_rank == (int)culprit)
+        snprintf(what, sizeof(what), "%s; torch's flight recorder: %s", r->hang_what, verdict);
+    else
+        snprintf(what, sizeof(what), "rank %u on node %s is hung: %s (torch's flight recorder)", culprit,
+                 r->nodes[r->ranks[culprit].node].name, verdict);
     r->hang_rank = (int)culprit;
     r->hang_node = (int)r->ranks[culprit].node;
-    snprintf(r->hang_what, sizeof(r->hang_what), "rank %u on node %s is hung: %s (torch's flight recorder)", culprit,
-             r->nodes[r->hang_node].name, verdict);
+    memcpy(r->hang_what, what, sizeof(r->hang_what));
     proto_text_sanitize(r->hang_what);
 }
 
