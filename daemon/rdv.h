@@ -200,6 +200,7 @@ struct rdv_stack {
     char *text;            /* the dump as kept, as a JSON string literal (rendered once, when it
                             * came); malloc'd; NULL = none */
     size_t len;            /* strlen(text) */
+    char *fr;              /* its flight recorder summary (common/flight.h), malloc'd; NULL = none */
 };
 
 /* The latest set of stacks asked for (a hang, or POST /v1/stacks). */

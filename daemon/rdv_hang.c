@@ -23,11 +23,14 @@
 #include <time.h>
 
 #include "common/sbuf.h"
+#include "common/flight.h"
 
 void rdv__stacks_clear(struct rdv_stacks *k)
 {
-    for (uint32_t i = 0; i < k->nranks; i++)
+    for (uint32_t i = 0; i < k->nranks; i++) {
         free(k->ranks[i].text);
+        free(k->ranks[i].fr);
+    }
     free(k->ranks);
     k->ranks = NULL;
     k->nranks = k->nanswered = 0;
@@ -147,7 +150,8 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         x->rank >= nd->first_rank + nd->ndevices)
         return;
     struct rdv_stack *e = &k->ranks[x->rank];
-    char *text = NULL;
+    char *text = NULL, *fr = NULL;
+    static struct flight_rank parsed; /* only to check it: the loop's, 2 KiB */
     size_t len = 0;
     uint32_t cut = 0;
     k->bytes -= e->len; /* an answer again replaces the one before */
@@ -160,12 +164,20 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         }
     }
     k->cut -= e->cut;
+    if (x->fr && x->fr[0] && flight_parse(x->fr, strlen(x->fr), &parsed, NULL) == 0 && !(fr = strdup(x->fr))) {
+        free(text);
+        k->bytes += e->len;
+        k->cut += e->cut;
+        return; /* out of memory */
+    }
     free(e->text);
+    free(e->fr);
     e->text = text;
     e->len = len;
     e->cut = cut;
     k->bytes += len;
     k->cut += cut;
+    e->fr = fr;
     if (!e->answered)
         k->nanswered++;
     e->answered = 1;
@@ -193,6 +205,12 @@ void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap)
     }
     const struct rdv_stacks *k = &r->stacks;
     int have = k->generation == r->generation && k->nranks == r->world_size;
+    uint32_t blamed;
+    char verdict[PROTO_REASON_MAX];
+    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &blamed) == 1)
+        len = (size_t)snprintf(out, cap, "flight recorder: %s\n", verdict);
+    if (len >= cap)
+        len = 0;
     for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
         const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
@@ -430,11 +448,34 @@ done:
     free(others);
 }
 
+/* When the ranks' flight recorders name the rank behind: the rules of
+ * name_hung named it too (a rank outside any collective) and the verdict
+ * adds the collective to their words (where it is), or they named another
+ * (a rank that skipped a collective waits in the next one like its peers,
+ * and every rank waits) and the verdict is the reason. */
+static void flight_named(struct rdv *r)
+{
+    uint32_t culprit;
+    char verdict[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
+    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &culprit) != 1 || culprit >= r->world_size)
+        return;
+    if (r->hang_rank == (int)culprit)
+        snprintf(what, sizeof(what), "%s; torch's flight recorder: %s", r->hang_what, verdict);
+    else
+        snprintf(what, sizeof(what), "rank %u on node %s is hung: %s (torch's flight recorder)", culprit,
+                 r->nodes[r->ranks[culprit].node].name, verdict);
+    r->hang_rank = (int)culprit;
+    r->hang_node = (int)r->ranks[culprit].node;
+    memcpy(r->hang_what, what, sizeof(r->hang_what));
+    proto_text_sanitize(r->hang_what);
+}
+
 /* The hung generation's stacks came (or their wait ran out): fail it, with
  * where each rank was in the event and in last_failure. */
 void rdv__finish_hang(struct rdv *r, uint64_t now_ms)
 {
     r->hang_pending = 0;
+    flight_named(r);
     struct rdv_failure *f = &r->last_failure;
     memset(f, 0, sizeof(*f));
     f->generation = r->generation;

@@ -89,12 +89,16 @@ char *rdv_stacks_text(const struct rdv *r)
     char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
     if (summary)
         rdv__stacks_summary(r, summary, SUMMARY_MAX);
+    char verdict[PROTO_REASON_MAX];
+    uint32_t blamed = 0;
+    int flight = rdv__flight_verdict(r, verdict, sizeof(verdict), &blamed) == 1;
     struct sbuf b = {0};
-    put_open(&b, json_pack("{s:I, s:o, s:o, s:i, s:i, s:I, s:o}", "set", (json_int_t)k->asked, "generation",
+    put_open(&b, json_pack("{s:I, s:o, s:o, s:i, s:i, s:I, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
                            k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
                            k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
                            "expected", (int)k->nranks, "cut", (json_int_t)k->cut, "summary",
-                           summary && summary[0] ? json_string(summary) : json_null()));
+                           summary && summary[0] ? json_string(summary) : json_null(), "flight_recorder",
+                           flight ? json_pack("{s:i, s:s}", "rank", (int)blamed, "verdict", verdict) : json_null()));
     free(summary);
     sb_put(&b, ",\"ranks\":[", 10);
     for (uint32_t i = 0; i < k->nranks && !b.failed; i++) {
@@ -102,13 +106,14 @@ char *rdv_stacks_text(const struct rdv *r)
         const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
         if (i)
             sb_put(&b, ",", 1);
-        put_open(&b, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:i}", "rank", (int)i, "node",
+        put_open(&b, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:i, s:o}", "rank", (int)i, "node",
                                rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
                                "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
                                e->stopped || (rk && rk->stopped), "where",
                                rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
                                rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "error",
-                               e->error[0] ? json_string(e->error) : json_null(), "cut", (int)e->cut));
+                               e->error[0] ? json_string(e->error) : json_null(), "cut", (int)e->cut, "fr",
+                               e->fr ? json_string(e->fr) : json_null()));
         sb_put(&b, ",\"text\":", 8);
         if (e->text)
             sb_put(&b, e->text, e->len); /* rendered once, when it came */

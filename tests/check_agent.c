@@ -25,6 +25,7 @@
 #include "worker/agent/rank_log.h"
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_user.h"
+#include "worker/agent/rank_flight.h"
 #include "worker/agent/spare.h"
 
 #include <grp.h>
@@ -668,6 +669,20 @@ START_TEST(rank_env_python_hook)
     ck_assert_str_eq(env_get(env, "PYTHONPATH"), long_path);
     ck_assert_ptr_null(env_get(env, "MUSTER_RANK_DIR")); /* the agent's, never a stale parent's */
     ck_assert_ptr_null(env_get(env, "MUSTER_STACKS_SIGNAL"));
+    cmdline_free(env);
+
+    /* the flight recorder's buffer: the job's, unless the agent's environment sets one; 0 = unset */
+    id.fr_buffer = 2000;
+    env = rank_env_build(bare, &id);
+    ck_assert_str_eq(env_get(env, "TORCH_FR_BUFFER_SIZE"), "2000");
+    cmdline_free(env);
+    char *own[] = {"TORCH_FR_BUFFER_SIZE=50", NULL};
+    env = rank_env_build(own, &id);
+    ck_assert_str_eq(env_get(env, "TORCH_FR_BUFFER_SIZE"), "50");
+    cmdline_free(env);
+    id.fr_buffer = 0;
+    env = rank_env_build(bare, &id);
+    ck_assert_ptr_null(env_get(env, "TORCH_FR_BUFFER_SIZE"));
     cmdline_free(env);
 }
 END_TEST
@@ -1440,6 +1455,88 @@ START_TEST(spare_usable_forms)
 }
 END_TEST
 
+/* A process of its own group armed as the hook arms it (fr-PID.fifo in dir):
+ * on a byte it writes answer to fr-PID.txt, through a rename, and exits. */
+static pid_t flight_rank(const char *dir, const char *answer)
+{
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        char fifo[4200], out[4200], tmp[4300], c;
+        snprintf(fifo, sizeof(fifo), "%s/fr-%d.fifo", dir, (int)getpid());
+        snprintf(out, sizeof(out), "%s/fr-%d.txt", dir, (int)getpid());
+        snprintf(tmp, sizeof(tmp), "%s.tmp", out);
+        int fd = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDWR) : -1;
+        if (fd < 0 || write(ready[1], "r", 1) != 1 || read(fd, &c, 1) != 1)
+            _exit(1);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fputs(answer, f) < 0 || fclose(f) != 0 || rename(tmp, out) != 0)
+            _exit(1);
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    return pid;
+}
+
+/* The agent's side of the flight recorder summary: asked through the FIFO,
+ * waited for, read bounded and checked (a rank's words). */
+START_TEST(flight_summary_is_asked_for_and_checked)
+{
+    static const struct {
+        const char *answer;
+        const char *want; /* NULL: refused */
+    } cases[] = {
+        {"0 default_pg 37 36 37:all_reduce", "0 default_pg 37 36 37:all_reduce"},
+        {"0 default_pg 37 38 37:all_reduce", NULL},
+        {"0 default_pg 37 36 37:all\x1b[31m", NULL},
+        {"", NULL}, /* no process group yet: nothing to send, nothing wrong */
+    };
+    char dir[] = "/tmp/check_flightXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        pid_t pid = flight_rank(dir, cases[i].answer);
+        static struct flight_ask f;
+        ck_assert_int_eq(flight_ask_begin(&f, dir, pid), 1);
+        for (int t = 0; t < 500 && !flight_ask_poll(&f); t++)
+            usleep(10000);
+        ck_assert_int_eq(flight_ask_poll(&f), 1);
+        char why[512];
+        char *text = flight_ask_read(&f, why, sizeof(why));
+        if (cases[i].want) {
+            ck_assert_ptr_nonnull(text);
+            ck_assert_str_eq(text, cases[i].want);
+            ck_assert_str_eq(why, "");
+        } else {
+            ck_assert_ptr_null(text);
+            if (cases[i].answer[0])
+                ck_assert_msg(strstr(why, "flight recorder summary is refused: line 1"), "%s", why);
+            else
+                ck_assert_str_eq(why, "");
+        }
+        free(text);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert_int_eq(WEXITSTATUS(st), 0);
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/fr-%d.fifo", dir, (int)pid);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/fr-%d.txt", dir, (int)pid);
+        unlink(path);
+    }
+    /* nobody armed: nothing asked */
+    static struct flight_ask f;
+    ck_assert_int_eq(flight_ask_begin(&f, dir, getpid()), 0);
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *make_agent_suite(void)
 {
     Suite *s = suite_create("agent");
@@ -1449,6 +1546,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, spare_usable_forms);
     tcase_add_test(tc, devices_gpu_list_and_all);
     tcase_add_test(tc, devices_bad_forms_are_named);
+    tcase_add_test(tc, flight_summary_is_asked_for_and_checked);
     tcase_add_test(tc, devices_probe_counts_nvidia_nodes);
     suite_add_tcase(s, tc);
 

@@ -50,6 +50,15 @@ START_TEST(wrong_type_and_bounds_are_named)
     ck_assert_ptr_nonnull(strstr(err, "job.json: lr: expected a number"));
     ck_assert_int_eq(parse("[1, 2]", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "top level"));
+    /* the flight recorder: on (2000 entries) unless the job says otherwise; 0 = off */
+    ck_assert_int_eq(parse("{\"nodes\": 1}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.flight_recorder, 2000);
+    ck_assert_int_eq(parse("{\"flight_recorder\": 0}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.flight_recorder, 0);
+    ck_assert_int_eq(parse("{\"flight_recorder\": false}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: flight_recorder: expected an integer"));
+    ck_assert_int_eq(parse("{\"flight_recorder\": 1000001}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "job.json: flight_recorder: expected an integer in [0, 1000000]"));
 }
 END_TEST
 

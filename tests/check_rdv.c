@@ -1593,6 +1593,55 @@ START_TEST(hang_names_the_rank_not_in_a_collective)
 }
 END_TEST
 
+/* Every rank waits in a collective: the rules can only name the rank found
+ * stuck, but the ranks' flight recorder summaries (STACKS fr) name the one
+ * behind, once every running rank sent one that parses. */
+START_TEST(hang_is_named_by_the_flight_recorders)
+{
+    static const char *const fr[4] = {"0 default_pg 31 30 31:all_reduce", "0 default_pg 30 30 30:broadcast",
+                                      "0 default_pg 31 30 31:all_reduce", "0 default_pg 31 30 31:all_reduce"};
+    for (int mode = 0; mode < 3; mode++) { /* 0: all four; 1: rank 3 sends none; 2: rank 3's is garbage */
+        if (mode)
+            teardown();
+        form_running(3);
+        spec.progress_timeout_ms = 2000;
+        spec.heartbeat_interval_ms = 200;
+        for (int i = 0; i < 30 && !rdv.hang_pending; i++) {
+            now += 100;
+            for (uint32_t k = 0; k < 4; k++)
+                beat_one(k < 2 ? "a" : "b", k, 4, -1, "c10d.py:1 in all_reduce", AR, 0, 0);
+            rdv_tick(&rdv, now);
+        }
+        ck_assert_int_eq(rdv.hang_pending, 1);
+        static struct proto_msg m;
+        for (uint32_t k = 0; k < 4; k++) {
+            memset(&m, 0, sizeof(m));
+            m.type = PROTO_STACKS;
+            m.u.stacks.generation = rdv.generation;
+            m.u.stacks.rank = k;
+            m.u.stacks.pid = 1000 + k;
+            m.u.stacks.text = "process 1000:\n  File \"c10d.py\", line 1 in all_reduce\n";
+            m.u.stacks.fr = (char *)(k == 3 && mode == 1 ? NULL : k == 3 && mode == 2 ? "0 default_pg x 1" : fr[k]);
+            rdv_message(&rdv, k < 2 ? "a" : "b", &m, now);
+        }
+        rdv_tick(&rdv, now);
+        ck_assert_int_eq(rdv.hang_pending, 0);
+        if (mode == 0) {
+            ck_assert_str_eq(rdv.last_failure.reason, "rank 1 on node a is hung: rank 1 never entered all_reduce #31 "
+                                                      "(its last is broadcast #30); ranks 0, 2-3 wait in it (torch's "
+                                                      "flight recorder)");
+            ck_assert_uint_eq(rdv.last_failure.rank, 1);
+            ck_assert_msg(strncmp(rdv.last_failure.detail, "flight recorder: rank 1 never entered all_reduce #31",
+                                  52) == 0, "%s", rdv.last_failure.detail);
+        } else { /* a rank without a summary may be the one behind: no verdict */
+            ck_assert_msg(strstr(rdv.last_failure.reason, "rank 0 on node a is hung: stuck at step 4"), "%s",
+                          rdv.last_failure.reason);
+            ck_assert_ptr_null(strstr(rdv.last_failure.detail, "flight recorder"));
+        }
+    }
+}
+END_TEST
+
 /* A silent rank (no reports of its own) whose process stays stopped longer
  * than the progress timeout is hung; a shorter stop is not. */
 START_TEST(silent_rank_stopped_past_the_timeout_is_hung)
@@ -3019,6 +3068,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, collective_error_is_put_down_to_the_stopped_peer);
     tcase_add_test(tc, auto_timeout_counts_the_steps_a_beat_brings);
     tcase_add_test(tc, hang_names_the_rank_not_in_a_collective);
+    tcase_add_test(tc, hang_is_named_by_the_flight_recorders);
     tcase_add_test(tc, silent_rank_stopped_past_the_timeout_is_hung);
     tcase_add_test(tc, step_seen_late_is_not_a_stall);
     tcase_add_test(tc, auto_timeout_follows_the_steps);

@@ -40,6 +40,12 @@ def parse_args():
     p.add_argument("--spin-at-step", type=int, default=-1, help="spin in a Python loop for ever at this step ...")
     p.add_argument("--spin-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--spin-restart", type=int, default=0, help="... in this restart only")
+    p.add_argument("--skip-at-step", type=int, default=-1,
+                   help="at this step every rank but --skip-rank all-reduces its loss and rank 0 writes the mean "
+                        "to --skip-file; that rank skips the all-reduce and waits for the file: a rank-conditional "
+                        "deadlock (gloo hangs or aborts when a skipping rank enters another collective instead) ...")
+    p.add_argument("--skip-rank", type=int, default=0, help="... on this rank ...")
+    p.add_argument("--skip-file", default="", help="... and this file")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--elastic", action="store_true",
                    help="heal in place through muster_rank.Elastic (survivors keep process and state)")
@@ -228,6 +234,15 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step == args.skip_at_step and rank != args.skip_rank:
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            if rank == 0:
+                with open(args.skip_file, "w") as f:
+                    f.write(f"{mean.item() / world:.6f}\n")
+        elif step == args.skip_at_step:
+            while not os.path.exists(args.skip_file):
+                time.sleep(0.05)
         if args.timing and step == start:
             print(f"rank {rank} first step done at {time.time():.6f} (launched {t_start:.6f})", flush=True)
         if args.timing_file:
