@@ -64,6 +64,12 @@ static const struct key_def keys[] = {
      "1: a rank_cmd's Python processes start with muster's start-up hook (on PYTHONPATH): it reports torch "
      "optimizer steps, keepalives and where the program is, and dumps stacks on request, with no change to "
      "the program; 0: off"},
+    {"flight_recorder", KEY_INT, F(flight_recorder), 0, 1000000, 2000, NULL,
+     "entries torch's flight recorder keeps per process of a Python rank with python_hook on "
+     "(TORCH_FR_BUFFER_SIZE, unless the agent's environment sets it); on a suspected hang the hook reads it and "
+     "musterd names the rank behind at which collective, e.g. \"rank 2 never entered all_reduce #37 (its #37 is "
+     "barrier); ranks 0-1, 3 wait in it\" (docs/troubleshooting.md); it costs about 4 us per collective "
+     "(tests/bench/bench_flight.py); 0: off"},
     {"visible_devices", KEY_STRING, F(visible_devices), 0, 0, 0, "node",
      "the GPUs a rank_cmd rank sees: \"node\" (torchrun's: CUDA_VISIBLE_DEVICES lists the node's job GPUs in "
      "LOCAL_RANK order, so cuda:LOCAL_RANK, as torch.cuda.set_device(LOCAL_RANK), DeepSpeed and accelerate "

@@ -40,6 +40,7 @@ struct job_spec {
     int restart_backoff_max_ms; /* longest wait; also what disk-full and OOM failures wait */
     int restart_window_s;      /* only restarts this recent count toward max_restarts; 0 = all */
     int python_hook;           /* Python ranks start with muster's start-up hook (1) or not (0) */
+    int flight_recorder;       /* hooked Python ranks get TORCH_FR_BUFFER_SIZE=this (torch's flight recorder); 0 = off */
     char visible_devices[8];   /* a rank_cmd rank sees its node's job GPUs ("node") or its own ("own") */
     int warm_spares;           /* each agent keeps a warm Python process to become the next rank (1) or not (0) */
     char warm_imports[512];    /* warm_spares: more modules to import ahead, comma-separated */

@@ -22,10 +22,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/flight.h"
+
 void rdv__stacks_clear(struct rdv_stacks *k)
 {
-    for (uint32_t i = 0; i < k->nranks; i++)
+    for (uint32_t i = 0; i < k->nranks; i++) {
         free(k->ranks[i].text);
+        free(k->ranks[i].fr);
+    }
     free(k->ranks);
     k->ranks = NULL;
     k->nranks = k->nanswered = 0;
@@ -83,11 +87,18 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         x->rank >= nd->first_rank + nd->ndevices)
         return;
     struct rdv_stack *e = &k->ranks[x->rank];
-    char *text = NULL;
+    char *text = NULL, *fr = NULL;
+    static struct flight_rank parsed; /* only to check it: the loop's, 2 KiB */
     if (x->text && x->text[0] && !(text = strdup(x->text)))
         return;
+    if (x->fr && x->fr[0] && flight_parse(x->fr, strlen(x->fr), &parsed, NULL) == 0 && !(fr = strdup(x->fr))) {
+        free(text);
+        return;
+    }
     free(e->text);
+    free(e->fr);
     e->text = text;
+    e->fr = fr;
     if (!e->answered)
         k->nanswered++;
     e->answered = 1;
@@ -115,6 +126,12 @@ void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap)
     }
     const struct rdv_stacks *k = &r->stacks;
     int have = k->generation == r->generation && k->nranks == r->world_size;
+    uint32_t blamed;
+    char verdict[PROTO_REASON_MAX];
+    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &blamed) == 1)
+        len = (size_t)snprintf(out, cap, "flight recorder: %s\n", verdict);
+    if (len >= cap)
+        len = 0;
     for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
         const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
@@ -352,11 +369,28 @@ done:
     free(others);
 }
 
+/* When the ranks' flight recorders name the rank behind, it is the one hung,
+ * whatever the rules of name_hung chose before the stacks came (a rank that
+ * skipped a collective waits in the next one like its peers). */
+static void flight_named(struct rdv *r)
+{
+    uint32_t culprit;
+    char verdict[PROTO_REASON_MAX];
+    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &culprit) != 1 || culprit >= r->world_size)
+        return;
+    r->hang_rank = (int)culprit;
+    r->hang_node = (int)r->ranks[culprit].node;
+    snprintf(r->hang_what, sizeof(r->hang_what), "rank %u on node %s is hung: %s (torch's flight recorder)", culprit,
+             r->nodes[r->hang_node].name, verdict);
+    proto_text_sanitize(r->hang_what);
+}
+
 /* The hung generation's stacks came (or their wait ran out): fail it, with
  * where each rank was in the event and in last_failure. */
 void rdv__finish_hang(struct rdv *r, uint64_t now_ms)
 {
     r->hang_pending = 0;
+    flight_named(r);
     struct rdv_failure *f = &r->last_failure;
     memset(f, 0, sizeof(*f));
     f->generation = r->generation;

@@ -75,6 +75,10 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x);
 void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap);
 void rdv__finish_hang(struct rdv *r, uint64_t now_ms);
 void rdv__check_progress(struct rdv *r, uint64_t now_ms);
+/* rdv_flight.c: 1 with the flight recorder's sentence in out and the rank it
+ * blames in *culprit once every running rank's STACKS brought a summary and
+ * one is behind; 0 when it names nobody; -ENOMEM. */
+int rdv__flight_verdict(const struct rdv *r, char *out, size_t cap, uint32_t *culprit);
 /* The peer that rank exited's collective error is put down to: a running rank
  * whose process is stopped, else a quiet one; its index, with what it is
  * into *why ("whose process is stopped ..."), or -1. */

@@ -66,14 +66,15 @@ json_t *rdv_stacks_json(const struct rdv *r)
         const struct rdv_stack *e = &k->ranks[i];
         const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
         json_array_append_new(
-            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
+            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
                              rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
                              "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
                              e->stopped || (rk && rk->stopped), "where",
                              rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
                              rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "text",
                              e->text ? json_string(e->text) : json_null(), "error",
-                             e->error[0] ? json_string(e->error) : json_null()));
+                             e->error[0] ? json_string(e->error) : json_null(), "fr",
+                             e->fr ? json_string(e->fr) : json_null()));
     }
     char when[40] = "";
     if (k->generation) {
@@ -87,11 +88,16 @@ json_t *rdv_stacks_json(const struct rdv *r)
     char *summary = k->generation ? malloc(SUMMARY_MAX) : NULL;
     if (summary)
         rdv__stacks_summary(r, summary, SUMMARY_MAX);
-    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
+    char verdict[PROTO_REASON_MAX];
+    uint32_t blamed = 0;
+    int flight = rdv__flight_verdict(r, verdict, sizeof(verdict), &blamed) == 1;
+    json_t *doc = json_pack("{s:I, s:o, s:o, s:i, s:i, s:o, s:o, s:o}", "set", (json_int_t)k->asked, "generation",
                             k->generation ? json_integer((json_int_t)k->generation) : json_null(), "requested",
                             k->generation ? json_string(when) : json_null(), "answered", (int)k->nanswered,
                             "expected", (int)k->nranks, "summary",
-                            summary && summary[0] ? json_string(summary) : json_null(), "ranks", ranks);
+                            summary && summary[0] ? json_string(summary) : json_null(), "flight_recorder",
+                            flight ? json_pack("{s:i, s:s}", "rank", (int)blamed, "verdict", verdict) : json_null(),
+                            "ranks", ranks);
     free(summary);
     return doc;
 }

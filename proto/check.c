@@ -337,10 +337,11 @@ static int check_log_data(const struct proto_log_data *d)
 /* A text or words for its absence; no text without a process that dumped it. */
 static int check_stacks(const struct proto_stacks *k)
 {
-    const char *text = k->text ? k->text : "";
+    const char *text = k->text ? k->text : "", *fr = k->fr ? k->fr : "";
 
     if (k->generation > PROTO_U64_MAX || k->pid > INT32_MAX ||
-        !valid_utf8(k->error, sizeof(k->error)) || !valid_log_text(text, PROTO_STACKS_MAX))
+        !valid_utf8(k->error, sizeof(k->error)) || !valid_log_text(text, PROTO_STACKS_MAX) ||
+        !valid_log_text(fr, PROTO_FR_MAX) || (fr[0] && k->pid == 0))
         return PROTO_E_RANGE;
     if ((text[0] == '\0' && k->error[0] == '\0') || (k->pid == 0 && text[0] != '\0'))
         return PROTO_E_RANGE;

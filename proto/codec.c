@@ -582,7 +582,7 @@ static int dec_log_data(json_t *o, struct proto_log_data *d)
 
 static int dec_stacks(json_t *o, struct proto_stacks *k)
 {
-    static const char *const keys[] = {"generation", "rank", "pid", "stopped", "text", "error", NULL};
+    static const char *const keys[] = {"generation", "rank", "pid", "stopped", "text", "error", "fr", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &k->generation));
@@ -590,6 +590,8 @@ static int dec_stacks(json_t *o, struct proto_stacks *k)
     TRY(get_u32(o, "pid", &k->pid));
     TRY(get_bool(o, "stopped", &k->stopped));
     TRY(get_owned_str(o, "text", PROTO_STACKS_MAX, &k->text));
+    if (json_object_get(o, "fr")) /* optional */
+        TRY(get_owned_str(o, "fr", PROTO_FR_MAX, &k->fr));
     k->error[0] = '\0'; /* optional */
     return json_object_get(o, "error") ? get_str(o, "error", k->error, sizeof(k->error)) : 0;
 }
@@ -750,6 +752,8 @@ void proto_msg_clear(struct proto_msg *msg)
     if (msg && msg->type == PROTO_STACKS) {
         free(msg->u.stacks.text);
         msg->u.stacks.text = NULL;
+        free(msg->u.stacks.fr);
+        msg->u.stacks.fr = NULL;
     }
 }
 
@@ -995,6 +999,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         if (m->u.stacks.stopped)
             TRY(put(o, "stopped", json_true()));
         TRY(put(o, "text", json_string(m->u.stacks.text ? m->u.stacks.text : "")));
+        if (m->u.stacks.fr && m->u.stacks.fr[0])
+            TRY(put(o, "fr", json_string(m->u.stacks.fr)));
         return m->u.stacks.error[0] ? put(o, "error", json_string(m->u.stacks.error)) : PROTO_OK;
     }
     return PROTO_E_TYPE;

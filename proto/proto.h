@@ -54,6 +54,7 @@
 /* STACKS: most bytes of one rank's dumped stacks (escaped at most twice over,
  * they fit PROTO_MAX_PAYLOAD). */
 #define PROTO_STACKS_MAX 61440
+#define PROTO_FR_MAX 2048 /* a STACKS's flight recorder summary (common/flight.h: FLIGHT_TEXT_MAX) */
 
 /* Machine-readable REJECT codes (daemon -> agent, then close). */
 #define PROTO_REJECT_AUTH "auth"               /* wrong HMAC response */
@@ -354,6 +355,9 @@ struct proto_stacks {
                  * PROTO_STACKS_MAX bytes of UTF-8 without control characters
                  * but newline and tab (proto_log_sanitize makes it so); each
                  * process's part headed by a line "process PID:" */
+    char *fr;   /* malloc'd or NULL (= ""): the rank's flight recorder summary,
+                 * at most PROTO_FR_MAX bytes of log text (optional; the
+                 * agent checked it with flight_parse) */
 };
 
 struct proto_msg {

@@ -240,6 +240,8 @@ static void sample(int type, struct proto_msg *m)
                          "  File \"train.py\", line 88 in compute_loss\n\t\\ \xe2\x82\xac\n");
         ck_assert_ptr_nonnull(k->text);
         strcpy(k->error, "its process is stopped (SIGSTOP or a debugger): it dumps when it continues");
+        k->fr = strdup("0 default_pg 37 36 36:all_reduce 37:barrier\n1 undefined 2 2 2:all_gather");
+        ck_assert_ptr_nonnull(k->fr);
         break;
     }
     default:
@@ -416,6 +418,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_int_eq(x->stopped, y->stopped);
         ck_assert_str_eq(x->error, y->error);
         ck_assert_str_eq(x->text ? x->text : "", y->text ? y->text : "");
+        ck_assert_str_eq(x->fr ? x->fr : "", y->fr ? y->fr : "");
         break;
     }
     default:
@@ -1067,7 +1070,7 @@ START_TEST(every_field_is_required)
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
                            (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
-                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error"))) ||
+                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error") || !strcmp(key, "fr"))) ||
                            ((t == PROTO_WELCOME || t == PROTO_ASSIGN || t == PROTO_UNIQUE_ID ||
                              t == PROTO_COMMAND) && !strcmp(key, "term"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
@@ -1501,6 +1504,11 @@ START_TEST(stacks_are_bounded)
         {STACKS("7", "\"error\":\"e\""), PROTO_E_MISSING},
         {STACKS("7", "\"text\":\"x\",\"where\":\"t.py:1\""), PROTO_E_UNKNOWN_FIELD},
         {"{\"generation\":2,\"pid\":7,\"text\":\"x\"}", PROTO_E_MISSING},
+        {STACKS("7", "\"text\":\"x\",\"fr\":\"0 default_pg 3 2 3:all_reduce\""), PROTO_OK},
+        {STACKS("7", "\"text\":\"x\",\"fr\":\"\""), PROTO_OK},
+        {STACKS("0", "\"text\":\"\",\"error\":\"e\",\"fr\":\"0 a 1 1\""), PROTO_E_RANGE}, /* from no process */
+        {STACKS("7", "\"text\":\"x\",\"fr\":\"a\\u0007b\""), PROTO_E_RANGE},
+        {STACKS("7", "\"text\":\"x\",\"fr\":[1]"), PROTO_E_FIELD_TYPE},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         ck_assert_msg(decode_text(PROTO_STACKS, cases[i].payload) == cases[i].rc, "case %zu (%s): %d, not %d", i,
@@ -1520,6 +1528,12 @@ START_TEST(stacks_are_bounded)
         m.u.stacks.text[len] = '\0';
         memset(m.u.stacks.error, 'e', PROTO_REASON_MAX - 1);
         m.u.stacks.error[PROTO_REASON_MAX - 1] = '\0';
+        free(m.u.stacks.fr); /* the longest summary, each byte escaped, fits beside the longest text */
+        m.u.stacks.fr = malloc(PROTO_FR_MAX + 1);
+        ck_assert_ptr_nonnull(m.u.stacks.fr);
+        for (size_t i = 0; i < PROTO_FR_MAX; i++)
+            m.u.stacks.fr[i] = "\"\\\n"[i % 3];
+        m.u.stacks.fr[PROTO_FR_MAX] = '\0';
         int n = proto_encode(&m, buf, sizeof(buf));
         if (len > PROTO_STACKS_MAX) {
             ck_assert_int_eq(n, PROTO_E_RANGE);

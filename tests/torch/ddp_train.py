@@ -40,6 +40,10 @@ def parse_args():
     p.add_argument("--spin-at-step", type=int, default=-1, help="spin in a Python loop for ever at this step ...")
     p.add_argument("--spin-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--spin-restart", type=int, default=0, help="... in this restart only")
+    p.add_argument("--skip-at-step", type=int, default=-1,
+                   help="at this step every rank but --skip-rank all-reduces its loss for the log line and that "
+                        "rank skips it: the classic rank-conditional deadlock ...")
+    p.add_argument("--skip-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--muster-client", action="store_true", help="report step and loss to muster")
     p.add_argument("--elastic", action="store_true",
                    help="heal in place through muster_rank.Elastic (survivors keep process and state)")
@@ -228,6 +232,10 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step == args.skip_at_step and rank != args.skip_rank:
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            print(f"rank {rank} step {step + 1} mean loss {mean.item() / world:.6f}", flush=True)
         if args.timing and step == start:
             print(f"rank {rank} first step done at {time.time():.6f} (launched {t_start:.6f})", flush=True)
         if args.timing_file:

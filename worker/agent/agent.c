@@ -29,6 +29,7 @@
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_stacks.h"
+#include "worker/agent/rank_flight.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 #include "worker/agent/spare.h"
@@ -166,6 +167,7 @@ struct agent {
     /* COMMAND stacks being answered: one dump per rank of the generation (rank_stacks.h) */
     uv_timer_t stacks_timer;
     struct stacks_dump *stacks; /* malloc'd while a request is answered; NULL = none */
+    struct flight_ask *flights; /* the same ranks' flight recorder summaries (rank_flight.h) */
     uint32_t nstacks;
     uint64_t stacks_since;      /* uv_now when it began */
 
@@ -609,6 +611,7 @@ static struct rank_identity slot_identity(const struct agent *a, uint32_t i, con
         .python_path = pypath,
         .rank_dir = dir,
         .stacks_signal = pypath[0] && dir[0] ? STACKS_SIGNAL : 0,
+        .fr_buffer = pypath[0] && dir[0] ? (uint32_t)spec->flight_recorder : 0,
         .kind = a->cfg->devices.kind,
         .device = slot->device,
         .visible = visible,
@@ -1460,13 +1463,20 @@ static void finish_stacks(struct agent *a, bool timed_out)
             log_warn("rank %u: out of memory for its stacks", a->stacks[i].rank);
             continue;
         }
+        char why[PROTO_REASON_MAX] = "";
+        if (m.u.stacks.pid)
+            m.u.stacks.fr = flight_ask_read(&a->flights[i], why, sizeof(why));
+        if (why[0] && m.u.stacks.pid)
+            log_warn("rank %u: %s", a->stacks[i].rank, why);
         send_to_daemon(a, &m);
         proto_msg_clear(&m);
     }
     log_info("stacks of %u rank(s) sent (%" PRIu64 " ms%s)", a->nstacks, uv_now(a->loop) - a->stacks_since,
              timed_out ? ", some cut short at the deadline" : "");
     free(a->stacks);
+    free(a->flights);
     a->stacks = NULL;
+    a->flights = NULL;
     a->nstacks = 0;
 }
 
@@ -1475,7 +1485,7 @@ static void on_stacks_timer(uv_timer_t *t)
     struct agent *a = t->data;
     bool all = true;
     for (uint32_t i = 0; i < a->nstacks; i++)
-        if (!stacks_poll(&a->stacks[i]))
+        if (!stacks_poll(&a->stacks[i]) || !flight_ask_poll(&a->flights[i]))
             all = false;
     if (all || uv_now(a->loop) - a->stacks_since >= STACKS_DEADLINE_MS)
         finish_stacks(a, !all);
@@ -1489,8 +1499,13 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         return;
     }
     a->stacks = calloc(PROTO_MAX_LOCAL_RANKS, sizeof(*a->stacks));
-    if (!a->stacks) {
+    a->flights = calloc(PROTO_MAX_LOCAL_RANKS, sizeof(*a->flights));
+    if (!a->stacks || !a->flights) {
         log_warn("daemon: stacks: out of memory");
+        free(a->stacks);
+        free(a->flights);
+        a->stacks = NULL;
+        a->flights = NULL;
         return;
     }
     a->nstacks = 0;
@@ -1506,6 +1521,8 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         char dir[PATH_MAX];
         rank_dir(a, r->generation, r->rank, dir, sizeof(dir));
         if (stacks_begin(d, dir, r->pid, STACKS_SIGNAL))
+            waiting = true;
+        if (!d->stopped && flight_ask_begin(&a->flights[a->nstacks - 1], dir, r->pid))
             waiting = true;
     }
     log_info("daemon: stacks (generation %" PRIu64 "): %u rank(s) asked", gen, a->nstacks);
@@ -2051,7 +2068,9 @@ static void maybe_finish(struct agent *a)
     uv_close((uv_handle_t *)&a->connect_timer, NULL);
     uv_close((uv_handle_t *)&a->stacks_timer, NULL);
     free(a->stacks);
+    free(a->flights);
     a->stacks = NULL;
+    a->flights = NULL;
     agent_preflight_close(&a->pf);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);

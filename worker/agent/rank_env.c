@@ -83,7 +83,8 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     size_t np = 0;
     while (parent && parent[np])
         np++;
-    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + 1 /* PYTHONPATH */ + 1, sizeof(char *));
+    char **env = calloc(np + NOWNED + 1 /* OMP_NUM_THREADS */ + 1 /* PYTHONPATH */ + 1 /* TORCH_FR_BUFFER_SIZE */ + 1,
+                        sizeof(char *));
     if (!env)
         return NULL;
     size_t n = 0;
@@ -133,6 +134,9 @@ char **rank_env_build(char *const *parent, const struct rank_identity *id)
     if (id->rank_dir && id->rank_dir[0] && put_var(env, &n, "MUSTER_RANK_DIR", "%s", id->rank_dir))
         goto oom;
     if (id->stacks_signal && put_var(env, &n, "MUSTER_STACKS_SIGNAL", "%d", id->stacks_signal))
+        goto oom;
+    if (id->fr_buffer && !rank_env_get(parent, "TORCH_FR_BUFFER_SIZE") &&
+        put_var(env, &n, "TORCH_FR_BUFFER_SIZE", "%" PRIu32, id->fr_buffer))
         goto oom;
     return env;
 oom:

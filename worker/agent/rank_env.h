@@ -41,6 +41,8 @@ struct rank_identity {
     const char *python_path;   /* muster's start-up hook, put first on PYTHONPATH; NULL or "" = none */
     const char *rank_dir;      /* MUSTER_RANK_DIR: the rank's directory on the node; NULL or "" = unset */
     int stacks_signal;         /* MUSTER_STACKS_SIGNAL: dumps the hook's stacks there; 0 = unset */
+    uint32_t fr_buffer;        /* TORCH_FR_BUFFER_SIZE (torch's flight recorder, read by the hook) unless the
+                                * agent's environment sets it; 0 = unset */
     enum proto_device_kind kind;
     uint32_t device; /* its own gpu ordinal; ignored for cpu */
     /* The ordinals CUDA_VISIBLE_DEVICES lists, in LOCAL_RANK order (device at index

@@ -1,6 +1,7 @@
 """muster's start-up hook, which startup/sitecustomize.py runs in every Python
 process of a rank (and muster_spare when a warm spare becomes one). It arms
-faulthandler so that the agent can ask for every thread's stack, and once the
+faulthandler so that the agent can ask for every thread's stack, a thread
+that reads torch's flight recorder when the agent asks (flight.py), and once the
 program imports torch (2.0 or later), it counts optimizer steps through
 torch's global optimizer step hook and reports them to the agent, as beat()
 would (a program that calls beat() itself keeps its own figures). It imports
@@ -20,6 +21,9 @@ def startup() -> None:
     if "MUSTER_CTL_FD" not in os.environ:
         return  # not a rank's own process (or not under muster)
     _arm_stacks()
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the agent turned the recorder on
+        from .flight import arm
+        arm()
     if "torch" in sys.modules:  # a warm spare (muster_spare) imported it before it became this rank
         _torch_imported(sys.modules["torch"])
     else:
