@@ -184,6 +184,7 @@ struct rdv_stack {
     char error[PROTO_REASON_MAX];
     char *text;            /* malloc'd; NULL = none */
     char *fr;              /* its flight recorder summary (common/flight.h), malloc'd; NULL = none */
+    char *ras;             /* what NCCL's RAS said of its process ("NCCL RAS: ..." lines), malloc'd; NULL = none */
 };
 
 /* The latest set of stacks asked for (a hang, or POST /v1/stacks). */

@@ -66,7 +66,7 @@ json_t *rdv_stacks_json(const struct rdv *r)
         const struct rdv_stack *e = &k->ranks[i];
         const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
         json_array_append_new(
-            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
+            ranks, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "rank", (int)i, "node",
                              rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
                              "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
                              e->stopped || (rk && rk->stopped), "where",
@@ -74,7 +74,8 @@ json_t *rdv_stacks_json(const struct rdv *r)
                              rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "text",
                              e->text ? json_string(e->text) : json_null(), "error",
                              e->error[0] ? json_string(e->error) : json_null(), "fr",
-                             e->fr ? json_string(e->fr) : json_null()));
+                             e->fr ? json_string(e->fr) : json_null(), "ras",
+                             e->ras ? json_string(e->ras) : json_null()));
     }
     char when[40] = "";
     if (k->generation) {
