@@ -201,6 +201,7 @@ struct rdv_stack {
                             * came); malloc'd; NULL = none */
     size_t len;            /* strlen(text) */
     char *fr;              /* its flight recorder summary (common/flight.h), malloc'd; NULL = none */
+    char *ras;             /* what NCCL's RAS said of its process ("NCCL RAS: ..." lines), malloc'd; NULL = none */
 };
 
 /* The latest set of stacks asked for (a hang, or POST /v1/stacks). */

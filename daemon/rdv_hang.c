@@ -30,6 +30,7 @@ void rdv__stacks_clear(struct rdv_stacks *k)
     for (uint32_t i = 0; i < k->nranks; i++) {
         free(k->ranks[i].text);
         free(k->ranks[i].fr);
+        free(k->ranks[i].ras);
     }
     free(k->ranks);
     k->ranks = NULL;
@@ -150,7 +151,7 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         x->rank >= nd->first_rank + nd->ndevices)
         return;
     struct rdv_stack *e = &k->ranks[x->rank];
-    char *text = NULL, *fr = NULL;
+    char *text = NULL, *fr = NULL, *ras = NULL;
     static struct flight_rank parsed; /* only to check it: the loop's, 2 KiB */
     size_t len = 0;
     uint32_t cut = 0;
@@ -170,14 +171,26 @@ void rdv__on_stacks(struct rdv *r, uint32_t node, const struct proto_stacks *x)
         k->cut += e->cut;
         return; /* out of memory */
     }
+    if (x->ras && x->ras[0]) {
+        if (!(ras = strdup(x->ras))) {
+            free(text);
+            free(fr);
+            k->bytes += e->len;
+            k->cut += e->cut;
+            return; /* out of memory */
+        }
+        proto_log_sanitize(ras, strlen(ras)); /* lines of text, as the agent said them */
+    }
     free(e->text);
     free(e->fr);
+    free(e->ras);
     e->text = text;
     e->len = len;
     e->cut = cut;
     k->bytes += len;
     k->cut += cut;
     e->fr = fr;
+    e->ras = ras;
     if (!e->answered)
         k->nanswered++;
     e->answered = 1;
@@ -211,6 +224,21 @@ void rdv__stacks_summary(const struct rdv *r, char *out, size_t cap)
         len = (size_t)snprintf(out, cap, "flight recorder: %s\n", verdict);
     if (len >= cap)
         len = 0;
+    for (uint32_t i = 0; have && i < r->world_size && len + 1 < cap; i++) {
+        const char *ras = k->ranks[i].ras;
+        for (const char *l = ras; l && *l && len + 1 < cap;) {
+            const char *nl = strchr(l, '\n');
+            int n = nl ? (int)(nl - l) : (int)strlen(l);
+            int w = snprintf(out + len, cap - len, "rank %u (node %s): %.*s\n", i, r->nodes[r->ranks[i].node].name,
+                             n, l);
+            if (w < 0 || (size_t)w >= cap - len) {
+                out[len] = '\0';
+                break;
+            }
+            len += (size_t)w;
+            l = nl ? nl + 1 : l + n;
+        }
+    }
     for (uint32_t i = 0; i < r->world_size && len + 1 < cap; i++) {
         const struct rdv_rank *rk = &r->ranks[i];
         const struct rdv_stack *e = have ? &k->ranks[i] : NULL;
@@ -448,6 +476,34 @@ done:
     free(others);
 }
 
+/* Without the flight recorder's verdict, NCCL's RAS may name the rank: the
+ * first rank whose process RAS says is behind in a collective's count (its
+ * peers wait in one it never issued), else one RAS says is dead. */
+static void ras_named(struct rdv *r)
+{
+    const struct rdv_stacks *k = &r->stacks;
+    if (k->generation != r->generation || k->nranks != r->world_size)
+        return;
+    static const char *const rule[] = {"it is behind", "considered dead"};
+    for (size_t w = 0; w < sizeof(rule) / sizeof(rule[0]); w++)
+        for (uint32_t i = 0; i < r->world_size; i++) {
+            const char *ras = k->ranks[i].ras, *hit = ras ? strstr(ras, rule[w]) : NULL;
+            if (!hit)
+                continue;
+            const char *start = hit;
+            while (start > ras && start[-1] != '\n')
+                start--;
+            const char *end = strchr(hit, '\n');
+            int n = end ? (int)(end - start) : (int)strlen(start);
+            r->hang_rank = (int)i;
+            r->hang_node = (int)r->ranks[i].node;
+            snprintf(r->hang_what, sizeof(r->hang_what), "rank %u on node %s is hung: %.*s", i,
+                     r->nodes[r->hang_node].name, n, start);
+            proto_text_sanitize(r->hang_what);
+            return;
+        }
+}
+
 /* When the ranks' flight recorders name the rank behind: the rules of
  * name_hung named it too (a rank outside any collective) and the verdict
  * adds the collective to their words (where it is), or they named another
@@ -457,8 +513,10 @@ static void flight_named(struct rdv *r)
 {
     uint32_t culprit;
     char verdict[PROTO_REASON_MAX], what[PROTO_REASON_MAX];
-    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &culprit) != 1 || culprit >= r->world_size)
+    if (rdv__flight_verdict(r, verdict, sizeof(verdict), &culprit) != 1 || culprit >= r->world_size) {
+        ras_named(r);
         return;
+    }
     if (r->hang_rank == (int)culprit)
         snprintf(what, sizeof(what), "%s; torch's flight recorder: %s", r->hang_what, verdict);
     else

@@ -106,14 +106,15 @@ char *rdv_stacks_text(const struct rdv *r)
         const struct rdv_rank *rk = i < r->world_size ? &r->ranks[i] : NULL;
         if (i)
             sb_put(&b, ",", 1);
-        put_open(&b, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:i, s:o}", "rank", (int)i, "node",
+        put_open(&b, json_pack("{s:i, s:o, s:b, s:o, s:b, s:o, s:o, s:o, s:i, s:o, s:o}", "rank", (int)i, "node",
                                rk ? json_string(r->nodes[rk->node].name) : json_null(), "answered", e->answered,
                                "pid", e->pid ? json_integer(e->pid) : json_null(), "stopped",
                                e->stopped || (rk && rk->stopped), "where",
                                rk && rk->where[0] ? json_string(rk->where) : json_null(), "waiting",
                                rk && rk->waiting[0] ? json_string(rk->waiting) : json_null(), "error",
                                e->error[0] ? json_string(e->error) : json_null(), "cut", (int)e->cut, "fr",
-                               e->fr ? json_string(e->fr) : json_null()));
+                               e->fr ? json_string(e->fr) : json_null(), "ras",
+                               e->ras ? json_string(e->ras) : json_null()));
         sb_put(&b, ",\"text\":", 8);
         if (e->text)
             sb_put(&b, e->text, e->len); /* rendered once, when it came */

@@ -582,7 +582,7 @@ static int dec_log_data(json_t *o, struct proto_log_data *d)
 
 static int dec_stacks(json_t *o, struct proto_stacks *k)
 {
-    static const char *const keys[] = {"generation", "rank", "pid", "stopped", "text", "error", "fr", NULL};
+    static const char *const keys[] = {"generation", "rank", "pid", "stopped", "text", "error", "fr", "ras", NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &k->generation));
@@ -592,6 +592,8 @@ static int dec_stacks(json_t *o, struct proto_stacks *k)
     TRY(get_owned_str(o, "text", PROTO_STACKS_MAX, &k->text));
     if (json_object_get(o, "fr")) /* optional */
         TRY(get_owned_str(o, "fr", PROTO_FR_MAX, &k->fr));
+    if (json_object_get(o, "ras")) /* optional */
+        TRY(get_owned_str(o, "ras", PROTO_RAS_MAX, &k->ras));
     k->error[0] = '\0'; /* optional */
     return json_object_get(o, "error") ? get_str(o, "error", k->error, sizeof(k->error)) : 0;
 }
@@ -754,6 +756,8 @@ void proto_msg_clear(struct proto_msg *msg)
         msg->u.stacks.text = NULL;
         free(msg->u.stacks.fr);
         msg->u.stacks.fr = NULL;
+        free(msg->u.stacks.ras);
+        msg->u.stacks.ras = NULL;
     }
 }
 
@@ -1001,6 +1005,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         TRY(put(o, "text", json_string(m->u.stacks.text ? m->u.stacks.text : "")));
         if (m->u.stacks.fr && m->u.stacks.fr[0])
             TRY(put(o, "fr", json_string(m->u.stacks.fr)));
+        if (m->u.stacks.ras && m->u.stacks.ras[0])
+            TRY(put(o, "ras", json_string(m->u.stacks.ras)));
         return m->u.stacks.error[0] ? put(o, "error", json_string(m->u.stacks.error)) : PROTO_OK;
     }
     return PROTO_E_TYPE;

@@ -55,6 +55,7 @@
  * they fit PROTO_MAX_PAYLOAD). */
 #define PROTO_STACKS_MAX 61440
 #define PROTO_FR_MAX 2048 /* a STACKS's flight recorder summary (common/flight.h: FLIGHT_TEXT_MAX) */
+#define PROTO_RAS_MAX 2048 /* a STACKS's NCCL RAS findings (worker/agent/nccl_ras.h: RAS_RANK_TEXT_MAX) */
 
 /* Machine-readable REJECT codes (daemon -> agent, then close). */
 #define PROTO_REJECT_AUTH "auth"               /* wrong HMAC response */
@@ -358,6 +359,9 @@ struct proto_stacks {
     char *fr;   /* malloc'd or NULL (= ""): the rank's flight recorder summary,
                  * at most PROTO_FR_MAX bytes of log text (optional; the
                  * agent checked it with flight_parse) */
+    char *ras;  /* malloc'd or NULL (= ""): what NCCL's RAS service said about
+                 * this rank's process, one "NCCL RAS: ..." line per finding,
+                 * at most PROTO_RAS_MAX bytes of log text (optional) */
 };
 
 struct proto_msg {

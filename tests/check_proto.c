@@ -242,6 +242,9 @@ static void sample(int type, struct proto_msg *m)
         strcpy(k->error, "its process is stopped (SIGSTOP or a debugger): it dumps when it continues");
         k->fr = strdup("0 default_pg 37 36 36:all_reduce 37:barrier\n1 undefined 2 2 2:all_gather");
         ck_assert_ptr_nonnull(k->fr);
+        k->ras = strdup("NCCL RAS: rank 2 of NCCL communicator 0x7e57 (4 ranks; host 10.0.0.2, pid 4242, GPU 0) has "
+                        "issued 99 AllReduce where 3 rank(s) have issued 100: it is behind, its peers wait for it");
+        ck_assert_ptr_nonnull(k->ras);
         break;
     }
     default:
@@ -419,6 +422,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_str_eq(x->error, y->error);
         ck_assert_str_eq(x->text ? x->text : "", y->text ? y->text : "");
         ck_assert_str_eq(x->fr ? x->fr : "", y->fr ? y->fr : "");
+        ck_assert_str_eq(x->ras ? x->ras : "", y->ras ? y->ras : "");
         break;
     }
     default:
@@ -1070,7 +1074,8 @@ START_TEST(every_field_is_required)
                                                  !strcmp(key, "preflight"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
                            (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
-                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error") || !strcmp(key, "fr"))) ||
+                           (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error") || !strcmp(key, "fr") ||
+                                                  !strcmp(key, "ras"))) ||
                            ((t == PROTO_WELCOME || t == PROTO_ASSIGN || t == PROTO_UNIQUE_ID ||
                              t == PROTO_COMMAND) && !strcmp(key, "term"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
@@ -1534,6 +1539,12 @@ START_TEST(stacks_are_bounded)
         for (size_t i = 0; i < PROTO_FR_MAX; i++)
             m.u.stacks.fr[i] = "\"\\\n"[i % 3];
         m.u.stacks.fr[PROTO_FR_MAX] = '\0';
+        free(m.u.stacks.ras); /* and the longest RAS findings */
+        m.u.stacks.ras = malloc(PROTO_RAS_MAX + 1);
+        ck_assert_ptr_nonnull(m.u.stacks.ras);
+        for (size_t i = 0; i < PROTO_RAS_MAX; i++)
+            m.u.stacks.ras[i] = "\"\\\n"[i % 3];
+        m.u.stacks.ras[PROTO_RAS_MAX] = '\0';
         int n = proto_encode(&m, buf, sizeof(buf));
         if (len > PROTO_STACKS_MAX) {
             ck_assert_int_eq(n, PROTO_E_RANGE);

@@ -207,6 +207,37 @@ START_TEST(ras_findings_bad_documents)
 }
 END_TEST
 
+/* The lines an agent attaches to a rank: findings about its process group, on this machine only. */
+START_TEST(ras_rank_text_is_local)
+{
+    struct ras_finding f[3];
+    memset(f, 0, sizeof(f));
+    for (int i = 0; i < 3; i++) {
+        f[i].kind = RAS_BEHIND;
+        snprintf(f[i].comm, sizeof(f[i].comm), "0x1");
+        f[i].comm_size = 4;
+        f[i].rank = i;
+        snprintf(f[i].op, sizeof(f[i].op), "AllReduce");
+        f[i].count = 9;
+        f[i].peers_count = 10;
+        f[i].npeers = 3;
+    }
+    f[0].pid = (int32_t)getpid();
+    snprintf(f[0].host, sizeof(f[0].host), "127.0.0.1");
+    f[1].pid = (int32_t)getpid(); /* the same PID on another node */
+    snprintf(f[1].host, sizeof(f[1].host), "192.0.2.77");
+    f[2].pid = 1; /* init: not in this process group */
+    snprintf(f[2].host, sizeof(f[2].host), "127.0.0.1");
+    char *t = ras_rank_text(f, 3, (int)getpgrp());
+    ck_assert_ptr_nonnull(t); /* this process is in its own process group */
+    ck_assert_ptr_nonnull(strstr(t, "NCCL RAS: rank 0 of NCCL communicator 0x1"));
+    ck_assert_ptr_null(strchr(t, '\n')); /* rank 1 (another host) and 2 (another group) left out */
+    free(t);
+    ck_assert_ptr_null(ras_rank_text(f + 1, 2, (int)getpgrp()));
+    ck_assert_ptr_null(ras_rank_text(f, 3, 0));
+}
+END_TEST
+
 /* A RAS server in a child: the handshake, then the document and EOF (or, mode 1, silence). */
 static pid_t serve(uint16_t *port, const char *doc, int mode)
 {
@@ -326,6 +357,7 @@ Suite *make_ras_suite(void)
     tcase_add_test(tc, ras_findings_missing_and_errors);
     tcase_add_test(tc, ras_findings_bad_documents);
     tcase_add_test(tc, ras_query_over_a_socket);
+    tcase_add_test(tc, ras_rank_text_is_local);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -212,7 +212,7 @@ int main(int argc, char **argv)
 {
     long steps = 1000000, step_ms = 100, crash_step = -1, crash_rank = -1, crash_gen = 1, hang_step = -1,
          hang_rank = -1, lines = 0;
-    int child = 0;
+    int child = 0, hang_all = 0;
     static const struct option opts[] = {
         {"spawn-child", no_argument, NULL, 'C'},
         {"steps", required_argument, NULL, 's'},
@@ -222,6 +222,7 @@ int main(int argc, char **argv)
         {"crash-generation", required_argument, NULL, 'g'},
         {"hang-at-step", required_argument, NULL, 'h'},
         {"hang-rank", required_argument, NULL, 'H'},
+        {"hang-all", no_argument, NULL, 'A'},
         {"lines", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
@@ -237,9 +238,10 @@ int main(int argc, char **argv)
         case 'H': hang_rank = flag_num("--hang-rank", optarg); break;
         case 'l': lines = flag_num("--lines", optarg); break;
         case 'C': child = 1; break;
+        case 'A': hang_all = 1; break;
         default:
             fprintf(stderr, "usage: fake-rank [--steps N] [--step-ms MS] [--crash-at-step K --crash-rank R "
-                            "[--crash-generation G]] [--hang-at-step K --hang-rank R] [--spawn-child] [--lines N]\n");
+                            "[--crash-generation G]] [--hang-at-step K --hang-rank R | --hang-all] [--spawn-child] [--lines N]\n");
             return 2;
         }
     }
@@ -314,7 +316,7 @@ int main(int argc, char **argv)
             die(3, "crashing at step %" PRIu64 " as asked (--crash-at-step)", step);
         if (got_sigusr1)
             die(3, "crashing at step %" PRIu64 " as asked (SIGUSR1)", step);
-        if ((long)step == hang_step && (long)ctl.rank == hang_rank) {
+        if ((long)step == hang_step && (hang_all || (long)ctl.rank == hang_rank)) {
             say("hanging at step %" PRIu64 " as asked (--hang-at-step)", step);
             while (!got_sigterm)
                 pause();

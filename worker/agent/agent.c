@@ -31,6 +31,7 @@
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_flight.h"
+#include "worker/agent/nccl_ras.h"
 #include "worker/agent/rank_failure.h"
 #include "worker/agent/rank_log.h"
 #include "worker/agent/spare.h"
@@ -171,6 +172,7 @@ struct agent {
     uv_timer_t stacks_timer;
     struct stacks_dump *stacks; /* malloc'd while a request is answered; NULL = none */
     struct flight_ask *flights; /* the same ranks' flight recorder summaries (rank_flight.h) */
+    struct ras_query ras;       /* NCCL's RAS service asked about the job (nccl_ras.h) */
     uint32_t nstacks;
     uint64_t stacks_since;      /* uv_now when it began */
 
@@ -1514,6 +1516,19 @@ static void agent_exit(struct agent *a, int code);
 static void finish_stacks(struct agent *a, bool timed_out)
 {
     uv_timer_stop(&a->stacks_timer);
+    struct ras_finding *ras = NULL;
+    size_t nras = 0;
+    ras_poll(&a->ras, uv_now(a->loop)); /* done by now, answered or not */
+    if (a->ras.error[0]) {
+        if (strncmp(a->ras.error, "nothing answers", 15) != 0) /* not an NCCL job: nothing to say */
+            log_warn("NCCL RAS: %s", a->ras.error);
+    } else if (a->ras.in && (ras = calloc(RAS_MAX_FINDINGS, sizeof(*ras)))) {
+        char why[200];
+        if (ras_findings(a->ras.in, a->ras.inlen, ras, RAS_MAX_FINDINGS, &nras, why, sizeof(why)) != 0)
+            log_warn("NCCL RAS: %s", why);
+        else
+            log_info("NCCL RAS: %zu finding(s) about the job's communicators", nras);
+    }
     for (uint32_t i = 0; i < a->nstacks; i++) {
         struct proto_msg m;
         if (stacks_message(&a->stacks[i], &m, timed_out) != 0) {
@@ -1525,9 +1540,14 @@ static void finish_stacks(struct agent *a, bool timed_out)
             m.u.stacks.fr = flight_ask_read(&a->flights[i], why, sizeof(why));
         if (why[0] && m.u.stacks.pid)
             log_warn("rank %u: %s", a->stacks[i].rank, why);
+        if (nras)
+            m.u.stacks.ras = ras_rank_text(ras, nras < RAS_MAX_FINDINGS ? nras : RAS_MAX_FINDINGS,
+                                           a->stacks[i].rank_pid);
         send_to_daemon(a, &m);
         proto_msg_clear(&m);
     }
+    free(ras);
+    ras_end(&a->ras);
     log_info("stacks of %u rank(s) sent (%" PRIu64 " ms%s)", a->nstacks, uv_now(a->loop) - a->stacks_since,
              timed_out ? ", some cut short at the deadline" : "");
     free(a->stacks);
@@ -1544,7 +1564,10 @@ static void on_stacks_timer(uv_timer_t *t)
     for (uint32_t i = 0; i < a->nstacks; i++)
         if (!stacks_poll(&a->stacks[i]) || !flight_ask_poll(&a->flights[i]))
             all = false;
-    if (all || uv_now(a->loop) - a->stacks_since >= STACKS_DEADLINE_MS)
+    /* RAS, under way, has its own deadline (a little longer: it asks its peers) */
+    bool ras_done = ras_poll(&a->ras, uv_now(a->loop));
+    uint64_t took = uv_now(a->loop) - a->stacks_since;
+    if ((all && ras_done) || (took >= STACKS_DEADLINE_MS && (ras_done || took >= RAS_DEADLINE_MS)))
         finish_stacks(a, !all);
 }
 
@@ -1582,6 +1605,9 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         if (!d->stopped && flight_ask_begin(&a->flights[a->nstacks - 1], dir, r->pid))
             waiting = true;
     }
+    /* NCCL's RAS service, where the job's NCCL processes run one on this node */
+    if (a->nstacks && ras_begin(&a->ras, getenv("NCCL_RAS_ADDR"), uv_now(a->loop), RAS_DEADLINE_MS) == 0)
+        waiting = true;
     log_info("daemon: stacks (generation %" PRIu64 "): %u rank(s) asked", gen, a->nstacks);
     if (waiting)
         uv_timer_start(&a->stacks_timer, on_stacks_timer, STACKS_POLL_MS, STACKS_POLL_MS);
@@ -2136,6 +2162,7 @@ static void maybe_finish(struct agent *a)
     uv_close((uv_handle_t *)&a->stacks_timer, NULL);
     free(a->stacks);
     free(a->flights);
+    ras_end(&a->ras);
     a->stacks = NULL;
     a->flights = NULL;
     agent_preflight_close(&a->pf);
@@ -2225,6 +2252,8 @@ int agent_run(const struct agent_config *cfg)
     uv_timer_init(&loop, &a->connect_timer);
     uv_timer_init(&loop, &a->stacks_timer);
     a->connect_timer.data = a->stacks_timer.data = a;
+    a->ras.fd = -1; /* no RAS query (nccl_ras.h) */
+    a->ras.phase = RAS_DONE;
     uv_signal_init(&loop, &a->sigterm);
     uv_signal_init(&loop, &a->sigint);
     a->retry_timer.data = a->beat_timer.data = a->tick_timer.data = a;

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -207,10 +209,10 @@ void ras_end(struct ras_query *q)
 {
     if (q->fd >= 0)
         close(q->fd);
-    q->fd = -1;
     free(q->in);
-    q->in = NULL;
-    q->inlen = q->incap = 0;
+    memset(q, 0, sizeof(*q));
+    q->fd = -1;
+    q->phase = RAS_DONE;
 }
 
 /* ---- reading the document ------------------------------------------------- */
@@ -415,4 +417,46 @@ int ras_finding_text(const struct ras_finding *f, char *buf, size_t cap)
         return snprintf(buf, cap, "NCCL RAS: %s has asynchronous NCCL error %" PRIu64, who, f->count);
     }
     return snprintf(buf, cap, "NCCL RAS: %s", who);
+}
+
+/* Whether host (numeric, as RAS prints it) is an address of one of this machine's interfaces. */
+static bool host_is_here(const char *host)
+{
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    bool here = false;
+    for (struct ifaddrs *i = ifs; i && !here; i = i->ifa_next) {
+        char buf[INET6_ADDRSTRLEN] = "";
+        if (!i->ifa_addr)
+            continue;
+        if (i->ifa_addr->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, buf, sizeof(buf));
+        else if (i->ifa_addr->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, buf, sizeof(buf));
+        here = buf[0] && strcmp(buf, host) == 0;
+    }
+    freeifaddrs(ifs);
+    return here;
+}
+
+char *ras_rank_text(const struct ras_finding *out, size_t n, int rank_pid)
+{
+    char *text = NULL;
+    size_t len = 0;
+    for (size_t i = 0; i < n && rank_pid > 0; i++) {
+        const struct ras_finding *f = &out[i];
+        if (f->pid <= 0 || (f->pid != rank_pid && getpgid(f->pid) != rank_pid) || !host_is_here(f->host))
+            continue;
+        char line[512];
+        int l = ras_finding_text(f, line, sizeof(line));
+        if (l <= 0 || len + (size_t)l + 2 > RAS_RANK_TEXT_MAX)
+            break;
+        char *p = realloc(text, len + (size_t)l + 2);
+        if (!p)
+            break;
+        text = p;
+        len += (size_t)snprintf(text + len, (size_t)l + 2, "%s%s", len ? "\n" : "", line);
+    }
+    return text;
 }

@@ -96,7 +96,8 @@ int ras_begin(struct ras_query *q, const char *addr, uint64_t now_ms, uint32_t d
 /* Advances the query without blocking; 1 once it is RAS_DONE (answer or error), else 0. */
 int ras_poll(struct ras_query *q, uint64_t now_ms);
 
-/* Frees what the query holds and closes its socket; idempotent. */
+/* Frees what the query holds and closes its socket, leaving it RAS_DONE with
+ * nothing to say (the state to start from, too); idempotent. */
 void ras_end(struct ras_query *q);
 
 /*
@@ -116,5 +117,15 @@ int ras_findings(const char *json, size_t len, struct ras_finding *out, size_t c
 
 /* One line for a finding: "NCCL RAS: rank 2 of communicator 0x.. (4 ranks) ... ". Returns its length. */
 int ras_finding_text(const struct ras_finding *f, char *buf, size_t cap);
+
+/*
+ * The lines of the findings (out[0..n)) about the process rank_pid leads:
+ * the finding's PID is rank_pid or in its process group, and its host is an
+ * address of this machine (RAS answers for the whole job: another node's
+ * process may have the same PID). At most RAS_RANK_TEXT_MAX bytes; malloc'd,
+ * or NULL when none is about it.
+ */
+#define RAS_RANK_TEXT_MAX 2048
+char *ras_rank_text(const struct ras_finding *out, size_t n, int rank_pid);
 
 #endif
