@@ -146,6 +146,10 @@ struct rdv_node {
     char checkpoint[PROTO_CKPT_NAME_MAX]; /* that checkpoint; "" = none */
     int reports_checkpoint; /* it has named one: it names it again when a generation ends */
     int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
+    /* memory checkpoints complete on it (HEARTBEAT memory_checkpoints, job key memory_checkpoint_mb),
+     * oldest first; none until its agent reports them */
+    uint32_t nmemckpt;
+    char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
 };
 
 struct rdv_rank {
@@ -405,6 +409,10 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out);
 /* The job-level fields of GET /v1/status (docs/rest.md), without its node and
  * rank tables (daemon/view_build.h adds those); new references. */
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
+
+/* The newest memory checkpoint complete on every member (their heartbeats' lists) into out; returns 1
+ * when there is one, else 0 with out "". */
+int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap);
 json_t *rdv_events_json(const struct rdv *r);
 /* GET /v1/stacks (docs/rest.md): the latest set of stacks; a new reference. */
 json_t *rdv_stacks_json(const struct rdv *r);
