@@ -1040,7 +1040,7 @@ static int enc_assign_rendered(const struct proto_assign *a, uint8_t *out, size_
     char head[8192]; /* 64 slots of at most 65 bytes, and the rest: under 4.5 KiB */
     size_t n = 0;
 
-    if (strpbrk(a->master_addr, "\"\\")) {
+    if (strpbrk(a->master_addr, "\"\\") || a->has_memckpt) { /* text that needs escaping: jansson writes it */
         json_t *root = json_object();
         int rc = root ? enc_assign_head(root, a) : PROTO_E_NOMEM;
         if (rc == 0 && ((n = json_dumpb(root, head, sizeof(head), JSON_COMPACT)) == 0 || n > sizeof(head)))
