@@ -21,7 +21,6 @@
 #include "common/cmdline.h"
 #include "common/jobspec.h"
 #include "common/log.h"
-#include "common/memtags.h"
 #include "common/mkdirs.h"
 #include "common/notify.h"
 #include "worker/agent/agent_preflight.h"
@@ -173,7 +172,6 @@ struct agent {
 
     /* the job's memory checkpoint directory (memckpt.h) */
     struct memckpt mem;
-    uint64_t mem_restored_gen; /* generation whose ranks it was made ready for */
     bool mem_drop;             /* the job is over (COMMAND shutdown): removed once the ranks are gone */
 
     /* shutdown */
@@ -417,19 +415,6 @@ static void explain_failure(const struct agent_rank *r, int sig, char *reason, s
         log_warn("rank %u: %s; its stderr stands in for it", r->rank, why_not);
 }
 
-static void mem_scan(struct agent *a);
-
-/* Every rank of the held assignment exited with status 0: the job's training is done here. */
-static bool every_rank_finished(const struct agent *a)
-{
-    for (uint32_t i = 0; i < a->nranks; i++) {
-        const struct agent_rank *r = a->ranks[i];
-        if (!r || r->running || r->exit_code != 0 || r->exit_signal != 0)
-            return false;
-    }
-    return a->nranks > 0;
-}
-
 static void rank_on_exit(struct agent_rank *r, int code, int sig)
 {
     struct agent *a = r->cb.data;
@@ -464,11 +449,7 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
     if (r->beat_unrelayed && r->generation == a->cur_gen)
         on_beat_timer(&a->beat_timer);
     send_rank_exit(a, gen, r->rank, code, sig, reason, detail, r->stopping);
-    mem_scan(a);
-    if (!sig && code == 0 && a->mem.on && every_rank_finished(a)) {
-        log_info("every rank finished: removing the memory checkpoint directory %s", a->mem.dir);
-        memckpt_close(&a->mem);
-    }
+    memckpt_rank_exit(&a->mem, a->ranks, a->nranks);
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending && !any_outgoing(a))
@@ -528,73 +509,6 @@ static void rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
         return;
     }
     snprintf(out, cap, "%s", dir);
-}
-
-/* ---- memory checkpoints (memckpt.h) ------------------------------------ */
-
-/* Looks at the memory checkpoint directory with the ranks of the held assignment. */
-static void mem_scan(struct agent *a)
-{
-    if (!a->mem.on)
-        return;
-    struct memckpt_rank rs[PROTO_MAX_LOCAL_RANKS];
-    memset(rs, 0, sizeof(rs));
-    for (uint32_t i = 0; i < a->nranks; i++) {
-        const struct agent_rank *r = a->ranks[i];
-        if (!r)
-            continue;
-        rs[i] = (struct memckpt_rank){.pid = r->pid, .steps = r->beat_ms && !r->beat.silent, .step = r->beat.step,
-                                      .finished = !r->running && r->exit_code == 0 && r->exit_signal == 0};
-    }
-    if (memckpt_scan(&a->mem, rs, a->nranks)) {
-        char names[1][PROTO_CKPT_NAME_MAX];
-        if (memckpt_complete(&a->mem, names, 1))
-            log_info("memory checkpoint %s is complete on this node", names[0]);
-    }
-}
-
-/* The held job's directory, made when it names one (and another job's removed). */
-static void mem_open(struct agent *a)
-{
-    if (!a->spec.memory_checkpoint_mb) {
-        memckpt_close(&a->mem);
-        return;
-    }
-    char note[PATH_MAX + 200], why[PATH_MAX + 200];
-    bool had = a->mem.on;
-    if (memckpt_open(&a->mem, &a->spec, note, sizeof(note), why, sizeof(why)) != 0) {
-        log_error("%s; the ranks get no %s", why, MEMCKPT_ENV);
-        return;
-    }
-    if (!had)
-        log_info("memory checkpoints in %s (%d MiB%s)", a->mem.dir, a->spec.memory_checkpoint_mb,
-                 a->mem.mounted ? ", a tmpfs of that size" : "");
-    if (note[0])
-        log_warn("%s", note);
-}
-
-static bool kept(const struct agent *a, uint32_t i);
-
-/* Before fresh ranks of the held generation start: the directory holds what ASSIGN says they load. */
-static void mem_ready(struct agent *a)
-{
-    const struct proto_assign *as = &a->assign;
-    if (!a->mem.on || !as->has_memckpt || a->mem_restored_gen == as->generation)
-        return;
-    for (uint32_t i = 0; i < a->nranks; i++)
-        if (kept(a, i))
-            return; /* ranks that stay keep their state: the directory is left as they see it */
-    mem_scan(a);
-    a->mem_restored_gen = as->generation;
-    char why[PATH_MAX + 300];
-    if (memckpt_restore(&a->mem, as->memckpt, why, sizeof(why)) != 0)
-        log_error("generation %" PRIu64 ": %s; the ranks start from what is there", as->generation, why);
-    else if (as->memckpt[0])
-        log_info("generation %" PRIu64 ": resumed from memory checkpoint step %" PRIu64 " (%s, the newest "
-                 "complete on every node)", as->generation, memtags_step(as->memckpt), as->memckpt);
-    else
-        log_info("generation %" PRIu64 ": no memory checkpoint is complete on every node: the ranks start afresh",
-                 as->generation);
 }
 
 /* The signal on which a Python rank's start-up hook dumps its stacks (MUSTER_STACKS_SIGNAL):
@@ -750,7 +664,10 @@ static void spawn_all(struct agent *a)
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
     assign_msg.u.assign.has_memckpt = 0; /* the agent's to act on, not the ranks' */
-    mem_ready(a);
+    bool any_kept = false;
+    for (uint32_t i = 0; i < a->nranks; i++)
+        any_kept |= kept(a, i);
+    memckpt_ready(&a->mem, as, a->ranks, a->nranks, any_kept);
     for (uint32_t i = 0; i < as->nranks; i++) {
         const struct proto_rank_slot *slot = &as->ranks[i];
         if (kept(a, i))
@@ -1302,11 +1219,7 @@ static void on_beat_timer(uv_timer_t *t)
     hb->seq = ++a->beat_seq;
     refresh_free_port(a);
     hb->free_port = a->free_port;
-    if (a->mem.on) {
-        mem_scan(a);
-        hb->has_memckpt = 1;
-        hb->nmemckpt = memckpt_complete(&a->mem, hb->memckpt, PROTO_MEMCKPT_MAX);
-    }
+    memckpt_heartbeat(&a->mem, a->ranks, a->nranks, hb);
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];
@@ -1472,7 +1385,7 @@ static void on_assign(struct agent *a, struct proto_assign *as)
     json_incref(a->assign.job);
     a->have_assign = true;
     a->spec = spec;
-    mem_open(a);
+    memckpt_job(&a->mem, &a->spec);
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,

@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include "common/cmdline.h"
+#include "common/log.h"
 #include "common/memtags.h"
 #include "common/preflight.h"
+#include "worker/agent/agent_rank.h"
 
 int memckpt_path(const struct job_spec *spec, char *out, size_t cap)
 {
@@ -349,4 +351,81 @@ char **memckpt_env(char **env, const char *dir)
     out[k] = var;
     free(env); /* its strings moved to out */
     return out;
+}
+
+/* ---- the agent's side --------------------------------------------------- */
+
+void memckpt_job(struct memckpt *m, const struct job_spec *spec)
+{
+    if (!spec->memory_checkpoint_mb) {
+        memckpt_close(m);
+        return;
+    }
+    char note[PATH_MAX + 200], why[PATH_MAX + 200];
+    bool had = m->on;
+    if (memckpt_open(m, spec, note, sizeof(note), why, sizeof(why)) != 0) {
+        log_error("%s; the ranks get no %s", why, MEMCKPT_ENV);
+        return;
+    }
+    if (!had)
+        log_info("memory checkpoints in %s (%d MiB%s)", m->dir, spec->memory_checkpoint_mb,
+                 m->mounted ? ", a tmpfs of that size" : "");
+    if (note[0])
+        log_warn("%s", note);
+}
+
+void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n)
+{
+    if (!m->on)
+        return;
+    struct memckpt_rank rs[PROTO_MAX_LOCAL_RANKS];
+    memset(rs, 0, sizeof(rs));
+    for (uint32_t i = 0; i < n && i < PROTO_MAX_LOCAL_RANKS; i++) {
+        const struct agent_rank *r = ranks[i];
+        if (r)
+            rs[i] = (struct memckpt_rank){.pid = r->pid, .steps = r->beat_ms && !r->beat.silent, .step = r->beat.step,
+                                          .finished = !r->running && r->exit_code == 0 && r->exit_signal == 0};
+    }
+    char newest[1][PROTO_CKPT_NAME_MAX];
+    if (memckpt_scan(m, rs, n) && memckpt_complete(m, newest, 1))
+        log_info("memory checkpoint %s is complete on this node", newest[0]);
+}
+
+void memckpt_heartbeat(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n, struct proto_heartbeat *hb)
+{
+    if (!m->on)
+        return;
+    memckpt_look(m, ranks, n);
+    hb->has_memckpt = 1;
+    hb->nmemckpt = memckpt_complete(m, hb->memckpt, PROTO_MEMCKPT_MAX);
+}
+
+void memckpt_rank_exit(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n)
+{
+    if (!m->on)
+        return;
+    memckpt_look(m, ranks, n);
+    for (uint32_t i = 0; i < n; i++)
+        if (!ranks[i] || ranks[i]->running || ranks[i]->exit_code != 0 || ranks[i]->exit_signal != 0)
+            return;
+    log_info("every rank finished: removing the memory checkpoint directory %s", m->dir);
+    memckpt_close(m);
+}
+
+void memckpt_ready(struct memckpt *m, const struct proto_assign *as, struct agent_rank *const *ranks, uint32_t n,
+                   bool kept)
+{
+    if (!m->on || !as->has_memckpt || m->restored_gen == as->generation || kept)
+        return; /* ranks that stay keep their state: the directory is left as they see it */
+    memckpt_look(m, ranks, n);
+    m->restored_gen = as->generation;
+    char why[PATH_MAX + 300];
+    if (memckpt_restore(m, as->memckpt, why, sizeof(why)) != 0)
+        log_error("generation %" PRIu64 ": %s; the ranks start from what is there", as->generation, why);
+    else if (as->memckpt[0])
+        log_info("generation %" PRIu64 ": resumed from memory checkpoint step %" PRIu64 " (%s, the newest "
+                 "complete on every node)", as->generation, memtags_step(as->memckpt), as->memckpt);
+    else
+        log_info("generation %" PRIu64 ": no memory checkpoint is complete on every node: the ranks start afresh",
+                 as->generation);
 }

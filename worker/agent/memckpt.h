@@ -68,6 +68,7 @@ struct memckpt {
     uint64_t size_mb;
     uint32_t ntags;
     struct memckpt_tag tags[MEMCKPT_TAGS_MAX];
+    uint64_t restored_gen; /* the generation whose fresh ranks it was made ready for */
 };
 
 /* memory_checkpoint_root/muster-JOB for spec; -ENAMETOOLONG when it does not fit. */
@@ -101,6 +102,30 @@ uint32_t memckpt_complete(const struct memckpt *m, char (*names)[PROTO_CKPT_NAME
  * file are removed, the ranks start afresh). -ENOENT when tag is not here.
  */
 int memckpt_restore(struct memckpt *m, const char *tag, char *why, size_t len);
+
+/* ---- the agent's side: its ranks (agent_rank.h), its frames, its log ---- */
+
+struct agent_rank;
+
+/* The held job is spec: its directory is made (and another job's removed), or none when it names none. */
+void memckpt_job(struct memckpt *m, const struct job_spec *spec);
+
+/* A scan with the node's ranks (slot order; NULL = an empty slot), logging newly complete checkpoints. */
+void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n);
+
+/* A heartbeat's memory_checkpoints: a scan, then the complete ones (nothing when no directory is held). */
+void memckpt_heartbeat(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n, struct proto_heartbeat *hb);
+
+/* A rank exited: a scan; when every rank finished with status 0, the job is over here and the directory goes. */
+void memckpt_rank_exit(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n);
+
+/*
+ * Before the fresh ranks of as start (once per generation; nothing when
+ * some rank stays in place, kept): memckpt_restore of ASSIGN's choice, logged
+ * as "resumed from memory checkpoint step N".
+ */
+void memckpt_ready(struct memckpt *m, const struct proto_assign *as, struct agent_rank *const *ranks, uint32_t n,
+                   bool kept);
 
 /*
  * env (NULL-terminated, malloc'd as rank_env_build makes it) with
