@@ -107,8 +107,8 @@ static const struct key_def keys[] = {
      "absolute path of the memory file system the memory checkpoint directory is made in"},
     {"memory_checkpoint_latest", KEY_STRING, F(memory_checkpoint_latest), 0, 0, 0, "glob:*",
      "which entries of the memory checkpoint directory are checkpoints: \"glob:PATTERN\" (the directories "
-     "matching it, as DeepSpeed's tag directories) or \"file:NAME\" (the directory that file's first line names); "
-     "one is complete on a node once every rank there took an optimizer step after it appeared (a rank that "
+     "matching it, as DeepSpeed's tag directories) or \"file:NAME\" (the directory that file's first line names: only for a program whose ranks write that "
+     "file on every node, which DeepSpeed's `latest` is not: its rank 0 alone writes it); one is complete on a node once every rank there took an optimizer step after it appeared (a rank that "
      "reports no steps: once it appeared), and only complete ones are restored"},
     {"memory_checkpoint_keep", KEY_INT, F(memory_checkpoint_keep), 2, 1000, 2, NULL,
      "complete memory checkpoints each node keeps (older ones, and unfinished ones older than the newest "

@@ -138,8 +138,11 @@ int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
     static const char *lists[RDV_MAX_NODES]; /* the loop thread's alone */
     static uint32_t counts[RDV_MAX_NODES];
     size_t n = 0;
+    out[0] = '\0';
     for (uint32_t i = 0; i < r->nnodes; i++)
         if (r->nodes[i].member) {
+            if (!r->nodes[i].reports_memckpt)
+                return -1;
             lists[n] = r->nodes[i].memckpt[0];
             counts[n++] = r->nodes[i].nmemckpt;
         }
@@ -152,7 +155,7 @@ static json_t *memckpt_json(const struct rdv *r)
     if (!r->spec->memory_checkpoint_mb)
         return json_null();
     char common[PROTO_CKPT_NAME_MAX];
-    int have = rdv_memckpt_common(r, common, sizeof(common));
+    int have = rdv_memckpt_common(r, common, sizeof(common)) > 0;
     json_t *nodes = json_object();
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
