@@ -37,7 +37,9 @@ unshare -m --propagation private sh -c "mount -t tmpfs none '$ITEST_DIR' && umou
 need_torch memckpt_deepspeed torch.distributed deepspeed
 PY=$TORCH_PY
 DS_SCRIPT="$(pwd)/tests/torch/ds_zero3_train.py"
-DS_CONFIG="$(pwd)/tests/torch/ds_zero3_config.json"
+# the ranks' command lines name the test's directory, so that cleanup's pkill -f finds them
+DS_CONFIG=$ITEST_DIR/ds_zero3_config.json
+cp tests/torch/ds_zero3_config.json "$DS_CONFIG"
 STEPS=20
 ROOT=$ITEST_DIR/shm
 mkdir -p "$ROOT"
@@ -139,14 +141,16 @@ DIR=$ROOT/muster-mem
 wait_for 120 'd["state"] == "running" and running == 4' || fail "the job is not running with 4 ranks"
 on_node "$AGENT_A" sh -c "grep -q ' $DIR tmpfs .*size=262144k' /proc/self/mounts" \
     || fail "node a's $DIR is not a tmpfs of 256 MiB: $(on_node "$AGENT_A" grep "$DIR" /proc/self/mounts)"
-tr '\0' '\n' < "/proc/$(rank_pid "$DS_SCRIPT.*--ckpt-in-memory" 2)/environ" | grep -qx "MUSTER_CHECKPOINT_DIR=$DIR" \
-    || fail "rank 2 was not given MUSTER_CHECKPOINT_DIR=$DIR"
+pid=$(rank_pid "$DS_CONFIG.*--stall-save" 2) # the faulted job's ranks alone have --stall-save
+[ -n "$pid" ] || fail "no process for rank 2"
+tr '\0' '\n' < "/proc/$pid/environ" | grep -qx "MUSTER_CHECKPOINT_DIR=$DIR" \
+    || fail "rank 2 (pid $pid) was not given MUSTER_CHECKPOINT_DIR=$DIR: $(tr '\0' '\n' < "/proc/$pid/environ" | grep MUSTER_)"
 
 # (a) SIGKILL rank 3 after step 12, once step10 is complete on both nodes
 wait_for 90 '(d["memory_checkpoint"] or {}).get("common") == "step10"' \
     || fail "(a) status never showed step10 complete on both nodes: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
 wait_log 60 "$ITEST_DIR/agent-a.log" "rank 0: step 12 loss" || fail "(a) rank 0 did not reach step 12"
-pid=$(rank_pid "$DS_SCRIPT.*--ckpt-in-memory" 3)
+pid=$(rank_pid "$DS_CONFIG.*--stall-save" 3)
 [ -n "$pid" ] || fail "(a) no process for rank 3"
 kill -9 "$pid"
 wait_for 90 'd["generation"] == 2 and d["state"] == "running"' || fail "(a) generation 2 is not running after rank 3's SIGKILL"
@@ -169,7 +173,7 @@ until [ "$(on_node "$AGENT_A" cat "$DIR/latest" 2>/dev/null)" = step20 ] || [ $i
 sleep 1 # heartbeats: a half-done save must not be reported
 wait_for 1 'd["memory_checkpoint"]["nodes"] == {"a": "step15", "b": "step10"} and d["memory_checkpoint"]["common"] == "step10"' \
     || fail "(b) the half-done step20 counts as complete: $(curl -sf "http://127.0.0.1:$HTTP/v1/status")"
-pid=$(rank_pid "$DS_SCRIPT.*--ckpt-in-memory" 3)
+pid=$(rank_pid "$DS_CONFIG.*--stall-save" 3)
 [ -n "$pid" ] || fail "(b) no process for rank 3"
 kill -9 "$pid"
 wait_for 90 'd["generation"] == 3 and d["state"] == "running"' || fail "(b) generation 3 is not running after rank 3's SIGKILL"
