@@ -101,6 +101,24 @@ static const struct key_def keys[] = {
      "(docs/troubleshooting.md); empty = not compared"},
     {"checkpoint_diverged_ok", KEY_INT, F(checkpoint_diverged_ok), 0, 1, 0, NULL,
      "1: start even when the nodes' latest checkpoints differ (the difference is still reported); 0: wait"},
+    {"memory_checkpoint_mb", KEY_INT, F(memory_checkpoint_mb), 0, 1073741824, 0, NULL,
+     "MiB of memory for a checkpoint directory on every node, given to each rank as MUSTER_CHECKPOINT_DIR: "
+     "memory_checkpoint_root/muster-JOB (JOB the job's name, bytes other than letters, digits, . _ - as _), the "
+     "same path on every node, a tmpfs of this size mounted by the agent when it runs as root (a save past it "
+     "fails with ENOSPC), else a plain directory there (pre-flight checks the figure, nothing bounds it); kept "
+     "across the ranks' restarts, removed when the job ends (the node's ranks finish, or musterd shuts the agent "
+     "down; an agent stopped by a signal leaves it to the next one). Before ranks start, every node "
+     "keeps only the newest checkpoint complete on all nodes, and names it in `latest` (docs/pytorch.md); 0 = off"},
+    {"memory_checkpoint_root", KEY_STRING, F(memory_checkpoint_root), 0, 0, 0, "/dev/shm",
+     "absolute path of the memory file system the memory checkpoint directory is made in"},
+    {"memory_checkpoint_latest", KEY_STRING, F(memory_checkpoint_latest), 0, 0, 0, "glob:*",
+     "which entries of the memory checkpoint directory are checkpoints: \"glob:PATTERN\" (the directories "
+     "matching it, as DeepSpeed's tag directories) or \"file:NAME\" (the directory that file's first line names: only for a program whose ranks write that "
+     "file on every node, which DeepSpeed's `latest` is not: its rank 0 alone writes it); one is complete on a node once every rank there took an optimizer step after it appeared (a rank that "
+     "reports no steps: once it appeared), and only complete ones are restored"},
+    {"memory_checkpoint_keep", KEY_INT, F(memory_checkpoint_keep), 2, 1000, 2, NULL,
+     "complete memory checkpoints each node keeps (older ones, and unfinished ones older than the newest "
+     "complete, are removed); at least 2, so that nodes one save apart still share one"},
     {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
      "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
      "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "
@@ -318,6 +336,35 @@ int job_spec_module_valid(const char *name)
     return 1;
 }
 
+/* The memory_checkpoint_* keys, together. */
+static int check_memory(const struct job_spec *spec, const char *origin, char *err, size_t errlen)
+{
+    const char *root = spec->memory_checkpoint_root, *rule = spec->memory_checkpoint_latest;
+    if (!spec->memory_checkpoint_mb) {
+        const char *set = strcmp(root, "/dev/shm") != 0 ? "memory_checkpoint_root"
+                          : strcmp(rule, "glob:*") != 0 ? "memory_checkpoint_latest"
+                          : spec->memory_checkpoint_keep != 2 ? "memory_checkpoint_keep" : NULL;
+        if (set) {
+            fail(err, errlen, "%s: %s: expected memory_checkpoint_mb too (the size of the directory it applies to)",
+                 origin, set);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (root[0] != '/' || strstr(root, "/../") || (strlen(root) >= 3 && strcmp(root + strlen(root) - 3, "/..") == 0)) {
+        fail(err, errlen, "%s: memory_checkpoint_root: expected an absolute path without .. (a tmpfs such as "
+             "/dev/shm), got \"%s\"", origin, root);
+        return -EINVAL;
+    }
+    int file = strncmp(rule, "file:", 5) == 0, glob = strncmp(rule, "glob:", 5) == 0;
+    if ((!file && !glob) || !rule[5] || strchr(rule + 5, '/')) {
+        fail(err, errlen, "%s: memory_checkpoint_latest: expected \"file:NAME\" (a file name in the directory) or "
+             "\"glob:PATTERN\" (of names in it), got \"%s\"", origin, rule);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 /* The require_* and checkpoint_latest keys, together. */
 static int check_needs(const struct job_spec *spec, const char *origin, char *err, size_t errlen)
 {
@@ -461,7 +508,7 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
         fail(err, errlen, "%s: lr_min: expected at most lr (%g), got %g", origin, spec->lr, spec->lr_min);
         return -EINVAL;
     }
-    if (check_needs(spec, origin, err, errlen) != 0)
+    if (check_needs(spec, origin, err, errlen) != 0 || check_memory(spec, origin, err, errlen) != 0)
         return -EINVAL;
     if (spec->name[0] == '\0') {
         fail(err, errlen, "%s: name: expected a non-empty string", origin);

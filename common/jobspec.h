@@ -56,6 +56,12 @@ struct job_spec {
     char checkpoint_latest[256];         /* "file:NAME" or "glob:PATTERN" in checkpoint_dir; "" = not compared */
     int checkpoint_diverged_ok;          /* 1: nodes may start with different latest checkpoints */
 
+    /* a RAM checkpoint directory per node for a program's own saves (worker/agent/memckpt.h) */
+    int memory_checkpoint_mb;             /* its size bound; 0 = no such directory */
+    char memory_checkpoint_root[256];     /* the tmpfs it is made on (a muster-<job> directory there) */
+    char memory_checkpoint_latest[256];   /* "glob:PATTERN" of tag directories or "file:NAME" naming one */
+    int memory_checkpoint_keep;           /* complete checkpoints kept per node */
+
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */
     int n_layer, n_head, n_embd, context, vocab; /* override the preset's; 0 = the preset's */

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <ftw.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +368,49 @@ int preflight_latest_ckpt(const char *dir, const char *rule, char *out, size_t c
     if (strncmp(rule, "glob:", 5) == 0)
         return newest_match(dir, rule + 5, out, cap, why, len);
     return preflight_why(why, len, -EINVAL, "checkpoint_latest %s: expected file:NAME or glob:PATTERN", rule);
+}
+
+static uint64_t held_bytes;
+
+static int add_held(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)path, (void)ftw;
+    if (type == FTW_F)
+        held_bytes += (uint64_t)st->st_blocks * 512;
+    return 0;
+}
+
+int preflight_memory_ckpt(const char *root, const char *dir, uint64_t need_mb, char *why, size_t len)
+{
+    struct stat st, dst;
+    int e = stat(root, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (e)
+        return preflight_why(why, len, -e, "memory_checkpoint_root %s: %s: name a memory file system every node "
+                             "has (such as /dev/shm)", root, strerror(e));
+    /* the job's own directory, kept from before (a rejoin, the agent restarted): its bytes are ours */
+    held_bytes = 0;
+    bool own = stat(dir, &dst) == 0 && S_ISDIR(dst.st_mode);
+    if (own)
+        nftw(dir, add_held, 8, FTW_PHYS);
+    bool mount = own && dst.st_dev != st.st_dev;
+    uint64_t total, avail;
+    if (preflight_host_memory(&total, &avail) != 0)
+        return preflight_why(why, len, -EIO, "memory_checkpoint_mb: cannot read /proc/meminfo");
+    const uint64_t need = need_mb << 20, mib = 1 << 20, have = avail + held_bytes;
+    if (need > have)
+        return preflight_why(why, len, -ENOMEM, "memory_checkpoint_mb: %" PRIu64 " MiB asked for %s, but this node "
+                             "has %" PRIu64 " MiB of memory available (MemAvailable %" PRIu64 " MiB of %" PRIu64
+                             " MiB, and %" PRIu64 " MiB in the directory already): lower memory_checkpoint_mb or "
+                             "free memory", need_mb, dir, have / mib, avail / mib, total / mib, held_bytes / mib);
+    struct statvfs vfs;
+    if (!mount && statvfs(root, &vfs) == 0) {
+        uint64_t fr = (uint64_t)vfs.f_bavail * vfs.f_frsize + held_bytes;
+        if (need > fr)
+            return preflight_why(why, len, -ENOSPC, "memory_checkpoint_mb: %" PRIu64 " MiB asked for %s, but %s "
+                                 "has %" PRIu64 " MiB free: lower memory_checkpoint_mb or make the file system "
+                                 "larger (mount -o remount,size=...)", need_mb, dir, root, fr / mib);
+    }
+    return 0;
 }
 
 int preflight_host_memory(uint64_t *total, uint64_t *available)

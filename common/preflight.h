@@ -62,6 +62,14 @@ int preflight_readable(const char *path, char *why, size_t len);
 /* dir exists, is a directory, a file can be made in it, and at least need bytes are free. */
 int preflight_writable(const char *dir, uint64_t need, char *why, size_t len);
 
+/*
+ * The memory checkpoint directory (job key memory_checkpoint_mb): root is a
+ * directory, and need_mb fits in the memory available (MemAvailable, plus
+ * what dir, the job's directory, holds already) and, for a directory that
+ * is no mount of its own, in root's free space.
+ */
+int preflight_memory_ckpt(const char *root, const char *dir, uint64_t need_mb, char *why, size_t len);
+
 /* Longest name of a latest checkpoint, as reported to musterd. */
 #define PREFLIGHT_CKPT_MAX 200
 

@@ -148,6 +148,11 @@ struct rdv_node {
     int reports_checkpoint; /* it has named one: it names it again when a generation ends */
     int checkpoint_wanted; /* its ranks start afresh in the generation being opened: it waits for its report */
     struct ratelimit ignored_log; /* lines about its ignored frames (common/ratelimit.h) */
+    /* memory checkpoints complete on it (HEARTBEAT memory_checkpoints, job key memory_checkpoint_mb),
+     * oldest first; none until its agent reports them */
+    int reports_memckpt; /* a heartbeat since its join carried the list */
+    uint32_t nmemckpt;
+    char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
 };
 
 struct rdv_rank {
@@ -429,6 +434,11 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out);
 /* The job-level fields of GET /v1/status (docs/rest.md), without its node and
  * rank tables (daemon/view_build.h adds those); new references. */
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
+
+/* The newest memory checkpoint complete on every member (their heartbeats' lists) into out; returns 1
+ * when there is one, else 0 with out "", and -1 (out "") while a member has sent no list since it
+ * joined (a restarted musterd, a new agent): then nobody knows, and ASSIGN names none. */
+int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap);
 json_t *rdv_events_json(const struct rdv *r);
 /* GET /v1/stacks (docs/rest.md): the latest set of stacks as JSON text
  * (malloc'd; NULL when out of memory). The dumps are spliced in as they

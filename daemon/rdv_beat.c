@@ -131,6 +131,13 @@ void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbea
         if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
             rdv__try_start_generation(r, now_ms);
     }
+    if (hb->has_memckpt && (!nd->reports_memckpt || hb->nmemckpt != nd->nmemckpt ||
+                            memcmp(hb->memckpt, nd->memckpt, hb->nmemckpt * sizeof(hb->memckpt[0])) != 0)) {
+        nd->reports_memckpt = 1;
+        nd->nmemckpt = hb->nmemckpt;
+        memcpy(nd->memckpt, hb->memckpt, hb->nmemckpt * sizeof(hb->memckpt[0]));
+        rdv__changed(r, 0);
+    }
     if (hb->generation != r->generation || !nd->member)
         return;
     for (uint32_t i = 0; i < hb->nranks; i++) {

@@ -12,6 +12,7 @@
 
 #include "common/batch.h"
 #include "common/log.h"
+#include "common/memtags.h"
 
 static int cmp_names(const void *a, const void *b)
 {
@@ -96,6 +97,9 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     m.u.assign.job = r->job;
     m.u.assign.job_text = r->job_text;
     m.u.assign.term = r->term;
+    /* named only when every member has said what it holds: an agent removes what is newer */
+    if (r->spec->memory_checkpoint_mb)
+        m.u.assign.has_memckpt = rdv_memckpt_common(r, m.u.assign.memckpt, sizeof(m.u.assign.memckpt)) >= 0;
     rdv__send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         rdv__set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
@@ -307,6 +311,11 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
     r->checkpoint_wait_ms = 0;
     rdv__event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
                (unsigned long long)r->generation, r->world_size, nnodes);
+    char mem[PROTO_CKPT_NAME_MAX];
+    if (r->spec->memory_checkpoint_mb && rdv_memckpt_common(r, mem, sizeof(mem)) > 0)
+        rdv__event(r, "memory_resumed", -1, -1, "generation %llu resumed from memory checkpoint step %llu "
+                   "(%s, the newest complete on all %u nodes)", (unsigned long long)r->generation,
+                   (unsigned long long)memtags_step(mem), mem, nnodes);
     rdv__changed(r, 1);
 }
 

@@ -49,6 +49,8 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->fitness = h->preflight ? RDV_FIT_CHECKING : RDV_FIT_UNCHECKED;
     nd->unfit_reason[0] = nd->plan_unfit[0] = '\0';
     nd->has_checkpoint = 0;
+    nd->nmemckpt = 0; /* a new agent: what it holds comes in its heartbeats */
+    nd->reports_memckpt = 0;
     nd->unfit_since_ms = now_ms;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/memtags.h"
 #include "common/sbuf.h"
 
 /* Ranks that count for the job's figures: the running ones, or, when none
@@ -161,6 +162,40 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out)
         out->comm_frac /= out->nrunning;
 }
 
+int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
+{
+    static const char *lists[RDV_MAX_NODES]; /* the loop thread's alone */
+    static uint32_t counts[RDV_MAX_NODES];
+    size_t n = 0;
+    out[0] = '\0';
+    for (uint32_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i].member) {
+            if (!r->nodes[i].reports_memckpt)
+                return -1;
+            lists[n] = r->nodes[i].memckpt[0];
+            counts[n++] = r->nodes[i].nmemckpt;
+        }
+    return memtags_common(lists, counts, n, PROTO_CKPT_NAME_MAX, out, cap);
+}
+
+/* memory_checkpoint: the newest complete on all members, and each node's newest; null when the job keeps none. */
+static json_t *memckpt_json(const struct rdv *r)
+{
+    if (!r->spec->memory_checkpoint_mb)
+        return json_null();
+    char common[PROTO_CKPT_NAME_MAX];
+    int have = rdv_memckpt_common(r, common, sizeof(common)) > 0;
+    json_t *nodes = json_object();
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (nd->member || nd->nmemckpt)
+            json_object_set_new(nodes, nd->name,
+                                nd->nmemckpt ? json_string(nd->memckpt[nd->nmemckpt - 1]) : json_null());
+    }
+    return json_pack("{s:o, s:o, s:o}", "common", have ? json_string(common) : json_null(), "common_step",
+                     have ? json_integer((json_int_t)memtags_step(common)) : json_null(), "nodes", nodes);
+}
+
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
 {
     struct rdv_figures fig;
@@ -183,6 +218,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
                            failure_json(&r->last_failure));
     json_object_set_new(st, "repeated_unique_ids", json_integer((json_int_t)r->repeated_unique_ids));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
+    json_object_set_new(st, "memory_checkpoint", memckpt_json(r));
     double slowest = 0; /* the job steps at its slowest rank's pace */
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)

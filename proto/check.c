@@ -253,7 +253,8 @@ static int check_assign(const struct proto_assign *a)
         a->nranks > PROTO_MAX_LOCAL_RANKS || !json_is_object(a->job) ||
         a->nnodes < 1 || a->node_rank >= a->nnodes ||
         a->master_port < 1 || a->master_port > 65535 ||
-        !valid_ascii(a->master_addr, sizeof(a->master_addr), 1, '!', '~'))
+        !valid_ascii(a->master_addr, sizeof(a->master_addr), 1, '!', '~') ||
+        (a->memckpt[0] && !proto_valid_label(a->memckpt, sizeof(a->memckpt))))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct proto_rank_slot *s = &a->ranks[i];
@@ -288,6 +289,16 @@ static int check_heartbeat(const struct proto_heartbeat *h)
             return PROTO_E_RANGE;
         for (uint32_t j = 0; j < i; j++)
             if (b->rank == h->ranks[j].rank)
+                return PROTO_E_RANGE;
+    }
+    /* the names reach status and events: labels, each once */
+    if (h->nmemckpt > (h->has_memckpt ? PROTO_MEMCKPT_MAX : 0))
+        return PROTO_E_RANGE;
+    for (uint32_t i = 0; i < h->nmemckpt; i++) {
+        if (!proto_valid_label(h->memckpt[i], sizeof(h->memckpt[i])))
+            return PROTO_E_RANGE;
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(h->memckpt[i], h->memckpt[j]) == 0)
                 return PROTO_E_RANGE;
     }
     return 0;

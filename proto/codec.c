@@ -374,7 +374,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
 {
     static const char *const keys[] = {"generation", "world_size", "ranks",
         "node_rank", "nnodes", "restart_count", "master_addr", "master_port",
-        "job", "term", NULL};
+        "job", "term", "memory_checkpoint", NULL};
     json_t *ranks, *job;
 
     TRY(check_keys(o, keys));
@@ -390,6 +390,10 @@ static int dec_assign(json_t *o, struct proto_assign *a)
     TRY(get_str(o, "master_addr", a->master_addr, sizeof(a->master_addr)));
     TRY(get_u32(o, "master_port", &a->master_port));
     TRY(get_term(o, &a->term));
+    a->has_memckpt = json_object_get(o, "memory_checkpoint") != NULL;
+    a->memckpt[0] = '\0';
+    if (a->has_memckpt)
+        TRY(get_str(o, "memory_checkpoint", a->memckpt, sizeof(a->memckpt)));
     job = json_object_get(o, "job");
     if (!job)
         return PROTO_E_MISSING;
@@ -490,8 +494,8 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
 
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 {
-    static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", NULL};
-    json_t *ranks;
+    static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", "memory_checkpoints", NULL};
+    json_t *ranks, *mem;
 
     TRY(check_keys(o, keys));
     TRY(get_u64(o, "generation", &h->generation));
@@ -510,6 +514,20 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
     for (uint32_t i = 0; i < h->nranks; i++) {
         memset(&h->ranks[i], 0, sizeof(h->ranks[i])); /* proto_decode leaves the entries as they were */
         TRY(dec_beat(json_array_get(ranks, i), &h->ranks[i]));
+    }
+    h->has_memckpt = json_object_get(o, "memory_checkpoints") != NULL; /* optional */
+    h->nmemckpt = 0;
+    if (!h->has_memckpt)
+        return 0;
+    TRY(get_array(o, "memory_checkpoints", PROTO_MEMCKPT_MAX, &mem));
+    for (size_t i = 0; i < json_array_size(mem); i++) {
+        json_t *e = json_array_get(mem, i);
+        if (!json_is_string(e))
+            return PROTO_E_FIELD_TYPE;
+        if (json_string_length(e) == 0 || json_string_length(e) >= sizeof(h->memckpt[0]))
+            return PROTO_E_RANGE;
+        memcpy(h->memckpt[i], json_string_value(e), json_string_length(e) + 1);
+        h->nmemckpt++;
     }
     return 0;
 }
@@ -848,6 +866,8 @@ static int enc_assign_head(json_t *o, const struct proto_assign *a)
     TRY(put_uint(o, "restart_count", a->restart_count));
     TRY(put(o, "master_addr", json_string(a->master_addr)));
     TRY(put_uint(o, "master_port", a->master_port));
+    if (a->has_memckpt)
+        TRY(put(o, "memory_checkpoint", json_string(a->memckpt)));
     return a->term ? put_uint(o, "term", a->term) : PROTO_OK;
 }
 
@@ -912,6 +932,13 @@ static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
     TRY(put(o, "ranks", ranks));
     for (uint32_t i = 0; i < h->nranks; i++)
         TRY(enc_beat(ranks, &h->ranks[i]));
+    if (!h->has_memckpt)
+        return 0;
+    json_t *mem = json_array();
+    TRY(put(o, "memory_checkpoints", mem));
+    for (uint32_t i = 0; i < h->nmemckpt && i < PROTO_MEMCKPT_MAX; i++)
+        if (json_array_append_new(mem, json_string(h->memckpt[i])) != 0)
+            return PROTO_E_NOMEM;
     return 0;
 }
 
@@ -1025,7 +1052,7 @@ static int enc_assign_rendered(const struct proto_assign *a, uint8_t *out, size_
     char head[8192]; /* 64 slots of at most 65 bytes, and the rest: under 4.5 KiB */
     size_t n = 0;
 
-    if (strpbrk(a->master_addr, "\"\\")) {
+    if (strpbrk(a->master_addr, "\"\\") || a->has_memckpt) { /* text that needs escaping: jansson writes it */
         json_t *root = json_object();
         int rc = root ? enc_assign_head(root, a) : PROTO_E_NOMEM;
         if (rc == 0 && ((n = json_dumpb(root, head, sizeof(head), JSON_COMPACT)) == 0 || n > sizeof(head)))
@@ -1083,8 +1110,10 @@ int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
     TRY(proto_check(msg));
     uint8_t *body = cap > PROTO_HEADER_LEN ? out + PROTO_HEADER_LEN : NULL;
     size_t room = body ? cap - PROTO_HEADER_LEN : 0;
-    int rc = msg->type == PROTO_HEARTBEAT ? fastbeat_encode(&msg->u.heartbeat, body, room)
-                                          : proto_encode_payload_json(msg, body, room);
+    /* the fast path writes the fields of every heartbeat; the rare memory checkpoint list goes through jansson */
+    int rc = msg->type == PROTO_HEARTBEAT && !msg->u.heartbeat.has_memckpt
+                 ? fastbeat_encode(&msg->u.heartbeat, body, room)
+                 : proto_encode_payload_json(msg, body, room);
     if (rc < 0)
         return rc;
     size_t n = (size_t)rc;

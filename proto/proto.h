@@ -39,6 +39,7 @@
 #define PROTO_NAME_MAX 64        /* node names, addresses: bytes incl. NUL */
 #define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
 #define PROTO_CKPT_NAME_MAX 201  /* a latest checkpoint's name in PREFLIGHT */
+#define PROTO_MEMCKPT_MAX 8      /* complete memory checkpoints one HEARTBEAT names */
 #define PROTO_DETAIL_MAX 4096    /* RANK_EXIT detail: the tail of a traceback or stderr */
 #define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
@@ -238,6 +239,11 @@ struct proto_assign {
                            * written as it is instead of rendering job again (a daemon sends one job
                            * to every node); NULL = render job. Not owned; the decoder sets NULL */
     uint64_t term;   /* optional: the leading musterd's term; 0 = absent (no store) */
+    /* Optional, daemon -> agent (the job names memory_checkpoint_mb): the newest
+     * memory checkpoint complete on every member, which the ranks must load;
+     * "" = none. An agent does not pass it on to its ranks. */
+    int has_memckpt;
+    char memckpt[PROTO_CKPT_NAME_MAX];
 };
 
 struct proto_unique_id {
@@ -290,6 +296,12 @@ struct proto_heartbeat {
     uint32_t free_port;   /* agent -> daemon: as in HELLO (optional: omitted when 0) */
     int no_ack;           /* agent -> daemon: "ack": false, the daemon need not answer this
                            * one (optional: absent = answer it; proto_ack_every_ms) */
+    /* Optional, agent -> daemon (the job names memory_checkpoint_mb): the
+     * memory checkpoints complete on the node, oldest first, at most
+     * PROTO_MEMCKPT_MAX (the newest ones); each a label (no control character) */
+    int has_memckpt;
+    uint32_t nmemckpt;
+    char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     uint32_t nranks;
     struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
 };

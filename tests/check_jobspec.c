@@ -188,6 +188,51 @@ START_TEST(model_dimensions_override_the_preset)
 }
 END_TEST
 
+/* memory_checkpoint_*: off by default, a size turns it on, the rest needs it and is checked. */
+START_TEST(memory_checkpoint_keys)
+{
+    struct job_spec s;
+    char err[512];
+    ck_assert_int_eq(parse("{}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.memory_checkpoint_mb, 0);
+    ck_assert_str_eq(s.memory_checkpoint_root, "/dev/shm");
+    ck_assert_str_eq(s.memory_checkpoint_latest, "glob:*");
+    ck_assert_int_eq(s.memory_checkpoint_keep, 2);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 512, \"memory_checkpoint_root\": \"/run/shm\", "
+                           "\"memory_checkpoint_latest\": \"file:latest\", \"memory_checkpoint_keep\": 3}",
+                           &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.memory_checkpoint_mb, 512);
+    ck_assert_str_eq(s.memory_checkpoint_root, "/run/shm");
+    ck_assert_str_eq(s.memory_checkpoint_latest, "file:latest");
+    ck_assert_int_eq(s.memory_checkpoint_keep, 3);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": -1}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_mb: expected an integer in [0, 1073741824], got -1"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": \"1G\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_mb: expected an integer"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_keep\": 5}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_keep: expected memory_checkpoint_mb too"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_root\": \"/x\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_root: expected memory_checkpoint_mb too"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_keep\": 1}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_keep: expected an integer in [2, 1000], got 1"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_root\": \"shm\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_root: expected an absolute path without .."));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_root\": \"/dev/shm/../etc\"}", &s,
+                           err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_root\": \"/dev/..\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"latest\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_latest: expected \"file:NAME\""));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"file:a/b\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"glob:\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+}
+END_TEST
+
 Suite *make_jobspec_suite(void)
 {
     Suite *s = suite_create("jobspec");
@@ -200,6 +245,7 @@ Suite *make_jobspec_suite(void)
     tcase_add_test(tc, warm_spare_keys);
     tcase_add_test(tc, model_dimensions_override_the_preset);
     tcase_add_test(tc, program_needs_are_lists_and_rules);
+    tcase_add_test(tc, memory_checkpoint_keys);
     suite_add_tcase(s, tc);
     return s;
 }

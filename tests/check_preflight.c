@@ -631,6 +631,39 @@ START_TEST(agent_checks_a_programs_needs_once_per_interpreter)
 }
 END_TEST
 
+/* memory_checkpoint_mb against the node's memory: the figures named, what the job's directory holds counted as its own. */
+START_TEST(memory_checkpoint_size_fits_memory)
+{
+    char why[PREFLIGHT_WHY_MAX], job[sizeof(dir) + 32], missing[sizeof(dir) + 16], file[sizeof(dir) + 16];
+    snprintf(job, sizeof(job), "%s/muster-j", dir);
+    ck_assert_int_eq(preflight_memory_ckpt(dir, job, 1, why, sizeof(why)), 0);
+    ck_assert_int_eq(preflight_memory_ckpt(dir, job, 1ull << 40, why, sizeof(why)), -ENOMEM);
+    ck_assert_ptr_nonnull(strstr(why, "memory_checkpoint_mb: 1099511627776 MiB asked for "));
+    ck_assert_ptr_nonnull(strstr(why, "MiB of memory available (MemAvailable "));
+    ck_assert_ptr_nonnull(strstr(why, "lower memory_checkpoint_mb or free memory"));
+    /* 8 MiB already in the job's directory count toward what it may use */
+    ck_assert_int_eq(mkdir(job, 0700), 0);
+    char big[sizeof(job) + 8];
+    snprintf(big, sizeof(big), "%s/blob", job);
+    FILE *f = fopen(big, "w");
+    ck_assert_ptr_nonnull(f);
+    static char chunk[1 << 20];
+    memset(chunk, 1, sizeof(chunk));
+    for (int i = 0; i < 8; i++)
+        ck_assert_uint_eq(fwrite(chunk, 1, sizeof(chunk), f), sizeof(chunk));
+    fclose(f);
+    ck_assert_int_eq(preflight_memory_ckpt(dir, job, 1ull << 40, why, sizeof(why)), -ENOMEM);
+    ck_assert_ptr_nonnull(strstr(why, "and 8 MiB in the directory already"));
+    snprintf(missing, sizeof(missing), "%s/none", dir);
+    ck_assert_int_eq(preflight_memory_ckpt(missing, job, 1, why, sizeof(why)), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(why, "memory_checkpoint_root "));
+    ck_assert_ptr_nonnull(strstr(why, "/none: No such file or directory"));
+    snprintf(file, sizeof(file), "%s/file", dir);
+    fclose(fopen(file, "w"));
+    ck_assert_int_eq(preflight_memory_ckpt(file, job, 1, why, sizeof(why)), -ENOTDIR);
+}
+END_TEST
+
 Suite *make_preflight_suite(void)
 {
     Suite *s = suite_create("preflight");
@@ -639,6 +672,7 @@ Suite *make_preflight_suite(void)
     tcase_set_timeout(tc, 20); /* processes are started: room for a loaded machine */
     tcase_add_test(tc, data_files_are_checked_like_the_trainer_reads_them);
     tcase_add_test(tc, checkpoint_dir_writable_with_room_for_two);
+    tcase_add_test(tc, memory_checkpoint_size_fits_memory);
     tcase_add_test(tc, clock_skew_beyond_the_round_trip_fails);
     tcase_add_test(tc, required_paths_readable_and_directories_writable);
     tcase_add_test(tc, latest_checkpoint_by_file_or_by_glob);

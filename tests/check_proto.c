@@ -2177,6 +2177,101 @@ START_TEST(mutated_frames_get_a_defined_answer)
 END_TEST
 
 /* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
+/* Memory checkpoints: HEARTBEAT's list and ASSIGN's choice survive a round
+ * trip (the choice by both ways of writing an ASSIGN); bad lists are refused. */
+START_TEST(memory_checkpoints_on_the_wire)
+{
+    static struct proto_msg m, back;
+    static uint8_t buf[PROTO_MAX_FRAME];
+    size_t consumed;
+    memset(&m, 0, sizeof(m));
+    proto_heartbeat_start(&m);
+    m.u.heartbeat.generation = 3;
+    m.u.heartbeat.seq = 9;
+    m.u.heartbeat.has_memckpt = 1;
+    m.u.heartbeat.nmemckpt = 2;
+    strcpy(m.u.heartbeat.memckpt[0], "step10");
+    strcpy(m.u.heartbeat.memckpt[1], "global \"step\" 15");
+    int n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_int_eq(back.u.heartbeat.has_memckpt, 1);
+    ck_assert_uint_eq(back.u.heartbeat.nmemckpt, 2);
+    ck_assert_str_eq(back.u.heartbeat.memckpt[1], "global \"step\" 15");
+    proto_msg_clear(&back);
+    m.u.heartbeat.nmemckpt = 0; /* an empty list is a list: "none complete here" */
+    n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_int_eq(back.u.heartbeat.has_memckpt, 1);
+    ck_assert_uint_eq(back.u.heartbeat.nmemckpt, 0);
+    proto_msg_clear(&back);
+    m.u.heartbeat.has_memckpt = 0; /* absent: the fast path's frame, without the key */
+    n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_ptr_null(memmem(buf, (size_t)n, "memory_checkpoints", 18));
+    strcpy(m.u.heartbeat.memckpt[1], "step10"); /* the same name twice */
+    m.u.heartbeat.has_memckpt = 1;
+    m.u.heartbeat.nmemckpt = 2;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    strcpy(m.u.heartbeat.memckpt[1], "bad\nname");
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+
+    const char *head = "{\"generation\":1,\"seq\":1,\"ranks\":[],\"memory_checkpoints\":";
+    char text[4096];
+    snprintf(text, sizeof(text), "%s[\"a\",\"b\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_OK);
+    snprintf(text, sizeof(text), "%s\"a\"}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_FIELD_TYPE);
+    snprintf(text, sizeof(text), "%s[1]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_FIELD_TYPE);
+    snprintf(text, sizeof(text), "%s[\"\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), "%s[\"a\",\"a\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), "%s[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+    char longname[PROTO_CKPT_NAME_MAX + 1];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    snprintf(text, sizeof(text), "%s[\"%s\"]}", head, longname);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+
+    /* ASSIGN: rendered with its job text or through jansson, the same frame and the same choice */
+    static uint8_t a[PROTO_MAX_FRAME], b[PROTO_MAX_FRAME];
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ASSIGN;
+    m.u.assign.generation = 2;
+    m.u.assign.world_size = 1;
+    m.u.assign.nranks = 1;
+    m.u.assign.nnodes = 1;
+    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
+    m.u.assign.master_port = 29500;
+    m.u.assign.job = json_pack("{s:s}", "name", "j");
+    m.u.assign.has_memckpt = 1;
+    strcpy(m.u.assign.memckpt, "step \"10\"");
+    int na = proto_encode(&m, a, sizeof(a));
+    char *job = json_dumps(m.u.assign.job, JSON_COMPACT);
+    m.u.assign.job_text = job;
+    int nb = proto_encode(&m, b, sizeof(b));
+    ck_assert_int_gt(na, 0);
+    ck_assert_int_eq(na, nb);
+    ck_assert(memcmp(a, b, (size_t)na) == 0);
+    ck_assert_int_eq(decode_exact(b, (size_t)nb, &back, &consumed), PROTO_OK);
+    ck_assert_int_eq(back.u.assign.has_memckpt, 1);
+    ck_assert_str_eq(back.u.assign.memckpt, "step \"10\"");
+    proto_msg_clear(&back);
+    m.u.assign.memckpt[0] = '\0'; /* "none complete on every node" */
+    nb = proto_encode(&m, b, sizeof(b));
+    ck_assert_int_eq(decode_exact(b, (size_t)nb, &back, &consumed), PROTO_OK);
+    ck_assert_int_eq(back.u.assign.has_memckpt, 1);
+    ck_assert_str_eq(back.u.assign.memckpt, "");
+    proto_msg_clear(&back);
+    strcpy(m.u.assign.memckpt, "bad\x7fname");
+    ck_assert_int_eq(proto_encode(&m, b, sizeof(b)), PROTO_E_RANGE);
+    free(job);
+    json_decref(m.u.assign.job);
+}
+END_TEST
+
 START_TEST(assign_with_rendered_job_is_the_same_frame)
 {
     static struct proto_msg m;
@@ -2732,6 +2827,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, encode_reports_nospace_for_every_short_buffer);
     tcase_add_test(tc, encode_refuses_oversize_job);
     tcase_add_test(tc, assign_with_rendered_job_is_the_same_frame);
+    tcase_add_test(tc, memory_checkpoints_on_the_wire);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fastbeat");

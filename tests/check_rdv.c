@@ -2697,6 +2697,72 @@ static void ckpt_job(const char *rule)
     ck_assert_int_eq(join_checked("b", 1, 0), 0);
 }
 
+/* Node's heartbeat naming its complete memory checkpoints (n of names, oldest first). */
+static void beat_mem(const char *node, uint64_t generation, uint32_t n, const char *const *names)
+{
+    struct proto_msg *m = heartbeat_msg(0);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.free_port = node_port(node);
+    m->u.heartbeat.has_memckpt = 1;
+    m->u.heartbeat.nmemckpt = n;
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(m->u.heartbeat.memckpt[i], sizeof(m->u.heartbeat.memckpt[i]), "%s", names[i]);
+    rdv_message(&rdv, node, m, now);
+}
+
+/* memory_checkpoint_mb: ASSIGN names the newest checkpoint every member holds, once every
+ * member has said what it holds; status shows each node's newest and the common one. */
+START_TEST(memory_checkpoint_common_to_every_member_goes_in_assign)
+{
+    setup_spec(2, 3);
+    spec.memory_checkpoint_mb = 64;
+    spec.restart_backoff_ms = 0;
+    int from = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    const struct proto_msg *as = find_sent(from, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.has_memckpt, 0); /* no member has said what it holds */
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 11);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 11);
+    static const char *const a_has[] = {"step5", "step10", "step15"}, *const b_has[] = {"step5", "step10"};
+    beat_mem("a", 1, 3, a_has);
+    char common[PROTO_CKPT_NAME_MAX];
+    ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), -1); /* b has not said */
+    beat_mem("b", 1, 2, b_has);
+    ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), 1);
+    ck_assert_str_eq(common, "step10");
+    json_t *st = rest_status(now);
+    json_t *mem = json_object_get(st, "memory_checkpoint");
+    ck_assert_str_eq(json_string_value(json_object_get(mem, "common")), "step10");
+    ck_assert_int_eq(json_integer_value(json_object_get(mem, "common_step")), 10);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(mem, "nodes"), "a")), "step15");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(mem, "nodes"), "b")), "step10");
+    json_decref(st);
+    from = rec.nsent;
+    rank_exit("b", 1, 3, -1, 9);
+    as = find_sent(from, "a", PROTO_ASSIGN);
+    const struct proto_msg *bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_ptr_nonnull(bs);
+    ck_assert_int_eq(as->u.assign.has_memckpt, 1);
+    ck_assert_str_eq(as->u.assign.memckpt, "step10");
+    ck_assert_str_eq(bs->u.assign.memckpt, "step10");
+    ck_assert(has_event_with("memory_resumed", "generation 2 resumed from memory checkpoint step 10 "
+                                                           "(step10, the newest complete on all 2 nodes)"));
+    /* none in common: ASSIGN says so ("" : every node starts afresh) */
+    static const char *const b_other[] = {"step3"};
+    beat_mem("b", 2, 1, b_other);
+    ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), 0);
+    ck_assert_str_eq(common, "");
+    /* a job without memory checkpoints: nothing in ASSIGN or status, lists or not */
+    spec.memory_checkpoint_mb = 0;
+    st = rest_status(now);
+    ck_assert(json_is_null(json_object_get(st, "memory_checkpoint")));
+    json_decref(st);
+}
+END_TEST
+
 START_TEST(diverging_checkpoints_hold_the_generation_naming_each_node)
 {
     ckpt_job("file:latest");
@@ -3021,6 +3087,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
     tcase_add_test(tc, no_free_port_holds_the_generation);
     tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
+    tcase_add_test(tc, memory_checkpoint_common_to_every_member_goes_in_assign);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);

@@ -103,6 +103,7 @@ static struct {
     const char *prefix;
     int verbose;
     int ack_all;
+    int memckpt; /* memory checkpoint names per heartbeat (a memory_checkpoint_mb job's agents); 0 = none */
 } opt = {.daemon_host = "127.0.0.1", .nranks = 8, .timeout_s = 120, .prefix = "sim"};
 
 static struct agent *agents;
@@ -273,6 +274,13 @@ static void send_beat(struct agent *a, uint64_t now)
     hb->free_port = free_port(a); /* as muster-worker does: rank 0's is MASTER_PORT */
     a->beats_since_answer++;
     hb->no_ack = !opt.ack_all && !proto_ack_due(a->beats_since_answer, heartbeat_ms, ack_every_ms); /* as muster-worker */
+    if (opt.memckpt) { /* the newest complete ones, oldest first, as muster-worker lists them */
+        hb->has_memckpt = 1;
+        hb->nmemckpt = (uint32_t)opt.memckpt;
+        for (uint32_t i = 0; i < hb->nmemckpt; i++)
+            snprintf(hb->memckpt[i], sizeof(hb->memckpt[i]), "global_step%llu",
+                     (unsigned long long)(a->step / 50 + i) * 50);
+    }
     if (a->generation) {
         a->step++;
         const int measured = a->gen_beats++ > 0; /* a rank just started has no figures yet */
@@ -622,7 +630,9 @@ static void usage(FILE *out)
             "  --prefix NAME    node names are NAME-00000, ... (default sim)\n"
             "  --verbose        say why each connection closed\n"
             "  --ack-all        ask for an answer on every heartbeat, as agents did before\n"
-            "                   HEARTBEAT's ack (to measure the difference side by side)\n");
+            "                   HEARTBEAT's ack (to measure the difference side by side)\n"
+            "  --memory-checkpoints N  name N (1..%d) complete memory checkpoints in every\n"
+            "                   heartbeat, as the agents of a memory_checkpoint_mb job do\n", PROTO_MEMCKPT_MAX);
 }
 
 int main(int argc, char **argv)
@@ -634,6 +644,7 @@ int main(int argc, char **argv)
         {"steady-s", required_argument, NULL, 's'}, {"rank-exit", no_argument, NULL, 'x'},
         {"timeout-s", required_argument, NULL, 'T'}, {"prefix", required_argument, NULL, 'P'},
         {"verbose", no_argument, NULL, 'v'}, {"ack-all", no_argument, NULL, 'A'},
+        {"memory-checkpoints", required_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
     };
     const char *token_path = NULL;
@@ -665,11 +676,13 @@ int main(int argc, char **argv)
         case 'P': opt.prefix = optarg; break;
         case 'v': opt.verbose = 1; break;
         case 'A': opt.ack_all = 1; break;
+        case 'M': opt.memckpt = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (!token_path || opt.nagents < 1 || opt.nranks < 1 || opt.nranks > PROTO_MAX_LOCAL_RANKS ||
+        opt.memckpt < 0 || opt.memckpt > PROTO_MEMCKPT_MAX ||
         !opt.daemon_port || !opt.http_port) {
         usage(stderr);
         return 2;

@@ -2,7 +2,8 @@
 # Ranks without the agent's privileges (worker.json rank_user, rank_group):
 # an agent run as root with --rank-user starts a Python rank (with muster's
 # start-up hook) that finds (a) its uid, gid and groups are the rank user's,
-# (b) the cluster token file refuses it (EACCES), (c) no muster secret in its
+# (b) the cluster token file refuses it (EACCES), it writes the node's memory
+# checkpoint directory, (c) no muster secret in its
 # environment (the agent's has MUSTER_TOKEN_FILE, MUSTER_ADMIN_TOKEN,
 # ETCDCTL_PASSWORD) and no MUSTER_CTL_FD (the hook took it), (d) setuid(0)
 # fails; it reports steps through the client, writes into its rank directory,
@@ -55,6 +56,13 @@ except PermissionError:
     out["setuid0"] = "EPERM"
 with open(os.path.join(os.environ["MUSTER_RANK_DIR"], "mine.txt"), "w") as f:
     f.write("the rank writes its own directory\n")
+try:  # the node's memory checkpoint directory (memory_checkpoint_mb) is the rank user's to write
+    os.makedirs(os.path.join(os.environ["MUSTER_CHECKPOINT_DIR"], "step1"), exist_ok=True)
+    with open(os.path.join(os.environ["MUSTER_CHECKPOINT_DIR"], "step1", "shard.pt"), "w") as f:
+        f.write("a shard\n")
+    out["memckpt"] = "written"
+except (KeyError, OSError) as e:
+    out["memckpt"] = repr(e)
 rank = muster_rank.connect()
 out["active"] = rank.active
 print("RANKREPORT " + json.dumps(out), flush=True)
@@ -66,7 +74,7 @@ PY
 chmod 0644 "$ITEST_DIR/rank.py"
 make_token "$ITEST_DIR/token"
 cat > "$ITEST_DIR/job.json" <<JSON
-{"name": "rankuser", "nodes": 1, "max_restarts": 0, "heartbeat_interval_ms": 100,
+{"name": "rankuser", "nodes": 1, "max_restarts": 0, "heartbeat_interval_ms": 100, "memory_checkpoint_mb": 16,
  "require_python": "$PY", "require_python_modules": ["json"]}
 JSON
 
@@ -98,7 +106,8 @@ run_job() {
 import json, sys
 got, uid, gid, groups = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 want = {"uid": uid, "euid": uid, "gid": gid, "egid": gid, "groups": sorted(int(g) for g in groups.split(",")),
-        "token": "EACCES", "secret_env": [], "ctl_fd_env": False, "setuid0": "EPERM", "active": True}
+        "token": "EACCES", "secret_env": [], "ctl_fd_env": False, "setuid0": "EPERM", "active": True,
+        "memckpt": "written"}
 bad = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
 for k, (g, w) in bad.items():
     print("rank report %s: got %r, expected %r" % (k, g, w), file=sys.stderr)

@@ -30,6 +30,11 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--ckpt-dir", default="", help="DeepSpeed checkpoints here every --ckpt-every steps")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--ckpt-in-memory", action="store_true",
+                   help="checkpoints in the agent's memory directory, $MUSTER_CHECKPOINT_DIR (job key memory_checkpoint_mb)")
+    p.add_argument("--stall-save", default="", metavar="RANK:STEP:RESTART",
+                   help="for tests: that rank, in that restart, stalls inside the save of that step, after the "
+                        "tag directory is made and before its own optimizer state is written")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")),
                    help="set by the deepspeed launcher; torchrun and muster set LOCAL_RANK")
@@ -59,6 +64,22 @@ def main():
                           nn.GELU(), nn.Linear(args.width, 1))
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
+
+    if args.ckpt_in_memory:
+        args.ckpt_dir = os.environ["MUSTER_CHECKPOINT_DIR"]
+    if args.stall_save:
+        stall_rank, stall_step, stall_restart = (int(v) for v in args.stall_save.split(":"))
+        if rank == stall_rank and restart == stall_restart:
+            save = engine.checkpoint_engine.save
+
+            def stalling_save(*pos, **kw):
+                path = str(kw.get("path", pos[1] if len(pos) > 1 else ""))
+                if f"step{stall_step}" in path and "optim_states" in path:
+                    print(f"rank {rank} stalls in the save of step {stall_step}", flush=True)
+                    time.sleep(3600)
+                return save(*pos, **kw)
+
+            engine.checkpoint_engine.save = stalling_save
 
     start = 0
     if args.ckpt_dir and os.path.exists(os.path.join(args.ckpt_dir, "latest")):

@@ -28,6 +28,7 @@
 #include "worker/agent/agent_rank.h"
 #include "worker/agent/exit_queue.h"
 #include "worker/agent/frame_conn.h"
+#include "worker/agent/memckpt.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_flight.h"
@@ -175,6 +176,10 @@ struct agent {
     struct ras_query ras;       /* NCCL's RAS service asked about the job (nccl_ras.h) */
     uint32_t nstacks;
     uint64_t stacks_since;      /* uv_now when it began */
+
+    /* the job's memory checkpoint directory (memckpt.h) */
+    struct memckpt mem;
+    bool mem_drop;             /* the job is over (COMMAND shutdown): removed once the ranks are gone */
 
     /* shutdown */
     bool exiting;
@@ -478,6 +483,7 @@ static void rank_on_exit(struct agent_rank *r, int code, int sig)
     if (r->beat_unrelayed && r->generation == a->cur_gen)
         on_beat_timer(&a->beat_timer);
     send_rank_exit(a, gen, r->rank, code, sig, reason, detail, r->stopping);
+    memckpt_rank_exit(&a->mem, a->ranks, a->nranks);
     if (a->exiting)
         maybe_finish(a);
     else if (a->spawn_pending && !any_outgoing(a))
@@ -705,6 +711,11 @@ static void spawn_all(struct agent *a)
     static struct proto_msg assign_msg;
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
+    assign_msg.u.assign.has_memckpt = 0; /* the agent's to act on, not the ranks' */
+    bool any_kept = false;
+    for (uint32_t i = 0; i < a->nranks; i++)
+        any_kept |= kept(a, i);
+    memckpt_ready(&a->mem, as, a->ranks, a->nranks, any_kept);
     for (uint32_t i = 0; i < as->nranks; i++) {
         const struct proto_rank_slot *slot = &as->ranks[i];
         if (kept(a, i))
@@ -719,6 +730,8 @@ static void spawn_all(struct agent *a)
         struct rank_identity id = slot_identity(a, i, error_file, dir, pypath, visible);
         struct rank_callbacks cb = {.data = a, .on_msg = rank_on_msg, .on_exit = rank_on_exit};
         char **env = rank_env_build(environ, &id);
+        if (a->mem.on)
+            env = memckpt_env(env, a->mem.dir);
         int err_code = UV_ENOMEM;
         struct agent_rank *r = env && argv ? spare_take(&a->spare, argv, env) : NULL;
         const bool warm = r != NULL;
@@ -1268,6 +1281,7 @@ static void on_beat_timer(uv_timer_t *t)
     hb->seq = ++a->beat_seq;
     refresh_free_port(a);
     hb->free_port = a->free_port;
+    memckpt_heartbeat(&a->mem, a->ranks, a->nranks, hb);
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];
@@ -1433,6 +1447,11 @@ static void on_assign(struct agent *a, struct proto_assign *as)
     json_incref(a->assign.job);
     a->have_assign = true;
     a->spec = spec;
+    memckpt_job(&a->mem, &a->spec);
+    int shared = a->cfg->rank_user.set ? memckpt_share(&a->mem, a->cfg->rank_user.gid) : 0;
+    if (shared)
+        log_error("memory checkpoint directory %s: cannot give it to rank_group %u: %s", a->mem.dir,
+                  (unsigned)a->cfg->rank_user.gid, strerror(-shared));
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,
@@ -1667,6 +1686,7 @@ static void on_command(struct agent *a, const struct proto_command_msg *c)
         break;
     case PROTO_CMD_SHUTDOWN:
         log_info("daemon: shutdown");
+        a->mem_drop = true;
         agent_exit(a, 0);
         break;
     case PROTO_CMD_CHECKPOINT: {
@@ -2172,6 +2192,8 @@ static void maybe_finish(struct agent *a)
     for (struct agent_rank *r = a->all; r; r = r->next)
         rank_close(r);
     spare_close(&a->spare);
+    if (a->mem_drop)
+        memckpt_close(&a->mem); /* an agent stopped by a signal leaves it to the next one */
 }
 
 static void spare_gone(void *data)

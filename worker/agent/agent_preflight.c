@@ -8,6 +8,7 @@
 
 #include "common/gptcfg.h"
 #include "common/plan.h"
+#include "worker/agent/memckpt.h"
 #include "worker/agent/rank_env.h"
 
 extern char **environ;
@@ -195,6 +196,10 @@ static int check_needs(const struct preflight_inputs *p, struct preflight_result
         if ((rc = preflight_writable(dir, (uint64_t)s->require_free_mb << 20, why, len)) != 0)
             return rc;
     if (s->require_python_modules[0] && (rc = check_python(p, res, why, len)) != 0)
+        return rc;
+    char mem[PATH_MAX];
+    if (s->memory_checkpoint_mb && memckpt_path(s, mem, sizeof(mem)) == 0 &&
+        (rc = preflight_memory_ckpt(s->memory_checkpoint_root, mem, (uint64_t)s->memory_checkpoint_mb, why, len)) != 0)
         return rc;
     if (s->checkpoint_latest[0]) {
         if ((rc = preflight_latest_ckpt(s->checkpoint_dir, s->checkpoint_latest, res->checkpoint,
