@@ -328,17 +328,50 @@ static int newest_match(const char *dir, const char *pattern, char *out, size_t 
     return 0;
 }
 
+/* name under dir, opened without following a symbolic link at any step:
+ * the ranks write there, and the agent reading it may be root. */
+static int open_beneath(const char *dir, const char *name)
+{
+    int at = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (at < 0)
+        return -1;
+    char part[256];
+    const char *p = name;
+    for (;;) {
+        size_t n = strcspn(p, "/");
+        if (n == 0 || n >= sizeof(part)) {
+            close(at);
+            errno = n ? ENAMETOOLONG : ENOENT;
+            return -1;
+        }
+        memcpy(part, p, n);
+        part[n] = '\0';
+        bool last = p[n] == '\0';
+        /* O_NONBLOCK: a FIFO there must not hold the pre-flight until something writes to it */
+        int fd = openat(at, part, last ? O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW
+                                       : O_RDONLY | O_CLOEXEC | O_DIRECTORY | O_NOFOLLOW);
+        int e = errno;
+        close(at);
+        if (fd < 0 || last) {
+            errno = e;
+            return fd;
+        }
+        at = fd;
+        p += n + 1;
+    }
+}
+
 /* The first line of dir/name (a DeepSpeed-style `latest` file), "" when there is none. */
 static int latest_file(const char *dir, const char *name, char *out, size_t cap, char *why, size_t len)
 {
-    char path[4096 + 256];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    /* O_NONBLOCK: a FIFO there must not hold the pre-flight until something writes to it */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = open_beneath(dir, name);
     if (fd < 0) {
         int e = errno;
         if (e == ENOENT)
             return 0;
+        if (e == ELOOP || e == ENOTDIR)
+            return preflight_why(why, len, -e, "checkpoint_dir %s: %s is or goes through a symbolic link: not "
+                                 "read (checkpoint_latest names a file the program writes there)", dir, name);
         return preflight_why(why, len, -e, "checkpoint_dir %s: cannot read %s: %s", dir, name, strerror(e));
     }
     struct stat st;

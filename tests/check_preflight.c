@@ -217,6 +217,22 @@ START_TEST(latest_checkpoint_by_file_or_by_glob)
     ck_assert_int_eq(preflight_latest_ckpt(path, "file:latest", out, sizeof(out), why, sizeof(why)), 0);
     ck_assert_str_eq(out, "global_step10"); /* what the file says, not what is newest */
     ck_assert_int_eq(preflight_latest_ckpt(path, "newest", out, sizeof(out), why, sizeof(why)), -EINVAL);
+
+    /* A rank writes the directory, the agent reading it may be root: a link
+     * to a secret is not followed, as the file or on the way to it. */
+    char secret[256], link[256], sub_dir[256];
+    put_file("secret", "ADMIN-TOKEN\n", 0600, secret, sizeof(secret));
+    snprintf(link, sizeof(link), "%s/ck/latest", dir);
+    ck_assert_int_eq(unlink(link), 0);
+    ck_assert_int_eq(symlink(secret, link), 0);
+    ck_assert_int_eq(preflight_latest_ckpt(path, "file:latest", out, sizeof(out), why, sizeof(why)), -ELOOP);
+    ck_assert_ptr_null(strstr(why, "ADMIN-TOKEN"));
+    ck_assert_ptr_nonnull(strstr(why, "latest is or goes through a symbolic link: not read"));
+    ck_assert_str_eq(out, "");
+    snprintf(sub_dir, sizeof(sub_dir), "%s/ck/meta", dir);
+    ck_assert_int_eq(symlink(dir, sub_dir), 0); /* meta -> the directory that holds "secret" */
+    ck_assert_int_eq(preflight_latest_ckpt(path, "file:meta/secret", out, sizeof(out), why, sizeof(why)), -ENOTDIR);
+    ck_assert_str_eq(out, "");
 }
 END_TEST
 
@@ -239,9 +255,9 @@ START_TEST(hostile_checkpoint_dirs_neither_block_nor_leak_control_characters)
     ck_assert_int_eq(preflight_latest_ckpt(path, "file:latest", out, sizeof(out), why, sizeof(why)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(why, "latest is not a regular file"));
     ck_assert_int_eq(unlink(p), 0);
-    /* a symlink to /dev/zero, and the directory itself */
+    /* a symlink to /dev/zero (not followed), and the directory itself */
     ck_assert_int_eq(symlink("/dev/zero", p), 0);
-    ck_assert_int_eq(preflight_latest_ckpt(path, "file:latest", out, sizeof(out), why, sizeof(why)), -EINVAL);
+    ck_assert_int_eq(preflight_latest_ckpt(path, "file:latest", out, sizeof(out), why, sizeof(why)), -ELOOP);
     ck_assert_int_eq(preflight_latest_ckpt(path, "file:.", out, sizeof(out), why, sizeof(why)), -EINVAL);
     ck_assert_int_eq(unlink(p), 0);
     /* a symlink loop */

@@ -1449,9 +1449,11 @@ static void on_assign(struct agent *a, struct proto_assign *as)
     a->spec = spec;
     memckpt_job(&a->mem, &a->spec);
     int shared = a->cfg->rank_user.set ? memckpt_share(&a->mem, a->cfg->rank_user.gid) : 0;
-    if (shared)
-        log_error("memory checkpoint directory %s: cannot give it to rank_group %u: %s", a->mem.dir,
-                  (unsigned)a->cfg->rank_user.gid, strerror(-shared));
+    if (shared) { /* ranks that cannot write it get none, rather than one others may */
+        log_error("memory checkpoint directory %s: cannot give it to rank_group %u: %s; the ranks get no %s",
+                  a->mem.dir, (unsigned)a->cfg->rank_user.gid, strerror(-shared), MEMCKPT_ENV);
+        memckpt_close(&a->mem);
+    }
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,

@@ -64,9 +64,25 @@ int memckpt_open(struct memckpt *m, const struct job_spec *spec, char *note, siz
         int e = errno;
         return preflight_why(why, len, -e, "memory checkpoint directory %s: cannot make it: %s", dir, strerror(e));
     }
+    /* The root is shared (/dev/shm: sticky, everyone's): a directory someone
+     * else made there first, or a link, is theirs to read and plant in. Once
+     * it is the agent's, the sticky bit keeps it from being swapped. */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
-    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return preflight_why(why, len, -ENOTDIR, "memory checkpoint directory %s: not a directory", dir);
+    if (dfd < 0 || fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return preflight_why(why, len, -ENOTDIR, "memory checkpoint directory %s: not a directory (%s)", dir,
+                             strerror(e));
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & S_IWOTH)) {
+        close(dfd);
+        return preflight_why(why, len, -EPERM, "memory checkpoint directory %s: it exists, owned by uid %u with mode "
+                             "%04o, not the agent's (uid %u) alone: refused (whoever made it could read and plant "
+                             "checkpoints); remove it", dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                             (unsigned)geteuid());
+    }
     memset(m, 0, sizeof(*m));
     snprintf(m->dir, sizeof(m->dir), "%s", dir);
     snprintf(m->rule, sizeof(m->rule), "%s", spec->memory_checkpoint_latest);
@@ -74,15 +90,19 @@ int memckpt_open(struct memckpt *m, const struct job_spec *spec, char *note, siz
     m->size_mb = (uint64_t)spec->memory_checkpoint_mb;
     m->on = true;
     if (own_mount(dir)) {
+        close(dfd);
         m->mounted = true; /* the agent's mount, from before its ranks' restart or its own */
         return 0;
     }
-    char opts[64];
+    char opts[64], at[64];
     snprintf(opts, sizeof(opts), "size=%" PRIu64 "m,mode=0700", m->size_mb);
-    if (geteuid() == 0 && mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0) {
+    snprintf(at, sizeof(at), "/proc/self/fd/%d", dfd); /* the directory checked, not what the path names now */
+    if (geteuid() == 0 && mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0) {
+        close(dfd);
         m->mounted = true;
         return 0;
     }
+    close(dfd);
     snprintf(note, note_len, "%s is a plain directory on %s (%s): memory_checkpoint_mb is checked in pre-flight "
              "but does not bound it", dir, spec->memory_checkpoint_root,
              geteuid() == 0 ? strerror(errno) : "the agent is not root, so it mounts no tmpfs");
