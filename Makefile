@@ -106,7 +106,7 @@ LIBMUSTER := $(BUILD)/libmuster.a
 
 BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
 
-.PHONY: all deps check check-run check-mutants demo demo-run bench bench-run asan install uninstall clean tests docs
+.PHONY: all deps check check-run itest-durations check-mutants demo demo-run bench bench-run asan install uninstall clean tests docs
 all: $(BINS) $(GPU_MODULE) $(BUILD)/python
 
 # muster-worker finds the Python client and its start-up hook (startup/) in
@@ -248,6 +248,12 @@ check: deps
 
 check-run: tests
 	@BUILD=$(BUILD) CUEMU=$(if $(SAN),off,on) sh tests/run.sh
+
+# Copies the seconds each integration script took in the last run
+# ($(BUILD)/itest-durations) into tests/integration/durations, the table
+# by which tests/run_integration.py starts the longest first.
+itest-durations:
+	@BUILD=$(BUILD) python3 tests/run_integration.py --save-durations
 
 # Key scenarios against musterd built with one feature broken on purpose
 # (tests/mutants.sh): each must fail. Not part of check.
