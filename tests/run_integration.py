@@ -25,10 +25,17 @@ empty: grouped at the start, nothing waits for a drain; and the short
 scripts come last, so the slots run out together. A script in neither
 table counts as DEFAULT_S.
 
+With ITEST_JOBS above 2, a third (or later) script starts beside others
+only where it fits the machine: the CPU the running ones used per second
+of their last run (the table's CPU column), with its own, must stay within
+ITEST_CPUS (default: the CPUs this machine has); a script with no CPU
+figure counts as a whole CPU. The first pending script that fits starts,
+so a light one can go beside two heavy ones. Up to 2, none of this applies.
+
 Usage: python3 tests/run_integration.py [NAME ...]   (default: every script)
        python3 tests/run_integration.py --save-durations
            (merges $BUILD/itest-durations into tests/integration/durations)
-Environment: BUILD, ITEST_JOBS, ITEST_TIMEOUT_S (600 per script).
+Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script).
 """
 import os
 import re
@@ -56,7 +63,8 @@ def kind_of(path: str) -> str:
 
 
 def read_durations(path: str) -> dict:
-    """{name: seconds} from lines 'SECONDS NAME'; '#' starts a comment. {} if absent."""
+    """{name: (seconds, CPU seconds or None)} from lines 'SECONDS [CPU] NAME';
+    '#' starts a comment. {} if absent."""
     out = {}
     try:
         with open(path, encoding="utf-8") as f:
@@ -64,9 +72,9 @@ def read_durations(path: str) -> dict:
                 line = line.split("#", 1)[0].split()
                 if not line:
                     continue
-                if len(line) != 2 or not re.fullmatch(r"\d+", line[0]):
-                    raise SystemExit(f"{path}:{n}: expected 'SECONDS NAME'")
-                out[line[1]] = int(line[0])
+                if len(line) not in (2, 3) or not all(re.fullmatch(r"\d+", w) for w in line[:-1]):
+                    raise SystemExit(f"{path}:{n}: expected 'SECONDS [CPU_SECONDS] NAME'")
+                out[line[-1]] = (int(line[0]), int(line[1]) if len(line) == 3 else None)
     except FileNotFoundError:
         pass
     return out
@@ -77,7 +85,8 @@ def write_durations(path: str, durations: dict, header: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(header)
         for name in sorted(durations):
-            f.write(f"{durations[name]} {name}\n")
+            secs, cpu = durations[name]
+            f.write(f"{secs} {cpu} {name}\n" if cpu is not None else f"{secs} {name}\n")
     os.replace(tmp, path)
 
 
@@ -85,14 +94,22 @@ def plan(scripts: list, durations: dict) -> list:
     """The start order: solos, then the rest; each part longest first, then by name."""
     def key(s):
         name, _, kind = s
-        return (kind != "solo", -durations.get(name, DEFAULT_S), name)
+        return (kind != "solo", -durations.get(name, (DEFAULT_S, None))[0], name)
     return sorted(scripts, key=key)
 
 
+def cpu_load(durations: dict, name: str) -> float:
+    """The CPUs a script kept busy on average in its last run; 1.0 when unknown."""
+    secs, cpu = durations.get(name, (0, None))
+    return 1.0 if cpu is None or secs <= 0 else cpu / secs
+
+
 class Runner:
-    def __init__(self, scripts: list, jobs: int, timeout_s: int):
+    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float):
         self.pending = list(scripts)  # (name, path, kind), in start order
         self.jobs = max(1, jobs)
+        self.durations = durations
+        self.cpus = cpus
         self.timeout_s = timeout_s
         self.running = {}  # name -> kind
         self.results = []  # (name, ok, seconds, cpu seconds)
@@ -100,14 +117,22 @@ class Runner:
 
     def _startable(self):
         """The next pending script if the rules let it start now, or None.
-        Strictly in order: a solo waits for the machine to empty, and what
-        comes after it waits for it."""
+        In order: a solo waits for the machine to empty, and what comes after
+        it waits for it; beyond two at a time, the first that fits the CPUs."""
         if not self.pending or len(self.running) >= self.jobs:
             return None
         kinds = list(self.running.values())
         if "solo" in kinds or (self.pending[0][2] == "solo" and kinds):
             return None
-        return self.pending.pop(0)
+        if len(self.running) < 2:
+            return self.pending.pop(0)
+        busy = sum(cpu_load(self.durations, n) for n in self.running)
+        for i, (name, _, kind) in enumerate(self.pending):
+            if kind == "solo":
+                break
+            if busy + cpu_load(self.durations, name) <= self.cpus:
+                return self.pending.pop(i)
+        return None
 
     def _run_one(self, name: str, path: str) -> None:
         start = time.monotonic()
@@ -150,10 +175,11 @@ class Runner:
 
 
 TABLE_HEADER = """\
-# Seconds each integration script took in its last full run (2 at a time),
-# by which tests/run_integration.py starts the longest first. Refresh with
-# `make itest-durations` after a `make check`; a wrong figure only costs
-# wall time, never a result.
+# Seconds each integration script took in its last full run (2 at a time)
+# and the CPU seconds it used (where known): tests/run_integration.py starts
+# the longest first, and above 2 at a time fits scripts to the CPUs. Refresh with
+# `make itest-durations` after a `make check`. Two at a time (make check's
+# default), a wrong figure only costs wall time, never a result.
 """
 
 
@@ -184,13 +210,14 @@ def main(argv: list) -> int:
     durations = read_durations(TABLE)
     durations.update(read_durations(record))
     jobs = int(os.environ.get("ITEST_JOBS", "2"))
-    runner = Runner(plan(scripts, durations), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")))
+    cpus = float(os.environ.get("ITEST_CPUS", os.cpu_count() or 1))
+    runner = Runner(plan(scripts, durations), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")), durations, cpus)
     start = time.monotonic()
     runner.run()
     wall = time.monotonic() - start
     if os.path.isdir(build):
         last = read_durations(record)
-        last.update({n: max(1, round(s)) for n, _, s, _ in runner.results})
+        last.update({n: (max(1, round(s)), round(c)) for n, _, s, c in runner.results})
         write_durations(record, last, "# tests/run_integration.py: seconds per script, last run\n")
     print(f"== slowest ten of {len(runner.results)} scripts ({jobs} at a time, {wall:.0f} s wall, "
           f"{sum(r[2] for r in runner.results):.0f} s in all, {sum(r[3] for r in runner.results):.0f} s CPU)")
