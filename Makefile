@@ -106,6 +106,10 @@ LIBMUSTER := $(BUILD)/libmuster.a
 
 BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
 
+# Keep the objects that pattern chains make on the way (tests/%.c -> .o ->
+# the tool): deleted, the next make (check's second) would build them again.
+.SECONDARY:
+
 .PHONY: all deps check check-run itest-durations check-mutants demo demo-run bench bench-run asan install uninstall clean tests docs
 all: $(BINS) $(GPU_MODULE) $(BUILD)/python
 
