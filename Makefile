@@ -2,7 +2,7 @@
 # `make demo` shows a job on this machine heal a killed rank (mk/demo.py).
 # Both check and demo first install missing Debian build dependencies
 # (mk/deps.sh), then build in a sub-make so that pkg-config sees the freshly
-# installed libraries.
+# installed libraries (check makes the Python environment meanwhile).
 
 VERSION := 0.1.0
 PREFIX ?= /usr/local
@@ -106,7 +106,11 @@ LIBMUSTER := $(BUILD)/libmuster.a
 
 BINS := $(BUILD)/musterd $(BUILD)/musterctl $(BUILD)/muster-worker $(BUILD)/muster-train
 
-.PHONY: all deps check check-run check-mutants demo demo-run bench bench-run asan install uninstall clean tests docs
+# Keep the objects that pattern chains make on the way (tests/%.c -> .o ->
+# the tool): deleted, the next make (check's second) would build them again.
+.SECONDARY:
+
+.PHONY: all deps check check-run itest-durations check-mutants demo demo-run bench bench-run asan install uninstall clean tests docs
 all: $(BINS) $(GPU_MODULE) $(BUILD)/python
 
 # muster-worker finds the Python client and its start-up hook (startup/) in
@@ -243,11 +247,25 @@ deps:
 MUSTER_TORCH_PY ?= $(CURDIR)/.venv/bin/python
 export MUSTER_TORCH_PY
 
-check: deps
-	@$(MAKE) --no-print-directory check-run
+# The Debian packages first; then the Python environment (pip: mostly
+# downloads) is made while the tree builds (the compilers), and the tests
+# start once both are done. The environment's output comes after the build's.
+check:
+	@sh mk/deps.sh system
+	@mkdir -p $(BUILD) && sh mk/deps.sh venv > $(BUILD)/deps-venv.log 2>&1 & venv=$$!; \
+	$(MAKE) --no-print-directory tests; built=$$?; \
+	wait $$venv; made=$$?; cat $(BUILD)/deps-venv.log; \
+	[ $$made -eq 0 ] || { echo "deps: making the Python environment failed (above)" >&2; exit 1; }; \
+	[ $$built -eq 0 ] && $(MAKE) --no-print-directory check-run
 
 check-run: tests
 	@BUILD=$(BUILD) CUEMU=$(if $(SAN),off,on) sh tests/run.sh
+
+# Copies the seconds each integration script took in the last run
+# ($(BUILD)/itest-durations) into tests/integration/durations, the table
+# by which tests/run_integration.py starts the longest first.
+itest-durations:
+	@BUILD=$(BUILD) python3 tests/run_integration.py --save-durations
 
 # Key scenarios against musterd built with one feature broken on purpose
 # (tests/mutants.sh): each must fail. Not part of check.

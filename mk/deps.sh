@@ -6,7 +6,8 @@
 # `deps.sh build` covers building and testing (make check runs real
 # PyTorch, DeepSpeed and accelerate programs as ranks); `deps.sh bench`
 # adds what the reference benchmarks need besides; `deps.sh venv` makes
-# only the environment. MUSTER_TORCH_ENV=off leaves the environment out
+# only the environment, `deps.sh system` only the Debian packages of build
+# (make check makes the environment while it builds). MUSTER_TORCH_ENV=off leaves the environment out
 # (the tests that need it then skip, or fail under CI). etcd-server: the
 # failover tests run three etcd members on loopback; etcd-client: etcdctl
 # sets up TLS and auth in store_tls_auth.sh. chromium: the dashboard
@@ -58,11 +59,13 @@ torch_env() {
     echo "deps: $venv ready ($(du -sh "$venv" | cut -f1))"
 }
 
+env_too=torch_env
 case "${1:-build}" in
 build) want=$build_pkgs ;;
 bench) want="$build_pkgs $bench_pkgs" ;;
+system) want=$build_pkgs; env_too=true ;;
 venv) torch_env; exit ;;
-*) echo "usage: deps.sh build|bench|venv" >&2; exit 2 ;;
+*) echo "usage: deps.sh build|bench|system|venv" >&2; exit 2 ;;
 esac
 
 missing=""
@@ -74,7 +77,7 @@ for p in $want; do
     esac
 done
 if [ -z "$missing" ]; then
-    torch_env
+    $env_too
     exit
 fi
 
@@ -87,4 +90,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing
-torch_env
+$env_too

@@ -11,13 +11,31 @@ and runs with no other script beside it; every other script runs beside
 any but a solo one. Their waits are bounded generously enough for a
 machine that runs two trainings at once (seen: every torch script green at
 a load average of 20 on 2 cores), so a new script that asserts timing must
-say solo. Scripts start in name order within what the rules allow;
-each has its own temporary directory and free ports (tests/itest-lib.sh),
-so that two running at once share nothing. A script's output is printed
-whole when it ends, so that two scripts' lines never interleave.
+say solo. Each has its own temporary directory and free ports
+(tests/itest-lib.sh), so that two running at once share nothing. A
+script's output is printed whole when it ends, so that two scripts' lines
+never interleave.
+
+Order: the solo scripts first, one at a time, then the others longest
+first (longest-processing-time-first), by the seconds each took last time:
+tests/integration/durations (checked in; `make itest-durations` refreshes
+it from the last run), overridden by $BUILD/itest-durations, which every
+run writes. Solos first because a solo can start only once the machine is
+empty: grouped at the start, nothing waits for a drain; and the short
+scripts come last, so the slots run out together. A script in neither
+table counts as DEFAULT_S.
+
+With ITEST_JOBS above 2, a third (or later) script starts beside others
+only where it fits the machine: the CPU the running ones used per second
+of their last run (the table's CPU column), with its own, must stay within
+ITEST_CPUS (default: the CPUs this machine has); a script with no CPU
+figure counts as a whole CPU. The first pending script that fits starts,
+so a light one can go beside two heavy ones. Up to 2, none of this applies.
 
 Usage: python3 tests/run_integration.py [NAME ...]   (default: every script)
-Environment: BUILD, ITEST_JOBS, ITEST_TIMEOUT_S (600 per script).
+       python3 tests/run_integration.py --save-durations
+           (merges $BUILD/itest-durations into tests/integration/durations)
+Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script).
 """
 import os
 import re
@@ -27,7 +45,10 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+IDIR = os.path.join(HERE, "integration")
+TABLE = os.path.join(IDIR, "durations")
 KINDS = ("solo",)
+DEFAULT_S = 60  # an unknown script starts among the long ones
 
 
 def kind_of(path: str) -> str:
@@ -41,42 +62,98 @@ def kind_of(path: str) -> str:
     return "shared"
 
 
+def read_durations(path: str) -> dict:
+    """{name: (seconds, CPU seconds or None)} from lines 'SECONDS [CPU] NAME';
+    '#' starts a comment. {} if absent."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.split("#", 1)[0].split()
+                if not line:
+                    continue
+                if len(line) not in (2, 3) or not all(re.fullmatch(r"\d+", w) for w in line[:-1]):
+                    raise SystemExit(f"{path}:{n}: expected 'SECONDS [CPU_SECONDS] NAME'")
+                out[line[-1]] = (int(line[0]), int(line[1]) if len(line) == 3 else None)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def write_durations(path: str, durations: dict, header: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(header)
+        for name in sorted(durations):
+            secs, cpu = durations[name]
+            f.write(f"{secs} {cpu} {name}\n" if cpu is not None else f"{secs} {name}\n")
+    os.replace(tmp, path)
+
+
+def plan(scripts: list, durations: dict) -> list:
+    """The start order: solos, then the rest; each part longest first, then by name."""
+    def key(s):
+        name, _, kind = s
+        return (kind != "solo", -durations.get(name, (DEFAULT_S, None))[0], name)
+    return sorted(scripts, key=key)
+
+
+def cpu_load(durations: dict, name: str) -> float:
+    """The CPUs a script kept busy on average in its last run; 1.0 when unknown."""
+    secs, cpu = durations.get(name, (0, None))
+    return 1.0 if cpu is None or secs <= 0 else cpu / secs
+
+
 class Runner:
-    def __init__(self, scripts: list, jobs: int, timeout_s: int):
-        self.pending = list(scripts)  # (name, path, kind), in name order
+    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float):
+        self.pending = list(scripts)  # (name, path, kind), in start order
         self.jobs = max(1, jobs)
+        self.durations = durations
+        self.cpus = cpus
         self.timeout_s = timeout_s
         self.running = {}  # name -> kind
-        self.results = []  # (name, ok, seconds)
+        self.results = []  # (name, ok, seconds, cpu seconds)
         self.cond = threading.Condition()
 
     def _startable(self):
-        """The first pending script the rules let start now, or None."""
-        if len(self.running) >= self.jobs:
+        """The next pending script if the rules let it start now, or None.
+        In order: a solo waits for the machine to empty, and what comes after
+        it waits for it; beyond two at a time, the first that fits the CPUs."""
+        if not self.pending or len(self.running) >= self.jobs:
             return None
         kinds = list(self.running.values())
-        if "solo" in kinds:
+        if "solo" in kinds or (self.pending[0][2] == "solo" and kinds):
             return None
-        for i, (name, path, kind) in enumerate(self.pending):
-            if kind == "solo" and kinds:
-                continue
-            return self.pending.pop(i)
+        if len(self.running) < 2:
+            return self.pending.pop(0)
+        busy = sum(cpu_load(self.durations, n) for n in self.running)
+        for i, (name, _, kind) in enumerate(self.pending):
+            if kind == "solo":
+                break
+            if busy + cpu_load(self.durations, name) <= self.cpus:
+                return self.pending.pop(i)
         return None
 
     def _run_one(self, name: str, path: str) -> None:
         start = time.monotonic()
+        cpu = 0.0
         try:
-            p = subprocess.run(["timeout", str(self.timeout_s), "sh", path], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, cwd=os.path.dirname(HERE))
-            out, ok = p.stdout.decode(errors="replace"), p.returncode == 0
+            p = subprocess.Popen(["timeout", str(self.timeout_s), "sh", path], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, cwd=os.path.dirname(HERE))
+            out = p.stdout.read().decode(errors="replace")
+            p.stdout.close()
+            # wait4: the CPU time of the script and of every process it reaped.
+            _, status, ru = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            ok, cpu = p.returncode == 0, ru.ru_utime + ru.ru_stime
         except OSError as e:
             out, ok = f"cannot run {path}: {e}\n", False
         secs = time.monotonic() - start
         with self.cond:
             sys.stdout.write(f"== integration: {name}\n{out}")
-            sys.stdout.write(f"-- {name}: {'ok' if ok else 'FAILED'} ({secs:.0f} s)\n")
+            sys.stdout.write(f"-- {name}: {'ok' if ok else 'FAILED'} ({secs:.0f} s, {cpu:.0f} s CPU)\n")
             sys.stdout.flush()
-            self.results.append((name, ok, secs))
+            self.results.append((name, ok, secs, cpu))
             del self.running[name]
             self.cond.notify_all()
 
@@ -97,25 +174,56 @@ class Runner:
             t.join()
 
 
+TABLE_HEADER = """\
+# Seconds each integration script took in its last full run (2 at a time)
+# and the CPU seconds it used (where known): tests/run_integration.py starts
+# the longest first, and above 2 at a time fits scripts to the CPUs. Refresh with
+# `make itest-durations` after a `make check`. Two at a time (make check's
+# default), a wrong figure only costs wall time, never a result.
+"""
+
+
+def save_durations(build: str) -> int:
+    measured = read_durations(os.path.join(build, "itest-durations"))
+    if not measured:
+        raise SystemExit(f"no {build}/itest-durations: run the integration scripts first")
+    table = read_durations(TABLE)
+    table.update(measured)
+    exists = {f[:-3] for f in os.listdir(IDIR) if f.endswith(".sh")}
+    write_durations(TABLE, {n: s for n, s in table.items() if n in exists}, TABLE_HEADER)
+    print(f"{TABLE}: {len(measured)} figures from {build}/itest-durations")
+    return 0
+
+
 def main(argv: list) -> int:
-    idir = os.path.join(HERE, "integration")
-    names = argv or sorted(f[:-3] for f in os.listdir(idir) if f.endswith(".sh"))
+    build = os.environ.get("BUILD", "build")
+    if argv == ["--save-durations"]:
+        return save_durations(build)
+    names = argv or sorted(f[:-3] for f in os.listdir(IDIR) if f.endswith(".sh"))
     scripts = []
     for n in names:
-        path = os.path.join(idir, n + ".sh")
+        path = os.path.join(IDIR, n + ".sh")
         if not os.path.isfile(path):
             raise SystemExit(f"no integration script {path}")
         scripts.append((n, path, kind_of(path)))
+    record = os.path.join(build, "itest-durations")
+    durations = read_durations(TABLE)
+    durations.update(read_durations(record))
     jobs = int(os.environ.get("ITEST_JOBS", "2"))
-    runner = Runner(scripts, jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")))
+    cpus = float(os.environ.get("ITEST_CPUS", os.cpu_count() or 1))
+    runner = Runner(plan(scripts, durations), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")), durations, cpus)
     start = time.monotonic()
     runner.run()
     wall = time.monotonic() - start
+    if os.path.isdir(build):
+        last = read_durations(record)
+        last.update({n: (max(1, round(s)), round(c)) for n, _, s, c in runner.results})
+        write_durations(record, last, "# tests/run_integration.py: seconds per script, last run\n")
     print(f"== slowest ten of {len(runner.results)} scripts ({jobs} at a time, {wall:.0f} s wall, "
-          f"{sum(s for _, _, s in runner.results):.0f} s in all)")
-    for name, ok, secs in sorted(runner.results, key=lambda r: -r[2])[:10]:
-        print(f"  {secs:6.0f} s  {name}{'' if ok else '  (FAILED)'}")
-    failed = sorted(n for n, ok, _ in runner.results if not ok)
+          f"{sum(r[2] for r in runner.results):.0f} s in all, {sum(r[3] for r in runner.results):.0f} s CPU)")
+    for name, ok, secs, cpu in sorted(runner.results, key=lambda r: -r[2])[:10]:
+        print(f"  {secs:6.0f} s  {cpu:5.0f} s CPU  {name}{'' if ok else '  (FAILED)'}")
+    failed = sorted(r[0] for r in runner.results if not r[1])
     passed = len(runner.results) - len(failed)
     if failed:
         print("failed: " + " ".join(failed))

@@ -5,7 +5,6 @@
 # sends its final beat before it exits, and the agent relays a rank's last
 # entry before its exit: /v1/status says step 37 and the events say
 # "finished at step 37" for both ranks.
-# itest: solo
 set -eu
 . tests/itest-lib.sh
 
