@@ -87,3 +87,17 @@ int rmtree_at(int dirfd, const char *name)
 {
     return rmtree_depth(dirfd, name, 0);
 }
+
+int open_regular_file(const char *path, int flags)
+{
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}

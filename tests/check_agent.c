@@ -1533,6 +1533,19 @@ START_TEST(flight_summary_is_asked_for_and_checked)
     /* nobody armed: nothing asked */
     static struct flight_ask f;
     ck_assert_int_eq(flight_ask_begin(&f, dir, getpid()), 0);
+    /* a rank's FIFO (or link) as its answer: skipped at once, not waited on */
+    char path[4200];
+    f.nprocs = 1;
+    f.pids[0] = 424242;
+    snprintf(f.dir, sizeof(f.dir), "%s", dir);
+    snprintf(path, sizeof(path), "%s/fr-424242.txt", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    char why[512];
+    ck_assert_ptr_null(flight_ask_read(&f, why, sizeof(why)));
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(symlink("/etc/passwd", path), 0);
+    ck_assert_ptr_null(flight_ask_read(&f, why, sizeof(why)));
+    ck_assert_int_eq(unlink(path), 0);
     ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST

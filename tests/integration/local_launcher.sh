@@ -45,4 +45,14 @@ i=0; while pid_alive "$L" && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
 pid_alive "$L" && fail "the launcher did not exit within 10 s of SIGTERM"
 i=0; while pid_alive "$child" && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
 pid_alive "$child" && fail "the rank's helper process $child outlived its stopped rank"
+# A descriptor the agent was started with (a shell's, a supervisor's) does not reach the ranks.
+cat > "$ITEST_DIR/fds.sh" <<'SH'
+#!/bin/sh
+echo "inherited: $(ls -l /proc/$$/fd/ | grep -c 'itest-secret')"
+SH
+chmod +x "$ITEST_DIR/fds.sh"
+echo secret > "$ITEST_DIR/itest-secret"
+(exec 9< "$ITEST_DIR/itest-secret"; timeout 60 "$BUILD/muster-worker" --local --job "$ITEST_DIR/job.json" --devices cpu:1 \
+    --rank-cmd "$ITEST_DIR/fds.sh" > "$ITEST_DIR/fds.log" 2>&1) || true
+grep -q "inherited: 0" "$ITEST_DIR/fds.log" || fail "a descriptor the launcher was started with reached the rank: $(grep inherited "$ITEST_DIR/fds.log")"
 echo "local launcher: ok"

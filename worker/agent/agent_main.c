@@ -4,6 +4,8 @@
  * launcher, or to cloud-platform mode).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -193,6 +195,12 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], RANK_USER_EXEC_FLAG) == 0)
         return rank_user_exec(argc, argv);
     log_set_prog("muster-worker");
+    /* Descriptors the agent was started with beyond stdio (a shell's, a
+     * supervisor's) are nobody's business in a rank: none survives an exec.
+     * The agent's own are opened close-on-exec already. */
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+        for (int fd = 3; fd < 1024; fd++)
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
 
     static struct agent_config cfg;
     static struct agent_file file;

@@ -345,7 +345,12 @@ int memckpt_restore(struct memckpt *m, const char *tag, char *why, size_t len)
         return 0;
     }
     snprintf(tmp, sizeof(tmp), "%s.muster-tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* the ranks write this directory: whatever they left at tmp (a FIFO, a
+     * link) goes, and the file is made afresh, never opened through it */
+    if (unlink(tmp) != 0 && errno != ENOENT && errno != EISDIR)
+        return preflight_why(why, len, -errno, "memory checkpoint directory: cannot remove %s: %s", tmp,
+                             strerror(errno));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     size_t n = strlen(tag);
     bool ok = fd >= 0 && write(fd, tag, n) == (ssize_t)n;
     int e = errno;

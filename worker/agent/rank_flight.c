@@ -1,6 +1,7 @@
 #include "worker/agent/rank_flight.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/flight.h"
+#include "common/mkdirs.h"
 
 /* "fr-PID.fifo" -> PID; 0 for any other name. */
 static int armed_pid(const char *name)
@@ -70,7 +72,7 @@ char *flight_ask_read(const struct flight_ask *f, char *why, size_t cap)
         char path[4200], buf[FLIGHT_TEXT_MAX + 2];
         if (path_of(path, sizeof(path), f->dir, f->pids[i], "txt"))
             continue;
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = open_regular_file(path, O_RDONLY); /* a rank's FIFO or link there: skipped */
         if (fd < 0)
             continue;
         size_t len = 0;

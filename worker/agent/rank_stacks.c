@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/mkdirs.h"
 #include "common/log.h"
 
 /*
@@ -22,15 +23,9 @@
  */
 static int open_regular(const char *path, int flags)
 {
-    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int fd = open_regular_file(path, flags);
+    if (fd < 0 && errno == EINVAL)
         log_warn_limited("%s is not a regular file (a rank's FIFO or device?): skipped", path);
-        close(fd);
-        return -1;
-    }
     return fd;
 }
 
