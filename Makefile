@@ -282,7 +282,7 @@ bench: deps
 	@sh mk/deps.sh bench
 	@$(MAKE) --no-print-directory bench-run
 
-bench-run: all $(BUILD)/tests/store-bench $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents $(BUILD)/tests/rest-load
+bench-run: all $(BUILD)/tests/auth-bench $(BUILD)/tests/store-bench $(BUILD)/tests/comm-bench $(BUILD)/tests/zero-bench $(BUILD)/tests/sim-agents $(BUILD)/tests/rest-load
 	@BUILD=$(BUILD) sh tests/bench/run.sh
 
 # AddressSanitizer + UBSan build of everything, then the whole test suite.
