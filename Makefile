@@ -236,7 +236,7 @@ TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TO
 ifeq ($(HAVE_CUDA),1)
 TEST_BINS += $(BUILD)/tests/gpu-check $(BUILD)/tests/gpu-bench
 endif
-tests: $(BINS) $(GPU_MODULE) $(TEST_BINS)
+tests: $(BINS) $(GPU_MODULE) $(BUILD)/python $(TEST_BINS)
 
 deps:
 	@sh mk/deps.sh build
