@@ -88,9 +88,9 @@ int rmtree_at(int dirfd, const char *name)
     return rmtree_depth(dirfd, name, 0);
 }
 
-int open_regular_file(const char *path, int flags)
+int open_regular_file(const char *path, int flags, mode_t mode)
 {
-    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
     if (fd < 0)
         return -1;
     struct stat st;

@@ -27,11 +27,12 @@ int dir_private(const char *path, char *why, size_t cap);
 int rmtree_at(int dirfd, const char *name);
 
 /*
- * path opened with flags (O_RDONLY, O_WRONLY ...) only when it is a regular
- * file: never through a final symbolic link, and without waiting (a FIFO a
+ * path opened with flags (O_RDONLY, O_WRONLY | O_CREAT ..., mode for a file
+ * made) only when it is a regular file: never through a final symbolic link
+ * (a rank's link to the cluster token, say), and without waiting (a FIFO a
  * rank put there must not hold the caller's loop). The fd, or -1 with errno
  * (EINVAL: not a regular file).
  */
-int open_regular_file(const char *path, int flags);
+int open_regular_file(const char *path, int flags, mode_t mode);
 
 #endif

@@ -72,7 +72,7 @@ char *flight_ask_read(const struct flight_ask *f, char *why, size_t cap)
         char path[4200], buf[FLIGHT_TEXT_MAX + 2];
         if (path_of(path, sizeof(path), f->dir, f->pids[i], "txt"))
             continue;
-        int fd = open_regular_file(path, O_RDONLY); /* a rank's FIFO or link there: skipped */
+        int fd = open_regular_file(path, O_RDONLY, 0); /* a rank's FIFO or link there: skipped */
         if (fd < 0)
             continue;
         size_t len = 0;

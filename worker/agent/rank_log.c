@@ -13,33 +13,13 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/mkdirs.h"
 
 /* ---- writing ----------------------------------------------------------- */
 
 static int path_in(char *out, size_t cap, const char *dir, const char *name)
 {
     return snprintf(out, cap, "%s/%s", dir, name) < (int)cap ? 0 : -ENAMETOOLONG;
-}
-
-/*
- * open(2) for the files of a rank directory, which the rank itself (user
- * code, the agent's user) can replace: never through a symbolic link (a log
- * request would serve the file it points at, the cluster token say), never
- * blocking on a FIFO (the agent's loop would stop), and only a regular file.
- * -1 with errno set otherwise.
- */
-static int open_regular(const char *path, int flags, mode_t mode)
-{
-    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        errno = EINVAL;
-        return -1;
-    }
-    return fd;
 }
 
 /*
@@ -70,7 +50,7 @@ static uint64_t read_base(const char *dir)
     uint64_t v = 0;
     if (path_in(path, sizeof(path), dir, RANK_LOG_OFFSET) != 0)
         return 0;
-    int fd = open_regular(path, O_RDONLY, 0);
+    int fd = open_regular_file(path, O_RDONLY, 0);
     if (fd < 0)
         return 0;
     ssize_t n = read(fd, text, sizeof(text));
@@ -85,7 +65,7 @@ static int write_base(const char *dir, uint64_t base)
     if (path_in(path, sizeof(path), dir, RANK_LOG_OFFSET) != 0 ||
         path_in(tmp, sizeof(tmp), dir, RANK_LOG_OFFSET ".tmp") != 0)
         return -ENAMETOOLONG;
-    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int fd = open_regular_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0)
         return -errno;
     int len = snprintf(text, sizeof(text), "%" PRIu64 "\n", base);
@@ -104,7 +84,7 @@ static int open_current(struct rank_log *l, int extra_flags)
     char path[PATH_MAX + 32];
     if (path_in(path, sizeof(path), l->dir, RANK_LOG_FILE) != 0)
         return -ENAMETOOLONG;
-    l->fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND | extra_flags, 0600);
+    l->fd = open_regular_file(path, O_WRONLY | O_CREAT | O_APPEND | extra_flags, 0600);
     return l->fd < 0 ? -errno : 0;
 }
 

@@ -23,7 +23,7 @@
  */
 static int open_regular(const char *path, int flags)
 {
-    int fd = open_regular_file(path, flags);
+    int fd = open_regular_file(path, flags, 0);
     if (fd < 0 && errno == EINVAL)
         log_warn_limited("%s is not a regular file (a rank's FIFO or device?): skipped", path);
     return fd;
