@@ -657,30 +657,43 @@ static void recheck_leader(struct store *s, CURL *h, struct buf *resp)
     etcd_kv_free(&kv);
 }
 
-static void do_watch(struct store *s, CURL *h, struct buf *resp)
+/* One watch of the leader key from revision from on member i, for
+ * at most a TTL (ttl_ms is set once: no lock), its events into w, progress
+ * (and the way to abort it) through progress(data). -ENOMEM, or curl's code. */
+static int watch_leader_key(struct store *s, CURL *h, int i, int64_t from, struct watch_ctx *w,
+                            curl_xferinfo_callback progress, void *data)
 {
     char url[ETCD_URL_MAX + 64];
+    char *body = etcd_body_watch(s->leader_key, from);
+    if (!body)
+        return -ENOMEM;
+    snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
+    struct curl_slist *hdrs = set_common(s, h, url, body, &w->line, 1);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, data);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms);
+    CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdrs);
+    free(body);
+    free(w->line.p);
+    return (int)rc;
+}
+
+static void do_watch(struct store *s, CURL *h, struct buf *resp)
+{
     pthread_mutex_lock(&s->lock);
     int64_t from = s->el.watch_from;
     pthread_mutex_unlock(&s->lock);
     int i = member(s);
-    char *body = etcd_body_watch(s->leader_key, from);
     struct watch_ctx w = {.s = s};
-    if (!body)
-        return;
-    snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
-    struct curl_slist *hdrs = set_common(s, h, url, body, &w.line, 1);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
-    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, watch_progress);
-    curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
     /* At most a TTL: then recheck_leader (a stalled member sends nothing, as an idle one). */
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms); /* ttl_ms is set once: no lock */
-    CURLcode rc = curl_easy_perform(h);
-    curl_slist_free_all(hdrs);
-    free(body);
-    free(w.line.p);
+    int got = watch_leader_key(s, h, i, from, &w, watch_progress, s);
+    if (got < 0)
+        return;
+    CURLcode rc = (CURLcode)got;
     pthread_mutex_lock(&s->lock);
     if (w.deleted) {
         log_info("etcd: the leader key was deleted (revision %lld): running for leader",
@@ -757,27 +770,15 @@ static void *own_watch_main(void *arg)
             usleep(STORE_OWN_POLL_MS * 1000);
             continue;
         }
-        char url[ETCD_URL_MAX + 64];
         int i = member(s);
-        char *body = etcd_body_watch(s->leader_key, term + 1);
-        if (!body) {
+        struct watch_ctx w = {.s = s, .any_write = 1};
+        struct own_ctx o = {.s = s, .term = term};
+        int got = watch_leader_key(s, h, i, term + 1, &w, own_progress, &o); /* then set up anew */
+        if (got < 0) {
             usleep(STORE_OWN_POLL_MS * 1000);
             continue;
         }
-        struct watch_ctx w = {.s = s, .any_write = 1};
-        struct own_ctx o = {.s = s, .term = term};
-        snprintf(url, sizeof(url), "%s/v3/watch", s->ep.url[i]);
-        struct curl_slist *hdrs = set_common(s, h, url, body, &w.line, 1);
-        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
-        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, own_progress);
-        curl_easy_setopt(h, CURLOPT_XFERINFODATA, &o);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->el.ttl_ms); /* then set up anew */
-        CURLcode rc = curl_easy_perform(h);
-        curl_slist_free_all(hdrs);
-        free(body);
-        free(w.line.p);
+        CURLcode rc = (CURLcode)got;
         if (w.deleted || w.put || w.canceled) {
             char why[LEADER_WHY_MAX];
             if (w.canceled)
