@@ -3,7 +3,7 @@
 # against a musterd built with one feature broken on purpose, each of which
 # the scenario must catch (exit non-zero). A mutant is a build flag,
 # MUSTER_MUTANT_<NAME>, read in daemon/ (rdv_fail.c, rdv_hang.c, musterd.c),
-# worker/agent/ (agent.c) and proto/ (channel.c) only; each is built in
+# worker/agent/ (agent_spawn.c) and proto/ (channel.c) only; each is built in
 # build-mutants/<name> (a copy
 # of $BUILD with musterd and muster-worker rebuilt), so
 # the release build never holds one. The last line is the tally: a mutant
