@@ -1,5 +1,6 @@
 #include "common/conf.h"
 #include "common/cmdline.h"
+#include "common/hostport.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -130,13 +131,16 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
 
 int conf_valid_hostport(const char *s)
 {
-    const char *colon = strrchr(s, ':');
-    char *end;
-    if (!colon || colon == s)
-        return -EINVAL;
-    errno = 0;
-    long p = strtol(colon + 1, &end, 10);
-    return errno || *end || end == colon + 1 || p < 0 || p > 65535 ? -EINVAL : 0;
+    char host[HOSTPORT_HOST_MAX], err[320];
+    uint16_t port;
+    return hostport_parse_flags(s, HOSTPORT_PORT_ZERO, host, &port, err, sizeof(err));
+}
+
+int conf_valid_hostport_connect(const char *s)
+{
+    char host[HOSTPORT_HOST_MAX], err[320];
+    uint16_t port;
+    return hostport_parse(s, host, &port, err, sizeof(err));
 }
 
 int conf_valid_log_level(const char *s)

@@ -53,7 +53,9 @@ int conf_check(const struct conf_key *key, const char *origin, const char *value
 const struct conf_key *conf_find(const struct conf_key *keys, size_t nkeys, const char *name);
 
 /* The checks shared by both tables. */
-int conf_valid_hostport(const char *s);  /* HOST:PORT, port 0..65535, host non-empty */
+/* common/hostport.h's HOST:PORT: to listen on (port 0..65535), to connect to (1..65535). */
+int conf_valid_hostport(const char *s);
+int conf_valid_hostport_connect(const char *s);
 int conf_valid_log_level(const char *s); /* error, warn, info, debug */
 
 /* "a string", "an integer", ... for messages about a JSON value's type. */

@@ -18,6 +18,7 @@
 #include <openssl/crypto.h>
 #include <uv.h>
 
+#include "common/hostport.h"
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/notify.h"
@@ -131,22 +132,6 @@ static void usage(FILE *out)
             "                           (exit 1), shut the agents down and exit\n"
             "  --log-level LEVEL        error, warn, info (default), debug\n"
             "  --help, --version\n");
-}
-
-static int parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *port)
-{
-    const char *colon = strrchr(s, ':');
-    char *end;
-    if (!colon || colon == s || (size_t)(colon - s) >= hostlen)
-        return -EINVAL;
-    errno = 0;
-    long p = strtol(colon + 1, &end, 10);
-    if (errno || *end || end == colon + 1 || p < 0 || p > 65535)
-        return -EINVAL;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = '\0';
-    *port = (uint16_t)p;
-    return 0;
 }
 
 /* ---- rdv ops --------------------------------------------------------- */
@@ -662,7 +647,7 @@ int main(int argc, char **argv)
     const char *read_flag = NULL, *per_addr_flag = NULL;
     const char *store_flag = NULL, *advertise_flag = NULL;
     static struct musterd_config cfg;
-    char listen_host[64], http_host[64], err[1024];
+    char listen_host[HOSTPORT_HOST_MAX], http_host[HOSTPORT_HOST_MAX], err[1024];
     uint16_t listen_port, http_portnum;
     static uint8_t token[TOKEN_MAX], admin[TOKEN_MAX + 1], reader[TOKEN_MAX + 1];
     size_t token_len = 0, admin_len = 0, reader_len = 0;
@@ -776,8 +761,10 @@ int main(int argc, char **argv)
                         "use https:// endpoints (with store_ca_file), or no store_user\n", store_url);
         return 2;
     }
-    if (advertise[0] && conf_valid_hostport(advertise) != 0) {
-        fprintf(stderr, "musterd: --advertise: expected HOST:PORT, got '%s'\n", advertise);
+    char hp_host[HOSTPORT_HOST_MAX], hp_err[320];
+    uint16_t hp_port;
+    if (advertise[0] && hostport_parse(advertise, hp_host, &hp_port, hp_err, sizeof(hp_err)) != 0) {
+        fprintf(stderr, "musterd: --advertise: %s\n", hp_err);
         return 2;
     }
     if (!job_path[0]) {
@@ -785,12 +772,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (parse_hostport(listen, listen_host, sizeof(listen_host), &listen_port) != 0) {
-        fprintf(stderr, "musterd: --listen: expected ADDR:PORT, got '%s'\n", listen);
+    if (hostport_parse_flags(listen, HOSTPORT_PORT_ZERO, listen_host, &listen_port, hp_err, sizeof(hp_err)) != 0) {
+        fprintf(stderr, "musterd: --listen: %s\n", hp_err);
         return 2;
     }
-    if (parse_hostport(http, http_host, sizeof(http_host), &http_portnum) != 0) {
-        fprintf(stderr, "musterd: --http: expected ADDR:PORT, got '%s'\n", http);
+    if (hostport_parse_flags(http, HOSTPORT_PORT_ZERO, http_host, &http_portnum, hp_err, sizeof(hp_err)) != 0) {
+        fprintf(stderr, "musterd: --http: %s\n", hp_err);
         return 2;
     }
     /* The cluster token is not optional: without it anyone could join. */

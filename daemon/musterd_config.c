@@ -34,7 +34,7 @@ static int valid_user(const char *s)
 
 static int valid_rest_hosts(const char *s) { return http_hosts_valid_list(s); }
 
-static int valid_advertise(const char *s) { return s[0] ? conf_valid_hostport(s) : 0; }
+static int valid_advertise(const char *s) { return s[0] ? conf_valid_hostport_connect(s) : 0; }
 
 /* The one table of musterd.json keys. Keep docs/config.md in step. */
 const struct conf_key musterd_config_keys[] = {

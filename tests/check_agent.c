@@ -124,32 +124,6 @@ START_TEST(devices_probe_counts_nvidia_nodes)
 }
 END_TEST
 
-/* ---- HOST:PORT --------------------------------------------------------- */
-
-START_TEST(hostport_good)
-{
-    char host[HOSTPORT_HOST_MAX], err[256];
-    uint16_t port = 0;
-    ck_assert_int_eq(hostport_parse("127.0.0.1:29470", host, &port, err, sizeof(err)), 0);
-    ck_assert_str_eq(host, "127.0.0.1");
-    ck_assert_uint_eq(port, 29470);
-    ck_assert_int_eq(hostport_parse("master-0.cluster:1", host, &port, err, sizeof(err)), 0);
-    ck_assert_str_eq(host, "master-0.cluster");
-    ck_assert_uint_eq(port, 1);
-    ck_assert_int_eq(hostport_parse("[::1]:65535", host, &port, err, sizeof(err)), 0);
-    ck_assert_str_eq(host, "::1");
-    ck_assert_uint_eq(port, 65535);
-}
-END_TEST
-
-static void expect_bad_hp(const char *s, const char *needle)
-{
-    char host[HOSTPORT_HOST_MAX], err[256] = "";
-    uint16_t port;
-    ck_assert_int_eq(hostport_parse(s, host, &port, err, sizeof(err)), -EINVAL);
-    ck_assert_msg(strstr(err, needle) != NULL, "hostport_parse(\"%s\"): expected \"%s\" in \"%s\"", s, needle, err);
-}
-
 /* Several daemons: a list, and the leader a standby's REJECT names. */
 START_TEST(daemon_list_follows_the_leader)
 {
@@ -201,20 +175,6 @@ START_TEST(daemon_list_refuses_a_lower_term)
     ck_assert_int_eq(daemon_list_follow(&l, "b:2 leads; this musterd stands by"), 1);
     daemon_list_next(&l);
     ck_assert_uint_eq(l.term, 57);
-}
-END_TEST
-
-START_TEST(hostport_bad)
-{
-    expect_bad_hp("localhost", "no port");
-    expect_bad_hp(":29470", "host of 1..");
-    expect_bad_hp("host:", "port must be 1..65535, got ''");
-    expect_bad_hp("host:0", "got '0'");
-    expect_bad_hp("host:65536", "got '65536'");
-    expect_bad_hp("host:12x", "got '12x'");
-    expect_bad_hp("host:-5", "got '-5'");
-    expect_bad_hp("::1:80", "write an IPv6 address as [ADDR]:PORT");
-    expect_bad_hp("[::1]80", "expected [IPv6]:PORT");
 }
 END_TEST
 
@@ -1565,8 +1525,6 @@ Suite *make_agent_suite(void)
 
     tc = tcase_create("join");
     tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, hostport_good);
-    tcase_add_test(tc, hostport_bad);
     tcase_add_test(tc, daemon_list_follows_the_leader);
     tcase_add_test(tc, daemon_list_refuses_a_lower_term);
     tcase_add_test(tc, backoff_grows_to_cap_with_jitter_in_bounds);

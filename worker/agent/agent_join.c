@@ -5,51 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, char *err,
-                   size_t errlen)
-{
-    const char *colon, *h = s;
-    size_t hlen;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':') {
-            snprintf(err, errlen, "--daemon: expected [IPv6]:PORT, got '%s'", s);
-            return -EINVAL;
-        }
-        h = s + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon) {
-            snprintf(err, errlen, "--daemon: expected HOST:PORT, got '%s' (no port)", s);
-            return -EINVAL;
-        }
-        if (memchr(s, ':', (size_t)(colon - s))) {
-            snprintf(err, errlen, "--daemon: write an IPv6 address as [ADDR]:PORT, got '%s'", s);
-            return -EINVAL;
-        }
-        hlen = (size_t)(colon - s);
-    }
-    if (hlen == 0 || hlen >= HOSTPORT_HOST_MAX) {
-        snprintf(err, errlen, "--daemon: expected HOST:PORT with a host of 1..%d bytes, got '%s'",
-                 HOSTPORT_HOST_MAX - 1, s);
-        return -EINVAL;
-    }
-    const char *p = colon + 1;
-    char *end;
-    errno = 0;
-    long v = (*p >= '0' && *p <= '9') ? strtol(p, &end, 10) : -1;
-    if (v < 1 || v > 65535 || errno != 0 || *end != '\0') {
-        snprintf(err, errlen, "--daemon: port must be 1..65535, got '%s'", p);
-        return -EINVAL;
-    }
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    *port = (uint16_t)v;
-    return 0;
-}
-
 void backoff_init(struct backoff *b, uint64_t base_ms, uint64_t cap_ms)
 {
     b->base_ms = base_ms;
@@ -92,8 +47,11 @@ int daemon_list_parse(const char *s, struct daemon_list *l, char *err, size_t er
         }
         memcpy(l->addr[l->n], s, n);
         l->addr[l->n][n] = '\0';
-        if (hostport_parse(l->addr[l->n], host, &port, err, errlen) != 0)
+        char why[320];
+        if (hostport_parse(l->addr[l->n], host, &port, why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "--daemon: %s", why);
             return -EINVAL;
+        }
         l->n++;
         if (s[n] == '\0')
             return 0;

@@ -1,6 +1,7 @@
 /*
- * agent_join: the pure parts of joining the daemon: the HOST:PORT flag and
- * the reconnect backoff (exponential, capped, full jitter).
+ * agent_join: the pure parts of joining the daemon: the --daemon list
+ * (common/hostport.h's HOST:PORT, comma-separated) and the reconnect
+ * backoff (exponential, capped, full jitter).
  */
 #ifndef MUSTER_WORKER_AGENT_JOIN_H
 #define MUSTER_WORKER_AGENT_JOIN_H
@@ -8,14 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define HOSTPORT_HOST_MAX 256
-
-/*
- * "host:port", "1.2.3.4:port" or "[::1]:port"; port 1..65535. Returns 0 or
- * -EINVAL with the reason in err.
- */
-int hostport_parse(const char *s, char host[HOSTPORT_HOST_MAX], uint16_t *port, char *err,
-                   size_t errlen);
+#include "common/hostport.h"
 
 /*
  * The daemons an agent may join (--daemon a:29470,b:29470: the musterd of
