@@ -66,6 +66,35 @@ START_TEST(positions_interleave_nodes)
 }
 END_TEST
 
+/* The holders of docs/training.md's table "Two buddy rules" (muster-train's
+ * column): node of each rank in, the holder of each rank (its successor on
+ * the ring) out. */
+static void expect_holders(const int *node, int world, const int *holder)
+{
+    uint64_t offers[W * REPLICA_OFFER];
+    int p[W], local = 0;
+    memset(offers, 0, sizeof(offers));
+    for (int r = 0; r < world; r++) {
+        local = r > 0 && node[r] == node[r - 1] ? local + 1 : 0;
+        offers[r * REPLICA_OFFER + OFFER_NODE] = (uint64_t)node[r];
+        offers[r * REPLICA_OFFER + OFFER_LOCAL] = (uint64_t)local;
+    }
+    ck_assert_int_eq(replica_positions(offers, world, p), 0);
+    for (int r = 0; r < world; r++)
+        for (int q = 0; q < world; q++)
+            if (p[q] == (p[r] + 1) % world)
+                ck_assert_msg(q == holder[r], "rank %d: holder %d, expected %d", r, q, holder[r]);
+}
+
+START_TEST(holders_of_the_documented_layouts)
+{
+    expect_holders((const int[]){0, 0, 1, 1}, 4, (const int[]){2, 3, 1, 0});
+    expect_holders((const int[]){0, 1, 2}, 3, (const int[]){1, 2, 0});
+    expect_holders((const int[]){0, 0, 0, 1}, 4, (const int[]){3, 2, 0, 1});
+    expect_holders((const int[]){0, 0, 0}, 3, (const int[]){1, 2, 0});
+}
+END_TEST
+
 START_TEST(fresh_start_has_nothing_in_memory)
 {
     layout();
@@ -367,6 +396,7 @@ Suite *make_replica_suite(void)
     Suite *s = suite_create("replica");
     TCase *tc = tcase_create("plan");
     tcase_add_test(tc, positions_interleave_nodes);
+    tcase_add_test(tc, holders_of_the_documented_layouts);
     tcase_add_test(tc, fresh_start_has_nothing_in_memory);
     tcase_add_test(tc, replaced_rank_from_its_holder);
     tcase_add_test(tc, rank_and_holder_lost_falls_back);

@@ -9,7 +9,9 @@
  * where the layout allows, on another node. That successor is the rank's
  * holder: it keeps the rank's replicas, and sends one back against the ring
  * (comm_shift_back) to a rank that replaces the one it held them for. The
- * same layout gives the same ring in every generation.
+ * same layout gives the same ring in every generation. The Python client
+ * picks its buddies by another rule, and docs/training.md ("Two buddy
+ * rules") says how they differ and why.
  *
  * A round, every `replicate_every` steps, at the start of the step after
  * step s: this rank's replica thread sends its state S_s (fp32 weights and

@@ -76,7 +76,9 @@ def buddy_choice(nodes_of_ranks: Sequence[str], rank: int) -> Tuple[Optional[int
     rank of the same index on the next node (nodes in the order of their
     first rank, wrapping), so that a node's loss leaves its ranks' replicas
     on another; with one node, the next rank on it. wards: the ranks whose
-    buddy it is. A world of one rank has no buddy."""
+    buddy it is. A world of one rank has no buddy. muster-train picks its
+    holders by another rule (one ring): docs/training.md, "Two buddy rules",
+    says how and why."""
     world = len(nodes_of_ranks)
     nodes: List[Tuple[object, List[int]]] = []
     for r, n in enumerate(nodes_of_ranks):
