@@ -55,26 +55,36 @@ START_TEST(hostport_good)
 }
 END_TEST
 
+/* Each refusal, and the part of the message that names what was wrong. */
+static const struct {
+    const char *s;
+    unsigned flags;
+    const char *needle;
+} bad[] = {
+    {"localhost", 0, "expected HOST:PORT, got 'localhost' (no port)"},
+    {"", 0, "(no port)"},
+    {":29470", 0, "host of 1..255 bytes, got ':29470'"},
+    {"[]:80", 0, "host of 1.."},
+    {"host:", 0, "port must be 1..65535, got ''"},
+    {"host:0", 0, "port must be 1..65535, got '0'"},
+    {"host:65536", 0, "got '65536'"},
+    {"host:65536", HOSTPORT_PORT_ZERO, "port must be 0..65535, got '65536'"},
+    {"host:99999999999999999999999", 0, "got '99999999999999999999999'"},
+    {"host:12x", 0, "got '12x'"},
+    {"host:-5", 0, "got '-5'"},
+    {"host:-0", HOSTPORT_PORT_ZERO, "got '-0'"},
+    {"host:+5", 0, "got '+5'"},
+    {"host: 5", 0, "got ' 5'"},
+    {"::1:80", 0, "write an IPv6 address as [ADDR]:PORT, got '::1:80'"},
+    {"[::1]80", 0, "expected [IPv6]:PORT, got '[::1]80'"},
+    {"[::1", 0, "expected [IPv6]:PORT"},
+    {"[::1]", 0, "expected [IPv6]:PORT"},
+};
+
 START_TEST(hostport_bad)
 {
-    expect_bad("localhost", 0, "expected HOST:PORT, got 'localhost' (no port)");
-    expect_bad("", 0, "(no port)");
-    expect_bad(":29470", 0, "host of 1..255 bytes, got ':29470'");
-    expect_bad("[]:80", 0, "host of 1..");
-    expect_bad("host:", 0, "port must be 1..65535, got ''");
-    expect_bad("host:0", 0, "port must be 1..65535, got '0'");
-    expect_bad("host:65536", 0, "got '65536'");
-    expect_bad("host:65536", HOSTPORT_PORT_ZERO, "port must be 0..65535, got '65536'");
-    expect_bad("host:99999999999999999999999", 0, "got '99999999999999999999999'");
-    expect_bad("host:12x", 0, "got '12x'");
-    expect_bad("host:-5", 0, "got '-5'");
-    expect_bad("host:-0", HOSTPORT_PORT_ZERO, "got '-0'");
-    expect_bad("host:+5", 0, "got '+5'");
-    expect_bad("host: 5", 0, "got ' 5'");
-    expect_bad("::1:80", 0, "write an IPv6 address as [ADDR]:PORT, got '::1:80'");
-    expect_bad("[::1]80", 0, "expected [IPv6]:PORT, got '[::1]80'");
-    expect_bad("[::1", 0, "expected [IPv6]:PORT");
-    expect_bad("[::1]", 0, "expected [IPv6]:PORT");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        expect_bad(bad[i].s, bad[i].flags, bad[i].needle);
     char toolong[HOSTPORT_HOST_MAX + 8];
     memset(toolong, 'h', HOSTPORT_HOST_MAX);
     strcpy(toolong + HOSTPORT_HOST_MAX, ":9");
