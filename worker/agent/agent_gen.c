@@ -16,8 +16,6 @@
 
 #include "common/log.h"
 
-/* ---- messages from the daemon ------------------------------------------ */
-
 bool agent__stale(struct agent *a, const char *what, uint64_t gen)
 {
     if (gen >= a->cur_gen)

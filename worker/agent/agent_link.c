@@ -106,10 +106,10 @@ uint64_t agent__stall_ms(const struct agent *a)
 }
 
 /*
- * The connection is set aside (kept open, unread: see "Link stalls" at the
- * top) and a new one resumes the session while the daemon's deadline for
- * this node has not passed: after a heartbeat went unanswered for stall_ms,
- * or a frame failed its MAC.
+ * The connection is set aside (kept open, unread: see "Link stalls" in
+ * agent_internal.h) and a new one resumes the session while the daemon's
+ * deadline for this node has not passed: after a heartbeat went unanswered
+ * for stall_ms, or a frame failed its MAC.
  */
 static void set_aside(struct agent *a, uint64_t now)
 {
