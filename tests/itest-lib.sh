@@ -232,10 +232,12 @@ wait_fresh() {
     ITEST_FRESH=$_since wait_for "$1" "$2"
 }
 
-# wait_for SECONDS PYEXPR: polls every 50 ms.
+# wait_for SECONDS PYEXPR: polls every 50 ms, for SECONDS at most (each
+# check is a Python start, slow on a loaded machine: the clock bounds it,
+# as well as the count).
 wait_for() {
-    limit=$(( $1 * 20 )); i=0
-    while [ $i -lt $limit ]; do
+    limit=$(( $1 * 20 )); i=0; _end=$(( $(date +%s) + $1 ))
+    while [ $i -lt $limit ] && [ "$(date +%s)" -le $_end ]; do
         check "$2" && return 0
         sleep 0.05; i=$((i + 1))
     done

@@ -15,7 +15,7 @@ cuemu_setup gpu_emulated_train muster-train
 
 train() {
     timeout 120 "$E/muster-train" --standalone --model tiny --data "$ITEST_DIR/text.txt" \
-        --steps 24 --batch 8 --micro-batch 4 --lr 1e-2 --threads 2 --log-level warn "$@"
+        --steps 12 --batch 8 --micro-batch 4 --lr 1e-2 --threads 2 --log-level warn "$@"
 }
 latest_is() {
     [ "$(cat "$1/latest" 2>/dev/null)" = "$2" ] || fail "$1/latest: expected $2"
@@ -25,37 +25,37 @@ loss_at() { # METRICS STEP: the loss at that step, full precision
         python3 -c 'import json,sys; print(repr(json.loads(sys.stdin.read())["loss"]))'
 }
 CK=$ITEST_DIR/ck
-train --device gpu --stop-after 16 --eval-every 8 --eval-batches 2 --metrics "$ITEST_DIR/straight.jsonl" \
+train --device gpu --stop-after 8 --eval-every 4 --eval-batches 2 --metrics "$ITEST_DIR/straight.jsonl" \
     > "$ITEST_DIR/t0.log" 2>&1 || fail "GPU training: $(tail -3 "$ITEST_DIR/t0.log")"
 grep -q 'val' "$ITEST_DIR/t0.log" || fail "no validation line from the GPU path"
-train --device gpu --stop-after 8 --checkpoint-dir "$CK/gpu" --checkpoint-every 4 \
-    --eval-every 8 --eval-batches 2 > "$ITEST_DIR/t1.log" 2>&1 || fail "GPU training: $(tail -3 "$ITEST_DIR/t1.log")"
-latest_is "$CK/gpu" step-00000008
-train --device gpu --stop-after 8 --checkpoint-dir "$CK/gpu" --resume "$CK/gpu" \
-    --eval-every 8 --eval-batches 2 --metrics "$ITEST_DIR/resumed.jsonl" \
+train --device gpu --stop-after 4 --checkpoint-dir "$CK/gpu" --checkpoint-every 4 \
+    --eval-every 4 --eval-batches 2 > "$ITEST_DIR/t1.log" 2>&1 || fail "GPU training: $(tail -3 "$ITEST_DIR/t1.log")"
+latest_is "$CK/gpu" step-00000004
+train --device gpu --stop-after 4 --checkpoint-dir "$CK/gpu" --resume "$CK/gpu" \
+    --eval-every 4 --eval-batches 2 --metrics "$ITEST_DIR/resumed.jsonl" \
     > "$ITEST_DIR/t2.log" 2>&1 || fail "GPU resume: $(tail -3 "$ITEST_DIR/t2.log")"
-latest_is "$CK/gpu" step-00000016
+latest_is "$CK/gpu" step-00000008
 # cuemu runs atomics in one order, so here (unlike on a GPU) a resumed run
 # must repeat the uninterrupted one bit for bit: data position, schedule and
 # AdamW step count all come back from the checkpoint.
-ref=$(loss_at "$ITEST_DIR/straight.jsonl" 16); got=$(loss_at "$ITEST_DIR/resumed.jsonl" 16)
-[ -n "$ref" ] && [ "$ref" = "$got" ] || fail "step 16 loss: straight $ref, resumed from step 8 $got"
-echo "GPU path resumed from step 8: step-16 loss $got, as the uninterrupted run"
+ref=$(loss_at "$ITEST_DIR/straight.jsonl" 8); got=$(loss_at "$ITEST_DIR/resumed.jsonl" 8)
+[ -n "$ref" ] && [ "$ref" = "$got" ] || fail "step 8 loss: straight $ref, resumed from step 4 $got"
+echo "GPU path resumed from step 4: step-8 loss $got, as the uninterrupted run"
 python3 - "$ITEST_DIR/straight.jsonl" <<'PY' || fail "comm_frac missing or outside [0, 1] in the GPU path's metrics"
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-assert len(steps) == 16 and all(0.0 <= d["comm_frac"] <= 1.0 for d in steps)
+assert len(steps) == 8 and all(0.0 <= d["comm_frac"] <= 1.0 for d in steps)
 PY
-train --device cpu --stop-after 4 --checkpoint-dir "$CK/cpu" --resume "$CK/gpu" \
+train --device cpu --stop-after 2 --checkpoint-dir "$CK/cpu" --resume "$CK/gpu" \
     > "$ITEST_DIR/t3.log" 2>&1 || fail "CPU resume of a GPU checkpoint: $(tail -3 "$ITEST_DIR/t3.log")"
-latest_is "$CK/cpu" step-00000020
+latest_is "$CK/cpu" step-00000010
 train --device gpu --resume "$CK/cpu" --sample 32 > "$ITEST_DIR/t4.log" 2>&1 \
     || fail "GPU resume of a CPU checkpoint: $(tail -3 "$ITEST_DIR/t4.log")"
-grep -q '^sample at step 24:' "$ITEST_DIR/t4.log" || fail "no sample at step 24"
+grep -q '^sample at step 12:' "$ITEST_DIR/t4.log" || fail "no sample at step 12"
 
 # A GPU rank under musterd: the agent hands it an emulated gpu:0 device.
 cat > "$ITEST_DIR/job.json" <<EOF
-{"name": "gpu-local", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 12,
+{"name": "gpu-local", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 4,
  "batch": 4, "micro_batch": 4, "max_restarts": 0}
 EOF
 timeout 120 "$BUILD/muster-worker" --local --job "$ITEST_DIR/job.json" --devices gpu:0 \
@@ -69,7 +69,7 @@ grep -q 'on cuemu (CUDA emulated on the CPU)' "$ITEST_DIR/local.log" || fail "th
 # parked out of its collective (ncclCommAbort), generation 2 gets a new id
 # and completes.
 cat > "$ITEST_DIR/job2.json" <<EOF
-{"name": "gpu-two", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 40,
+{"name": "gpu-two", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": 16,
  "batch": 8, "micro_batch": 4, "max_restarts": 1, "checkpoint_dir": "$CK/two", "checkpoint_every": 4,
  "heartbeat_interval_ms": 200}
 EOF
@@ -97,7 +97,7 @@ grep -q 'completed, generation 2, 2 ranks' "$ITEST_DIR/two.log" || fail "expecte
 # memory (the replica shipped from pinned host copies), and the run ends
 # with the uninterrupted run's final loss, bit for bit: cuemu's collectives
 # and kernels run in one order, so equal states give equal steps.
-HSTEPS=16
+HSTEPS=12
 cat > "$ITEST_DIR/heal.json" <<EOF
 {"name": "gpu-heal", "model": "tiny", "data": "$ITEST_DIR/text.txt", "steps": $HSTEPS,
  "batch": 8, "micro_batch": 4, "max_restarts": 1, "heartbeat_interval_ms": 200, "seed": 3}

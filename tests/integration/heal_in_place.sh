@@ -26,7 +26,7 @@ set -eu
 
 need_data
 make_token "$ITEST_DIR/token"
-STEPS=80
+STEPS=40
 
 job() { # NAME [MORE KEYS]
     cat > "$ITEST_DIR/$1.json" <<JSON
@@ -80,7 +80,18 @@ restore_reported() { # NAME: the state_restored event names the step rank 0 rest
         || fail "$1: a restore from the seed or a checkpoint was reported; rank 0 restored step $logged from memory"
 }
 
-job_step() { status | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"] or 0)'; }
+# job_step NAME: the last step rank 0 logged (its metrics, written after each
+# step): the step now, not a status document's (up to 5 s old).
+job_step() { sed -n 's/^{"step": \([0-9]*\), "loss".*/\1/p' "$ITEST_DIR/$1.metrics" 2>/dev/null | tail -n 1; }
+# at_step NAME STEP: the job runs and rank 0 has logged STEP, within 120 s.
+at_step() {
+    i=0
+    while [ $i -lt 2400 ]; do
+        [ "$(job_step "$1")" -ge "$2" ] 2>/dev/null && return 0
+        sleep 0.05; i=$((i + 1))
+    done
+    fail "$1 run: not at step $2 in 120 s"
+}
 
 # ---- the reference
 run straight
@@ -91,11 +102,11 @@ echo "uninterrupted: final loss $ref"
 
 # ---- 1. one rank
 run rank
-wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 12' || fail "rank run: not at step 12 in 120 s"
+at_step rank 10
 before_a=$(ranks_of "$A"); before_b=$(ranks_of "$B")
 victim=$(echo "$before_b" | cut -d' ' -f2)
 [ -n "$victim" ] || fail "no second rank under agent b (ranks: $before_b)"
-at=$(job_step)
+at=$(job_step rank)
 kill -9 "$victim"
 echo "SIGKILLed a rank of node b (pid $victim) at step $at"
 survivor_b=$(echo "$before_b" | cut -d' ' -f1)
@@ -117,11 +128,11 @@ no_stray_signal
 
 # ---- 2. a whole node, back at once
 run node
-wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 12' || fail "node run: not at step 12 in 120 s"
+at_step node 10
 before_a=$(ranks_of "$A")
 pkill -9 -P "$B" -f muster-train 2>/dev/null || true # its ranks first: orphans would outlive it
 kill -9 "$B"
-echo "SIGKILLed agent b and its ranks at step $(job_step); starting it again"
+echo "SIGKILLed agent b and its ranks at step $(job_step node); starting it again"
 agent b "$ITEST_DIR/node.metrics"
 B=$AGENT_PID
 finish node
@@ -138,11 +149,13 @@ echo "node killed and back: final loss $got"
 
 # ---- 3. a rank and its holder: rank 0 is held by rank 2 (its successor on the replica ring)
 run pair
-wait_for 120 'd["state"] == "running" and d["last_checkpoint_step"] is not None and d["last_checkpoint_step"] >= 10' \
-    || fail "pair run: no checkpoint at step 10 in 120 s"
+i=0
+until [ "$(cat "$ITEST_DIR/ck-pair/latest" 2>/dev/null | sed 's/^step-0*//')" -ge 10 ] 2>/dev/null; do
+    i=$((i + 1)); [ $i -lt 2400 ] || fail "pair run: no checkpoint at step 10 in 120 s"; sleep 0.05
+done
 r0=$(ranks_of "$A" | cut -d' ' -f1); r2=$(ranks_of "$B" | cut -d' ' -f1)
 kill -9 "$r0" "$r2"
-echo "SIGKILLed rank 0 (pid $r0) and rank 2 (pid $r2) together at step $(job_step)"
+echo "SIGKILLed rank 0 (pid $r0) and rank 2 (pid $r2) together at step $(job_step pair)"
 finish pair
 grep -q '"state_from_checkpoint"' "$ITEST_DIR/pair.events" || fail "no state_from_checkpoint event"
 grep -q 'no step was held in memory for every rank' "$ITEST_DIR/pair.events" || fail "the fallback event does not say why"
@@ -153,7 +166,7 @@ no_stray_signal
 
 # ---- 4. a rank killed as the job ends: the others have finished and exit
 run end
-wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 2' || fail "end run: not at step 2 in 120 s"
+at_step end 2
 r3=$(ranks_of "$B" | cut -d' ' -f2)
 i=0
 while [ "$(cat "$ITEST_DIR/ck-end/latest" 2>/dev/null)" != "$(printf 'step-%08d' $STEPS)" ] && [ $i -lt 24000 ]; do
@@ -167,11 +180,11 @@ no_stray_signal
 
 # ---- 5. a frozen rank
 run hang '"progress_timeout_ms": 3000, "stop_grace_ms": 1000,'
-wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "hang run: not at step 8 in 120 s"
+at_step hang 8
 before_a=$(ranks_of "$A")
 frozen=$(ranks_of "$B" | cut -d' ' -f1)
 kill -STOP "$frozen"
-echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step)"
+echo "SIGSTOPped a rank of node b (pid $frozen) at step $(job_step hang)"
 finish hang
 grep -q '"rank_hung"' "$ITEST_DIR/hang.events" || fail "hang: the frozen rank was not found hung"
 frozen_rank=$(grep -o "rank [0-9]* (pid $frozen, generation" "$ITEST_DIR/agent-b.log" | head -n 1 | cut -d' ' -f2)
@@ -191,7 +204,7 @@ echo "rank frozen, replaced: final loss $got"
 
 # ---- 6. musterd killed during a heal
 run dmn
-wait_for 120 'd["state"] == "running" and (d["step"] or 0) >= 8' || fail "dmn run: not at step 8 in 120 s"
+at_step dmn 8
 r0=$(ranks_of "$A" | cut -d' ' -f1)
 victim=$(ranks_of "$B" | cut -d' ' -f2)
 rejoins=$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log" || true)
