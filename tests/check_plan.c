@@ -231,11 +231,15 @@ START_TEST(model_state_and_buffers_are_what_zero_allocates)
 }
 END_TEST
 
-/* One step at batch N x micro (accum 1), and small with two micro-steps. */
+/* One step at batch N x micro (accum 1), and small with two micro-steps.
+ * gpt2-124m alone sends nothing (N=1 is tiny's and small's case): not run,
+ * since that one step costs more than all the others together. */
 START_TEST(bytes_per_step_are_what_the_ring_counts)
 {
     for (size_t m = 0; m < 3; m++)
         for (size_t k = 0; k < 4; k++) {
+            if (m == 2 && worlds[k] == 1)
+                continue;
             struct world w = {.model = presets[m], .n = worlds[k], .micro = 1, .seq = 4, .train = 1};
             w.batch = (m == 1 ? 2 : 1) * w.n; /* small accumulates two micro-steps */
             run(&w);
