@@ -15,10 +15,8 @@
 set -eu
 BUILD=${BUILD:-build}
 RUNS=${RUNS:-3}
-DATA=${MUSTER_DATA:-../shared/data/tinyshakespeare.txt}
-[ -r "$DATA" ] || { echo "== spares: no training text at $DATA (set MUSTER_DATA): skipped"; exit 0; }
-DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
 . tests/itest-lib.sh
+need_data
 make_token "$ITEST_DIR/token"
 
 job() { # NAME EXTRA-KEYS

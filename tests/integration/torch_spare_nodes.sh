@@ -24,12 +24,9 @@ cat > "$ITEST_DIR/job.json" <<JSON
               "--final-file", "$ITEST_DIR/run.final", "--ckpt-dir", "$ITEST_DIR/run"]}
 JSON
 
-rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
-start_daemon "$ITEST_DIR/job.json" --token-file "$ITEST_DIR/token"
-start_agent a 2 --token-file "$ITEST_DIR/token"
-A=$AGENT_PID
-start_agent b 2 --token-file "$ITEST_DIR/token"
-B=$AGENT_PID
+start_pair_job "$ITEST_DIR/job.json"
+A=$AGENT_A
+B=$AGENT_B
 wait_for 60 'd["state"] in ("forming", "running")' || { show_status; fail "the job did not form with a and b"; }
 start_agent s 2 --token-file "$ITEST_DIR/token"
 S=$AGENT_PID
