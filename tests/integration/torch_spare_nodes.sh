@@ -2,11 +2,13 @@
 # Hot spare nodes (job key spare_nodes) under a PyTorch DDP program that heals
 # in place through muster_rank.Elastic (tests/torch/ddp_train.py --elastic):
 # musterd and three agents of 2 ranks for a 2-node job with spare_nodes 1.
-# The third agent (s) joins as a spare, shown spare and fit; agent b is
+# The third agent (s) joins as a spare, shown spare and fit, and starts its
+# warm spare process (warm_spares 1) before it holds ranks; agent b is
 # SIGKILLed with its ranks mid-run: the spare takes b's ranks 2-3 in
 # generation 2 at world size 4, with no rejoin_timeout_ms wait (60 s) and no
 # shrink; ranks 0 and 1 rejoin in place with their processes; the spare's
-# ranks take their state from a peer; rank 0 logs steps 1..STEPS once each
+# ranks take their state from a peer, one of them in the spare node's warm
+# spare process; rank 0 logs steps 1..STEPS once each
 # (no completed step lost, none redone). Agent b started again is a spare.
 set -eu
 . tests/itest-lib.sh
@@ -19,7 +21,7 @@ make_token "$ITEST_DIR/token"
 
 cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "tspares", "nodes": 2, "spare_nodes": 1, "max_restarts": 4, "batch": 4, "heartbeat_interval_ms": 200,
- "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000, "rejoin_timeout_ms": 60000, "min_nodes": 1,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000, "rejoin_timeout_ms": 60000, "min_nodes": 1, "warm_spares": 1,
  "rank_cmd": ["$PY", "$SCRIPT", "--elastic", "--steps", "$STEPS", "--step-sleep", "0.1",
               "--final-file", "$ITEST_DIR/run.final", "--ckpt-dir", "$ITEST_DIR/run"]}
 JSON
@@ -57,6 +59,8 @@ B=$AGENT_PID
 wait_for 120 'd["state"] == "completed"' || { show_status; fail "the healed job did not complete"; }
 grep -q "generation 2: rank [23] of 4, training from step [0-9]* (state from rank [01])" "$ITEST_DIR/agent-s.log" \
     || fail "the spare's ranks did not get their state from a peer"
+grep -q "started rank [23] (.*) for generation 2: the warm spare took it up" "$ITEST_DIR/agent-s.log" \
+    || fail "no rank of the spare node started in its warm spare process: $(grep 'started rank' "$ITEST_DIR/agent-s.log")"
 curl -sf "http://127.0.0.1:$HTTP/v1/nodes" | python3 -c '
 import json, sys
 n = [n for n in json.load(sys.stdin)["nodes"] if n["name"] == "b"][0]

@@ -688,6 +688,21 @@ static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
     spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
 }
 
+/* A hot spare node (job key spare_nodes) holds no ranks yet: once its
+ * pre-flight passed, its warm spare process starts from the WELCOME's job,
+ * so that the ranks it takes over start warm. */
+static void keep_spare_unassigned(struct agent *a)
+{
+    bool own_argv;
+    char **argv = rank_command(a, &a->spec, &own_argv);
+    char pypath[2 * sizeof(a->cfg->python_dir) + 16];
+    python_hook_path(a, &a->spec, runs_trainer(a, &a->spec), pypath, sizeof(pypath));
+    if (argv)
+        keep_spare(a, argv, pypath);
+    if (own_argv)
+        cmdline_free(argv);
+}
+
 /* Spawns one rank per slot of the held assignment that has none (a rank that
  * rejoined in place keeps its slot), the warm spare becoming the first one when
  * there is one; no other rank may be running. */
@@ -1782,6 +1797,8 @@ static void on_preflight_done(struct agent_preflight *p, bool fit, const char *r
         snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
         proto_text_sanitize(m.u.preflight.checkpoint);
     }
+    if (fit && !a->have_assign && a->spec.spare_nodes > 0)
+        keep_spare_unassigned(a);
     bool same = a->preflight_logged && strcmp(a->preflight_said, m.u.preflight.reason) == 0;
     if (!same) {
         if (fit)
@@ -1851,6 +1868,8 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
         on_preflight_done(&a->pf, !w->job, err);
         return;
     }
+    if (!a->have_assign && spec.spare_nodes > 0)
+        a->spec = spec; /* the job a spare node's warm spare process starts from (keep_spare_unassigned) */
     preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = wall_ms();
