@@ -9,6 +9,9 @@
 #     their processes, the state comes from peers' memory at a step no older
 #     than the one made before the kill (no completed step lost), and the
 #     event says "node b lost: spare node s took its place (node rank 1 ...";
+#   - musterd SIGKILLed and started again on its state directory: the
+#     committed state keeps s as the member holding ranks 2-3 and the last
+#     replacement, and the job goes on in generation 2;
 #   - agent b started again: it is the new spare, and the job completes.
 set -eu
 . tests/itest-lib.sh
@@ -77,6 +80,16 @@ event_matching 'e["kind"] == "node_replaced" and "node b lost: spare node s took
     > /dev/null || fail "no node_replaced event naming b, s and node rank 1: $(curl -sf "http://127.0.0.1:$HTTP/v1/events")"
 check 'd["spares"]["last_replacement"]["lost"] == "b" and d["spares"]["last_replacement"]["spare"] == "s"' \
     || fail "/v1/status does not show the last replacement"
+
+kill -9 "$DAEMON_PID"
+"$BUILD/musterd" --job "$ITEST_DIR/job.json" --listen "127.0.0.1:$CTL" --http "127.0.0.1:$HTTP" \
+    --state-dir "$ITEST_DIR/state" --token-file "$ITEST_DIR/token" >> "$ITEST_DIR/musterd.log" 2>&1 &
+DAEMON_PID=$!
+ITEST_PIDS="$ITEST_PIDS $DAEMON_PID"
+wait_for 30 'd["state"] in ("running", "completed") and d["generation"] == 2 and d["spares"]["last_replacement"] is not None and d["spares"]["last_replacement"]["spare"] == "s"' \
+    || { show_status; fail "the restarted musterd lost the replacement"; }
+node_says s 'n["role"] == "member" and n["ranks"] == [2, 3]' || fail "after the restart node s does not hold ranks 2-3"
+echo "musterd restarted: s still holds ranks 2-3, the last replacement kept"
 
 agent b r2
 B=$AGENT_PID
