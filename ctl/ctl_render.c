@@ -276,6 +276,9 @@ void render_summary(FILE *f, const json_t *st)
             integer(st, "world_size"), integer(json_object_get(st, "nodes_by_state"), "joined"));
     if (num(st, "nodes_wanted", &v))
         fprintf(f, " of %lld wanted", (long long)v);
+    long long spares_wanted = integer(json_object_get(st, "spares"), "wanted");
+    if (spares_wanted > 0)
+        fprintf(f, " + %lld spare%s", spares_wanted, spares_wanted == 1 ? "" : "s");
     fprintf(f, ", restarts %lld of %lld, daemon up %s\n", integer(st, "restarts"),
             integer(st, "max_restarts"), up);
     const json_t *sp = json_object_get(st, "spares");
