@@ -50,6 +50,12 @@ static const struct key_def keys[] = {
      "a lost member gets this long to rejoin; then the job shrinks to min_nodes or fails"},
     {"min_nodes", KEY_INT, F(min_nodes), 0, 4096, 0, NULL,
      "fewest nodes the job may shrink to when members do not rejoin (ZeRO-3 shards are re-sliced); 0 = nodes (never shrink)"},
+    {"spare_nodes", KEY_INT, F(spare_nodes), 0, 4096, 0, NULL,
+     "hot spare nodes: this many agents beyond nodes join as spares, authenticated and pre-flighted but given no "
+     "ranks; a member lost (its connection closed or its heartbeats missed) or found unfit is replaced by a ready "
+     "spare in the next generation at once, the spare taking its node rank and rank block (same world size, no "
+     "rejoin_timeout_ms wait, no shrink), one from the lost node's domain (the agents' `domain` label) when one is "
+     "free there; a replaced node that comes back is a spare (docs/spares.md); 0 = none"},
     {"restart_backoff_ms", KEY_INT, F(restart_backoff_ms), 0, 600000, 1000, NULL,
      "failures in a row back off: the first restart is immediate, the next waits this long, doubling each time "
      "up to restart_backoff_max_ms (a generation that runs restart_backoff_max_ms ends the streak); 0 = never wait"},
@@ -493,6 +499,11 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
                  "got '%s'", origin, spec->warm_imports);
             return -EINVAL;
         }
+    }
+    if (spec->nodes + spec->spare_nodes > 4096) {
+        fail(err, errlen, "%s: spare_nodes: expected nodes + spare_nodes at most 4096, got %d + %d", origin,
+             spec->nodes, spec->spare_nodes);
+        return -EINVAL;
     }
     if (spec->min_nodes > spec->nodes) {
         fail(err, errlen, "%s: min_nodes: expected at most nodes (%d), got %d", origin, spec->nodes, spec->min_nodes);

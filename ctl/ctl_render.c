@@ -166,8 +166,10 @@ static void node_row(char (*row)[CELL], const json_t *n)
     snprintf(row[0], CELL, "%s", str(n, "name", "?"));
     /* a joined node that cannot run the job shows it (the reason below the table) */
     const char *fit = str(n, "fit", "fit");
-    snprintf(row[1], CELL, "%s", strcmp(str(n, "state", "?"), "joined") == 0 && strcmp(fit, "fit") != 0 ? fit
-                                                                                                          : str(n, "state", "?"));
+    const int joined = strcmp(str(n, "state", "?"), "joined") == 0;
+    /* a hot spare (job key spare_nodes) that is fit is "spare": ready to take a lost node's place */
+    const int spare = joined && strcmp(str(n, "role", "member"), "spare") == 0;
+    snprintf(row[1], CELL, "%s", joined && strcmp(fit, "fit") != 0 ? fit : spare ? "spare" : str(n, "state", "?"));
     snprintf(row[2], CELL, "%s", str(n, "health", "-"));
     snprintf(row[3], CELL, "%s", str(n, "addr", "-"));
     snprintf(row[4], CELL, "%s", str(n, "kind", "-"));
@@ -274,8 +276,23 @@ void render_summary(FILE *f, const json_t *st)
             integer(st, "world_size"), integer(json_object_get(st, "nodes_by_state"), "joined"));
     if (num(st, "nodes_wanted", &v))
         fprintf(f, " of %lld wanted", (long long)v);
+    long long spares_wanted = integer(json_object_get(st, "spares"), "wanted");
+    if (spares_wanted > 0)
+        fprintf(f, " + %lld spare%s", spares_wanted, spares_wanted == 1 ? "" : "s");
     fprintf(f, ", restarts %lld of %lld, daemon up %s\n", integer(st, "restarts"),
             integer(st, "max_restarts"), up);
+    const json_t *sp = json_object_get(st, "spares");
+    if (integer(sp, "wanted") > 0) {
+        fprintf(f, "  spares: %lld of %lld joined, %lld ready, %lld replacement%s", integer(sp, "joined"),
+                integer(sp, "wanted"), integer(sp, "ready"), integer(sp, "replacements"),
+                integer(sp, "replacements") == 1 ? "" : "s");
+        const json_t *x = json_object_get(sp, "last_replacement");
+        if (json_is_object(x))
+            fprintf(f, "; last: node %s %s, spare node %s took its place (node rank %lld) in generation %lld",
+                    str(x, "lost", "?"), str(x, "why", "lost"), str(x, "spare", "?"), integer(x, "node_rank"),
+                    integer(x, "generation"));
+        fputc('\n', f);
+    }
     counts_line(f, "ranks", json_object_get(st, "ranks_by_state"));
     counts_line(f, "node health", json_object_get(st, "nodes_by_health"));
     if (num(st, "step", &v)) {

@@ -86,6 +86,10 @@ static void job(struct sbuf *b, struct snap_view *v)
     scalar(b, head, "stale_frames", "muster_stale_frames_total", "counter",
            "Frames refused because they carried an older generation");
     scalar(b, head, "uptime_s", "muster_uptime_seconds", "gauge", "Seconds since musterd started");
+    const json_t *spares = json_object_get(head, "spares"); /* hot spare nodes (job key spare_nodes) */
+    scalar(b, spares, "ready", "muster_spares_ready", "gauge", "Hot spare nodes joined and fit, ready to replace a lost node");
+    scalar(b, spares, "replacements", "muster_spare_replacements_total", "counter",
+           "Members replaced by a hot spare node");
     /* With an etcd store every musterd answers /metrics itself: say which leads. */
     const json_t *store = json_object_get(head, "store");
     if (json_is_object(store)) {

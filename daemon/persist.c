@@ -18,7 +18,8 @@ static int saved_equal(const struct rdv_saved *a, const struct rdv_saved *b)
 {
     if (a->state != b->state || a->generation != b->generation || a->restarts != b->restarts ||
         a->world_size != b->world_size || a->last_checkpoint_step != b->last_checkpoint_step ||
-        a->nmembers != b->nmembers || strcmp(a->job, b->job) != 0 || strcmp(a->reason, b->reason) != 0)
+        a->nmembers != b->nmembers || strcmp(a->job, b->job) != 0 || strcmp(a->reason, b->reason) != 0 ||
+        a->replacements != b->replacements)
         return 0;
     for (uint32_t i = 0; i < a->nmembers; i++) {
         const struct rdv_saved_member *x = &a->members[i], *y = &b->members[i];

@@ -153,6 +153,18 @@ struct rdv_node {
     int reports_memckpt; /* a heartbeat since its join carried the list */
     uint32_t nmemckpt;
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    char domain[PROTO_NAME_MAX]; /* HELLO.domain: the operator's placement label; "" = none */
+};
+
+/* A member replaced by a hot spare (daemon/rdv_spare.c). */
+struct rdv_replacement {
+    uint64_t generation;   /* the generation the spare joined; 0 = none yet */
+    int64_t wall_ms;       /* CLOCK_REALTIME */
+    char lost[PROTO_NAME_MAX];
+    char spare[PROTO_NAME_MAX];
+    char why[16];          /* "lost" or "unfit" */
+    uint32_t node_rank, first_rank, nranks;
+    int same_domain;       /* the spare came from the lost node's domain */
 };
 
 struct rdv_rank {
@@ -275,6 +287,8 @@ struct rdv_saved {
     uint32_t restarts;
     uint32_t world_size;
     int64_t last_checkpoint_step; /* -1 = none */
+    uint32_t replacements;        /* members replaced by hot spares so far */
+    struct rdv_replacement last_replacement; /* generation 0 = none */
     uint32_t nmembers;
     struct rdv_saved_member members[RDV_MAX_NODES];
 };
@@ -344,6 +358,9 @@ struct rdv {
     uint64_t *restart_times; /* when restarts were spent, a ring of max_restarts + 1 (restart_window_s) */
     uint32_t nrestart_times;
     struct rdv_failure last_failure;
+    /* hot spares (daemon/rdv_spare.c) */
+    uint32_t replacements;  /* members replaced by a spare so far */
+    struct rdv_replacement last_replacement;
     /* Hang detection (daemon/hang.h): step times, the timeout last in force,
      * and a hang found, waiting up to HANG_STACKS_WAIT_MS for its stacks. */
     struct hang_steps steps;
@@ -440,6 +457,11 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
  * joined (a restarted musterd, a new agent): then nobody knows, and ASSIGN names none. */
 int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap);
 json_t *rdv_events_json(const struct rdv *r);
+/* Node idx is a hot spare: a joined non-member of a job with spare_nodes. */
+int rdv_is_spare(const struct rdv *r, uint32_t idx);
+/* The "spares" object of GET /v1/status (docs/rest.md): wanted, joined, ready,
+ * replacements, last_replacement (null = none); a new reference. */
+json_t *rdv_spares_json(const struct rdv *r);
 /* GET /v1/stacks (docs/rest.md): the latest set of stacks as JSON text
  * (malloc'd; NULL when out of memory). The dumps are spliced in as they
  * were rendered when they came: no JSON tree of the whole set is built. */

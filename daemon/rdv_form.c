@@ -249,6 +249,7 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
 
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
         return;
+    rdv__spares_fill(r); /* a member gone or unfit: a ready spare takes its place at once */
     if (r->restart_at_ms && now_ms < r->restart_at_ms)
         return; /* backing off; rdv_tick starts it when the time comes */
     r->restart_at_ms = 0;
@@ -319,11 +320,15 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
     rdv__changed(r, 1);
 }
 
-/* Opens generation 1 with the first spec->nodes nodes to join. */
+/* Opens generation 1 with the first spec->nodes fit nodes to join; the
+ * others are spares (spare_nodes, rdv_spare.c). */
 static int form_first_generation(struct rdv *r, uint64_t now_ms)
 {
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        r->nodes[i].member = fitness_ready(&r->nodes[i]);
+    uint32_t taken = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        r->nodes[i].member = taken < (uint32_t)r->spec->nodes && fitness_ready(&r->nodes[i]);
+        taken += (uint32_t)r->nodes[i].member;
+    }
     rdv__layout_members(r);
     if (rdv__build_ranks(r))
         return -ENOMEM;

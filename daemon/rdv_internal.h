@@ -85,6 +85,17 @@ int rdv__flight_verdict(const struct rdv *r, char *out, size_t cap, uint32_t *cu
  * into *why ("whose process is stopped ..."), or -1. */
 int rdv__blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why);
 
+/* rdv_spare.c: hot spare nodes (job key spare_nodes) */
+/* A spare whose pre-flight passed (fitness_ready). */
+int rdv__spare_ready(const struct rdv *r, uint32_t idx);
+uint32_t rdv__spare_count(const struct rdv *r);
+/* The ready spare to take member lost's place: as many devices of its kind,
+ * its domain first, then the first to join; -1 = none. */
+int rdv__pick_spare(const struct rdv *r, uint32_t lost);
+/* A generation waiting to start: each member gone or unfit whose block is
+ * unassigned is replaced by a ready spare; returns how many were. */
+int rdv__spares_fill(struct rdv *r);
+
 /* rdv_resume.c: a restored generation */
 void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
 

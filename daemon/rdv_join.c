@@ -96,8 +96,11 @@ void rdv__on_preflight(struct rdv *r, uint32_t idx, const struct proto_preflight
     rdv__maybe_form(r, now_ms);
     if (nd->member && !rdv_terminal(r) && (r->state == RDV_RECOVERING || r->state == RDV_FORMING))
         rdv__try_start_generation(r, now_ms);
-    else if (!nd->member && nd->state == RDV_NODE_JOINED)
+    else if (!nd->member && nd->state == RDV_NODE_JOINED) {
         rdv__maybe_grow(r, idx, now_ms); /* a node that joined a running job counts once it is fit */
+        if (!rdv_terminal(r))
+            rdv__try_start_generation(r, now_ms); /* a spare, now ready, for a member the generation waits for */
+    }
     rdv__changed(r, 0);
 }
 
@@ -164,13 +167,21 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         rdv__event(r, "join_refused", idx, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
-    /* Before generation 1, the first spec->nodes names; after it, a new name
-     * only while the job runs below its wanted size (it grows: maybe_grow). */
-    if (idx < 0 && (r->generation > 0 ? rdv__member_count(r) >= (uint32_t)r->spec->nodes || rdv_terminal(r)
-                                      : r->nnodes >= (uint32_t)r->spec->nodes)) {
+    /* Before generation 1, the first spec->nodes + spare_nodes names; after
+     * it, a new name only while the job runs below its wanted size (it grows:
+     * maybe_grow) or has fewer than spare_nodes spares (rdv_spare.c). */
+    const uint32_t wanted = (uint32_t)r->spec->nodes, spares = (uint32_t)r->spec->spare_nodes;
+    if (idx < 0 && (r->generation > 0 ? (rdv__member_count(r) >= wanted && rdv__spare_count(r) >= spares) ||
+                                            rdv_terminal(r)
+                                      : r->nnodes >= wanted + spares)) {
         snprintf(code, 32, "full");
-        snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
-                 r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
+        if (spares)
+            snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s and %d spare%s; %s is not one of them",
+                     r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", r->spec->spare_nodes,
+                     r->spec->spare_nodes == 1 ? "" : "s", h->node);
+        else
+            snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s; %s is not one of them",
+                     r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", h->node);
         rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
@@ -201,19 +212,21 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     nd->last_seen_ms = now_ms;
     nd->joined_ms = now_ms;
     nd->reported_generation = h->generation;
+    snprintf(nd->domain, sizeof(nd->domain), "%s", h->domain);
     take_facts(nd, h, now_ms);
     if (nd->member) {
         /* A returning member keeps its block; devices may be renumbered. */
         for (uint32_t l = 0; l < nd->ndevices && r->ranks; l++)
             r->ranks[nd->first_rank + l].device = nd->devices[l];
     }
+    const int spare = r->generation > 0 && rdv_is_spare(r, (uint32_t)idx) && rdv__member_count(r) >= wanted;
     if (resumes)
         rdv__event(r, "node_resumed", idx, -1, "node %s resumed its session from %s on a new connection, %.1f s "
                    "after its last frame", nd->name, nd->addr, (double)silence_ms / 1000.0);
     else
         rdv__event(r, "node_joined", idx, -1, "node %s joined from %s with %u %s device%s%s", nd->name, nd->addr,
                    nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
-                   nd->member ? " (rejoined its rank block)" : "");
+                   nd->member ? " (rejoined its rank block)" : spare ? " as a spare" : "");
     send_welcome(r, (uint32_t)idx);
 
     if (r->state == RDV_WAITING) {
@@ -230,6 +243,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         member_back(r, (uint32_t)idx, h->generation, now_ms);
     } else if (!nd->member) {
         rdv__maybe_grow(r, (uint32_t)idx, now_ms);
+        rdv__try_start_generation(r, now_ms); /* a spare for a member the generation waits for */
     }
     /* A join alone changes nothing the state file keeps; what it sets off persists itself. */
     rdv__changed(r, 0);

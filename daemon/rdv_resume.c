@@ -20,6 +20,8 @@ void rdv_save(const struct rdv *r, struct rdv_saved *out)
     out->restarts = r->restarts;
     out->world_size = r->world_size;
     out->last_checkpoint_step = r->last_checkpoint_step;
+    out->replacements = r->replacements;
+    out->last_replacement = r->last_replacement;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         if (!r->nodes[i].member)
             continue;
@@ -46,6 +48,8 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
     r->generation = s->generation;
     r->restarts = s->restarts;
     r->last_checkpoint_step = s->last_checkpoint_step;
+    r->replacements = s->replacements;
+    r->last_replacement = s->last_replacement;
     r->nnodes = 0;
     namemap_clear(&r->byname);
     uint32_t world = 0;

@@ -219,6 +219,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
     json_object_set_new(st, "repeated_unique_ids", json_integer((json_int_t)r->repeated_unique_ids));
     json_object_update_new(st, fitness_plan_json(r)); /* plan, plan_note, measured */
     json_object_set_new(st, "memory_checkpoint", memckpt_json(r));
+    json_object_set_new(st, "spares", rdv_spares_json(r));
     double slowest = 0; /* the job steps at its slowest rank's pace */
     for (uint32_t i = 0; i < r->world_size; i++)
         if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)

@@ -126,6 +126,8 @@ static void node_json(struct sbuf *b, const struct snap_node *nd)
     field_num(b, "tokens_per_s", nd->tokens_per_s);
     field_num(b, "comm_frac", nd->comm_frac);
     field_age(b, "rank_heartbeat_age_max_ms", nd->rank_heartbeat_age_max);
+    sb_printf(b, ",\"role\":\"%s\"", snap_role_name((enum snap_role)nd->role));
+    field_str(b, "domain", nd->domain[0] ? nd->domain : NULL);
     sb_printf(b, ",\"fit\":\"%s\"", snap_fit_name((enum snap_fit)nd->fit));
     field_str(b, "unfit_reason", nd->unfit_reason);
     field_str(b, "gpu_name", nd->gpu_name);

@@ -9,6 +9,16 @@ static const char *const fit_names[] = {"fit", "checking", "unfit"};
 
 _Static_assert(sizeof(health_names) / sizeof(health_names[0]) == SNAP_NHEALTH, "a name per health");
 
+const char *snap_role_name(enum snap_role r)
+{
+    switch (r) {
+    case SNAP_ROLE_MEMBER: return "member";
+    case SNAP_ROLE_SPARE: return "spare";
+    case SNAP_ROLE_IDLE: break;
+    }
+    return "idle";
+}
+
 const char *snap_fit_name(enum snap_fit f)
 {
     return (unsigned)f <= SNAP_FIT_UNFIT ? fit_names[f] : "?";

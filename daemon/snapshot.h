@@ -81,6 +81,14 @@ struct snap_rank {
 };
 
 /* One node (states: enum rdv_node_state), with a rollup of its ranks. */
+/* What a node is to the job (hot spares: job key spare_nodes). */
+enum snap_role {
+    SNAP_ROLE_MEMBER, /* holds a rank block */
+    SNAP_ROLE_SPARE,  /* a joined hot spare: no ranks, takes a lost member's place */
+    SNAP_ROLE_IDLE,   /* neither: not joined, or joined with no use for it */
+};
+const char *snap_role_name(enum snap_role r);
+
 struct snap_node {
     char name[PROTO_NAME_MAX];
     char addr[PROTO_NAME_MAX];
@@ -89,6 +97,8 @@ struct snap_node {
     uint8_t health; /* enum snap_health */
     uint32_t ndevices;
     uint32_t first_rank, nranks; /* its rank block; nranks 0 for a spare */
+    uint8_t role;                /* enum snap_role */
+    char domain[PROTO_NAME_MAX]; /* its placement label; "" = none */
     int64_t heartbeat_age_ms;    /* -1 = not joined */
     /* fitness and device facts (HELLO, PREFLIGHT, the plan) */
     uint8_t fit;                 /* enum snap_fit */

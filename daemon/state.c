@@ -18,10 +18,53 @@ static json_t *to_json(const struct rdv_saved *s)
         json_array_append_new(members, json_pack("{s:s, s:i, s:i}", "name", s->members[i].name, "first_rank",
                                                   (int)s->members[i].first_rank, "ndevices",
                                                   (int)s->members[i].ndevices));
-    return json_pack("{s:i, s:s, s:s, s:s, s:I, s:i, s:i, s:I, s:o}", "version", STATE_VERSION, "job", s->job,
-                     "state", rdv_job_state_name(s->state), "reason", s->reason, "generation",
-                     (json_int_t)s->generation, "restarts", (int)s->restarts, "world_size", (int)s->world_size,
-                     "last_checkpoint_step", (json_int_t)s->last_checkpoint_step, "members", members);
+    json_t *obj = json_pack("{s:i, s:s, s:s, s:s, s:I, s:i, s:i, s:I, s:o}", "version", STATE_VERSION, "job", s->job,
+                            "state", rdv_job_state_name(s->state), "reason", s->reason, "generation",
+                            (json_int_t)s->generation, "restarts", (int)s->restarts, "world_size", (int)s->world_size,
+                            "last_checkpoint_step", (json_int_t)s->last_checkpoint_step, "members", members);
+    /* Hot spares (daemon/rdv_spare.c): the replacements so far and the last one; absent = none. */
+    const struct rdv_replacement *x = &s->last_replacement;
+    if (obj && x->generation &&
+        json_object_set_new(obj, "spares", json_pack("{s:i, s:{s:I, s:I, s:s, s:s, s:s, s:i, s:i, s:i, s:b}}",
+                                                     "replacements", (int)s->replacements, "last_replacement",
+                                                     "generation", (json_int_t)x->generation, "wall_ms",
+                                                     (json_int_t)x->wall_ms, "lost", x->lost, "spare", x->spare,
+                                                     "why", x->why, "node_rank", (int)x->node_rank, "first_rank",
+                                                     (int)x->first_rank, "nranks", (int)x->nranks, "same_domain",
+                                                     x->same_domain)) != 0) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+/* The "spares" object of a state document into s; 0 or -1 (malformed). */
+static int spares_from_json(json_t *o, struct rdv_saved *s)
+{
+    json_error_t jerr;
+    const char *lost, *spare, *why;
+    json_int_t n, gen, wall, node_rank, first, nranks;
+    int same;
+    if (json_unpack_ex(o, &jerr, JSON_STRICT, "{s:I, s:{s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:b}}",
+                       "replacements", &n, "last_replacement", "generation", &gen, "wall_ms", &wall, "lost", &lost,
+                       "spare", &spare, "why", &why, "node_rank", &node_rank, "first_rank", &first, "nranks",
+                       &nranks, "same_domain", &same) != 0 ||
+        n < 1 || n > UINT32_MAX || gen < 1 || !proto_valid_name(lost) || !proto_valid_name(spare) ||
+        (strcmp(why, "lost") != 0 && strcmp(why, "unfit") != 0) || node_rank < 0 || node_rank >= RDV_MAX_NODES ||
+        first < 0 || first > 1 << 20 || nranks < 1 || nranks > PROTO_MAX_LOCAL_RANKS)
+        return -1;
+    struct rdv_replacement *x = &s->last_replacement;
+    s->replacements = (uint32_t)n;
+    x->generation = (uint64_t)gen;
+    x->wall_ms = wall;
+    snprintf(x->lost, sizeof(x->lost), "%s", lost);
+    snprintf(x->spare, sizeof(x->spare), "%s", spare);
+    snprintf(x->why, sizeof(x->why), "%s", why);
+    x->node_rank = (uint32_t)node_rank;
+    x->first_rank = (uint32_t)first;
+    x->nranks = (uint32_t)nranks;
+    x->same_domain = same;
+    return 0;
 }
 
 char *state_to_text(const struct rdv_saved *s)
@@ -102,14 +145,14 @@ static int from_json(json_t *obj, const char *path, struct rdv_saved *s, char *e
     json_error_t jerr;
     const char *job, *state, *reason;
     json_int_t version, generation, restarts, world, ckpt;
-    json_t *members;
+    json_t *members, *spares = NULL;
 
     memset(s, 0, sizeof(*s));
     int rc = 0;
-    if (json_unpack_ex(obj, &jerr, JSON_STRICT, "{s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o}", "version",
+    if (json_unpack_ex(obj, &jerr, JSON_STRICT, "{s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o, s?o}", "version",
                        &version, "job", &job, "state", &state, "reason", &reason, "generation", &generation,
                        "restarts", &restarts, "world_size", &world, "last_checkpoint_step", &ckpt, "members",
-                       &members) != 0) {
+                       &members, "spares", &spares) != 0) {
         char what[300];
         snprintf(what, sizeof(what), "unexpected content: %s", jerr.text);
         rc = bad(err, errlen, path, what);
@@ -134,6 +177,10 @@ static int from_json(json_t *obj, const char *path, struct rdv_saved *s, char *e
     s->restarts = (uint32_t)restarts;
     s->world_size = (uint32_t)world;
     s->last_checkpoint_step = ckpt;
+    if (spares && spares_from_json(spares, s) != 0) {
+        rc = bad(err, errlen, path, "the spares entry is malformed");
+        goto out;
+    }
     size_t i;
     json_t *m;
     json_array_foreach(members, i, m) {

@@ -234,6 +234,8 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         nd->ndevices = src->ndevices;
         nd->first_rank = src->member ? src->first_rank : 0;
         nd->nranks = src->member ? src->ndevices : 0;
+        nd->role = src->member ? SNAP_ROLE_MEMBER : rdv_is_spare(r, i) ? SNAP_ROLE_SPARE : SNAP_ROLE_IDLE;
+        memcpy(nd->domain, src->domain, sizeof(nd->domain));
         nd->heartbeat_age_ms = src->state == RDV_NODE_JOINED ? (int64_t)(now_ms - src->last_seen_ms) : -1;
         node_facts(nd, src, &pool);
     }

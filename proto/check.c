@@ -200,6 +200,7 @@ static int check_hello(const struct proto_hello *h)
         h->ndevices < 1 || h->ndevices > PROTO_MAX_LOCAL_RANKS ||
         h->device_mem_mb > PROTO_U64_MAX || h->generation > PROTO_U64_MAX ||
         h->free_port > 65535 || h->session > PROTO_U64_MAX ||
+        (h->domain[0] && !proto_valid_name(h->domain)) ||
         !valid_ascii(h->agent_version, sizeof(h->agent_version), 0, ' ', '~'))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < h->ndevices; i++)

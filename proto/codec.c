@@ -249,7 +249,7 @@ static int dec_hello(json_t *o, struct proto_hello *h)
 {
     static const char *const keys[] = {"node", "addr", "kind", "devices",
         "device_mem_mb", "generation", "agent_version", "free_port", "nonce", "session", "gpus",
-        "host_mem_mb", "preflight", NULL};
+        "host_mem_mb", "preflight", "domain", NULL};
     json_t *devices;
     int kind;
 
@@ -282,6 +282,8 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     }
     if (json_object_get(o, "host_mem_mb"))
         TRY(get_u64(o, "host_mem_mb", &h->host_mem_mb));
+    if (json_object_get(o, "domain"))
+        TRY(get_str(o, "domain", h->domain, sizeof(h->domain)));
     return get_bool(o, "preflight", &h->preflight);
 }
 
@@ -837,6 +839,8 @@ static int enc_hello(json_t *o, const struct proto_hello *h)
     }
     if (h->host_mem_mb)
         TRY(put_uint(o, "host_mem_mb", h->host_mem_mb));
+    if (h->domain[0])
+        TRY(put(o, "domain", json_string(h->domain)));
     return h->preflight ? put(o, "preflight", json_true()) : PROTO_OK;
 }
 

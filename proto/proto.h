@@ -180,6 +180,8 @@ struct proto_hello {
     struct proto_gpu gpus[PROTO_MAX_LOCAL_RANKS];
     uint64_t host_mem_mb;        /* the node's memory (CPU ranks share it) */
     int preflight;               /* a PREFLIGHT follows: do not count the node before it */
+    char domain[PROTO_NAME_MAX]; /* the operator's placement label (a rack, an NVLink domain):
+                                  * a spare replaces a lost node of its own domain first; "" = none */
 };
 
 struct proto_challenge {

@@ -185,6 +185,12 @@ START_TEST(model_dimensions_override_the_preset)
     ck_assert_int_eq(parse("{\"model\": \"tiny\", \"context\": 64, \"seq_len\": 64}", &s, err, sizeof(err)), 0);
     ck_assert_int_eq(parse("{\"vocab\": 1}", &s, err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "vocab: expected 2 to 65536, got 1"));
+    ck_assert_int_eq(parse("{\"nodes\": 4000, \"spare_nodes\": 97}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "spare_nodes: expected nodes + spare_nodes at most 4096, got 4000 + 97"));
+    ck_assert_int_eq(parse("{\"spare_nodes\": -1}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "spare_nodes"));
+    ck_assert_int_eq(parse("{\"nodes\": 2, \"spare_nodes\": 1}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.spare_nodes, 1);
 }
 END_TEST
 

@@ -120,6 +120,7 @@ static void sample(int type, struct proto_msg *m)
             h->gpus[i] = (struct proto_gpu){"NVIDIA H100 80GB HBM3", 81559, 80000 - i};
         h->host_mem_mb = 2064384;
         h->preflight = 1;
+        strcpy(h->domain, "rack-7.nvl0");
         break;
     }
     case PROTO_CHALLENGE:
@@ -282,6 +283,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         }
         ck_assert_uint_eq(x->host_mem_mb, y->host_mem_mb);
         ck_assert_int_eq(x->preflight, y->preflight);
+        ck_assert_str_eq(x->domain, y->domain);
         ck_assert_mem_eq(x->nonce, y->nonce, PROTO_NONCE_LEN);
         break;
     }
@@ -778,6 +780,9 @@ START_TEST(encode_refuses_what_would_not_decode)
     sample(PROTO_HELLO, &m);
     strcpy(m.u.hello.node, "bad name");
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HELLO, &m);
+    strcpy(m.u.hello.domain, "rack 7"); /* a placement label is a name */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
     memset(m.u.hello.node, 'a', sizeof(m.u.hello.node)); /* no NUL */
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
     sample(PROTO_HELLO, &m);
@@ -1071,7 +1076,7 @@ START_TEST(every_field_is_required)
                            (t == PROTO_HEARTBEAT && (!strcmp(key, "free_port") || !strcmp(key, "ack"))) ||
                            ((t == PROTO_HELLO || t == PROTO_WELCOME) && !strcmp(key, "session")) ||
                            (t == PROTO_HELLO && (!strcmp(key, "gpus") || !strcmp(key, "host_mem_mb") ||
-                                                 !strcmp(key, "preflight"))) ||
+                                                 !strcmp(key, "preflight") || !strcmp(key, "domain"))) ||
                            (t == PROTO_WELCOME && (!strcmp(key, "time_ms") || !strcmp(key, "job"))) ||
                            (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
                            (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error") || !strcmp(key, "fr") ||

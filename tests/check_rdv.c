@@ -3043,6 +3043,279 @@ START_TEST(resume_without_its_ranks_fails_the_generation)
 END_TEST
 
 /* One test case per file of rdv, each test in the case of the idea it checks. */
+/* Hot spares (daemon/rdv_spare.c): a join with a placement label. */
+static int join_domain(const char *name, uint32_t ndev, const char *domain)
+{
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    hello_of(&h, name, ndev, 0);
+    snprintf(h.domain, sizeof(h.domain), "%s", domain);
+    int rc = rdv_join(&rdv, &h, now, code, reason);
+    if (rc != 0)
+        snprintf(rec.sent[MAX_SENT - 1].node, PROTO_NAME_MAX, "%s", code);
+    return rc;
+}
+
+/* The index of node name in rdv.nodes (it must be there). */
+static uint32_t node_index(const char *name)
+{
+    int i = rdv__find_node(&rdv, name);
+    ck_assert_msg(i >= 0, "no node %s", name);
+    return (uint32_t)i;
+}
+
+/* /v1/status's "spares" key (an integer of it). */
+static json_int_t spares_figure(const char *key)
+{
+    json_t *st = rest_status(now);
+    json_int_t n = json_integer_value(json_object_get(json_object_get(st, "spares"), key));
+    json_decref(st);
+    return n;
+}
+
+/* Nodes a and b (domains r1 and r2) run generation 1 of a 2-node job with
+ * spare_nodes spares; the spares named join after it formed. */
+static void form_with_spares(int spare_nodes, const char *const *spares, const char *const *domains, int nspares)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = spare_nodes;
+    ck_assert_int_eq(join_domain("b", 2, "r2"), 0);
+    ck_assert_int_eq(join_domain("a", 2, "r1"), 0);
+    for (int i = 0; i < nspares; i++)
+        ck_assert_int_eq(join_domain(spares[i], 2, domains[i]), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+}
+
+/* Agents beyond nodes join as spares, up to spare_nodes: welcomed, never
+ * given ranks, shown as spare and ready; one more is refused "full". */
+START_TEST(spares_join_beyond_nodes_without_ranks)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r1"};
+    form_with_spares(1, names, domains, 1);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv__member_count(&rdv), 2);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    ck_assert_ptr_nonnull(find_sent(0, "s", PROTO_WELCOME));
+    ck_assert_ptr_null(find_sent(0, "s", PROTO_ASSIGN));
+    char role[16];
+    node_field("s", "role", role, sizeof(role));
+    ck_assert_str_eq(role, "spare");
+    node_field("a", "role", role, sizeof(role));
+    ck_assert_str_eq(role, "member");
+    ck_assert_int_eq(spares_figure("joined"), 1);
+    ck_assert_int_eq(spares_figure("ready"), 1);
+    ck_assert_int_eq(join("t", 2, 0), -1); /* the job has its nodes and its spare */
+    ck_assert_str_eq(last_reject_code(), "full");
+    /* a generation opened for another cause leaves the spare idle */
+    rank_exit("a", 1, 0, 1, 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_ptr_null(find_sent(0, "s", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+}
+END_TEST
+
+/* Before generation 1: nodes + spare_nodes names at most; generation 1
+ * forms once nodes of them are fit, with those; the others are spares. */
+START_TEST(spares_before_formation_are_bounded)
+{
+    setup_spec(2, 3);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(join_checked("a", 2, 0), 0);
+    ck_assert_int_eq(join_checked("b", 2, 0), 0);
+    ck_assert_int_eq(join_checked("c", 2, 0), 0);
+    ck_assert_int_eq(join("d", 2, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+    preflight("c", 1, "");
+    ck_assert_int_eq(rdv.state, RDV_WAITING);
+    preflight("a", 1, "");
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("c")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    ck_assert_int_eq(rdv.world_size, 4);
+    preflight("b", 1, "");
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_ptr_null(find_sent(0, "b", PROTO_ASSIGN));
+    ck_assert_int_eq(spares_figure("ready"), 1);
+}
+END_TEST
+
+/* A member lost: the spare takes its rank block and node rank in the next
+ * generation at once (no rejoin wait, no shrink); the survivors are parked;
+ * the lost node coming back is the new spare. */
+START_TEST(lost_member_is_replaced_by_a_spare_at_once)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r9"};
+    form_with_spares(1, names, domains, 1);
+    spec.min_nodes = 1;
+    int mark = rec.nsent;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_int_eq(rdv.world_size, 4);
+    const struct proto_msg *as = find_sent(mark, "s", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 2);
+    ck_assert_int_eq(as->u.assign.world_size, 4);
+    ck_assert_int_eq(as->u.assign.nranks, 2);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+    ck_assert_int_eq(as->u.assign.ranks[1].rank, 3);
+    ck_assert_int_eq(as->u.assign.node_rank, 1);
+    ck_assert_int_eq(as->u.assign.nnodes, 2);
+    const struct proto_msg *park = find_sent(mark, "a", PROTO_COMMAND);
+    ck_assert_ptr_nonnull(park);
+    ck_assert_int_eq(park->u.command.action, PROTO_CMD_PARK);
+    ck_assert_ptr_nonnull(find_sent(mark, "a", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    ck_assert(has_event("node_replaced"));
+    ck_assert_str_eq(rdv.last_replacement.lost, "b");
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    ck_assert_int_eq(rdv.last_replacement.node_rank, 1);
+    ck_assert_int_eq(rec.persists > 0, 1);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 5);
+    beat("s", 2, 2, 2, PROTO_RANK_RUNNING, 5);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* far past rejoin_timeout_ms: nothing shrinks */
+    now += (uint64_t)spec.rejoin_timeout_ms + 1000;
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 6);
+    beat("s", 2, 2, 2, PROTO_RANK_RUNNING, 6);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert(!has_event("job_shrunk"));
+    /* b back: a spare, without ranks */
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_ASSIGN));
+    char role[16];
+    node_field("b", "role", role, sizeof(role));
+    ck_assert_str_eq(role, "spare");
+    ck_assert_int_eq(spares_figure("ready"), 1);
+    ck_assert_int_eq(spares_figure("replacements"), 1);
+}
+END_TEST
+
+/* Placement: a spare of the lost node's domain is taken before one that
+ * joined earlier in another domain; with none free there, any ready spare. */
+START_TEST(replacement_comes_from_the_lost_nodes_domain)
+{
+    static const char *const names[] = {"s", "t"}, *const domains[] = {"r1", "r2"};
+    form_with_spares(2, names, domains, 2);
+    rdv_disconnected(&rdv, "b", "connection closed", now); /* b is in r2 */
+    ck_assert_str_eq(rdv.last_replacement.spare, "t");
+    ck_assert_int_eq(rdv.last_replacement.same_domain, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 5);
+    beat("t", 2, 2, 2, PROTO_RANK_RUNNING, 5);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    rdv_disconnected(&rdv, "t", "connection closed", now); /* r2 has no spare left: s of r1 */
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    ck_assert_str_eq(rdv.last_replacement.lost, "t");
+    ck_assert_int_eq(rdv.last_replacement.same_domain, 0);
+    ck_assert_int_eq(rdv.last_replacement.first_rank, 2);
+    ck_assert_int_eq(rdv.replacements, 2);
+}
+END_TEST
+
+/* A spare of another device count cannot take the block; an unfit member
+ * is replaced as a lost one, by a spare that becomes ready later. */
+START_TEST(spare_must_match_and_replaces_an_unfit_member)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = 2;
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(join("w", 4, 0), 0); /* four devices: no match for b's two */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for b to rejoin"));
+    ck_assert_int_eq(rdv.nodes[node_index("w")].member, 0);
+    /* b comes back unfit */
+    ck_assert_int_eq(join_checked("b", 2, 0), 0);
+    preflight("b", 0, "torch: not importable");
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1);
+    /* a spare that matches joins and passes its pre-flight: it takes b's place */
+    int mark = rec.nsent;
+    ck_assert_int_eq(join_checked("s", 2, 0), 0);
+    ck_assert_ptr_null(find_sent(mark, "s", PROTO_ASSIGN)); /* not before its pre-flight */
+    preflight("s", 1, "");
+    const struct proto_msg *as = find_sent(mark, "s", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+    ck_assert_str_eq(rdv.last_replacement.why, "unfit");
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    ck_assert_int_eq(rdv.world_size, 4);
+}
+END_TEST
+
+/* Without spare_nodes nothing changes: a stranger is refused, a lost
+ * member is waited for. */
+START_TEST(no_spares_without_the_key)
+{
+    form_running(3);
+    ck_assert_int_eq(join("s", 2, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for b to rejoin"));
+    ck_assert_int_eq(spares_figure("wanted"), 0);
+}
+END_TEST
+
+/* The replacement is in the state the leader persists: a restored daemon
+ * (after a failover) has the spare as the member holding b's block, and the
+ * last replacement. */
+START_TEST(replacement_survives_a_restore)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r2"};
+    form_with_spares(1, names, domains, 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 5);
+    beat("s", 2, 2, 2, PROTO_RANK_RUNNING, 5);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    static struct rdv_saved saved, back;
+    rdv_save(&rdv, &saved);
+    char *text = state_to_text(&saved);
+    ck_assert_ptr_nonnull(text);
+    char err[256];
+    int rc = state_from_text(text, "test", &back, err, sizeof(err));
+    free(text);
+    ck_assert_msg(rc == 0, "%s", err);
+    rdv_free(&rdv);
+
+    setup_spec(2, 5);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(rdv_restore(&rdv, &back, now), 0);
+    ck_assert_int_eq(rdv.replacements, 1);
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    ck_assert_int_eq(rdv.last_replacement.same_domain, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].first_rank, 2);
+    ck_assert_int_eq(join("a", 2, 2), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0); /* the old member: a spare now */
+    ck_assert_int_eq(join("s", 2, 2), 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    ck_assert_int_eq(join("t", 2, 0), -1);
+    json_t *st = rest_status(now);
+    json_t *x = json_object_get(json_object_get(st, "spares"), "last_replacement");
+    ck_assert_str_eq(json_string_value(json_object_get(x, "lost")), "b");
+    ck_assert_int_eq(json_integer_value(json_object_get(x, "node_rank")), 1);
+    json_decref(st);
+    /* a malformed spares entry is refused with a reason */
+    rc = state_from_text("{\"version\": 1, \"job\": \"t\", \"state\": \"running\", \"reason\": \"\", \"generation\": 2, "
+                         "\"restarts\": 1, \"world_size\": 0, \"last_checkpoint_step\": -1, \"members\": [], "
+                         "\"spares\": {\"replacements\": 1}}", "test", &back, err, sizeof(err));
+    ck_assert_int_eq(rc, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "spares entry is malformed"));
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3157,6 +3430,15 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_completed_while_a_member_is_away_is_saved_completed);
     tcase_add_test(tc, state_file_says_whether_the_generation_ran);
     tcase_add_test(tc, inconsistent_saved_state_is_refused);
+
+    tc = rdv_case(s, "spare"); /* hot spare nodes (rdv_spare.c) */
+    tcase_add_test(tc, spares_join_beyond_nodes_without_ranks);
+    tcase_add_test(tc, spares_before_formation_are_bounded);
+    tcase_add_test(tc, lost_member_is_replaced_by_a_spare_at_once);
+    tcase_add_test(tc, replacement_comes_from_the_lost_nodes_domain);
+    tcase_add_test(tc, spare_must_match_and_replaces_an_unfit_member);
+    tcase_add_test(tc, no_spares_without_the_key);
+    tcase_add_test(tc, replacement_survives_a_restore);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);

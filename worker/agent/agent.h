@@ -24,6 +24,7 @@ struct agent_config {
     struct daemon_list daemons;
     char node[PROTO_NAME_MAX];
     char addr[PROTO_NAME_MAX]; /* "" = local address of the daemon connection */
+    char domain[PROTO_NAME_MAX]; /* placement label sent in HELLO (a rack, an NVLink domain); "" = none */
     struct device_set devices;
     const uint8_t *token;
     size_t token_len;

@@ -26,6 +26,7 @@ struct agent_file {
     char master_port_range[16];          /* LO-HI: where MASTER_PORT is chosen on this node */
     char log_max_mb[24];                 /* per rank log file, MiB; "0" = no rank logs */
     char addr[PROTO_NAME_MAX];           /* "" = local address of the daemon connection */
+    char domain[PROTO_NAME_MAX];         /* placement label for hot spares (HELLO.domain); "" = none */
     char rank_user[64];                  /* "" = ranks run as the agent */
     char rank_group[64];                 /* "" = rank_user's primary group (and its other groups) */
     char log_level[8];

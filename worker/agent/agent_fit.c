@@ -31,6 +31,8 @@ void agent__on_preflight_done(struct agent_preflight *p, bool fit, const char *r
         snprintf(m.u.preflight.checkpoint, sizeof(m.u.preflight.checkpoint), "%s", p->res.checkpoint);
         proto_text_sanitize(m.u.preflight.checkpoint);
     }
+    if (fit && !a->have_assign && a->spec.spare_nodes > 0)
+        agent__keep_spare_unassigned(a);
     bool same = a->preflight_logged && strcmp(a->preflight_said, m.u.preflight.reason) == 0;
     if (!same) {
         if (fit)
@@ -100,6 +102,8 @@ void agent__start_preflight(struct agent *a, const struct proto_welcome *w)
         agent__on_preflight_done(&a->pf, !w->job, err);
         return;
     }
+    if (!a->have_assign && spec.spare_nodes > 0)
+        a->spec = spec; /* the job a spare node's warm spare process starts from (agent__keep_spare_unassigned) */
     preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = agent__wall_ms();

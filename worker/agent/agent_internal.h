@@ -215,6 +215,7 @@ void agent__rank_dir(const struct agent *a, uint64_t gen, uint32_t rank, char *o
 void agent__python_hook_path(const struct agent *a, const struct job_spec *spec, bool trainer, char *out,
                              size_t cap);
 char **agent__rank_command(const struct agent *a, const struct job_spec *spec, bool *from_job);
+void agent__keep_spare_unassigned(struct agent *a);
 void agent__release_ranks(struct agent *a);
 bool agent__kept(const struct agent *a, uint32_t i);
 void agent__hand_assignment(struct agent *a, struct agent_rank *r, const struct proto_msg *assign_msg);

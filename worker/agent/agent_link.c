@@ -270,6 +270,7 @@ static void hello_facts(struct agent *a, struct proto_hello *h)
     h->host_mem_mb = preflight_host_memory(&total, &avail) == 0 ? total >> 20 : 0;
     h->preflight = !agent__ranks_live(a);
     a->preflight_promised = h->preflight;
+    snprintf(h->domain, sizeof(h->domain), "%s", a->cfg->domain);
     a->hello_wall_ms = agent__wall_ms();
 }
 

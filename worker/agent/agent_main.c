@@ -73,6 +73,8 @@ static void usage(FILE *out)
             "  --rank-group GROUP   their group (default: USER's primary group and its others)\n"
             "  --addr ADDR          address the ranks of this node are reached at\n"
             "                       (default: local address of the connection to the daemon)\n"
+            "  --domain LABEL       placement label (a rack, an NVLink domain): a hot spare\n"
+            "                       replaces a lost node of its own domain first\n"
             "  --local              one-machine launcher: private daemon, this node only\n"
             "  --from-env           cloud-platform mode (see above); $MUSTER_JOB, $MUSTER_TOKEN_FILE\n"
             "                       and $MUSTER_DEVICES stand in for --job, --token-file, --devices\n"
@@ -166,7 +168,7 @@ static const char *first_set(const char *a, const char *b, const char *c)
 
 int main(int argc, char **argv)
 {
-    enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_LOG_LEVEL,
+    enum { OPT_DAEMON = 256, OPT_NODE, OPT_DEVICES, OPT_TOKEN_FILE, OPT_RANK_CMD, OPT_ADDR, OPT_DOMAIN, OPT_LOG_LEVEL,
            OPT_HELP, OPT_VERSION, OPT_LOCAL, OPT_JOB, OPT_HTTP_PORT, OPT_CONFIG, OPT_FROM_ENV, OPT_STATE_DIR, OPT_PORT_RANGE,
            OPT_LOG_MAX, OPT_RANK_USER, OPT_RANK_GROUP };
     static const struct option opts[] = {
@@ -177,6 +179,7 @@ int main(int argc, char **argv)
         {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
         {"rank-cmd", required_argument, NULL, OPT_RANK_CMD},
         {"addr", required_argument, NULL, OPT_ADDR},
+        {"domain", required_argument, NULL, OPT_DOMAIN},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"local", no_argument, NULL, OPT_LOCAL},
         {"from-env", no_argument, NULL, OPT_FROM_ENV},
@@ -206,7 +209,7 @@ int main(int argc, char **argv)
     static struct agent_file file;
     /* Flags as given (NULL = not given); they override worker.json. */
     const char *config = NULL, *daemon = NULL, *node = NULL, *devices = NULL, *token_file = NULL;
-    const char *rank_cmd = NULL, *addr = NULL, *level = NULL, *job = NULL, *state_dir = NULL,
+    const char *rank_cmd = NULL, *addr = NULL, *domain = NULL, *level = NULL, *job = NULL, *state_dir = NULL,
                *port_range = NULL, *log_max = NULL, *rank_user = NULL, *rank_group = NULL;
     struct local_config local = {0};
     int is_local = 0, from_env = 0;
@@ -230,6 +233,11 @@ int main(int argc, char **argv)
             if (optarg[0] == '\0' || strlen(optarg) >= sizeof(cfg.addr))
                 return usage_error("--addr: expected an address of 1..63 bytes, got '%s'", optarg);
             addr = optarg;
+            break;
+        case OPT_DOMAIN:
+            if (!proto_valid_name(optarg))
+                return usage_error("--domain: expected 1..63 characters of [A-Za-z0-9._-], got '%s'", optarg);
+            domain = optarg;
             break;
         case OPT_LOG_LEVEL:
             if (conf_valid_log_level(optarg) != 0)
@@ -325,6 +333,7 @@ int main(int argc, char **argv)
     rank_cmd = first_set(rank_cmd, file.rank_cmd, NULL);
     node = first_set(node, file.node, NULL);
     addr = first_set(addr, file.addr, NULL);
+    domain = first_set(domain, file.domain, NULL);
     if (from_env)
         job = first_set(job, getenv("MUSTER_JOB"), NULL);
     local.job_path = job;
@@ -354,6 +363,8 @@ int main(int argc, char **argv)
         snprintf(cfg.node, sizeof(cfg.node), "%s", node);
     if (addr)
         snprintf(cfg.addr, sizeof(cfg.addr), "%s", addr);
+    if (domain)
+        snprintf(cfg.domain, sizeof(cfg.domain), "%s", domain);
     if (devices_parse(devices, &cfg.devices, err, sizeof(err)) != 0)
         return usage_error("%s", err);
     if (cfg.devices.all_gpus) {

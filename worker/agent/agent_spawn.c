@@ -218,6 +218,21 @@ static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
     spare_want(&a->spare, argv, rank_env_build(environ, &id), a->spec.warm_imports);
 }
 
+/* A hot spare node (job key spare_nodes) holds no ranks yet: once its
+ * pre-flight passed, its warm spare process starts from the WELCOME's job,
+ * so that the ranks it takes over start warm. */
+void agent__keep_spare_unassigned(struct agent *a)
+{
+    bool own_argv;
+    char **argv = agent__rank_command(a, &a->spec, &own_argv);
+    char pypath[2 * sizeof(a->cfg->python_dir) + 16];
+    agent__python_hook_path(a, &a->spec, agent__runs_trainer(a, &a->spec), pypath, sizeof(pypath));
+    if (argv)
+        keep_spare(a, argv, pypath);
+    if (own_argv)
+        cmdline_free(argv);
+}
+
 /* Spawns one rank per slot of the held assignment that has none (a rank that
  * rejoined in place keeps its slot), the warm spare becoming the first one when
  * there is one; no other rank may be running. */
