@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs everything `make check` promises: the Check unit suites, then the
+# Runs everything `make check` promises: the Check unit suites and the
 # integration scripts under tests/integration/, two at a time where they
 # allow it (ITEST_JOBS, tests/run_integration.py). Each script starts real
 # binaries on loopback, bounds every wait, and cleans up after itself. The
@@ -11,16 +11,11 @@ passed=0
 failed=0
 failures=""
 
-echo "== unit suites (Check)"
-if CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-60} "$BUILD/tests/check_muster"; then
-    passed=$((passed + 1))
-else
-    failed=$((failed + 1))
-    failures="$failures check_muster"
-fi
-
-# The integration scripts, two at a time where they allow it (tests/run_integration.py).
-python3 tests/run_integration.py | tee "${TMPDIR:-/tmp}/muster-itest-run.$$"
+# The Check unit suites are one more item of the runner's (unit_suites),
+# run beside the light solo scripts, and the integration scripts two at a
+# time where they allow it (tests/run_integration.py).
+python3 tests/run_integration.py --unit "env CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-60} $BUILD/tests/check_muster" |
+    tee "${TMPDIR:-/tmp}/muster-itest-run.$$"
 tally=$(sed -n 's/^integration: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "${TMPDIR:-/tmp}/muster-itest-run.$$")
 names=$(sed -n 's/^failed: //p' "${TMPDIR:-/tmp}/muster-itest-run.$$")
 rm -f "${TMPDIR:-/tmp}/muster-itest-run.$$"

@@ -16,14 +16,30 @@ say solo. Each has its own temporary directory and free ports
 script's output is printed whole when it ends, so that two scripts' lines
 never interleave.
 
-Order: the solo scripts first, one at a time, then the others longest
-first (longest-processing-time-first), by the seconds each took last time:
+Order: the solo scripts first, then the others longest first
+(longest-processing-time-first), by the seconds each took last time:
 tests/integration/durations (checked in; `make itest-durations` refreshes
 it from the last run), overridden by $BUILD/itest-durations, which every
 run writes. Solos first because a solo can start only once the machine is
 empty: grouped at the start, nothing waits for a drain; and the short
 scripts come last, so the slots run out together. A script in neither
 table counts as DEFAULT_S.
+
+A solo that keeps less than LIGHT_SOLO of a CPU busy (by the table: most
+of them wait on timers, links and leases) leaves the other CPU idle, a
+third of the whole run once. So where this machine lets the runner make
+CPU control groups (cgroup v1's cpu controller or v2's; root), the solos
+run in two steps: the heavy ones alone, then the light ones one at a
+time with a shared script beside each in a *background* group whose CPU
+weight is an eighth of the solo's, so that the solo's processes win the
+CPU whenever they want it (the kernel's own fair scheduler, by weight)
+and the background script uses what is left. Once the last solo is done
+the background group's weight is raised to the foreground's, so that the
+scripts still in it run as any other. Without control groups every solo
+runs alone. ITEST_LANES=off turns the background off.
+
+--unit CMD adds one more item, named unit_suites, run as a shared script
+first in the background (the Check suites, by tests/run.sh).
 
 With ITEST_JOBS above 2, a third (or later) script starts beside others
 only where it fits the machine: the CPU the running ones used per second
@@ -32,10 +48,10 @@ ITEST_CPUS (default: the CPUs this machine has); a script with no CPU
 figure counts as a whole CPU. The first pending script that fits starts,
 so a light one can go beside two heavy ones. Up to 2, none of this applies.
 
-Usage: python3 tests/run_integration.py [NAME ...]   (default: every script)
+Usage: python3 tests/run_integration.py [--unit CMD] [NAME ...]   (default: every script)
        python3 tests/run_integration.py --save-durations
            (merges $BUILD/itest-durations into tests/integration/durations)
-Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script).
+Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script), ITEST_LANES.
 """
 import os
 import re
@@ -49,6 +65,8 @@ IDIR = os.path.join(HERE, "integration")
 TABLE = os.path.join(IDIR, "durations")
 KINDS = ("solo",)
 DEFAULT_S = 60  # an unknown script starts among the long ones
+LIGHT_SOLO = 0.75  # CPUs a solo may keep busy (by the table) and still have a script beside it
+UNIT = "unit_suites"
 
 
 def kind_of(path: str) -> str:
@@ -90,55 +108,165 @@ def write_durations(path: str, durations: dict, header: str) -> None:
     os.replace(tmp, path)
 
 
-def plan(scripts: list, durations: dict) -> list:
-    """The start order: solos, then the rest; each part longest first, then by name."""
-    def key(s):
-        name, _, kind = s
-        return (kind != "solo", -durations.get(name, (DEFAULT_S, None))[0], name)
-    return sorted(scripts, key=key)
-
-
 def cpu_load(durations: dict, name: str) -> float:
     """The CPUs a script kept busy on average in its last run; 1.0 when unknown."""
     secs, cpu = durations.get(name, (0, None))
     return 1.0 if cpu is None or secs <= 0 else cpu / secs
 
 
+def light(durations: dict, name: str) -> bool:
+    return cpu_load(durations, name) < LIGHT_SOLO
+
+
+def plan(scripts: list, durations: dict, lanes: bool) -> list:
+    """The start order: solos (with lanes, the heavy ones first), then the
+    rest, unit_suites first; each part longest first, then by name."""
+    def key(s):
+        name, _, kind = s
+        part = 0 if kind == "solo" and not (lanes and light(durations, name)) else 1 if kind == "solo" else 2
+        return (part, name != UNIT, -durations.get(name, (DEFAULT_S, None))[0], name)
+    return sorted(scripts, key=key)
+
+
+class Lanes:
+    """CPU control groups made for this run under the cpu controller's root
+    (v1: /sys/fs/cgroup/cpu, cpu.shares; v2: /sys/fs/cgroup, cpu.weight):
+    muster-itest-PID, weighing as much as 8 processes outside it (so that a
+    busy machine's other work does not starve the run as a whole), and in
+    it the foreground and the background lanes, 8 to 1. None where they
+    cannot be made."""
+
+    @staticmethod
+    def make():
+        if os.environ.get("ITEST_LANES", "on") == "off":
+            return None
+        for root, knob, full in (("/sys/fs/cgroup/cpu", "cpu.shares", 1024), ("/sys/fs/cgroup", "cpu.weight", 100)):
+            if not os.path.isfile(os.path.join(root, "cgroup.procs")):
+                continue
+            if knob == "cpu.weight":
+                try:
+                    with open(os.path.join(root, "cgroup.controllers")) as f:
+                        if "cpu" not in f.read().split():
+                            continue
+                except OSError:
+                    continue
+            lanes = Lanes(root, knob, full)
+            try:
+                lanes.setup()
+                return lanes
+            except OSError:
+                lanes.close()
+        return None
+
+    def __init__(self, root: str, knob: str, full: int):
+        self.root, self.knob, self.full = root, knob, full
+        self.top = os.path.join(root, f"muster-itest-{os.getpid()}")
+        self.dirs = {lane: os.path.join(self.top, lane) for lane in ("fg", "bg")}
+
+    def setup(self) -> None:
+        if self.knob == "cpu.weight":
+            with open(os.path.join(self.root, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+        os.mkdir(self.top)
+        with open(os.path.join(self.top, self.knob), "w") as f:
+            f.write(str(8 * self.full))
+        if self.knob == "cpu.weight":
+            with open(os.path.join(self.top, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+        for d in self.dirs.values():
+            os.mkdir(d)
+        self.weigh("fg", self.full)
+        self.weigh("bg", max(1, self.full // 8))
+
+    def weigh(self, lane: str, w: int) -> None:
+        with open(os.path.join(self.dirs[lane], self.knob), "w") as f:
+            f.write(str(w))
+
+    def procs(self, lane: str) -> str:
+        return os.path.join(self.dirs[lane], "cgroup.procs")
+
+    def close(self) -> None:
+        """Moves what is left (a script's stray process) to the root group
+        and removes the groups (a process still exiting holds one: 2 s)."""
+        for d in list(self.dirs.values()) + [self.top]:
+            for _ in range(40):
+                try:
+                    with open(os.path.join(d, "cgroup.procs")) as f:
+                        for pid in f.read().split():
+                            try:
+                                with open(os.path.join(self.root, "cgroup.procs"), "w") as r:
+                                    r.write(pid)
+                            except OSError:
+                                pass
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
 class Runner:
-    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float):
+    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float, lanes=None):
         self.pending = list(scripts)  # (name, path, kind), in start order
+        self.lanes = lanes
         self.jobs = max(1, jobs)
         self.durations = durations
         self.cpus = cpus
         self.timeout_s = timeout_s
-        self.running = {}  # name -> kind
+        self.running = {}  # name -> kind, "solo" or "light" (a solo with a script beside it) or "shared"
+        self.background = False  # the background group still weighs less than the foreground
         self.results = []  # (name, ok, seconds, cpu seconds)
         self.cond = threading.Condition()
 
     def _startable(self):
-        """The next pending script if the rules let it start now, or None.
-        In order: a solo waits for the machine to empty, and what comes after
-        it waits for it; beyond two at a time, the first that fits the CPUs."""
+        """The next pending script and its lane ("fg" or "bg") if the rules
+        let it start now, or None. In order: a solo waits for the machine
+        to empty, and what comes after it waits for it, but for a light solo
+        (with lanes) which waits only for other solos and takes one shared
+        script beside it in the background; beyond two at a time, the first
+        that fits the CPUs."""
         if not self.pending or len(self.running) >= self.jobs:
             return None
         kinds = list(self.running.values())
-        if "solo" in kinds or (self.pending[0][2] == "solo" and kinds):
+        head = self.pending[0]
+        lanes = self.lanes is not None and self.jobs >= 2
+        if "solo" in kinds:
             return None
+        if "light" in kinds:
+            if len(self.running) >= 2:
+                return None
+            for i, (name, _, kind) in enumerate(self.pending):  # the one script beside it
+                if kind != "solo":
+                    return self.pending.pop(i), "bg"
+            return None
+        if head[2] == "solo":
+            if lanes and light(self.durations, head[0]):
+                if len(self.running) < 2:
+                    return self.pending.pop(0), "fg"
+                return None
+            return (self.pending.pop(0), "fg") if not kinds else None
+        if self.background:  # the solos are over: the background weighs as much as the foreground
+            self.lanes.weigh("bg", self.lanes.full)
+            self.background = False
         if len(self.running) < 2:
-            return self.pending.pop(0)
+            return self.pending.pop(0), "fg"
         busy = sum(cpu_load(self.durations, n) for n in self.running)
         for i, (name, _, kind) in enumerate(self.pending):
             if kind == "solo":
                 break
             if busy + cpu_load(self.durations, name) <= self.cpus:
-                return self.pending.pop(i)
+                return self.pending.pop(i), "fg"
         return None
 
-    def _run_one(self, name: str, path: str) -> None:
+    def _run_one(self, name: str, path: str, lane: str) -> None:
         start = time.monotonic()
         cpu = 0.0
+        cmd = ["timeout", str(self.timeout_s)] + (path if isinstance(path, list) else ["sh", path])
+        if self.lanes is not None:  # the shell joins its group, then becomes the script
+            cmd = ["sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', self.lanes.procs(lane)] + cmd
         try:
-            p = subprocess.Popen(["timeout", str(self.timeout_s), "sh", path], stdout=subprocess.PIPE,
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, cwd=os.path.dirname(HERE))
             out = p.stdout.read().decode(errors="replace")
             p.stdout.close()
@@ -147,7 +275,7 @@ class Runner:
             p.returncode = os.waitstatus_to_exitcode(status)
             ok, cpu = p.returncode == 0, ru.ru_utime + ru.ru_stime
         except OSError as e:
-            out, ok = f"cannot run {path}: {e}\n", False
+            out, ok = f"cannot run {name}: {e}\n", False
         secs = time.monotonic() - start
         with self.cond:
             sys.stdout.write(f"== integration: {name}\n{out}")
@@ -165,9 +293,13 @@ class Runner:
                 if nxt is None:
                     self.cond.wait()
                     continue
-                name, path, kind = nxt
+                (name, path, kind), lane = nxt
+                if kind == "solo" and self.lanes is not None and light(self.durations, name):
+                    kind = "light"
+                if lane == "bg":
+                    self.background = True
                 self.running[name] = kind
-                t = threading.Thread(target=self._run_one, args=(name, path))
+                t = threading.Thread(target=self._run_one, args=(name, path, lane))
                 t.start()
                 threads.append(t)
         for t in threads:
@@ -189,7 +321,7 @@ def save_durations(build: str) -> int:
         raise SystemExit(f"no {build}/itest-durations: run the integration scripts first")
     table = read_durations(TABLE)
     table.update(measured)
-    exists = {f[:-3] for f in os.listdir(IDIR) if f.endswith(".sh")}
+    exists = {f[:-3] for f in os.listdir(IDIR) if f.endswith(".sh")} | {UNIT}
     write_durations(TABLE, {n: s for n, s in table.items() if n in exists}, TABLE_HEADER)
     print(f"{TABLE}: {len(measured)} figures from {build}/itest-durations")
     return 0
@@ -199,8 +331,11 @@ def main(argv: list) -> int:
     build = os.environ.get("BUILD", "build")
     if argv == ["--save-durations"]:
         return save_durations(build)
+    unit = None
+    if argv[:1] == ["--unit"] and len(argv) >= 2:
+        unit, argv = argv[1].split(), argv[2:]
     names = argv or sorted(f[:-3] for f in os.listdir(IDIR) if f.endswith(".sh"))
-    scripts = []
+    scripts = [(UNIT, unit, "shared")] if unit else []
     for n in names:
         path = os.path.join(IDIR, n + ".sh")
         if not os.path.isfile(path):
@@ -211,10 +346,18 @@ def main(argv: list) -> int:
     durations.update(read_durations(record))
     jobs = int(os.environ.get("ITEST_JOBS", "2"))
     cpus = float(os.environ.get("ITEST_CPUS", os.cpu_count() or 1))
-    runner = Runner(plan(scripts, durations), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")), durations, cpus)
+    lanes = Lanes.make() if jobs >= 2 else None
+    runner = Runner(plan(scripts, durations, lanes is not None), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")),
+                    durations, cpus, lanes)
     start = time.monotonic()
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        if lanes is not None:
+            lanes.close()
     wall = time.monotonic() - start
+    if lanes is not None:
+        print(f"== light solos ran beside a background script (CPU groups under {lanes.top})")
     if os.path.isdir(build):
         last = read_durations(record)
         last.update({n: (max(1, round(s)), round(c)) for n, _, s, c in runner.results})
