@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/conf.h"
+#include "common/jsonkind.h"
 
 /* Appends one argument; -EINVAL when it does not fit (the final NUL included). */
 static int pack_arg(char *packed, size_t cap, size_t *used, const char *arg, size_t len)
@@ -70,7 +70,7 @@ int cmdline_from_json(const json_t *v, char *packed, size_t cap, char *why, size
         return 0;
     }
     if (!json_is_array(v)) {
-        snprintf(why, whylen, "expected a command string or an array of strings, got %s", conf_json_kind(v));
+        snprintf(why, whylen, "expected a command string or an array of strings, got %s", json_kind_name(v));
         return -EINVAL;
     }
     size_t n = json_array_size(v), used = 0;
@@ -81,7 +81,7 @@ int cmdline_from_json(const json_t *v, char *packed, size_t cap, char *why, size
     for (size_t i = 0; i < n; i++) {
         const json_t *a = json_array_get(v, i);
         if (!json_is_string(a)) {
-            snprintf(why, whylen, "expected an array of strings, got %s at index %zu", conf_json_kind(a), i);
+            snprintf(why, whylen, "expected an array of strings, got %s at index %zu", json_kind_name(a), i);
             return -EINVAL;
         }
         const char *s = json_string_value(a);

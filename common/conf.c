@@ -1,5 +1,6 @@
 #include "common/conf.h"
 #include "common/cmdline.h"
+#include "common/jsonkind.h"
 #include "common/hostport.h"
 
 #include <errno.h>
@@ -31,21 +32,6 @@ int conf_check(const struct conf_key *k, const char *origin, const char *value, 
         return -EINVAL;
     }
     return 0;
-}
-
-const char *conf_json_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
 }
 
 /* dir of path + "/" + rel into out; rel as is when absolute or dir is ".". */
@@ -81,7 +67,7 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
         return -EINVAL;
     }
     if (!json_is_object(obj)) {
-        snprintf(err, errlen, "%s: expected a JSON object at the top level, got %s", path, conf_json_kind(obj));
+        snprintf(err, errlen, "%s: expected a JSON object at the top level, got %s", path, json_kind_name(obj));
         json_decref(obj);
         return -EINVAL;
     }
@@ -103,7 +89,7 @@ int conf_load(const char *path, const struct conf_key *keys, size_t nkeys, void 
             continue;
         }
         if (!json_is_string(v)) {
-            snprintf(err, errlen, "%s: %s: expected %s as a string, got %s", path, name, k->expect, conf_json_kind(v));
+            snprintf(err, errlen, "%s: %s: expected %s as a string, got %s", path, name, k->expect, json_kind_name(v));
             rc = -EINVAL;
             break;
         }

@@ -58,7 +58,5 @@ int conf_valid_hostport(const char *s);
 int conf_valid_hostport_connect(const char *s);
 int conf_valid_log_level(const char *s); /* error, warn, info, debug */
 
-/* "a string", "an integer", ... for messages about a JSON value's type. */
-const char *conf_json_kind(const json_t *v);
 
 #endif

@@ -1,5 +1,6 @@
 #include "common/jobspec.h"
 #include "common/conf.h"
+#include "common/jsonkind.h"
 #include "common/plan_names.h"
 
 #include <errno.h>
@@ -233,7 +234,7 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
         json_t *e;
         if (!json_is_array(v) || json_array_size(v) == 0) {
             fail(err, errlen, "%s: %s: expected a non-empty array of strings, got %s", origin, k->name,
-                 json_is_array(v) ? "an empty array" : conf_json_kind(v));
+                 json_is_array(v) ? "an empty array" : json_kind_name(v));
             return -EINVAL;
         }
         json_array_foreach(v, i, e) {
@@ -259,7 +260,7 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     }
     if (k->type == KEY_STRING) {
         if (!json_is_string(v)) {
-            fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, conf_json_kind(v));
+            fail(err, errlen, "%s: %s: expected a string, got %s", origin, k->name, json_kind_name(v));
             return -EINVAL;
         }
         const char *s = json_string_value(v);
@@ -279,14 +280,14 @@ static int set_key(const struct key_def *k, const json_t *v, const char *origin,
     if (k->type == KEY_DOUBLE) {
         if (!json_is_number(v)) {
             fail(err, errlen, "%s: %s: expected a number in [%g, %g], got %s", origin,
-                 k->name, k->min, k->max, conf_json_kind(v));
+                 k->name, k->min, k->max, json_kind_name(v));
             return -EINVAL;
         }
         d = json_number_value(v);
     } else {
         if (!json_is_integer(v)) {
             fail(err, errlen, "%s: %s: expected an integer in [%.0f, %.0f]%s, got %s", origin,
-                 k->name, k->min, k->max, k->type == KEY_INT_AUTO ? " or \"auto\"" : "", conf_json_kind(v));
+                 k->name, k->min, k->max, k->type == KEY_INT_AUTO ? " or \"auto\"" : "", json_kind_name(v));
             return -EINVAL;
         }
         d = (double)json_integer_value(v);
