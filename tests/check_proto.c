@@ -182,12 +182,14 @@ static void sample(int type, struct proto_msg *m)
         h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
                                                1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1, 0.8125, 1, 1234, 5000, 1,
                                                "tr\"ain\\.py:88 in compute_loss \xc3\xbc\xe2\x82\xac",
-                                               "all_reduce (distributed_c10d.py)"};
+                                               "all_reduce (distributed_c10d.py)", 2.5, 25,
+                                               {0.5, 0.25, 0.125, 0.0625}};
         /* has_step_age with 0 ms: the step changed as the entry was sent */
         h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0, 0,
-                                               0, 1, 0, 0, 0, "", ""};
+                                               0, 1, 0, 0, 0, "", "", 0, 0, {0}};
         h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, 0, 0,
-                                               PROTO_RESTORE_NONE, 0, 0, 0, 0, 0, 0, 0, "", ""};
+                                               PROTO_RESTORE_NONE, 0, 0, 0, 0, 0, 0, 0, "", "", 0.1, 0,
+                                               {1, 0, 0, 0}};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -501,7 +503,8 @@ START_TEST(roundtrip_edges)
             (uint64_t)i << 30, (int)(i % 3 == 0), (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
             i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0, /* a step only with a source */
             (int)(i % 5 == 1), 1e300 / (i + 1), (int)(i % 2), i % 2 ? PROTO_U64_MAX - i : 0, PROTO_U64_MAX - i,
-            (int)(i % 3 == 1), {0}, {0}};
+            (int)(i % 3 == 1), {0}, {0}, PROTO_SPLIT_S_MAX / (i + 1), PROTO_U64_MAX - i,
+            {1.0 / (i + 7), 1.0 / (i + 9), 1.0 / (i + 11), 1.0 / (i + 13)}};
     for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++) { /* labels at their longest */
         memset(m.u.heartbeat.ranks[i].where, 'a' + (int)(i % 26), PROTO_WHERE_MAX - 1);
         memset(m.u.heartbeat.ranks[i].waiting, i % 2 ? '"' : '\\', PROTO_WAITING_MAX - 1);
@@ -1088,13 +1091,15 @@ START_TEST(every_field_is_required)
                 json_object_foreach(json_array_get(value, 0), inner, iv) {
                     copy = json_deep_copy(base);
                     json_object_del(json_array_get(json_object_get(copy, key), 0), inner);
-                    /* restore_from and restore_step go together: one without the other is missing */
+                    /* restore_from and restore_step go together, and so do split_s and its
+                     * shares: one without the other is missing */
                     int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
                                        !strcmp(inner, "step_bytes") || !strcmp(inner, "peak_mem") ||
                                        !strcmp(inner, "rejoin") || !strcmp(inner, "yielded") ||
                                        !strcmp(inner, "step_s") || !strcmp(inner, "step_age_ms") ||
                                        !strcmp(inner, "total_steps") || !strcmp(inner, "where") ||
-                                       !strcmp(inner, "waiting") || !strcmp(inner, "stopped")
+                                       !strcmp(inner, "waiting") || !strcmp(inner, "stopped") ||
+                                       !strcmp(inner, "split_steps")
                                    ? PROTO_OK
                                    : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,
