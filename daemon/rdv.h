@@ -454,7 +454,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms);
 int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap);
 json_t *rdv_events_json(const struct rdv *r);
 /* The ranks named slow (rdv_slow.c): [{rank, node, compute, peers, ratio,
- * per_step, for, message}], for GET /v1/status's slow_ranks. */
+ * per_step, steps (or ms: how long), message}], for GET /v1/status's slow_ranks. */
 json_t *rdv_slow_json(const struct rdv *r, uint64_t now_ms);
 /* GET /v1/stacks (docs/rest.md): the latest set of stacks as JSON text
  * (malloc'd; NULL when out of memory). The dumps are spliced in as they

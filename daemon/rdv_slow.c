@@ -36,19 +36,21 @@ static int judged(const struct rdv_rank *rk, uint64_t now_ms)
 
 /* "rank 5 on node c is slow: computes 0.42 s per step where its peers compute
  * 0.3 s (1.4x), for the last 120 steps"; with shares, "computes 62% of its
- * time where its peers compute 41% (1.5x), for the last 12 s". */
-static void sentence(const struct rdv *r, uint32_t rank, const struct rdv_rank *rk, uint64_t now_ms,
-                     const char *verb, char *out, size_t cap)
+ * time where its peers compute 41% (1.5x), for the last 12 s". Once it ends
+ * (ended), "is no longer slow: ... (1x); it was slow for 120 steps". */
+static void sentence(const struct rdv *r, uint32_t rank, const struct rdv_rank *rk, uint64_t now_ms, int ended,
+                     char *out, size_t cap)
 {
     const double ratio = rk->slow_peers > 0 ? rk->slow_x / rk->slow_peers : 0;
-    const char *node = r->nodes[rk->node].name;
+    const char *node = r->nodes[rk->node].name, *verb = ended ? "is no longer slow" : "is slow";
+    const char *tail = ended ? "; it was slow for" : ", for the last";
     if (rk->slow_per_step)
         snprintf(out, cap, "rank %u on node %s %s: computes %.3g s per step where its peers compute %.3g s "
-                 "(%.2gx), for the last %llu steps", rank, node, verb, rk->slow_x, rk->slow_peers, ratio,
+                 "(%.2gx)%s %llu steps", rank, node, verb, rk->slow_x, rk->slow_peers, ratio, tail,
                  (unsigned long long)(rk->step > rk->slow.since ? rk->step - rk->slow.since : 0));
     else
         snprintf(out, cap, "rank %u on node %s %s: computes %.0f%% of its time where its peers compute %.0f%% "
-                 "(%.2gx), for the last %.0f s", rank, node, verb, 100 * rk->slow_x, 100 * rk->slow_peers, ratio,
+                 "(%.2gx)%s %.0f s", rank, node, verb, 100 * rk->slow_x, 100 * rk->slow_peers, ratio, tail,
                  (double)(now_ms > rk->slow.since ? now_ms - rk->slow.since : 0) / 1000.0);
 }
 
@@ -100,12 +102,12 @@ void rdv__check_slow(struct rdv *r, uint64_t now_ms)
         char what[PROTO_REASON_MAX];
         switch (failslow_note(&rk->slow, out[j], began)) {
         case FAILSLOW_STARTS:
-            sentence(r, idx[j], rk, now_ms, "is slow", what, sizeof(what));
+            sentence(r, idx[j], rk, now_ms, 0, what, sizeof(what));
             rdv__event(r, "rank_slow", (int)rk->node, (int)idx[j], "%s", what);
             rdv__changed(r, 0);
             break;
         case FAILSLOW_ENDS:
-            sentence(r, idx[j], rk, now_ms, "is no longer slow", what, sizeof(what));
+            sentence(r, idx[j], rk, now_ms, 1, what, sizeof(what));
             rdv__event(r, "rank_slow_ended", (int)rk->node, (int)idx[j], "%s", what);
             rdv__changed(r, 0);
             break;
@@ -127,7 +129,7 @@ json_t *rdv_slow_json(const struct rdv *r, uint64_t now_ms)
         if (!rk->slow.slow)
             continue;
         char what[PROTO_REASON_MAX];
-        sentence(r, i, rk, now_ms, "is slow", what, sizeof(what));
+        sentence(r, i, rk, now_ms, 0, what, sizeof(what));
         const uint64_t since = rk->slow.since;
         json_array_append_new(
             arr, json_pack("{s:i, s:s, s:f, s:f, s:f, s:b, s:I, s:s}", "rank", (int)i, "node", r->nodes[rk->node].name,

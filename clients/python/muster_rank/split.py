@@ -40,7 +40,7 @@ from .where import GPU_CALLS, GPU_FUNCTIONS, GPU_MODULES, PROGRAM, Kinds, callin
 
 COMPUTE, COLLECTIVE, GPU, DATA = 0, 1, 2, 3
 NAMES = ("compute", "collective", "gpu", "data")
-SAMPLE_HZ = 100       # looks per second, by default
+SAMPLE_HZ = 200       # looks per second, by default
 SAMPLE_HZ_MAX = 1000  # the most MUSTER_SAMPLE_HZ may ask for
 WINDOW_S = 1.0        # a window's least length, by default
 LONG_WINDOWS = 10     # a step this many windows long closes the window without it
