@@ -5,8 +5,8 @@
 #       forward, backward and AdamW step in one process, timed in rounds of
 #       STEPS steps with the sampler thread off and on (at 200 looks a second,
 #       the default, and at 1000, the most), rounds alternating: the median
-#       step time of ROUNDS rounds each, with its range, side by side, and one
-#       look's own cost;
+#       step time (wall and CPU) of ROUNDS rounds each, with its range, side
+#       by side, and one look's own cost, timed in place by the sampler;
 #   (b) detection time against the slowdown: an unmodified DDP program
 #       (tests/torch/ddp_train.py, gloo, 2 agents x 2 ranks on loopback) whose
 #       rank 3 sleeps 1.2x, 1.5x and 2x as long in its own code from step 30
@@ -43,13 +43,19 @@ def step():
     opt.step()
     done[0] += 1
 
+looks = {}  # hz -> [seconds inside look(), looks]: one look's cost in place
+
 def timed(hz):
     stop = threading.Event()
     if hz:
         s = split.Sampler(main, lambda: done[0], lambda w: None, hz, 1.0)
+        spent = looks.setdefault(hz, [0.0, 0])
         def run():
             while not stop.wait(s.period):
+                t = time.perf_counter()
                 s.look()
+                spent[0] += time.perf_counter() - t
+                spent[1] += 1
         t = threading.Thread(target=run, daemon=True)
         t.start()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -74,22 +80,9 @@ for hz, v in got.items():
           "CPU %.3f ms per step (range %.3f-%.3f, %.3fx)" % (
               "off" if not hz else "%d/s" % hz, statistics.median(w), min(w), max(w), statistics.median(w) / base,
               statistics.median(c), min(c), max(c), statistics.median(c) / cbase))
-# One look's own cost: a 30-frame stack of torch's frames under the program's, as in a backward pass.
-from types import SimpleNamespace
-import torch.nn.modules.module as mm
-pkgs = os.path.dirname(os.path.dirname(torch.__file__))
-frame = SimpleNamespace(f_code=SimpleNamespace(co_filename="/home/u/train.py", co_name="main"), f_lineno=1, f_back=None)
-for i in range(29):
-    frame = SimpleNamespace(f_code=SimpleNamespace(co_filename=mm.__file__, co_name="_call_impl"), f_lineno=i,
-                            f_back=frame)
-kinds = split.Kinds(*split.library_roots())
-t0 = time.perf_counter()
-for _ in range(5000):
-    sys._current_frames()
-    split.classify(frame, kinds)
-us = (time.perf_counter() - t0) / 5000 * 1e6
-print("  one look (sys._current_frames and classifying a 30-frame stack): %.1f us: %.2f %% of a core at 200/s" % (
-    us, us * 200 / 1e4))
+for hz, (spent, n) in sorted(looks.items()):
+    print("  one look in place at %d/s (sys._current_frames and classifying the main thread's stack): "
+          "%.1f us on average over %d looks" % (hz, spent / max(n, 1) * 1e6, n))
 PY
 
 echo "== failslow: (b) detection time against the slowdown (rank 3 slow from step 30; $RUNS run(s) each)"
