@@ -1449,6 +1449,22 @@ START_TEST(rank_progress_fields_are_bounded)
         {BEAT_WITH("\"where\":\"a\\\\b \\\"c\\\"\""), PROTO_OK},
         {BEAT_WITH("\"stopped\":1"), PROTO_E_FIELD_TYPE},
         {BEAT_WITH("\"stopped\":false"), PROTO_OK},
+#define SHARES(c, l, g, d) "\"compute_frac\":" c ",\"collective_frac\":" l ",\"gpu_frac\":" g ",\"data_frac\":" d
+        /* the time split: split_s in (0, 3600] with its four shares, each 0..1, together <= 1 */
+        {BEAT_WITH("\"split_s\":1.5,\"split_steps\":12," SHARES("0.5", "0.25", "0.125", "0.125")), PROTO_OK},
+        {BEAT_WITH("\"split_s\":3600," SHARES("1", "0", "0", "0")), PROTO_OK},
+        {BEAT_WITH("\"split_s\":3600.5," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":0," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":-1," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("0.5", "0.5", "0.25", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("1.5", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("-0.1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("0.5", "0.5", "0", "null")), PROTO_E_FIELD_TYPE},
+        {BEAT_WITH("\"split_s\":1,\"split_steps\":-2," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1,\"compute_frac\":1"), PROTO_E_MISSING},
+        {BEAT_WITH(SHARES("1", "0", "0", "0")), PROTO_E_MISSING},
+        {BEAT_WITH("\"split_steps\":3"), PROTO_E_MISSING},
+#undef SHARES
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         ck_assert_msg(decode_text(PROTO_HEARTBEAT, cases[i].payload) == cases[i].rc, "case %zu (%s): %d, not %d",
@@ -1486,6 +1502,12 @@ START_TEST(rank_progress_fields_are_bounded)
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
     sample(PROTO_HEARTBEAT, &m);
     memset(m.u.heartbeat.ranks[0].waiting, 'w', sizeof(m.u.heartbeat.ranks[0].waiting)); /* no NUL */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[1].split[PROTO_SPLIT_GPU] = 0.5; /* a share without a window */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[0].split[PROTO_SPLIT_DATA] = NAN;
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
 }
 END_TEST
