@@ -19,7 +19,10 @@
  * to nearly half of them) moves neither the median nor the spread. Fewer
  * than FAILSLOW_MIN_RANKS figures name nobody (two ranks are each other's
  * only peer). A rank is named after FAILSLOW_WINDOWS new windows in a row
- * that stood out, and no longer after as many in a row that did not.
+ * that stood out, and no longer after as many in a row that did not: with
+ * both conditions one window of alike ranks stands out rarely (about 1 in
+ * 100 in tests/integration/torch_failslow.sh's runs), two in a row about
+ * 1 in 10^4.
  */
 #ifndef MUSTER_DAEMON_FAILSLOW_H
 #define MUSTER_DAEMON_FAILSLOW_H
@@ -30,8 +33,8 @@
 #define FAILSLOW_MARGIN 0.10   /* above the median by at least this share of it... */
 #define FAILSLOW_SIGMAS 3.0    /* ...and by this many robust standard deviations */
 #define FAILSLOW_MIN_RANKS 3   /* fewer figures than this name nobody */
-#define FAILSLOW_WINDOWS 3     /* windows in a row that start (or end) a rank's being slow */
-#define FAILSLOW_EVAL_MS 1000u /* musterd applies the rule at most this often */
+#define FAILSLOW_WINDOWS 2     /* windows in a row that start (or end) a rank's being slow */
+#define FAILSLOW_EVAL_MS 250u  /* musterd applies the rule at most this often, once a window came */
 
 /* The median of x[0..n) (n >= 1), sorting x in place. */
 double failslow_median_sort(double *x, size_t n);

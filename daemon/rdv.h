@@ -309,6 +309,7 @@ struct rdv {
     uint64_t started_ms;
     uint64_t gen_opened_ms; /* when the current generation was opened */
     uint64_t slow_judged_ms; /* when the fail-slow rule last ran (rdv_slow.c) */
+    int split_news;          /* a rank's new time split window came since */
     uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
     uint32_t master_port;   /* MASTER_PORT of the current generation's ASSIGN */
     uint64_t master_port_gen; /* the generation that was given master_port */

@@ -86,7 +86,7 @@ int rdv__flight_verdict(const struct rdv *r, char *out, size_t cap, uint32_t *cu
 int rdv__blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const char **why);
 
 /* rdv_slow.c: the fail-slow rule over the ranks' time splits */
-void rdv__note_split(struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms);
+void rdv__note_split(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms);
 void rdv__check_slow(struct rdv *r, uint64_t now_ms);
 
 /* rdv_resume.c: a restored generation */

@@ -1,6 +1,6 @@
 /* daemon/rdv_slow.c: fail-slow: the ranks' time splits as their heartbeats
- * bring them, the rule of failslow.h applied to them at most every
- * FAILSLOW_EVAL_MS, the events when a rank starts and stops being slow,
+ * bring them, the rule of failslow.h applied to them once a new window came
+ * (at most every FAILSLOW_EVAL_MS), the events when a rank starts and stops being slow,
  * and the sentence that says so with the evidence (see rdv.h). */
 #include "daemon/rdv_internal.h"
 
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rdv__note_split(struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
+void rdv__note_split(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms)
 {
     if (!(b->split_s > 0))
         return; /* none in this entry: the latest one stands */
@@ -20,6 +20,7 @@ void rdv__note_split(struct rdv_rank *rk, const struct proto_rank_beat *b, uint6
     memcpy(rk->split, b->split, sizeof(rk->split));
     rk->split_ms = now_ms;
     rk->split_seq++;
+    r->split_news = 1;
 }
 
 /* A rank whose split counts now: running, not stopped, its window recent
@@ -63,9 +64,11 @@ static double figure(const struct rdv_rank *rk, int per_step)
 
 void rdv__check_slow(struct rdv *r, uint64_t now_ms)
 {
-    if (r->state != RDV_RUNNING || now_ms - r->slow_judged_ms < FAILSLOW_EVAL_MS || !r->world_size)
+    if (r->state != RDV_RUNNING || !r->split_news || now_ms - r->slow_judged_ms < FAILSLOW_EVAL_MS ||
+        !r->world_size)
         return;
     r->slow_judged_ms = now_ms;
+    r->split_news = 0;
     uint32_t *idx = malloc(r->world_size * sizeof(*idx));
     double *x = calloc(r->world_size, sizeof(*x));
     uint8_t *out = malloc(r->world_size);
