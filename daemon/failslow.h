@@ -20,9 +20,9 @@
  * than FAILSLOW_MIN_RANKS figures name nobody (two ranks are each other's
  * only peer). A rank is named after FAILSLOW_WINDOWS new windows in a row
  * that stood out, and no longer after as many in a row that did not: with
- * both conditions one window of alike ranks stands out rarely (about 1 in
- * 100 in tests/integration/torch_failslow.sh's runs), two in a row about
- * 1 in 10^4.
+ * both conditions a window of alike ranks seldom stands out (once in about
+ * 120 rank-windows seen in tests/integration/torch_failslow.sh's runs, at
+ * 100 looks a second), two in a row were not seen.
  */
 #ifndef MUSTER_DAEMON_FAILSLOW_H
 #define MUSTER_DAEMON_FAILSLOW_H
