@@ -336,6 +336,10 @@ void render_summary(FILE *f, const json_t *st)
         else
             fputs("-\n", f);
     }
+    /* the ranks musterd names slow (fail-slow), each with its evidence */
+    const json_t *slow = json_object_get(st, "slow_ranks");
+    for (size_t i = 0; json_is_array(slow) && i < json_array_size(slow); i++)
+        fprintf(f, "  slow: %s\n", str(json_array_get(slow, i), "message", "?"));
     if (num(st, "last_checkpoint_step", &v))
         fprintf(f, "  last committed checkpoint: step %lld\n", (long long)v);
     else

@@ -101,6 +101,11 @@ static void job(struct sbuf *b, struct snap_view *v)
     }
     pthread_mutex_unlock(&v->head_lock);
 
+    uint32_t slow = 0;
+    for (uint32_t i = 0; i < v->nranks; i++)
+        slow += v->ranks[i].slow;
+    header(b, "muster_slow_ranks", "gauge", "Ranks musterd names slow (fail-slow: they compute longer than their peers)");
+    sb_printf(b, "muster_slow_ranks %u\n", slow);
     header(b, "muster_ranks", "gauge", "Ranks of the current generation, by state");
     for (int s = 0; s < SNAP_RANK_NSTATES; s++)
         sb_printf(b, "muster_ranks{state=\"%s\"} %u\n", rdv_rank_state_name((enum rdv_rank_state)s), v->ranks_in[s]);
@@ -196,6 +201,17 @@ static int rank_step(const struct snap_rank *rk, double *out) { *out = (double)r
 static int rank_loss(const struct snap_rank *rk, double *out) { *out = rk->loss; return isfinite(rk->loss); }
 static int rank_tps(const struct snap_rank *rk, double *out) { *out = rk->tokens_per_s; return 1; }
 static int rank_comm(const struct snap_rank *rk, double *out) { *out = rk->comm_frac; return 1; }
+static int rank_compute(const struct snap_rank *rk, double *out)
+{
+    *out = rk->split[PROTO_SPLIT_COMPUTE];
+    return rk->split_s > 0;
+}
+static int rank_compute_s(const struct snap_rank *rk, double *out)
+{
+    *out = rk->split_steps ? rk->split[PROTO_SPLIT_COMPUTE] * rk->split_s / (double)rk->split_steps : 0;
+    return rk->split_s > 0 && rk->split_steps;
+}
+static int rank_slow(const struct snap_rank *rk, double *out) { *out = rk->slow; return 1; }
 static int rank_age(const struct snap_rank *rk, double *out)
 {
     *out = (double)rk->heartbeat_age_ms / 1000.0;
@@ -212,6 +228,9 @@ static const struct {
     {"muster_rank_tokens_per_second", rank_tps, "Training throughput of a rank"},
     {"muster_rank_comm_fraction", rank_comm, "Fraction of a rank's step time spent in communication"},
     {"muster_rank_heartbeat_age_seconds", rank_age, "Seconds since a rank's last heartbeat"},
+    {"muster_rank_compute_fraction", rank_compute, "Share of a rank's wall time its main thread computes (not waiting)"},
+    {"muster_rank_compute_seconds_per_step", rank_compute_s, "Seconds a rank's main thread computes per step"},
+    {"muster_rank_slow", rank_slow, "1 while musterd names the rank slow (fail-slow)"},
 };
 
 static void ranks(struct sbuf *b, const struct snap_view *v)

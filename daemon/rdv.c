@@ -274,6 +274,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= rdv__yield_wait_ms(r))
         rdv__finish_yield(r, now_ms, 1);
     rdv__check_progress(r, now_ms);
+    rdv__check_slow(r, now_ms);
     rdv__check_start(r, now_ms);
     rdv__check_rejoin(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {

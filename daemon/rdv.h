@@ -63,6 +63,7 @@
 #include "common/jobspec.h"
 #include "common/namemap.h"
 #include "common/ratelimit.h"
+#include "daemon/failslow.h"
 #include "daemon/hang.h"
 #include "proto/proto.h"
 
@@ -193,6 +194,17 @@ struct rdv_rank {
     uint64_t stopped_since_ms; /* when that was first said (0 = not stopped) */
     char where[PROTO_WHERE_MAX];     /* "" = unknown */
     char waiting[PROTO_WAITING_MAX]; /* "" = not in a collective */
+    /* Its latest time split (proto_rank_beat) and its standing under the
+     * fail-slow rule (failslow.h, rdv_slow.c); a generation starts it over. */
+    double split_s;        /* the window's seconds; 0 = no split yet */
+    uint64_t split_steps;  /* steps in it; 0 = not known */
+    double split[PROTO_SPLIT_NKINDS];
+    uint64_t split_ms;     /* when it came; 0 = never */
+    uint32_t split_seq;    /* windows taken (an entry whose split changed brings a new one) */
+    uint32_t split_judged; /* the split_seq the rule last judged */
+    struct failslow_state slow;
+    double slow_x, slow_peers; /* its figure and its peers' median when last judged */
+    int slow_per_step;     /* those were compute seconds per step (else compute shares) */
 };
 
 /*
@@ -310,6 +322,8 @@ struct rdv {
     int64_t last_checkpoint_step;
     uint64_t started_ms;
     uint64_t gen_opened_ms; /* when the current generation was opened */
+    uint64_t slow_judged_ms; /* when the fail-slow rule last ran (rdv_slow.c) */
+    int split_news;          /* a rank's new time split window came since */
     uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
     uint32_t master_port;   /* MASTER_PORT of the current generation's ASSIGN */
     uint64_t master_port_gen; /* the generation that was given master_port */
@@ -462,6 +476,9 @@ int rdv_is_spare(const struct rdv *r, uint32_t idx);
 /* The "spares" object of GET /v1/status (docs/rest.md): wanted, joined, ready,
  * replacements, last_replacement (null = none); a new reference. */
 json_t *rdv_spares_json(const struct rdv *r);
+/* The ranks named slow (rdv_slow.c): [{rank, node, compute, peers, ratio,
+ * per_step, steps (or ms: how long), message}], for GET /v1/status's slow_ranks. */
+json_t *rdv_slow_json(const struct rdv *r, uint64_t now_ms);
 /* GET /v1/stacks (docs/rest.md): the latest set of stacks as JSON text
  * (malloc'd; NULL when out of memory). The dumps are spliced in as they
  * were rendered when they came: no JSON tree of the whole set is built. */

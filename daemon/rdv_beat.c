@@ -106,6 +106,7 @@ static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_ran
     rk->total_steps = b->total_steps;
     memcpy(rk->where, b->where, strlen(b->where) + 1); /* proto_check: NUL-terminated in its array */
     memcpy(rk->waiting, b->waiting, strlen(b->waiting) + 1);
+    rdv__note_split(r, rk, b, now_ms);
     if (!b->stopped)
         rk->last_beat_ms = now_ms;
     else if (!rk->last_beat_ms) /* stopped before its first entry came: quiet since now */

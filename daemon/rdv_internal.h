@@ -95,6 +95,9 @@ int rdv__pick_spare(const struct rdv *r, uint32_t lost);
 /* A generation waiting to start: each member gone or unfit whose block is
  * unassigned is replaced by a ready spare; returns how many were. */
 int rdv__spares_fill(struct rdv *r);
+/* rdv_slow.c: the fail-slow rule over the ranks' time splits */
+void rdv__note_split(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms);
+void rdv__check_slow(struct rdv *r, uint64_t now_ms);
 
 /* rdv_resume.c: a restored generation */
 void rdv__check_resumed(struct rdv *r, uint64_t now_ms);

@@ -225,6 +225,7 @@ json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)
         if (r->ranks[i].state == RDV_RANK_RUNNING && r->ranks[i].step_s > slowest)
             slowest = r->ranks[i].step_s;
     json_object_set_new(st, "step_s", slowest > 0 ? json_real(slowest) : json_null());
+    json_object_set_new(st, "slow_ranks", rdv_slow_json(r, now_ms));
     const uint64_t limit = hang_timeout_ms(&r->steps, r->spec->progress_timeout_ms);
     const double median = hang_median_step_s(&r->steps);
     json_object_set_new(st, "progress_timeout",

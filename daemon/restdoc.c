@@ -94,7 +94,18 @@ static void rank_json(struct sbuf *b, const struct snap_view *v, const struct sn
     sb_printf(b, ",\"stopped\":%s,\"hung\":%s", rk->stopped ? "true" : "false", rk->hung ? "true" : "false");
     field_num(b, "step_s", rk->step_s > 0 ? rk->step_s : NAN);
     field_count(b, "total_steps", rk->total_steps);
-    sb_put(b, "}", 1);
+    /* the time split: shares of its latest window, and compute seconds per step when steps are known */
+    if (rk->split_s > 0) {
+        sb_printf(b, ",\"split\":{\"window_s\":%.6g,\"steps\":%llu,\"compute\":%.4f,\"collective\":%.4f,"
+                  "\"gpu\":%.4f,\"data\":%.4f}", rk->split_s, (unsigned long long)rk->split_steps,
+                  rk->split[PROTO_SPLIT_COMPUTE], rk->split[PROTO_SPLIT_COLLECTIVE], rk->split[PROTO_SPLIT_GPU],
+                  rk->split[PROTO_SPLIT_DATA]);
+        field_num(b, "compute_s", rk->split_steps ? rk->split[PROTO_SPLIT_COMPUTE] * rk->split_s /
+                                                         (double)rk->split_steps : NAN);
+    } else {
+        sb_put(b, ",\"split\":null,\"compute_s\":null", 30);
+    }
+    sb_printf(b, ",\"slow\":%s}", rk->slow ? "true" : "false");
 }
 
 static void node_json(struct sbuf *b, const struct snap_node *nd)

@@ -78,6 +78,11 @@ struct snap_rank {
     uint64_t total_steps; /* the steps it says it will run; 0 = not said */
     const char *where;   /* its innermost frame as last sampled; NULL = unknown; in view->rank_strings */
     const char *waiting; /* the collective it waits in; NULL = none; in view->rank_strings */
+    /* its latest time split (proto_rank_beat) and the fail-slow rule's word on it */
+    double split_s;      /* the window's seconds; 0 = none */
+    uint64_t split_steps; /* steps in it; 0 = not known */
+    double split[PROTO_SPLIT_NKINDS];
+    uint8_t slow;        /* named slow (rdv_slow.c) */
 };
 
 /* One node (states: enum rdv_node_state), with a rollup of its ranks. */

@@ -257,6 +257,10 @@ struct snap_view *view_build(const struct rdv *r, uint64_t now_ms, char *events,
         rk->hung = (r->hang_pending && r->hang_rank == (int)i) || (hang_failed && f->rank == i);
         rk->step_s = src->step_s;
         rk->total_steps = src->total_steps;
+        rk->split_s = src->split_s;
+        rk->split_steps = src->split_steps;
+        memcpy(rk->split, src->split, sizeof(rk->split));
+        rk->slow = (uint8_t)src->slow.slow;
         rk->rank = i;
         rk->node = src->node;
         rk->local_rank = src->local_rank;

@@ -37,6 +37,35 @@ const char *const proto_restore_json[PROTO_RESTORE_MAX + 1] = {
     [PROTO_RESTORE_SEED] = "seed",
 };
 
+const char *const proto_split_json[PROTO_SPLIT_NKINDS] = {
+    [PROTO_SPLIT_COMPUTE] = "compute_frac",
+    [PROTO_SPLIT_COLLECTIVE] = "collective_frac",
+    [PROTO_SPLIT_GPU] = "gpu_frac",
+    [PROTO_SPLIT_DATA] = "data_frac",
+};
+
+/* A rank entry's time split: none (all zero), or a window of 0 < split_s <=
+ * PROTO_SPLIT_S_MAX whose shares are each 0..1 and together at most 1 (a
+ * little over, for the rounding of four shares). */
+static int split_ok(const struct proto_rank_beat *b)
+{
+    double sum = 0;
+    if (b->split_s == 0) {
+        for (int k = 0; k < PROTO_SPLIT_NKINDS; k++)
+            if (b->split[k] != 0)
+                return 0;
+        return b->split_steps == 0;
+    }
+    if (!isfinite(b->split_s) || b->split_s < 0 || b->split_s > PROTO_SPLIT_S_MAX || b->split_steps > PROTO_U64_MAX)
+        return 0;
+    for (int k = 0; k < PROTO_SPLIT_NKINDS; k++) {
+        if (!isfinite(b->split[k]) || b->split[k] < 0 || b->split[k] > 1)
+            return 0;
+        sum += b->split[k];
+    }
+    return sum <= 1.0 + 1e-6;
+}
+
 const char *const proto_log_error_json[PROTO_LOG_ERROR_MAX + 1] = {
     [PROTO_LOG_OK] = "",
     [PROTO_LOG_NO_LOG] = "no_log",
@@ -286,7 +315,7 @@ static int check_heartbeat(const struct proto_heartbeat *h)
             !isfinite(b->step_s) || b->step_s < 0 || b->step_age_ms > PROTO_U64_MAX ||
             (!b->has_step_age && b->step_age_ms != 0) || b->total_steps > PROTO_U64_MAX ||
             (b->where[0] && !proto_valid_label(b->where, sizeof(b->where))) ||
-            (b->waiting[0] && !proto_valid_label(b->waiting, sizeof(b->waiting))))
+            (b->waiting[0] && !proto_valid_label(b->waiting, sizeof(b->waiting))) || !split_ok(b))
             return PROTO_E_RANGE;
         for (uint32_t j = 0; j < i; j++)
             if (b->rank == h->ranks[j].rank)

@@ -420,7 +420,8 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
     static const char *const keys[] = {"rank", "state", "step", "loss",
         "tokens_per_s", "comm_frac", "checkpoint_step", "silent", "step_bytes",
         "peak_mem", "rejoin", "restore_from", "restore_step", "yielded", "step_s", "step_age_ms",
-        "total_steps", "where", "waiting", "stopped", NULL};
+        "total_steps", "where", "waiting", "stopped", "split_s", "split_steps", "compute_frac",
+        "collective_frac", "gpu_frac", "data_frac", NULL};
     int state;
 
     if (!json_is_object(o))
@@ -491,6 +492,25 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
         TRY(get_u64(o, "total_steps", &b->total_steps));
     TRY(get_label(o, "where", b->where, sizeof(b->where)));
     TRY(get_label(o, "waiting", b->waiting, sizeof(b->waiting)));
+    /* Optional group: the time split; its shares come with split_s or not at all. */
+    b->split_s = 0;
+    b->split_steps = 0;
+    memset(b->split, 0, sizeof(b->split));
+    if (json_object_get(o, "split_s")) {
+        TRY(get_number(o, "split_s", 0, &b->split_s));
+        if (!(b->split_s > 0))
+            return PROTO_E_RANGE; /* present means a window was measured */
+        for (int k = 0; k < PROTO_SPLIT_NKINDS; k++)
+            TRY(get_number(o, proto_split_json[k], 0, &b->split[k]));
+        if (json_object_get(o, "split_steps"))
+            TRY(get_u64(o, "split_steps", &b->split_steps));
+    } else {
+        if (json_object_get(o, "split_steps"))
+            return PROTO_E_MISSING;
+        for (int k = 0; k < PROTO_SPLIT_NKINDS; k++)
+            if (json_object_get(o, proto_split_json[k]))
+                return PROTO_E_MISSING;
+    }
     return get_bool(o, "stopped", &b->stopped);
 }
 
@@ -920,6 +940,13 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
         TRY(put(o, "where", json_string(b->where)));
     if (b->waiting[0])
         TRY(put(o, "waiting", json_string(b->waiting)));
+    if (b->split_s > 0) {
+        TRY(put(o, "split_s", json_real(b->split_s)));
+        if (b->split_steps)
+            TRY(put_uint(o, "split_steps", b->split_steps));
+        for (int k = 0; k < PROTO_SPLIT_NKINDS; k++)
+            TRY(put(o, proto_split_json[k], json_real(b->split[k])));
+    }
     return b->stopped ? put(o, "stopped", json_true()) : PROTO_OK;
 }
 

@@ -213,11 +213,14 @@ static int object(struct cur *c, const char *const *keys, unsigned *seen,
 enum beat_key {
     B_RANK, B_STATE, B_STEP, B_LOSS, B_TOKENS, B_COMM, B_CKPT, B_SILENT, B_STEP_BYTES, B_PEAK, B_REJOIN,
     B_RESTORE_FROM, B_RESTORE_STEP, B_YIELDED, B_STEP_S, B_STEP_AGE, B_TOTAL_STEPS, B_WHERE, B_WAITING,
-    B_STOPPED,
+    B_STOPPED, B_SPLIT_S, B_SPLIT_STEPS, B_SPLIT0,
 };
 static const char *const beat_keys[] = {"rank", "state", "step", "loss", "tokens_per_s", "comm_frac",
     "checkpoint_step", "silent", "step_bytes", "peak_mem", "rejoin", "restore_from", "restore_step", "yielded",
-    "step_s", "step_age_ms", "total_steps", "where", "waiting", "stopped", NULL};
+    "step_s", "step_age_ms", "total_steps", "where", "waiting", "stopped", "split_s", "split_steps",
+    "compute_frac", "collective_frac", "gpu_frac", "data_frac", NULL};
+/* the time split's shares: keys B_SPLIT0.. in proto_split_json's order */
+#define BEAT_SHARES (((1u << PROTO_SPLIT_NKINDS) - 1) << B_SPLIT0)
 #define BEAT_REQUIRED (1u << B_RANK | 1u << B_STATE | 1u << B_STEP | 1u << B_LOSS | 1u << B_TOKENS | 1u << B_COMM)
 
 static int beat_value(struct cur *c, int key, void *ctx)
@@ -260,7 +263,12 @@ static int beat_value(struct cur *c, int key, void *ctx)
     case B_WHERE: return label_value(c, b->where, sizeof(b->where));
     case B_WAITING: return label_value(c, b->waiting, sizeof(b->waiting));
     case B_STOPPED: return bool_value(c, &b->stopped);
+    case B_SPLIT_S: return number_value(c, &b->split_s);
+    case B_SPLIT_STEPS: return u64_value(c, &b->split_steps);
+    case B_SPLIT0: break; /* a share: below */
     }
+    if (key >= B_SPLIT0 && key < B_SPLIT0 + PROTO_SPLIT_NKINDS)
+        return number_value(c, &b->split[key - B_SPLIT0]);
     return 0;
 }
 
@@ -270,7 +278,14 @@ static int beat(struct cur *c, struct proto_rank_beat *b)
     memset(b, 0, sizeof(*b));
     if (!object(c, beat_keys, &seen, beat_value, b) || (seen & BEAT_REQUIRED) != BEAT_REQUIRED)
         return 0;
-    /* restore_from and restore_step come together or not at all. */
+    /* restore_from and restore_step come together or not at all; so do
+     * split_s (> 0) and the four shares, and split_steps only with them. */
+    if (seen & 1u << B_SPLIT_S) {
+        if ((seen & BEAT_SHARES) != BEAT_SHARES || !(b->split_s > 0))
+            return 0;
+    } else if (seen & (BEAT_SHARES | 1u << B_SPLIT_STEPS)) {
+        return 0;
+    }
     return !(seen & 1u << B_RESTORE_FROM) == !(seen & 1u << B_RESTORE_STEP);
 }
 
@@ -469,6 +484,13 @@ int fastbeat_encode(const struct proto_heartbeat *h, uint8_t *out, size_t cap)
             put_text(&o, "where", b->where);
         if (b->waiting[0])
             put_text(&o, "waiting", b->waiting);
+        if (b->split_s > 0) {
+            put_real(&o, "split_s", b->split_s);
+            if (b->split_steps)
+                put_uint(&o, "split_steps", b->split_steps);
+            for (int k = 0; k < PROTO_SPLIT_NKINDS; k++)
+                put_real(&o, proto_split_json[k], b->split[k]);
+        }
         if (b->stopped)
             put_literal(&o, "stopped", "true");
         puts_(&o, "}");

@@ -52,6 +52,7 @@
 #define PROTO_LOG_MAX 65536
 #define PROTO_WHERE_MAX 256   /* HEARTBEAT rank entry `where`: bytes incl. NUL */
 #define PROTO_WAITING_MAX 128 /* HEARTBEAT rank entry `waiting`: bytes incl. NUL */
+#define PROTO_SPLIT_S_MAX 3600.0 /* HEARTBEAT rank entry `split_s`: the longest window, s */
 /* STACKS: most bytes of one rank's dumped stacks (escaped at most twice over,
  * they fit PROTO_MAX_PAYLOAD). */
 #define PROTO_STACKS_MAX 61440
@@ -254,6 +255,17 @@ struct proto_unique_id {
     uint64_t term; /* optional, daemon -> agent: the leading musterd's term; 0 = absent */
 };
 
+/* What a rank's main thread does with its wall time (a rank entry's split). */
+enum proto_split_kind {
+    PROTO_SPLIT_COMPUTE,    /* its own work: forward, optimizer, the program's code */
+    PROTO_SPLIT_COLLECTIVE, /* in a collective or a backward pass that reduces gradients */
+    PROTO_SPLIT_GPU,        /* waiting on the device (a sync: .item(), synchronize) */
+    PROTO_SPLIT_DATA,       /* in data loading (a DataLoader's __next__) */
+    PROTO_SPLIT_NKINDS
+};
+/* The wire names of the shares: "compute_frac", "collective_frac", "gpu_frac", "data_frac". */
+extern const char *const proto_split_json[PROTO_SPLIT_NKINDS];
+
 struct proto_rank_beat {
     uint32_t rank;
     enum proto_rank_state state;
@@ -290,6 +302,12 @@ struct proto_rank_beat {
                                       * control characters */
     char waiting[PROTO_WAITING_MAX]; /* the communication call its main thread is inside
                                       * ("all_reduce (distributed_c10d.py)"); "" = none */
+    /* Optional, how its main thread spent the wall time of its latest
+     * window (the time split; split_s > 0 marks it, and the four shares come
+     * with it): for musterd's fail-slow rule (daemon/failslow.h). */
+    double split_s;       /* the window's wall seconds, 0 < split_s <= PROTO_SPLIT_S_MAX; 0 = none */
+    uint64_t split_steps; /* optimizer steps completed in the window; 0 = not known (optional) */
+    double split[PROTO_SPLIT_NKINDS]; /* the window's shares, each 0..1, together <= 1 */
 };
 
 struct proto_heartbeat {

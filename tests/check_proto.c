@@ -183,12 +183,14 @@ static void sample(int type, struct proto_msg *m)
         h->ranks[0] = (struct proto_rank_beat){8, PROTO_RANK_RUNNING, 1200, 2.345, 12345.5, 0.125, 1000, 0, 51384,
                                                1u << 30, 1, PROTO_RESTORE_MEMORY, 1100, 1, 0.8125, 1, 1234, 5000, 1,
                                                "tr\"ain\\.py:88 in compute_loss \xc3\xbc\xe2\x82\xac",
-                                               "all_reduce (distributed_c10d.py)"};
+                                               "all_reduce (distributed_c10d.py)", 2.5, 25,
+                                               {0.5, 0.25, 0.125, 0.0625}};
         /* has_step_age with 0 ms: the step changed as the entry was sent */
         h->ranks[1] = (struct proto_rank_beat){9, PROTO_RANK_STARTING, 0, NAN, 0, 1, 0, 1, 0, 0, 0, PROTO_RESTORE_NONE, 0, 0,
-                                               0, 1, 0, 0, 0, "", ""};
+                                               0, 1, 0, 0, 0, "", "", 0, 0, {0}};
         h->ranks[2] = (struct proto_rank_beat){10, PROTO_RANK_EXITED, 1199, 1e-7, 1e6, 1, 0, 0, 0, 0, 0,
-                                               PROTO_RESTORE_NONE, 0, 0, 0, 0, 0, 0, 0, "", ""};
+                                               PROTO_RESTORE_NONE, 0, 0, 0, 0, 0, 0, 0, "", "", 0.1, 0,
+                                               {1, 0, 0, 0}};
         break;
     }
     case PROTO_RANK_EXIT:
@@ -503,7 +505,8 @@ START_TEST(roundtrip_edges)
             (uint64_t)i << 30, (int)(i % 3 == 0), (enum proto_restore)(i % (PROTO_RESTORE_MAX + 1)),
             i % (PROTO_RESTORE_MAX + 1) ? PROTO_U64_MAX - 2 * i : 0, /* a step only with a source */
             (int)(i % 5 == 1), 1e300 / (i + 1), (int)(i % 2), i % 2 ? PROTO_U64_MAX - i : 0, PROTO_U64_MAX - i,
-            (int)(i % 3 == 1), {0}, {0}};
+            (int)(i % 3 == 1), {0}, {0}, PROTO_SPLIT_S_MAX / (i + 1), PROTO_U64_MAX - i,
+            {1.0 / (i + 7), 1.0 / (i + 9), 1.0 / (i + 11), 1.0 / (i + 13)}};
     for (uint32_t i = 0; i < PROTO_MAX_LOCAL_RANKS; i++) { /* labels at their longest */
         memset(m.u.heartbeat.ranks[i].where, 'a' + (int)(i % 26), PROTO_WHERE_MAX - 1);
         memset(m.u.heartbeat.ranks[i].waiting, i % 2 ? '"' : '\\', PROTO_WAITING_MAX - 1);
@@ -1093,13 +1096,15 @@ START_TEST(every_field_is_required)
                 json_object_foreach(json_array_get(value, 0), inner, iv) {
                     copy = json_deep_copy(base);
                     json_object_del(json_array_get(json_object_get(copy, key), 0), inner);
-                    /* restore_from and restore_step go together: one without the other is missing */
+                    /* restore_from and restore_step go together, and so do split_s and its
+                     * shares: one without the other is missing */
                     int want = !strcmp(inner, "checkpoint_step") || !strcmp(inner, "silent") ||
                                        !strcmp(inner, "step_bytes") || !strcmp(inner, "peak_mem") ||
                                        !strcmp(inner, "rejoin") || !strcmp(inner, "yielded") ||
                                        !strcmp(inner, "step_s") || !strcmp(inner, "step_age_ms") ||
                                        !strcmp(inner, "total_steps") || !strcmp(inner, "where") ||
-                                       !strcmp(inner, "waiting") || !strcmp(inner, "stopped")
+                                       !strcmp(inner, "waiting") || !strcmp(inner, "stopped") ||
+                                       !strcmp(inner, "split_steps")
                                    ? PROTO_OK
                                    : PROTO_E_MISSING;
                     ck_assert_msg(decode_json((uint16_t)t, copy) == want,
@@ -1449,6 +1454,22 @@ START_TEST(rank_progress_fields_are_bounded)
         {BEAT_WITH("\"where\":\"a\\\\b \\\"c\\\"\""), PROTO_OK},
         {BEAT_WITH("\"stopped\":1"), PROTO_E_FIELD_TYPE},
         {BEAT_WITH("\"stopped\":false"), PROTO_OK},
+#define SHARES(c, l, g, d) "\"compute_frac\":" c ",\"collective_frac\":" l ",\"gpu_frac\":" g ",\"data_frac\":" d
+        /* the time split: split_s in (0, 3600] with its four shares, each 0..1, together <= 1 */
+        {BEAT_WITH("\"split_s\":1.5,\"split_steps\":12," SHARES("0.5", "0.25", "0.125", "0.125")), PROTO_OK},
+        {BEAT_WITH("\"split_s\":3600," SHARES("1", "0", "0", "0")), PROTO_OK},
+        {BEAT_WITH("\"split_s\":3600.5," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":0," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":-1," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("0.5", "0.5", "0.25", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("1.5", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("-0.1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1," SHARES("0.5", "0.5", "0", "null")), PROTO_E_FIELD_TYPE},
+        {BEAT_WITH("\"split_s\":1,\"split_steps\":-2," SHARES("1", "0", "0", "0")), PROTO_E_RANGE},
+        {BEAT_WITH("\"split_s\":1,\"compute_frac\":1"), PROTO_E_MISSING},
+        {BEAT_WITH(SHARES("1", "0", "0", "0")), PROTO_E_MISSING},
+        {BEAT_WITH("\"split_steps\":3"), PROTO_E_MISSING},
+#undef SHARES
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         ck_assert_msg(decode_text(PROTO_HEARTBEAT, cases[i].payload) == cases[i].rc, "case %zu (%s): %d, not %d",
@@ -1486,6 +1507,12 @@ START_TEST(rank_progress_fields_are_bounded)
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
     sample(PROTO_HEARTBEAT, &m);
     memset(m.u.heartbeat.ranks[0].waiting, 'w', sizeof(m.u.heartbeat.ranks[0].waiting)); /* no NUL */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[1].split[PROTO_SPLIT_GPU] = 0.5; /* a share without a window */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    sample(PROTO_HEARTBEAT, &m);
+    m.u.heartbeat.ranks[0].split[PROTO_SPLIT_DATA] = NAN;
     ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
 }
 END_TEST

@@ -167,6 +167,38 @@ START_TEST(unique_id_goes_up_and_comes_back)
 }
 END_TEST
 
+/* muster-train's time split, from its own timers: a window of whole steps at
+ * least RANK_SPLIT_MS long, its collective share the steps' comm_frac. */
+START_TEST(heartbeat_carries_the_time_split)
+{
+    struct rank_assign a;
+    struct rank_ctl *c = open_rank(1, 2, 4, &a);
+    struct proto_msg m;
+    rank_ctl_beat(c, 1, 3.0, 1000.0, 0.25, 0);
+    agent_recv(&m);
+    ck_assert_double_eq(m.u.heartbeat.ranks[0].split_s, 0); /* no window yet */
+    for (uint64_t step = 2; step <= 3; step++) {
+        usleep(RANK_SPLIT_MS * 1000 / 2 + 50000);
+        rank_ctl_beat(c, step, 3.0, 1000.0, 0.25, 0);
+    }
+    int seen = 0;
+    for (int i = 0; i < 8 && !seen; i++) {
+        agent_recv(&m);
+        seen = m.u.heartbeat.ranks[0].split_s > 0;
+    }
+    ck_assert_msg(seen, "no heartbeat with a time split within 8 frames");
+    const struct proto_rank_beat *b = &m.u.heartbeat.ranks[0];
+    ck_assert_double_ge(b->split_s, RANK_SPLIT_MS / 1000.0);
+    ck_assert_double_le(b->split_s, 3.0);
+    ck_assert_uint_eq(b->split_steps, 2);
+    ck_assert_double_eq_tol(b->split[PROTO_SPLIT_COLLECTIVE], 0.25, 0.01);
+    ck_assert_double_eq_tol(b->split[PROTO_SPLIT_COMPUTE], 0.75, 0.01);
+    json_decref(a.job);
+    rank_ctl_close(c);
+    close(agent_fd);
+}
+END_TEST
+
 START_TEST(heartbeat_carries_progress)
 {
     struct rank_assign a;
@@ -243,6 +275,7 @@ Suite *make_rank_suite(void)
     tcase_add_test(tc, no_assign_times_out);
     tcase_add_test(tc, unique_id_goes_up_and_comes_back);
     tcase_add_test(tc, heartbeat_carries_progress);
+    tcase_add_test(tc, heartbeat_carries_the_time_split);
     tcase_add_test(tc, stop_command_and_agent_death_stop_the_rank);
     suite_add_tcase(s, tc);
     return s;

@@ -34,6 +34,12 @@ def parse_args():
     p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="this rank sleeps --slow-frac times --step-sleep more per step, in its own code (a "
+                        "fail-slow rank: its step is mostly that sleep) ...")
+    p.add_argument("--slow-frac", type=float, default=0.4, help="... this share more ...")
+    p.add_argument("--slow-from", type=int, default=0, help="... from this step ...")
+    p.add_argument("--slow-to", type=int, default=-1, help="... to this one (-1: to the end)")
     p.add_argument("--raise-at-step", type=int, default=-1, help="raise ValueError at this step ...")
     p.add_argument("--raise-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
@@ -259,6 +265,8 @@ def main():
             dist.barrier()
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if rank == args.slow_rank and step >= args.slow_from and (args.slow_to < 0 or step < args.slow_to):
+            time.sleep(args.slow_frac * args.step_sleep)
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
 

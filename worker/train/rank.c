@@ -36,6 +36,9 @@ struct rank_ctl {
     int beat_unsent;      /* the beat changed since it was last sent: rank_ctl_close sends it */
     struct proto_rank_beat beat;
     uint64_t step_changed_ms; /* when beat.step last changed, or the generation began (step_age_ms) */
+    /* The time split's window under way (its ms, its collective ms, its
+     * steps): closed into beat.split_* once RANK_SPLIT_MS long. */
+    uint64_t split_ms, split_comm_ms, split_steps;
     void (*abort_fn)(void *);
     void *abort_arg;
     size_t rlen;
@@ -439,6 +442,29 @@ void rank_ctl_measured(struct rank_ctl *c, uint64_t step_bytes, uint64_t peak_me
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The time split from muster-train's own timers: of the steps' wall time,
+ * the share its collectives took (comm_frac, which includes waiting for the
+ * slowest peer) and the rest, computing (data loading included); windows of
+ * at least RANK_SPLIT_MS, of whole steps. Called with the lock held. */
+static void note_split(struct rank_ctl *c, uint64_t ms, double comm_frac, uint64_t steps)
+{
+    if (!isfinite(comm_frac) || comm_frac < 0)
+        comm_frac = 0;
+    c->split_ms += ms;
+    c->split_comm_ms += (uint64_t)((comm_frac > 1 ? 1 : comm_frac) * (double)ms);
+    c->split_steps += steps;
+    if (c->split_ms < RANK_SPLIT_MS)
+        return;
+    const double s = (double)c->split_ms / 1000.0;
+    c->beat.split_s = s < PROTO_SPLIT_S_MAX ? s : PROTO_SPLIT_S_MAX;
+    c->beat.split_steps = c->split_steps;
+    const double comm = (double)c->split_comm_ms / (double)c->split_ms;
+    c->beat.split[PROTO_SPLIT_COLLECTIVE] = comm;
+    c->beat.split[PROTO_SPLIT_COMPUTE] = 1 - comm;
+    c->beat.split[PROTO_SPLIT_GPU] = c->beat.split[PROTO_SPLIT_DATA] = 0;
+    c->split_ms = c->split_comm_ms = c->split_steps = 0;
+}
+
 void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens_per_s, double comm_frac,
                    uint64_t checkpoint_step)
 {
@@ -446,8 +472,10 @@ void rank_ctl_beat(struct rank_ctl *c, uint64_t step, double loss, double tokens
     if (step != c->beat.step || !c->have_beat) {
         const uint64_t t = now_ms();
         /* A step's time: since the one before (not the first after a start, which loads too). */
-        if (c->have_beat && step > c->beat.step)
+        if (c->have_beat && step > c->beat.step) {
             c->beat.step_s = (double)(t - c->step_changed_ms) / 1000.0 / (double)(step - c->beat.step);
+            note_split(c, t - c->step_changed_ms, comm_frac, step - c->beat.step);
+        }
         c->step_changed_ms = t;
     }
     c->beat.step = step;

@@ -4,7 +4,9 @@
  * proto/PROTOCOL.md). The agent sends ASSIGN right after spawning the rank;
  * global rank 0 creates the communicator's unique id and sends it up; every
  * rank receives the id of its generation back; heartbeats carry step, loss,
- * tokens/s, communication fraction and the last committed checkpoint.
+ * tokens/s, communication fraction, the time split of its latest window of
+ * steps (compute against collective, from its own timers) and the last
+ * committed checkpoint.
  *
  * A control thread owns the reading side: it answers COMMAND stop (and the
  * agent's death, seen as EOF) by raising the stop flag and calling the abort
@@ -27,6 +29,9 @@
 #include "proto/proto.h"
 
 #define RANK_BEAT_MS 500
+/* The time split (proto.h: compute against collective, for musterd's
+ * fail-slow rule) is reported over windows of at least this long. */
+#define RANK_SPLIT_MS 1000u
 
 struct rank_assign {
     uint64_t generation;

@@ -4,8 +4,10 @@ faulthandler so that the agent can ask for every thread's stack, a thread
 that reads torch's flight recorder when the agent asks (flight.py), and once the
 program imports torch (2.0 or later), it counts optimizer steps through
 torch's global optimizer step hook and reports them to the agent, as beat()
-would (a program that calls beat() itself keeps its own figures). It imports
-only the link to the agent, not the healing classes."""
+would (a program that calls beat() itself keeps its own figures), and starts
+the sampler of the rank's time split (split.py: how much of its wall time
+the main thread computes, and how much it waits). It imports only the link
+to the agent, not the healing classes."""
 
 import os
 import sys
@@ -95,6 +97,8 @@ def _torch_imported(torch) -> None:
         register_optimizer_step_post_hook(on_optimizer_step)
     except Exception:  # a torch that changed the hook: say nothing, change nothing
         return
+    from .split import start
+    start(connect())
 
 
 def _optimizer_step(opt) -> Optional[int]:

@@ -156,6 +156,7 @@ class Rank:
         self._yield = 0               # the generation a COMMAND yield asked to leave (0: none)
         self._yielded = False         # it left its generation at a step boundary for a grow
         self._restore = None          # (from, step) of this generation's state, once known
+        self._split = None            # the latest time split (split.py), sent with every heartbeat
         try:
             self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         except ValueError:
@@ -248,6 +249,19 @@ class Rank:
                            "tokens_per_s": _finite(tokens_per_s, 0.0, math.inf),
                            "comm_frac": _finite(comm_frac, 0.0, 1.0)}
             self._changed()
+
+    def current_step(self) -> Optional[int]:
+        """The step last reported (by the program or the start-up hook), or None."""
+        entry = self._entry
+        return entry["step"] if entry is not None else None
+
+    def set_split(self, split: dict) -> None:
+        """The latest window of the time split (split.py: split_s, split_steps
+        and the four shares), sent with the following heartbeats."""
+        with self._cond:
+            self._split = dict(split)
+            if self._entry is not None:
+                self._changed()
 
     def checkpoint_committed(self, step) -> None:
         """The step of the last checkpoint that is complete on disk (all ranks).
@@ -364,6 +378,8 @@ class Rank:
             entry["total_steps"] = self._total_steps
         if self._checkpoint_step > 0:
             entry["checkpoint_step"] = self._checkpoint_step
+        if self._split is not None:
+            entry.update(self._split)
         at, waiting = where(self._main)
         if at:
             entry["where"] = at

@@ -170,6 +170,19 @@ class LinkTest(unittest.TestCase):
         e = self.agent.next_heartbeat(lambda e: e.get("yielded"))
         self.assertEqual((e["restore_from"], e["restore_step"]), ("disk", 30))
 
+    def test_heartbeat_carries_the_time_split(self):
+        self.assertIsNone(self.rank.current_step())
+        self.rank.beat(12)
+        self.assertEqual(self.rank.current_step(), 12)
+        self.assertNotIn("split_s", self.agent.next_heartbeat())
+        split = {"split_s": 1.25, "split_steps": 10, "compute_frac": 0.5, "collective_frac": 0.25,
+                 "gpu_frac": 0.125, "data_frac": 0.125}
+        self.rank.set_split(split)
+        e = self.agent.next_heartbeat(lambda e: "split_s" in e)
+        self.assertEqual({k: e[k] for k in split}, split)
+        again = self.agent.next_heartbeat(timeout=3 * link.KEEPALIVE_INTERVAL)  # every keepalive repeats it
+        self.assertEqual(again["split_s"], 1.25)
+
     def test_unique_id(self):
         uid = bytes(range(128))
         self.agent.send(wire.UNIQUE_ID, {"generation": 2, "id": (b"\x01" * 128).hex()})  # an older one
