@@ -57,6 +57,12 @@ static const struct key_def keys[] = {
      "spare in the next generation at once, the spare taking its node rank and rank block (same world size, no "
      "rejoin_timeout_ms wait, no shrink), one from the lost node's domain (the agents' `domain` label) when one is "
      "free there; a replaced node that comes back is a spare (docs/spares.md); 0 = none"},
+    {"slow_policy", KEY_STRING, F(slow_policy), 0, 0, 0, "off",
+     "what musterd does with a node whose rank is named slow (docs/pytorch.md, slow ranks): \"off\", only say so; "
+     "\"swap\", once it was slow for slow_swap_after_s, a ready spare node (spare_nodes) takes its place at a step "
+     "boundary (the ranks leave their generation there, as for a grow) and the slow node becomes a spare"},
+    {"slow_swap_after_s", KEY_INT, F(slow_swap_after_s), 1, 86400, 60, NULL,
+     "slow_policy swap: how long a rank is named slow before its node is swapped for a spare"},
     {"restart_backoff_ms", KEY_INT, F(restart_backoff_ms), 0, 600000, 1000, NULL,
      "failures in a row back off: the first restart is immediate, the next waits this long, doubling each time "
      "up to restart_backoff_max_ms (a generation that runs restart_backoff_max_ms ends the streak); 0 = never wait"},
@@ -500,6 +506,15 @@ int job_spec_from_json(const json_t *obj, const char *origin, struct job_spec *s
                  "got '%s'", origin, spec->warm_imports);
             return -EINVAL;
         }
+    }
+    if (strcmp(spec->slow_policy, "off") != 0 && strcmp(spec->slow_policy, "swap") != 0) {
+        fail(err, errlen, "%s: slow_policy: expected \"off\" or \"swap\", got \"%s\"", origin, spec->slow_policy);
+        return -EINVAL;
+    }
+    if (strcmp(spec->slow_policy, "swap") == 0 && spec->spare_nodes < 1) {
+        fail(err, errlen, "%s: slow_policy: \"swap\" needs a spare to swap in: expected spare_nodes at least 1, got 0",
+             origin);
+        return -EINVAL;
     }
     if (spec->nodes + spec->spare_nodes > 4096) {
         fail(err, errlen, "%s: spare_nodes: expected nodes + spare_nodes at most 4096, got %d + %d", origin,

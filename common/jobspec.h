@@ -37,6 +37,8 @@ struct job_spec {
     int rejoin_timeout_ms;     /* a lost member gets this long to come back */
     int min_nodes;             /* after rejoin_timeout the job may shrink to this many nodes; 0 = nodes */
     int spare_nodes;           /* agents beyond nodes kept as hot spares (daemon/rdv_spare.c) */
+    char slow_policy[8];       /* "off", or "swap": a node named slow is replaced by a spare (rdv_spare.c) */
+    int slow_swap_after_s;     /* swap: named slow this long first */
     int restart_backoff_ms;    /* wait before the 2nd restart in a row, doubling; 0 = no backoff */
     int restart_backoff_max_ms; /* longest wait; also what disk-full and OOM failures wait */
     int restart_window_s;      /* only restarts this recent count toward max_restarts; 0 = all */

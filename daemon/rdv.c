@@ -275,6 +275,7 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
         rdv__finish_yield(r, now_ms, 1);
     rdv__check_progress(r, now_ms);
     rdv__check_slow(r, now_ms);
+    rdv__maybe_swap_slow(r, now_ms);
     rdv__check_start(r, now_ms);
     rdv__check_rejoin(r, now_ms);
     if (r->resuming && now_ms - r->gen_opened_ms > timeout) {

@@ -155,6 +155,7 @@ struct rdv_node {
     uint32_t nmemckpt;
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     char domain[PROTO_NAME_MAX]; /* HELLO.domain: the operator's placement label; "" = none */
+    int swap_out;          /* slow_policy swap: a spare takes its rank block in the generation being opened */
 };
 
 /* A member replaced by a hot spare (daemon/rdv_spare.c). */
@@ -205,6 +206,7 @@ struct rdv_rank {
     struct failslow_state slow;
     double slow_x, slow_peers; /* its figure and its peers' median when last judged */
     int slow_per_step;     /* those were compute seconds per step (else compute shares) */
+    uint64_t slow_named_ms; /* when the rule last named it slow; 0 = it is not (slow_policy swap counts from here) */
 };
 
 /*
@@ -362,6 +364,8 @@ struct rdv {
      * boundary (COMMAND yield): the node to take, and until when to wait. */
     int yielding;
     uint32_t grow_node;
+    int swapping;          /* the yield is for slow_policy swap of swap_node, not for a grow */
+    uint32_t swap_node;
     uint64_t yield_since_ms;
     enum proto_restore restore_from;
     uint64_t restore_step;

@@ -103,6 +103,7 @@ void rdv__open_next_generation(struct rdv *r, uint64_t now_ms, int node, int ran
 #endif
     r->resuming = 0;
     r->yielding = 0;
+    r->swapping = 0;
     r->hang_pending = 0;
     if (spend && failure_fatal(cls)) {
         snprintf(r->reason, sizeof(r->reason), "%s; not retried: the rank's program cannot run as configured "

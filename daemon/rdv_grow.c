@@ -74,7 +74,7 @@ static void grow_now(struct rdv *r, uint32_t idx, uint64_t now_ms)
 
 /* Whether every rank of the generation runs and can rejoin in place: then
  * they can leave it together at a step boundary. */
-static int all_rejoin(const struct rdv *r)
+int rdv__all_rejoin(const struct rdv *r)
 {
     if (r->nranks_in[RDV_RANK_RUNNING] != r->world_size)
         return 0;
@@ -116,7 +116,7 @@ void rdv__maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms)
                    world, why);
         return;
     }
-    if (!all_rejoin(r)) {
+    if (!rdv__all_rejoin(r)) {
         grow_now(r, idx, now_ms);
         return;
     }
@@ -138,6 +138,15 @@ void rdv__finish_yield(struct rdv *r, uint64_t now_ms, int timed_out)
     /* Ranks that say they yielded while no grow waits (musterd restarted
      * meanwhile): a generation of the same members; the node, when it
      * comes back, asks for the grow again. */
+    if (r->yielding && r->swapping) {
+        r->yielding = r->swapping = 0;
+        if (timed_out)
+            rdv__event(r, "grow_unyielded", (int)r->swap_node, -1, "not every rank left generation %llu at a step "
+                       "boundary within %.1f s: the step in flight is given up", (unsigned long long)r->generation,
+                       (double)rdv__yield_wait_ms(r) / 1000.0);
+        rdv__swap_now(r, r->swap_node, now_ms);
+        return;
+    }
     const uint32_t idx = r->yielding ? r->grow_node : r->nnodes;
     const int waited = r->yielding;
     r->yielding = 0;

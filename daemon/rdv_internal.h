@@ -65,6 +65,8 @@ void rdv__check_rejoin(struct rdv *r, uint64_t now_ms);
 void rdv__grow_waiting(struct rdv *r, uint64_t now_ms);
 uint64_t rdv__yield_wait_ms(const struct rdv *r);
 int rdv__all_yielded(const struct rdv *r);
+/* Every rank of the generation runs and can rejoin in place: they can leave it together at a step boundary. */
+int rdv__all_rejoin(const struct rdv *r);
 void rdv__maybe_grow(struct rdv *r, uint32_t idx, uint64_t now_ms);
 void rdv__finish_yield(struct rdv *r, uint64_t now_ms, int timed_out);
 
@@ -95,6 +97,11 @@ int rdv__pick_spare(const struct rdv *r, uint32_t lost);
 /* A generation waiting to start: each member gone or unfit whose block is
  * unassigned is replaced by a ready spare; returns how many were. */
 int rdv__spares_fill(struct rdv *r);
+/* slow_policy swap: a member whose rank was named slow for slow_swap_after_s
+ * leaves its place to a ready spare, after a yield when the ranks can leave
+ * at a step boundary (rdv__finish_yield goes on with rdv__swap_now). */
+void rdv__maybe_swap_slow(struct rdv *r, uint64_t now_ms);
+void rdv__swap_now(struct rdv *r, uint32_t node, uint64_t now_ms);
 /* rdv_slow.c: the fail-slow rule over the ranks' time splits */
 void rdv__note_split(struct rdv *r, struct rdv_rank *rk, const struct proto_rank_beat *b, uint64_t now_ms);
 void rdv__check_slow(struct rdv *r, uint64_t now_ms);

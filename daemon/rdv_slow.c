@@ -105,11 +105,13 @@ void rdv__check_slow(struct rdv *r, uint64_t now_ms)
         char what[PROTO_REASON_MAX];
         switch (failslow_note(&rk->slow, out[j], began)) {
         case FAILSLOW_STARTS:
+            rk->slow_named_ms = now_ms;
             sentence(r, idx[j], rk, now_ms, 0, what, sizeof(what));
             rdv__event(r, "rank_slow", (int)rk->node, (int)idx[j], "%s", what);
             rdv__changed(r, 0);
             break;
         case FAILSLOW_ENDS:
+            rk->slow_named_ms = 0;
             sentence(r, idx[j], rk, now_ms, 1, what, sizeof(what));
             rdv__event(r, "rank_slow_ended", (int)rk->node, (int)idx[j], "%s", what);
             rdv__changed(r, 0);

@@ -76,7 +76,7 @@ static uint32_t node_rank_of(const struct rdv *r, uint32_t idx)
 /* Whether member idx cannot take part in the generation waiting to start. */
 static int member_gone(const struct rdv_node *nd)
 {
-    return nd->state != RDV_NODE_JOINED || nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0];
+    return nd->state != RDV_NODE_JOINED || nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0] || nd->swap_out;
 }
 
 /* Spare s takes member lost's rank block. */
@@ -87,8 +87,13 @@ static void replace(struct rdv *r, uint32_t lost, uint32_t s)
     char why[48];
     if (ln->state != RDV_NODE_JOINED)
         snprintf(why, sizeof(why), "lost");
-    else
+    else if (ln->fitness == RDV_FIT_UNFIT || ln->plan_unfit[0])
         snprintf(why, sizeof(why), "unfit");
+    else
+        snprintf(why, sizeof(why), "slow");
+    if (ln->swap_out && ln->state == RDV_NODE_JOINED)
+        rdv__send_command(r, lost, PROTO_CMD_STOP); /* its parked ranks go: it is a spare now */
+    ln->swap_out = 0;
     sn->member = 1;
     sn->first_rank = ln->first_rank;
     sn->checkpoint_wanted = 0; /* it has no state to compare: it takes its peers' */
@@ -98,6 +103,11 @@ static void replace(struct rdv *r, uint32_t lost, uint32_t s)
         struct rdv_rank *rk = &r->ranks[sn->first_rank + l];
         rk->node = s;
         rk->device = sn->devices[l];
+        /* a new node: what the fail-slow rule knew of the slot was the old one's */
+        rk->split_s = 0;
+        rk->split_ms = 0;
+        memset(&rk->slow, 0, sizeof(rk->slow));
+        rk->slow_named_ms = 0;
     }
     struct rdv_replacement *x = &r->last_replacement;
     struct timespec ts;
@@ -131,14 +141,66 @@ int rdv__spares_fill(struct rdv *r)
         if (!nd->member || !member_gone(nd) || r->ranks[nd->first_rank].state != RDV_RANK_PENDING)
             continue;
         int s = rdv__pick_spare(r, i);
-        if (s < 0)
+        if (s < 0) {
+            if (nd->state == RDV_NODE_JOINED && nd->swap_out) /* the spare went meanwhile: it keeps its place */
+                r->nodes[i].swap_out = 0;
             continue;
+        }
         replace(r, i, (uint32_t)s);
         n++;
     }
     if (n)
         rdv__changed(r, 1); /* the new membership is durable before ASSIGN names it */
     return n;
+}
+
+void rdv__maybe_swap_slow(struct rdv *r, uint64_t now_ms)
+{
+    if (strcmp(r->spec->slow_policy, "swap") != 0 || r->state != RDV_RUNNING || r->yielding || !r->ranks)
+        return;
+    const uint64_t after_ms = (uint64_t)r->spec->slow_swap_after_s * 1000;
+    for (uint32_t i = 0; i < r->world_size; i++) {
+        const struct rdv_rank *rk = &r->ranks[i];
+        if (!rk->slow_named_ms || now_ms - rk->slow_named_ms < after_ms || rk->node >= r->nnodes)
+            continue;
+        const uint32_t node = rk->node;
+        const int s = rdv__pick_spare(r, node);
+        if (s < 0)
+            continue; /* none ready that fits: it stays named, and is swapped once one is */
+        const struct rdv_node *nd = &r->nodes[node];
+        if (!rdv__all_rejoin(r)) { /* the ranks cannot leave at a step boundary: at once, from their checkpoint */
+            rdv__swap_now(r, node, now_ms);
+            return;
+        }
+        r->yielding = 1;
+        r->swapping = 1;
+        r->swap_node = node;
+        r->yield_since_ms = now_ms;
+        snprintf(r->reason, sizeof(r->reason), "rank %u on node %s was slow for %.0f s (slow_policy swap): the ranks of "
+                 "generation %llu leave it at the next step boundary, then spare node %s takes node %s's place", i,
+                 nd->name, (double)(now_ms - rk->slow_named_ms) / 1000.0, (unsigned long long)r->generation,
+                 r->nodes[s].name, nd->name);
+        rdv__event(r, "node_swapping", (int)node, (int)i, "%s", r->reason);
+        rdv__command_all(r, PROTO_CMD_YIELD);
+        rdv__changed(r, 0);
+        return;
+    }
+}
+
+void rdv__swap_now(struct rdv *r, uint32_t node, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[node];
+    char what[PROTO_REASON_MAX];
+    if (!nd->member || nd->state != RDV_NODE_JOINED || rdv__pick_spare(r, node) < 0) {
+        /* the node or the spare went meanwhile: the parked ranks need a generation to go on in */
+        snprintf(what, sizeof(what), "the swap of slow node %s is off (it, or the spare for it, is gone); the ranks "
+                 "that left their generation for it go on", nd->name);
+        rdv__open_next_generation(r, now_ms, (int)node, -1, what, 0, FAILURE_EXIT, 1);
+        return;
+    }
+    nd->swap_out = 1; /* rdv__spares_fill, from the generation's start, gives its block to the spare */
+    snprintf(what, sizeof(what), "node %s is slow: a spare takes its place (slow_policy swap)", nd->name);
+    rdv__open_next_generation(r, now_ms, (int)node, -1, what, 0, FAILURE_EXIT, 1);
 }
 
 json_t *rdv_spares_json(const struct rdv *r)

@@ -3119,6 +3119,113 @@ START_TEST(spares_join_beyond_nodes_without_ranks)
 }
 END_TEST
 
+/* Node's two ranks' entries with a time split: a window of 10 steps in 5 s
+ * of which each computed compute[i] seconds per step (check_failslow's form). */
+static void beat_split(const char *node, uint64_t generation, uint32_t first, uint64_t step, int w,
+                       const double *compute)
+{
+    struct proto_msg *m = heartbeat_msg(2);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.seq = now;
+    m->u.heartbeat.free_port = node_port(node);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct proto_rank_beat *b = &m->u.heartbeat.ranks[i];
+        b->rank = first + i;
+        b->state = PROTO_RANK_RUNNING;
+        b->step = step;
+        b->loss = 2.5;
+        b->rejoin = beat_rejoin;
+        b->yielded = beat_yielded;
+        b->split_s = 5.0 + 1e-3 * w; /* each window's figures differ a little */
+        b->split_steps = 10;
+        b->split[PROTO_SPLIT_COMPUTE] = compute[i] * 10 / b->split_s;
+        b->split[PROTO_SPLIT_COLLECTIVE] = 1 - b->split[PROTO_SPLIT_COMPUTE];
+    }
+    rdv_message(&rdv, node, m, now);
+}
+
+/* slow_policy swap: a rank named slow for slow_swap_after_s makes its node
+ * leave its place to the spare at a step boundary: the ranks yield, the
+ * spare takes the block in a generation that spends no restart, the slow
+ * node's parked ranks are stopped and it is the new spare; with the policy
+ * off the rank is only named. */
+static void slow_b_for(int windows, uint64_t *step, int *w)
+{
+    static const double fast[] = {0.30, 0.30}, slow[] = {0.31, 0.42};
+    for (int k = 0; k < windows; k++) {
+        now += 5000;
+        *step += 10;
+        ++*w;
+        beat_split("a", rdv.generation, 0, *step, *w, fast);
+        beat_split("b", rdv.generation, 2, *step, *w, slow);
+        beat("s", rdv.generation, 0, 0, PROTO_RANK_RUNNING, 0); /* the spare beats too, with no ranks */
+        rdv_tick(&rdv, now);
+    }
+}
+START_TEST(slow_node_is_swapped_for_the_spare_at_a_step_boundary)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r2"};
+    for (int policy = 0; policy < 2; policy++) {
+        form_with_spares(1, names, domains, 1);
+        snprintf(spec.slow_policy, sizeof(spec.slow_policy), "%s", policy ? "swap" : "off");
+        spec.slow_swap_after_s = 10;
+        beat_rejoin = 1;
+        uint64_t step = 1;
+        int w = 0;
+        slow_b_for(FAILSLOW_WINDOWS, &step, &w);
+        ck_assert(has_event("rank_slow"));
+        ck_assert(!has_event("node_swapping")); /* named, not yet for slow_swap_after_s */
+        int mark = rec.nsent;
+        slow_b_for(3, &step, &w);
+        if (!policy) {
+            ck_assert(!has_event("node_swapping"));
+            ck_assert_int_eq(rdv.generation, 1);
+            rdv_free(&rdv);
+            continue;
+        }
+        ck_assert_msg(has_event("node_swapping"), "gen %llu state %d yielding %d named %llu now %llu slow %d spare %d",
+                      (unsigned long long)rdv.generation, rdv.state, rdv.yielding,
+                      (unsigned long long)rdv.ranks[3].slow_named_ms, (unsigned long long)now, rdv.ranks[3].slow.slow,
+                      rdv__pick_spare(&rdv, node_index("b")));
+        const struct proto_msg *y = find_sent(mark, "a", PROTO_COMMAND);
+        ck_assert_ptr_nonnull(y);
+        ck_assert_int_eq(y->u.command.action, PROTO_CMD_YIELD);
+        ck_assert_int_eq(rdv.generation, 1);
+        /* every rank leaves generation 1 after the same step */
+        mark = rec.nsent;
+        beat_yielded = 1;
+        beat("a", 1, 0, 2, PROTO_RANK_RUNNING, step);
+        beat("b", 1, 2, 2, PROTO_RANK_RUNNING, step);
+        beat_yielded = 0;
+        ck_assert_int_eq(rdv.generation, 2);
+        ck_assert_int_eq(rdv.restarts, 0); /* a swap is no failure */
+        ck_assert_int_eq(rdv.world_size, 4);
+        ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+        ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+        const struct proto_msg *as = find_sent(mark, "s", PROTO_ASSIGN);
+        ck_assert_ptr_nonnull(as);
+        ck_assert_int_eq(as->u.assign.ranks[0].rank, 2);
+        ck_assert_int_eq(as->u.assign.node_rank, 1);
+        ck_assert_ptr_null(find_sent(mark, "b", PROTO_ASSIGN));
+        int stopped = 0;
+        for (int i = mark; i < rec.nsent; i++)
+            stopped |= strcmp(rec.sent[i].node, "b") == 0 && rec.sent[i].msg.type == PROTO_COMMAND &&
+                       rec.sent[i].msg.u.command.action == PROTO_CMD_STOP;
+        ck_assert_msg(stopped, "the slow node's parked ranks were not stopped");
+        ck_assert_str_eq(rdv.last_replacement.why, "slow");
+        ck_assert(has_event_with("node_replaced",
+                                 "node b slow: spare node s took its place (node rank 1, ranks 2-3, domain r2)"));
+        ck_assert_int_eq(rdv.ranks[3].slow_named_ms, 0); /* the slot's slowness was the old node's */
+        char role[16];
+        node_field("b", "role", role, sizeof(role));
+        ck_assert_str_eq(role, "spare");
+        beat("a", 2, 0, 2, PROTO_RANK_RUNNING, step);
+        beat("s", 2, 2, 2, PROTO_RANK_RUNNING, step);
+        ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    }
+}
+END_TEST
+
 /* Before generation 1: nodes + spare_nodes names at most; generation 1
  * forms once nodes of them are fit, with those; the others are spares. */
 START_TEST(spares_before_formation_are_bounded)
@@ -3435,6 +3542,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spares_join_beyond_nodes_without_ranks);
     tcase_add_test(tc, spares_before_formation_are_bounded);
     tcase_add_test(tc, lost_member_is_replaced_by_a_spare_at_once);
+    tcase_add_test(tc, slow_node_is_swapped_for_the_spare_at_a_step_boundary);
     tcase_add_test(tc, replacement_comes_from_the_lost_nodes_domain);
     tcase_add_test(tc, spare_must_match_and_replaces_an_unfit_member);
     tcase_add_test(tc, no_spares_without_the_key);
