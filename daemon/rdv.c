@@ -225,6 +225,9 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
     case PROTO_PREFLIGHT:
         rdv__on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
+    case PROTO_MEM_FILE:
+        rdv__on_mem_file(r, (uint32_t)idx, &m->u.mem_file, now_ms);
+        return;
     case PROTO_STACKS:
         rdv__on_stacks(r, (uint32_t)idx, &m->u.stacks);
         if (r->hang_pending && rdv__stacks_complete(r))

@@ -153,6 +153,11 @@ struct rdv_node {
     int reports_memckpt; /* a heartbeat since its join carried the list */
     uint32_t nmemckpt;
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    /* the node whose replicas it holds, and those held whole, oldest first
+     * (HEARTBEAT memory_replica_of, memory_replicas; daemon/rdv_memrep.c) */
+    char replica_of[PROTO_NAME_MAX];
+    uint32_t nreplica;
+    char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
 };
 
 struct rdv_rank {

@@ -138,6 +138,13 @@ void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbea
         memcpy(nd->memckpt, hb->memckpt, hb->nmemckpt * sizeof(hb->memckpt[0]));
         rdv__changed(r, 0);
     }
+    if (strcmp(hb->replica_of, nd->replica_of) != 0 || hb->nreplica != nd->nreplica ||
+        memcmp(hb->replica, nd->replica, hb->nreplica * sizeof(hb->replica[0])) != 0) {
+        snprintf(nd->replica_of, sizeof(nd->replica_of), "%s", hb->replica_of);
+        nd->nreplica = hb->nreplica;
+        memcpy(nd->replica, hb->replica, hb->nreplica * sizeof(hb->replica[0]));
+        rdv__changed(r, 0);
+    }
     if (hb->generation != r->generation || !nd->member)
         return;
     for (uint32_t i = 0; i < hb->nranks; i++) {

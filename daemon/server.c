@@ -618,6 +618,7 @@ static void on_frame(struct conn *c, const struct proto_msg *m, const uint8_t *f
         case PROTO_ERROR:
         case PROTO_PREFLIGHT:
         case PROTO_STACKS:
+        case PROTO_MEM_FILE:
             c->srv->speaking = c;
             rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
             c->srv->speaking = NULL;
