@@ -271,7 +271,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
     rdv__check_lost(r, now_ms);
     if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
-        (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
+        (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms) ||
+        (r->memckpt_wait_ms && now_ms - r->memckpt_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
         rdv__try_start_generation(r, now_ms);
     rdv__maybe_form(r, now_ms);
     if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= rdv__yield_wait_ms(r))

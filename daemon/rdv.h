@@ -263,6 +263,9 @@ struct rdv_ops {
      * durable (musterd: daemon/persist.h, server_hold), so a crashed daemon
      * never comes back with a generation older than one its agents have seen. */
     void (*changed)(void *ctx, int persist);
+    /* Optional (NULL = 0): bytes queued to the node, so that frames passed
+     * on between agents (MEM_FILE) never fill its write queue. */
+    size_t (*queued)(void *ctx, const char *node);
 };
 
 /* What the state file keeps (daemon/state.c writes and reads it). */
@@ -334,6 +337,7 @@ struct rdv {
     enum rdv_port_wait port_wait; /* whether the generation waits for rank 0's node to report a port */
     char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
     uint64_t checkpoint_wait_ms; /* since when the generation waits for members' checkpoint reports; 0 = not */
+    uint64_t memckpt_wait_ms;    /* since when a generation waits for members' memory checkpoint reports; 0 = not */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step
      * boundary (COMMAND yield): the node to take, and until when to wait. */

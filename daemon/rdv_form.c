@@ -265,7 +265,7 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
-    if (!members_fit(r) || !members_agree(r, now_ms))
+    if (!members_fit(r) || !members_agree(r, now_ms) || !rdv__memckpt_reported(r, now_ms))
         return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node,
      * but not the last generation's in a report sent before the agent had
@@ -310,7 +310,7 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
     r->assigned_ms = now_ms;
     for (uint32_t i = 0; i < r->nnodes; i++) /* what they have changes as the generation runs */
         r->nodes[i].has_checkpoint = r->nodes[i].checkpoint_wanted = 0;
-    r->checkpoint_wait_ms = 0;
+    r->checkpoint_wait_ms = r->memckpt_wait_ms = 0;
     rdv__event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
                (unsigned long long)r->generation, r->world_size, nnodes);
     char mem[PROTO_CKPT_NAME_MAX], from[512];

@@ -95,6 +95,12 @@ void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as);
 /* "node b's files from node a, ..." for the members that resume tag from a buddy's copy; "" when none. */
 void rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap);
 void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file *f, uint64_t now_ms);
+/*
+ * 1 when every member has reported its memory checkpoints since it joined
+ * (or the job keeps none), so that the one to resume from can be named;
+ * else r->reason says who is waited for, at most heartbeat_timeout_ms.
+ */
+int rdv__memckpt_reported(struct rdv *r, uint64_t now_ms);
 /* Each member's buddy, the newest copy it holds and the replica lag in steps. */
 json_t *rdv__memckpt_replicas_json(const struct rdv *r);
 

@@ -33,6 +33,9 @@
 #include "common/log.h"
 #include "common/memtags.h"
 
+/* A piece passed on only while less than this waits for its receiver (SERVER_MAX_WRITE_QUEUE is 4 MiB). */
+#define RDV_MEM_RELAY_QUEUE_MAX (2u << 20)
+
 static int joined(const struct rdv *r, uint32_t i)
 {
     return r->nodes[i].state == RDV_NODE_JOINED;
@@ -165,9 +168,42 @@ void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file 
             log_warn("node %s sent MEM_FILE for %s's %s: not passed on: %s", nd->name, f->owner, f->tag, why);
         return;
     }
+    to = f->restore ? (uint32_t)owner : to;
+    /* the receiver's link carries its heartbeats too: a piece that would
+     * crowd them is dropped, and the receiver, seeing the gap, drops the
+     * checkpoint (the sender's pacing keeps this rare) */
+    if (r->ops.queued && r->ops.queued(r->ops.ctx, r->nodes[to].name) > RDV_MEM_RELAY_QUEUE_MAX) {
+        if (ratelimit_pass(&r->nodes[node].ignored_log, now_ms, RATELIMIT_PEER_MS, NULL))
+            log_warn("MEM_FILE of %s's %s for node %s dropped: over %u bytes wait to go to it", f->owner, f->tag,
+                     r->nodes[to].name, RDV_MEM_RELAY_QUEUE_MAX);
+        return;
+    }
     struct proto_msg m = {.type = PROTO_MEM_FILE};
     m.u.mem_file = *f; /* the data stays the sender's message's: encoded, not freed here */
-    rdv__send_to(r, f->restore ? (uint32_t)owner : to, &m);
+    rdv__send_to(r, to, &m);
+}
+
+int rdv__memckpt_reported(struct rdv *r, uint64_t now_ms)
+{
+    if (!r->spec->memory_checkpoint_mb)
+        return 1;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (!nd->member || nd->reports_memckpt)
+            continue;
+        if (!r->memckpt_wait_ms)
+            r->memckpt_wait_ms = now_ms;
+        if (now_ms - r->memckpt_wait_ms < (uint64_t)r->spec->heartbeat_timeout_ms) {
+            snprintf(r->reason, sizeof(r->reason), "waiting for node %s to report its memory checkpoints",
+                     nd->name);
+            rdv__changed(r, 0);
+            return 0;
+        }
+        /* not in time (an agent without a directory, say): none is named, each node keeps what it has */
+        break;
+    }
+    r->memckpt_wait_ms = 0;
+    return 1;
 }
 
 json_t *rdv__memckpt_replicas_json(const struct rdv *r)

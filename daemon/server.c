@@ -828,6 +828,12 @@ void server_send(void *ctx, const char *node, const struct proto_msg *msg)
         conn_write(c, msg, s->gate > s->durable ? s->gate : 0);
 }
 
+size_t server_queued(struct server *s, const char *node)
+{
+    struct conn *c = find_joined(s, node);
+    return c ? uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->held_bytes : 0;
+}
+
 void server_hold(struct server *s, uint64_t seq)
 {
     if (seq > s->gate)

@@ -692,12 +692,14 @@ static char *b64_encode(const uint8_t *p, uint32_t n)
 
 static int dec_mem_file(json_t *o, struct proto_mem_file *f)
 {
-    static const char *const keys[] = {"owner", "tag", "restore", "end", "path", "offset", "size", "data", NULL};
+    static const char *const keys[] = {"owner", "tag", "restore", "begin", "end", "path", "offset", "size", "data",
+                                       NULL};
 
     TRY(check_keys(o, keys));
     TRY(get_str(o, "owner", f->owner, sizeof(f->owner)));
     TRY(get_str(o, "tag", f->tag, sizeof(f->tag)));
     TRY(get_bool(o, "restore", &f->restore));
+    TRY(get_bool(o, "begin", &f->begin));
     TRY(get_bool(o, "end", &f->end));
     TRY(get_str(o, "path", f->path, sizeof(f->path)));
     TRY(get_u64(o, "offset", &f->offset));
@@ -1169,6 +1171,8 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         TRY(put(o, "tag", json_string(f->tag)));
         if (f->restore)
             TRY(put(o, "restore", json_true()));
+        if (f->begin)
+            TRY(put(o, "begin", json_true()));
         if (f->end)
             TRY(put(o, "end", json_true()));
         TRY(put(o, "path", json_string(f->path)));

@@ -394,13 +394,14 @@ struct proto_stacks {
  * MEM_FILE: one piece of one file of a memory checkpoint, agent -> daemon ->
  * agent. restore = 0: a replica, from its owner to the owner's buddy (the
  * daemon picks the buddy); 1: from the buddy back to the owner. A
- * checkpoint's files go in order, each in pieces from offset 0; a last frame
- * with end = 1 and path "" closes it. The daemon passes it on unchanged.
+ * checkpoint's files go in order, each in pieces from offset 0, the first
+ * frame with begin = 1; a last frame with end = 1 and path "" closes it. The daemon passes it on unchanged.
  */
 struct proto_mem_file {
     char owner[PROTO_NAME_MAX];     /* the node whose checkpoint it is */
     char tag[PROTO_CKPT_NAME_MAX];  /* the checkpoint (a label) */
     int restore;
+    int begin;                      /* the first frame of this copy: anything of it received before is dropped */
     int end;                        /* the checkpoint is whole: no path, no data */
     char path[PROTO_MEMPATH_MAX];   /* inside the tag's directory: a/b, no "." or ".." part */
     uint64_t offset;                /* of data[0] in the file */

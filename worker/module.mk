@@ -1,5 +1,5 @@
 # muster-worker (the node agent) and muster-train (one rank).
-AGENT_SRCS := worker/agent/agent.c worker/agent/agent_config.c worker/agent/launch.c worker/agent/local.c worker/agent/cloud.c worker/agent/agent_join.c worker/agent/exit_queue.c worker/agent/agent_rank.c worker/agent/devices.c worker/agent/frame_conn.c worker/agent/rank_env.c worker/agent/rank_failure.c worker/agent/rank_log.c worker/agent/rank_stacks.c worker/agent/spare.c worker/agent/agent_preflight.c worker/agent/nccl_ras.c worker/agent/rank_user.c worker/agent/rank_flight.c worker/agent/memckpt.c
+AGENT_SRCS := worker/agent/agent.c worker/agent/agent_config.c worker/agent/launch.c worker/agent/local.c worker/agent/cloud.c worker/agent/agent_join.c worker/agent/exit_queue.c worker/agent/agent_rank.c worker/agent/devices.c worker/agent/frame_conn.c worker/agent/rank_env.c worker/agent/rank_failure.c worker/agent/rank_log.c worker/agent/rank_stacks.c worker/agent/spare.c worker/agent/agent_preflight.c worker/agent/nccl_ras.c worker/agent/rank_user.c worker/agent/rank_flight.c worker/agent/memckpt.c worker/agent/memrep.c
 AGENT_MAIN := worker/agent/agent_main.c
 TRAIN_SRCS := worker/train/layers.c worker/train/model.c worker/train/optim.c \
 	worker/train/data.c worker/train/ckpt.c worker/train/train.c worker/train/zero.c worker/train/rank.c \

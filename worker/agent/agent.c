@@ -29,6 +29,7 @@
 #include "worker/agent/exit_queue.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/memckpt.h"
+#include "worker/agent/memrep.h"
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_stacks.h"
 #include "worker/agent/rank_flight.h"
@@ -179,6 +180,7 @@ struct agent {
 
     /* the job's memory checkpoint directory (memckpt.h) */
     struct memckpt mem;
+    struct memrep rep;         /* its copies at the buddy node and the buddy's here (memrep.h) */
     bool mem_drop;             /* the job is over (COMMAND shutdown): removed once the ranks are gone */
 
     /* shutdown */
@@ -694,6 +696,8 @@ static void keep_spare(struct agent *a, char *const *argv, const char *pypath)
 static void spawn_all(struct agent *a)
 {
     const struct proto_assign *as = &a->assign;
+    if (memrep_waits(&a->rep, as))
+        return; /* its memory checkpoint comes from the buddy first: spawn_pending stays */
     a->spawn_pending = false;
     for (uint32_t i = 0; i < a->nranks; i++) {
         if (!kept(a, i) && a->ranks[i]) {
@@ -712,6 +716,7 @@ static void spawn_all(struct agent *a)
     msg_init(&assign_msg, PROTO_ASSIGN);
     assign_msg.u.assign = *as;
     assign_msg.u.assign.has_memckpt = 0; /* the agent's to act on, not the ranks' */
+    assign_msg.u.assign.memckpt_from[0] = '\0';
     bool any_kept = false;
     for (uint32_t i = 0; i < a->nranks; i++)
         any_kept |= kept(a, i);
@@ -768,6 +773,26 @@ static void spawn_all(struct agent *a)
     keep_spare(a, argv, pypath);
     if (own_argv)
         cmdline_free(argv);
+}
+
+/* memrep's link (memrep.h): frames to musterd, what waits on it, the ranks' files back from the buddy. */
+static int rep_send(void *ctx, const struct proto_msg *m)
+{
+    struct agent *a = ctx;
+    return a->link == LINK_JOINED ? send_to_daemon(a, m) : UV_ENOTCONN;
+}
+
+static size_t rep_queued(void *ctx)
+{
+    struct agent *a = ctx;
+    return a->conn ? a->conn->wq_bytes : 0;
+}
+
+static void rep_fetched(void *ctx)
+{
+    struct agent *a = ctx;
+    if (a->spawn_pending && !any_outgoing(a))
+        spawn_all(a);
 }
 
 /* ---- MASTER_PORT ------------------------------------------------------- */
@@ -920,6 +945,7 @@ static void link_lost(struct agent *a, const char *why)
     notify_sendf("STATUS=lost the daemon at %s: %s; rejoining", a->daemon, why);
     log_warn("lost the daemon at %s: %s; rejoining", a->daemon, why);
     link_close(a);
+    memrep_link_lost(&a->rep);
     schedule_retry(a, NULL);
 }
 
@@ -1282,6 +1308,7 @@ static void on_beat_timer(uv_timer_t *t)
     refresh_free_port(a);
     hb->free_port = a->free_port;
     memckpt_heartbeat(&a->mem, a->ranks, a->nranks, hb);
+    memrep_heartbeat(&a->rep, hb);
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];
@@ -1454,6 +1481,7 @@ static void on_assign(struct agent *a, struct proto_assign *as)
                   a->mem.dir, (unsigned)a->cfg->rank_user.gid, strerror(-shared), MEMCKPT_ENV);
         memckpt_close(&a->mem);
     }
+    memrep_job(&a->rep, &a->spec, as->nnodes);
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,
@@ -1850,6 +1878,7 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
         on_preflight_done(&a->pf, !w->job, err);
         return;
     }
+    memckpt_job(&a->mem, &spec); /* its list goes from the first heartbeat: musterd waits for every member's */
     preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = wall_ms();
@@ -2083,6 +2112,10 @@ static void daemon_msg(struct fconn *c, struct proto_msg *msg)
     case PROTO_LOG_REQUEST:
         on_log_request(a, &msg->u.log_request);
         break;
+    case PROTO_MEM_FILE:
+    case PROTO_MEM_FETCH:
+        memrep_on_msg(&a->rep, msg);
+        break;
     default: {
         unsigned long held;
         char note[64];
@@ -2194,6 +2227,7 @@ static void maybe_finish(struct agent *a)
     for (struct agent_rank *r = a->all; r; r = r->next)
         rank_close(r);
     spare_close(&a->spare);
+    memrep_close(&a->rep, a->mem_drop);
     if (a->mem_drop)
         memckpt_close(&a->mem); /* an agent stopped by a signal leaves it to the next one */
 }
@@ -2269,6 +2303,8 @@ int agent_run(const struct agent_config *cfg)
     agent_preflight_init(&a->pf, &loop, on_preflight_done, a);
     spare_init(&a->spare, &loop, spare_gone, a);
     a->spare.user = &a->cfg->rank_user;
+    memrep_init(&a->rep, &loop, &a->mem, cfg->node,
+                &(struct memrep_link){.ctx = a, .send = rep_send, .queued = rep_queued, .fetched = rep_fetched});
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

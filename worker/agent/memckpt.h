@@ -82,6 +82,9 @@ int memckpt_path(const struct job_spec *spec, char *out, size_t cap);
 int memckpt_open(struct memckpt *m, const struct job_spec *spec, char *note, size_t note_len, char *why,
                  size_t len);
 
+/* dir is a mount of its own: its device differs from its parent's. */
+bool memckpt_own_mount(const char *dir);
+
 /* The job is over: unmounts and removes the directory. Safe when none is held. */
 void memckpt_close(struct memckpt *m);
 
@@ -92,6 +95,9 @@ void memckpt_close(struct memckpt *m);
  * complete, are removed from the directory.
  */
 int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n);
+
+/* tag came whole from elsewhere (the buddy): it counts as complete here. */
+void memckpt_adopt(struct memckpt *m, const char *tag);
 
 /* The complete checkpoints, oldest first, the newest max of them; returns how many. */
 uint32_t memckpt_complete(const struct memckpt *m, char (*names)[PROTO_CKPT_NAME_MAX], uint32_t max);
