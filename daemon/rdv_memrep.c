@@ -163,9 +163,12 @@ void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file 
         why = "its owner is not connected";
     else if (f->restore && strcmp(nd->replica_of, f->owner) != 0)
         why = "the sender does not hold that node's replicas";
+    unsigned long held;
+    char note[64];
     if (why) {
-        if (ratelimit_pass(&r->nodes[node].ignored_log, now_ms, RATELIMIT_PEER_MS, NULL))
-            log_warn("node %s sent MEM_FILE for %s's %s: not passed on: %s", nd->name, f->owner, f->tag, why);
+        if (ratelimit_pass(&r->nodes[node].ignored_log, now_ms, RATELIMIT_PEER_MS, &held))
+            log_warn("node %s sent MEM_FILE for %s's %s: not passed on: %s%s", nd->name, f->owner, f->tag, why,
+                     ratelimit_note(held, note, sizeof(note)));
         return;
     }
     to = f->restore ? (uint32_t)owner : to;
@@ -173,9 +176,9 @@ void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file 
      * crowd them is dropped, and the receiver, seeing the gap, drops the
      * checkpoint (the sender's pacing keeps this rare) */
     if (r->ops.queued && r->ops.queued(r->ops.ctx, r->nodes[to].name) > RDV_MEM_RELAY_QUEUE_MAX) {
-        if (ratelimit_pass(&r->nodes[node].ignored_log, now_ms, RATELIMIT_PEER_MS, NULL))
-            log_warn("MEM_FILE of %s's %s for node %s dropped: over %u bytes wait to go to it", f->owner, f->tag,
-                     r->nodes[to].name, RDV_MEM_RELAY_QUEUE_MAX);
+        if (ratelimit_pass(&r->nodes[node].ignored_log, now_ms, RATELIMIT_PEER_MS, &held))
+            log_warn("MEM_FILE of %s's %s for node %s dropped: over %u bytes wait to go to it%s", f->owner, f->tag,
+                     r->nodes[to].name, RDV_MEM_RELAY_QUEUE_MAX, ratelimit_note(held, note, sizeof(note)));
         return;
     }
     struct proto_msg m = {.type = PROTO_MEM_FILE};
