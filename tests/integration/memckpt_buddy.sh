@@ -77,6 +77,10 @@ wait_log 30 "$ITEST_DIR/agent-b.log" "memory checkpoint step10 came back from th
     || { show_status; fail "(b) node b's step10 did not come back from node a"; }
 wait_log 30 "$ITEST_DIR/agent-b.log" "rank 1: resumed at step 10 (intact)" \
     || fail "(b) rank 1 did not resume at step 10 with intact files: $(grep 'rank 1: resumed' "$ITEST_DIR/agent-b.log")"
+# the fresh agent's first rank is the one that resumed (not a later generation's, after a start from scratch)
+first=$(awk '/muster-worker [0-9.]*: node b/ { n++ } n == 2 && /^rank 1: / { print; exit }' "$ITEST_DIR/agent-b.log")
+[ "$first" = "rank 1: resumed at step 10 (intact)" ] \
+    || fail "(b) the fresh agent's rank 1 did not start from its buddy's copy: its first line is '$first'"
 wait_log 30 "$ITEST_DIR/agent-a.log" "rank 0: resumed at step 10 (intact)" \
     || fail "(b) rank 0 did not resume at step 10: $(grep 'rank 0: resumed' "$ITEST_DIR/agent-a.log")"
 event_matching 'e["kind"] == "memory_resumed" and "step 10" in e["message"] and "node b'"'"'s files from node a" in e["message"]' \
