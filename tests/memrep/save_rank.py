@@ -1,6 +1,6 @@
 """A rank that saves to MUSTER_CHECKPOINT_DIR as a program's own save call would (tests/integration/memckpt_buddy.sh).
 
-Every EVERY steps each rank writes stepN/rankR.bin (1 MiB, a function of R and N) and
+Every EVERY steps each rank writes stepN/rankR.bin (MIB MiB, a function of R and N) and
 stepN/meta/rankR.json (a nested path); rank 0 writes `latest` = stepN, DeepSpeed's
 convention. At start it loads the checkpoint `latest` names, checks its bytes, and says
 "resumed at step N (intact)" or "(corrupt)". --barrier DIR: after each save a rank waits
@@ -20,6 +20,7 @@ ap.add_argument("--steps", type=int, default=40)
 ap.add_argument("--every", type=int, default=5)
 ap.add_argument("--sleep", type=float, default=0.1)
 ap.add_argument("--half", default="")
+ap.add_argument("--mib", type=int, default=1, help="MiB each rank saves a step")
 ap.add_argument("--barrier", default="", help="a directory all ranks see: each save ends when every rank made it")
 args = ap.parse_args()
 
@@ -29,7 +30,7 @@ link = muster_rank.connect()
 
 
 def payload(step: int) -> bytes:
-    return hashlib.sha256(b"%d:%d" % (rank, step)).digest() * 32768
+    return hashlib.sha256(b"%d:%d" % (rank, step)).digest() * (32768 * args.mib)
 
 
 start = 0
@@ -54,7 +55,7 @@ for step in range(start + 1, args.steps + 1):
         os.makedirs(os.path.join(tag, "meta"), exist_ok=True)
         with open(os.path.join(tag, "rank%d.bin" % rank), "wb") as f:
             if not start and half_rank and int(half_rank) == rank and int(half_step) == step:
-                f.write(payload(step)[: 1 << 19])
+                f.write(payload(step)[: len(payload(step)) // 2])
                 f.flush()
                 print("half of step %d written; stalled" % step, flush=True)
                 time.sleep(3600)
