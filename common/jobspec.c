@@ -123,10 +123,6 @@ static const struct key_def keys[] = {
      "MiB/s at most that each agent sends of its node's new complete memory checkpoints to its buddy node "
      "(the next member in name order), which holds the newest memory_checkpoint_keep of them in memory beside its "
      "own and gives them back to a node that lost its own (docs/pytorch.md); 0 = no replicas"},
-    {"memory_checkpoint_drain_every", KEY_INT, F(memory_checkpoint_drain_every), 0, 1000000, 0, NULL,
-     "every M-th complete memory checkpoint (counted on each node) is also copied by the agent, in the background, "
-     "into checkpoint_dir (kept as checkpoint_keep says), so that a node lost with its buddy resumes from "
-     "there; 0 = none"},
     {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
      "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
      "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "
@@ -351,8 +347,7 @@ static int check_memory(const struct job_spec *spec, const char *origin, char *e
     if (!spec->memory_checkpoint_mb) {
         const char *set = strcmp(root, "/dev/shm") != 0 ? "memory_checkpoint_root"
                           : strcmp(rule, "glob:*") != 0 ? "memory_checkpoint_latest"
-                          : spec->memory_checkpoint_keep != 2 ? "memory_checkpoint_keep"
-                          : spec->memory_checkpoint_drain_every ? "memory_checkpoint_drain_every" : NULL;
+                          : spec->memory_checkpoint_keep != 2 ? "memory_checkpoint_keep" : NULL;
         if (set) {
             fail(err, errlen, "%s: %s: expected memory_checkpoint_mb too (the size of the directory it applies to)",
                  origin, set);
@@ -369,11 +364,6 @@ static int check_memory(const struct job_spec *spec, const char *origin, char *e
     if ((!file && !glob) || !rule[5] || strchr(rule + 5, '/')) {
         fail(err, errlen, "%s: memory_checkpoint_latest: expected \"file:NAME\" (a file name in the directory) or "
              "\"glob:PATTERN\" (of names in it), got \"%s\"", origin, rule);
-        return -EINVAL;
-    }
-    if (spec->memory_checkpoint_drain_every && !spec->checkpoint_dir[0]) {
-        fail(err, errlen, "%s: memory_checkpoint_drain_every: expected checkpoint_dir too (where the copies go)",
-             origin);
         return -EINVAL;
     }
     return 0;

@@ -62,7 +62,6 @@ struct job_spec {
     char memory_checkpoint_latest[256];   /* "glob:PATTERN" of tag directories or "file:NAME" naming one */
     int memory_checkpoint_keep;           /* complete checkpoints kept per node */
     int memory_checkpoint_replica_mbps;   /* pace of the copies sent to the buddy node; 0 = none */
-    int memory_checkpoint_drain_every;    /* every M-th complete one also to checkpoint_dir; 0 = none */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */
