@@ -2219,6 +2219,21 @@ END_TEST
 /* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
 /* Memory checkpoints: HEARTBEAT's list and ASSIGN's choice survive a round
  * trip (the choice by both ways of writing an ASSIGN); bad lists are refused. */
+/* A one-rank ASSIGN that names a memory checkpoint (memckpt to be filled in); m owns its job. */
+static void memckpt_assign(struct proto_msg *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = PROTO_ASSIGN;
+    m->u.assign.generation = 2;
+    m->u.assign.world_size = 1;
+    m->u.assign.nranks = 1;
+    m->u.assign.nnodes = 1;
+    snprintf(m->u.assign.master_addr, sizeof(m->u.assign.master_addr), "10.0.0.1");
+    m->u.assign.master_port = 29500;
+    m->u.assign.job = json_pack("{s:s}", "name", "j");
+    m->u.assign.has_memckpt = 1;
+}
+
 START_TEST(memory_checkpoints_on_the_wire)
 {
     static struct proto_msg m, back;
@@ -2277,16 +2292,7 @@ START_TEST(memory_checkpoints_on_the_wire)
 
     /* ASSIGN: rendered with its job text or through jansson, the same frame and the same choice */
     static uint8_t a[PROTO_MAX_FRAME], b[PROTO_MAX_FRAME];
-    memset(&m, 0, sizeof(m));
-    m.type = PROTO_ASSIGN;
-    m.u.assign.generation = 2;
-    m.u.assign.world_size = 1;
-    m.u.assign.nranks = 1;
-    m.u.assign.nnodes = 1;
-    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
-    m.u.assign.master_port = 29500;
-    m.u.assign.job = json_pack("{s:s}", "name", "j");
-    m.u.assign.has_memckpt = 1;
+    memckpt_assign(&m);
     strcpy(m.u.assign.memckpt, "step \"10\"");
     int na = proto_encode(&m, a, sizeof(a));
     char *job = json_dumps(m.u.assign.job, JSON_COMPACT);
@@ -2346,16 +2352,7 @@ START_TEST(memory_replicas_on_the_wire)
     ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_OK);
 
     /* ASSIGN memory_checkpoint_from: only beside a checkpoint it names */
-    memset(&m, 0, sizeof(m));
-    m.type = PROTO_ASSIGN;
-    m.u.assign.generation = 2;
-    m.u.assign.world_size = 1;
-    m.u.assign.nranks = 1;
-    m.u.assign.nnodes = 1;
-    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
-    m.u.assign.master_port = 29500;
-    m.u.assign.job = json_pack("{s:s}", "name", "j");
-    m.u.assign.has_memckpt = 1;
+    memckpt_assign(&m);
     strcpy(m.u.assign.memckpt, "step10");
     strcpy(m.u.assign.memckpt_from, "a");
     n = proto_encode(&m, buf, sizeof(buf));

@@ -10,7 +10,9 @@
 #   (b) agent b is SIGKILLed with its rank, its tmpfs going with its mount
 #       namespace, and a fresh agent for node b is started: node b's step10
 #       comes back from node a before its rank starts, the event says so,
-#       both ranks resume at step 10 with intact bytes, and the job completes.
+#       both ranks resume at step 10 with intact bytes, and the job completes;
+#   (f) a one-node job saving 5 MiB a step into 8 MiB: the second save fails
+#       in the program with ENOSPC, and an event names node f and the size.
 # Needs root and mount namespaces; skipped with a message where they are not permitted.
 set -eu
 . tests/itest-lib.sh
@@ -87,4 +89,22 @@ event_matching 'e["kind"] == "memory_resumed" and "step 10" in e["message"] and 
     > /dev/null || fail "(b) no memory_resumed event naming node b's files from node a: $(curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -o '"memory_resumed[^}]*')"
 wait_for 60 'd["state"] == "completed"' || { show_status; fail "(b) the job did not complete after the resume"; }
 echo "(b) $(event_matching 'e["kind"] == "memory_resumed"' | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["message"])')"
+kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+
+# ---- (f) the tmpfs full: the save fails with ENOSPC, an event names the node and the size -------------
+cat > "$ITEST_DIR/full.json" <<JSON
+{"name": "full", "nodes": 1, "max_restarts": 2, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000,
+ "lease_ms": 4000, "stop_grace_ms": 500, "restart_backoff_ms": 0,
+ "memory_checkpoint_mb": 8, "memory_checkpoint_root": "$ROOT",
+ "rank_cmd": ["$PY", "$ITEST_DIR/save_rank.py", "--steps", "20", "--sleep", "0.05", "--mib", "5"]}
+JSON
+rm -rf "$ITEST_DIR/state"
+start_daemon "$ITEST_DIR/full.json" --token-file "$ITEST_DIR/token"
+mem_agent f
+wait_log 30 "$ITEST_DIR/agent-f.log" "No space left on device" \
+    || fail "(f) the rank's save of 10 MiB into 8 MiB did not fail with ENOSPC"
+wait_event_matching 10 'e["kind"] == "node_error" and "memory_checkpoint_full" in e["message"] and "on node f is full: " in e["message"] and " of 8 MiB used" in e["message"]' \
+    || fail "(f) no event names node f's full memory checkpoint directory and its size: $(curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -o '"node_error[^}]*')"
+echo "(f) $(event_matching 'e["kind"] == "node_error"' | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["message"])' | cut -c1-160)"
 echo "memckpt_buddy: ok"

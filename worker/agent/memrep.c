@@ -9,11 +9,13 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/log.h"
 #include "common/memtags.h"
 #include "common/mkdirs.h"
+#include "common/ratelimit.h"
 
 #define STAGE_PREFIX ".muster-in-"
 
@@ -492,14 +494,17 @@ static bool in_piece(struct memrep *p, struct memrep_in *in, const struct proto_
 static void on_file(struct memrep *p, const struct proto_mem_file *f)
 {
     bool own = f->restore;
-    if (own && (strcmp(f->owner, p->node) != 0 || !p->mem->on)) {
-        log_warn("MEM_FILE gives back node %s's %s to this node (%s)%s: ignored", f->owner, f->tag, p->node,
-                 p->mem->on ? "" : ", which holds no memory checkpoint directory");
-        return;
-    }
-    if (!own && (!p->on || strcmp(f->owner, p->node) == 0)) {
-        log_warn("MEM_FILE: a replica of node %s's %s, but this node %s: ignored", f->owner, f->tag,
-                 p->on ? "is that node" : "holds no replicas for the job");
+    unsigned long held;
+    char note[64];
+    bool say = (own && (strcmp(f->owner, p->node) != 0 || !p->mem->on)) ||
+               (!own && (!p->on || strcmp(f->owner, p->node) == 0));
+    if (say) { /* one line per 10 s: a copy is many frames */
+        if (ratelimit_pass(&p->refused_log, uv_now(p->loop), RATELIMIT_PEER_MS, &held))
+            log_warn("MEM_FILE %s node %s's %s, but this node (%s) %s: ignored%s",
+                     own ? "gives back" : "is a replica of", f->owner, f->tag, p->node,
+                     own ? (p->mem->on ? "is another" : "holds no memory checkpoint directory")
+                         : (p->on ? "is that node" : "holds no replicas for the job"),
+                     ratelimit_note(held, note, sizeof(note)));
         return;
     }
     struct memrep_in *in = &p->in[own];
@@ -628,8 +633,35 @@ void memrep_job(struct memrep *p, const struct job_spec *spec, uint32_t nnodes)
              spec->memory_checkpoint_replica_mbps, dir, p->mounted ? " (a tmpfs of its own)" : "");
 }
 
+/*
+ * The ranks' tmpfs is full (under 1 MiB or 1% left): a save there fails with
+ * ENOSPC in the program. musterd hears it once per filling (ERROR
+ * memory_checkpoint_full, an event naming the node), with the figures.
+ */
+static void check_full(struct memrep *p)
+{
+    struct statvfs sv;
+    if (!p->mem->on || !p->mem->mounted || statvfs(p->mem->dir, &sv) != 0)
+        return;
+    uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize, left = (uint64_t)sv.f_bavail * sv.f_frsize;
+    bool full = left < (1u << 20) || left < total / 100;
+    if (full && !p->full_said) {
+        struct proto_msg m = {.type = PROTO_ERROR};
+        snprintf(m.u.error.code, sizeof(m.u.error.code), "memory_checkpoint_full");
+        snprintf(m.u.error.reason, sizeof(m.u.error.reason),
+                 "memory checkpoint directory %s on node %s is full: %" PRIu64 " of %" PRIu64 " MiB used "
+                 "(memory_checkpoint_mb); a save there fails with ENOSPC: raise memory_checkpoint_mb or save less",
+                 p->mem->dir, p->node, (total - left) >> 20, total >> 20);
+        log_warn("%s", m.u.error.reason);
+        p->full_said = p->link.send(p->link.ctx, &m) == 0;
+    } else if (!full) {
+        p->full_said = false;
+    }
+}
+
 void memrep_heartbeat(struct memrep *p, struct proto_heartbeat *hb)
 {
+    check_full(p);
     if (!p->on)
         return;
     if (p->replica_of[0]) {

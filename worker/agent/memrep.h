@@ -46,6 +46,7 @@
 #include <uv.h>
 
 #include "common/jobspec.h"
+#include "common/ratelimit.h"
 #include "proto/proto.h"
 #include "worker/agent/memckpt.h"
 
@@ -115,6 +116,8 @@ struct memrep {
     char wait_tag[PROTO_CKPT_NAME_MAX];
     uint64_t wait_until_ms;
     bool wait_over;
+    bool full_said;             /* the ranks' tmpfs was reported full; again once it has room */
+    struct ratelimit refused_log; /* frames not ours to take (common/ratelimit.h) */
 };
 
 void memrep_init(struct memrep *p, uv_loop_t *loop, struct memckpt *mem, const char *node,
@@ -123,7 +126,8 @@ void memrep_init(struct memrep *p, uv_loop_t *loop, struct memckpt *mem, const c
 /* The held job is spec, of nnodes members: replicas on or off, the directory held for them made or removed. */
 void memrep_job(struct memrep *p, const struct job_spec *spec, uint32_t nnodes);
 
-/* A heartbeat (after memckpt_heartbeat's scan): the replicas held go in it, and a new checkpoint starts out. */
+/* A heartbeat (after memckpt_heartbeat's scan): the replicas held go in it, a new checkpoint starts out, and a
+ * full tmpfs is reported once (ERROR memory_checkpoint_full: a save there fails with ENOSPC). */
 void memrep_heartbeat(struct memrep *p, struct proto_heartbeat *hb);
 
 /* MEM_FILE or MEM_FETCH from musterd. */
