@@ -1878,7 +1878,7 @@ static void start_preflight(struct agent *a, const struct proto_welcome *w)
         on_preflight_done(&a->pf, !w->job, err);
         return;
     }
-    memckpt_job(&a->mem, &spec); /* its list goes from the first heartbeat: musterd waits for every member's */
+    memckpt_welcome(&a->mem, &spec); /* its list goes from the first heartbeat: musterd waits for every member's */
     preflight_inputs_of(a, &spec, &in);
     if (w->time_ms) {
         int64_t now = wall_ms();

@@ -425,6 +425,18 @@ void memckpt_job(struct memckpt *m, const struct job_spec *spec)
         log_warn("%s", note);
 }
 
+void memckpt_welcome(struct memckpt *m, const struct job_spec *spec)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+    m->expected = false;
+    if (!spec->memory_checkpoint_mb || memckpt_path(spec, dir, sizeof(dir)) != 0)
+        return;
+    if (m->on || (lstat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        memckpt_job(m, spec);
+    m->expected = !m->on;
+}
+
 void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n)
 {
     if (!m->on)
@@ -444,8 +456,10 @@ void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n
 
 void memckpt_heartbeat(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n, struct proto_heartbeat *hb)
 {
-    if (!m->on)
+    if (!m->on) {
+        hb->has_memckpt = m->expected; /* an empty list: none here yet */
         return;
+    }
     memckpt_look(m, ranks, n);
     hb->has_memckpt = 1;
     hb->nmemckpt = memckpt_complete(m, hb->memckpt, PROTO_MEMCKPT_MAX);

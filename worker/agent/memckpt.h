@@ -69,6 +69,7 @@ struct memckpt {
     uint32_t ntags;
     struct memckpt_tag tags[MEMCKPT_TAGS_MAX];
     uint64_t restored_gen; /* the generation whose fresh ranks it was made ready for */
+    bool expected;         /* no directory yet, but the job names one: heartbeats report none */
 };
 
 /* memory_checkpoint_root/muster-JOB for spec; -ENAMETOOLONG when it does not fit. */
@@ -112,6 +113,14 @@ int memckpt_restore(struct memckpt *m, const char *tag, char *why, size_t len);
 /* ---- the agent's side: its ranks (agent_rank.h), its frames, its log ---- */
 
 struct agent_rank;
+
+/*
+ * WELCOME named spec: the directory an earlier agent left is taken up (its
+ * checkpoints reported from the first heartbeat), or, when there is none,
+ * heartbeats say "none here" until ASSIGN makes it (memckpt_job). Nothing
+ * is made or mounted for a job this node may yet be unfit for.
+ */
+void memckpt_welcome(struct memckpt *m, const struct job_spec *spec);
 
 /* The held job is spec: its directory is made (and another job's removed), or none when it names none. */
 void memckpt_job(struct memckpt *m, const struct job_spec *spec);
