@@ -723,7 +723,7 @@ static void stop_job(struct memrep *p, bool remove)
             remove_in(parent[0] ? parent : "/", slash + 1);
         }
     }
-    p->on = false;
+    p->on = p->mounted = false;
     p->dir[0] = p->replica_of[0] = p->sent[0] = '\0';
     p->nheld = 0;
 }
