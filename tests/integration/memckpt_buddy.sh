@@ -17,13 +17,7 @@
 set -eu
 . tests/itest-lib.sh
 
-skip() {
-    echo "SKIP: memckpt_buddy: $*"
-    exit 0
-}
-command -v unshare > /dev/null && command -v nsenter > /dev/null || skip "no unshare(1) or nsenter(1)"
-unshare -m --propagation private sh -c "mount -t tmpfs none '$ITEST_DIR' && umount '$ITEST_DIR'" 2> /dev/null \
-    || skip "mount namespaces are not permitted here (unshare -m and mount failed; needs root / CAP_SYS_ADMIN)"
+need_mount_ns memckpt_buddy
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/clients/python"
 ROOT=$ITEST_DIR/shm
