@@ -132,6 +132,11 @@ static const struct key_def keys[] = {
     {"memory_checkpoint_keep", KEY_INT, F(memory_checkpoint_keep), 2, 1000, 2, NULL,
      "complete memory checkpoints each node keeps (older ones, and unfinished ones older than the newest "
      "complete, are removed); at least 2, so that nodes one save apart still share one"},
+    {"memory_checkpoint_replica_mbps", KEY_INT, F(memory_checkpoint_replica_mbps), 0, 100000, 0, NULL,
+     "MiB/s at most that each agent sends of its node's new complete memory checkpoints to its buddy node "
+     "(the next member in name order), which holds the newest memory_checkpoint_keep of them in memory beside its "
+     "own and gives them back to a node that lost its own (docs/pytorch.md; the copies pass through musterd); "
+     "0 = no replicas"},
     {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
      "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
      "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "

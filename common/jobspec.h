@@ -64,6 +64,7 @@ struct job_spec {
     char memory_checkpoint_root[256];     /* the tmpfs it is made on (a muster-<job> directory there) */
     char memory_checkpoint_latest[256];   /* "glob:PATTERN" of tag directories or "file:NAME" naming one */
     int memory_checkpoint_keep;           /* complete checkpoints kept per node */
+    int memory_checkpoint_replica_mbps;   /* pace of the copies sent to the buddy node; 0 = none */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */

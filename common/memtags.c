@@ -1,6 +1,7 @@
 #include "common/memtags.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int memtags_cmp(const char *a, const char *b)
@@ -47,4 +48,47 @@ uint64_t memtags_step(const char *name)
     for (size_t i = d; i < n; i++)
         v = v * 10 + (uint64_t)(name[i] - '0');
     return v;
+}
+
+/* Whether domain d is the same as the domain of an earlier node. */
+static int seen_before(const char *const *domains, size_t d)
+{
+    for (size_t j = 0; j < d; j++)
+        if (strcmp(domains[j], domains[d]) == 0)
+            return 1;
+    return 0;
+}
+
+size_t memtags_buddy(const char *const *domains, size_t n, size_t i)
+{
+    if (n < 2 || i >= n)
+        return n;
+    if (!domains)
+        return (i + 1) % n;
+    size_t *dealt = malloc(n * sizeof(*dealt));
+    unsigned char *taken = calloc(n, 1);
+    if (!dealt || !taken) {
+        free(dealt);
+        free(taken);
+        return (i + 1) % n; /* the plain rule rather than none */
+    }
+    size_t k = 0;
+    while (k < n) /* one round: the next untaken node of each domain, domains in first-node order */
+        for (size_t d = 0; d < n; d++) {
+            if (seen_before(domains, d))
+                continue;
+            for (size_t j = 0; j < n; j++)
+                if (!taken[j] && strcmp(domains[j], domains[d]) == 0) {
+                    taken[j] = 1;
+                    dealt[k++] = j;
+                    break;
+                }
+        }
+    size_t buddy = n;
+    for (k = 0; k < n; k++)
+        if (dealt[k] == i)
+            buddy = dealt[(k + 1) % n];
+    free(dealt);
+    free(taken);
+    return buddy;
 }

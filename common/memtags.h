@@ -28,4 +28,18 @@ int memtags_common(const char *const *lists, const uint32_t *counts, size_t n, s
 /* The step a name ends in ("global_step120" -> 120); 0 when it ends in no digit. */
 uint64_t memtags_step(const char *name);
 
+/*
+ * The buddy map: which member holds node i's replicas. Members are given in
+ * name order, 0..n-1; domains[i] names node i's failure domain (rack,
+ * switch), or domains is NULL when the operator labels none. Without labels
+ * (or all alike) node i's buddy is node i+1 mod n. With them the nodes are
+ * dealt round-robin from each domain in turn (domains in the order their
+ * first node comes, each domain's nodes in name order) and each node's
+ * buddy is the next one dealt: consecutive nodes come from different
+ * domains while more than one domain has nodes left. Either way the map is
+ * a rotation, so every node holds exactly one other's copy. Returns the
+ * buddy's index, or n when there is none (n < 2, or i >= n).
+ */
+size_t memtags_buddy(const char *const *domains, size_t n, size_t i);
+
 #endif

@@ -163,6 +163,12 @@ static void ops_send(void *ctx, const char *node, const struct proto_msg *m)
     server_send(d->server, node, m);
 }
 
+static size_t ops_queued(void *ctx, const char *node)
+{
+    struct daemon *d = ctx;
+    return server_queued(d->server, node);
+}
+
 static void ops_disconnect(void *ctx, const char *node, const char *why)
 {
     struct daemon *d = ctx;
@@ -819,7 +825,8 @@ int main(int argc, char **argv)
         log_error("out of memory for the run's history");
         return 1;
     }
-    struct rdv_ops ops = {.ctx = &d, .send = ops_send, .disconnect = ops_disconnect, .changed = on_changed};
+    struct rdv_ops ops = {.ctx = &d, .send = ops_send, .disconnect = ops_disconnect, .changed = on_changed,
+                          .queued = ops_queued};
     rdv_init(&d.rdv, &spec, job, &ops, uv_now(&d.loop));
     json_decref(job);
 

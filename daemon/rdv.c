@@ -225,6 +225,9 @@ void rdv_message(struct rdv *r, const char *name, const struct proto_msg *m, uin
     case PROTO_PREFLIGHT:
         rdv__on_preflight(r, (uint32_t)idx, &m->u.preflight, now_ms);
         return;
+    case PROTO_MEM_FILE:
+        rdv__on_mem_file(r, (uint32_t)idx, &m->u.mem_file, now_ms);
+        return;
     case PROTO_STACKS:
         rdv__on_stacks(r, (uint32_t)idx, &m->u.stacks);
         if (r->hang_pending && rdv__stacks_complete(r))
@@ -268,7 +271,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
     rdv__check_lost(r, now_ms);
     if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
-        (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
+        (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms) ||
+        (r->memckpt_wait_ms && now_ms - r->memckpt_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))
         rdv__try_start_generation(r, now_ms);
     rdv__maybe_form(r, now_ms);
     if (r->yielding && r->state == RDV_RUNNING && now_ms - r->yield_since_ms >= rdv__yield_wait_ms(r))

@@ -156,6 +156,11 @@ struct rdv_node {
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     char domain[PROTO_NAME_MAX]; /* HELLO.domain: the operator's placement label; "" = none */
     int swap_out;          /* slow_policy swap: a spare takes its rank block in the generation being opened */
+    /* the node whose replicas it holds, and those held whole, oldest first
+     * (HEARTBEAT memory_replica_of, memory_replicas; daemon/rdv_memrep.c) */
+    char replica_of[PROTO_NAME_MAX];
+    uint32_t nreplica;
+    char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
 };
 
 /* A member replaced by a hot spare (daemon/rdv_spare.c). */
@@ -164,7 +169,7 @@ struct rdv_replacement {
     int64_t wall_ms;       /* CLOCK_REALTIME */
     char lost[PROTO_NAME_MAX];
     char spare[PROTO_NAME_MAX];
-    char why[16];          /* "lost" or "unfit" */
+    char why[16];          /* "lost", "unfit" or "slow" */
     uint32_t node_rank, first_rank, nranks;
     int same_domain;       /* the spare came from the lost node's domain */
 };
@@ -284,6 +289,9 @@ struct rdv_ops {
      * durable (musterd: daemon/persist.h, server_hold), so a crashed daemon
      * never comes back with a generation older than one its agents have seen. */
     void (*changed)(void *ctx, int persist);
+    /* Optional (NULL = 0): bytes queued to the node, so that frames passed
+     * on between agents (MEM_FILE) never fill its write queue. */
+    size_t (*queued)(void *ctx, const char *node);
 };
 
 /* What the state file keeps (daemon/state.c writes and reads it). */
@@ -359,6 +367,7 @@ struct rdv {
     enum rdv_port_wait port_wait; /* whether the generation waits for rank 0's node to report a port */
     char diverged_said[PROTO_REASON_MAX]; /* the checkpoint divergence last in the events; "" = none */
     uint64_t checkpoint_wait_ms; /* since when the generation waits for members' checkpoint reports; 0 = not */
+    uint64_t memckpt_wait_ms;    /* since when a generation waits for members' memory checkpoint reports; 0 = not */
     int restore_noted;      /* rank 0 said where this generation's state came from */
     /* A grow waiting for the ranks to leave the generation at a step
      * boundary (COMMAND yield): the node to take, and until when to wait. */

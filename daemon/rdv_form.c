@@ -100,6 +100,8 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     /* named only when every member has said what it holds: an agent removes what is newer */
     if (r->spec->memory_checkpoint_mb)
         m.u.assign.has_memckpt = rdv_memckpt_common(r, m.u.assign.memckpt, sizeof(m.u.assign.memckpt)) >= 0;
+    if (r->spec->memory_checkpoint_mb)
+        rdv__memckpt_from(r, node, &m.u.assign); /* its files from its buddy, when it lost its own */
     rdv__send_to(r, node, &m);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         rdv__set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
@@ -264,7 +266,7 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
         if (r->ranks[r->nodes[i].first_rank].state != RDV_RANK_PENDING)
             return; /* already assigned */
     }
-    if (!members_fit(r) || !members_agree(r, now_ms))
+    if (!members_fit(r) || !members_agree(r, now_ms) || !rdv__memckpt_reported(r, now_ms))
         return;
     /* MASTER_PORT: the port rank 0's agent last reported free on its node,
      * but not the last generation's in a report sent before the agent had
@@ -309,14 +311,16 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
     r->assigned_ms = now_ms;
     for (uint32_t i = 0; i < r->nnodes; i++) /* what they have changes as the generation runs */
         r->nodes[i].has_checkpoint = r->nodes[i].checkpoint_wanted = 0;
-    r->checkpoint_wait_ms = 0;
+    r->checkpoint_wait_ms = r->memckpt_wait_ms = 0;
     rdv__event(r, "generation_assigned", -1, -1, "generation %llu assigned: %u ranks on %u nodes",
                (unsigned long long)r->generation, r->world_size, nnodes);
-    char mem[PROTO_CKPT_NAME_MAX];
-    if (r->spec->memory_checkpoint_mb && rdv_memckpt_common(r, mem, sizeof(mem)) > 0)
+    char mem[PROTO_CKPT_NAME_MAX], from[512];
+    if (r->spec->memory_checkpoint_mb && rdv_memckpt_common(r, mem, sizeof(mem)) > 0) {
+        rdv__memckpt_sources(r, mem, from, sizeof(from));
         rdv__event(r, "memory_resumed", -1, -1, "generation %llu resumed from memory checkpoint step %llu "
-                   "(%s, the newest complete on all %u nodes)", (unsigned long long)r->generation,
-                   (unsigned long long)memtags_step(mem), mem, nnodes);
+                   "(%s, the newest complete on all %u nodes%s%s)", (unsigned long long)r->generation,
+                   (unsigned long long)memtags_step(mem), mem, nnodes, from[0] ? "; " : "", from);
+    }
     rdv__changed(r, 1);
 }
 

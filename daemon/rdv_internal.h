@@ -109,4 +109,20 @@ void rdv__check_slow(struct rdv *r, uint64_t now_ms);
 /* rdv_resume.c: a restored generation */
 void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
 
+/* rdv_memrep.c: memory checkpoints replicated to a buddy node and given back */
+uint32_t rdv__buddy(const struct rdv *r, uint32_t node); /* r->nnodes when none */
+/* Names in as the node holding node's copy of as's checkpoint, and asks it (MEM_FETCH), when node lacks its own. */
+void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as);
+/* "node b's files from node a, ..." for the members that resume tag from a buddy's copy; "" when none. */
+void rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap);
+void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file *f, uint64_t now_ms);
+/*
+ * 1 when every member has reported its memory checkpoints since it joined
+ * (or the job keeps none), so that the one to resume from can be named;
+ * else r->reason says who is waited for, at most heartbeat_timeout_ms.
+ */
+int rdv__memckpt_reported(struct rdv *r, uint64_t now_ms);
+/* Each member's buddy, the newest copy it holds and the replica lag in steps. */
+json_t *rdv__memckpt_replicas_json(const struct rdv *r);
+
 #endif

@@ -51,6 +51,8 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->has_checkpoint = 0;
     nd->nmemckpt = 0; /* a new agent: what it holds comes in its heartbeats */
     nd->reports_memckpt = 0;
+    nd->replica_of[0] = '\0';
+    nd->nreplica = 0;
     nd->unfit_since_ms = now_ms;
 }
 

@@ -162,22 +162,6 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out)
         out->comm_frac /= out->nrunning;
 }
 
-int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
-{
-    static const char *lists[RDV_MAX_NODES]; /* the loop thread's alone */
-    static uint32_t counts[RDV_MAX_NODES];
-    size_t n = 0;
-    out[0] = '\0';
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member) {
-            if (!r->nodes[i].reports_memckpt)
-                return -1;
-            lists[n] = r->nodes[i].memckpt[0];
-            counts[n++] = r->nodes[i].nmemckpt;
-        }
-    return memtags_common(lists, counts, n, PROTO_CKPT_NAME_MAX, out, cap);
-}
-
 /* memory_checkpoint: the newest complete on all members, and each node's newest; null when the job keeps none. */
 static json_t *memckpt_json(const struct rdv *r)
 {
@@ -192,8 +176,9 @@ static json_t *memckpt_json(const struct rdv *r)
             json_object_set_new(nodes, nd->name,
                                 nd->nmemckpt ? json_string(nd->memckpt[nd->nmemckpt - 1]) : json_null());
     }
-    return json_pack("{s:o, s:o, s:o}", "common", have ? json_string(common) : json_null(), "common_step",
-                     have ? json_integer((json_int_t)memtags_step(common)) : json_null(), "nodes", nodes);
+    return json_pack("{s:o, s:o, s:o, s:o}", "common", have ? json_string(common) : json_null(), "common_step",
+                     have ? json_integer((json_int_t)memtags_step(common)) : json_null(), "nodes", nodes,
+                     "replicas", rdv__memckpt_replicas_json(r));
 }
 
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)

@@ -618,6 +618,7 @@ static void on_frame(struct conn *c, const struct proto_msg *m, const uint8_t *f
         case PROTO_ERROR:
         case PROTO_PREFLIGHT:
         case PROTO_STACKS:
+        case PROTO_MEM_FILE:
             c->srv->speaking = c;
             rdv_message(c->srv->rdv, c->node, m, uv_now(c->srv->loop));
             c->srv->speaking = NULL;
@@ -825,6 +826,12 @@ void server_send(void *ctx, const char *node, const struct proto_msg *msg)
     struct conn *c = find_joined(s, node);
     if (c)
         conn_write(c, msg, s->gate > s->durable ? s->gate : 0);
+}
+
+size_t server_queued(struct server *s, const char *node)
+{
+    struct conn *c = find_joined(s, node);
+    return c ? uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->held_bytes : 0;
 }
 
 void server_hold(struct server *s, uint64_t seq)

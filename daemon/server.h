@@ -98,6 +98,8 @@ void server_release(struct server *srv, uint64_t seq);
 
 /* rdv_ops for a server (ctx = the server). */
 void server_send(void *ctx, const char *node, const struct proto_msg *msg);
+/* Bytes waiting to go to the node (its write queue and held frames); 0 when it is not joined. */
+size_t server_queued(struct server *s, const char *node);
 void server_disconnect(void *ctx, const char *node, const char *why);
 
 #endif

@@ -284,7 +284,8 @@ static int check_assign(const struct proto_assign *a)
         a->nnodes < 1 || a->node_rank >= a->nnodes ||
         a->master_port < 1 || a->master_port > 65535 ||
         !valid_ascii(a->master_addr, sizeof(a->master_addr), 1, '!', '~') ||
-        (a->memckpt[0] && !proto_valid_label(a->memckpt, sizeof(a->memckpt))))
+        (a->memckpt[0] && !proto_valid_label(a->memckpt, sizeof(a->memckpt))) ||
+        (a->memckpt_from[0] && (!a->has_memckpt || !a->memckpt[0] || !proto_valid_name(a->memckpt_from))))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct proto_rank_slot *s = &a->ranks[i];
@@ -297,6 +298,40 @@ static int check_assign(const struct proto_assign *a)
                 return PROTO_E_RANGE;
     }
     return 0;
+}
+
+/* n checkpoint names: labels, each once (they reach status and events). */
+static int valid_names(const char (*names)[PROTO_CKPT_NAME_MAX], uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (!proto_valid_label(names[i], PROTO_CKPT_NAME_MAX))
+            return 0;
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return 0;
+    }
+    return 1;
+}
+
+int proto_valid_mem_path(const char *path)
+{
+    size_t n = strnlen(path, PROTO_MEMPATH_MAX);
+    if (n == 0 || n >= PROTO_MEMPATH_MAX)
+        return 0;
+    const char *part = path;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && path[i] != '/') {
+            unsigned char c = (unsigned char)path[i];
+            if (c < 0x20 || c == 0x7f)
+                return 0;
+            continue;
+        }
+        size_t len = (size_t)(path + i - part);
+        if (len == 0 || (len == 1 && part[0] == '.') || (len == 2 && part[0] == '.' && part[1] == '.'))
+            return 0;
+        part = path + i + 1;
+    }
+    return 1;
 }
 
 static int check_heartbeat(const struct proto_heartbeat *h)
@@ -324,13 +359,23 @@ static int check_heartbeat(const struct proto_heartbeat *h)
     /* the names reach status and events: labels, each once */
     if (h->nmemckpt > (h->has_memckpt ? PROTO_MEMCKPT_MAX : 0))
         return PROTO_E_RANGE;
-    for (uint32_t i = 0; i < h->nmemckpt; i++) {
-        if (!proto_valid_label(h->memckpt[i], sizeof(h->memckpt[i])))
-            return PROTO_E_RANGE;
-        for (uint32_t j = 0; j < i; j++)
-            if (strcmp(h->memckpt[i], h->memckpt[j]) == 0)
-                return PROTO_E_RANGE;
-    }
+    if (!valid_names(h->memckpt, h->nmemckpt))
+        return PROTO_E_RANGE;
+    if (h->nreplica > (h->replica_of[0] ? PROTO_MEMCKPT_MAX : 0) || (h->replica_of[0] && !proto_valid_name(h->replica_of)))
+        return PROTO_E_RANGE;
+    return valid_names(h->replica, h->nreplica) ? 0 : PROTO_E_RANGE;
+}
+
+/* A file of a checkpoint: a relative path of plain parts, the piece inside the file, an end without either. */
+static int check_mem_file(const struct proto_mem_file *f)
+{
+    if (!proto_valid_name(f->owner) || !proto_valid_label(f->tag, sizeof(f->tag)) || f->offset > PROTO_U64_MAX ||
+        f->size > PROTO_U64_MAX || f->len > PROTO_MEMDATA_MAX || (f->len && !f->data))
+        return PROTO_E_RANGE;
+    if (f->end)
+        return f->path[0] || f->len || f->offset || f->size ? PROTO_E_RANGE : 0;
+    if (!proto_valid_mem_path(f->path) || f->offset > f->size || f->len > f->size - f->offset)
+        return PROTO_E_RANGE;
     return 0;
 }
 
@@ -441,6 +486,12 @@ int proto_check(const struct proto_msg *m)
     case PROTO_LOG_DATA: return check_log_data(&m->u.log_data);
     case PROTO_PREFLIGHT: return check_preflight(&m->u.preflight);
     case PROTO_STACKS: return check_stacks(&m->u.stacks);
+    case PROTO_MEM_FILE: return check_mem_file(&m->u.mem_file);
+    case PROTO_MEM_FETCH:
+        return proto_valid_name(m->u.mem_fetch.owner) &&
+                       proto_valid_label(m->u.mem_fetch.tag, sizeof(m->u.mem_fetch.tag))
+                   ? 0
+                   : PROTO_E_RANGE;
     }
     return PROTO_E_TYPE;
 }
@@ -477,7 +528,8 @@ const char *proto_type_name(enum proto_type type)
         [PROTO_RANK_EXIT] = "RANK_EXIT", [PROTO_COMMAND] = "COMMAND",
         [PROTO_ERROR] = "ERROR",         [PROTO_LOG_REQUEST] = "LOG_REQUEST",
         [PROTO_LOG_DATA] = "LOG_DATA",   [PROTO_PREFLIGHT] = "PREFLIGHT",
-        [PROTO_STACKS] = "STACKS",
+        [PROTO_STACKS] = "STACKS",       [PROTO_MEM_FILE] = "MEM_FILE",
+        [PROTO_MEM_FETCH] = "MEM_FETCH",
     };
 
     if ((unsigned int)type > PROTO_TYPE_MAX || !names[type])

@@ -376,7 +376,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
 {
     static const char *const keys[] = {"generation", "world_size", "ranks",
         "node_rank", "nnodes", "restart_count", "master_addr", "master_port",
-        "job", "term", "memory_checkpoint", NULL};
+        "job", "term", "memory_checkpoint", "memory_checkpoint_from", NULL};
     json_t *ranks, *job;
 
     TRY(check_keys(o, keys));
@@ -396,6 +396,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
     a->memckpt[0] = '\0';
     if (a->has_memckpt)
         TRY(get_str(o, "memory_checkpoint", a->memckpt, sizeof(a->memckpt)));
+    TRY(get_label(o, "memory_checkpoint_from", a->memckpt_from, sizeof(a->memckpt_from))); /* optional */
     job = json_object_get(o, "job");
     if (!job)
         return PROTO_E_MISSING;
@@ -514,9 +515,25 @@ static int dec_beat(json_t *o, struct proto_rank_beat *b)
     return get_bool(o, "stopped", &b->stopped);
 }
 
+/* An array of checkpoint names (already bounded by its caller) into names[]. */
+static int dec_names(json_t *arr, char (*names)[PROTO_CKPT_NAME_MAX], uint32_t *n)
+{
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *e = json_array_get(arr, i);
+        if (!json_is_string(e))
+            return PROTO_E_FIELD_TYPE;
+        if (json_string_length(e) == 0 || json_string_length(e) >= PROTO_CKPT_NAME_MAX)
+            return PROTO_E_RANGE;
+        memcpy(names[i], json_string_value(e), json_string_length(e) + 1);
+        (*n)++;
+    }
+    return 0;
+}
+
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 {
-    static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", "memory_checkpoints", NULL};
+    static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", "memory_checkpoints",
+                                       "memory_replica_of", "memory_replicas", NULL};
     json_t *ranks, *mem;
 
     TRY(check_keys(o, keys));
@@ -539,19 +556,17 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
     }
     h->has_memckpt = json_object_get(o, "memory_checkpoints") != NULL; /* optional */
     h->nmemckpt = 0;
-    if (!h->has_memckpt)
-        return 0;
-    TRY(get_array(o, "memory_checkpoints", PROTO_MEMCKPT_MAX, &mem));
-    for (size_t i = 0; i < json_array_size(mem); i++) {
-        json_t *e = json_array_get(mem, i);
-        if (!json_is_string(e))
-            return PROTO_E_FIELD_TYPE;
-        if (json_string_length(e) == 0 || json_string_length(e) >= sizeof(h->memckpt[0]))
-            return PROTO_E_RANGE;
-        memcpy(h->memckpt[i], json_string_value(e), json_string_length(e) + 1);
-        h->nmemckpt++;
+    if (h->has_memckpt) {
+        TRY(get_array(o, "memory_checkpoints", PROTO_MEMCKPT_MAX, &mem));
+        TRY(dec_names(mem, h->memckpt, &h->nmemckpt));
     }
-    return 0;
+    /* optional, together: whose replicas it holds, and which */
+    TRY(get_label(o, "memory_replica_of", h->replica_of, sizeof(h->replica_of)));
+    h->nreplica = 0;
+    if (!h->replica_of[0])
+        return json_object_get(o, "memory_replicas") ? PROTO_E_RANGE : 0;
+    TRY(get_array(o, "memory_replicas", PROTO_MEMCKPT_MAX, &mem));
+    return dec_names(mem, h->replica, &h->nreplica);
 }
 
 static int dec_rank_exit(json_t *o, struct proto_rank_exit *e)
@@ -638,6 +653,104 @@ static int dec_stacks(json_t *o, struct proto_stacks *k)
     return json_object_get(o, "error") ? get_str(o, "error", k->error, sizeof(k->error)) : 0;
 }
 
+/* ---- base64 (RFC 4648, with padding), strict: what MEM_FILE's data is sent as ---- */
+
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* s[0..n) into out (room for n / 4 * 3); *len the bytes. Anything but
+ * canonical padded base64 is PROTO_E_RANGE. */
+static int b64_decode(const char *s, size_t n, uint8_t *out, uint32_t *len)
+{
+    size_t o = 0;
+    if (n % 4)
+        return PROTO_E_RANGE;
+    for (size_t i = 0; i < n; i += 4) {
+        int pad = (s[i + 3] == '=') + (s[i + 2] == '=' && s[i + 3] == '=');
+        if (pad && i + 4 != n)
+            return PROTO_E_RANGE;
+        int v[4];
+        for (int k = 0; k < 4 - pad; k++)
+            if ((v[k] = b64_value((unsigned char)s[i + k])) < 0)
+                return PROTO_E_RANGE;
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (pad < 2 ? (uint32_t)v[2] << 6 : 0) |
+                     (pad < 1 ? (uint32_t)v[3] : 0);
+        if ((pad == 1 && (w & 0xff)) || (pad == 2 && (w & 0xffff)))
+            return PROTO_E_RANGE; /* bits past the data: not the canonical form */
+        out[o++] = (uint8_t)(w >> 16);
+        if (pad < 2)
+            out[o++] = (uint8_t)(w >> 8);
+        if (pad < 1)
+            out[o++] = (uint8_t)w;
+    }
+    *len = (uint32_t)o;
+    return 0;
+}
+
+static char *b64_encode(const uint8_t *p, uint32_t n)
+{
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *s = malloc((size_t)(n + 2) / 3 * 4 + 1), *o = s;
+    if (!s)
+        return NULL;
+    for (uint32_t i = 0; i < n; i += 3) {
+        uint32_t w = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        *o++ = digits[w >> 18 & 63];
+        *o++ = digits[w >> 12 & 63];
+        *o++ = i + 1 < n ? digits[w >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? digits[w & 63] : '=';
+    }
+    *o = '\0';
+    return s;
+}
+
+static int dec_mem_file(json_t *o, struct proto_mem_file *f)
+{
+    static const char *const keys[] = {"owner", "tag", "restore", "begin", "end", "path", "offset", "size", "data",
+                                       NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_str(o, "owner", f->owner, sizeof(f->owner)));
+    TRY(get_str(o, "tag", f->tag, sizeof(f->tag)));
+    TRY(get_bool(o, "restore", &f->restore));
+    TRY(get_bool(o, "begin", &f->begin));
+    TRY(get_bool(o, "end", &f->end));
+    TRY(get_str(o, "path", f->path, sizeof(f->path)));
+    TRY(get_u64(o, "offset", &f->offset));
+    TRY(get_u64(o, "size", &f->size));
+    json_t *v = json_object_get(o, "data");
+    if (!v)
+        return PROTO_E_MISSING;
+    if (!json_is_string(v))
+        return PROTO_E_FIELD_TYPE;
+    size_t n = json_string_length(v);
+    if (n > (size_t)PROTO_MEMDATA_MAX / 3 * 4)
+        return PROTO_E_RANGE;
+    if (n == 0)
+        return 0;
+    f->data = malloc(n / 4 * 3); /* freed by proto_msg_clear */
+    if (!f->data)
+        return PROTO_E_NOMEM;
+    return b64_decode(json_string_value(v), n, f->data, &f->len);
+}
+
+static int dec_mem_fetch(json_t *o, struct proto_mem_fetch *f)
+{
+    static const char *const keys[] = {"owner", "tag", NULL};
+
+    TRY(check_keys(o, keys));
+    TRY(get_str(o, "owner", f->owner, sizeof(f->owner)));
+    return get_str(o, "tag", f->tag, sizeof(f->tag));
+}
+
 static int dec_body(json_t *o, struct proto_msg *m)
 {
     switch (m->type) {
@@ -660,6 +773,8 @@ static int dec_body(json_t *o, struct proto_msg *m)
     case PROTO_LOG_DATA: return dec_log_data(o, &m->u.log_data);
     case PROTO_PREFLIGHT: return dec_preflight(o, &m->u.preflight);
     case PROTO_STACKS: return dec_stacks(o, &m->u.stacks);
+    case PROTO_MEM_FILE: return dec_mem_file(o, &m->u.mem_file);
+    case PROTO_MEM_FETCH: return dec_mem_fetch(o, &m->u.mem_fetch);
     }
     return PROTO_E_TYPE;
 }
@@ -799,6 +914,11 @@ void proto_msg_clear(struct proto_msg *msg)
         free(msg->u.stacks.ras);
         msg->u.stacks.ras = NULL;
     }
+    if (msg && msg->type == PROTO_MEM_FILE) {
+        free(msg->u.mem_file.data);
+        msg->u.mem_file.data = NULL;
+        msg->u.mem_file.len = 0;
+    }
 }
 
 /* ---- encoding (the message has passed proto_check) ---- */
@@ -892,6 +1012,8 @@ static int enc_assign_head(json_t *o, const struct proto_assign *a)
     TRY(put_uint(o, "master_port", a->master_port));
     if (a->has_memckpt)
         TRY(put(o, "memory_checkpoint", json_string(a->memckpt)));
+    if (a->memckpt_from[0])
+        TRY(put(o, "memory_checkpoint_from", json_string(a->memckpt_from)));
     return a->term ? put_uint(o, "term", a->term) : PROTO_OK;
 }
 
@@ -950,6 +1072,16 @@ static int enc_beat(json_t *ranks, const struct proto_rank_beat *b)
     return b->stopped ? put(o, "stopped", json_true()) : PROTO_OK;
 }
 
+static int put_names(json_t *o, const char *key, const char (*names)[PROTO_CKPT_NAME_MAX], uint32_t n)
+{
+    json_t *arr = json_array();
+    TRY(put(o, key, arr));
+    for (uint32_t i = 0; i < n && i < PROTO_MEMCKPT_MAX; i++)
+        if (json_array_append_new(arr, json_string(names[i])) != 0)
+            return PROTO_E_NOMEM;
+    return 0;
+}
+
 static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
 {
     json_t *ranks = json_array();
@@ -963,14 +1095,12 @@ static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
     TRY(put(o, "ranks", ranks));
     for (uint32_t i = 0; i < h->nranks; i++)
         TRY(enc_beat(ranks, &h->ranks[i]));
-    if (!h->has_memckpt)
+    if (h->has_memckpt)
+        TRY(put_names(o, "memory_checkpoints", h->memckpt, h->nmemckpt));
+    if (!h->replica_of[0])
         return 0;
-    json_t *mem = json_array();
-    TRY(put(o, "memory_checkpoints", mem));
-    for (uint32_t i = 0; i < h->nmemckpt && i < PROTO_MEMCKPT_MAX; i++)
-        if (json_array_append_new(mem, json_string(h->memckpt[i])) != 0)
-            return PROTO_E_NOMEM;
-    return 0;
+    TRY(put(o, "memory_replica_of", json_string(h->replica_of)));
+    return put_names(o, "memory_replicas", h->replica, h->nreplica);
 }
 
 static int enc_code_reason(json_t *o, const char *code, const char *reason)
@@ -1066,6 +1196,29 @@ static int enc_body(json_t *o, const struct proto_msg *m)
         if (m->u.stacks.ras && m->u.stacks.ras[0])
             TRY(put(o, "ras", json_string(m->u.stacks.ras)));
         return m->u.stacks.error[0] ? put(o, "error", json_string(m->u.stacks.error)) : PROTO_OK;
+    case PROTO_MEM_FILE: {
+        const struct proto_mem_file *f = &m->u.mem_file;
+        TRY(put(o, "owner", json_string(f->owner)));
+        TRY(put(o, "tag", json_string(f->tag)));
+        if (f->restore)
+            TRY(put(o, "restore", json_true()));
+        if (f->begin)
+            TRY(put(o, "begin", json_true()));
+        if (f->end)
+            TRY(put(o, "end", json_true()));
+        TRY(put(o, "path", json_string(f->path)));
+        TRY(put_uint(o, "offset", f->offset));
+        TRY(put_uint(o, "size", f->size));
+        char *b64 = b64_encode(f->data, f->len);
+        if (!b64)
+            return PROTO_E_NOMEM;
+        json_t *v = json_stringn_nocheck(b64, strlen(b64));
+        free(b64);
+        return put(o, "data", v);
+    }
+    case PROTO_MEM_FETCH:
+        TRY(put(o, "owner", json_string(m->u.mem_fetch.owner)));
+        return put(o, "tag", json_string(m->u.mem_fetch.tag));
     }
     return PROTO_E_TYPE;
 }
@@ -1141,8 +1294,8 @@ int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
     TRY(proto_check(msg));
     uint8_t *body = cap > PROTO_HEADER_LEN ? out + PROTO_HEADER_LEN : NULL;
     size_t room = body ? cap - PROTO_HEADER_LEN : 0;
-    /* the fast path writes the fields of every heartbeat; the rare memory checkpoint list goes through jansson */
-    int rc = msg->type == PROTO_HEARTBEAT && !msg->u.heartbeat.has_memckpt
+    /* the fast path writes the fields of every heartbeat; the rare memory checkpoint lists go through jansson */
+    int rc = msg->type == PROTO_HEARTBEAT && !msg->u.heartbeat.has_memckpt && !msg->u.heartbeat.replica_of[0]
                  ? fastbeat_encode(&msg->u.heartbeat, body, room)
                  : proto_encode_payload_json(msg, body, room);
     if (rc < 0)

@@ -40,6 +40,8 @@
 #define PROTO_REASON_MAX 512     /* reject / error / diagnosis text */
 #define PROTO_CKPT_NAME_MAX 201  /* a latest checkpoint's name in PREFLIGHT */
 #define PROTO_MEMCKPT_MAX 8      /* complete memory checkpoints one HEARTBEAT names */
+#define PROTO_MEMPATH_MAX 256    /* a file's path inside a memory checkpoint, bytes incl. NUL */
+#define PROTO_MEMDATA_MAX 98304  /* bytes of a file one MEM_FILE carries (sent as base64) */
 #define PROTO_DETAIL_MAX 4096    /* RANK_EXIT detail: the tail of a traceback or stderr */
 #define PROTO_NONCE_LEN 32       /* challenge nonce, raw bytes */
 #define PROTO_HMAC_LEN 32        /* HMAC-SHA256 output, raw bytes */
@@ -110,7 +112,9 @@ enum proto_type {
     PROTO_LOG_DATA = 13, /* agent -> daemon: the bytes asked for, or why not */
     PROTO_PREFLIGHT = 14, /* agent -> daemon: whether the node can run the job, and why not */
     PROTO_STACKS = 15,   /* agent -> daemon: one rank's dumped stacks, or why there are none */
-    PROTO_TYPE_MAX = 15,
+    PROTO_MEM_FILE = 16, /* agent -> daemon -> agent: a piece of a memory checkpoint's file */
+    PROTO_MEM_FETCH = 17, /* daemon -> agent: send a node's replicated checkpoint back to it */
+    PROTO_TYPE_MAX = 17,
 };
 
 /* Lifecycle of one rank process as reported in heartbeats. */
@@ -247,6 +251,10 @@ struct proto_assign {
      * "" = none. An agent does not pass it on to its ranks. */
     int has_memckpt;
     char memckpt[PROTO_CKPT_NAME_MAX];
+    /* Optional, with memckpt: the node that holds this node's copy of memckpt
+     * (its buddy) when this node reported none; the agent waits for its files
+     * (MEM_FILE restore) before its ranks start. "" = absent. */
+    char memckpt_from[PROTO_NAME_MAX];
 };
 
 struct proto_unique_id {
@@ -322,6 +330,12 @@ struct proto_heartbeat {
     int has_memckpt;
     uint32_t nmemckpt;
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    /* Optional, agent -> daemon: the node whose replicated checkpoints this
+     * one holds (its buddy's owner), and those checkpoints, oldest first;
+     * "" / 0 = absent */
+    char replica_of[PROTO_NAME_MAX];
+    uint32_t nreplica;
+    char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     uint32_t nranks;
     struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
 };
@@ -396,6 +410,32 @@ struct proto_stacks {
                  * at most PROTO_RAS_MAX bytes of log text (optional) */
 };
 
+/*
+ * MEM_FILE: one piece of one file of a memory checkpoint, agent -> daemon ->
+ * agent. restore = 0: a replica, from its owner to the owner's buddy (the
+ * daemon picks the buddy); 1: from the buddy back to the owner. A
+ * checkpoint's files go in order, each in pieces from offset 0, the first
+ * frame with begin = 1; a last frame with end = 1 and path "" closes it. The daemon passes it on unchanged.
+ */
+struct proto_mem_file {
+    char owner[PROTO_NAME_MAX];     /* the node whose checkpoint it is */
+    char tag[PROTO_CKPT_NAME_MAX];  /* the checkpoint (a label) */
+    int restore;
+    int begin;                      /* the first frame of this copy: anything of it received before is dropped */
+    int end;                        /* the checkpoint is whole: no path, no data */
+    char path[PROTO_MEMPATH_MAX];   /* inside the tag's directory: a/b, no "." or ".." part */
+    uint64_t offset;                /* of data[0] in the file */
+    uint64_t size;                  /* the file's whole size; offset + len <= size */
+    uint32_t len;                   /* bytes in data, 0..PROTO_MEMDATA_MAX */
+    uint8_t *data;                  /* malloc'd, owned by the message (NULL when len is 0) */
+};
+
+/* MEM_FETCH: send owner's checkpoint tag, held here as its buddy, back to owner. */
+struct proto_mem_fetch {
+    char owner[PROTO_NAME_MAX];
+    char tag[PROTO_CKPT_NAME_MAX];
+};
+
 struct proto_msg {
     enum proto_type type;
     union {
@@ -414,6 +454,8 @@ struct proto_msg {
         struct proto_log_data log_data;
         struct proto_preflight preflight;
         struct proto_stacks stacks;
+        struct proto_mem_file mem_file;
+        struct proto_mem_fetch mem_fetch;
     } u;
 };
 
@@ -596,6 +638,11 @@ void proto_text_sanitize(char *s);
  * becomes the terminating NUL. The text keeps its len bytes.
  */
 void proto_log_sanitize(char *buf, size_t len);
+
+/* A file's path inside a memory checkpoint (MEM_FILE path): 1..PROTO_MEMPATH_MAX-1
+ * bytes, parts split by '/', none empty, "." or "..", no control character;
+ * so neither absolute nor leaving the checkpoint's directory. 1 or 0. */
+int proto_valid_mem_path(const char *path);
 
 /* Valid label (a rank entry's `where` and `waiting`): 1..cap-1 bytes of
  * UTF-8 without control characters (C0, DEL, C1). */

@@ -250,6 +250,26 @@ static void sample(int type, struct proto_msg *m)
         ck_assert_ptr_nonnull(k->ras);
         break;
     }
+    case PROTO_MEM_FILE: {
+        struct proto_mem_file *f = &m->u.mem_file;
+        strcpy(f->owner, "node-b");
+        strcpy(f->tag, "global_step120");
+        strcpy(f->path, "global_step120/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+        f->begin = 1;
+        f->restore = 1;
+        f->len = 1000; /* not a multiple of 3: base64's padding; every byte value */
+        f->data = malloc(f->len);
+        ck_assert_ptr_nonnull(f->data);
+        for (uint32_t i = 0; i < f->len; i++)
+            f->data[i] = (uint8_t)(i * 7 + 3);
+        f->offset = 4096;
+        f->size = 8192;
+        break;
+    }
+    case PROTO_MEM_FETCH:
+        strcpy(m->u.mem_fetch.owner, "node-b");
+        strcpy(m->u.mem_fetch.tag, "global_step120");
+        break;
     default:
         ck_abort_msg("no sample for type %d", type);
     }
@@ -429,6 +449,24 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         ck_assert_str_eq(x->ras ? x->ras : "", y->ras ? y->ras : "");
         break;
     }
+    case PROTO_MEM_FILE: {
+        const struct proto_mem_file *x = &a->u.mem_file, *y = &b->u.mem_file;
+        ck_assert_str_eq(x->owner, y->owner);
+        ck_assert_str_eq(x->tag, y->tag);
+        ck_assert_str_eq(x->path, y->path);
+        ck_assert_int_eq(x->restore, y->restore);
+        ck_assert_int_eq(x->begin, y->begin);
+        ck_assert_int_eq(x->end, y->end);
+        ck_assert_uint_eq(x->offset, y->offset);
+        ck_assert_uint_eq(x->size, y->size);
+        ck_assert_uint_eq(x->len, y->len);
+        ck_assert(x->len == 0 || memcmp(x->data, y->data, x->len) == 0);
+        break;
+    }
+    case PROTO_MEM_FETCH:
+        ck_assert_str_eq(a->u.mem_fetch.owner, b->u.mem_fetch.owner);
+        ck_assert_str_eq(a->u.mem_fetch.tag, b->u.mem_fetch.tag);
+        break;
     default:
         ck_abort_msg("unexpected type %d", a->type);
     }
@@ -1061,7 +1099,7 @@ END_TEST
 /* Every field of every message (and of the nested objects), removed; the
  * optional fields (a rank's checkpoint_step, silent, rejoin, yielded, step_s,
  * step_age_ms, total_steps, where, waiting and stopped, STACKS' stopped and
- * error, a heartbeat's ack and
+ * error, MEM_FILE's restore, begin and end, a heartbeat's ack and
  * free_port, a rank exit's reason and detail, the session of HELLO and
  * WELCOME) decode as 0 or "" instead. */
 START_TEST(every_field_is_required)
@@ -1084,6 +1122,8 @@ START_TEST(every_field_is_required)
                            (t == PROTO_PREFLIGHT && (!strcmp(key, "trainer") || !strcmp(key, "checkpoint"))) ||
                            (t == PROTO_STACKS && (!strcmp(key, "stopped") || !strcmp(key, "error") || !strcmp(key, "fr") ||
                                                   !strcmp(key, "ras"))) ||
+                           (t == PROTO_MEM_FILE && (!strcmp(key, "restore") || !strcmp(key, "begin") ||
+                                                    !strcmp(key, "end"))) ||
                            ((t == PROTO_WELCOME || t == PROTO_ASSIGN || t == PROTO_UNIQUE_ID ||
                              t == PROTO_COMMAND) && !strcmp(key, "term"));
             ck_assert_msg(decode_json((uint16_t)t, copy) == (optional ? PROTO_OK : PROTO_E_MISSING),
@@ -2211,6 +2251,21 @@ END_TEST
 /* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
 /* Memory checkpoints: HEARTBEAT's list and ASSIGN's choice survive a round
  * trip (the choice by both ways of writing an ASSIGN); bad lists are refused. */
+/* A one-rank ASSIGN that names a memory checkpoint (memckpt to be filled in); m owns its job. */
+static void memckpt_assign(struct proto_msg *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = PROTO_ASSIGN;
+    m->u.assign.generation = 2;
+    m->u.assign.world_size = 1;
+    m->u.assign.nranks = 1;
+    m->u.assign.nnodes = 1;
+    snprintf(m->u.assign.master_addr, sizeof(m->u.assign.master_addr), "10.0.0.1");
+    m->u.assign.master_port = 29500;
+    m->u.assign.job = json_pack("{s:s}", "name", "j");
+    m->u.assign.has_memckpt = 1;
+}
+
 START_TEST(memory_checkpoints_on_the_wire)
 {
     static struct proto_msg m, back;
@@ -2269,16 +2324,7 @@ START_TEST(memory_checkpoints_on_the_wire)
 
     /* ASSIGN: rendered with its job text or through jansson, the same frame and the same choice */
     static uint8_t a[PROTO_MAX_FRAME], b[PROTO_MAX_FRAME];
-    memset(&m, 0, sizeof(m));
-    m.type = PROTO_ASSIGN;
-    m.u.assign.generation = 2;
-    m.u.assign.world_size = 1;
-    m.u.assign.nranks = 1;
-    m.u.assign.nnodes = 1;
-    snprintf(m.u.assign.master_addr, sizeof(m.u.assign.master_addr), "10.0.0.1");
-    m.u.assign.master_port = 29500;
-    m.u.assign.job = json_pack("{s:s}", "name", "j");
-    m.u.assign.has_memckpt = 1;
+    memckpt_assign(&m);
     strcpy(m.u.assign.memckpt, "step \"10\"");
     int na = proto_encode(&m, a, sizeof(a));
     char *job = json_dumps(m.u.assign.job, JSON_COMPACT);
@@ -2301,6 +2347,98 @@ START_TEST(memory_checkpoints_on_the_wire)
     ck_assert_int_eq(proto_encode(&m, b, sizeof(b)), PROTO_E_RANGE);
     free(job);
     json_decref(m.u.assign.job);
+}
+END_TEST
+
+/* Replicas (worker/agent/memrep.h): the holder's report, ASSIGN's source, MEM_FILE's paths, bytes and bounds. */
+START_TEST(memory_replicas_on_the_wire)
+{
+    static struct proto_msg m, back;
+    static uint8_t buf[PROTO_MAX_FRAME];
+    size_t consumed;
+    memset(&m, 0, sizeof(m));
+    proto_heartbeat_start(&m);
+    m.u.heartbeat.generation = 3;
+    m.u.heartbeat.seq = 9;
+    strcpy(m.u.heartbeat.replica_of, "b");
+    m.u.heartbeat.nreplica = 2;
+    strcpy(m.u.heartbeat.replica[0], "step5");
+    strcpy(m.u.heartbeat.replica[1], "step10");
+    int n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_str_eq(back.u.heartbeat.replica_of, "b");
+    ck_assert_uint_eq(back.u.heartbeat.nreplica, 2);
+    ck_assert_str_eq(back.u.heartbeat.replica[1], "step10");
+    ck_assert_int_eq(back.u.heartbeat.has_memckpt, 0);
+    proto_msg_clear(&back);
+    strcpy(m.u.heartbeat.replica_of, "b/c"); /* a node name */
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    const char *head = "{\"generation\":1,\"seq\":1,\"ranks\":[]";
+    char text[4096];
+    snprintf(text, sizeof(text), "%s,\"memory_replicas\":[\"a\"]}", head); /* whose? */
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), "%s,\"memory_replica_of\":\"b\"}", head); /* and which? */
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_MISSING);
+    snprintf(text, sizeof(text), "%s,\"memory_replica_of\":\"b\",\"memory_replicas\":[]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_OK);
+
+    /* ASSIGN memory_checkpoint_from: only beside a checkpoint it names */
+    memckpt_assign(&m);
+    strcpy(m.u.assign.memckpt, "step10");
+    strcpy(m.u.assign.memckpt_from, "a");
+    n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_str_eq(back.u.assign.memckpt_from, "a");
+    proto_msg_clear(&back);
+    m.u.assign.memckpt[0] = '\0';
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    json_decref(m.u.assign.job);
+
+    /* MEM_FILE: paths inside the checkpoint only */
+    static const char *const good[] = {"a", "a/b", "global_step5/zero_pp_rank_0.pt", "x..y", ".hidden/f"};
+    static const char *const bad[] = {"", "/abs", "a//b", "a/", "..", "../x", "a/../b", "./a", "a/.", "a\nb"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        ck_assert_msg(proto_valid_mem_path(good[i]), "%s refused", good[i]);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(!proto_valid_mem_path(bad[i]), "%s taken", bad[i]);
+    const char *f = "{\"owner\":\"b\",\"tag\":\"step5\",\"path\":\"%s\",\"offset\":%d,\"size\":%d,\"data\":\"%s\"}";
+    snprintf(text, sizeof(text), f, "x/y", 0, 3, "AQID");
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_OK);
+    snprintf(text, sizeof(text), f, "../y", 0, 3, "AQID");
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), f, "/etc/passwd", 0, 3, "AQID");
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), f, "x", 1, 3, "AQID"); /* past its size */
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_E_RANGE);
+    static const char *const not_b64[] = {"AQI", "AQ=D", "A===", "AQJ=", "AQ\\u0000D", "AQ*D", "AQ==AQID"};
+    for (size_t i = 0; i < sizeof(not_b64) / sizeof(not_b64[0]); i++) {
+        snprintf(text, sizeof(text), f, "x", 0, 9, not_b64[i]);
+        ck_assert_msg(decode_text(PROTO_MEM_FILE, text) < 0, "data %s taken", not_b64[i]);
+    }
+    snprintf(text, sizeof(text), f, "x", 0, 9, "AQ==");
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_OK);
+    snprintf(text, sizeof(text), "{\"owner\":\"b\",\"tag\":\"step5\",\"end\":true,\"path\":\"x\",\"offset\":0,"
+             "\"size\":0,\"data\":\"\"}"); /* an end names no file */
+    ck_assert_int_eq(decode_text(PROTO_MEM_FILE, text), PROTO_E_RANGE);
+    /* the largest piece fits a frame, one byte more does not encode */
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_MEM_FILE;
+    strcpy(m.u.mem_file.owner, "b");
+    strcpy(m.u.mem_file.tag, "step5");
+    strcpy(m.u.mem_file.path, "x");
+    static uint8_t data[PROTO_MEMDATA_MAX + 1];
+    m.u.mem_file.data = data;
+    m.u.mem_file.len = PROTO_MEMDATA_MAX;
+    m.u.mem_file.size = PROTO_MEMDATA_MAX + 1;
+    n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_uint_eq(back.u.mem_file.len, PROTO_MEMDATA_MAX);
+    proto_msg_clear(&back);
+    m.u.mem_file.len = PROTO_MEMDATA_MAX + 1;
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
 }
 END_TEST
 
@@ -2860,6 +2998,7 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, encode_refuses_oversize_job);
     tcase_add_test(tc, assign_with_rendered_job_is_the_same_frame);
     tcase_add_test(tc, memory_checkpoints_on_the_wire);
+    tcase_add_test(tc, memory_replicas_on_the_wire);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fastbeat");

@@ -2720,15 +2720,21 @@ START_TEST(memory_checkpoint_common_to_every_member_goes_in_assign)
     int from = rec.nsent;
     ck_assert_int_eq(join("b", 2, 0), 0);
     ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN)); /* no member has said what it holds */
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "to report its memory checkpoints"));
+    char common[PROTO_CKPT_NAME_MAX];
+    ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), -1);
+    beat_mem("a", 0, 0, NULL);
+    ck_assert_ptr_null(find_sent(from, "a", PROTO_ASSIGN)); /* b has not said */
+    beat_mem("b", 0, 0, NULL);
     const struct proto_msg *as = find_sent(from, "a", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(as);
-    ck_assert_int_eq(as->u.assign.has_memckpt, 0); /* no member has said what it holds */
+    ck_assert_int_eq(as->u.assign.has_memckpt, 1);
+    ck_assert_str_eq(as->u.assign.memckpt, ""); /* none on every node: each starts afresh */
     beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 11);
     beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 11);
     static const char *const a_has[] = {"step5", "step10", "step15"}, *const b_has[] = {"step5", "step10"};
     beat_mem("a", 1, 3, a_has);
-    char common[PROTO_CKPT_NAME_MAX];
-    ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), -1); /* b has not said */
     beat_mem("b", 1, 2, b_has);
     ck_assert_int_eq(rdv_memckpt_common(&rdv, common, sizeof(common)), 1);
     ck_assert_str_eq(common, "step10");
@@ -2760,6 +2766,121 @@ START_TEST(memory_checkpoint_common_to_every_member_goes_in_assign)
     st = rest_status(now);
     ck_assert(json_is_null(json_object_get(st, "memory_checkpoint")));
     json_decref(st);
+}
+END_TEST
+
+/* A member that never reports its memory checkpoints holds the generation for heartbeat_timeout_ms, no longer. */
+START_TEST(memory_checkpoint_report_is_waited_for_a_bounded_time)
+{
+    setup_spec(2, 3);
+    spec.memory_checkpoint_mb = 64;
+    int from = rec.nsent;
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    beat_mem("a", 0, 0, NULL);
+    ck_assert_ptr_null(find_sent(from, "b", PROTO_ASSIGN));
+    ck_assert_ptr_nonnull(strstr(rdv.reason, "waiting for node b to report its memory checkpoints"));
+    now += (uint64_t)spec.heartbeat_timeout_ms;
+    rdv_tick(&rdv, now);
+    const struct proto_msg *bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(bs);
+    ck_assert_int_eq(bs->u.assign.has_memckpt, 0); /* none named: each node keeps what it has */
+}
+END_TEST
+
+/* A holder's heartbeat: what it holds of whose. */
+static void beat_replicas(const char *node, uint64_t generation, const char *of, uint32_t n, const char *const *names)
+{
+    struct proto_msg *m = heartbeat_msg(0);
+    m->u.heartbeat.generation = generation;
+    m->u.heartbeat.free_port = node_port(node);
+    snprintf(m->u.heartbeat.replica_of, sizeof(m->u.heartbeat.replica_of), "%s", of);
+    m->u.heartbeat.nreplica = n;
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(m->u.heartbeat.replica[i], sizeof(m->u.heartbeat.replica[i]), "%s", names[i]);
+    rdv_message(&rdv, node, m, now);
+}
+
+static void mem_file(const char *from_node, const char *owner, int restore)
+{
+    struct proto_msg m = {.type = PROTO_MEM_FILE};
+    snprintf(m.u.mem_file.owner, sizeof(m.u.mem_file.owner), "%s", owner);
+    snprintf(m.u.mem_file.tag, sizeof(m.u.mem_file.tag), "step10");
+    snprintf(m.u.mem_file.path, sizeof(m.u.mem_file.path), "rank1.bin");
+    m.u.mem_file.restore = restore;
+    m.u.mem_file.size = 10;
+    rdv_message(&rdv, from_node, &m, now);
+}
+
+/* The buddy map, the relay's rules, and a replaced node resuming from its buddy's copy. */
+START_TEST(memory_checkpoint_replica_comes_from_the_buddy)
+{
+    setup_spec(3, 3);
+    spec.memory_checkpoint_mb = 64;
+    spec.restart_backoff_ms = 0;
+    spec.batch = 3;
+    int from = rec.nsent;
+    ck_assert_int_eq(join("c", 1, 0), 0);
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    /* next member in name order: a -> b -> c -> a */
+    ck_assert_str_eq(rdv.nodes[rdv__buddy(&rdv, (uint32_t)find_index("a"))].name, "b");
+    ck_assert_str_eq(rdv.nodes[rdv__buddy(&rdv, (uint32_t)find_index("b"))].name, "c");
+    ck_assert_str_eq(rdv.nodes[rdv__buddy(&rdv, (uint32_t)find_index("c"))].name, "a");
+    static const char *const has[] = {"step5", "step10"};
+    beat_mem("a", 0, 2, has);
+    beat_mem("b", 0, 2, has);
+    beat_mem("c", 0, 2, has);
+    beat_replicas("c", 0, "b", 2, has); /* c holds b's */
+    ck_assert_msg(find_sent(from, "a", PROTO_ASSIGN) != NULL, "no ASSIGN: %s", rdv.reason);
+    json_t *st = rest_status(now);
+    json_t *reps = json_object_get(json_object_get(st, "memory_checkpoint"), "replicas");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(reps, "b"), "buddy")), "c");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(reps, "b"), "newest")), "step10");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(reps, "b"), "lag_steps")), 0);
+    ck_assert(json_is_null(json_object_get(json_object_get(reps, "a"), "lag_steps"))); /* b holds none of a's */
+    json_decref(st);
+    static const char *const b_more[] = {"step10", "step15"};
+    beat_mem("b", 1, 2, b_more);
+    st = rest_status(now);
+    reps = json_object_get(json_object_get(st, "memory_checkpoint"), "replicas");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(reps, "b"), "lag_steps")), 5);
+    json_decref(st);
+    beat_mem("b", 1, 2, has);
+
+    /* the relay: b's own replica to its buddy c; nothing else passes */
+    int mark = rec.nsent;
+    mem_file("b", "b", 0);
+    const struct proto_msg *f = find_sent(mark, "c", PROTO_MEM_FILE);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f->u.mem_file.owner, "b");
+    mark = rec.nsent;
+    mem_file("b", "a", 0); /* another node's files as a replica */
+    mem_file("a", "b", 1); /* a restore from a node that holds none of b's */
+    ck_assert_int_eq(rec.nsent, mark);
+
+    /* b is replaced: a fresh agent holds nothing; its step10 comes from c */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    from = rec.nsent;
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    beat_mem("a", 1, 2, has); /* rank 0's node: its next free port */
+    beat_mem("b", 0, 0, NULL);
+    const struct proto_msg *bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_msg(bs != NULL, "no ASSIGN: %s", rdv.reason);
+    ck_assert_str_eq(bs->u.assign.memckpt, "step10");
+    ck_assert_str_eq(bs->u.assign.memckpt_from, "c");
+    const struct proto_msg *q = find_sent(from, "c", PROTO_MEM_FETCH);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_str_eq(q->u.mem_fetch.owner, "b");
+    ck_assert_str_eq(q->u.mem_fetch.tag, "step10");
+    const struct proto_msg *as = find_sent(from, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_str_eq(as->u.assign.memckpt_from, ""); /* a has its own */
+    ck_assert(has_event_with("memory_resumed", "resumed from memory checkpoint step 10 (step10, the newest complete "
+                                               "on all 3 nodes; node b's files from node c)"));
+    mark = rec.nsent;
+    mem_file("c", "b", 1); /* the holder gives them back: to b */
+    ck_assert_ptr_nonnull(find_sent(mark, "b", PROTO_MEM_FILE));
 }
 END_TEST
 
@@ -3468,6 +3589,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, no_free_port_holds_the_generation);
     tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
     tcase_add_test(tc, memory_checkpoint_common_to_every_member_goes_in_assign);
+    tcase_add_test(tc, memory_checkpoint_report_is_waited_for_a_bounded_time);
+    tcase_add_test(tc, memory_checkpoint_replica_comes_from_the_buddy);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);

@@ -70,6 +70,19 @@ rank_pid() {
     echo "$best"
 }
 
+# need_mount_ns NAME: skips the script (exit 0, saying why) unless mount namespaces
+# with a tmpfs in them are permitted here (root / CAP_SYS_ADMIN, unshare and nsenter).
+need_mount_ns() {
+    if ! command -v unshare > /dev/null || ! command -v nsenter > /dev/null; then
+        echo "SKIP: $1: no unshare(1) or nsenter(1)"
+        exit 0
+    fi
+    if ! unshare -m --propagation private sh -c "mount -t tmpfs none '$ITEST_DIR' && umount '$ITEST_DIR'" 2> /dev/null; then
+        echo "SKIP: $1: mount namespaces are not permitted here (unshare -m and mount failed; needs root / CAP_SYS_ADMIN)"
+        exit 0
+    fi
+}
+
 # wait_log SECONDS FILE PATTERN: a line matching PATTERN in FILE (polls every 50 ms).
 wait_log() {
     i=0

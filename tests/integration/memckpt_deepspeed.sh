@@ -27,13 +27,7 @@
 set -eu
 . tests/itest-lib.sh
 
-skip() {
-    echo "SKIP: memckpt_deepspeed: $*"
-    exit 0
-}
-command -v unshare > /dev/null && command -v nsenter > /dev/null || skip "no unshare(1) or nsenter(1)"
-unshare -m --propagation private sh -c "mount -t tmpfs none '$ITEST_DIR' && umount '$ITEST_DIR'" 2> /dev/null \
-    || skip "mount namespaces are not permitted here (unshare -m and mount failed; needs root / CAP_SYS_ADMIN)"
+need_mount_ns memckpt_deepspeed
 need_torch memckpt_deepspeed torch.distributed deepspeed
 PY=$TORCH_PY
 DS_SCRIPT="$(pwd)/tests/torch/ds_zero3_train.py"

@@ -124,6 +124,7 @@ void agent__maybe_finish(struct agent *a)
     for (struct agent_rank *r = a->all; r; r = r->next)
         rank_close(r);
     spare_close(&a->spare);
+    memrep_close(&a->rep, a->mem_drop);
     if (a->mem_drop)
         memckpt_close(&a->mem); /* an agent stopped by a signal leaves it to the next one */
 }
@@ -203,6 +204,26 @@ static void choose_state_dir(struct agent *a)
     log_error("no usable state directory: ranks get no TORCHELASTIC_ERROR_FILE (give --state-dir DIR)");
 }
 
+/* memrep's link (memrep.h): frames to musterd, what waits on it, the ranks' files back from the buddy. */
+static int rep_send(void *ctx, const struct proto_msg *m)
+{
+    struct agent *a = ctx;
+    return a->link == LINK_JOINED ? agent__send_to_daemon(a, m) : UV_ENOTCONN;
+}
+
+static size_t rep_queued(void *ctx)
+{
+    struct agent *a = ctx;
+    return a->conn ? a->conn->wq_bytes : 0;
+}
+
+static void rep_fetched(void *ctx)
+{
+    struct agent *a = ctx;
+    if (a->spawn_pending && !agent__any_outgoing(a))
+        agent__spawn_all(a);
+}
+
 int agent_run(const struct agent_config *cfg)
 {
     uv_loop_t loop;
@@ -238,6 +259,8 @@ int agent_run(const struct agent_config *cfg)
     agent_preflight_init(&a->pf, &loop, agent__on_preflight_done, a);
     spare_init(&a->spare, &loop, spare_gone, a);
     a->spare.user = &a->cfg->rank_user;
+    memrep_init(&a->rep, &loop, &a->mem, cfg->node,
+                &(struct memrep_link){.ctx = a, .send = rep_send, .queued = rep_queued, .fetched = rep_fetched});
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

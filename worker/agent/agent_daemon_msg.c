@@ -269,6 +269,10 @@ void agent__daemon_msg(struct fconn *c, struct proto_msg *msg)
     case PROTO_LOG_REQUEST:
         agent__on_log_request(a, &msg->u.log_request);
         break;
+    case PROTO_MEM_FILE:
+    case PROTO_MEM_FETCH:
+        memrep_on_msg(&a->rep, msg);
+        break;
     default: {
         unsigned long held;
         char note[64];

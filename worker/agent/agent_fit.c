@@ -102,6 +102,7 @@ void agent__start_preflight(struct agent *a, const struct proto_welcome *w)
         agent__on_preflight_done(&a->pf, !w->job, err);
         return;
     }
+    memckpt_welcome(&a->mem, &spec); /* its list goes from the first heartbeat: musterd waits for every member's */
     if (!a->have_assign && spec.spare_nodes > 0)
         a->spec = spec; /* the job a spare node's warm spare process starts from (agent__keep_spare_unassigned) */
     preflight_inputs_of(a, &spec, &in);

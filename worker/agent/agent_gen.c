@@ -154,6 +154,7 @@ void agent__on_assign(struct agent *a, struct proto_assign *as)
                   a->mem.dir, (unsigned)a->cfg->rank_user.gid, strerror(-shared), MEMCKPT_ENV);
         memckpt_close(&a->mem);
     }
+    memrep_job(&a->rep, &a->spec, as->nnodes);
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,

@@ -88,6 +88,7 @@ void agent__link_lost(struct agent *a, const char *why)
     notify_sendf("STATUS=lost the daemon at %s: %s; rejoining", a->daemon, why);
     log_warn("lost the daemon at %s: %s; rejoining", a->daemon, why);
     agent__link_close(a);
+    memrep_link_lost(&a->rep);
     agent__schedule_retry(a, NULL);
 }
 
@@ -448,6 +449,7 @@ void agent__on_beat_timer(uv_timer_t *t)
     agent__refresh_free_port(a);
     hb->free_port = a->free_port;
     memckpt_heartbeat(&a->mem, a->ranks, a->nranks, hb);
+    memrep_heartbeat(&a->rep, hb);
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];

@@ -36,8 +36,7 @@ int memckpt_path(const struct job_spec *spec, char *out, size_t cap)
     return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
 }
 
-/* The directory is a mount of its own: its device differs from its parent's. */
-static bool own_mount(const char *dir)
+bool memckpt_own_mount(const char *dir)
 {
     char parent[PATH_MAX + 4];
     snprintf(parent, sizeof(parent), "%s/..", dir);
@@ -89,7 +88,7 @@ int memckpt_open(struct memckpt *m, const struct job_spec *spec, char *note, siz
     m->keep = spec->memory_checkpoint_keep;
     m->size_mb = (uint64_t)spec->memory_checkpoint_mb;
     m->on = true;
-    if (own_mount(dir)) {
+    if (memckpt_own_mount(dir)) {
         close(dfd);
         m->mounted = true; /* the agent's mount, from before its ranks' restart or its own */
         return 0;
@@ -280,6 +279,19 @@ int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n
     return changed;
 }
 
+void memckpt_adopt(struct memckpt *m, const char *tag)
+{
+    if (!m->on || !tag_dir(m->dir, tag))
+        return;
+    struct memckpt_tag *t = find(m, tag);
+    if (!t) {
+        struct memckpt_rank none[1] = {{0}};
+        add(m, tag, none, 0);
+        t = &m->tags[m->ntags - 1];
+    }
+    t->complete = true;
+}
+
 uint32_t memckpt_complete(const struct memckpt *m, char (*names)[PROTO_CKPT_NAME_MAX], uint32_t max)
 {
     /* selection of the newest max, written oldest first */
@@ -413,6 +425,18 @@ void memckpt_job(struct memckpt *m, const struct job_spec *spec)
         log_warn("%s", note);
 }
 
+void memckpt_welcome(struct memckpt *m, const struct job_spec *spec)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+    m->expected = false;
+    if (!spec->memory_checkpoint_mb || memckpt_path(spec, dir, sizeof(dir)) != 0)
+        return;
+    if (m->on || (lstat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        memckpt_job(m, spec);
+    m->expected = !m->on;
+}
+
 void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n)
 {
     if (!m->on)
@@ -432,8 +456,10 @@ void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n
 
 void memckpt_heartbeat(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n, struct proto_heartbeat *hb)
 {
-    if (!m->on)
+    if (!m->on) {
+        hb->has_memckpt = m->expected; /* an empty list: none here yet */
         return;
+    }
     memckpt_look(m, ranks, n);
     hb->has_memckpt = 1;
     hb->nmemckpt = memckpt_complete(m, hb->memckpt, PROTO_MEMCKPT_MAX);

@@ -69,6 +69,7 @@ struct memckpt {
     uint32_t ntags;
     struct memckpt_tag tags[MEMCKPT_TAGS_MAX];
     uint64_t restored_gen; /* the generation whose fresh ranks it was made ready for */
+    bool expected;         /* no directory yet, but the job names one: heartbeats report none */
 };
 
 /* memory_checkpoint_root/muster-JOB for spec; -ENAMETOOLONG when it does not fit. */
@@ -82,6 +83,9 @@ int memckpt_path(const struct job_spec *spec, char *out, size_t cap);
 int memckpt_open(struct memckpt *m, const struct job_spec *spec, char *note, size_t note_len, char *why,
                  size_t len);
 
+/* dir is a mount of its own: its device differs from its parent's. */
+bool memckpt_own_mount(const char *dir);
+
 /* The job is over: unmounts and removes the directory. Safe when none is held. */
 void memckpt_close(struct memckpt *m);
 
@@ -92,6 +96,9 @@ void memckpt_close(struct memckpt *m);
  * complete, are removed from the directory.
  */
 int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n);
+
+/* tag came whole from elsewhere (the buddy): it counts as complete here. */
+void memckpt_adopt(struct memckpt *m, const char *tag);
 
 /* The complete checkpoints, oldest first, the newest max of them; returns how many. */
 uint32_t memckpt_complete(const struct memckpt *m, char (*names)[PROTO_CKPT_NAME_MAX], uint32_t max);
@@ -106,6 +113,14 @@ int memckpt_restore(struct memckpt *m, const char *tag, char *why, size_t len);
 /* ---- the agent's side: its ranks (agent_rank.h), its frames, its log ---- */
 
 struct agent_rank;
+
+/*
+ * WELCOME named spec: the directory an earlier agent left is taken up (its
+ * checkpoints reported from the first heartbeat), or, when there is none,
+ * heartbeats say "none here" until ASSIGN makes it (memckpt_job). Nothing
+ * is made or mounted for a job this node may yet be unfit for.
+ */
+void memckpt_welcome(struct memckpt *m, const struct job_spec *spec);
 
 /* The held job is spec: its directory is made (and another job's removed), or none when it names none. */
 void memckpt_job(struct memckpt *m, const struct job_spec *spec);
