@@ -40,6 +40,8 @@ def parse_args():
     p.add_argument("--slow-frac", type=float, default=0.4, help="... this share more ...")
     p.add_argument("--slow-from", type=int, default=0, help="... from this step ...")
     p.add_argument("--slow-to", type=int, default=-1, help="... to this one (-1: to the end)")
+    p.add_argument("--slow-node", default="", help="... and only while it runs on this node (MUSTER_NODE): the "
+                   "node is slow, not the program")
     p.add_argument("--raise-at-step", type=int, default=-1, help="raise ValueError at this step ...")
     p.add_argument("--raise-rank", type=int, default=0, help="... on this rank")
     p.add_argument("--raise-restart", type=int, default=0, help="... in this restart only")
@@ -98,6 +100,12 @@ def batch(seed, step, rank, n, width):
     return x, y
 
 
+def slow(args, rank, step):
+    """Whether this rank's step is a fail-slow one (--slow-rank, --slow-from/--slow-to, --slow-node)."""
+    return (rank == args.slow_rank and step >= args.slow_from and (args.slow_to < 0 or step < args.slow_to) and
+            (not args.slow_node or os.environ.get("MUSTER_NODE") == args.slow_node))
+
+
 def spin_for_ever():
     """A rank wedged in its own code (a livelock): it runs, but never reaches the next collective."""
     n = 0
@@ -153,6 +161,8 @@ def main_elastic(args):
             print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if slow(args, rank, step):
+            time.sleep(args.slow_frac * args.step_sleep)
         return loss
 
     loss = elastic.run(train_step, args.steps)
@@ -265,7 +275,7 @@ def main():
             dist.barrier()
         if args.step_sleep:
             time.sleep(args.step_sleep)
-        if rank == args.slow_rank and step >= args.slow_from and (args.slow_to < 0 or step < args.slow_to):
+        if slow(args, rank, step):
             time.sleep(args.slow_frac * args.step_sleep)
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
