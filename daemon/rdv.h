@@ -159,6 +159,9 @@ struct rdv_node {
     /* the node whose replicas it holds, and those held whole, oldest first
      * (HEARTBEAT memory_replica_of, memory_replicas; daemon/rdv_memrep.c) */
     char replica_of[PROTO_NAME_MAX];
+    /* a spare that took a member's rank block (rdv_spare.c): that member's
+     * name, whose copies at its buddy are this node's now; "" = none */
+    char heir_of[PROTO_NAME_MAX];
     uint32_t nreplica;
     char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
 };

@@ -63,12 +63,18 @@ uint32_t rdv__buddy(const struct rdv *r, uint32_t node)
     return b < n ? members[b] : r->nnodes;
 }
 
+/* Whether h's replicas are nd's: of its name, or of the member whose rank block it took (a spare). */
+static int holds_for(const struct rdv_node *h, const struct rdv_node *nd)
+{
+    return strcmp(h->replica_of, nd->name) == 0 || (nd->heir_of[0] && strcmp(h->replica_of, nd->heir_of) == 0);
+}
+
 /* The joined node other than node that holds node's replica of tag; r->nnodes when none. */
 static uint32_t holder_of(const struct rdv *r, uint32_t node, const char *tag)
 {
     for (uint32_t j = 0; j < r->nnodes; j++) {
         const struct rdv_node *h = &r->nodes[j];
-        if (j == node || !joined(r, j) || strcmp(h->replica_of, r->nodes[node].name) != 0)
+        if (j == node || !joined(r, j) || !holds_for(h, &r->nodes[node]))
             continue;
         for (uint32_t k = 0; k < h->nreplica; k++)
             if (strcmp(h->replica[k], tag) == 0)
@@ -103,7 +109,7 @@ int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
         memcpy(names[n], nd->memckpt, c * sizeof(nd->memckpt[0]));
         for (uint32_t j = 0; j < r->nnodes; j++) {
             const struct rdv_node *h = &r->nodes[j];
-            if (j == i || !joined(r, j) || strcmp(h->replica_of, nd->name) != 0)
+            if (j == i || !joined(r, j) || !holds_for(h, nd))
                 continue;
             for (uint32_t k = 0; k < h->nreplica && c < 2 * PROTO_MEMCKPT_MAX; k++)
                 if (!holds_own(nd, h->replica[k]))
@@ -125,7 +131,7 @@ void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as)
         return;
     snprintf(as->memckpt_from, sizeof(as->memckpt_from), "%s", r->nodes[h].name);
     struct proto_msg m = {.type = PROTO_MEM_FETCH};
-    snprintf(m.u.mem_fetch.owner, sizeof(m.u.mem_fetch.owner), "%s", r->nodes[node].name);
+    snprintf(m.u.mem_fetch.owner, sizeof(m.u.mem_fetch.owner), "%s", r->nodes[h].replica_of);
     snprintf(m.u.mem_fetch.tag, sizeof(m.u.mem_fetch.tag), "%s", as->memckpt);
     rdv__send_to(r, h, &m);
 }
@@ -147,10 +153,24 @@ void rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_
     }
 }
 
+/* The joined member a restore of owner's files goes to: owner itself, or
+ * the spare that took owner's rank block (rdv_node.heir_of; owner, back,
+ * is a spare then); -1 = none. */
+static int restore_to(const struct rdv *r, const char *owner)
+{
+    int i = rdv__find_node(r, owner);
+    if (i >= 0 && joined(r, (uint32_t)i) && r->nodes[i].member)
+        return i;
+    for (uint32_t j = 0; j < r->nnodes; j++)
+        if (r->nodes[j].member && joined(r, j) && strcmp(r->nodes[j].heir_of, owner) == 0)
+            return (int)j;
+    return -1;
+}
+
 void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file *f, uint64_t now_ms)
 {
     const struct rdv_node *nd = &r->nodes[node];
-    int owner = rdv__find_node(r, f->owner);
+    int owner = f->restore ? restore_to(r, f->owner) : rdv__find_node(r, f->owner);
     uint32_t to = r->nnodes;
     const char *why = NULL;
     if (!r->spec->memory_checkpoint_mb)
@@ -183,6 +203,8 @@ void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file 
     }
     struct proto_msg m = {.type = PROTO_MEM_FILE};
     m.u.mem_file = *f; /* the data stays the sender's message's: encoded, not freed here */
+    if (f->restore) /* a spare's are the files of the member it replaced: given back as its own */
+        snprintf(m.u.mem_file.owner, sizeof(m.u.mem_file.owner), "%s", r->nodes[to].name);
     rdv__send_to(r, to, &m);
 }
 

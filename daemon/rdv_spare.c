@@ -96,6 +96,9 @@ static void replace(struct rdv *r, uint32_t lost, uint32_t s)
     ln->swap_out = 0;
     sn->member = 1;
     sn->first_rank = ln->first_rank;
+    /* the lost member's memory checkpoint copies at its buddy are the spare's now (rdv_memrep.c) */
+    snprintf(sn->heir_of, sizeof(sn->heir_of), "%s", ln->heir_of[0] ? ln->heir_of : ln->name);
+    ln->heir_of[0] = '\0';
     sn->checkpoint_wanted = 0; /* it has no state to compare: it takes its peers' */
     ln->member = 0;
     ln->checkpoint_wanted = 0;

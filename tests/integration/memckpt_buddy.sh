@@ -11,6 +11,9 @@
 #       namespace, and a fresh agent for node b is started: node b's step10
 #       comes back from node a before its rank starts, the event says so,
 #       both ranks resume at step 10 with intact bytes, and the job completes;
+#   (g) a job with a hot spare (spare_nodes 1): agent b SIGKILLed, the spare
+#       s takes its rank block and gets b's files from b's buddy a before
+#       its rank starts, which resumes intact;
 #   (f) a one-node job saving 5 MiB a step into 8 MiB: the second save fails
 #       in the program with ENOSPC, and an event names node f and the size.
 # Needs root and mount namespaces; skipped with a message where they are not permitted.
@@ -85,6 +88,46 @@ wait_for 60 'd["state"] == "completed"' || { show_status; fail "(b) the job did 
 echo "(b) $(event_matching 'e["kind"] == "memory_resumed"' | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["message"])')"
 kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
 wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+
+# ---- (g) node b replaced by a hot spare: the spare gets b's files from b's buddy ---------------
+cat > "$ITEST_DIR/sp.json" <<JSON
+{"name": "repspare", "nodes": 2, "spare_nodes": 1, "max_restarts": 3, "heartbeat_interval_ms": 200,
+ "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 500, "restart_backoff_ms": 0,
+ "memory_checkpoint_mb": 64, "memory_checkpoint_root": "$ROOT", "memory_checkpoint_replica_mbps": 100,
+ "rank_cmd": ["$PY", "$ITEST_DIR/save_rank.py", "--steps", "40", "--sleep", "0.1", "--barrier", "$ITEST_DIR/barrier-sp"]}
+JSON
+mkdir -p "$ITEST_DIR/barrier-sp"
+rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+for n in a b; do mv "$ITEST_DIR/agent-$n.log" "$ITEST_DIR/rep-agent-$n.log"; done
+start_daemon "$ITEST_DIR/sp.json" --token-file "$ITEST_DIR/token"
+mem_agent a
+AGENT_A=$AGENT_PID
+mem_agent b
+AGENT_B=$AGENT_PID
+wait_for 30 'd["state"] == "running"' || { show_status; fail "(g) the job did not run on a and b"; }
+mem_agent s
+AGENT_S=$AGENT_PID
+wait_for 30 'd["spares"]["ready"] == 1' || { show_status; fail "(g) node s is not a ready spare"; }
+wait_for 30 '(((d["memory_checkpoint"] or {}).get("replicas") or {}).get("b") or {}).get("newest") not in (None, "")' \
+    || fail "(g) node a holds no copy of node b's: $(status)"
+pid=$(rank_pid "$ITEST_DIR/save_rank.py" 1)
+[ -n "$pid" ] || fail "(g) no process for rank 1"
+kill -9 "$AGENT_B" "$pid"
+wait "$AGENT_B" 2>/dev/null || true
+wait_log 30 "$ITEST_DIR/agent-s.log" "came back from the buddy" \
+    || { show_status; fail "(g) node b's files did not come to the spare from node a"; }
+wait_log 30 "$ITEST_DIR/agent-s.log" "rank 1: resumed at step " \
+    || fail "(g) the spare's rank 1 did not resume"
+grep -q "rank 1: resumed at step [1-9][0-9]* (intact)" "$ITEST_DIR/agent-s.log" \
+    || fail "(g) the spare's rank 1 did not resume from b's files intact: $(grep 'rank 1: resumed' "$ITEST_DIR/agent-s.log")"
+event_matching 'e["kind"] == "node_replaced" and "node b lost: spare node s took its place" in e["message"]' > /dev/null \
+    || fail "(g) no node_replaced event for b and s"
+event_matching 'e["kind"] == "memory_resumed" and "node s'"'"'s files from node a" in e["message"]' \
+    > /dev/null || fail "(g) no memory_resumed event naming node s's files from node a: $(curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -o '"memory_resumed[^}]*')"
+wait_for 60 'd["state"] == "completed"' || { show_status; fail "(g) the job did not complete after the spare took b's place"; }
+echo "(g) spare s took node b's place with b's files from a: $(grep -o 'rank 1: resumed at step [0-9]* (intact)' "$ITEST_DIR/agent-s.log")"
+kill "$DAEMON_PID" "$AGENT_A" "$AGENT_S" 2>/dev/null || true
+wait "$DAEMON_PID" "$AGENT_A" "$AGENT_S" 2>/dev/null || true
 
 # ---- (f) the tmpfs full: the save fails with ENOSPC, an event names the node and the size -------------
 cat > "$ITEST_DIR/full.json" <<JSON
