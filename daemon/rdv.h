@@ -154,6 +154,7 @@ struct rdv_node {
     uint32_t nmemckpt;
     char memckpt[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     char domain[PROTO_NAME_MAX]; /* HELLO.domain: the operator's placement label; "" = none */
+    int restored; /* a member from the state file, not back since musterd started: absent, not yet lost */
 };
 
 /* A member replaced by a hot spare (daemon/rdv_spare.c). */

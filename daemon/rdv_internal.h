@@ -93,8 +93,10 @@ uint32_t rdv__spare_count(const struct rdv *r);
  * its domain first, then the first to join; -1 = none. */
 int rdv__pick_spare(const struct rdv *r, uint32_t lost);
 /* A generation waiting to start: each member gone or unfit whose block is
- * unassigned is replaced by a ready spare; returns how many were. */
-int rdv__spares_fill(struct rdv *r);
+ * unassigned is replaced by a ready spare; returns how many were. A member
+ * restored from the state file is gone only once heartbeat_timeout_ms passed
+ * since the restore without it (rdv_tick looks again). */
+int rdv__spares_fill(struct rdv *r, uint64_t now_ms);
 
 /* rdv_resume.c: a restored generation */
 void rdv__check_resumed(struct rdv *r, uint64_t now_ms);

@@ -212,6 +212,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     nd->last_seen_ms = now_ms;
     nd->joined_ms = now_ms;
     nd->reported_generation = h->generation;
+    nd->restored = 0;
     snprintf(nd->domain, sizeof(nd->domain), "%s", h->domain);
     take_facts(nd, h, now_ms);
     if (nd->member) {
@@ -228,6 +229,14 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
                    nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
                    nd->member ? " (rejoined its rank block)" : spare ? " as a spare" : "");
     send_welcome(r, (uint32_t)idx);
+    /* A spare whose ranks still run (a replaced member whose agent survived
+     * its lost connection): they hold no block of this generation, nobody
+     * leads them any more; they stop, and the node waits empty as a spare. */
+    if (spare && h->generation) {
+        rdv__event(r, "spare_ranks_stopped", idx, -1, "node %s is a spare but its ranks still run generation %llu: "
+                   "stopped", nd->name, (unsigned long long)h->generation);
+        rdv__send_command(r, (uint32_t)idx, PROTO_CMD_STOP);
+    }
 
     if (r->state == RDV_WAITING) {
         rdv__maybe_form(r, now_ms);

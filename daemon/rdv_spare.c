@@ -73,10 +73,15 @@ static uint32_t node_rank_of(const struct rdv *r, uint32_t idx)
     return n;
 }
 
-/* Whether member idx cannot take part in the generation waiting to start. */
-static int member_gone(const struct rdv_node *nd)
+/* Whether member nd cannot take part in the generation waiting to start. A
+ * member restored from the state file that has not reconnected yet is only
+ * slower than others to find the restarted musterd: it is gone once it has
+ * been silent heartbeat_timeout_ms since the restore, as any other node. */
+static int member_gone(const struct rdv *r, const struct rdv_node *nd, uint64_t now_ms)
 {
-    return nd->state != RDV_NODE_JOINED || nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0];
+    if (nd->state != RDV_NODE_JOINED)
+        return !nd->restored || now_ms - nd->last_seen_ms > (uint64_t)r->spec->heartbeat_timeout_ms;
+    return nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0];
 }
 
 /* Spare s takes member lost's rank block. */
@@ -120,7 +125,7 @@ static void replace(struct rdv *r, uint32_t lost, uint32_t s)
                sn->first_rank + sn->ndevices - 1, where, (unsigned long long)r->generation);
 }
 
-int rdv__spares_fill(struct rdv *r)
+int rdv__spares_fill(struct rdv *r, uint64_t now_ms)
 {
     if (r->spec->spare_nodes == 0 || r->resuming || (r->state != RDV_FORMING && r->state != RDV_RECOVERING) ||
         !r->ranks)
@@ -128,7 +133,7 @@ int rdv__spares_fill(struct rdv *r)
     int n = 0;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
-        if (!nd->member || !member_gone(nd) || r->ranks[nd->first_rank].state != RDV_RANK_PENDING)
+        if (!nd->member || !member_gone(r, nd, now_ms) || r->ranks[nd->first_rank].state != RDV_RANK_PENDING)
             continue;
         int s = rdv__pick_spare(r, i);
         if (s < 0)

@@ -3316,6 +3316,83 @@ START_TEST(replacement_survives_a_restore)
 }
 END_TEST
 
+/* Attack: a replaced node whose agent comes back with its ranks of the
+ * generation it lost still running (its connection closed, its agent and
+ * ranks did not die) is a spare: it holds no block, so those ranks are told
+ * to stop, not left training in a generation nobody leads. */
+START_TEST(replaced_node_back_with_live_ranks_has_them_stopped)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r9"};
+    form_with_spares(1, names, domains, 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 1), 0); /* its ranks still run generation 1 */
+    const struct proto_msg *stop = find_sent(mark, "b", PROTO_COMMAND);
+    ck_assert_msg(stop != NULL, "the replaced node's ranks of generation 1 were not told to stop");
+    ck_assert_int_eq(stop->u.command.action, PROTO_CMD_STOP);
+    ck_assert_int_eq(stop->u.command.generation, 2);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    /* a spare that holds nothing is told nothing */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_COMMAND));
+}
+END_TEST
+
+/* Attack: musterd restarted while a generation waited to start (recovering):
+ * the members are known but none has reconnected yet. A spare that happens
+ * to reconnect first must not take the block of a member that is only slower
+ * to come back; a member still absent heartbeat_timeout_ms after the restart
+ * is lost, and then a spare takes its place. */
+START_TEST(restored_recovery_keeps_members_that_are_slow_to_rejoin)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now); /* no spare yet: generation 2 waits for b */
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+
+    setup_spec(2, 5);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("s", 2, 0), 0); /* the spare is back first */
+    ck_assert_msg(rdv.nodes[node_index("s")].member == 0, "spare s took the block of a member not back yet");
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 1);
+    ck_assert_ptr_null(find_sent(mark, "s", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.replacements, 0);
+    ck_assert_int_eq(join("a", 2, 1), 0); /* a's ranks are parked in place */
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    /* b never comes back: past heartbeat_timeout_ms it is lost, and s takes its block */
+    now += (uint64_t)spec.heartbeat_timeout_ms / 2;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 1, 0, 0, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    now += (uint64_t)spec.heartbeat_timeout_ms / 2 + 1;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 1, 0, 0, PROTO_RANK_RUNNING, 0);
+    mark = rec.nsent;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_str_eq(rdv.last_replacement.lost, "b");
+    ck_assert_int_eq(rdv.nodes[node_index("s")].first_rank, 2);
+    ck_assert_ptr_nonnull(find_sent(mark, "s", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.world_size, 4);
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3439,6 +3516,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spare_must_match_and_replaces_an_unfit_member);
     tcase_add_test(tc, no_spares_without_the_key);
     tcase_add_test(tc, replacement_survives_a_restore);
+    tcase_add_test(tc, replaced_node_back_with_live_ranks_has_them_stopped);
+    tcase_add_test(tc, restored_recovery_keeps_members_that_are_slow_to_rejoin);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
