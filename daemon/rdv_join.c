@@ -144,6 +144,27 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
     rdv__fail_generation(r, now_ms, (int)idx, -1, what);
 }
 
+/*
+ * The node table is full (spares of a pool come and go under new names): the
+ * slot of the node gone longest that holds nothing (not a member, not
+ * connected, not the one a grow waits for) is freed for a new name; -1 if
+ * none. Its name is forgotten: if it comes back, it is a new node.
+ */
+static int forget_a_gone_node(struct rdv *r)
+{
+    int oldest = -1;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (nd->member || nd->state == RDV_NODE_JOINED || (r->yielding && r->grow_node == i))
+            continue;
+        if (oldest < 0 || nd->last_seen_ms < r->nodes[oldest].last_seen_ms)
+            oldest = (int)i;
+    }
+    if (oldest >= 0)
+        namemap_del(&r->byname, r->nodes[oldest].name);
+    return oldest;
+}
+
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
              char reason[PROTO_REASON_MAX])
 {
@@ -185,13 +206,20 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
+    const int fresh = idx < 0;
+    if (idx < 0 && r->nnodes >= RDV_MAX_NODES)
+        idx = forget_a_gone_node(r);
     if (idx < 0) {
         if (r->nnodes >= RDV_MAX_NODES) {
             snprintf(code, 32, "full");
-            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes", RDV_MAX_NODES);
+            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes, all of them members or connected",
+                     RDV_MAX_NODES);
+            rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
             return -1;
         }
         idx = (int)r->nnodes++;
+    }
+    if (fresh) {
         memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
         snprintf(r->nodes[idx].name, sizeof(r->nodes[idx].name), "%s", h->node);
         namemap_put(&r->byname, r->nodes[idx].name, (uintptr_t)idx);

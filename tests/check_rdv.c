@@ -3393,6 +3393,136 @@ START_TEST(restored_recovery_keeps_members_that_are_slow_to_rejoin)
 }
 END_TEST
 
+/* The invariants a replacement must keep in the 2-node, 4-rank job of
+ * form_with_spares: the world size, two members whose blocks tile [0, 4),
+ * every rank on the member holding its block, and no ASSIGN since message
+ * from to a node that is not a member or for ranks outside its block. */
+static void assert_layout_kept(int from)
+{
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv__member_count(&rdv), 2);
+    int covered[4] = {0};
+    for (uint32_t i = 0; i < rdv.nnodes; i++) {
+        const struct rdv_node *nd = &rdv.nodes[i];
+        if (!nd->member)
+            continue;
+        ck_assert_int_eq(nd->ndevices, 2);
+        ck_assert_uint_le(nd->first_rank + nd->ndevices, 4);
+        for (uint32_t l = 0; l < nd->ndevices; l++) {
+            covered[nd->first_rank + l]++;
+            ck_assert_uint_eq(rdv.ranks[nd->first_rank + l].node, i);
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        ck_assert_int_eq(covered[k], 1);
+    for (int m = from; m < rec.nsent; m++) {
+        if (rec.sent[m].msg.type != PROTO_ASSIGN)
+            continue;
+        const struct rdv_node *nd = &rdv.nodes[node_index(rec.sent[m].node)];
+        const struct proto_assign *as = &rec.sent[m].msg.u.assign;
+        if (as->generation != rdv.generation)
+            continue; /* an older generation's, told while that node was a member */
+        ck_assert_msg(nd->member, "ASSIGN of generation %llu sent to %s, not a member", (unsigned long long)as->generation,
+                      nd->name);
+        ck_assert_int_eq(as->world_size, 4);
+        for (uint32_t l = 0; l < as->nranks; l++)
+            ck_assert_uint_eq(as->ranks[l].rank, nd->first_rank + l);
+    }
+}
+
+/* Attack: the spare dies at the moment it is chosen. While the generation
+ * backs off (its ASSIGN not sent yet), the next spare takes the dead one's
+ * place; once assigned, its death is a failure, and the replaced node, back
+ * as a spare, takes the block again. Two members lost at once with one spare:
+ * one is replaced, the other awaited. Through all of it the world size and
+ * layout hold and no spare is told ranks. */
+START_TEST(spare_dying_when_chosen_keeps_the_layout)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r2"};
+    form_with_spares(2, names, domains, 1);
+    spec.restart_backoff_ms = 1000;
+    spec.restart_backoff_max_ms = 8000;
+    int from = rec.nsent;
+    rank_exit("a", 1, 0, 1, 0); /* failure 1: generation 2 at once */
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* failure 2 in a row: b lost, generation 3 backs off; s is chosen at once */
+    now += 100;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_ptr_null(find_sent(from, "s", PROTO_ASSIGN));
+    assert_layout_kept(from);
+    /* s dies before its ASSIGN: t, joining now, takes b's block in its stead */
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(join_domain("t", 2, "r1"), 0);
+    ck_assert_int_eq(rdv.nodes[node_index("t")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    ck_assert_str_eq(rdv.last_replacement.lost, "s");
+    ck_assert_int_eq(rdv.replacements, 2);
+    assert_layout_kept(from);
+    now += 1000;
+    rdv_tick(&rdv, now);
+    const struct proto_msg *as = find_sent(from, "t", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 3);
+    ck_assert_int_eq(as->u.assign.node_rank, 1);
+    assert_layout_kept(from);
+    /* t dies after its ASSIGN: generation 4; b, back as a spare, takes the block */
+    rdv_disconnected(&rdv, "t", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(join_domain("b", 2, "r2"), 0);
+    for (int k = 0; k < 4; k++) { /* the longest backoff, the nodes heard meanwhile */
+        now += 2000;
+        beat("a", 3, 0, 2, PROTO_RANK_STOPPING, 1);
+        beat("b", 0, 0, 0, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].first_rank, 2);
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    assert_layout_kept(from);
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 4, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* two members lost at once, one spare (s, back): one replaced, the other awaited */
+    ck_assert_int_eq(join_domain("s", 2, "r1"), 0);
+    from = rec.nsent;
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].first_rank, 0);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1); /* awaited (after the backoff) */
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 0);
+    assert_layout_kept(from);
+}
+END_TEST
+
+/* Attack: spares come and go while the job runs, each under a new name (as
+ * nodes of a cloud pool do), more of them than musterd holds nodes. The job
+ * runs on untouched, and a spare is still admitted after them all. */
+START_TEST(spares_coming_and_going_do_not_fill_the_node_table)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    char name[32];
+    for (int i = 0; i < RDV_MAX_NODES + 8; i++) {
+        rec.nsent = 0;
+        snprintf(name, sizeof(name), "pool-%d", i);
+        ck_assert_msg(join(name, 2, 0) == 0, "spare %s refused: %s", name, last_reject_code());
+        rdv_disconnected(&rdv, name, "connection closed", now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(join("s", 2, 0), 0);
+    ck_assert_int_eq(spares_figure("joined"), 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    assert_layout_kept(0);
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3518,6 +3648,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, replacement_survives_a_restore);
     tcase_add_test(tc, replaced_node_back_with_live_ranks_has_them_stopped);
     tcase_add_test(tc, restored_recovery_keeps_members_that_are_slow_to_rejoin);
+    tcase_add_test(tc, spare_dying_when_chosen_keeps_the_layout);
+    tcase_add_test(tc, spares_coming_and_going_do_not_fill_the_node_table);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
