@@ -3312,7 +3312,7 @@ START_TEST(replacement_survives_a_restore)
                          "\"restarts\": 1, \"world_size\": 0, \"last_checkpoint_step\": -1, \"members\": [], "
                          "\"spares\": {\"replacements\": 1}}", "test", &back, err, sizeof(err));
     ck_assert_int_eq(rc, -EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "spares entry is malformed"));
+    ck_assert_ptr_nonnull(strstr(err, "spares: unexpected content"));
 }
 END_TEST
 
@@ -3523,6 +3523,65 @@ START_TEST(spares_coming_and_going_do_not_fill_the_node_table)
 }
 END_TEST
 
+/* Attack: a state document (the state file, the etcd key) whose "spares"
+ * object is hostile or damaged is refused with an error naming what is
+ * wrong, never half taken. */
+START_TEST(hostile_spares_in_a_state_document_are_refused)
+{
+    static const char head[] = "{\"version\": 1, \"job\": \"t\", \"state\": \"running\", \"reason\": \"\", "
+                               "\"generation\": 3, \"restarts\": 1, \"world_size\": 4, \"last_checkpoint_step\": -1, "
+                               "\"members\": [{\"name\": \"a\", \"first_rank\": 0, \"ndevices\": 2}, "
+                               "{\"name\": \"s\", \"first_rank\": 2, \"ndevices\": 2}], \"spares\": ";
+    static char long_name[2000];
+    memset(long_name, 'x', sizeof(long_name) - 1);
+    static char huge[sizeof(long_name) + 400];
+    snprintf(huge, sizeof(huge), "{\"replacements\": 1, \"last_replacement\": {\"generation\": 2, \"wall_ms\": 1, "
+             "\"lost\": \"%s\", \"spare\": \"s\", \"why\": \"lost\", \"node_rank\": 1, \"first_rank\": 2, "
+             "\"nranks\": 2, \"same_domain\": false}}", long_name);
+#define LAST(gen, lost, why, nr, first, n) "\"last_replacement\": {\"generation\": " gen ", \"wall_ms\": 1, " \
+    "\"lost\": \"" lost "\", \"spare\": \"s\", \"why\": \"" why "\", \"node_rank\": " nr ", \"first_rank\": " first \
+    ", \"nranks\": " n ", \"same_domain\": false}"
+    static const struct {
+        const char *spares, *says;
+    } cases[] = {
+        {"{\"replacements\": -1, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 0, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 4294967296, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 1, " LAST("9", "b", "lost", "1", "2", "2") "}", "spares: last_replacement.generation"},
+        {"{\"replacements\": 1, " LAST("0", "b", "lost", "1", "2", "2") "}", "spares: last_replacement.generation"},
+        {"{\"replacements\": 1, " LAST("2", "b c", "lost", "1", "2", "2") "}", "spares: last_replacement.lost"},
+        {"{\"replacements\": 1, " LAST("2", "b", "bored", "1", "2", "2") "}", "spares: last_replacement.why"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "-1", "2", "2") "}", "spares: last_replacement.node_rank"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "-2", "2") "}", "spares: last_replacement.first_rank"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "0") "}", "spares: last_replacement.nranks"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "99999") "}", "spares: last_replacement.nranks"},
+        {"{\"replacements\": 1}", "spares: "},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "2") ", \"extra\": 1}", "spares: "},
+        {"[]", "spares: "},
+        {"\"lots\"", "spares: "},
+        {huge, "spares: last_replacement.lost"},
+    };
+#undef LAST
+    static char text[sizeof(huge) + sizeof(head) + 16];
+    static struct rdv_saved back;
+    char err[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(text, sizeof(text), "%s%s}", head, cases[i].spares);
+        int rc = state_from_text(text, "etcd /muster/t/state", &back, err, sizeof(err));
+        ck_assert_msg(rc == -EINVAL, "case %zu taken: %s", i, cases[i].spares);
+        ck_assert_msg(strstr(err, cases[i].says) && strstr(err, "etcd /muster/t/state"),
+                      "case %zu: the error does not say '%s': %s", i, cases[i].says, err);
+    }
+    /* the same document with a sound entry is taken, the lost node a stranger to members as it must be */
+    snprintf(text, sizeof(text), "%s{\"replacements\": 7, \"last_replacement\": {\"generation\": 3, \"wall_ms\": 1, "
+             "\"lost\": \"gone-for-good\", \"spare\": \"s\", \"why\": \"unfit\", \"node_rank\": 1, \"first_rank\": 2, "
+             "\"nranks\": 2, \"same_domain\": true}}}", head);
+    ck_assert_msg(state_from_text(text, "test", &back, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(back.replacements, 7);
+    ck_assert_str_eq(back.last_replacement.lost, "gone-for-good");
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3650,6 +3709,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_recovery_keeps_members_that_are_slow_to_rejoin);
     tcase_add_test(tc, spare_dying_when_chosen_keeps_the_layout);
     tcase_add_test(tc, spares_coming_and_going_do_not_fill_the_node_table);
+    tcase_add_test(tc, hostile_spares_in_a_state_document_are_refused);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
