@@ -40,9 +40,15 @@ static uint64_t now;
 static int no_port;
 /* restart_window_s for the next setup_spec (then back to 0). */
 static int spec_window;
+/* A test of thousands of nodes counts the messages past MAX_SENT without keeping them. */
+static int rec_overflow, rec_dropped;
 
 static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
 {
+    if (rec_overflow && rec.nsent == MAX_SENT - 1) { /* the last entry holds the last reject code */
+        rec_dropped++;
+        return;
+    }
     ck_assert_int_lt(rec.nsent, MAX_SENT);
     struct sent *s = &rec.sent[rec.nsent++];
     snprintf(s->node, sizeof(s->node), "%s", node);
@@ -73,6 +79,7 @@ static void setup_spec(int nodes, int max_restarts)
 {
     rec.nsent = rec.ndisconnected = rec.persists = 0; /* a message is written whole before it is read */
     no_port = 0;
+    rec_overflow = rec_dropped = 0;
     beat_rejoin = beat_yielded = 0;
     job_spec_defaults(&spec);
     snprintf(spec.name, sizeof(spec.name), "t");
@@ -3582,6 +3589,39 @@ START_TEST(hostile_spares_in_a_state_document_are_refused)
 }
 END_TEST
 
+/* Attack: a job at the limit, nodes + spare_nodes = the most musterd holds.
+ * It forms with its nodes, the last agent a spare; a member lost is
+ * replaced, and a stranger then finds room as the new spare. */
+START_TEST(spares_at_the_node_limit)
+{
+    setup_spec(RDV_MAX_NODES - 1, 5);
+    spec.spare_nodes = 1;
+    spec.batch = RDV_MAX_NODES - 1;
+    rec_overflow = 1;
+    char name[32];
+    for (int i = 0; i < RDV_MAX_NODES; i++) {
+        rec.nsent = 0;
+        snprintf(name, sizeof(name), "n%04d", i);
+        ck_assert_msg(join(name, 1, 0) == 0, "%s refused: %s", name, last_reject_code());
+    }
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert_int_eq(rdv.world_size, RDV_MAX_NODES - 1);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].member, 0);
+    ck_assert_int_ge(rec_dropped, RDV_MAX_NODES - 1 - MAX_SENT); /* an ASSIGN each */
+    rec.nsent = 0;
+    ck_assert_int_eq(join("stranger", 1, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+    rec.nsent = 0;
+    rdv_disconnected(&rdv, "n0007", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].first_rank, 7);
+    ck_assert_int_eq(rdv.world_size, RDV_MAX_NODES - 1);
+    rec.nsent = 0;
+    ck_assert_int_eq(join("stranger", 1, 0), 0);
+    ck_assert_int_eq(rdv_is_spare(&rdv, node_index("stranger")), 1);
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3710,6 +3750,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spare_dying_when_chosen_keeps_the_layout);
     tcase_add_test(tc, spares_coming_and_going_do_not_fill_the_node_table);
     tcase_add_test(tc, hostile_spares_in_a_state_document_are_refused);
+    tcase_add_test(tc, spares_at_the_node_limit);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
