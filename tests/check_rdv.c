@@ -3346,6 +3346,31 @@ START_TEST(replaced_node_back_with_live_ranks_has_them_stopped)
     mark = rec.nsent;
     ck_assert_int_eq(join("b", 2, 0), 0);
     ck_assert_ptr_null(find_sent(mark, "b", PROTO_COMMAND));
+    /* b gone again with live ranks; s lost: generation 3 waits for s; b, back,
+     * is told to stop its old ranks before it is assigned s's block */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1);
+    now += (uint64_t)spec.restart_backoff_ms; /* failure 2 in a row: it backs off */
+    beat("a", 2, 0, 2, PROTO_RANK_STOPPING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_STOPPING, 1);
+    rdv_tick(&rdv, now);
+    int stop_at = -1, assign_at = -1;
+    for (int m = mark; m < rec.nsent; m++) {
+        if (strcmp(rec.sent[m].node, "b") != 0)
+            continue;
+        if (rec.sent[m].msg.type == PROTO_COMMAND && stop_at < 0)
+            stop_at = m;
+        if (rec.sent[m].msg.type == PROTO_ASSIGN && assign_at < 0)
+            assign_at = m;
+    }
+    ck_assert_int_ge(stop_at, 0);
+    ck_assert_int_gt(assign_at, stop_at); /* a STOP after it would stop the new ranks */
+    ck_assert_int_eq(rec.sent[assign_at].msg.u.assign.generation, 3);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].first_rank, 2);
 }
 END_TEST
 
