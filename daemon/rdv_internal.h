@@ -89,6 +89,10 @@ int rdv__blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const
 /* A spare whose pre-flight passed (fitness_ready). */
 int rdv__spare_ready(const struct rdv *r, uint32_t idx);
 uint32_t rdv__spare_count(const struct rdv *r);
+/* The spares that hold one of the job's spare_nodes places: all but those
+ * found unfit (a member replaced for it, its agent still connected), which
+ * would otherwise keep a healthy spare out. */
+uint32_t rdv__spare_places(const struct rdv *r);
 /* The ready spare to take member lost's place: as many devices of its kind,
  * its domain first, then the first to join; -1 = none. */
 int rdv__pick_spare(const struct rdv *r, uint32_t lost);

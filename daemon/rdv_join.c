@@ -190,9 +190,10 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     }
     /* Before generation 1, the first spec->nodes + spare_nodes names; after
      * it, a new name only while the job runs below its wanted size (it grows:
-     * maybe_grow) or has fewer than spare_nodes spares (rdv_spare.c). */
+     * maybe_grow) or has fewer than spare_nodes spares not found unfit
+     * (rdv_spare.c). */
     const uint32_t wanted = (uint32_t)r->spec->nodes, spares = (uint32_t)r->spec->spare_nodes;
-    if (idx < 0 && (r->generation > 0 ? (rdv__member_count(r) >= wanted && rdv__spare_count(r) >= spares) ||
+    if (idx < 0 && (r->generation > 0 ? (rdv__member_count(r) >= wanted && rdv__spare_places(r) >= spares) ||
                                             rdv_terminal(r)
                                       : r->nnodes >= wanted + spares)) {
         snprintf(code, 32, "full");

@@ -37,6 +37,16 @@ uint32_t rdv__spare_count(const struct rdv *r)
     return n;
 }
 
+uint32_t rdv__spare_places(const struct rdv *r)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        n += rdv_is_spare(r, i) && nd->fitness != RDV_FIT_UNFIT && !nd->plan_unfit[0];
+    }
+    return n;
+}
+
 int rdv_is_spare(const struct rdv *r, uint32_t idx)
 {
     const struct rdv_node *nd = &r->nodes[idx];

@@ -3647,6 +3647,36 @@ START_TEST(spares_at_the_node_limit)
 }
 END_TEST
 
+/* Attack: a member replaced because it is unfit stays connected (its agent
+ * is fine, its pre-flight is not). It holds no spare's place: a healthy
+ * agent joining after it is the job's spare, not refused "full". */
+START_TEST(unfit_replaced_node_does_not_hold_the_spare_place)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(join_checked("s", 2, 0), 0);
+    preflight("s", 1, "");
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(join_checked("b", 2, 0), 0); /* back, as the spare, but unfit */
+    preflight("b", 0, "torch: not importable");
+    ck_assert_int_eq(spares_figure("ready"), 0);
+    rec.nsent = 0;
+    ck_assert_msg(join_checked("t", 2, 0) == 0, "a healthy spare refused while the unfit b holds the place");
+    preflight("t", 1, "");
+    ck_assert_int_eq(spares_figure("ready"), 1);
+    ck_assert_int_eq(join_checked("u", 2, 0), -1); /* one ready spare is all the job wants */
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "t");
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3776,6 +3806,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spares_coming_and_going_do_not_fill_the_node_table);
     tcase_add_test(tc, hostile_spares_in_a_state_document_are_refused);
     tcase_add_test(tc, spares_at_the_node_limit);
+    tcase_add_test(tc, unfit_replaced_node_does_not_hold_the_spare_place);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
