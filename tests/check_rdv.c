@@ -3381,12 +3381,7 @@ END_TEST
  * is lost, and then a spare takes its place. */
 START_TEST(restored_recovery_keeps_members_that_are_slow_to_rejoin)
 {
-    setup_spec(2, 5);
-    spec.spare_nodes = 1;
-    ck_assert_int_eq(join("a", 2, 0), 0);
-    ck_assert_int_eq(join("b", 2, 0), 0);
-    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
-    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    form_with_spares(1, NULL, NULL, 0);
     rdv_disconnected(&rdv, "b", "connection closed", now); /* no spare yet: generation 2 waits for b */
     ck_assert_int_eq(rdv.state, RDV_RECOVERING);
     static struct rdv_saved saved;
@@ -3652,12 +3647,7 @@ END_TEST
  * agent joining after it is the job's spare, not refused "full". */
 START_TEST(unfit_replaced_node_does_not_hold_the_spare_place)
 {
-    setup_spec(2, 5);
-    spec.spare_nodes = 1;
-    ck_assert_int_eq(join("a", 2, 0), 0);
-    ck_assert_int_eq(join("b", 2, 0), 0);
-    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
-    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    form_with_spares(1, NULL, NULL, 0);
     ck_assert_int_eq(join_checked("s", 2, 0), 0);
     preflight("s", 1, "");
     rdv_disconnected(&rdv, "b", "connection closed", now);
