@@ -58,20 +58,27 @@ int rdv__spare_ready(const struct rdv *r, uint32_t idx)
     return rdv_is_spare(r, idx) && fitness_ready(&r->nodes[idx]);
 }
 
+/* Spare i joined before spare j (the table's order is not the joining order:
+ * slots are reused). */
+static int joined_before(const struct rdv *r, uint32_t i, int j)
+{
+    return j < 0 || r->nodes[i].joined_ms < r->nodes[j].joined_ms;
+}
+
 int rdv__pick_spare(const struct rdv *r, uint32_t lost)
 {
     const struct rdv_node *ln = &r->nodes[lost];
-    int any = -1;
+    int same = -1, any = -1;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (i == lost || !rdv__spare_ready(r, i) || nd->ndevices != ln->ndevices || nd->kind != ln->kind)
             continue;
-        if (ln->domain[0] && strcmp(nd->domain, ln->domain) == 0)
-            return (int)i;
-        if (any < 0)
+        if (ln->domain[0] && strcmp(nd->domain, ln->domain) == 0 && joined_before(r, i, same))
+            same = (int)i;
+        if (joined_before(r, i, any))
             any = (int)i;
     }
-    return any;
+    return same >= 0 ? same : any;
 }
 
 /* The node rank of a member: its place in rank-block order (as ASSIGN numbers them). */

@@ -3667,6 +3667,31 @@ START_TEST(unfit_replaced_node_does_not_hold_the_spare_place)
 }
 END_TEST
 
+/* Among ready spares of no better domain, the one that joined first takes
+ * the place, however the node table was reordered (a node that left before
+ * formation gives its slot to the last one). */
+START_TEST(first_spare_to_join_is_taken_whatever_its_slot)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = 3;
+    const char *const order[] = {"a", "b", "s", "t", "u"};
+    for (int i = 0; i < 5; i++) {
+        now += 10;
+        ck_assert_int_eq(join_checked(order[i], 2, 0), 0);
+    }
+    rdv_disconnected(&rdv, "s", "connection closed", now); /* before formation: u takes s's slot */
+    for (int i = 0; i < 5; i++)
+        if (i != 2)
+            preflight(order[i], 1, "");
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "t");
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3797,6 +3822,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, hostile_spares_in_a_state_document_are_refused);
     tcase_add_test(tc, spares_at_the_node_limit);
     tcase_add_test(tc, unfit_replaced_node_does_not_hold_the_spare_place);
+    tcase_add_test(tc, first_spare_to_join_is_taken_whatever_its_slot);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
