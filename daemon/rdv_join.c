@@ -197,7 +197,10 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
                                             rdv_terminal(r)
                                       : r->nnodes >= wanted + spares)) {
         snprintf(code, 32, "full");
-        if (spares)
+        if (r->generation > 0 && rdv_terminal(r))
+            snprintf(reason, PROTO_REASON_MAX, "job %s is %s; %s has nothing to join", r->spec->name,
+                     rdv_job_state_name(r->state), h->node);
+        else if (spares)
             snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s and %d spare%s; %s is not one of them",
                      r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", r->spec->spare_nodes,
                      r->spec->spare_nodes == 1 ? "" : "s", h->node);

@@ -3692,6 +3692,23 @@ START_TEST(first_spare_to_join_is_taken_whatever_its_slot)
 }
 END_TEST
 
+/* A stranger joining a finished job is told that the job is over, not that
+ * it has its nodes and spares (which it may not: they finished and left). */
+START_TEST(join_after_the_job_finished_says_so)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    for (uint32_t k = 0; k < 4; k++)
+        rank_exit(k < 2 ? "a" : "b", 1, k, 0, 0);
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    hello_of(&h, "late", 2, 0);
+    ck_assert_int_eq(rdv_join(&rdv, &h, now, code, reason), -1);
+    ck_assert_str_eq(code, "full");
+    ck_assert_msg(strstr(reason, "job t is completed") != NULL, "reason: %s", reason);
+}
+END_TEST
+
 static TCase *rdv_case(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -3823,6 +3840,7 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spares_at_the_node_limit);
     tcase_add_test(tc, unfit_replaced_node_does_not_hold_the_spare_place);
     tcase_add_test(tc, first_spare_to_join_is_taken_whatever_its_slot);
+    tcase_add_test(tc, join_after_the_job_finished_says_so);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
