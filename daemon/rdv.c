@@ -270,6 +270,8 @@ void rdv_tick(struct rdv *r, uint64_t now_ms)
 {
     const uint64_t timeout = (uint64_t)r->spec->heartbeat_timeout_ms;
     rdv__check_lost(r, now_ms);
+    if (rdv__spares_fill(r, now_ms)) /* a restored member silent too long: a spare takes its place */
+        rdv__try_start_generation(r, now_ms);
     if ((r->restart_at_ms && now_ms >= r->restart_at_ms) ||
         (r->checkpoint_wait_ms && now_ms - r->checkpoint_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms) ||
         (r->memckpt_wait_ms && now_ms - r->memckpt_wait_ms >= (uint64_t)r->spec->heartbeat_timeout_ms))

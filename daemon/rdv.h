@@ -164,6 +164,7 @@ struct rdv_node {
     char heir_of[PROTO_NAME_MAX];
     uint32_t nreplica;
     char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    int restored; /* a member from the state file, not back since musterd started: absent, not yet lost */
 };
 
 /* A member replaced by a hot spare (daemon/rdv_spare.c). */

@@ -251,7 +251,7 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
 
     if (r->state != RDV_FORMING && r->state != RDV_RECOVERING)
         return;
-    rdv__spares_fill(r); /* a member gone or unfit: a ready spare takes its place at once */
+    rdv__spares_fill(r, now_ms); /* a member gone or unfit: a ready spare takes its place at once */
     if (r->restart_at_ms && now_ms < r->restart_at_ms)
         return; /* backing off; rdv_tick starts it when the time comes */
     r->restart_at_ms = 0;

@@ -91,12 +91,18 @@ int rdv__blame_peer(const struct rdv *r, uint32_t exited, uint64_t now_ms, const
 /* A spare whose pre-flight passed (fitness_ready). */
 int rdv__spare_ready(const struct rdv *r, uint32_t idx);
 uint32_t rdv__spare_count(const struct rdv *r);
+/* The spares that hold one of the job's spare_nodes places: all but those
+ * found unfit (a member replaced for it, its agent still connected), which
+ * would otherwise keep a healthy spare out. */
+uint32_t rdv__spare_places(const struct rdv *r);
 /* The ready spare to take member lost's place: as many devices of its kind,
  * its domain first, then the first to join; -1 = none. */
 int rdv__pick_spare(const struct rdv *r, uint32_t lost);
 /* A generation waiting to start: each member gone or unfit whose block is
- * unassigned is replaced by a ready spare; returns how many were. */
-int rdv__spares_fill(struct rdv *r);
+ * unassigned is replaced by a ready spare; returns how many were. A member
+ * restored from the state file is gone only once heartbeat_timeout_ms passed
+ * since the restore without it (rdv_tick looks again). */
+int rdv__spares_fill(struct rdv *r, uint64_t now_ms);
 /* slow_policy swap: a member whose rank was named slow for slow_swap_after_s
  * leaves its place to a ready spare, after a yield when the ranks can leave
  * at a step boundary (rdv__finish_yield goes on with rdv__swap_now). */

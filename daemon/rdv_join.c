@@ -146,6 +146,27 @@ static void member_back(struct rdv *r, uint32_t idx, uint64_t its_generation, ui
     rdv__fail_generation(r, now_ms, (int)idx, -1, what);
 }
 
+/*
+ * The node table is full (spares of a pool come and go under new names): the
+ * slot of the node gone longest that holds nothing (not a member, not
+ * connected, not the one a grow waits for) is freed for a new name; -1 if
+ * none. Its name is forgotten: if it comes back, it is a new node.
+ */
+static int forget_a_gone_node(struct rdv *r)
+{
+    int oldest = -1;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        if (nd->member || nd->state == RDV_NODE_JOINED || (r->yielding && r->grow_node == i))
+            continue;
+        if (oldest < 0 || nd->last_seen_ms < r->nodes[oldest].last_seen_ms)
+            oldest = (int)i;
+    }
+    if (oldest >= 0)
+        namemap_del(&r->byname, r->nodes[oldest].name);
+    return oldest;
+}
+
 int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char code[32],
              char reason[PROTO_REASON_MAX])
 {
@@ -171,13 +192,17 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     }
     /* Before generation 1, the first spec->nodes + spare_nodes names; after
      * it, a new name only while the job runs below its wanted size (it grows:
-     * maybe_grow) or has fewer than spare_nodes spares (rdv_spare.c). */
+     * maybe_grow) or has fewer than spare_nodes spares not found unfit
+     * (rdv_spare.c). */
     const uint32_t wanted = (uint32_t)r->spec->nodes, spares = (uint32_t)r->spec->spare_nodes;
-    if (idx < 0 && (r->generation > 0 ? (rdv__member_count(r) >= wanted && rdv__spare_count(r) >= spares) ||
+    if (idx < 0 && (r->generation > 0 ? (rdv__member_count(r) >= wanted && rdv__spare_places(r) >= spares) ||
                                             rdv_terminal(r)
                                       : r->nnodes >= wanted + spares)) {
         snprintf(code, 32, "full");
-        if (spares)
+        if (r->generation > 0 && rdv_terminal(r))
+            snprintf(reason, PROTO_REASON_MAX, "job %s is %s; %s has nothing to join", r->spec->name,
+                     rdv_job_state_name(r->state), h->node);
+        else if (spares)
             snprintf(reason, PROTO_REASON_MAX, "job %s already has its %d node%s and %d spare%s; %s is not one of them",
                      r->spec->name, r->spec->nodes, r->spec->nodes == 1 ? "" : "s", r->spec->spare_nodes,
                      r->spec->spare_nodes == 1 ? "" : "s", h->node);
@@ -187,13 +212,20 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
         rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
         return -1;
     }
+    const int fresh = idx < 0;
+    if (idx < 0 && r->nnodes >= RDV_MAX_NODES)
+        idx = forget_a_gone_node(r);
     if (idx < 0) {
         if (r->nnodes >= RDV_MAX_NODES) {
             snprintf(code, 32, "full");
-            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes", RDV_MAX_NODES);
+            snprintf(reason, PROTO_REASON_MAX, "musterd holds at most %d nodes, all of them members or connected",
+                     RDV_MAX_NODES);
+            rdv__event(r, "join_refused", -1, -1, "node %s refused: %s", h->node, reason);
             return -1;
         }
         idx = (int)r->nnodes++;
+    }
+    if (fresh) {
         memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
         snprintf(r->nodes[idx].name, sizeof(r->nodes[idx].name), "%s", h->node);
         namemap_put(&r->byname, r->nodes[idx].name, (uintptr_t)idx);
@@ -214,6 +246,7 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     nd->last_seen_ms = now_ms;
     nd->joined_ms = now_ms;
     nd->reported_generation = h->generation;
+    nd->restored = 0;
     snprintf(nd->domain, sizeof(nd->domain), "%s", h->domain);
     take_facts(nd, h, now_ms);
     if (nd->member) {
@@ -230,6 +263,14 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
                    nd->ndevices, nd->kind == PROTO_DEV_GPU ? "gpu" : "cpu", nd->ndevices == 1 ? "" : "s",
                    nd->member ? " (rejoined its rank block)" : spare ? " as a spare" : "");
     send_welcome(r, (uint32_t)idx);
+    /* A spare whose ranks still run (a replaced member whose agent survived
+     * its lost connection): they hold no block of this generation, nobody
+     * leads them any more; they stop, and the node waits empty as a spare. */
+    if (spare && h->generation) {
+        rdv__event(r, "spare_ranks_stopped", idx, -1, "node %s is a spare but its ranks still run generation %llu: "
+                   "stopped", nd->name, (unsigned long long)h->generation);
+        rdv__send_command(r, (uint32_t)idx, PROTO_CMD_STOP);
+    }
 
     if (r->state == RDV_WAITING) {
         rdv__maybe_form(r, now_ms);

@@ -67,6 +67,7 @@ int rdv_restore(struct rdv *r, const struct rdv_saved *s, uint64_t now_ms)
         for (uint32_t l = 0; l < nd->ndevices; l++)
             nd->devices[l] = l;
         nd->state = RDV_NODE_LOST;
+        nd->restored = 1; /* absent since the restart, not lost: rdv_spare.c waits for it */
         nd->last_seen_ms = now_ms;
         world += nd->ndevices;
         if (namemap_put(&r->byname, nd->name, r->nnodes - 1) != 0)

@@ -37,6 +37,16 @@ uint32_t rdv__spare_count(const struct rdv *r)
     return n;
 }
 
+uint32_t rdv__spare_places(const struct rdv *r)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        n += rdv_is_spare(r, i) && nd->fitness != RDV_FIT_UNFIT && !nd->plan_unfit[0];
+    }
+    return n;
+}
+
 int rdv_is_spare(const struct rdv *r, uint32_t idx)
 {
     const struct rdv_node *nd = &r->nodes[idx];
@@ -48,20 +58,27 @@ int rdv__spare_ready(const struct rdv *r, uint32_t idx)
     return rdv_is_spare(r, idx) && fitness_ready(&r->nodes[idx]);
 }
 
+/* Spare i joined before spare j (the table's order is not the joining order:
+ * slots are reused). */
+static int joined_before(const struct rdv *r, uint32_t i, int j)
+{
+    return j < 0 || r->nodes[i].joined_ms < r->nodes[j].joined_ms;
+}
+
 int rdv__pick_spare(const struct rdv *r, uint32_t lost)
 {
     const struct rdv_node *ln = &r->nodes[lost];
-    int any = -1;
+    int same = -1, any = -1;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (i == lost || !rdv__spare_ready(r, i) || nd->ndevices != ln->ndevices || nd->kind != ln->kind)
             continue;
-        if (ln->domain[0] && strcmp(nd->domain, ln->domain) == 0)
-            return (int)i;
-        if (any < 0)
+        if (ln->domain[0] && strcmp(nd->domain, ln->domain) == 0 && joined_before(r, i, same))
+            same = (int)i;
+        if (joined_before(r, i, any))
             any = (int)i;
     }
-    return any;
+    return same >= 0 ? same : any;
 }
 
 /* The node rank of a member: its place in rank-block order (as ASSIGN numbers them). */
@@ -73,10 +90,15 @@ static uint32_t node_rank_of(const struct rdv *r, uint32_t idx)
     return n;
 }
 
-/* Whether member idx cannot take part in the generation waiting to start. */
-static int member_gone(const struct rdv_node *nd)
+/* Whether member nd cannot take part in the generation waiting to start. A
+ * member restored from the state file that has not reconnected yet is only
+ * slower than others to find the restarted musterd: it is gone once it has
+ * been silent heartbeat_timeout_ms since the restore, as any other node. */
+static int member_gone(const struct rdv *r, const struct rdv_node *nd, uint64_t now_ms)
 {
-    return nd->state != RDV_NODE_JOINED || nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0] || nd->swap_out;
+    if (nd->state != RDV_NODE_JOINED)
+        return !nd->restored || now_ms - nd->last_seen_ms > (uint64_t)r->spec->heartbeat_timeout_ms;
+    return nd->fitness == RDV_FIT_UNFIT || nd->plan_unfit[0] || nd->swap_out;
 }
 
 /* Spare s takes member lost's rank block. */
@@ -133,7 +155,7 @@ static void replace(struct rdv *r, uint32_t lost, uint32_t s)
                sn->first_rank + sn->ndevices - 1, where, (unsigned long long)r->generation);
 }
 
-int rdv__spares_fill(struct rdv *r)
+int rdv__spares_fill(struct rdv *r, uint64_t now_ms)
 {
     if (r->spec->spare_nodes == 0 || r->resuming || (r->state != RDV_FORMING && r->state != RDV_RECOVERING) ||
         !r->ranks)
@@ -141,7 +163,7 @@ int rdv__spares_fill(struct rdv *r)
     int n = 0;
     for (uint32_t i = 0; i < r->nnodes; i++) {
         const struct rdv_node *nd = &r->nodes[i];
-        if (!nd->member || !member_gone(nd) || r->ranks[nd->first_rank].state != RDV_RANK_PENDING)
+        if (!nd->member || !member_gone(r, nd, now_ms) || r->ranks[nd->first_rank].state != RDV_RANK_PENDING)
             continue;
         int s = rdv__pick_spare(r, i);
         if (s < 0) {

@@ -38,21 +38,46 @@ static json_t *to_json(const struct rdv_saved *s)
     return obj;
 }
 
-/* The "spares" object of a state document into s; 0 or -1 (malformed). */
-static int spares_from_json(json_t *o, struct rdv_saved *s)
+/* The "spares" object of a state document into s (whose generation is read):
+ * 0, or -1 with what is wrong in what[] ("replacements: ..."). */
+static int spares_from_json(json_t *o, struct rdv_saved *s, char *what, size_t cap)
 {
     json_error_t jerr;
     const char *lost, *spare, *why;
     json_int_t n, gen, wall, node_rank, first, nranks;
     int same;
+    const char *wrong = NULL;
     if (json_unpack_ex(o, &jerr, JSON_STRICT, "{s:I, s:{s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:b}}",
                        "replacements", &n, "last_replacement", "generation", &gen, "wall_ms", &wall, "lost", &lost,
                        "spare", &spare, "why", &why, "node_rank", &node_rank, "first_rank", &first, "nranks",
-                       &nranks, "same_domain", &same) != 0 ||
-        n < 1 || n > UINT32_MAX || gen < 1 || !proto_valid_name(lost) || !proto_valid_name(spare) ||
-        (strcmp(why, "lost") != 0 && strcmp(why, "unfit") != 0) || node_rank < 0 || node_rank >= RDV_MAX_NODES ||
-        first < 0 || first > 1 << 20 || nranks < 1 || nranks > PROTO_MAX_LOCAL_RANKS)
+                       &nranks, "same_domain", &same) != 0) {
+        snprintf(what, cap, "unexpected content: %s", jerr.text);
         return -1;
+    }
+    if (n < 1 || n > UINT32_MAX)
+        wrong = "replacements: expected 1..4294967295";
+    else if (gen < 1 || (uint64_t)gen > s->generation)
+        wrong = "last_replacement.generation: expected 1..the document's generation";
+    else if (wall < 0)
+        wrong = "last_replacement.wall_ms: expected a time, not negative";
+    else if (!proto_valid_name(lost))
+        wrong = "last_replacement.lost: expected a node name (1..63 characters of [A-Za-z0-9._-])";
+    else if (!proto_valid_name(spare))
+        wrong = "last_replacement.spare: expected a node name (1..63 characters of [A-Za-z0-9._-])";
+    else if (strcmp(why, "lost") != 0 && strcmp(why, "unfit") != 0)
+        wrong = "last_replacement.why: expected lost or unfit";
+    else if (node_rank < 0 || node_rank >= RDV_MAX_NODES)
+        wrong = "last_replacement.node_rank: expected 0..4095";
+    else if (first < 0 || first > 1 << 20)
+        wrong = "last_replacement.first_rank: expected 0..1048576";
+    else if (nranks < 1 || nranks > PROTO_MAX_LOCAL_RANKS) {
+        snprintf(what, cap, "last_replacement.nranks: expected 1..%d", PROTO_MAX_LOCAL_RANKS);
+        return -1;
+    }
+    if (wrong) {
+        snprintf(what, cap, "%s", wrong);
+        return -1;
+    }
     struct rdv_replacement *x = &s->last_replacement;
     s->replacements = (uint32_t)n;
     x->generation = (uint64_t)gen;
@@ -177,9 +202,17 @@ static int from_json(json_t *obj, const char *path, struct rdv_saved *s, char *e
     s->restarts = (uint32_t)restarts;
     s->world_size = (uint32_t)world;
     s->last_checkpoint_step = ckpt;
-    if (spares && spares_from_json(spares, s) != 0) {
-        rc = bad(err, errlen, path, "the spares entry is malformed");
-        goto out;
+    if (spares) {
+        char what[300], said[240];
+        if (!json_is_object(spares)) {
+            rc = bad(err, errlen, path, "spares: expected an object");
+            goto out;
+        }
+        if (spares_from_json(spares, s, said, sizeof(said)) != 0) {
+            snprintf(what, sizeof(what), "spares: %s", said);
+            rc = bad(err, errlen, path, what);
+            goto out;
+        }
     }
     size_t i;
     json_t *m;

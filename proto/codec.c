@@ -282,8 +282,11 @@ static int dec_hello(json_t *o, struct proto_hello *h)
     }
     if (json_object_get(o, "host_mem_mb"))
         TRY(get_u64(o, "host_mem_mb", &h->host_mem_mb));
-    if (json_object_get(o, "domain"))
+    if (json_object_get(o, "domain")) { /* absent = none; present, a name (check_hello) */
         TRY(get_str(o, "domain", h->domain, sizeof(h->domain)));
+        if (!h->domain[0])
+            return PROTO_E_RANGE;
+    }
     return get_bool(o, "preflight", &h->preflight);
 }
 

@@ -1008,6 +1008,31 @@ END_TEST
                  "\"device_mem_mb\":81920,\"generation\":0,\"free_port\":0,\"agent_version\":\"0.1.0\"," \
                  "\"nonce\":\"" NONCE_OK "\"}"
 
+/* Attack: HELLO's domain (hot spares' placement label) of odd bytes and
+ * lengths: only 1..63 characters of [A-Za-z0-9._-] decode. */
+#define HELLO_DOMAIN(d) "{\"node\":\"n1\",\"addr\":\"10.0.0.1\",\"kind\":\"gpu\",\"devices\":[0,1]," \
+                        "\"device_mem_mb\":81920,\"generation\":0,\"free_port\":0,\"agent_version\":\"0.1.0\"," \
+                        "\"nonce\":\"" NONCE_OK "\",\"domain\":" d "}"
+START_TEST(hello_domain_of_odd_bytes_is_refused)
+{
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"rack-7.nvl_0\"")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN(
+        "\"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk\"")), PROTO_OK); /* 63 */
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN(
+        "\"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijkl\"")), PROTO_E_RANGE); /* 64 */
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"\"")), PROTO_E_RANGE); /* absent is none, empty is not */
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"rack 7\"")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"rack/7\"")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"r\\u00e9\"")), PROTO_E_RANGE);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"r\\n7\"")), PROTO_E_RANGE);
+    ck_assert_int_ne(decode_text(PROTO_HELLO, HELLO_DOMAIN("\"a\\u0000b\"")), PROTO_OK);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("7")), PROTO_E_FIELD_TYPE);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("null")), PROTO_E_FIELD_TYPE);
+    ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_DOMAIN("[\"r1\"]")), PROTO_E_FIELD_TYPE);
+}
+END_TEST
+#undef HELLO_DOMAIN
+
 START_TEST(hand_written_frames_decode)
 {
     ck_assert_int_eq(decode_text(PROTO_HELLO, HELLO_OK), PROTO_OK);
@@ -3014,6 +3039,7 @@ Suite *make_proto_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, header_errors_as_soon_as_header_is_there);
     tcase_add_test(tc, hand_written_frames_decode);
+    tcase_add_test(tc, hello_domain_of_odd_bytes_is_refused);
     tcase_add_test(tc, json_errors);
     tcase_add_test(tc, missing_fields);
     tcase_add_test(tc, every_field_is_required);

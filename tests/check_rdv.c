@@ -40,9 +40,15 @@ static uint64_t now;
 static int no_port;
 /* restart_window_s for the next setup_spec (then back to 0). */
 static int spec_window;
+/* A test of thousands of nodes counts the messages past MAX_SENT without keeping them. */
+static int rec_overflow, rec_dropped;
 
 static void rec_send(void *ctx, const char *node, const struct proto_msg *m)
 {
+    if (rec_overflow && rec.nsent == MAX_SENT - 1) { /* the last entry holds the last reject code */
+        rec_dropped++;
+        return;
+    }
     ck_assert_int_lt(rec.nsent, MAX_SENT);
     struct sent *s = &rec.sent[rec.nsent++];
     snprintf(s->node, sizeof(s->node), "%s", node);
@@ -73,6 +79,7 @@ static void setup_spec(int nodes, int max_restarts)
 {
     rec.nsent = rec.ndisconnected = rec.persists = 0; /* a message is written whole before it is read */
     no_port = 0;
+    rec_overflow = rec_dropped = 0;
     beat_rejoin = beat_yielded = 0;
     job_spec_defaults(&spec);
     snprintf(spec.name, sizeof(spec.name), "t");
@@ -3540,7 +3547,393 @@ START_TEST(replacement_survives_a_restore)
                          "\"restarts\": 1, \"world_size\": 0, \"last_checkpoint_step\": -1, \"members\": [], "
                          "\"spares\": {\"replacements\": 1}}", "test", &back, err, sizeof(err));
     ck_assert_int_eq(rc, -EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "spares entry is malformed"));
+    ck_assert_ptr_nonnull(strstr(err, "spares: unexpected content"));
+}
+END_TEST
+
+/* Attack: a replaced node whose agent comes back with its ranks of the
+ * generation it lost still running (its connection closed, its agent and
+ * ranks did not die) is a spare: it holds no block, so those ranks are told
+ * to stop, not left training in a generation nobody leads. */
+START_TEST(replaced_node_back_with_live_ranks_has_them_stopped)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r9"};
+    form_with_spares(1, names, domains, 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 1), 0); /* its ranks still run generation 1 */
+    const struct proto_msg *stop = find_sent(mark, "b", PROTO_COMMAND);
+    ck_assert_msg(stop != NULL, "the replaced node's ranks of generation 1 were not told to stop");
+    ck_assert_int_eq(stop->u.command.action, PROTO_CMD_STOP);
+    ck_assert_int_eq(stop->u.command.generation, 2);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 0);
+    /* a spare that holds nothing is told nothing */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 0), 0);
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_COMMAND));
+    /* b gone again with live ranks; s lost: generation 3 waits for s; b, back,
+     * is told to stop its old ranks before it is assigned s's block */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 1), 0);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1);
+    now += (uint64_t)spec.restart_backoff_ms; /* failure 2 in a row: it backs off */
+    beat("a", 2, 0, 2, PROTO_RANK_STOPPING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_STOPPING, 1);
+    rdv_tick(&rdv, now);
+    int stop_at = -1, assign_at = -1;
+    for (int m = mark; m < rec.nsent; m++) {
+        if (strcmp(rec.sent[m].node, "b") != 0)
+            continue;
+        if (rec.sent[m].msg.type == PROTO_COMMAND && stop_at < 0)
+            stop_at = m;
+        if (rec.sent[m].msg.type == PROTO_ASSIGN && assign_at < 0)
+            assign_at = m;
+    }
+    ck_assert_int_ge(stop_at, 0);
+    ck_assert_int_gt(assign_at, stop_at); /* a STOP after it would stop the new ranks */
+    ck_assert_int_eq(rec.sent[assign_at].msg.u.assign.generation, 3);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].first_rank, 2);
+}
+END_TEST
+
+/* Attack: musterd restarted while a generation waited to start (recovering):
+ * the members are known but none has reconnected yet. A spare that happens
+ * to reconnect first must not take the block of a member that is only slower
+ * to come back; a member still absent heartbeat_timeout_ms after the restart
+ * is lost, and then a spare takes its place. */
+START_TEST(restored_recovery_keeps_members_that_are_slow_to_rejoin)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    rdv_disconnected(&rdv, "b", "connection closed", now); /* no spare yet: generation 2 waits for b */
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+
+    setup_spec(2, 5);
+    spec.spare_nodes = 1;
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(rdv.state, RDV_RECOVERING);
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("s", 2, 0), 0); /* the spare is back first */
+    ck_assert_msg(rdv.nodes[node_index("s")].member == 0, "spare s took the block of a member not back yet");
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 1);
+    ck_assert_ptr_null(find_sent(mark, "s", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.replacements, 0);
+    ck_assert_int_eq(join("a", 2, 1), 0); /* a's ranks are parked in place */
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    /* b never comes back: past heartbeat_timeout_ms it is lost, and s takes its block */
+    now += (uint64_t)spec.heartbeat_timeout_ms / 2;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 1, 0, 0, PROTO_RANK_RUNNING, 0);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    now += (uint64_t)spec.heartbeat_timeout_ms / 2 + 1;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 1, 0, 0, PROTO_RANK_RUNNING, 0);
+    mark = rec.nsent;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_str_eq(rdv.last_replacement.lost, "b");
+    ck_assert_int_eq(rdv.nodes[node_index("s")].first_rank, 2);
+    ck_assert_ptr_nonnull(find_sent(mark, "s", PROTO_ASSIGN));
+    ck_assert_int_eq(rdv.world_size, 4);
+}
+END_TEST
+
+/* The invariants a replacement must keep in the 2-node, 4-rank job of
+ * form_with_spares: the world size, two members whose blocks tile [0, 4),
+ * every rank on the member holding its block, and no ASSIGN since message
+ * from to a node that is not a member or for ranks outside its block. */
+static void assert_layout_kept(int from)
+{
+    ck_assert_int_eq(rdv.world_size, 4);
+    ck_assert_int_eq(rdv__member_count(&rdv), 2);
+    int covered[4] = {0};
+    for (uint32_t i = 0; i < rdv.nnodes; i++) {
+        const struct rdv_node *nd = &rdv.nodes[i];
+        if (!nd->member)
+            continue;
+        ck_assert_int_eq(nd->ndevices, 2);
+        ck_assert_uint_le(nd->first_rank + nd->ndevices, 4);
+        for (uint32_t l = 0; l < nd->ndevices; l++) {
+            covered[nd->first_rank + l]++;
+            ck_assert_uint_eq(rdv.ranks[nd->first_rank + l].node, i);
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        ck_assert_int_eq(covered[k], 1);
+    for (int m = from; m < rec.nsent; m++) {
+        if (rec.sent[m].msg.type != PROTO_ASSIGN)
+            continue;
+        const struct rdv_node *nd = &rdv.nodes[node_index(rec.sent[m].node)];
+        const struct proto_assign *as = &rec.sent[m].msg.u.assign;
+        if (as->generation != rdv.generation)
+            continue; /* an older generation's, told while that node was a member */
+        ck_assert_msg(nd->member, "ASSIGN of generation %llu sent to %s, not a member", (unsigned long long)as->generation,
+                      nd->name);
+        ck_assert_int_eq(as->world_size, 4);
+        for (uint32_t l = 0; l < as->nranks; l++)
+            ck_assert_uint_eq(as->ranks[l].rank, nd->first_rank + l);
+    }
+}
+
+/* Attack: the spare dies at the moment it is chosen. While the generation
+ * backs off (its ASSIGN not sent yet), the next spare takes the dead one's
+ * place; once assigned, its death is a failure, and the replaced node, back
+ * as a spare, takes the block again. Two members lost at once with one spare:
+ * one is replaced, the other awaited. Through all of it the world size and
+ * layout hold and no spare is told ranks. */
+START_TEST(spare_dying_when_chosen_keeps_the_layout)
+{
+    static const char *const names[] = {"s"}, *const domains[] = {"r2"};
+    form_with_spares(2, names, domains, 1);
+    spec.restart_backoff_ms = 1000;
+    spec.restart_backoff_max_ms = 8000;
+    int from = rec.nsent;
+    rank_exit("a", 1, 0, 1, 0); /* failure 1: generation 2 at once */
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* failure 2 in a row: b lost, generation 3 backs off; s is chosen at once */
+    now += 100;
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_ptr_null(find_sent(from, "s", PROTO_ASSIGN));
+    assert_layout_kept(from);
+    /* s dies before its ASSIGN: t, joining now, takes b's block in its stead */
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 3);
+    ck_assert_int_eq(join_domain("t", 2, "r1"), 0);
+    ck_assert_int_eq(rdv.nodes[node_index("t")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 0);
+    ck_assert_str_eq(rdv.last_replacement.lost, "s");
+    ck_assert_int_eq(rdv.replacements, 2);
+    assert_layout_kept(from);
+    now += 1000;
+    rdv_tick(&rdv, now);
+    const struct proto_msg *as = find_sent(from, "t", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_int_eq(as->u.assign.generation, 3);
+    ck_assert_int_eq(as->u.assign.node_rank, 1);
+    assert_layout_kept(from);
+    /* t dies after its ASSIGN: generation 4; b, back as a spare, takes the block */
+    rdv_disconnected(&rdv, "t", "connection closed", now);
+    ck_assert_int_eq(rdv.generation, 4);
+    ck_assert_int_eq(join_domain("b", 2, "r2"), 0);
+    for (int k = 0; k < 4; k++) { /* the longest backoff, the nodes heard meanwhile */
+        now += 2000;
+        beat("a", 3, 0, 2, PROTO_RANK_STOPPING, 1);
+        beat("b", 0, 0, 0, PROTO_RANK_RUNNING, 0);
+        rdv_tick(&rdv, now);
+    }
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].first_rank, 2);
+    ck_assert_ptr_nonnull(find_sent(from, "b", PROTO_ASSIGN));
+    assert_layout_kept(from);
+    beat("a", 4, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 4, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    /* two members lost at once, one spare (s, back): one replaced, the other awaited */
+    ck_assert_int_eq(join_domain("s", 2, "r1"), 0);
+    from = rec.nsent;
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].first_rank, 0);
+    ck_assert_int_eq(rdv.nodes[node_index("b")].member, 1); /* awaited (after the backoff) */
+    ck_assert_int_eq(rdv.nodes[node_index("a")].member, 0);
+    assert_layout_kept(from);
+}
+END_TEST
+
+/* Attack: spares come and go while the job runs, each under a new name (as
+ * nodes of a cloud pool do), more of them than musterd holds nodes. The job
+ * runs on untouched, and a spare is still admitted after them all. */
+START_TEST(spares_coming_and_going_do_not_fill_the_node_table)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    char name[32];
+    for (int i = 0; i < RDV_MAX_NODES + 8; i++) {
+        rec.nsent = 0;
+        snprintf(name, sizeof(name), "pool-%d", i);
+        ck_assert_msg(join(name, 2, 0) == 0, "spare %s refused: %s", name, last_reject_code());
+        rdv_disconnected(&rdv, name, "connection closed", now);
+    }
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    ck_assert_int_eq(rdv.generation, 1);
+    ck_assert_int_eq(join("s", 2, 0), 0);
+    ck_assert_int_eq(spares_figure("joined"), 1);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "s");
+    assert_layout_kept(0);
+}
+END_TEST
+
+/* Attack: a state document (the state file, the etcd key) whose "spares"
+ * object is hostile or damaged is refused with an error naming what is
+ * wrong, never half taken. */
+START_TEST(hostile_spares_in_a_state_document_are_refused)
+{
+    static const char head[] = "{\"version\": 1, \"job\": \"t\", \"state\": \"running\", \"reason\": \"\", "
+                               "\"generation\": 3, \"restarts\": 1, \"world_size\": 4, \"last_checkpoint_step\": -1, "
+                               "\"members\": [{\"name\": \"a\", \"first_rank\": 0, \"ndevices\": 2}, "
+                               "{\"name\": \"s\", \"first_rank\": 2, \"ndevices\": 2}], \"spares\": ";
+    static char long_name[2000];
+    memset(long_name, 'x', sizeof(long_name) - 1);
+    static char huge[sizeof(long_name) + 400];
+    snprintf(huge, sizeof(huge), "{\"replacements\": 1, \"last_replacement\": {\"generation\": 2, \"wall_ms\": 1, "
+             "\"lost\": \"%s\", \"spare\": \"s\", \"why\": \"lost\", \"node_rank\": 1, \"first_rank\": 2, "
+             "\"nranks\": 2, \"same_domain\": false}}", long_name);
+#define LAST(gen, lost, why, nr, first, n) "\"last_replacement\": {\"generation\": " gen ", \"wall_ms\": 1, " \
+    "\"lost\": \"" lost "\", \"spare\": \"s\", \"why\": \"" why "\", \"node_rank\": " nr ", \"first_rank\": " first \
+    ", \"nranks\": " n ", \"same_domain\": false}"
+    static const struct {
+        const char *spares, *says;
+    } cases[] = {
+        {"{\"replacements\": -1, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 0, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 4294967296, " LAST("2", "b", "lost", "1", "2", "2") "}", "spares: replacements"},
+        {"{\"replacements\": 1, " LAST("9", "b", "lost", "1", "2", "2") "}", "spares: last_replacement.generation"},
+        {"{\"replacements\": 1, " LAST("0", "b", "lost", "1", "2", "2") "}", "spares: last_replacement.generation"},
+        {"{\"replacements\": 1, " LAST("2", "b c", "lost", "1", "2", "2") "}", "spares: last_replacement.lost"},
+        {"{\"replacements\": 1, " LAST("2", "b", "bored", "1", "2", "2") "}", "spares: last_replacement.why"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "-1", "2", "2") "}", "spares: last_replacement.node_rank"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "-2", "2") "}", "spares: last_replacement.first_rank"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "0") "}", "spares: last_replacement.nranks"},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "99999") "}", "spares: last_replacement.nranks"},
+        {"{\"replacements\": 1}", "spares: "},
+        {"{\"replacements\": 1, " LAST("2", "b", "lost", "1", "2", "2") ", \"extra\": 1}", "spares: "},
+        {"[]", "spares: "},
+        {"\"lots\"", "spares: "},
+        {huge, "spares: last_replacement.lost"},
+    };
+#undef LAST
+    static char text[sizeof(huge) + sizeof(head) + 16];
+    static struct rdv_saved back;
+    char err[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(text, sizeof(text), "%s%s}", head, cases[i].spares);
+        int rc = state_from_text(text, "etcd /muster/t/state", &back, err, sizeof(err));
+        ck_assert_msg(rc == -EINVAL, "case %zu taken: %s", i, cases[i].spares);
+        ck_assert_msg(strstr(err, cases[i].says) && strstr(err, "etcd /muster/t/state"),
+                      "case %zu: the error does not say '%s': %s", i, cases[i].says, err);
+    }
+    /* the same document with a sound entry is taken, the lost node a stranger to members as it must be */
+    snprintf(text, sizeof(text), "%s{\"replacements\": 7, \"last_replacement\": {\"generation\": 3, \"wall_ms\": 1, "
+             "\"lost\": \"gone-for-good\", \"spare\": \"s\", \"why\": \"unfit\", \"node_rank\": 1, \"first_rank\": 2, "
+             "\"nranks\": 2, \"same_domain\": true}}}", head);
+    ck_assert_msg(state_from_text(text, "test", &back, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(back.replacements, 7);
+    ck_assert_str_eq(back.last_replacement.lost, "gone-for-good");
+}
+END_TEST
+
+/* Attack: a job at the limit, nodes + spare_nodes = the most musterd holds.
+ * It forms with its nodes, the last agent a spare; a member lost is
+ * replaced, and a stranger then finds room as the new spare. */
+START_TEST(spares_at_the_node_limit)
+{
+    setup_spec(RDV_MAX_NODES - 1, 5);
+    spec.spare_nodes = 1;
+    spec.batch = RDV_MAX_NODES - 1;
+    rec_overflow = 1;
+    char name[32];
+    for (int i = 0; i < RDV_MAX_NODES; i++) {
+        rec.nsent = 0;
+        snprintf(name, sizeof(name), "n%04d", i);
+        ck_assert_msg(join(name, 1, 0) == 0, "%s refused: %s", name, last_reject_code());
+    }
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    ck_assert_int_eq(rdv.world_size, RDV_MAX_NODES - 1);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].member, 0);
+    ck_assert_int_ge(rec_dropped, RDV_MAX_NODES - 1 - MAX_SENT); /* an ASSIGN each */
+    rec.nsent = 0;
+    ck_assert_int_eq(join("stranger", 1, 0), -1);
+    ck_assert_str_eq(last_reject_code(), "full");
+    rec.nsent = 0;
+    rdv_disconnected(&rdv, "n0007", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].member, 1);
+    ck_assert_int_eq(rdv.nodes[node_index("n4095")].first_rank, 7);
+    ck_assert_int_eq(rdv.world_size, RDV_MAX_NODES - 1);
+    rec.nsent = 0;
+    ck_assert_int_eq(join("stranger", 1, 0), 0);
+    ck_assert_int_eq(rdv_is_spare(&rdv, node_index("stranger")), 1);
+}
+END_TEST
+
+/* Attack: a member replaced because it is unfit stays connected (its agent
+ * is fine, its pre-flight is not). It holds no spare's place: a healthy
+ * agent joining after it is the job's spare, not refused "full". */
+START_TEST(unfit_replaced_node_does_not_hold_the_spare_place)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    ck_assert_int_eq(join_checked("s", 2, 0), 0);
+    preflight("s", 1, "");
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_int_eq(rdv.nodes[node_index("s")].member, 1);
+    beat("a", 2, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("s", 2, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(join_checked("b", 2, 0), 0); /* back, as the spare, but unfit */
+    preflight("b", 0, "torch: not importable");
+    ck_assert_int_eq(spares_figure("ready"), 0);
+    rec.nsent = 0;
+    ck_assert_msg(join_checked("t", 2, 0) == 0, "a healthy spare refused while the unfit b holds the place");
+    preflight("t", 1, "");
+    ck_assert_int_eq(spares_figure("ready"), 1);
+    ck_assert_int_eq(join_checked("u", 2, 0), -1); /* one ready spare is all the job wants */
+    rdv_disconnected(&rdv, "s", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "t");
+}
+END_TEST
+
+/* Among ready spares of no better domain, the one that joined first takes
+ * the place, however the node table was reordered (a node that left before
+ * formation gives its slot to the last one). */
+START_TEST(first_spare_to_join_is_taken_whatever_its_slot)
+{
+    setup_spec(2, 5);
+    spec.spare_nodes = 3;
+    const char *const order[] = {"a", "b", "s", "t", "u"};
+    for (int i = 0; i < 5; i++) {
+        now += 10;
+        ck_assert_int_eq(join_checked(order[i], 2, 0), 0);
+    }
+    rdv_disconnected(&rdv, "s", "connection closed", now); /* before formation: u takes s's slot */
+    for (int i = 0; i < 5; i++)
+        if (i != 2)
+            preflight(order[i], 1, "");
+    ck_assert_int_eq(rdv.state, RDV_FORMING);
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 1);
+    beat("b", 1, 2, 2, PROTO_RANK_RUNNING, 1);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    ck_assert_str_eq(rdv.last_replacement.spare, "t");
+}
+END_TEST
+
+/* A stranger joining a finished job is told that the job is over, not that
+ * it has its nodes and spares (which it may not: they finished and left). */
+START_TEST(join_after_the_job_finished_says_so)
+{
+    form_with_spares(1, NULL, NULL, 0);
+    for (uint32_t k = 0; k < 4; k++)
+        rank_exit(k < 2 ? "a" : "b", 1, k, 0, 0);
+    ck_assert_int_eq(rdv.state, RDV_COMPLETED);
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    hello_of(&h, "late", 2, 0);
+    ck_assert_int_eq(rdv_join(&rdv, &h, now, code, reason), -1);
+    ck_assert_str_eq(code, "full");
+    ck_assert_msg(strstr(reason, "job t is completed") != NULL, "reason: %s", reason);
 }
 END_TEST
 
@@ -3670,6 +4063,15 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, spare_must_match_and_replaces_an_unfit_member);
     tcase_add_test(tc, no_spares_without_the_key);
     tcase_add_test(tc, replacement_survives_a_restore);
+    tcase_add_test(tc, replaced_node_back_with_live_ranks_has_them_stopped);
+    tcase_add_test(tc, restored_recovery_keeps_members_that_are_slow_to_rejoin);
+    tcase_add_test(tc, spare_dying_when_chosen_keeps_the_layout);
+    tcase_add_test(tc, spares_coming_and_going_do_not_fill_the_node_table);
+    tcase_add_test(tc, hostile_spares_in_a_state_document_are_refused);
+    tcase_add_test(tc, spares_at_the_node_limit);
+    tcase_add_test(tc, unfit_replaced_node_does_not_hold_the_spare_place);
+    tcase_add_test(tc, first_spare_to_join_is_taken_whatever_its_slot);
+    tcase_add_test(tc, join_after_the_job_finished_says_so);
 
     tc = rdv_case(s, "status"); /* the status document (rdv_status.c) */
     tcase_add_test(tc, status_document_has_the_promised_fields);
