@@ -20,7 +20,7 @@ set -eu
 
 need_data
 make_token "$ITEST_DIR/token"
-STEPS=40
+STEPS=80 # the job must still run when musterd is killed and b comes back (seen done at 40 on a loaded machine)
 
 cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "spares", "nodes": 2, "spare_nodes": 1, "max_restarts": 3, "model": "small", "data": "$DATA",
