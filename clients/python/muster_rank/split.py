@@ -113,6 +113,12 @@ class Window:
         if length > SPLIT_S_MAX:  # the process was stopped (or starved) that long: start over
             self._begin(now, step)
             return None
+        if step is not None and (self.start_step is None or step < self.start_step):
+            # the rank's start-up (its step not known yet) or a generation that
+            # went back to an earlier step: not a window of its steps, and
+            # start-up work beside peers that wait would look like a slow rank
+            self._begin(now, step)
+            return None
         stepped = step is not None and self.start_step is not None and step > self.start_step
         if not stepped and step is not None and self.start_step == step and length < LONG_WINDOWS * self.window_s:
             return None  # inside a step: wait for its end

@@ -146,6 +146,21 @@ class WindowTest(unittest.TestCase):
         self.assertIsNone(win.close(9.0, 5))
         self.assertEqual(win.close(s.LONG_WINDOWS, 5)["split_steps"], 0)
 
+    def test_start_up_and_a_step_back_are_no_window(self):
+        # a fresh rank (a spare's, a restarted one) computes its start-up while
+        # its peers wait: that window, begun before its step was known, is not
+        # one of its steps; nor one across a generation that went back
+        win = s.Window(1.0, 0.0, None)
+        for _ in range(9):
+            win.add(s.COMPUTE)
+        self.assertIsNone(win.close(3.0, 40))
+        self.assertEqual((win.start, win.start_step, win.counts), (3.0, 40, [0, 0, 0, 0]))
+        win.add(s.COMPUTE)
+        self.assertIsNone(win.close(4.5, 30))
+        self.assertEqual((win.start_step, win.counts), (30, [0, 0, 0, 0]))
+        win.add(s.COLLECTIVE)
+        self.assertEqual(win.close(5.6, 33)["split_steps"], 3)
+
     def test_a_stopped_process_starts_over(self):
         win = s.Window(1.0, 0.0, 5)
         win.add(s.COMPUTE)
