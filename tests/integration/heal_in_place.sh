@@ -204,7 +204,7 @@ echo "rank frozen, replaced: final loss $got"
 
 # ---- 6. musterd killed during a heal
 run dmn
-at_step dmn 8
+at_step dmn 16 # mid-run, as the status-timed kill of 80 steps used to land
 r0=$(ranks_of "$A" | cut -d' ' -f1)
 victim=$(ranks_of "$B" | cut -d' ' -f2)
 rejoins=$(grep -c "rejoins in place" "$ITEST_DIR/agent-a.log" || true)
