@@ -106,11 +106,11 @@ wait_event 30 'rank 2 on node f is hung: its process is stopped' \
     || { kill -CONT "$pid" 2>/dev/null || true; fail "(d) the SIGSTOPped DeepSpeed rank was not named hung as stopped"; }
 t1=$(now_ms)
 kill -CONT "$pid" 2>/dev/null || true
-# within the progress timeout (5 s) plus the stack window (1 s) and 3 s of
-# heartbeats and polling (a loaded machine); not before the timeout less the
-# step in flight
-[ $((t1 - t0)) -ge 4000 ] && [ $((t1 - t0)) -le 9000 ] \
-    || fail "(d) rank 2 named hung $((t1 - t0)) ms after its SIGSTOP, not within 4-9 s (progress_timeout_ms 5000)"
+# within the progress timeout (5 s) plus the stack window (1 s) and 6 s of
+# heartbeats and polling (a loaded machine: seen 9.1 s beside a solo script,
+# in the background lane); not before the timeout less the step in flight
+[ $((t1 - t0)) -ge 4000 ] && [ $((t1 - t0)) -le 12000 ] \
+    || fail "(d) rank 2 named hung $((t1 - t0)) ms after its SIGSTOP, not within 4-12 s (progress_timeout_ms 5000)"
 echo "(d) rank 2 named hung $((t1 - t0)) ms after its SIGSTOP (progress_timeout_ms 5000)"
 curl -sf "http://127.0.0.1:$HTTP/v1/stacks" > "$ITEST_DIR/ds-stacks.json" || fail "(d) GET /v1/stacks failed"
 python3 - "$ITEST_DIR/ds-stacks.json" <<'PY' || fail "(d) the stacks after the hang: $(head -c 2000 "$ITEST_DIR/ds-stacks.json")"
