@@ -12,21 +12,13 @@
 #include <unistd.h>
 
 #include "common/memtags.h"
+#include "tests/check_tmpdir.h"
 #include "worker/agent/memrep.h"
 
 static char root[] = "/tmp/check-memrep.XXXXXX";
 
-static int rm_entry(const char *p, const struct stat *st, int t, struct FTW *f)
-{
-    (void)st, (void)t, (void)f;
-    return remove(p);
-}
-static void setup(void) { ck_assert_ptr_nonnull(mkdtemp(root)); }
-static void teardown(void)
-{
-    nftw(root, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-    strcpy(root + strlen(root) - 6, "XXXXXX");
-}
+static void setup(void) { tmpdir_make(root); }
+static void teardown(void) { tmpdir_remove(root); }
 
 START_TEST(buddy_is_the_next_member_or_the_next_domain)
 {
