@@ -202,6 +202,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBMUSTER)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_JSON) $(LIBS_CRYPTO) -lpthread -lm
 
+# LD_PRELOAD'ed into musterd by tests (tests/preload/): a disk slow to make writes durable.
+$(BUILD)/tests/slow_fsync.so: tests/preload/slow_fsync.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $< -ldl
+
 # GPU checks and benchmark (docs/gpu.md): they need a GPU to run, and say
 # "no GPU: skipped" without one (REQUIRE_GPU=1 makes that a failure).
 GPU_TOOL_OBJS = $(call obj,$(TRAIN_SRCS)) $(GPU_OBJS) $(LIBMUSTER)
@@ -233,7 +239,7 @@ include tests/cuemu/module.mk
 # cuemu's programs are left out of sanitizer builds: ASan handles every
 # fiber switch (tens per emulated thread), which makes them 100x slower.
 TEST_BINS := $(BUILD)/tests/check_muster $(patsubst %,$(BUILD)/tests/%,$(TEST_TOOLS)) \
-	$(if $(SAN),,$(CUEMU_BINS))
+	$(if $(SAN),,$(CUEMU_BINS) $(BUILD)/tests/slow_fsync.so)
 ifeq ($(HAVE_CUDA),1)
 TEST_BINS += $(BUILD)/tests/gpu-check $(BUILD)/tests/gpu-bench
 endif
@@ -250,14 +256,18 @@ export MUSTER_TORCH_PY
 
 # The Debian packages first; then the Python environment (pip: mostly
 # downloads) is made while the tree builds (the compilers), and the tests
-# start once both are done. The environment's output comes after the build's.
+# start once the tree is built: those that need the environment wait for it
+# (ITEST_VENV_STATUS, tests/run_integration.py), the others run meanwhile.
 check:
 	@sh mk/deps.sh system
-	@mkdir -p $(BUILD) && sh mk/deps.sh venv > $(BUILD)/deps-venv.log 2>&1 & venv=$$!; \
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/venv.status && \
+	{ sh mk/deps.sh venv > $(BUILD)/deps-venv.log 2>&1; echo $$? > $(BUILD)/venv.status; } & \
 	$(MAKE) --no-print-directory tests; built=$$?; \
-	wait $$venv; made=$$?; cat $(BUILD)/deps-venv.log; \
-	[ $$made -eq 0 ] || { echo "deps: making the Python environment failed (above)" >&2; exit 1; }; \
-	[ $$built -eq 0 ] && $(MAKE) --no-print-directory check-run
+	if [ $$built -eq 0 ]; then \
+	    ITEST_VENV_STATUS=$(BUILD)/venv.status ITEST_VENV_LOG=$(BUILD)/deps-venv.log \
+	        $(MAKE) --no-print-directory check-run; rc=$$?; \
+	else rc=$$built; fi; \
+	wait; exit $$rc
 
 check-run: tests
 	@BUILD=$(BUILD) CUEMU=$(if $(SAN),off,on) sh tests/run.sh

@@ -128,15 +128,29 @@ static const struct key_def keys[] = {
      "which entries of the memory checkpoint directory are checkpoints: \"glob:PATTERN\" (the directories "
      "matching it, as DeepSpeed's tag directories) or \"file:NAME\" (the directory that file's first line names: only for a program whose ranks write that "
      "file on every node, which DeepSpeed's `latest` is not: its rank 0 alone writes it); one is complete on a node once every rank there took an optimizer step after it appeared (a rank that "
-     "reports no steps: once it appeared), and only complete ones are restored"},
+     "reports no steps: once it appeared), and only complete ones are restored. \"committed:PATTERN\": the directories "
+     "matching it, each complete on a node once every rank there that ran when it appeared called the client's "
+     "checkpoint_committed(S) with S at least the step its name ends in (step10: 10), or exited with status 0: for "
+     "saves that return before their files are written (DCP's async_save; docs/pytorch.md)"},
     {"memory_checkpoint_keep", KEY_INT, F(memory_checkpoint_keep), 2, 1000, 2, NULL,
      "complete memory checkpoints each node keeps (older ones, and unfinished ones older than the newest "
      "complete, are removed); at least 2, so that nodes one save apart still share one"},
     {"memory_checkpoint_replica_mbps", KEY_INT, F(memory_checkpoint_replica_mbps), 0, 100000, 0, NULL,
      "MiB/s at most that each agent sends of its node's new complete memory checkpoints to its buddy node "
-     "(the next member in name order), which holds the newest memory_checkpoint_keep of them in memory beside its "
-     "own and gives them back to a node that lost its own (docs/pytorch.md; the copies pass through musterd); "
-     "0 = no replicas"},
+     "(the next member in name order, or one of another failure domain when agents carry a `domain` label), "
+     "which holds the newest memory_checkpoint_keep of them in memory beside its own and gives them back to a "
+     "node that lost its own (docs/pytorch.md; the copies pass through musterd); 0 = no replicas"},
+    {"memory_checkpoint_drain_steps", KEY_INT, F(memory_checkpoint_drain_steps), 0, 100000000, 0, NULL,
+     "drain memory checkpoints to durable storage: the agent copies a node's newest complete memory checkpoint, "
+     "in a thread off the training path, to checkpoint_dir/muster-memory/JOB/NODE/TAG (written beside as "
+     ".muster-drain-TAG and renamed once every file is synced, so a copy cut short is never used) when its step "
+     "enters a new window of this many steps (global_step50 with 50: the first checkpoint at or past each "
+     "multiple; the rule reads only the step in the name, so every node drains the same ones); a restart "
+     "whose nodes lost both their memory copy and its buddy's resumes from the newest drained checkpoint every "
+     "node has (docs/pytorch.md); 0 = none"},
+    {"memory_checkpoint_drain_keep", KEY_INT, F(memory_checkpoint_drain_keep), 1, 1000, 2, NULL,
+     "drained memory checkpoints each node keeps in checkpoint_dir/muster-memory/JOB/NODE (older ones are removed "
+     "after each drain)"},
     {"warm_spares", KEY_INT, F(warm_spares), 0, 1, 0, NULL,
      "1: each agent keeps one warm Python process that has started the interpreter and imported torch, "
      "torch.distributed and warm_imports, and that becomes the next rank the agent must start (no interpreter "
@@ -144,7 +158,8 @@ static const struct key_def keys[] = {
      "only for a rank_cmd `PYTHON script.py ...` or `PYTHON -m module ...` with python_hook on; 0: off"},
     {"warm_imports", KEY_STRING, F(warm_imports), 0, 0, 0, "",
      "warm_spares: more modules the spare imports ahead, comma-separated dotted names (e.g. "
-     "\"deepspeed,transformers\"); they must not touch a GPU on import"},
+     "\"deepspeed,transformers\"); they must not touch a GPU on import (one that loads the CUDA driver is found "
+     "and left out of the next spare, docs/spares.md)"},
     {"model", KEY_STRING, F(model), 0, 0, 0, "small",
      "model preset, a named set of the dimensions below: tiny (2 layers, 2 heads, 16 channels, context 32, "
      "vocab 256), small (4, 4, 128, 128, 256), gpt2-124m (12, 12, 768, 1024, 50257)"},
@@ -361,7 +376,9 @@ static int check_memory(const struct job_spec *spec, const char *origin, char *e
     if (!spec->memory_checkpoint_mb) {
         const char *set = strcmp(root, "/dev/shm") != 0 ? "memory_checkpoint_root"
                           : strcmp(rule, "glob:*") != 0 ? "memory_checkpoint_latest"
-                          : spec->memory_checkpoint_keep != 2 ? "memory_checkpoint_keep" : NULL;
+                          : spec->memory_checkpoint_keep != 2 ? "memory_checkpoint_keep"
+                          : spec->memory_checkpoint_drain_steps ? "memory_checkpoint_drain_steps"
+                          : spec->memory_checkpoint_drain_keep != 2 ? "memory_checkpoint_drain_keep" : NULL;
         if (set) {
             fail(err, errlen, "%s: %s: expected memory_checkpoint_mb too (the size of the directory it applies to)",
                  origin, set);
@@ -374,10 +391,24 @@ static int check_memory(const struct job_spec *spec, const char *origin, char *e
              "/dev/shm), got \"%s\"", origin, root);
         return -EINVAL;
     }
-    int file = strncmp(rule, "file:", 5) == 0, glob = strncmp(rule, "glob:", 5) == 0;
-    if ((!file && !glob) || !rule[5] || strchr(rule + 5, '/')) {
-        fail(err, errlen, "%s: memory_checkpoint_latest: expected \"file:NAME\" (a file name in the directory) or "
-             "\"glob:PATTERN\" (of names in it), got \"%s\"", origin, rule);
+    size_t kind = 0; /* the length of the rule's prefix */
+    if (strncmp(rule, "file:", 5) == 0 || strncmp(rule, "glob:", 5) == 0)
+        kind = 5;
+    else if (strncmp(rule, "committed:", 10) == 0)
+        kind = 10;
+    if (!kind || !rule[kind] || strchr(rule + kind, '/')) {
+        fail(err, errlen, "%s: memory_checkpoint_latest: expected \"file:NAME\" (a file name in the directory), "
+             "\"glob:PATTERN\" or \"committed:PATTERN\" (of names in it), got \"%s\"", origin, rule);
+        return -EINVAL;
+    }
+    if (spec->memory_checkpoint_drain_keep != 2 && !spec->memory_checkpoint_drain_steps) {
+        fail(err, errlen, "%s: memory_checkpoint_drain_keep: expected memory_checkpoint_drain_steps too (the "
+             "drains it keeps)", origin);
+        return -EINVAL;
+    }
+    if (spec->memory_checkpoint_drain_steps && !spec->checkpoint_dir[0]) {
+        fail(err, errlen, "%s: memory_checkpoint_drain_steps: expected checkpoint_dir too (the durable directory "
+             "memory checkpoints are drained to)", origin);
         return -EINVAL;
     }
     return 0;

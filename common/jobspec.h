@@ -62,9 +62,12 @@ struct job_spec {
     /* a RAM checkpoint directory per node for a program's own saves (worker/agent/memckpt.h) */
     int memory_checkpoint_mb;             /* its size bound; 0 = no such directory */
     char memory_checkpoint_root[256];     /* the tmpfs it is made on (a muster-<job> directory there) */
-    char memory_checkpoint_latest[256];   /* "glob:PATTERN" of tag directories or "file:NAME" naming one */
+    char memory_checkpoint_latest[256];   /* "glob:PATTERN" of tag directories, "file:NAME" naming one, or
+                                           * "committed:PATTERN": complete by the ranks' checkpoint_committed() */
     int memory_checkpoint_keep;           /* complete checkpoints kept per node */
     int memory_checkpoint_replica_mbps;   /* pace of the copies sent to the buddy node; 0 = none */
+    int memory_checkpoint_drain_steps;    /* a complete one copied to checkpoint_dir per this many steps; 0 = none */
+    int memory_checkpoint_drain_keep;     /* drained checkpoints kept per node */
 
     /* training (muster-train) */
     char model[32];            /* preset: tiny, small, gpt2-124m */

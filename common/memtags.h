@@ -31,7 +31,9 @@ uint64_t memtags_step(const char *name);
 /*
  * The buddy map: which member holds node i's replicas. Members are given in
  * name order, 0..n-1; domains[i] names node i's failure domain (rack,
- * switch), or domains is NULL when the operator labels none. Without labels
+ * switch), NULL for a node that is a domain of its own (unlabelled in a
+ * job where others are), or domains is NULL when the operator labels none.
+ * Without labels
  * (or all alike) node i's buddy is node i+1 mod n. With them the nodes are
  * dealt round-robin from each domain in turn (domains in the order their
  * first node comes, each domain's nodes in name order) and each node's

@@ -71,13 +71,13 @@ struct request {
 
 /* ---- responses ---------------------------------------------------------- */
 
-/* Adds the common headers to r and queues it; the request's deadline ends. */
+/* Adds the common headers to r and queues it: its answer starts going out. */
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r,
                              const char *ctype, const char *allow)
 {
     if (!r)
         return MHD_NO; /* out of memory: MHD closes the connection */
-    http_guard_received(c);
+    http_guard_answering(c);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
@@ -500,7 +500,6 @@ static enum MHD_Result get_rank_log(struct http_server *srv, struct MHD_Connecti
     rq->srv = srv;
     atomic_fetch_add(&srv->logs_open, 1);
     /* Suspended first: the answer may come (and resume it) before this returns. */
-    http_guard_received(c);
     MHD_suspend_connection(c);
     srv->log(srv->log_ctx, &rq->lr);
     return MHD_YES;
@@ -1005,6 +1004,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return rq->body_len > HTTP_BODY_LIMIT ? MHD_NO : MHD_YES;
     }
+    http_guard_received(c); /* all in: the time to make the answer is ours, not the client's */
     return dispatch(srv, c, rq, url, method);
 }
 

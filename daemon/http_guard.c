@@ -213,6 +213,18 @@ void http_guard_received(struct MHD_Connection *mc)
     pthread_mutex_unlock(&c->g->lock);
 }
 
+void http_guard_answering(struct MHD_Connection *mc)
+{
+    struct guard_conn *c = conn_of(mc);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->g->lock);
+    c->receiving = 0;
+    if (!c->closing)
+        c->since_ms = mono_ms();
+    pthread_mutex_unlock(&c->g->lock);
+}
+
 void http_guard_completed(struct MHD_Connection *mc)
 {
     struct guard_conn *c = conn_of(mc);
@@ -224,6 +236,18 @@ void http_guard_completed(struct MHD_Connection *mc)
         c->since_ms = mono_ms();
     }
     pthread_mutex_unlock(&c->g->lock);
+}
+
+/* The request's headers are all in the socket, unread: the connection's
+ * thread of libmicrohttpd is busy with another one (a big document to
+ * render, an action the loop is slow to take), and the wait is ours, not the
+ * client's. A peek reads nothing; a request whose headers do not fit in it
+ * is no request a client of ours sends. */
+static int whole_request_unread(int fd)
+{
+    char buf[8192];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+    return n >= 4 && memmem(buf, (size_t)n, "\r\n\r\n", 4) != NULL;
 }
 
 static void *sweep(void *arg)
@@ -241,7 +265,8 @@ static void *sweep(void *arg)
         pthread_cond_timedwait(&g->wake, &g->lock, &until);
         uint64_t now = mono_ms();
         for (struct guard_conn *c = g->head; c && !g->stopping; c = c->next) {
-            if (!c->receiving || c->closing || c->fd < 0 || now - c->since_ms < g->lim.request_ms)
+            if (!c->receiving || c->closing || c->fd < 0 || now - c->since_ms < g->lim.request_ms ||
+                whole_request_unread(c->fd))
                 continue;
             char who[INET_ADDRSTRLEN], detail[128];
             addr_text(c->addr, who, sizeof(who));

@@ -8,7 +8,9 @@
  *   - a whole-request deadline: from the moment a connection opens (or its
  *     previous answer was sent) to the moment the request's headers and body
  *     are all in, at most request_ms, however slowly they trickle. A
- *     sweeping thread closes a connection past it with a 408.
+ *     sweeping thread closes a connection past it with a 408, unless its
+ *     headers are all in the socket, unread: then libmicrohttpd's thread is
+ *     the slow one (busy answering another connection).
  *   - a per-address limit and a total limit, enforced by eviction: a new
  *     connection over either limit closes the oldest connection that is
  *     still sending its request (from the same address for the per-address
@@ -53,8 +55,12 @@ void http_guard_stop(struct http_guard *g);
 /* MHD_OPTION_NOTIFY_CONNECTION callback; cls is the guard. */
 void http_guard_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                        enum MHD_ConnectionNotificationCode code);
-/* The request on c is in and being answered: its deadline stops. */
+/* The request on c is all in (headers and body): its deadline stops, before
+ * the answer is made, so a slow answer to make is never taken for a slow
+ * request. */
 void http_guard_received(struct MHD_Connection *c);
+/* The answer on c is queued: from now it is going out (slow_answer_ms). */
+void http_guard_answering(struct MHD_Connection *c);
 /* The request on c ended (MHD_OPTION_NOTIFY_COMPLETED): the deadline of the
  * next one on the same connection starts now. */
 void http_guard_completed(struct MHD_Connection *c);

@@ -514,7 +514,7 @@ static void on_tick(uv_timer_t *t)
         log_warn_limited("musterd did not run for %.1f s (stopped or starved): that time does not count toward the "
                  "nodes' heartbeat timeout",
                  (double)(now - d->last_tick - TICK_MS) / 1000.0);
-        rdv_paused(&d->rdv, now - d->last_tick - TICK_MS);
+        rdv_paused(&d->rdv, now - d->last_tick - TICK_MS, now);
     }
     d->last_tick = now;
     server_tick(d->server);

@@ -162,6 +162,7 @@ int rdv_init(struct rdv *r, const struct job_spec *spec, json_t *job, const stru
              uint64_t now_ms)
 {
     memset(r, 0, sizeof(*r));
+    r->master_port_node = -1;
     r->spec = spec;
     r->job = json_incref(job);
     r->ops = *ops;

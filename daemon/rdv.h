@@ -101,6 +101,10 @@ enum rdv_rank_state {
 
 #define RDV_MAX_NODES 4096 /* = the job spec's largest "nodes" */
 #define RDV_EVENTS 256
+/* A node's warm_spare_unfit events: at most RDV_SPARE_NOTES per RDV_SPARE_NOTE_WINDOW_MS (a real
+ * agent's note changes once per warm import it drops, a few times per job). */
+#define RDV_SPARE_NOTES 4
+#define RDV_SPARE_NOTE_WINDOW_MS 60000
 
 /* A generation waiting for MASTER_PORT (rank 0's node reports a free port in
  * each heartbeat). */
@@ -132,6 +136,8 @@ struct rdv_node {
     uint64_t reported_generation; /* generation its ranks ran when it joined */
     uint32_t free_port;    /* latest port it reported free for MASTER_PORT; 0 = none */
     uint64_t free_port_gen; /* the generation its agent had when it reported free_port */
+    uint64_t assign_sent_gen; /* the newest generation whose ASSIGN went to it in this session; 0 = none
+                               * (a join that does not resume starts a session on which nothing was sent) */
     uint64_t session;      /* given in WELCOME at its last join; HELLO.session resumes it */
     /* device facts (HELLO) and fitness (PREFLIGHT, and musterd's plan) */
     char gpu_name[PROTO_NAME_MAX]; /* "" = no GPU facts */
@@ -159,11 +165,24 @@ struct rdv_node {
     /* the node whose replicas it holds, and those held whole, oldest first
      * (HEARTBEAT memory_replica_of, memory_replicas; daemon/rdv_memrep.c) */
     char replica_of[PROTO_NAME_MAX];
+    /* HEARTBEAT spare_note: what its agent last found wrong with its warm spare
+     * process (an event when it changes); "" = nothing */
+    char spare_note[PROTO_REASON_MAX];
+    /* its warm_spare_unfit events in the window begun at spare_note_window_ms (at most
+     * RDV_SPARE_NOTES: an agent that changes its note in every heartbeat must not wash the
+     * event ring), and the new notes held back in it, told in the next event */
+    uint32_t spare_note_events, spare_note_held;
+    uint64_t spare_note_window_ms;
     /* a spare that took a member's rank block (rdv_spare.c): that member's
      * name, whose copies at its buddy are this node's now; "" = none */
     char heir_of[PROTO_NAME_MAX];
     uint32_t nreplica;
     char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    /* its memory checkpoints drained whole to checkpoint_dir, oldest first
+     * (HEARTBEAT memory_drained, job key memory_checkpoint_drain_steps) */
+    int reports_drained; /* a heartbeat since its join carried that list */
+    uint32_t ndrained;
+    char drained[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     int restored; /* a member from the state file, not back since musterd started: absent, not yet lost */
 };
 
@@ -341,6 +360,7 @@ struct rdv {
     uint64_t assigned_ms;   /* when it was assigned (ASSIGN sent); 0 = not yet */
     uint32_t master_port;   /* MASTER_PORT of the current generation's ASSIGN */
     uint64_t master_port_gen; /* the generation that was given master_port */
+    int32_t master_port_node; /* the node that held rank 0 then (-1: none known, as after a restart) */
     struct proto_unique_id uid; /* rank 0's unique id; valid when uid.generation == generation */
 
     struct rdv_node nodes[RDV_MAX_NODES];
@@ -445,8 +465,10 @@ void rdv_tick(struct rdv *r, uint64_t now_ms);
 /* musterd itself did not run for ms (stopped, a VM paused, swapped out):
  * the nodes' frames of that time wait unread in its sockets, so that time
  * does not count toward any node's heartbeat_timeout_ms. Call before
- * rdv_tick, which would otherwise declare every node lost. */
-void rdv_paused(struct rdv *r, uint64_t ms);
+ * rdv_tick, which would otherwise declare every node lost. A node heard
+ * during that time (its frames read while the tick was late) is never
+ * moved past now_ms. */
+void rdv_paused(struct rdv *r, uint64_t ms, uint64_t now_ms);
 
 enum rdv_admin { RDV_ADMIN_STOP, RDV_ADMIN_RESTART, RDV_ADMIN_DRAIN, RDV_ADMIN_CHECKPOINT, RDV_ADMIN_STACKS };
 /* Returns 0, or -ENOENT (no such node) / -EINVAL (not possible now) /

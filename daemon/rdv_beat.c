@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "common/memtags.h"
+
 /* Rank 0 says where this generation's state came from (ranks that rejoin in place). */
 static void note_restore(struct rdv *r, uint32_t node, const struct proto_rank_beat *b)
 {
@@ -114,6 +116,26 @@ static void take_beat(struct rdv *r, struct rdv_rank *rk, const struct proto_ran
     r->figures_changed = 1;
 }
 
+/* A new spare_note of node: an event, unless RDV_SPARE_NOTES were made in this window already. */
+static void spare_note_event(struct rdv *r, uint32_t node, uint64_t now_ms)
+{
+    struct rdv_node *nd = &r->nodes[node];
+    if (now_ms - nd->spare_note_window_ms >= RDV_SPARE_NOTE_WINDOW_MS || now_ms < nd->spare_note_window_ms) {
+        nd->spare_note_window_ms = now_ms;
+        nd->spare_note_events = 0;
+    }
+    if (nd->spare_note_events >= RDV_SPARE_NOTES) {
+        nd->spare_note_held++;
+        return;
+    }
+    nd->spare_note_events++;
+    char held[64] = "";
+    if (nd->spare_note_held)
+        snprintf(held, sizeof(held), " (%u earlier notes held back)", nd->spare_note_held);
+    nd->spare_note_held = 0;
+    rdv__event(r, "warm_spare_unfit", (int)node, -1, "node %s: warm spare: %s%s", nd->name, nd->spare_note, held);
+}
+
 void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbeat *hb, uint64_t now_ms)
 {
     struct rdv_node *nd = &r->nodes[node];
@@ -132,6 +154,20 @@ void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbea
         if (nd->member && nd->free_port && r->port_wait != RDV_PORT_WAIT_NO)
             rdv__try_start_generation(r, now_ms);
     }
+    /* before memory_checkpoints, whose first report may open the generation: it counts these too */
+    if (hb->has_drained && (!nd->reports_drained || hb->ndrained != nd->ndrained ||
+                            memcmp(hb->drained, nd->drained, hb->ndrained * sizeof(hb->drained[0])) != 0)) {
+        /* a newer one than the agent had before: drained just now (a new agent's first list is no news) */
+        if (nd->reports_drained && hb->ndrained &&
+            (!nd->ndrained || memtags_cmp(hb->drained[hb->ndrained - 1], nd->drained[nd->ndrained - 1]) > 0))
+            rdv__event(r, "memory_drained", (int)node, -1, "node %s drained memory checkpoint step %llu (%s) to "
+                       "checkpoint_dir", nd->name, (unsigned long long)memtags_step(hb->drained[hb->ndrained - 1]),
+                       hb->drained[hb->ndrained - 1]);
+        nd->reports_drained = 1;
+        nd->ndrained = hb->ndrained;
+        memcpy(nd->drained, hb->drained, hb->ndrained * sizeof(hb->drained[0]));
+        rdv__changed(r, 0);
+    }
     if (hb->has_memckpt && (!nd->reports_memckpt || hb->nmemckpt != nd->nmemckpt ||
                             memcmp(hb->memckpt, nd->memckpt, hb->nmemckpt * sizeof(hb->memckpt[0])) != 0)) {
         nd->reports_memckpt = 1;
@@ -140,6 +176,11 @@ void rdv__on_heartbeat(struct rdv *r, uint32_t node, const struct proto_heartbea
         rdv__changed(r, 0);
         if (r->memckpt_wait_ms)
             rdv__try_start_generation(r, now_ms); /* it was waited for */
+    }
+    if (strcmp(hb->spare_note, nd->spare_note) != 0) {
+        snprintf(nd->spare_note, sizeof(nd->spare_note), "%s", hb->spare_note);
+        if (nd->spare_note[0])
+            spare_note_event(r, node, now_ms);
     }
     if (strcmp(hb->replica_of, nd->replica_of) != 0 || hb->nreplica != nd->nreplica ||
         memcmp(hb->replica, nd->replica, hb->nreplica * sizeof(hb->replica[0])) != 0) {

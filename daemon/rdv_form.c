@@ -77,7 +77,8 @@ static const struct rdv_node *rank0_node(const struct rdv *r)
 /* node_rank: the member's index in name order (torchrun's GROUP_RANK), of nnodes. */
 static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32_t nnodes, uint32_t master_port)
 {
-    const struct rdv_node *nd = &r->nodes[node];
+    struct rdv_node *nd = &r->nodes[node];
+    nd->assign_sent_gen = r->generation;
     struct proto_msg m; /* to each member: the assignment is zeroed, not the whole union */
     m.type = PROTO_ASSIGN;
     m.u.assign = (struct proto_assign){0};
@@ -103,6 +104,11 @@ static void send_assign(struct rdv *r, uint32_t node, uint32_t node_rank, uint32
     if (r->spec->memory_checkpoint_mb)
         rdv__memckpt_from(r, node, &m.u.assign); /* its files from its buddy, when it lost its own */
     rdv__send_to(r, node, &m);
+    /* The generation's id may be known already: assigned again after musterd
+     * restarted during a recovery, rank 0 (rejoining in place) sent it on
+     * its first frames, before the other members were back. It follows the
+     * ASSIGN; an agent that has it takes it again as a repeat. */
+    rdv__send_unique_id(r, node);
     for (uint32_t l = 0; l < nd->ndevices; l++)
         rdv__set_rank_state(r, &r->ranks[nd->first_rank + l], RDV_RANK_STARTING);
 }
@@ -275,7 +281,11 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
      * multi-tenant, so a new rank 0 binding that port would join the old
      * store, whose keys send the new group to the old one's addresses. An
      * agent that knows the generation never reports its port while a rank of
-     * it lives; its next heartbeat names another. */
+     * it lives; its next heartbeat names another. But the node that held
+     * rank 0 then, rejoined since on a new session (the old connection, and
+     * the ASSIGN on it, is gone) and naming an older generation, never had
+     * that ASSIGN: no rank 0 of it ever bound the port, and it may name the
+     * same port, free still, for ever. Its report stands. */
     const struct rdv_node *n0 = rank0_node(r);
     if (n0->free_port == 0) {
         snprintf(r->reason, sizeof(r->reason),
@@ -287,7 +297,9 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
         rdv__changed(r, 0);
         return;
     }
-    if (n0->free_port == r->master_port && n0->free_port_gen < r->master_port_gen) {
+    const int rejoined_since = (int32_t)r->ranks[0].node == r->master_port_node &&
+                               n0->assign_sent_gen < r->master_port_gen;
+    if (n0->free_port == r->master_port && n0->free_port_gen < r->master_port_gen && !rejoined_since) {
         snprintf(r->reason, sizeof(r->reason),
                  "waiting for node %s (rank 0) to report a free port for MASTER_PORT other than the last "
                  "generation's (%u)", n0->name, r->master_port);
@@ -295,9 +307,16 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
         rdv__changed(r, 0);
         return;
     }
+    /* An id taken before this assignment (musterd restored during a recovery,
+     * rank 0 back first with the ranks that made it) stands only while rank
+     * 0's node came back with those ranks: it keeps them (same layout). A
+     * rank 0 that comes now is a new process with a new id. */
+    if (r->uid.generation == r->generation && n0->reported_generation != r->generation)
+        r->uid.generation = 0;
     r->port_wait = RDV_PORT_WAIT_NO;
     r->master_port = n0->free_port;
     r->master_port_gen = r->generation;
+    r->master_port_node = (int32_t)r->ranks[0].node;
     /* Rank blocks are contiguous in name order: walking them block by block visits the
      * members in that order, which numbers them. */
     const uint32_t nnodes = rdv__member_count(r);
@@ -316,10 +335,16 @@ void rdv__try_start_generation(struct rdv *r, uint64_t now_ms)
                (unsigned long long)r->generation, r->world_size, nnodes);
     char mem[PROTO_CKPT_NAME_MAX], from[512];
     if (r->spec->memory_checkpoint_mb && rdv_memckpt_common(r, mem, sizeof(mem)) > 0) {
-        rdv__memckpt_sources(r, mem, from, sizeof(from));
-        rdv__event(r, "memory_resumed", -1, -1, "generation %llu resumed from memory checkpoint step %llu "
-                   "(%s, the newest complete on all %u nodes%s%s)", (unsigned long long)r->generation,
-                   (unsigned long long)memtags_step(mem), mem, nnodes, from[0] ? "; " : "", from);
+        uint32_t drained = rdv__memckpt_sources(r, mem, from, sizeof(from));
+        if (drained == nnodes) /* every member lost it from memory, its own and its buddy's copy */
+            rdv__event(r, "memory_resumed", -1, -1, "generation %llu resumed from the drained durable checkpoint "
+                       "step %llu (%s in checkpoint_dir, the newest complete on all %u nodes: no node or buddy "
+                       "holds it in memory)", (unsigned long long)r->generation,
+                       (unsigned long long)memtags_step(mem), mem, nnodes);
+        else
+            rdv__event(r, "memory_resumed", -1, -1, "generation %llu resumed from memory checkpoint step %llu "
+                       "(%s, the newest complete on all %u nodes%s%s)", (unsigned long long)r->generation,
+                       (unsigned long long)memtags_step(mem), mem, nnodes, from[0] ? "; " : "", from);
     }
     rdv__changed(r, 1);
 }
@@ -471,11 +496,14 @@ int rdv__on_unique_id(struct rdv *r, uint32_t node, const struct proto_unique_id
     }
     r->uid.generation = r->generation;
     memcpy(r->uid.id, u->id, PROTO_UID_LEN);
+    uint32_t sent = 0; /* a member not connected now gets it with its ASSIGN or when it is back */
     for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED)
+        if (r->nodes[i].member && r->nodes[i].state == RDV_NODE_JOINED) {
             rdv__send_unique_id(r, i);
-    rdv__event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u nodes",
-               (unsigned long long)r->generation, rdv__member_count(r));
+            sent++;
+        }
+    rdv__event(r, "unique_id", (int)node, 0, "generation %llu: unique id from rank 0 sent to %u of %u nodes",
+               (unsigned long long)r->generation, sent, rdv__member_count(r));
     return 1;
 }
 

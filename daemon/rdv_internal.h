@@ -119,8 +119,12 @@ void rdv__check_resumed(struct rdv *r, uint64_t now_ms);
 uint32_t rdv__buddy(const struct rdv *r, uint32_t node); /* r->nnodes when none */
 /* Names in as the node holding node's copy of as's checkpoint, and asks it (MEM_FETCH), when node lacks its own. */
 void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as);
-/* "node b's files from node a, ..." for the members that resume tag from a buddy's copy; "" when none. */
-void rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap);
+/*
+ * "node b's files from node a, node c's files from its drained copy in
+ * checkpoint_dir, ..." for the members that resume tag from a buddy's copy
+ * or their drained one; "" when none. Returns how many use a drained copy.
+ */
+uint32_t rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap);
 void rdv__on_mem_file(struct rdv *r, uint32_t node, const struct proto_mem_file *f, uint64_t now_ms);
 /*
  * 1 when every member has reported its memory checkpoints since it joined

@@ -52,7 +52,10 @@ static void take_facts(struct rdv_node *nd, const struct proto_hello *h, uint64_
     nd->nmemckpt = 0; /* a new agent: what it holds comes in its heartbeats */
     nd->reports_memckpt = 0;
     nd->replica_of[0] = '\0';
+    nd->spare_note[0] = '\0';
     nd->nreplica = 0;
+    nd->ndrained = 0;
+    nd->reports_drained = 0;
     nd->unfit_since_ms = now_ms;
 }
 
@@ -236,6 +239,8 @@ int rdv_join(struct rdv *r, const struct proto_hello *h, uint64_t now_ms, char c
     if (resumes)
         r->ops.disconnect(r->ops.ctx, nd->name, "replaced by the agent's new connection (session resumed)");
     nd->session = new_session();
+    if (!resumes)
+        nd->assign_sent_gen = 0; /* nothing was sent on the new session yet */
     snprintf(nd->addr, sizeof(nd->addr), "%s", h->addr);
     nd->free_port = h->free_port;
     nd->free_port_gen = h->generation;
@@ -344,7 +349,7 @@ void rdv__check_lost(struct rdv *r, uint64_t now_ms)
         struct rdv_node *nd = &r->nodes[i];
         if (nd->state != RDV_NODE_JOINED)
             continue;
-        if (now_ms - nd->last_seen_ms > timeout) {
+        if (now_ms > nd->last_seen_ms && now_ms - nd->last_seen_ms > timeout) {
             char why[96];
             snprintf(why, sizeof(why), "no heartbeat for %.1f s (heartbeat_timeout_ms=%llu)",
                      (double)(now_ms - nd->last_seen_ms) / 1000.0, (unsigned long long)timeout);
@@ -361,10 +366,12 @@ void rdv__check_lost(struct rdv *r, uint64_t now_ms)
     r->lost_due_ms = oldest + timeout + 1;
 }
 
-void rdv_paused(struct rdv *r, uint64_t ms)
+void rdv_paused(struct rdv *r, uint64_t ms, uint64_t now_ms)
 {
-    for (uint32_t i = 0; i < r->nnodes; i++)
-        if (r->nodes[i].state == RDV_NODE_JOINED)
-            r->nodes[i].last_seen_ms += ms;
-    r->lost_due_ms += ms;
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        struct rdv_node *nd = &r->nodes[i];
+        if (nd->state == RDV_NODE_JOINED)
+            nd->last_seen_ms = nd->last_seen_ms + ms < now_ms ? nd->last_seen_ms + ms : now_ms;
+    }
+    r->lost_due_ms = 0; /* the next check finds the oldest again */
 }

@@ -2,12 +2,15 @@
  * rdv_memrep: musterd's part in replicating memory checkpoints (job key
  * memory_checkpoint_mb) to a buddy node, and in giving them back.
  *
- *   buddy     node i's buddy is the next member in name order
- *             (memtags_buddy: a rotation; the failure-domain hook takes
- *             labels once agents carry them). musterd alone applies the map:
- *             an agent sends its new complete checkpoints up (MEM_FILE,
- *             restore false) and musterd passes each frame to the sender's
- *             buddy over that node's own authenticated link. No agent
+ *   buddy     node i's buddy is the next member in name order, or, once
+ *             any member carries a failure-domain label (HELLO.domain, the
+ *             agent's `domain`), the next one dealt round-robin from each
+ *             domain, an unlabelled member a domain of its own
+ *             (memtags_buddy: a rotation either way, so each member holds
+ *             one other's copies). musterd alone applies the map: an agent
+ *             sends its new complete checkpoints up (MEM_FILE, restore
+ *             false) and musterd passes each frame to the sender's buddy
+ *             over that node's own authenticated link. No agent
  *             listens, no new connection exists to be attacked.
  *   holds     each agent reports in HEARTBEAT the checkpoints complete on it
  *             (memory_checkpoints) and those it holds whole for another node
@@ -19,6 +22,13 @@
  *             MEM_FETCH; the buddy sends the files (MEM_FILE restore true),
  *             musterd passes them to the owner, which waits for them before
  *             its ranks start.
+ *   drained   with memory_checkpoint_drain_steps each agent also reports the
+ *             checkpoints it drained whole to checkpoint_dir (memory_drained,
+ *             worker/agent/memdrain.h); they count as the node's too, last:
+ *             a member that has the chosen one neither in memory nor at a
+ *             buddy gets ASSIGN memory_checkpoint_drained and copies it back
+ *             from there. A node lost together with its buddy so resumes
+ *             from the newest checkpoint drained on every node.
  *
  * musterd checks only who may send what to whom: a replica goes from its
  * owner to the owner's buddy, a restore from the node that reported holding
@@ -59,7 +69,15 @@ uint32_t rdv__buddy(const struct rdv *r, uint32_t node)
             at = k;
     if (at == r->nnodes)
         return r->nnodes;
-    size_t b = memtags_buddy(NULL, n, at);
+    /* the members' failure domains (HELLO.domain) once any is labelled; an unlabelled one is its own */
+    const char *domains[RDV_MAX_NODES];
+    int labelled = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const char *d = r->nodes[members[k]].domain;
+        domains[k] = d[0] ? d : NULL;
+        labelled |= d[0] != '\0';
+    }
+    size_t b = memtags_buddy(labelled ? domains : NULL, n, at);
     return b < n ? members[b] : r->nnodes;
 }
 
@@ -83,18 +101,23 @@ static uint32_t holder_of(const struct rdv *r, uint32_t node, const char *tag)
     return r->nnodes;
 }
 
-static int holds_own(const struct rdv_node *nd, const char *tag)
+static int listed(const char (*names)[PROTO_CKPT_NAME_MAX], uint32_t n, const char *tag)
 {
-    for (uint32_t k = 0; k < nd->nmemckpt; k++)
-        if (strcmp(nd->memckpt[k], tag) == 0)
+    for (uint32_t k = 0; k < n; k++)
+        if (strcmp(names[k], tag) == 0)
             return 1;
     return 0;
+}
+
+static int holds_own(const struct rdv_node *nd, const char *tag)
+{
+    return listed(nd->memckpt, nd->nmemckpt, tag);
 }
 
 int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
 {
     /* each member's own and those held for it: the loop thread's alone */
-    static char names[RDV_MAX_NODES][2 * PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    static char names[RDV_MAX_NODES][3 * PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     static const char *lists[RDV_MAX_NODES];
     static uint32_t counts[RDV_MAX_NODES];
     size_t n = 0;
@@ -112,9 +135,12 @@ int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
             if (j == i || !joined(r, j) || !holds_for(h, nd))
                 continue;
             for (uint32_t k = 0; k < h->nreplica && c < 2 * PROTO_MEMCKPT_MAX; k++)
-                if (!holds_own(nd, h->replica[k]))
+                if (!listed(names[n], c, h->replica[k]))
                     memcpy(names[n][c++], h->replica[k], PROTO_CKPT_NAME_MAX);
         }
+        for (uint32_t k = 0; k < nd->ndrained; k++) /* its durable copies (memory_checkpoint_drain_steps) */
+            if (!listed(names[n], c, nd->drained[k]))
+                memcpy(names[n][c++], nd->drained[k], PROTO_CKPT_NAME_MAX);
         lists[n] = names[n][0];
         counts[n++] = c;
     }
@@ -124,11 +150,14 @@ int rdv_memckpt_common(const struct rdv *r, char *out, size_t cap)
 void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as)
 {
     as->memckpt_from[0] = '\0';
+    as->memckpt_drained = 0;
     if (!as->has_memckpt || !as->memckpt[0] || holds_own(&r->nodes[node], as->memckpt))
         return;
     uint32_t h = holder_of(r, node, as->memckpt);
-    if (h == r->nnodes)
+    if (h == r->nnodes) { /* no copy in memory: its drained one, when it has that */
+        as->memckpt_drained = listed(r->nodes[node].drained, r->nodes[node].ndrained, as->memckpt);
         return;
+    }
     snprintf(as->memckpt_from, sizeof(as->memckpt_from), "%s", r->nodes[h].name);
     struct proto_msg m = {.type = PROTO_MEM_FETCH};
     snprintf(m.u.mem_fetch.owner, sizeof(m.u.mem_fetch.owner), "%s", r->nodes[h].replica_of);
@@ -136,21 +165,29 @@ void rdv__memckpt_from(struct rdv *r, uint32_t node, struct proto_assign *as)
     rdv__send_to(r, h, &m);
 }
 
-void rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap)
+uint32_t rdv__memckpt_sources(const struct rdv *r, const char *tag, char *out, size_t cap)
 {
     size_t used = 0;
+    uint32_t drained = 0;
     out[0] = '\0';
     for (uint32_t i = 0; i < r->nnodes && used < cap; i++) {
         const struct rdv_node *nd = &r->nodes[i];
         if (!nd->member || holds_own(nd, tag))
             continue;
         uint32_t h = holder_of(r, i, tag);
-        if (h == r->nnodes)
-            continue;
-        int w = snprintf(out + used, cap - used, "%snode %s's files from node %s", used ? ", " : "", nd->name,
+        int w;
+        if (h != r->nnodes)
+            w = snprintf(out + used, cap - used, "%snode %s's files from node %s", used ? ", " : "", nd->name,
                          r->nodes[h].name);
+        else if (listed(nd->drained, nd->ndrained, tag) && ++drained)
+            w = snprintf(out + used, cap - used, "%snode %s's files from its drained copy in checkpoint_dir",
+                         used ? ", " : "", nd->name);
+        else
+            continue;
         used += w > 0 ? (size_t)w : 0;
+        used = used < cap ? used : cap - 1;
     }
+    return drained;
 }
 
 /* The joined member a restore of owner's files goes to: owner itself, or

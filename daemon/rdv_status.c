@@ -162,23 +162,35 @@ void rdv_figures(const struct rdv *r, struct rdv_figures *out)
         out->comm_frac /= out->nrunning;
 }
 
-/* memory_checkpoint: the newest complete on all members, and each node's newest; null when the job keeps none. */
+/* By node: the newest of each member's own complete memory checkpoints (drained: of those drained to
+ * checkpoint_dir), null when it has none; a node that is no member shows only when it has some. */
+static json_t *newest_by_node(const struct rdv *r, int drained)
+{
+    json_t *out = json_object();
+    for (uint32_t i = 0; i < r->nnodes; i++) {
+        const struct rdv_node *nd = &r->nodes[i];
+        uint32_t n = drained ? nd->ndrained : nd->nmemckpt;
+        const char *newest = !n ? NULL : drained ? nd->drained[n - 1] : nd->memckpt[n - 1];
+        if (nd->member || n)
+            json_object_set_new(out, nd->name, newest ? json_string(newest) : json_null());
+    }
+    return out;
+}
+
+/* memory_checkpoint: the newest complete on all members, each node's newest (and newest drained); null when the
+ * job keeps none. */
 static json_t *memckpt_json(const struct rdv *r)
 {
     if (!r->spec->memory_checkpoint_mb)
         return json_null();
     char common[PROTO_CKPT_NAME_MAX];
     int have = rdv_memckpt_common(r, common, sizeof(common)) > 0;
-    json_t *nodes = json_object();
-    for (uint32_t i = 0; i < r->nnodes; i++) {
-        const struct rdv_node *nd = &r->nodes[i];
-        if (nd->member || nd->nmemckpt)
-            json_object_set_new(nodes, nd->name,
-                                nd->nmemckpt ? json_string(nd->memckpt[nd->nmemckpt - 1]) : json_null());
-    }
-    return json_pack("{s:o, s:o, s:o, s:o}", "common", have ? json_string(common) : json_null(), "common_step",
-                     have ? json_integer((json_int_t)memtags_step(common)) : json_null(), "nodes", nodes,
-                     "replicas", rdv__memckpt_replicas_json(r));
+    json_t *out = json_pack("{s:o, s:o, s:o, s:o}", "common", have ? json_string(common) : json_null(),
+                            "common_step", have ? json_integer((json_int_t)memtags_step(common)) : json_null(),
+                            "nodes", newest_by_node(r, 0), "replicas", rdv__memckpt_replicas_json(r));
+    if (r->spec->memory_checkpoint_drain_steps)
+        json_object_set_new(out, "drained", newest_by_node(r, 1));
+    return out;
 }
 
 json_t *rdv_summary_json(const struct rdv *r, uint64_t now_ms)

@@ -109,6 +109,7 @@ struct server {
     int closing_all;      /* server_close ran: rdv is no longer told anything */
     uint64_t gate;        /* rdv's frames wait until the state write of this number is durable */
     uint64_t durable;     /* newest state write number durable (server_release) */
+    uint64_t held_since_ms; /* when frames began to wait for a state write (gate > durable); 0: none wait */
     void (*log_data)(void *ctx, const char *node, const struct proto_log_data *d);
     void (*node_gone)(void *ctx, const char *node);
     int (*admit)(void *ctx, char code[32], char reason[PROTO_REASON_MAX]);
@@ -820,12 +821,40 @@ static struct conn *find_joined(struct server *s, const char *node)
     return find_established(s, node);
 }
 
+/*
+ * rdv's frames wait for the state write that precedes them (server_hold),
+ * so that no agent acts on a decision a crash would forget. Two kinds carry
+ * no decision and go at once, or a disk slow to make a write durable (a
+ * loaded one takes seconds for an fsync) would silence musterd for as long:
+ * the agents, hearing no answer to their heartbeats, take the link for
+ * stalled, resume their sessions, and lose them as the WELCOME waits too.
+ *   - WELCOME, on a connection where nothing waits before it: a join
+ *     persists nothing (what it sets off waits as usual).
+ *   - A heartbeat's answer, as a liveness echo of sequence number 0, which
+ *     confirms no exit (exitq: an exit is confirmed by the echo of a beat
+ *     sent after it); the real echo waits, and confirms once durable.
+ * Both only while the writes progress: a state write waiting for lease_ms
+ * (etcd full, a write it refuses, a disk gone) means nothing more is
+ * decided, and the agents are let to see it and fence themselves.
+ */
 void server_send(void *ctx, const char *node, const struct proto_msg *msg)
 {
     struct server *s = ctx;
     struct conn *c = find_joined(s, node);
-    if (c)
-        conn_write(c, msg, s->gate > s->durable ? s->gate : 0);
+    if (!c)
+        return;
+    uint64_t after = s->gate > s->durable ? s->gate : 0;
+    const int progressing = after && uv_now(s->loop) - s->held_since_ms < (uint64_t)s->rdv->spec->lease_ms;
+    if (progressing && msg->type == PROTO_WELCOME && !c->held)
+        after = 0;
+    if (progressing && msg->type == PROTO_HEARTBEAT) {
+        static struct proto_msg alive; /* the loop thread's; only its head is written */
+        proto_heartbeat_start(&alive);
+        alive.u.heartbeat.generation = msg->u.heartbeat.generation;
+        alive.u.heartbeat.seq = 0;
+        conn_write(c, &alive, 0);
+    }
+    conn_write(c, msg, after);
 }
 
 size_t server_queued(struct server *s, const char *node)
@@ -836,8 +865,11 @@ size_t server_queued(struct server *s, const char *node)
 
 void server_hold(struct server *s, uint64_t seq)
 {
-    if (seq > s->gate)
+    if (seq > s->gate) {
+        if (s->gate <= s->durable)
+            s->held_since_ms = uv_now(s->loop);
         s->gate = seq;
+    }
 }
 
 /*
@@ -879,6 +911,10 @@ void server_release(struct server *s, uint64_t seq)
 {
     if (seq > s->durable)
         s->durable = seq;
+    if (s->durable >= s->gate)
+        s->held_since_ms = 0;
+    else if (seq == s->durable)
+        s->held_since_ms = uv_now(s->loop); /* the next write's wait, from now */
     for (struct conn *c = s->conns; c; c = c->next) {
         while (c->held && c->held->after <= s->durable) {
             struct write_req *ws[RELEASE_BATCH];

@@ -285,7 +285,8 @@ static int check_assign(const struct proto_assign *a)
         a->master_port < 1 || a->master_port > 65535 ||
         !valid_ascii(a->master_addr, sizeof(a->master_addr), 1, '!', '~') ||
         (a->memckpt[0] && !proto_valid_label(a->memckpt, sizeof(a->memckpt))) ||
-        (a->memckpt_from[0] && (!a->has_memckpt || !a->memckpt[0] || !proto_valid_name(a->memckpt_from))))
+        (a->memckpt_from[0] && (!a->has_memckpt || !a->memckpt[0] || !proto_valid_name(a->memckpt_from))) ||
+        (a->memckpt_drained && (!a->has_memckpt || !a->memckpt[0] || a->memckpt_from[0])))
         return PROTO_E_RANGE;
     for (uint32_t i = 0; i < a->nranks; i++) {
         const struct proto_rank_slot *s = &a->ranks[i];
@@ -339,6 +340,9 @@ static int check_heartbeat(const struct proto_heartbeat *h)
     if (h->generation > PROTO_U64_MAX || h->seq > PROTO_U64_MAX ||
         h->free_port > 65535 || h->nranks > PROTO_MAX_LOCAL_RANKS)
         return PROTO_E_RANGE;
+    /* the note reaches events and terminals (musterctl events): one line, no control character */
+    if (h->spare_note[0] && !proto_valid_label(h->spare_note, sizeof(h->spare_note)))
+        return PROTO_E_RANGE;
     for (uint32_t i = 0; i < h->nranks; i++) {
         const struct proto_rank_beat *b = &h->ranks[i];
         if ((unsigned int)b->state > PROTO_RANK_STATE_MAX ||
@@ -360,6 +364,8 @@ static int check_heartbeat(const struct proto_heartbeat *h)
     if (h->nmemckpt > (h->has_memckpt ? PROTO_MEMCKPT_MAX : 0))
         return PROTO_E_RANGE;
     if (!valid_names(h->memckpt, h->nmemckpt))
+        return PROTO_E_RANGE;
+    if (h->ndrained > (h->has_drained ? PROTO_MEMCKPT_MAX : 0) || !valid_names(h->drained, h->ndrained))
         return PROTO_E_RANGE;
     if (h->nreplica > (h->replica_of[0] ? PROTO_MEMCKPT_MAX : 0) || (h->replica_of[0] && !proto_valid_name(h->replica_of)))
         return PROTO_E_RANGE;

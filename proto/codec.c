@@ -379,7 +379,7 @@ static int dec_assign(json_t *o, struct proto_assign *a)
 {
     static const char *const keys[] = {"generation", "world_size", "ranks",
         "node_rank", "nnodes", "restart_count", "master_addr", "master_port",
-        "job", "term", "memory_checkpoint", "memory_checkpoint_from", NULL};
+        "job", "term", "memory_checkpoint", "memory_checkpoint_from", "memory_checkpoint_drained", NULL};
     json_t *ranks, *job;
 
     TRY(check_keys(o, keys));
@@ -400,6 +400,9 @@ static int dec_assign(json_t *o, struct proto_assign *a)
     if (a->has_memckpt)
         TRY(get_str(o, "memory_checkpoint", a->memckpt, sizeof(a->memckpt)));
     TRY(get_label(o, "memory_checkpoint_from", a->memckpt_from, sizeof(a->memckpt_from))); /* optional */
+    a->memckpt_drained = 0; /* optional */
+    if (json_object_get(o, "memory_checkpoint_drained"))
+        TRY(get_bool(o, "memory_checkpoint_drained", &a->memckpt_drained));
     job = json_object_get(o, "job");
     if (!job)
         return PROTO_E_MISSING;
@@ -536,7 +539,8 @@ static int dec_names(json_t *arr, char (*names)[PROTO_CKPT_NAME_MAX], uint32_t *
 static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
 {
     static const char *const keys[] = {"generation", "seq", "free_port", "ack", "ranks", "memory_checkpoints",
-                                       "memory_replica_of", "memory_replicas", NULL};
+                                       "memory_replica_of", "memory_replicas", "spare_note",
+                                       "memory_drained", NULL};
     json_t *ranks, *mem;
 
     TRY(check_keys(o, keys));
@@ -562,6 +566,13 @@ static int dec_heartbeat(json_t *o, struct proto_heartbeat *h)
     if (h->has_memckpt) {
         TRY(get_array(o, "memory_checkpoints", PROTO_MEMCKPT_MAX, &mem));
         TRY(dec_names(mem, h->memckpt, &h->nmemckpt));
+    }
+    TRY(get_label(o, "spare_note", h->spare_note, sizeof(h->spare_note))); /* optional */
+    h->has_drained = json_object_get(o, "memory_drained") != NULL; /* optional */
+    h->ndrained = 0;
+    if (h->has_drained) {
+        TRY(get_array(o, "memory_drained", PROTO_MEMCKPT_MAX, &mem));
+        TRY(dec_names(mem, h->drained, &h->ndrained));
     }
     /* optional, together: whose replicas it holds, and which */
     TRY(get_label(o, "memory_replica_of", h->replica_of, sizeof(h->replica_of)));
@@ -1017,6 +1028,8 @@ static int enc_assign_head(json_t *o, const struct proto_assign *a)
         TRY(put(o, "memory_checkpoint", json_string(a->memckpt)));
     if (a->memckpt_from[0])
         TRY(put(o, "memory_checkpoint_from", json_string(a->memckpt_from)));
+    if (a->memckpt_drained)
+        TRY(put(o, "memory_checkpoint_drained", json_true()));
     return a->term ? put_uint(o, "term", a->term) : PROTO_OK;
 }
 
@@ -1100,6 +1113,10 @@ static int enc_heartbeat(json_t *o, const struct proto_heartbeat *h)
         TRY(enc_beat(ranks, &h->ranks[i]));
     if (h->has_memckpt)
         TRY(put_names(o, "memory_checkpoints", h->memckpt, h->nmemckpt));
+    if (h->spare_note[0])
+        TRY(put(o, "spare_note", json_string(h->spare_note)));
+    if (h->has_drained)
+        TRY(put_names(o, "memory_drained", h->drained, h->ndrained));
     if (!h->replica_of[0])
         return 0;
     TRY(put(o, "memory_replica_of", json_string(h->replica_of)));
@@ -1297,8 +1314,10 @@ int proto_encode(const struct proto_msg *msg, uint8_t *out, size_t cap)
     TRY(proto_check(msg));
     uint8_t *body = cap > PROTO_HEADER_LEN ? out + PROTO_HEADER_LEN : NULL;
     size_t room = body ? cap - PROTO_HEADER_LEN : 0;
-    /* the fast path writes the fields of every heartbeat; the rare memory checkpoint lists go through jansson */
-    int rc = msg->type == PROTO_HEARTBEAT && !msg->u.heartbeat.has_memckpt && !msg->u.heartbeat.replica_of[0]
+    /* the fast path writes the fields of every heartbeat; the rare memory checkpoint lists and spare notes go
+     * through jansson */
+    int rc = msg->type == PROTO_HEARTBEAT && !msg->u.heartbeat.has_memckpt && !msg->u.heartbeat.replica_of[0] &&
+                     !msg->u.heartbeat.spare_note[0] && !msg->u.heartbeat.has_drained
                  ? fastbeat_encode(&msg->u.heartbeat, body, room)
                  : proto_encode_payload_json(msg, body, room);
     if (rc < 0)

@@ -255,6 +255,11 @@ struct proto_assign {
      * (its buddy) when this node reported none; the agent waits for its files
      * (MEM_FILE restore) before its ranks start. "" = absent. */
     char memckpt_from[PROTO_NAME_MAX];
+    /* Optional, with memckpt: neither this node nor a buddy holds memckpt in
+     * memory; the agent copies it back from its drained copy in
+     * checkpoint_dir (job key memory_checkpoint_drain_steps) before its
+     * ranks start. 0 = absent. */
+    int memckpt_drained;
 };
 
 struct proto_unique_id {
@@ -336,6 +341,16 @@ struct proto_heartbeat {
     char replica_of[PROTO_NAME_MAX];
     uint32_t nreplica;
     char replica[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
+    /* Optional, agent -> daemon: what the agent last found wrong with its warm
+     * spare process, in words (UTF-8): "importing NAME touched the CUDA driver
+     * (...)"; the daemon makes an event of each new one; "" = nothing */
+    char spare_note[PROTO_REASON_MAX];
+    /* Optional, agent -> daemon (memory_checkpoint_drain_steps): the memory
+     * checkpoints drained whole to the node's durable copy in checkpoint_dir,
+     * oldest first, at most PROTO_MEMCKPT_MAX (the newest); each a label */
+    int has_drained;
+    uint32_t ndrained;
+    char drained[PROTO_MEMCKPT_MAX][PROTO_CKPT_NAME_MAX];
     uint32_t nranks;
     struct proto_rank_beat ranks[PROTO_MAX_LOCAL_RANKS];
 };

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -772,6 +773,19 @@ START_TEST(failure_from_stderr_when_file_is_bad)
     rank_failure_explain("/proc/self/status", "x\n", reason, sizeof(reason), detail, sizeof(detail), why,
                          sizeof(why));
     ck_assert_ptr_nonnull(strstr(why, "is not a regular file"));
+    char hard[64], other[64];
+    snprintf(other, sizeof(other), "%s/agent-file", dir);
+    FILE *o = fopen(other, "w");
+    ck_assert_ptr_nonnull(o);
+    fputs("{\"message\": {\"message\": \"secret of the agent's\"}}", o);
+    fclose(o);
+    snprintf(hard, sizeof(hard), "%s/hard", dir);
+    ck_assert_int_eq(link(other, hard), 0);
+    rank_failure_explain(hard, "x\n", reason, sizeof(reason), detail, sizeof(detail), why, sizeof(why));
+    ck_assert_ptr_nonnull(strstr(why, "hard link"));
+    ck_assert_ptr_null(strstr(reason, "secret"));
+    unlink(hard);
+    unlink(other);
     unlink(fifo);
     unlink(link_path);
     rmdir(dir);
@@ -1153,8 +1167,13 @@ static void dump_handler(int sig)
 }
 
 /* A child in a process group of its own, armed like a hooked Python rank: writes to
- * dir/stacks-PID.txt on signum. Returns its pid once it is armed. */
-static pid_t armed_child(const char *dir, int signum)
+ * dir/stacks-PID.txt on signum (faulthandler). With fifo 1 it also reads
+ * dir/stacks-PID.fifo and answers each byte with a dump of its own (the
+ * hook's thread); with fifo 2 it holds the FIFO open and never reads it (a
+ * thread that cannot take the GIL); with fifo 3 it reads and never answers
+ * (a thread that took the byte and is still walking). Returns its pid once
+ * it is armed. */
+static pid_t armed_child_fifo(const char *dir, int signum, int fifo)
 {
     int ready[2];
     ck_assert_int_eq(pipe(ready), 0);
@@ -1162,20 +1181,62 @@ static pid_t armed_child(const char *dir, int signum)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         char path[512];
         snprintf(path, sizeof(path), "%s/stacks-%d.txt", dir, (int)getpid());
         dump_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0600);
         signal(signum, dump_handler);
+        int rfd = -1;
+        if (fifo) {
+            snprintf(path, sizeof(path), "%s/stacks-%d.fifo", dir, (int)getpid());
+            if (mkfifo(path, 0600) != 0 || (rfd = open(path, O_RDWR)) < 0)
+                _exit(4);
+        }
         if (write(ready[1], "r", 1) != 1)
             _exit(2);
-        for (;;)
-            pause();
+        static const char text[] = "Thread 0x02 \"MainThread\" (most recent call first):\n"
+                                   "  File \"train.py\", line 99 in wait\n";
+        char c;
+        for (;;) {
+            if (rfd < 0 || fifo == 2) {
+                pause();
+                continue;
+            }
+            ssize_t n = read(rfd, &c, 1);
+            if (n == 1 && fifo == 1 && write(dump_fd, text, sizeof(text) - 1) < 0)
+                _exit(3);
+        }
     }
     char c;
     close(ready[1]);
     ck_assert_int_eq(read(ready[0], &c, 1), 1);
     close(ready[0]);
     return pid;
+}
+
+static pid_t armed_child(const char *dir, int signum)
+{
+    return armed_child_fifo(dir, signum, 0);
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)(ts.tv_nsec / 1000000);
+}
+
+/* Polls d every 20 ms for up to 3 s; the time the dump took (ms), or -1. */
+static int64_t poll_dump(struct stacks_dump *d)
+{
+    uint64_t t0 = mono_ms();
+    for (int i = 0; i < 150; i++) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (stacks_poll(d, mono_ms()))
+            return (int64_t)(mono_ms() - t0);
+    }
+    return -1;
 }
 
 static void reap(pid_t pid)
@@ -1199,15 +1260,9 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
     fclose(f);
 
     struct stacks_dump d = {.generation = 4, .rank = 3};
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 1);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 1);
     ck_assert_uint_eq(d.nprocs, 1);
-    int done = 0;
-    for (int i = 0; i < 100 && !done; i++) { /* 2 s at most */
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-        done = stacks_poll(&d);
-    }
-    ck_assert_msg(done, "the dump did not complete");
+    ck_assert_msg(poll_dump(&d) >= 0, "the dump did not complete");
     struct proto_msg m;
     ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
     ck_assert_int_eq(m.type, PROTO_STACKS);
@@ -1227,7 +1282,7 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
         nanosleep(&ts, NULL);
     }
     ck_assert_int_eq(rank_stopped(child), 1);
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
     ck_assert_ptr_nonnull(strstr(d.error, "stopped"));
     ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
     ck_assert_int_eq(m.u.stacks.stopped, 1);
@@ -1237,8 +1292,67 @@ START_TEST(stacks_dump_a_rank_and_say_why_not)
     reap(child);
 
     /* No armed process: no hook. */
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
     ck_assert_ptr_nonnull(strstr(d.error, "no stack hook"));
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* The hook's thread is asked first, through the FIFO: its dump, no signal
+ * (faulthandler's walk can crash a rank running Python). A thread that does
+ * not answer (the GIL held in native code) gets the signal after
+ * STACKS_FALLBACK_MS, and faulthandler's dump is taken. */
+START_TEST(stacks_ask_the_thread_then_signal)
+{
+    char dir[] = "/tmp/check_stacksXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const int sig = SIGRTMIN + 5;
+
+    pid_t child = armed_child_fifo(dir, sig, 1);
+    struct stacks_dump d = {.generation = 2, .rank = 1};
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 1);
+    int64_t took = poll_dump(&d);
+    ck_assert_msg(took >= 0 && took < STACKS_FALLBACK_MS, "the thread's dump took %lld ms", (long long)took);
+    struct proto_msg m;
+    ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
+    ck_assert_msg(strstr(m.u.stacks.text, "line 99 in wait") && !strstr(m.u.stacks.text, "line 88 in step"),
+                  "expected the thread's dump alone: %s", m.u.stacks.text);
+    proto_msg_clear(&m);
+    reap(child);
+
+    child = armed_child_fifo(dir, sig, 2);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 1);
+    took = poll_dump(&d);
+    ck_assert_msg(took >= STACKS_FALLBACK_MS, "the fallback came after %lld ms", (long long)took);
+    ck_assert_int_eq(stacks_message(&d, &m, 0), 0);
+    ck_assert_msg(strstr(m.u.stacks.text, "line 88 in step") != NULL, "no faulthandler dump: %s", m.u.stacks.text);
+    proto_msg_clear(&m);
+    reap(child);
+
+    /* The byte read, no answer yet (the thread walks): no signal; the dump is cut at the deadline. */
+    child = armed_child_fifo(dir, sig, 3);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 1);
+    uint64_t t0 = mono_ms();
+    while (mono_ms() - t0 < STACKS_FALLBACK_MS + 300) {
+        stacks_poll(&d, mono_ms());
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    }
+    ck_assert_int_eq(stacks_message(&d, &m, 1), 0);
+    ck_assert_msg(!strstr(m.u.stacks.text ? m.u.stacks.text : "", "line 88 in step"), "signalled: %s",
+                  m.u.stacks.text);
+    proto_msg_clear(&m);
+
+    /* A FIFO nobody reads (the process exec'd, or exits): not asked, never signalled. */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    child = armed_child(dir, sig); /* its handler would write "line 88" if signalled */
+    char fifo[600];
+    snprintf(fifo, sizeof(fifo), "%s/stacks-%d.fifo", dir, (int)child);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
+    reap(child);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
@@ -1284,7 +1398,7 @@ START_TEST(stacks_fifo_or_link_does_not_stall)
 
     ck_assert_int_eq(mkfifo(path, 0600), 0);
     struct stacks_dump d = {.generation = 1, .rank = 0};
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
     ck_assert_ptr_nonnull(strstr(d.error, "no stack hook"));
 
     /* a link to a file of the agent's: not followed, not truncated */
@@ -1294,8 +1408,15 @@ START_TEST(stacks_fifo_or_link_does_not_stall)
     fputs("keep me\n", f);
     fclose(f);
     ck_assert_int_eq(symlink(other, path), 0);
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
     struct stat st;
+    ck_assert_int_eq(stat(other, &st), 0);
+    ck_assert_int_eq(st.st_size, 8);
+
+    /* a hard link to a file of the agent's: a regular file, but not the rank's alone: not truncated */
+    unlink(path);
+    ck_assert_int_eq(link(other, path), 0);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 0);
     ck_assert_int_eq(stat(other, &st), 0);
     ck_assert_int_eq(st.st_size, 8);
 
@@ -1304,10 +1425,10 @@ START_TEST(stacks_fifo_or_link_does_not_stall)
     f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     fclose(f);
-    ck_assert_int_eq(stacks_begin(&d, dir, child, sig), 1);
+    ck_assert_int_eq(stacks_begin(&d, dir, child, sig, mono_ms()), 1);
     unlink(path);
     ck_assert_int_eq(mkfifo(path, 0600), 0);
-    ck_assert_int_eq(stacks_poll(&d), 0);
+    ck_assert_int_eq(stacks_poll(&d, mono_ms()), 0);
     struct proto_msg m;
     ck_assert_int_eq(stacks_message(&d, &m, 1), 0);
     ck_assert_msg(strstr(m.u.stacks.error, "wrote no dump") != NULL, "error: %s", m.u.stacks.error);
@@ -1415,6 +1536,82 @@ START_TEST(spare_usable_forms)
 }
 END_TEST
 
+/* A spare's report that an import touched the CUDA driver: what is taken, and what is refused with why. */
+START_TEST(spare_report_checked)
+{
+    char name[128], how[160], why[128];
+    const char *ok = "{\"cuda_import\": \"cupy.cuda\", \"how\": \"libcuda.so.1 mapped\"}";
+    ck_assert_int_eq(spare_parse_report(ok, strlen(ok), name, how, why, sizeof(why)), 0);
+    ck_assert_str_eq(name, "cupy.cuda");
+    ck_assert_str_eq(how, "libcuda.so.1 mapped");
+    char deep[512]; /* as deep as a report the agent reads (511 bytes) can nest */
+    memset(deep, '[', 255);
+    memset(deep + 255, ']', 255);
+    deep[510] = '\0';
+    struct { const char *text, *why; } bad[] = {
+        {"", "expected an object"},
+        {"[1]", "expected an object"},
+        {"{\"cuda_import\": \"x\"}", "expected an object"},
+        {"{\"cuda_import\": \"x\", \"how\": \"y\", \"more\": 1}", "expected an object"},
+        {"{\"cuda_import\": \"os; rm\", \"how\": \"y\"}", "cuda_import: expected a module name"},
+        {"{\"cuda_import\": \"\", \"how\": \"y\"}", "cuda_import: expected a module name"},
+        {"{\"cuda_import\": 3, \"how\": \"y\"}", "cuda_import: expected a module name"},
+        {"{\"cuda_import\": \"x\", \"how\": \"a\\nb\"}", "how: expected printable ASCII"},
+        {"{\"cuda_import\": \"x\", \"how\": null}", "how: expected a string"},
+        /* a spare runs the user's imports: what it writes is untrusted */
+        {"{\"cuda_import\": \"x\", \"how\": \"y\"}{\"cuda_import\": \"z\", \"how\": \"y\"}", "expected an object"},
+        {"{\"cuda_import\": \"x\", \"how\": \"\xff\"}", "expected an object"}, /* not UTF-8 */
+        {"{\"cuda_import\": \"x\\u0000y\", \"how\": \"y\"}", "expected an object"},
+        {"{\"cuda_import\": \"x\", \"how\": \"\\u001b[2J\"}", "how: expected printable ASCII"},
+        {"{\"cuda_import\": \"x\", \"how\": \"\\u009b2J caf\\u00e9\"}", "how: expected printable ASCII"},
+        {deep, "expected an object"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why[0] = '\0';
+        ck_assert_msg(spare_parse_report(bad[i].text, strlen(bad[i].text), name, how, why, sizeof(why)) == -EINVAL,
+                      "report %zu accepted: %s", i, bad[i].text);
+        ck_assert_msg(strstr(why, bad[i].why) != NULL, "report %zu: why is '%s', expected '%s'", i, why, bad[i].why);
+    }
+}
+END_TEST
+
+/* A spare can be handed a rank only while its hand-off socket is quiet: not after a report
+ * (its process is exiting, or lingers) nor once it closed its end. */
+START_TEST(spare_handoff_quiet_until_it_speaks)
+{
+    int sp[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    ck_assert(spare_handoff_quiet(sp[0]));
+    ck_assert_int_eq(write(sp[1], "{", 1), 1);
+    ck_assert(!spare_handoff_quiet(sp[0]));
+    char c;
+    ck_assert_int_eq(read(sp[0], &c, 1), 1); /* read: quiet again */
+    ck_assert(spare_handoff_quiet(sp[0]));
+    close(sp[1]);
+    ck_assert(!spare_handoff_quiet(sp[0])); /* EOF */
+    close(sp[0]);
+    ck_assert(!spare_handoff_quiet(-1));
+}
+END_TEST
+
+/* A warm import left out of the list, and one that is not in it. */
+START_TEST(spare_import_left_out)
+{
+    char out[64];
+    ck_assert(spare_without_import("deepspeed,fakecuda,transformers", "fakecuda", out, sizeof(out)));
+    ck_assert_str_eq(out, "deepspeed,transformers");
+    ck_assert(spare_without_import("fakecuda", "fakecuda", out, sizeof(out)));
+    ck_assert_str_eq(out, "");
+    ck_assert(spare_without_import("fakecuda,a.b", "fakecuda", out, sizeof(out)));
+    ck_assert_str_eq(out, "a.b");
+    ck_assert(!spare_without_import("deepspeed,fake", "torch", out, sizeof(out)));
+    ck_assert_str_eq(out, "deepspeed,fake");
+    ck_assert(!spare_without_import("fakecudax", "fakecuda", out, sizeof(out))); /* whole names only */
+    ck_assert(!spare_without_import("", "x", out, sizeof(out)));
+    ck_assert_str_eq(out, "");
+}
+END_TEST
+
 /* A process of its own group armed as the hook arms it (fr-PID.fifo in dir):
  * on a byte it writes answer to fr-PID.txt, through a rename, and exits. */
 static pid_t flight_rank(const char *dir, const char *answer)
@@ -1506,6 +1703,17 @@ START_TEST(flight_summary_is_asked_for_and_checked)
     ck_assert_int_eq(symlink("/etc/passwd", path), 0);
     ck_assert_ptr_null(flight_ask_read(&f, why, sizeof(why)));
     ck_assert_int_eq(unlink(path), 0);
+    /* a hard link to a file not the rank's (one a summary would pass): not read */
+    char other[4200];
+    snprintf(other, sizeof(other), "%s/agent-file", dir);
+    FILE *o = fopen(other, "w");
+    ck_assert_ptr_nonnull(o);
+    fputs("0 default_pg 37 36 37:all_reduce", o);
+    fclose(o);
+    ck_assert_int_eq(link(other, path), 0);
+    ck_assert_ptr_null(flight_ask_read(&f, why, sizeof(why)));
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(unlink(other), 0);
     ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
@@ -1517,6 +1725,9 @@ Suite *make_agent_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, devices_cpu);
     tcase_add_test(tc, spare_usable_forms);
+    tcase_add_test(tc, spare_report_checked);
+    tcase_add_test(tc, spare_handoff_quiet_until_it_speaks);
+    tcase_add_test(tc, spare_import_left_out);
     tcase_add_test(tc, devices_gpu_list_and_all);
     tcase_add_test(tc, devices_bad_forms_are_named);
     tcase_add_test(tc, flight_summary_is_asked_for_and_checked);
@@ -1549,6 +1760,7 @@ Suite *make_agent_suite(void)
     tcase_add_test(tc, rank_user_grant_dir_lets_the_rank_in);
     tcase_add_test(tc, stacks_dump_a_rank_and_say_why_not);
     tcase_add_test(tc, stacks_fifo_or_link_does_not_stall);
+    tcase_add_test(tc, stacks_ask_the_thread_then_signal);
     tcase_add_test(tc, state_dir_private_or_refused);
     tcase_add_test(tc, rmtree_stays_inside);
     tcase_add_test(tc, cmdline_string_and_array);

@@ -236,6 +236,42 @@ START_TEST(memory_checkpoint_keys)
                            sizeof(err)), -EINVAL);
     ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"glob:\"}", &s, err,
                            sizeof(err)), -EINVAL);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"committed:step*\"}", &s,
+                           err, sizeof(err)), 0);
+    ck_assert_str_eq(s.memory_checkpoint_latest, "committed:step*");
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_latest\": \"committed:\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"glob:PATTERN\" or \"committed:PATTERN\""));
+}
+END_TEST
+
+START_TEST(memory_checkpoint_drain_keys)
+{
+    struct job_spec s;
+    char err[512];
+    ck_assert_int_eq(parse("{}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.memory_checkpoint_drain_steps, 0);
+    ck_assert_int_eq(s.memory_checkpoint_drain_keep, 2);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_drain_steps\": 50, "
+                           "\"memory_checkpoint_drain_keep\": 3, \"checkpoint_dir\": \"/ckpt\"}", &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(s.memory_checkpoint_drain_steps, 50);
+    ck_assert_int_eq(s.memory_checkpoint_drain_keep, 3);
+    ck_assert_int_eq(parse("{\"memory_checkpoint_drain_steps\": 50, \"checkpoint_dir\": \"/ckpt\"}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_drain_steps: expected memory_checkpoint_mb too"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_drain_steps\": 50}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_drain_steps: expected checkpoint_dir too"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_drain_keep\": 4}", &s, err,
+                           sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_drain_keep: expected memory_checkpoint_drain_steps too"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_drain_steps\": 50, "
+                           "\"memory_checkpoint_drain_keep\": 0, \"checkpoint_dir\": \"/c\"}", &s, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_drain_keep: expected an integer in [1, 1000], got 0"));
+    ck_assert_int_eq(parse("{\"memory_checkpoint_mb\": 8, \"memory_checkpoint_drain_steps\": -1, "
+                           "\"checkpoint_dir\": \"/c\"}", &s, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "memory_checkpoint_drain_steps: expected an integer in [0, 100000000], got -1"));
 }
 END_TEST
 
@@ -248,6 +284,7 @@ Suite *make_jobspec_suite(void)
     tcase_add_test(tc, unknown_key_is_named);
     tcase_add_test(tc, wrong_type_and_bounds_are_named);
     tcase_add_test(tc, cross_field_checks);
+    tcase_add_test(tc, memory_checkpoint_drain_keys);
     tcase_add_test(tc, warm_spare_keys);
     tcase_add_test(tc, model_dimensions_override_the_preset);
     tcase_add_test(tc, program_needs_are_lists_and_rules);

@@ -128,6 +128,59 @@ START_TEST(complete_once_every_writer_stepped_past)
 }
 END_TEST
 
+/* committed:PATTERN: a tag counts once every rank that ran when it appeared reported a committed step of at
+ * least the tag's, or finished; steps taken after it prove nothing (an async save returns before it is written),
+ * and a writer replaced by another process never vouches for it. */
+START_TEST(complete_once_every_writer_committed_its_step)
+{
+    struct memckpt m = {0};
+    struct job_spec s = spec_in("committed:step*", 2);
+    char note[512], why[512], names[4][PROTO_CKPT_NAME_MAX], path[PATH_MAX + 16], line[64] = "";
+    ck_assert_int_eq(memckpt_open(&m, &s, note, sizeof(note), why, sizeof(why)), 0);
+    struct memckpt_rank r[2] = {{.pid = 10, .steps = true, .step = 10}, {.pid = 11, .steps = true, .step = 10}};
+    make_tag(m.dir, "step10");
+    make_tag(m.dir, "other"); /* not the pattern's: no checkpoint */
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0);
+    r[0].step = r[1].step = 12; /* stepped past it, committed nothing */
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0);
+    r[0].committed = 10;
+    r[1].committed = 5; /* an older one */
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0);
+    r[1].committed = 10;
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 1);
+    ck_assert_uint_eq(memckpt_complete(&m, names, 4), 1);
+    ck_assert_str_eq(names[0], "step10");
+
+    make_tag(m.dir, "step20");
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0);
+    r[1] = (struct memckpt_rank){.pid = 12, .steps = true, .step = 20, .committed = 20}; /* died in the save */
+    r[0].committed = 20;
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0);
+    ck_assert_uint_eq(memckpt_complete(&m, names, 4), 1); /* step20 never counts */
+
+    make_tag(m.dir, "step30");
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 0); /* their commits of 20 are not 30's */
+    r[0].committed = 30;
+    r[1].finished = true; /* an exit with status 0 is past every save */
+    ck_assert_int_eq(memckpt_scan(&m, r, 2), 1);
+    ck_assert(!has(m.dir, "step20")); /* unfinished and older than a complete one */
+    ck_assert_uint_eq(memckpt_complete(&m, names, 4), 2);
+    ck_assert_str_eq(names[1], "step30");
+
+    /* restore: as with a glob, newer ones go and latest names the one kept */
+    make_tag(m.dir, "step40");
+    ck_assert_int_eq(memckpt_restore(&m, "step30", why, sizeof(why)), 0);
+    ck_assert(!has(m.dir, "step40") && has(m.dir, "step30") && has(m.dir, "other"));
+    snprintf(path, sizeof(path), "%s/latest", m.dir);
+    FILE *fp = fopen(path, "r");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), fp));
+    fclose(fp);
+    ck_assert_str_eq(line, "step30");
+    memckpt_close(&m);
+}
+END_TEST
+
 /* Restore keeps the given tag, removes newer ones, and names it in latest; "" starts afresh. */
 START_TEST(restore_to_the_common_one)
 {
@@ -202,6 +255,7 @@ Suite *make_memckpt_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, common_is_the_newest_every_list_holds);
     tcase_add_test(tc, complete_once_every_writer_stepped_past);
+    tcase_add_test(tc, complete_once_every_writer_committed_its_step);
     tcase_add_test(tc, restore_to_the_common_one);
     tcase_add_test(tc, env_names_the_directory_once);
     suite_add_tcase(s, tc);

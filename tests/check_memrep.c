@@ -44,6 +44,61 @@ START_TEST(buddy_is_the_next_member_or_the_next_domain)
     const char *const same[] = {"x", "x", "x"};
     for (size_t i = 0; i < 3; i++) /* labels all alike: the plain rule */
         ck_assert_uint_eq(memtags_buddy(same, 3, i), (i + 1) % 3);
+    /* unlabelled among labelled: each a domain of its own, dealt 0 1 3 2 */
+    const char *const some[] = {"r1", NULL, "r1", NULL};
+    const size_t some_buddy[] = {1, 3, 0, 2};
+    for (size_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(memtags_buddy(some, 4, i), some_buddy[i]);
+}
+END_TEST
+
+/* The deal as the map's comment tells it, dealt out: one round takes the next node of each domain in turn. */
+static size_t dealt_buddy(const char *const *domains, size_t n, size_t i)
+{
+    size_t dealt[16], k = 0;
+    int taken[16] = {0};
+    while (k < n)
+        for (size_t d = 0; d < n; d++) {
+            int first = 1; /* d is its domain's first node */
+            for (size_t j = 0; j < d; j++)
+                first &= strcmp(domains[j], domains[d]) != 0;
+            for (size_t j = 0; first && j < n; j++)
+                if (!taken[j] && strcmp(domains[j], domains[d]) == 0) {
+                    taken[j] = 1;
+                    dealt[k++] = j;
+                    break;
+                }
+        }
+    for (k = 0; k < n; k++)
+        if (dealt[k] == i)
+            return dealt[(k + 1) % n];
+    return n;
+}
+
+/* Random label sets of 2..16 nodes, some unlabelled (NULL: for the deal, a label of its own). */
+START_TEST(buddy_map_agrees_with_dealing_every_label_set)
+{
+    static const char *const labels[] = {"r1", "r2", "r3", NULL};
+    static const char *const own[] = {"u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7",
+                                      "u8", "u9", "u10", "u11", "u12", "u13", "u14", "u15"};
+    const char *domains[16], *named[16];
+    unsigned seed = 35;
+    for (int t = 0; t < 2000; t++) {
+        size_t n = 2 + (size_t)(rand_r(&seed) % 15), nlabels = 1 + (size_t)(rand_r(&seed) % 4);
+        for (size_t i = 0; i < n; i++) {
+            domains[i] = labels[rand_r(&seed) % nlabels];
+            named[i] = domains[i] ? domains[i] : own[i];
+        }
+        unsigned seen[16] = {0};
+        for (size_t i = 0; i < n; i++) {
+            size_t b = memtags_buddy(domains, n, i);
+            ck_assert_uint_eq(b, dealt_buddy(named, n, i));
+            ck_assert_uint_ne(b, i);
+            seen[b]++;
+        }
+        for (size_t i = 0; i < n; i++)
+            ck_assert_uint_eq(seen[i], 1); /* a rotation */
+    }
 }
 END_TEST
 
@@ -341,6 +396,7 @@ Suite *make_memrep_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, buddy_is_the_next_member_or_the_next_domain);
+    tcase_add_test(tc, buddy_map_agrees_with_dealing_every_label_set);
     tcase_add_test(tc, paths_are_opened_without_following_links);
     tcase_add_test(tc, listing_takes_regular_files_only_within_bounds);
     tcase_add_test(tc, a_buddy_takes_whole_copies_only);

@@ -563,6 +563,44 @@ START_TEST(an_agent_that_stops_does_not_wait_for_an_import)
 }
 END_TEST
 
+static void settle_pf(uv_timer_t *t)
+{
+    agent_preflight_settle(t->data);
+    uv_close((uv_handle_t *)t, NULL);
+}
+
+/* The ASSIGN comes while the check a HELLO promised runs: that check still
+ * answers (musterd waits for it), once, and no other follows. */
+START_TEST(an_assignment_lets_the_check_under_way_answer)
+{
+    char path[256];
+    put_file("python3", "#!/bin/sh\nsleep 0.5\n", 0755, path, sizeof(path));
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    struct agent_preflight pf;
+    answers = 0;
+    agent_preflight_init(&pf, &loop, count_answer, NULL);
+    struct preflight_inputs in = {.kind = PROTO_DEV_CPU, .ndevices = 1};
+    job_spec_defaults(&in.spec);
+    pack(in.spec.require_python_modules, (const char *const[]){"torch", NULL});
+    snprintf(in.spec.require_python, sizeof(in.spec.require_python), "%s", path);
+    in.spec.require_python_timeout_s = 15;
+    ck_assert_int_eq(cmdline_from_string("python3 train.py", in.cmd, sizeof(in.cmd)), 0);
+    agent_preflight_start(&pf, &in);
+    uv_timer_t t;
+    uv_timer_init(&loop, &t);
+    t.data = &pf;
+    uv_timer_start(&t, settle_pf, 100, 0); /* assigned while the import runs */
+    uv_timer_t end;
+    uv_timer_init(&loop, &end);
+    end.data = &pf;
+    uv_timer_start(&end, close_pf, 3000, 0); /* past the retry a failed check would start (PREFLIGHT_RETRY_MS) */
+    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    ck_assert_int_eq(answers, 1);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 /* Lines in a file (0 when it is missing). */
 static int lines_in(const char *path)
 {
@@ -700,6 +738,7 @@ Suite *make_preflight_suite(void)
     tcase_add_test(tc, an_import_check_whose_leftovers_hold_its_output);
     tcase_add_test(tc, agent_checks_a_programs_needs_once_per_interpreter);
     tcase_add_test(tc, an_agent_that_stops_does_not_wait_for_an_import);
+    tcase_add_test(tc, an_assignment_lets_the_check_under_way_answer);
     suite_add_tcase(s, tc);
     return s;
 }

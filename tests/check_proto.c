@@ -2276,6 +2276,15 @@ END_TEST
 /* An ASSIGN whose job comes rendered writes the bytes of one that renders it. */
 /* Memory checkpoints: HEARTBEAT's list and ASSIGN's choice survive a round
  * trip (the choice by both ways of writing an ASSIGN); bad lists are refused. */
+/* m: a HEARTBEAT of generation gen, number seq, with no rank entries and nothing optional. */
+static void bare_beat(struct proto_msg *m, uint64_t gen, uint64_t seq)
+{
+    memset(m, 0, sizeof(*m));
+    proto_heartbeat_start(m);
+    m->u.heartbeat.generation = gen;
+    m->u.heartbeat.seq = seq;
+}
+
 /* A one-rank ASSIGN that names a memory checkpoint (memckpt to be filled in); m owns its job. */
 static void memckpt_assign(struct proto_msg *m)
 {
@@ -2296,21 +2305,26 @@ START_TEST(memory_checkpoints_on_the_wire)
     static struct proto_msg m, back;
     static uint8_t buf[PROTO_MAX_FRAME];
     size_t consumed;
-    memset(&m, 0, sizeof(m));
-    proto_heartbeat_start(&m);
-    m.u.heartbeat.generation = 3;
-    m.u.heartbeat.seq = 9;
+    bare_beat(&m, 3, 9);
     m.u.heartbeat.has_memckpt = 1;
     m.u.heartbeat.nmemckpt = 2;
     strcpy(m.u.heartbeat.memckpt[0], "step10");
     strcpy(m.u.heartbeat.memckpt[1], "global \"step\" 15");
+    m.u.heartbeat.has_drained = 1; /* and those drained to checkpoint_dir (worker/agent/memdrain.h) */
+    m.u.heartbeat.ndrained = 1;
+    strcpy(m.u.heartbeat.drained[0], "step10");
     int n = proto_encode(&m, buf, sizeof(buf));
     ck_assert_int_gt(n, 0);
     ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
     ck_assert_int_eq(back.u.heartbeat.has_memckpt, 1);
     ck_assert_uint_eq(back.u.heartbeat.nmemckpt, 2);
     ck_assert_str_eq(back.u.heartbeat.memckpt[1], "global \"step\" 15");
+    ck_assert_int_eq(back.u.heartbeat.has_drained, 1);
+    ck_assert_uint_eq(back.u.heartbeat.ndrained, 1);
+    ck_assert_str_eq(back.u.heartbeat.drained[0], "step10");
     proto_msg_clear(&back);
+    m.u.heartbeat.has_drained = 0;
+    m.u.heartbeat.ndrained = 0;
     m.u.heartbeat.nmemckpt = 0; /* an empty list is a list: "none complete here" */
     n = proto_encode(&m, buf, sizeof(buf));
     ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
@@ -2375,16 +2389,88 @@ START_TEST(memory_checkpoints_on_the_wire)
 }
 END_TEST
 
+/* HEARTBEAT spare_note: the agent's words on its warm spare, on the JSON path both ways; UTF-8, one string. */
+START_TEST(heartbeat_spare_note_on_the_wire)
+{
+    const char *note = "importing cupy touched the CUDA driver (libcuda.so.1 mapped)";
+    static struct proto_msg m, back;
+    static uint8_t wire[PROTO_MAX_FRAME];
+    bare_beat(&m, 2, 4);
+    snprintf(m.u.heartbeat.spare_note, sizeof(m.u.heartbeat.spare_note), "%s", note);
+    int len = proto_encode(&m, wire, sizeof(wire));
+    ck_assert_ptr_nonnull(len > 0 ? memmem(wire, (size_t)len, "\"spare_note\":\"importing cupy", 26) : NULL);
+    size_t used;
+    ck_assert_int_eq(decode_exact(wire, (size_t)len, &back, &used), PROTO_OK);
+    ck_assert_str_eq(back.u.heartbeat.spare_note, note);
+    proto_msg_clear(&back);
+    m.u.heartbeat.spare_note[0] = '\0'; /* none: not written */
+    len = proto_encode(&m, wire, sizeof(wire));
+    ck_assert_int_gt(len, 0);
+    ck_assert_ptr_null(memmem(wire, (size_t)len, "spare_note", 10));
+    strcpy(m.u.heartbeat.spare_note, "bad \xff byte");
+    ck_assert_int_eq(proto_encode(&m, wire, sizeof(wire)), PROTO_E_RANGE);
+    strcpy(m.u.heartbeat.spare_note, "bad \033]0;title\a escape");
+    ck_assert_int_eq(proto_encode(&m, wire, sizeof(wire)), PROTO_E_RANGE);
+    char long_note[PROTO_REASON_MAX + 3];
+    snprintf(long_note, sizeof(long_note), "\"%0*d\"", PROTO_REASON_MAX, 0);
+    const struct { const char *value; int rc; } bad[] = {
+        {"7", PROTO_E_FIELD_TYPE}, {"\"\"", PROTO_E_RANGE} /* "" is written as absent */, {long_note, PROTO_E_RANGE},
+        /* it reaches events and terminals: no second line, no escape, C0, DEL or C1 (CSI as U+009B) */
+        {"\"a\\nnode b: forged\"", PROTO_E_RANGE}, {"\"tab\\there\"", PROTO_E_RANGE},
+        {"\"\\u001b[2Jgone\"", PROTO_E_RANGE}, {"\"del\\u007f\"", PROTO_E_RANGE},
+        {"\"\\u009b2Jgone\"", PROTO_E_RANGE}, {"\"caf\\u00e9 \\u00a0ok\"", PROTO_OK},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char text[1024];
+        snprintf(text, sizeof(text), "{\"generation\":1,\"seq\":1,\"ranks\":[],\"spare_note\":%s}", bad[i].value);
+        ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), bad[i].rc);
+    }
+}
+END_TEST
+
+/* Drains (worker/agent/memdrain.h): HEARTBEAT memory_drained's bounds, ASSIGN memory_checkpoint_drained. */
+START_TEST(memory_drains_on_the_wire)
+{
+    static struct proto_msg m, back;
+    static uint8_t buf[PROTO_MAX_FRAME];
+    size_t consumed;
+    int n;
+    const char *head = "{\"generation\":1,\"seq\":1,\"ranks\":[]";
+    char text[4096];
+    snprintf(text, sizeof(text), "%s,\"memory_drained\":[]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_OK);
+    snprintf(text, sizeof(text), "%s,\"memory_drained\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE); /* 9 > PROTO_MEMCKPT_MAX */
+    snprintf(text, sizeof(text), "%s,\"memory_drained\":[\"\"]}", head);
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+    snprintf(text, sizeof(text), "%s,\"memory_drained\":[\"step10\",\"step10\"]}", head); /* each once */
+    ck_assert_int_eq(decode_text(PROTO_HEARTBEAT, text), PROTO_E_RANGE);
+
+    /* ASSIGN memory_checkpoint_drained: only beside a checkpoint it names, never with a buddy's */
+    memckpt_assign(&m);
+    strcpy(m.u.assign.memckpt, "step20");
+    m.u.assign.memckpt_drained = 1;
+    n = proto_encode(&m, buf, sizeof(buf));
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(decode_exact(buf, (size_t)n, &back, &consumed), PROTO_OK);
+    ck_assert_int_eq(back.u.assign.memckpt_drained, 1);
+    proto_msg_clear(&back);
+    strcpy(m.u.assign.memckpt_from, "a");
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    m.u.assign.memckpt_from[0] = '\0';
+    m.u.assign.memckpt[0] = '\0';
+    ck_assert_int_eq(proto_encode(&m, buf, sizeof(buf)), PROTO_E_RANGE);
+    json_decref(m.u.assign.job);
+}
+END_TEST
+
 /* Replicas (worker/agent/memrep.h): the holder's report, ASSIGN's source, MEM_FILE's paths, bytes and bounds. */
 START_TEST(memory_replicas_on_the_wire)
 {
     static struct proto_msg m, back;
     static uint8_t buf[PROTO_MAX_FRAME];
     size_t consumed;
-    memset(&m, 0, sizeof(m));
-    proto_heartbeat_start(&m);
-    m.u.heartbeat.generation = 3;
-    m.u.heartbeat.seq = 9;
+    bare_beat(&m, 3, 9);
     strcpy(m.u.heartbeat.replica_of, "b");
     m.u.heartbeat.nreplica = 2;
     strcpy(m.u.heartbeat.replica[0], "step5");
@@ -3024,6 +3110,8 @@ Suite *make_proto_suite(void)
     tcase_add_test(tc, assign_with_rendered_job_is_the_same_frame);
     tcase_add_test(tc, memory_checkpoints_on_the_wire);
     tcase_add_test(tc, memory_replicas_on_the_wire);
+    tcase_add_test(tc, heartbeat_spare_note_on_the_wire);
+    tcase_add_test(tc, memory_drains_on_the_wire);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fastbeat");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/cmdline.h"
+#include "common/log.h"
 #include "daemon/failure.h"
 #include "daemon/rdv_internal.h"
 #include "daemon/restdoc.h"
@@ -457,6 +458,32 @@ START_TEST(missed_heartbeats_lose_the_node_until_it_rejoins)
 }
 END_TEST
 
+/* musterd starved: its tick comes 4 s late, but a's heartbeat was read
+ * just before it (the sockets ran, the timer did not). The pause moves b's
+ * silence on, and never a's last frame past now, which once made
+ * now - last_seen wrap ("no heartbeat for 18446744073709552.0 s") and lost
+ * the node that had just been heard. */
+START_TEST(a_pause_never_loses_a_node_just_heard)
+{
+    form_running(3);
+    now += 1000;
+    rdv_tick(&rdv, now);
+    now += 4000;
+    beat("a", 1, 0, 2, PROTO_RANK_RUNNING, 10);
+    rdv_paused(&rdv, 4000, now);
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    ck_assert_int_eq(rdv.state, RDV_RUNNING);
+    now += 100;
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 0);
+    now += 4000; /* b: 1 s heard before the pause + 4.1 s after it > 5 s; a: 4.1 s */
+    rdv_tick(&rdv, now);
+    ck_assert_int_eq(rec.ndisconnected, 1);
+    ck_assert_str_eq(rec.disconnected[0], "b");
+}
+END_TEST
+
 /* Any frame from a node counts as hearing from it: a node whose log pieces
  * come while its heartbeats are late is not lost. */
 START_TEST(log_data_counts_as_hearing_from_the_node)
@@ -586,6 +613,83 @@ START_TEST(restart_during_recovery_spends_nothing_more)
     const struct proto_msg *as = find_sent(0, "a", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(as);
     ck_assert_int_eq(as->u.assign.generation, 2);
+}
+END_TEST
+
+static int has_event_with(const char *kind, const char *text);
+/* musterd restarted during a recovery (generation 2 opened, not yet
+ * running): rank 0's agent is back first and sends the generation's id
+ * (0xcd...) at once; m is that UNIQUE_ID. */
+static void rank0_back_first_in_a_restored_recovery(struct proto_msg *m)
+{
+    form_running(3);
+    rank_exit("b", 1, 3, 0, 9);
+    ck_assert_int_eq(rdv.generation, 2);
+    static struct rdv_saved saved;
+    rdv_save(&rdv, &saved);
+    rdv_free(&rdv);
+    setup_spec(2, 3);
+    ck_assert_int_eq(rdv_restore(&rdv, &saved, now), 0);
+    ck_assert_int_eq(join("a", 2, 2), 0);
+    *m = (struct proto_msg){.type = PROTO_UNIQUE_ID};
+    m->u.unique_id.generation = 2;
+    memset(m->u.unique_id.id, 0xcd, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", m, now);
+}
+
+/* b, back later, is assigned the generation again and must get that id
+ * too, after its ASSIGN (heal_in_place 6: b's ranks waited 120 s for it). */
+START_TEST(restored_recovery_gives_an_early_id_to_members_back_later)
+{
+    struct proto_msg m;
+    rank0_back_first_in_a_restored_recovery(&m);
+    ck_assert(has_event_with("unique_id", "sent to 1 of 2 nodes"));
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 2), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    int assign = -1, uid = -1;
+    for (int i = mark; i < rec.nsent; i++) {
+        if (strcmp(rec.sent[i].node, "b") != 0)
+            continue;
+        if (rec.sent[i].msg.type == PROTO_ASSIGN && assign < 0)
+            assign = i;
+        if (rec.sent[i].msg.type == PROTO_UNIQUE_ID && uid < 0)
+            uid = i;
+    }
+    ck_assert_int_ge(assign, 0);
+    ck_assert_msg(uid > assign, "b's unique id at %d, its ASSIGN at %d", uid, assign);
+    ck_assert_int_eq(rec.sent[uid].msg.u.unique_id.generation, 2);
+    ck_assert_int_eq(rec.sent[uid].msg.u.unique_id.id[0], 0xcd);
+}
+END_TEST
+
+/* The same restored recovery, but rank 0's agent, having sent its id, is
+ * restarted (its ranks gone) and back with none before b: generation 2 is
+ * still unassigned, so it is assigned again in place, rank 0 a new process
+ * with a new id. The id kept from the old rank 0 must not reach the members,
+ * and the new one must not be refused as a repeat. */
+START_TEST(restored_recovery_drops_the_id_of_a_rank0_gone_since)
+{
+    struct proto_msg m;
+    rank0_back_first_in_a_restored_recovery(&m);
+    /* a's agent restarts: its old ranks (and their id) are gone */
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    ck_assert_int_eq(join("a", 2, 0), 0);
+    int mark = rec.nsent;
+    ck_assert_int_eq(join("b", 2, 2), 0);
+    ck_assert_int_eq(rdv.generation, 2);
+    ck_assert_msg(find_sent(mark, "a", PROTO_ASSIGN) != NULL, "a was not assigned generation 2 again");
+    for (int i = mark; i < rec.nsent; i++)
+        if (rec.sent[i].msg.type == PROTO_UNIQUE_ID)
+            ck_assert_msg(rec.sent[i].msg.u.unique_id.id[0] != 0xcd,
+                          "%s got the id of generation 2 made by a rank 0 that is gone", rec.sent[i].node);
+    /* the new rank 0 sends its own id: it must go to the members */
+    mark = rec.nsent;
+    memset(m.u.unique_id.id, 0xee, PROTO_UID_LEN);
+    rdv_message(&rdv, "a", &m, now);
+    const struct proto_msg *u = find_sent(mark, "b", PROTO_UNIQUE_ID);
+    ck_assert_msg(u != NULL, "the new rank 0's id was refused as a repeat: b never gets it");
+    ck_assert_int_eq(u->u.unique_id.id[0], 0xee);
 }
 END_TEST
 
@@ -1362,6 +1466,8 @@ START_TEST(tick_skipping_agrees_with_scanning_every_tick)
     static char a[1 << 20], b[1 << 20];
     int gens = 0, hung = 0, lost = 0;
     restarts = 0;
+    const enum log_level level = log_threshold;
+    log_threshold = LOG_ERROR; /* 800 runs' info lines (~235,000 writes) cost most of its time */
     for (uint64_t seed = 1; seed <= 400; seed++) {
         memset(a, 0, sizeof(a)); memset(b, 0, sizeof(b));
         diff_run(seed, 0, a, sizeof(a));
@@ -1378,6 +1484,7 @@ START_TEST(tick_skipping_agrees_with_scanning_every_tick)
             ck_abort_msg("seed %llu differs:\nskip: %.300s\nfull: %.300s", (unsigned long long)seed, a + i, b + i);
         }
     }
+    log_threshold = level;
     ck_assert_int_gt(gens, 400);
     ck_assert_int_gt(hung, 0);
     ck_assert_int_gt(lost, 100);
@@ -2080,6 +2187,39 @@ START_TEST(next_generation_never_gets_a_port_reported_before_the_last_assign)
 }
 END_TEST
 
+/* The same report from an agent that rejoined on a new session since
+ * generation 2's ASSIGN (its link dropped, the ASSIGN with it): it never had
+ * generation 2, no rank of it holds the port, and it names the same port,
+ * still free, on every heartbeat. Generation 3 takes it; waiting for
+ * another held the job for ever (gpu_shrink_new_rank_emulated under load). */
+START_TEST(a_rejoined_agent_that_never_had_the_last_assign_gives_its_port)
+{
+    form_running(3);
+    spec.restart_backoff_ms = 0;
+    int from = rec.nsent;
+    rank_exit("b", 1, 3, 1, 0);
+    const struct proto_msg *a = find_sent(from, "a", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->u.assign.generation, 2);
+    const uint32_t port2 = a->u.assign.master_port;
+    now += 100;
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    ck_assert_uint_eq(rdv.generation, 3);
+    from = rec.nsent;
+    struct proto_hello h;
+    char code[32], reason[PROTO_REASON_MAX];
+    hello_of(&h, "a", 2, 1); /* generation 1: generation 2's ASSIGN never reached it */
+    h.free_port = port2;
+    now += 100;
+    ck_assert_int_eq(rdv_join(&rdv, &h, now, code, reason), 0);
+    beat_port("a", 1, port2);
+    a = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_msg(a != NULL, "generation 3 not assigned: %s", rdv.reason);
+    ck_assert_uint_eq(a->u.assign.generation, 3);
+    ck_assert_uint_eq(a->u.assign.master_port, port2);
+}
+END_TEST
+
 START_TEST(silent_rank_is_never_hung)
 {
     form_running(3);
@@ -2704,8 +2844,10 @@ static void ckpt_job(const char *rule)
     ck_assert_int_eq(join_checked("b", 1, 0), 0);
 }
 
-/* Node's heartbeat naming its complete memory checkpoints (n of names, oldest first). */
-static void beat_mem(const char *node, uint64_t generation, uint32_t n, const char *const *names)
+/* Node's heartbeat naming its complete memory checkpoints (n of mem, oldest first) and, nd >= 0, the nd of
+ * drained it drained to checkpoint_dir. */
+static void beat_drained(const char *node, uint64_t generation, uint32_t n, const char *const *mem, int nd,
+                         const char *const *drained)
 {
     struct proto_msg *m = heartbeat_msg(0);
     m->u.heartbeat.generation = generation;
@@ -2713,8 +2855,17 @@ static void beat_mem(const char *node, uint64_t generation, uint32_t n, const ch
     m->u.heartbeat.has_memckpt = 1;
     m->u.heartbeat.nmemckpt = n;
     for (uint32_t i = 0; i < n; i++)
-        snprintf(m->u.heartbeat.memckpt[i], sizeof(m->u.heartbeat.memckpt[i]), "%s", names[i]);
+        snprintf(m->u.heartbeat.memckpt[i], sizeof(m->u.heartbeat.memckpt[i]), "%s", mem[i]);
+    m->u.heartbeat.has_drained = nd >= 0;
+    m->u.heartbeat.ndrained = nd >= 0 ? (uint32_t)nd : 0;
+    for (int i = 0; i < nd; i++)
+        snprintf(m->u.heartbeat.drained[i], sizeof(m->u.heartbeat.drained[i]), "%s", drained[i]);
     rdv_message(&rdv, node, m, now);
+}
+
+static void beat_mem(const char *node, uint64_t generation, uint32_t n, const char *const *names)
+{
+    beat_drained(node, generation, n, names, -1, NULL);
 }
 
 /* memory_checkpoint_mb: ASSIGN names the newest checkpoint every member holds, once every
@@ -2792,6 +2943,68 @@ START_TEST(memory_checkpoint_report_is_waited_for_a_bounded_time)
     const struct proto_msg *bs = find_sent(from, "b", PROTO_ASSIGN);
     ck_assert_ptr_nonnull(bs);
     ck_assert_int_eq(bs->u.assign.has_memckpt, 0); /* none named: each node keeps what it has */
+}
+END_TEST
+
+/* The events of kind so far, the last one's message in last (when any). */
+static int events_of(const char *kind, const char **last)
+{
+    int n = 0;
+    for (uint64_t i = 0; i < rdv.nevents && i < RDV_EVENTS; i++)
+        if (strcmp(rdv.events[i].kind, kind) == 0) {
+            n++;
+            *last = rdv.events[i].message;
+        }
+    return n;
+}
+
+/* HEARTBEAT spare_note: one event warm_spare_unfit per new note, none for the same one again or for none. */
+START_TEST(spare_note_becomes_an_event)
+{
+    setup_spec(1, 1);
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    const char *last = NULL;
+    const char *notes[] = {"importing cupy (warm_imports) touched the CUDA driver (libcuda.so.1 mapped)",
+                           "importing cupy (warm_imports) touched the CUDA driver (libcuda.so.1 mapped)", "",
+                           "importing torch touched the CUDA driver (torch.cuda initialised)"};
+    const int after[] = {1, 1, 1, 2};
+    for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++) {
+        struct proto_msg *m = heartbeat_msg(0);
+        snprintf(m->u.heartbeat.spare_note, sizeof(m->u.heartbeat.spare_note), "%s", notes[i]);
+        rdv_message(&rdv, "a", m, now);
+        ck_assert_int_eq(events_of("warm_spare_unfit", &last), after[i]);
+    }
+    ck_assert_str_eq(last, "node a: warm spare: importing torch touched the CUDA driver (torch.cuda initialised)");
+}
+END_TEST
+
+/* An agent that changes its spare_note in every heartbeat: RDV_SPARE_NOTES events a window, the rest held
+ * back and counted in the first event of the next window; the event ring keeps the other events. */
+START_TEST(spare_note_flood_is_held_back)
+{
+    setup_spec(1, 1);
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    int before = (int)rdv.nevents;
+    const char *last = NULL;
+    for (int i = 0; i < 3 * RDV_EVENTS; i++) {
+        struct proto_msg *m = heartbeat_msg(0);
+        snprintf(m->u.heartbeat.spare_note, sizeof(m->u.heartbeat.spare_note), "note %d", i);
+        m->u.heartbeat.no_ack = 1;
+        rdv_message(&rdv, "a", m, now);
+        now += 10;
+    }
+    ck_assert_int_eq(events_of("warm_spare_unfit", &last), RDV_SPARE_NOTES);
+    ck_assert_int_eq((int)rdv.nevents - before, RDV_SPARE_NOTES);
+    ck_assert_str_eq(last, "node a: warm spare: note 3");
+    now += RDV_SPARE_NOTE_WINDOW_MS;
+    struct proto_msg *m = heartbeat_msg(0);
+    snprintf(m->u.heartbeat.spare_note, sizeof(m->u.heartbeat.spare_note), "the last");
+    rdv_message(&rdv, "a", m, now);
+    ck_assert_int_eq(events_of("warm_spare_unfit", &last), RDV_SPARE_NOTES + 1);
+    char want[128];
+    snprintf(want, sizeof(want), "node a: warm spare: the last (%d earlier notes held back)",
+             3 * RDV_EVENTS - RDV_SPARE_NOTES);
+    ck_assert_str_eq(last, want);
 }
 END_TEST
 
@@ -2888,6 +3101,70 @@ START_TEST(memory_checkpoint_replica_comes_from_the_buddy)
     mark = rec.nsent;
     mem_file("c", "b", 1); /* the holder gives them back: to b */
     ck_assert_ptr_nonnull(find_sent(mark, "b", PROTO_MEM_FILE));
+}
+END_TEST
+
+/* memory_checkpoint_drain_steps: a drain is an event and in status; nodes that lost their memory copies and
+ * their buddies' resume from the newest checkpoint drained on every node, and ASSIGN says to copy it back. */
+START_TEST(memory_checkpoint_drained_is_resumed_when_memory_is_lost)
+{
+    setup_spec(2, 3);
+    spec.memory_checkpoint_mb = 64;
+    spec.memory_checkpoint_drain_steps = 10;
+    snprintf(spec.checkpoint_dir, sizeof(spec.checkpoint_dir), "ckpt");
+    spec.restart_backoff_ms = 0;
+    int from = rec.nsent;
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    beat_drained("a", 0, 0, NULL, 0, NULL);
+    beat_drained("b", 0, 0, NULL, 0, NULL);
+    ck_assert_ptr_nonnull(find_sent(from, "a", PROTO_ASSIGN));
+    static const char *const mem[] = {"step20", "step25"}, *const d10[] = {"step10"},
+                             *const d20[] = {"step10", "step20"}, *const a_d[] = {"step20", "step30"};
+    beat_drained("a", 1, 2, mem, 1, d10);
+    beat_drained("b", 1, 2, mem, 1, d10);
+    ck_assert(has_event_with("memory_drained", "node b drained memory checkpoint step 10 (step10) to checkpoint_dir"));
+    beat_drained("a", 1, 2, mem, 2, d20);
+    beat_drained("b", 1, 2, mem, 2, d20);
+    json_t *st = rest_status(now);
+    json_t *dr = json_object_get(json_object_get(st, "memory_checkpoint"), "drained");
+    ck_assert_str_eq(json_string_value(json_object_get(dr, "b")), "step20");
+    json_decref(st);
+    /* both nodes lost with their memory; the fresh agents hold none in memory, a drained step30 alone */
+    rdv_disconnected(&rdv, "a", "connection closed", now);
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    from = rec.nsent;
+    ck_assert_int_eq(join("a", 1, 0), 0);
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    beat_drained("a", 0, 0, NULL, 2, a_d);
+    uint64_t events = rdv.nevents;
+    beat_drained("b", 0, 0, NULL, 2, d20);
+    const struct proto_msg *as = find_sent(from, "a", PROTO_ASSIGN), *bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_msg(as != NULL && bs != NULL, "no ASSIGN: %s", rdv.reason);
+    ck_assert_str_eq(as->u.assign.memckpt, "step20"); /* the newest drained on both, not a's step30 */
+    ck_assert_int_eq(as->u.assign.memckpt_drained, 1);
+    ck_assert_int_eq(bs->u.assign.memckpt_drained, 1);
+    ck_assert_str_eq(bs->u.assign.memckpt_from, "");
+    ck_assert(has_event_with("memory_resumed", "resumed from the drained durable checkpoint step 20 (step20 in "
+                                               "checkpoint_dir, the newest complete on all 2 nodes"));
+    ck_assert(!has_event_with("memory_drained", "node a drained memory checkpoint step 30")); /* a new agent's list */
+    ck_assert_uint_ge(rdv.nevents, events);
+    /* a node that still has it in memory uses that: only the other copies back */
+    uint64_t g = rdv.generation;
+    beat("a", g, 0, 1, PROTO_RANK_RUNNING, 21);
+    beat("b", g, 1, 1, PROTO_RANK_RUNNING, 21);
+    static const char *const a_mem[] = {"step20"};
+    beat_drained("a", g, 1, a_mem, 2, a_d);
+    from = rec.nsent;
+    rank_exit("b", g, 1, -1, 9);
+    as = find_sent(from, "a", PROTO_ASSIGN);
+    bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_ptr_nonnull(as);
+    ck_assert_ptr_nonnull(bs);
+    ck_assert_int_eq(as->u.assign.memckpt_drained, 0);
+    ck_assert_int_eq(bs->u.assign.memckpt_drained, 1);
+    ck_assert(has_event_with("memory_resumed", "resumed from memory checkpoint step 20 (step20, the newest complete "
+                                               "on all 2 nodes; node b's files from its drained copy in checkpoint_dir)"));
 }
 END_TEST
 
@@ -3191,6 +3468,87 @@ static uint32_t node_index(const char *name)
     ck_assert_msg(i >= 0, "no node %s", name);
     return (uint32_t)i;
 }
+
+/* The member that holds name's memory checkpoint copies. */
+static const char *buddy_of(const char *name)
+{
+    uint32_t b = rdv__buddy(&rdv, node_index(name));
+    ck_assert_uint_lt(b, rdv.nnodes);
+    return rdv.nodes[b].name;
+}
+
+/* Failure domains in the buddy map: racks r1 = {a, b}, r2 = {c, d} deal a c b d, so every copy is kept in
+ * the other rack; the relay, status and a replaced node's restore follow that map. */
+START_TEST(memory_checkpoint_buddy_is_in_another_domain)
+{
+    setup_spec(4, 3);
+    spec.memory_checkpoint_mb = 64;
+    spec.restart_backoff_ms = 0;
+    spec.batch = 4;
+    int from = rec.nsent;
+    ck_assert_int_eq(join_domain("d", 1, "r2"), 0);
+    ck_assert_int_eq(join_domain("b", 1, "r1"), 0);
+    ck_assert_int_eq(join_domain("a", 1, "r1"), 0);
+    ck_assert_int_eq(join_domain("c", 1, "r2"), 0);
+    static const char *const names[] = {"a", "b", "c", "d"}, *const buddies[] = {"c", "d", "b", "a"};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_str_eq(buddy_of(names[i]), buddies[i]);
+        ck_assert_str_ne(rdv.nodes[node_index(buddies[i])].domain, rdv.nodes[node_index(names[i])].domain);
+    }
+    static const char *const has[] = {"step5", "step10"};
+    for (int i = 0; i < 4; i++)
+        beat_mem(names[i], 0, 2, has);
+    beat_replicas("d", 0, "b", 2, has); /* d holds b's */
+    ck_assert_msg(find_sent(from, "a", PROTO_ASSIGN) != NULL, "no ASSIGN: %s", rdv.reason);
+    json_t *st = rest_status(now);
+    json_t *reps = json_object_get(json_object_get(st, "memory_checkpoint"), "replicas");
+    for (int i = 0; i < 4; i++)
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(reps, names[i]), "buddy")), buddies[i]);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(reps, "b"), "newest")), "step10");
+    json_decref(st);
+
+    /* a's copies go to c, in the other rack, not to b beside it */
+    int mark = rec.nsent;
+    mem_file("a", "a", 0);
+    ck_assert_ptr_nonnull(find_sent(mark, "c", PROTO_MEM_FILE));
+    ck_assert_ptr_null(find_sent(mark, "b", PROTO_MEM_FILE));
+
+    /* b is replaced by a fresh agent in its rack: its step10 comes from d */
+    rdv_disconnected(&rdv, "b", "connection closed", now);
+    from = rec.nsent;
+    ck_assert_int_eq(join_domain("b", 1, "r1"), 0);
+    beat_mem("a", 1, 2, has); /* rank 0's node: its next free port */
+    beat_mem("b", 0, 0, NULL);
+    const struct proto_msg *bs = find_sent(from, "b", PROTO_ASSIGN);
+    ck_assert_msg(bs != NULL, "no ASSIGN: %s", rdv.reason);
+    ck_assert_str_eq(bs->u.assign.memckpt, "step10");
+    ck_assert_str_eq(bs->u.assign.memckpt_from, "d");
+    const struct proto_msg *q = find_sent(from, "d", PROTO_MEM_FETCH);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_str_eq(q->u.mem_fetch.owner, "b");
+    ck_assert_str_eq(q->u.mem_fetch.tag, "step10");
+    mark = rec.nsent;
+    mem_file("b", "b", 0); /* b's next copies go to d again */
+    ck_assert_ptr_nonnull(find_sent(mark, "d", PROTO_MEM_FILE));
+}
+END_TEST
+
+/* Unlabelled nodes in a labelled job are each a domain of its own, so the map stays a rotation: r1 = {a, c},
+ * b and d alone, dealt a b d c (unlabelled nodes taken as one domain would deal a b c d). */
+START_TEST(memory_checkpoint_buddy_map_is_total_with_some_unlabelled)
+{
+    setup_spec(4, 3);
+    spec.memory_checkpoint_mb = 64;
+    ck_assert_int_eq(join_domain("a", 1, "r1"), 0);
+    ck_assert_int_eq(join("b", 1, 0), 0);
+    ck_assert_int_eq(join_domain("c", 1, "r1"), 0);
+    ck_assert_int_eq(join("d", 1, 0), 0);
+    ck_assert_str_eq(buddy_of("a"), "b");
+    ck_assert_str_eq(buddy_of("b"), "d");
+    ck_assert_str_eq(buddy_of("d"), "c");
+    ck_assert_str_eq(buddy_of("c"), "a");
+}
+END_TEST
 
 /* /v1/status's "spares" key (an integer of it). */
 static json_int_t spares_figure(const char *key)
@@ -3959,6 +4317,7 @@ Suite *make_rdv_suite(void)
 
     tc = rdv_case(s, "join"); /* nodes joining, resuming sessions, lost (rdv_join.c) */
     tcase_add_test(tc, missed_heartbeats_lose_the_node_until_it_rejoins);
+    tcase_add_test(tc, a_pause_never_loses_a_node_just_heard);
     tcase_add_test(tc, tick_loses_every_silent_node_before_formation);
     tcase_add_test(tc, closed_connection_is_lost_at_once);
     tcase_add_test(tc, log_data_counts_as_hearing_from_the_node);
@@ -3981,9 +4340,15 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, assign_names_rank0_address_port_and_restarts);
     tcase_add_test(tc, no_free_port_holds_the_generation);
     tcase_add_test(tc, next_generation_never_gets_a_port_reported_before_the_last_assign);
+    tcase_add_test(tc, a_rejoined_agent_that_never_had_the_last_assign_gives_its_port);
     tcase_add_test(tc, memory_checkpoint_common_to_every_member_goes_in_assign);
     tcase_add_test(tc, memory_checkpoint_report_is_waited_for_a_bounded_time);
     tcase_add_test(tc, memory_checkpoint_replica_comes_from_the_buddy);
+    tcase_add_test(tc, memory_checkpoint_buddy_is_in_another_domain);
+    tcase_add_test(tc, memory_checkpoint_buddy_map_is_total_with_some_unlabelled);
+    tcase_add_test(tc, spare_note_becomes_an_event);
+    tcase_add_test(tc, memory_checkpoint_drained_is_resumed_when_memory_is_lost);
+    tcase_add_test(tc, spare_note_flood_is_held_back);
     tcase_add_test(tc, unfit_node_holds_formation_without_spending_restarts);
     tcase_add_test(tc, plan_that_does_not_fit_is_refused_naming_the_device);
     tcase_add_test(tc, diverging_checkpoints_hold_the_generation_naming_each_node);
@@ -4044,6 +4409,8 @@ Suite *make_rdv_suite(void)
     tcase_add_test(tc, restored_job_resumes_without_a_new_generation);
     tcase_add_test(tc, restored_job_restarts_when_ranks_are_gone);
     tcase_add_test(tc, restart_during_recovery_spends_nothing_more);
+    tcase_add_test(tc, restored_recovery_gives_an_early_id_to_members_back_later);
+    tcase_add_test(tc, restored_recovery_drops_the_id_of_a_rank0_gone_since);
     tcase_add_test(tc, restored_forming_generation_waits_for_its_ranks);
     tcase_add_test(tc, restored_forming_rank_that_never_starts_fails_after_start_timeout);
     tcase_add_test(tc, restored_forming_member_back_without_ranks_fails_the_generation);

@@ -211,7 +211,7 @@ static long flag_num(const char *flag, const char *v)
 int main(int argc, char **argv)
 {
     long steps = 1000000, step_ms = 100, crash_step = -1, crash_rank = -1, crash_gen = 1, hang_step = -1,
-         hang_rank = -1, lines = 0;
+         hang_rank = -1, lines = 0, uid_delay_ms = 0;
     int child = 0, hang_all = 0;
     static const struct option opts[] = {
         {"spawn-child", no_argument, NULL, 'C'},
@@ -224,6 +224,7 @@ int main(int argc, char **argv)
         {"hang-rank", required_argument, NULL, 'H'},
         {"hang-all", no_argument, NULL, 'A'},
         {"lines", required_argument, NULL, 'l'},
+        {"uid-delay-ms", required_argument, NULL, 'u'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -237,11 +238,13 @@ int main(int argc, char **argv)
         case 'h': hang_step = flag_num("--hang-at-step", optarg); break;
         case 'H': hang_rank = flag_num("--hang-rank", optarg); break;
         case 'l': lines = flag_num("--lines", optarg); break;
+        case 'u': uid_delay_ms = flag_num("--uid-delay-ms", optarg); break;
         case 'C': child = 1; break;
         case 'A': hang_all = 1; break;
         default:
             fprintf(stderr, "usage: fake-rank [--steps N] [--step-ms MS] [--crash-at-step K --crash-rank R "
-                            "[--crash-generation G]] [--hang-at-step K --hang-rank R | --hang-all] [--spawn-child] [--lines N]\n");
+                            "[--crash-generation G]] [--hang-at-step K --hang-rank R | --hang-all] [--spawn-child] [--lines N] "
+                            "[--uid-delay-ms MS]\n");
             return 2;
         }
     }
@@ -280,6 +283,11 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     if (ctl.rank == 0) {
+        if (uid_delay_ms) { /* a slow communicator set-up: the id comes later */
+            struct timespec ts = {.tv_sec = uid_delay_ms / 1000, .tv_nsec = (uid_delay_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) == -1 && errno == EINTR && !got_sigterm)
+                ;
+        }
         memset(&m, 0, sizeof(m));
         m.type = PROTO_UNIQUE_ID;
         m.u.unique_id.generation = ctl.generation;

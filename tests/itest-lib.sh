@@ -23,6 +23,21 @@ fail() {
         echo "---- tail of $f" >&2
         tail -n 25 "$f" >&2
     done
+    # What musterd says now, if a daemon of this script still answers.
+    if [ -n "${HTTP:-}" ] && curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/status" > "$ITEST_DIR/fail-status.json" 2>/dev/null; then
+        echo "---- musterd now (/v1/status, the last 15 of /v1/events)" >&2
+        python3 - "$ITEST_DIR/fail-status.json" "$HTTP" <<'PY' >&2 || true
+import json, sys, urllib.request
+d = json.load(open(sys.argv[1]))
+print("state=%s generation=%s restarts=%s reason=%s" % (d.get("state"), d.get("generation"), d.get("restarts"), d.get("reason")))
+ranks = json.load(urllib.request.urlopen("http://127.0.0.1:%s/v1/ranks" % sys.argv[2], timeout=2))
+for r in ranks.get("ranks") or []:
+    print("  rank %s node %s %s step %s" % (r.get("rank"), r.get("node"), r.get("state"), r.get("step")))
+ev = json.load(urllib.request.urlopen("http://127.0.0.1:%s/v1/events" % sys.argv[2], timeout=2))
+for e in (ev.get("events") or [])[-15:]:
+    print("  event %s gen %s %s: %s" % (e.get("seq"), e.get("generation"), e.get("kind"), (e.get("message") or "")[:300]))
+PY
+    fi
     exit 1
 }
 
@@ -44,15 +59,24 @@ cannot_run() {
 # need_torch NAME MODULE...: TORCH_PY, the interpreter of the build's
 # PyTorch 2.x environment (MUSTER_TORCH_PY, else .venv/bin/python, which
 # mk/deps.sh makes), checked to import each MODULE. Without them: under CI
-# a failure, else a skip (exit 0) that says how to get them.
+# a failure, else a skip (exit 0) that says how to get them. An import of
+# deepspeed costs ~7 s of CPU: once it passed, the environment's stamp
+# (mk/deps.sh's) is kept in $BUILD, and the next script asking for the
+# same modules of the same environment takes it for the check.
 need_torch() {
     name=$1; shift
     TORCH_PY=${MUSTER_TORCH_PY:-$PWD/.venv/bin/python}
+    _stamp=$(cat "${TORCH_PY%/bin/*}/muster-stamp" 2>/dev/null || true)
+    _seen="$BUILD/need-torch.$(echo "$@" | tr ' ' '+')"
+    [ -n "$_stamp" ] && [ "$(cat "$_seen" 2>/dev/null)" = "$_stamp" ] && return 0
     if ! why=$("$TORCH_PY" -c "import $(echo "$@" | tr ' ' ',')" 2>&1); then
         why=$(printf '%s\n' "$why" | tail -n 1)
         [ -n "${CI:-}" ] && fail "$name: $TORCH_PY cannot import $* ($why); mk/deps.sh makes it for make check"
         echo "$name: skipped: $TORCH_PY cannot import $* ($why); run: sh mk/deps.sh venv"
         exit 0
+    fi
+    if [ -n "$_stamp" ]; then
+        echo "$_stamp" > "$_seen.$$" && mv -f "$_seen.$$" "$_seen"
     fi
 }
 
@@ -93,8 +117,27 @@ wait_log() {
     return 1
 }
 
+# free_port: a port free on loopback now, drawn from 20000-27999: below the
+# kernel's ephemeral range (32768-60999 here), which every outgoing
+# connection (curl, ranks, gloo) draws from, so that no client takes it
+# before the server binds it (seen: "already in use" with port 0's pick),
+# and apart from the agent's MASTER_PORT range (29500-29999) and RAS (28028).
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+    python3 -c '
+import random, socket
+for _ in range(200):
+    port = random.randint(20000, 27999)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("free_port: no free port in 20000-27999")'
 }
 
 now_ms() { python3 -c 'import time; print(int(time.monotonic()*1000))'; }
@@ -217,26 +260,9 @@ uptime_bound() { echo "$(now_ms) $DAEMON_T0" | awk '{ printf "%.3f\n", ($1 - $2)
 # d["ranks"] and d["nodes"] the lists of /v1/ranks and /v1/nodes (the summary
 # leaves them out; they are read after it, and only when PYEXPR uses them:
 # "ranks", running, node). With ITEST_FRESH set (an uptime_bound), false
-# for a document built before that moment.
-check() {
-    python3 -c '
-import json, os, sys, urllib.request
-expr, base = sys.argv[1], "http://127.0.0.1:%s" % sys.argv[2]
-try:
-    get = lambda p: json.load(urllib.request.urlopen(base + p, timeout=2))
-    d = get("/v1/status")
-    if os.environ.get("ITEST_FRESH") and d.get("uptime_s", -1) < float(os.environ["ITEST_FRESH"]):
-        sys.exit(1)
-    if "ranks" in expr or "running" in expr:
-        d["ranks"] = get("/v1/ranks")["ranks"]
-        running = sum(1 for r in d["ranks"] if r["state"] == "running")
-    if "node" in expr:
-        d["nodes"] = get("/v1/nodes")["nodes"]
-        node = {n["name"]: n for n in d["nodes"]}
-except Exception:
-    sys.exit(1)
-sys.exit(0 if eval(expr) else 1)' "$1" "$HTTP" 2>/dev/null
-}
+# for a document built before that moment. (tests/itest_poll.py)
+ITEST_POLL="python3 $(pwd)/tests/itest_poll.py"
+check() { $ITEST_POLL status "$HTTP" "$1" 2>/dev/null; }
 
 # wait_fresh SECONDS PYEXPR: wait_for on documents built after this call
 # (of a musterd started by start_daemon).
@@ -245,17 +271,9 @@ wait_fresh() {
     ITEST_FRESH=$_since wait_for "$1" "$2"
 }
 
-# wait_for SECONDS PYEXPR: polls every 50 ms, for SECONDS at most (each
-# check is a Python start, slow on a loaded machine: the clock bounds it,
-# as well as the count).
-wait_for() {
-    limit=$(( $1 * 20 )); i=0; _end=$(( $(date +%s) + $1 ))
-    while [ $i -lt $limit ] && [ "$(date +%s)" -le $_end ]; do
-        check "$2" && return 0
-        sleep 0.05; i=$((i + 1))
-    done
-    return 1
-}
+# wait_for SECONDS PYEXPR: check, every 50 ms, for SECONDS at most, in one
+# Python process (a start per look cost a core on polling).
+wait_for() { $ITEST_POLL status "$HTTP" "$2" "$1" 2>/dev/null; }
 
 show_status() { python3 -c '
 import json, sys, urllib.request
@@ -305,24 +323,22 @@ wait_event() {
 # e["node"], e["generation"], e["message"], e["seq"]), one JSON line each;
 # false when none does (the document is one line: parse it, never grep it).
 event_matching() {
-    if [ -n "${2:-}" ]; then cat "$2"; else curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events"; fi |
-        python3 -c '
-import json, sys
-found = [e for e in json.load(sys.stdin)["events"] if eval(sys.argv[1], {}, {"e": e})]
-for e in found:
-    print(json.dumps(e))
-sys.exit(0 if found else 1)' "$1" 2>/dev/null
+    if [ -n "${2:-}" ]; then
+        $ITEST_POLL events-file "$2" "$1" 2>/dev/null
+    else
+        $ITEST_POLL events "$HTTP" "$1" 2>/dev/null
+    fi
 }
 
-# wait_event_matching SECONDS PYEXPR: polls event_matching every 100 ms.
-wait_event_matching() {
-    _i=0
-    while [ $_i -lt $(( $1 * 10 )) ]; do
-        event_matching "$2" > /dev/null && return 0
-        sleep 0.1; _i=$((_i + 1))
-    done
-    return 1
+# event_message KIND GEN [SECONDS]: the message of generation GEN's newest
+# event of KIND (rank_hung, rank_stacks, ...), waiting SECONDS at most for
+# one (polled every 50 ms, in one process); "" when none came.
+event_message() {
+    $ITEST_POLL message "$HTTP" "e.get('kind') == '$1' and e.get('generation') == $2" ${3:+"$3"} 2>/dev/null || true
 }
+
+# wait_event_matching SECONDS PYEXPR: event_matching every 100 ms, in one process.
+wait_event_matching() { $ITEST_POLL events "$HTTP" "$2" "$1" 0.1 > /dev/null 2>&1; }
 
 # rank_steps LOG RANK: the steps RANK logged ("rank RANK: step N loss L"
 # lines of an agent's LOG), as "N L" lines in log order.

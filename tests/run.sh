@@ -14,7 +14,9 @@ failures=""
 # The Check unit suites are one more item of the runner's (unit_suites),
 # run beside the light solo scripts, and the integration scripts two at a
 # time where they allow it (tests/run_integration.py).
-python3 tests/run_integration.py --unit "env CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-60} $BUILD/tests/check_muster" |
+# They run in the background lane beside a solo (a low CPU weight, by
+# design): their per-case timeouts are stretched (CK_TIMEOUT_MULTIPLIER).
+python3 tests/run_integration.py --unit "env CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-60} CK_TIMEOUT_MULTIPLIER=${CK_TIMEOUT_MULTIPLIER:-4} $BUILD/tests/check_muster" |
     tee "${TMPDIR:-/tmp}/muster-itest-run.$$"
 tally=$(sed -n 's/^integration: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "${TMPDIR:-/tmp}/muster-itest-run.$$")
 names=$(sed -n 's/^failed: //p' "${TMPDIR:-/tmp}/muster-itest-run.$$")

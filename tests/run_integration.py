@@ -25,21 +25,40 @@ empty: grouped at the start, nothing waits for a drain; and the short
 scripts come last, so the slots run out together. A script in neither
 table counts as DEFAULT_S.
 
-A solo that keeps less than LIGHT_SOLO of a CPU busy (by the table: most
-of them wait on timers, links and leases) leaves the other CPU idle, a
-third of the whole run once. So where this machine lets the runner make
+A solo that keeps less than LIGHT_SOLO CPUs busy (by the table: most of
+them wait on timers, links and leases, and the hang scripts' one training
+keeps about one busy) leaves the other CPU idle, a third of the whole run
+once. So where this machine lets the runner make
 CPU control groups (cgroup v1's cpu controller or v2's; root), the solos
 run in two steps: the heavy ones alone, then the light ones one at a
 time with a shared script beside each in a *background* group whose CPU
-weight is an eighth of the solo's, so that the solo's processes win the
-CPU whenever they want it (the kernel's own fair scheduler, by weight)
-and the background script uses what is left. Once the last solo is done
+weight is a third of the solo's, so that the solo's processes win most of
+the CPU whenever they want it (the kernel's own fair scheduler, by
+weight) and the background script uses what is left. Not less than a
+third: at an eighth, a solo's burst (four ranks importing torch at once)
+left a background script's musterd and agents a few hundredths of a CPU
+for seconds, past its jobs' heartbeat timeouts of 1-2 s (a session resume
+that could not finish, a node lost, a generation restarted). Once the last solo is done
 the background group's weight is raised to the foreground's, so that the
 scripts still in it run as any other. Without control groups every solo
-runs alone. ITEST_LANES=off turns the background off.
+runs alone. ITEST_LANES=off turns the background off. Only the unit suites
+and a script that says `# itest: background` (one seen to pass there,
+time after time) go in the background; the others run as shared scripts
+in the foreground: in the background, with jobs whose heartbeat timeouts
+are 1-3 s, memckpt_deepspeed, heal_in_place and gpu_shrink lost sessions
+or named a starved rank hung, and the job spent a generation.
 
 --unit CMD adds one more item, named unit_suites, run as a shared script
 first in the background (the Check suites, by tests/run.sh).
+
+make check makes the Python environment (.venv, mk/deps.sh venv: minutes of
+pip on a fresh machine) while the tree builds, and starts this runner once
+the build is done, with ITEST_VENV_STATUS naming the file the environment's
+exit status will be written to: until it is there, the scripts that use the
+environment (need_torch, .venv, TORCH_PY in their text) are held and the
+others run; then the held ones join the order (solos still alone), the
+environment's log (ITEST_VENV_LOG) is printed, and if it failed every held
+script fails, naming why.
 
 With ITEST_JOBS above 2, a third (or later) script starts beside others
 only where it fits the machine: the CPU the running ones used per second
@@ -51,7 +70,8 @@ so a light one can go beside two heavy ones. Up to 2, none of this applies.
 Usage: python3 tests/run_integration.py [--unit CMD] [NAME ...]   (default: every script)
        python3 tests/run_integration.py --save-durations
            (merges $BUILD/itest-durations into tests/integration/durations)
-Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script), ITEST_LANES.
+Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script), ITEST_LANES,
+ITEST_VENV_STATUS, ITEST_VENV_LOG.
 """
 import os
 import re
@@ -63,10 +83,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 IDIR = os.path.join(HERE, "integration")
 TABLE = os.path.join(IDIR, "durations")
-KINDS = ("solo",)
+KINDS = ("solo", "background")  # background: shared, and may run in the background lane beside a light solo
 DEFAULT_S = 60  # an unknown script starts among the long ones
-LIGHT_SOLO = 0.75  # CPUs a solo may keep busy (by the table) and still have a script beside it
+LIGHT_SOLO = 1.2  # CPUs a solo may keep busy (by the table) and still have a script beside it
+BG_SHARE = 3  # the foreground lane weighs this many times the background one
 UNIT = "unit_suites"
+VENV_WAIT_S = 3600  # the longest the held scripts wait for the environment
 
 
 def kind_of(path: str) -> str:
@@ -78,6 +100,14 @@ def kind_of(path: str) -> str:
                     raise SystemExit(f"{path}: '# itest: {m.group(1)}': expected one of {', '.join(KINDS)}")
                 return m.group(1)
     return "shared"
+
+
+def needs_venv(path) -> bool:
+    """Whether a script uses the build's Python environment (.venv)."""
+    if isinstance(path, list):  # the unit suites' command
+        return False
+    with open(path, encoding="utf-8") as f:
+        return re.search(r"need_torch|\.venv\b|TORCH_PY", f.read()) is not None
 
 
 def read_durations(path: str) -> dict:
@@ -133,7 +163,7 @@ class Lanes:
     (v1: /sys/fs/cgroup/cpu, cpu.shares; v2: /sys/fs/cgroup, cpu.weight):
     muster-itest-PID, weighing as much as 8 processes outside it (so that a
     busy machine's other work does not starve the run as a whole), and in
-    it the foreground and the background lanes, 8 to 1. None where they
+    it the foreground and the background lanes, BG_SHARE to 1. None where they
     cannot be made."""
 
     @staticmethod
@@ -176,7 +206,7 @@ class Lanes:
         for d in self.dirs.values():
             os.mkdir(d)
         self.weigh("fg", self.full)
-        self.weigh("bg", max(1, self.full // 8))
+        self.weigh("bg", max(1, self.full // BG_SHARE))
 
     def weigh(self, lane: str, w: int) -> None:
         with open(os.path.join(self.dirs[lane], self.knob), "w") as f:
@@ -207,8 +237,15 @@ class Lanes:
 
 
 class Runner:
-    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float, lanes=None):
+    def __init__(self, scripts: list, jobs: int, timeout_s: int, durations: dict, cpus: float, lanes=None,
+                 venv_status=None, venv_log=None):
         self.pending = list(scripts)  # (name, path, kind), in start order
+        self.held = []  # the scripts waiting for the Python environment
+        self.venv_status, self.venv_log = venv_status, venv_log
+        if venv_status and not os.path.exists(venv_status):
+            self.held = [s for s in self.pending if needs_venv(s[1])]
+            self.pending = [s for s in self.pending if s not in self.held]
+        self.lane_of = {}  # name -> "fg" or "bg", of the running scripts
         self.lanes = lanes
         self.jobs = max(1, jobs)
         self.durations = durations
@@ -217,6 +254,7 @@ class Runner:
         self.running = {}  # name -> kind, "solo" or "light" (a solo with a script beside it) or "shared"
         self.background = False  # the background group still weighs less than the foreground
         self.results = []  # (name, ok, seconds, cpu seconds)
+        self.digests = {}  # name -> what a failed script said (digest())
         self.cond = threading.Condition()
 
     def _startable(self):
@@ -237,12 +275,12 @@ class Runner:
             if len(self.running) >= 2:
                 return None
             for i, (name, _, kind) in enumerate(self.pending):  # the one script beside it
-                if kind != "solo":
+                if kind == "background" or name == UNIT:
                     return self.pending.pop(i), "bg"
             return None
-        if head[2] == "solo":
+        if head[2] == "solo":  # alone, or (light, with lanes) beside background scripts only
             if lanes and light(self.durations, head[0]):
-                if len(self.running) < 2:
+                if len(self.running) < 2 and "fg" not in self.lane_of.values():
                     return self.pending.pop(0), "fg"
                 return None
             return (self.pending.pop(0), "fg") if not kinds else None
@@ -279,16 +317,62 @@ class Runner:
         secs = time.monotonic() - start
         with self.cond:
             sys.stdout.write(f"== integration: {name}\n{out}")
-            sys.stdout.write(f"-- {name}: {'ok' if ok else 'FAILED'} ({secs:.0f} s, {cpu:.0f} s CPU)\n")
+            where = ", in the background" if lane == "bg" and self.lanes is not None else ""
+            sys.stdout.write(f"-- {name}: {'ok' if ok else 'FAILED'} ({secs:.0f} s, {cpu:.0f} s CPU{where})\n")
             sys.stdout.flush()
             self.results.append((name, ok, secs, cpu))
+            if not ok:
+                self.digests[name] = digest(out)
             del self.running[name]
+            del self.lane_of[name]
+            self.cond.notify_all()
+
+    def _wait_venv(self) -> None:
+        """Waits for the environment's exit status (bounded), then lets the
+        held scripts join the order, or fails them."""
+        start = time.monotonic()
+        status = None
+        while time.monotonic() - start < VENV_WAIT_S:
+            try:
+                with open(self.venv_status, encoding="utf-8") as f:
+                    status = f.read().strip()
+                if status:
+                    break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.5)
+        log = ""
+        if self.venv_log:
+            try:
+                with open(self.venv_log, encoding="utf-8", errors="replace") as f:
+                    log = f.read()
+            except OSError:
+                pass
+        with self.cond:
+            held, self.held = self.held, []
+            sys.stdout.write(f"== the Python environment (mk/deps.sh venv): exit status {status or 'none'}, "
+                             f"{time.monotonic() - start:.0f} s after the runner started; "
+                             f"{len(held)} scripts held for it\n{log}")
+            if status == "0":
+                self.pending = plan(self.pending + held, self.durations, self.lanes is not None)
+            else:
+                why = (f"mk/deps.sh venv exited {status}" if status else
+                       f"no exit status in {self.venv_status} within {VENV_WAIT_S} s")
+                for name, _, _ in held:
+                    sys.stdout.write(f"== integration: {name}\nthe Python environment was not made ({why}; "
+                                     f"its log is above)\n-- {name}: FAILED (0 s, 0 s CPU)\n")
+                    self.results.append((name, False, 0.0, 0.0))
+            sys.stdout.flush()
             self.cond.notify_all()
 
     def run(self) -> None:
         threads = []
+        if self.held:
+            t = threading.Thread(target=self._wait_venv)
+            t.start()
+            threads.append(t)
         with self.cond:
-            while self.pending or self.running:
+            while self.pending or self.running or self.held:
                 nxt = self._startable()
                 if nxt is None:
                     self.cond.wait()
@@ -297,8 +381,11 @@ class Runner:
                 if kind == "solo" and self.lanes is not None and light(self.durations, name):
                     kind = "light"
                 if lane == "bg":
+                    if not self.background:  # (raised when the solos seemed over; solos held for the environment came)
+                        self.lanes.weigh("bg", max(1, self.lanes.full // 8))
                     self.background = True
                 self.running[name] = kind
+                self.lane_of[name] = lane
                 t = threading.Thread(target=self._run_one, args=(name, path, lane))
                 t.start()
                 threads.append(t)
@@ -313,6 +400,33 @@ TABLE_HEADER = """\
 # `make itest-durations` after a `make check`. Two at a time (make check's
 # default), a wrong figure only costs wall time, never a result.
 """
+
+
+def digest(out: str, most: int = 40) -> str:
+    """The lines of a failed script's output that say why (its FAIL lines,
+    Check's failed cases, the line before each FAIL, and musterd's state
+    that fail() prints last), at most `most`: repeated at the end of the
+    run, where a CI log's tail shows them."""
+    lines = out.splitlines()
+    keep = []
+    for i, line in enumerate(lines):
+        if line.startswith("FAIL") or re.search(r":[FE]:[^:]+:", line):
+            if i and lines[i - 1] not in keep and not lines[i - 1].startswith("----"):
+                keep.append(lines[i - 1])
+            keep.append(line)
+    keep = keep[:20]  # room for musterd's account below
+    tails = [i for i, ln in enumerate(lines) if ln.startswith("---- tail of ") and ln.endswith("/musterd.log")]
+    if tails:  # musterd's own account of the job's last moves
+        section = []
+        for ln in lines[tails[-1] + 1:]:
+            if ln.startswith("---- "):
+                break
+            section.append(ln)
+        keep.extend(["---- the last of musterd.log"] + section[-8:])
+    if "---- musterd now" in out:
+        keep.extend(out[out.rindex("---- musterd now"):].splitlines()[:20])
+    keep = [ln[:400] for ln in keep[:most]]
+    return "\n".join(keep) if keep else "\n".join(ln[:400] for ln in lines[-8:])
 
 
 def save_durations(build: str) -> int:
@@ -348,7 +462,7 @@ def main(argv: list) -> int:
     cpus = float(os.environ.get("ITEST_CPUS", os.cpu_count() or 1))
     lanes = Lanes.make() if jobs >= 2 else None
     runner = Runner(plan(scripts, durations, lanes is not None), jobs, int(os.environ.get("ITEST_TIMEOUT_S", "600")),
-                    durations, cpus, lanes)
+                    durations, cpus, lanes, os.environ.get("ITEST_VENV_STATUS"), os.environ.get("ITEST_VENV_LOG"))
     start = time.monotonic()
     try:
         runner.run()
@@ -360,7 +474,7 @@ def main(argv: list) -> int:
         print(f"== light solos ran beside a background script (CPU groups under {lanes.top})")
     if os.path.isdir(build):
         last = read_durations(record)
-        last.update({n: (max(1, round(s)), round(c)) for n, _, s, c in runner.results})
+        last.update({n: (max(1, round(s)), round(c)) for n, ok, s, c in runner.results if ok or s > 0})
         write_durations(record, last, "# tests/run_integration.py: seconds per script, last run\n")
     print(f"== slowest ten of {len(runner.results)} scripts ({jobs} at a time, {wall:.0f} s wall, "
           f"{sum(r[2] for r in runner.results):.0f} s in all, {sum(r[3] for r in runner.results):.0f} s CPU)")
@@ -368,6 +482,9 @@ def main(argv: list) -> int:
         print(f"  {secs:6.0f} s  {cpu:5.0f} s CPU  {name}{'' if ok else '  (FAILED)'}")
     failed = sorted(r[0] for r in runner.results if not r[1])
     passed = len(runner.results) - len(failed)
+    for name in failed:
+        print(f"== why {name} failed (its whole output is above)")
+        print(runner.digests.get(name, "(no output kept)"))
     if failed:
         print("failed: " + " ".join(failed))
     print(f"integration: {passed} passed, {len(failed)} failed")

@@ -22,7 +22,7 @@ fi
 D=$(mktemp -d /tmp/muster-bench-memrep.XXXXXX)
 pids=""
 trap 'for p in $pids; do kill -9 $p 2>/dev/null || true; done; pkill -9 -f "$D" 2>/dev/null || true; rm -rf "$D"' EXIT
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. tests/bench/mem-lib.sh
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$D/token"
 chmod 600 "$D/token"
 cp tests/memrep/save_rank.py "$D/"
@@ -38,7 +38,6 @@ cp_ms=$(( (t1 - t0) / 1000000 )); [ "$cp_ms" -gt 0 ] || cp_ms=1
 rm -rf /dev/shm/muster-bench-cp
 echo "   cp -r tmpfs -> tmpfs: $cp_ms ms ($(( MIB * 1000 / cp_ms )) MiB/s)"
 for cap in $CAPS; do
-    ctl=$(free_port); http=$(free_port)
     mkdir -p "$D/$cap/shm"
     cat > "$D/$cap/job.json" <<JSON
 {"name": "bench", "nodes": 2, "max_restarts": 0, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 4000,
@@ -46,17 +45,7 @@ for cap in $CAPS; do
  "memory_checkpoint_replica_mbps": $cap,
  "rank_cmd": ["$PY", "$D/save_rank.py", "--steps", "$STEPS", "--sleep", "0.2", "--mib", "$MIB"]}
 JSON
-    "$BUILD/musterd" --job "$D/$cap/job.json" --listen "127.0.0.1:$ctl" --http "127.0.0.1:$http" \
-        --state-dir "$D/$cap/state" --token-file "$D/token" > "$D/$cap/musterd.log" 2>&1 &
-    daemon=$!
-    pids="$pids $daemon"
-    agents=""
-    for n in a b; do
-        unshare -m --propagation private "$BUILD/muster-worker" --daemon "127.0.0.1:$ctl" --node $n \
-            --devices cpu:1 --state-dir "$D/$cap/agent-state" --token-file "$D/token" > "$D/$cap/agent-$n.log" 2>&1 &
-        agents="$agents $!"
-        pids="$pids $!"
-    done
+    mem_job "$D/$cap"
     i=0
     until grep -q "every rank finished" "$D/$cap/agent-a.log" "$D/$cap/agent-b.log" 2>/dev/null && [ $i -gt 10 ] ||
         [ $i -ge 1200 ]; do sleep 0.1; i=$((i + 1)); done

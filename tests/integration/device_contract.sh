@@ -1,6 +1,6 @@
 #!/bin/sh
 # torchrun's device contract on GPU nodes, checked on this machine's CPUs:
-# agents a (--devices gpu:0,1,2,3) and b (gpu:2,3) run one 6-rank job whose
+# agents a (--devices gpu:0,1,3) and b (gpu:2,3) run one 5-rank job whose
 # ranks select their device as a torchrun DDP script, DeepSpeed's engine and
 # accelerate's PartialState do (tests/torch/device_select.py, with a strict
 # stand-in for CUDA's device selection: an index past CUDA_VISIBLE_DEVICES is
@@ -8,7 +8,7 @@
 #  (a) every rank, by each of the three code paths, selects cuda:LOCAL_RANK,
 #      and entry LOCAL_RANK of its CUDA_VISIBLE_DEVICES is the GPU its agent
 #      started it on; TORCH_NCCL_ASYNC_ERROR_HANDLING is unset (torch's default);
-#  (b) "visible_devices": "own": one GPU visible, so DDP's and DeepSpeed's choice
+#  (b) "visible_devices": "own" (a 3-rank job: a gpu:0,1, b gpu:3): one GPU visible, so DDP's and DeepSpeed's choice
 #      fails on every local rank but 0 (what the docs say breaks), accelerate's
 #      (index modulo the device count) does not; an agent environment's
 #      TORCH_NCCL_ASYNC_ERROR_HANDLING reaches the ranks as it was;
@@ -34,18 +34,19 @@ start_gpu_agent() {
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
 }
 
-# run_job NAME EXTRA_JOB_KEYS [NAME=VALUE ...: the agents' environment]: the 6-rank job to its end (completed or failed).
+# run_job NAME A_GPUS B_GPUS EXTRA_JOB_KEYS [NAME=VALUE ...: the agents' environment]: the job
+# of agents a and b with those GPUs to its end (completed or failed).
 run_job() {
-    _job=$1; _keys=$2; shift 2
+    _job=$1; _a=$2; _b=$3; _keys=$4; shift 4
     cat > "$ITEST_DIR/$_job.json" <<JSON
-{"name": "$_job", "nodes": 2, "max_restarts": 0, "batch": 6, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 5000,
+{"name": "$_job", "nodes": 2, "max_restarts": 0, "batch": 30, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 5000,
  "lease_ms": 10000, "rank_cmd": ["$PY", "$SCRIPT", "ddp", "deepspeed", "accelerate"]$_keys}
 JSON
     rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state" "$ITEST_DIR"/agent-*.log
     start_daemon "$ITEST_DIR/$_job.json" --token-file "$ITEST_DIR/token"
     AGENT_ENV="$*"
-    start_gpu_agent a gpu:0,1,2,3 && AGENT_A=$AGENT_PID
-    start_gpu_agent b gpu:2,3 && AGENT_B=$AGENT_PID
+    start_gpu_agent a "gpu:$_a" && AGENT_A=$AGENT_PID
+    start_gpu_agent b "gpu:$_b" && AGENT_B=$AGENT_PID
     wait_for 120 'd["state"] in ("completed", "failed")' || fail "$_job: the job did not end within 120 s"
     JOB_STATE=$(status | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
     kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
@@ -54,14 +55,14 @@ JSON
 }
 
 # ---- (a) the default: torchrun's view ---------------------------------------
-run_job torchrun-view ""
+run_job torchrun-view 0,1,3 2,3 ""
 python3 - "$ITEST_DIR/torchrun-view.out" <<'PY' || fail "(a) a rank did not select its own GPU"
 import re, sys
 text = open(sys.argv[1]).read()
 started = {int(r): (int(l), int(g)) for r, l, g in
            re.findall(r"started rank (\d+) \(local rank (\d+), gpu (\d+), pid", text)}
-assert sorted(started) == list(range(6)), f"ranks started: {sorted(started)}"
-assert sorted(g for _, g in started.values()) == [0, 1, 2, 2, 3, 3], started
+assert sorted(started) == list(range(5)), f"ranks started: {sorted(started)}"
+assert sorted(g for _, g in started.values()) == [0, 1, 2, 3, 3], started
 seen = {}
 for r, l, kind, idx, gpu in re.findall(r"rank (\d+) local (\d+) kind (\w+) selects cuda:(\d+) gpu (\d+)", text):
     seen[(int(r), kind)] = (int(l), int(idx), int(gpu))
@@ -72,20 +73,21 @@ for r, (local, gpu) in started.items():
         got = seen.get((r, kind))
         assert got == (local, local, gpu), f"rank {r} ({kind}): local {local}, gpu {gpu} wanted, got {got}"
 nccl = re.findall(r"rank (\d+) TORCH_NCCL_ASYNC_ERROR_HANDLING=(\S+)", text)
-assert len(nccl) == 6 and all(v == "unset" for _, v in nccl), nccl
-print("(a) 6 ranks x ddp, deepspeed, accelerate: each selects cuda:LOCAL_RANK = its agent's GPU; "
+assert len(nccl) == 5 and all(v == "unset" for _, v in nccl), nccl
+print("(a) 5 ranks x ddp, deepspeed, accelerate: each selects cuda:LOCAL_RANK = its agent's GPU; "
       "TORCH_NCCL_ASYNC_ERROR_HANDLING unset: ok")
 PY
 [ "$JOB_STATE" = completed ] || fail "(a) the job ended $JOB_STATE, not completed"
 
 # ---- (b) one visible device per rank, and the user's NCCL setting ----------
-run_job own-view ', "visible_devices": "own"' TORCH_NCCL_ASYNC_ERROR_HANDLING=0
+run_job own-view 0,1 3 ', "visible_devices": "own"' TORCH_NCCL_ASYNC_ERROR_HANDLING=0
 python3 - "$ITEST_DIR/own-view.out" <<'PY' || fail "(b) the one-device view is not what the docs say"
 import re, sys
 text = open(sys.argv[1]).read()
 started = {int(r): (int(l), int(g)) for r, l, g in
            re.findall(r"started rank (\d+) \(local rank (\d+), gpu (\d+), pid", text)}
-assert sorted(started) == list(range(6)), f"ranks started: {sorted(started)}"
+assert sorted(started) == list(range(3)), f"ranks started: {sorted(started)}"
+assert sorted(started.values()) == [(0, 0), (0, 3), (1, 1)], started
 for r, (local, gpu) in started.items():
     for kind in ("ddp", "deepspeed"):
         if local == 0:
@@ -94,8 +96,8 @@ for r, (local, gpu) in started.items():
             assert f"rank {r} local {local} kind {kind} fails: CUDA error: invalid device ordinal" in text, (r, kind)
     assert f"rank {r} local {local} kind accelerate selects cuda:0 gpu {gpu}" in text, (r, "accelerate")
 nccl = re.findall(r"rank (\d+) TORCH_NCCL_ASYNC_ERROR_HANDLING=(\S+)", text)
-assert len(nccl) == 6 and all(v == "0" for _, v in nccl), nccl
-print("(b) visible_devices own: cuda:0 only; DDP and DeepSpeed fail on local ranks 1-3 with invalid device "
+assert len(nccl) == 3 and all(v == "0" for _, v in nccl), nccl
+print("(b) visible_devices own: cuda:0 only; DDP and DeepSpeed fail on local rank 1 with invalid device "
       "ordinal, accelerate does not; the agent's TORCH_NCCL_ASYNC_ERROR_HANDLING=0 kept: ok")
 PY
 

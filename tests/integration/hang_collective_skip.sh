@@ -28,20 +28,8 @@ make_token "$ITEST_DIR/token"
 SKIP=30
 EXPECT=$((SKIP + 7))
 
-# hung_event GEN: the message of the rank_hung event of generation GEN ("" = none yet).
-hung_event() {
-    curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events" | python3 -c '
-import json, sys
-ev = [e for e in json.load(sys.stdin)["events"] if e.get("kind") == sys.argv[2] and e.get("generation") == int(sys.argv[1])]
-print(ev[-1]["message"] if ev else "")' "$1" "${2:-rank_hung}"
-}
-wait_hung() {
-    _t0=$(now_ms); MSG=""
-    while [ -z "$MSG" ] && [ $(($(now_ms) - _t0)) -lt $(($2 * 1000)) ]; do
-        MSG=$(hung_event "$1") || MSG=""
-        [ -n "$MSG" ] || sleep 0.2
-    done
-}
+# wait_hung GEN SECONDS: sets MSG once GEN's rank_hung event is there ("" = none within SECONDS).
+wait_hung() { MSG=$(event_message rank_hung "$1" "$2"); }
 job() { # job SKIP_AT_STEP [FLIGHT_RECORDER_KEY]
     cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "hang-skip", "nodes": 2, "max_restarts": 0, "batch": 4, "stop_grace_ms": 500, "progress_timeout_ms": 4000,
@@ -56,7 +44,7 @@ job "$SKIP"
 start_pair_job "$ITEST_DIR/job.json"
 # rank 0 prints step 30's line after the all_reduce it never leaves: step 29's is its last
 wait_log 120 "$ITEST_DIR/agent-a.log" "rank 0: step $SKIP loss" || fail "rank 0 did not reach step $SKIP"
-pid=$(rank_pid "$SCRIPT" 0)
+pid=$(rank_pid "$SCRIPT.*$ITEST_DIR" 0)
 tr '\0' '\n' < "/proc/$pid/environ" | grep -qx 'TORCH_FR_BUFFER_SIZE=2000' ||
     fail "rank 0's environment has no TORCH_FR_BUFFER_SIZE=2000"
 wait_hung 1 30
@@ -70,7 +58,7 @@ case "$MSG" in
   want: rank 2 on node b is hung: it is not in a collective (at ddp_train.py:...; $want" ;;
 esac
 echo "named: $MSG"
-stacks=$(hung_event 1 rank_stacks)
+stacks=$(event_message rank_stacks 1)
 case "$stacks" in
 "flight recorder: rank 2 never entered all_reduce #$EXPECT"*) ;;
 *) fail "the rank_stacks event does not start with the verdict: $stacks" ;;
@@ -95,7 +83,7 @@ rm -f "$ITEST_DIR"/agent-*.log # the agents append: the next job's lines alone
 job 3 ', "flight_recorder": 0'
 start_pair_job "$ITEST_DIR/job.json"
 wait_log 120 "$ITEST_DIR/agent-a.log" "rank 0: step 3 loss" || fail "(off) rank 0 did not reach step 3"
-pid=$(rank_pid "$SCRIPT" 1)
+pid=$(rank_pid "$SCRIPT.*$ITEST_DIR" 1)
 [ -n "$pid" ] || fail "(off) no process for rank 1"
 if tr '\0' '\n' < "/proc/$pid/environ" | grep -q '^TORCH_FR_BUFFER_SIZE='; then
     fail "(off) the rank's environment has TORCH_FR_BUFFER_SIZE"

@@ -20,20 +20,10 @@ PY=$TORCH_PY
 SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 make_token "$ITEST_DIR/token"
 
-# hung_event GEN: the message of the rank_hung event of generation GEN ("" = none yet).
-hung_event() {
-    curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events" | python3 -c '
-import json, sys
-ev = [e for e in json.load(sys.stdin)["events"] if e.get("kind") == "rank_hung" and e.get("generation") == int(sys.argv[1])]
-print(ev[-1]["message"] if ev else "")' "$1"
-}
 # wait_hung GEN SECONDS: sets MSG and WAITED_MS (from now) once GEN's rank_hung event is there.
 wait_hung() {
-    _t0=$(now_ms); MSG=""
-    while [ -z "$MSG" ] && [ $(($(now_ms) - _t0)) -lt $(($2 * 1000)) ]; do
-        MSG=$(hung_event "$1") || MSG=""
-        [ -n "$MSG" ] || sleep 0.2
-    done
+    _t0=$(now_ms)
+    MSG=$(event_message rank_hung "$1" "$2")
     WAITED_MS=$(($(now_ms) - _t0))
 }
 

@@ -14,6 +14,14 @@
 #   (g) a job with a hot spare (spare_nodes 1): agent b SIGKILLed, the spare
 #       s takes its rank block and gets b's files from b's buddy a before
 #       its rank starts, which resumes intact;
+#   (c) a job draining to checkpoint_dir every 10 steps: both agents
+#       SIGKILLed with their ranks and tmpfs (no buddy copy is left: replicas
+#       off, as they would be lost with both nodes; musterd's choice is the
+#       same), a drain cut
+#       short planted in node b's durable directory and a step90 drained on
+#       node a alone; fresh agents copy the newest checkpoint drained on both
+#       back from checkpoint_dir, the event says so, both ranks resume there
+#       intact, the planted stage is removed and never used;
 #   (f) a one-node job saving 5 MiB a step into 8 MiB: the second save fails
 #       in the program with ENOSPC, and an event names node f and the size.
 # Needs root and mount namespaces; skipped with a message where they are not permitted.
@@ -44,12 +52,16 @@ mem_agent() {
     AGENT_PID=$!
     ITEST_PIDS="$ITEST_PIDS $AGENT_PID"
 }
+# agents_ab: agents for nodes a and b (AGENT_A, AGENT_B)
+agents_ab() {
+    mem_agent a
+    AGENT_A=$AGENT_PID
+    mem_agent b
+    AGENT_B=$AGENT_PID
+}
 
 start_daemon "$ITEST_DIR/rep.json" --token-file "$ITEST_DIR/token"
-mem_agent a
-AGENT_A=$AGENT_PID
-mem_agent b
-AGENT_B=$AGENT_PID
+agents_ab
 
 # ---- (d) a half-written save is never shipped -------------------------------------
 wait_log 60 "$ITEST_DIR/agent-b.log" "rank 1: half of step 15 written; stalled" \
@@ -100,10 +112,7 @@ mkdir -p "$ITEST_DIR/barrier-sp"
 rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
 for n in a b; do mv "$ITEST_DIR/agent-$n.log" "$ITEST_DIR/rep-agent-$n.log"; done
 start_daemon "$ITEST_DIR/sp.json" --token-file "$ITEST_DIR/token"
-mem_agent a
-AGENT_A=$AGENT_PID
-mem_agent b
-AGENT_B=$AGENT_PID
+agents_ab
 wait_for 30 'd["state"] == "running"' || { show_status; fail "(g) the job did not run on a and b"; }
 mem_agent s
 AGENT_S=$AGENT_PID
@@ -128,6 +137,56 @@ wait_for 60 'd["state"] == "completed"' || { show_status; fail "(g) the job did 
 echo "(g) spare s took node b's place with b's files from a: $(grep -o 'rank 1: resumed at step [0-9]* (intact)' "$ITEST_DIR/agent-s.log")"
 kill "$DAEMON_PID" "$AGENT_A" "$AGENT_S" 2>/dev/null || true
 wait "$DAEMON_PID" "$AGENT_A" "$AGENT_S" 2>/dev/null || true
+
+# ---- (c) both buddies lost: resumed from the drained durable checkpoint -----------------------
+cat > "$ITEST_DIR/dr.json" <<JSON
+{"name": "drain", "nodes": 2, "max_restarts": 5, "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 5000,
+ "lease_ms": 10000, "stop_grace_ms": 500, "restart_backoff_ms": 0,
+ "memory_checkpoint_mb": 64, "memory_checkpoint_root": "$ROOT",
+ "memory_checkpoint_drain_steps": 10, "checkpoint_dir": "$ITEST_DIR/durable",
+ "rank_cmd": ["$PY", "$ITEST_DIR/save_rank.py", "--steps", "400", "--sleep", "0.1", "--barrier", "$ITEST_DIR/barrier-dr"]}
+JSON
+mkdir -p "$ITEST_DIR/barrier-dr"
+rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+for n in a b s; do mv "$ITEST_DIR/agent-$n.log" "$ITEST_DIR/sp-agent-$n.log"; done
+start_daemon "$ITEST_DIR/dr.json" --token-file "$ITEST_DIR/token"
+agents_ab
+DUR=$ITEST_DIR/durable/muster-memory/drain
+i=0 # the directories, not status: the loss must come while the ranks are a few steps past step20
+until [ -d "$DUR/a/step20" ] && [ -d "$DUR/b/step20" ]; do
+    i=$((i + 1)); [ $i -le 600 ] || { show_status; fail "(c) nodes a and b did not both drain step20 to checkpoint_dir"; }
+    sleep 0.05
+done
+p0=$(rank_pid "$ITEST_DIR/save_rank.py" 0)
+p1=$(rank_pid "$ITEST_DIR/save_rank.py" 1)
+kill -9 "$AGENT_A" "$AGENT_B" $p0 $p1
+wait "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+event_matching 'e["kind"] == "memory_drained" and "node b drained memory checkpoint step 10 (step10) to checkpoint_dir" in e["message"]' \
+    > /dev/null || fail "(c) no memory_drained event for node b's step10: $(curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -o '"memory_drained[^}]*')"
+want=$(ls "$DUR/a" "$DUR/b" | grep '^step' | sort | uniq -d | sort -V | tail -n 1) # the newest drained on both
+[ -n "$want" ] || fail "(c) nodes a and b hold no drained checkpoint in common: $(ls "$DUR/a" "$DUR/b" | tr '\n' ' ')"
+mkdir -p "$DUR/b/.muster-drain-step80/meta" "$DUR/a/step90" # a copy cut short; one drained on a alone
+head -c 1000 /dev/zero > "$DUR/b/.muster-drain-step80/rank1.bin"
+agents_ab
+wait_log 30 "$ITEST_DIR/agent-b.log" "copied back from its drained copy" \
+    || { show_status; fail "(c) node b's checkpoint was not copied back from checkpoint_dir"; }
+wait_log 30 "$ITEST_DIR/agent-b.log" "rank 1: resumed at step " || fail "(c) rank 1 did not resume"
+step=$(awk '/muster-worker [0-9.]*: node b/ { n++ } n == 2 && /^rank 1: resumed at step/ { print $6; exit }' "$ITEST_DIR/agent-b.log")
+[ "step$step" = "$want" ] \
+    || fail "(c) rank 1's first start after the loss did not resume from $want, the newest drained on both: '$step'"
+wait_log 30 "$ITEST_DIR/agent-a.log" "rank 0: resumed at step $step (intact)" \
+    || fail "(c) rank 0 did not resume at step $step intact: $(grep 'rank 0: resumed' "$ITEST_DIR/agent-a.log")"
+grep -q "rank 1: resumed at step $step (intact)" "$ITEST_DIR/agent-b.log" || fail "(c) rank 1's files were not intact"
+event_matching 'e["kind"] == "memory_resumed" and "resumed from the drained durable checkpoint step '"$step"'" in e["message"]' \
+    > /dev/null || fail "(c) no memory_resumed event naming the drained durable checkpoint: $(curl -sf "http://127.0.0.1:$HTTP/v1/events" | grep -o '"memory_resumed[^}]*')"
+check '(d["memory_checkpoint"]["drained"]["a"] or "").startswith("step")' \
+    || fail "(c) status names no checkpoint drained on node a: $(status)"
+grep -q "1 drain(s) cut short before" "$ITEST_DIR/agent-b.log" || fail "(c) node b's agent did not remove the cut-short drain"
+[ ! -e "$DUR/b/.muster-drain-step80" ] || fail "(c) the cut-short drain is still in node b's durable directory"
+echo "(c) $(event_matching 'e["kind"] == "memory_resumed"' | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["message"])')"
+kill "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+wait "$DAEMON_PID" "$AGENT_A" "$AGENT_B" 2>/dev/null || true
+for n in a b; do mv "$ITEST_DIR/agent-$n.log" "$ITEST_DIR/dr-agent-$n.log"; done
 
 # ---- (f) the tmpfs full: the save fails with ENOSPC, an event names the node and the size -------------
 cat > "$ITEST_DIR/full.json" <<JSON

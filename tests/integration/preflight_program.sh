@@ -133,6 +133,10 @@ rank=$(pgrep -f "$BUILD/tests/fake-rank" -P "$AGENT_PID" | head -n 1)
 kill -9 "$rank"
 wait_event 20 "checkpoint_dir differs between nodes: node . has [a-z_0-9]*, node . has [a-z_0-9]*; generation not started" \
     || fail "restart: no checkpoint_diverged event before generation 2"
+# (the event is out at once, the status document at musterd's next tick)
+wait_for 5 'd["generation"] == 2 and d["restarts"] == 1 and "node b has none" in (d["reason"] or "")' \
+    || fail "restart: generation 2 not held for the diverging checkpoints (or more than one restart spent)"
+sleep 1
 check 'd["generation"] == 2 and running == 0 and d["restarts"] == 1 and "node b has none" in d["reason"]' \
     || fail "restart: generation 2 started with diverging checkpoints (or more than one restart spent)"
 echo "restart: held before generation 2: $(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["reason"])')"

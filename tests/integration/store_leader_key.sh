@@ -2,8 +2,9 @@
 # The leader watches its own key in etcd (three members on loopback): with
 # its lease alive,
 #  1. the leader key deleted with etcdctl: the leader steps down within
-#     about a second (not at its next refused write), and the standby is
-#     elected;
+#     about a second of etcdctl's return (2.5 s allowed under load; not at
+#     its next refused write, which an idle job may never make), and the
+#     standby is elected;
 #  2. the new leader's key overwritten with etcdctl put: it steps down too.
 # Skipped with a message where etcd or etcdctl is not installed.
 set -eu
@@ -40,20 +41,20 @@ sleep 1
 grep -q "leading job lk" "$ITEST_DIR/musterd2.log" && fail "two leaders at once"
 
 # 1. deleted: step down at once, the standby leads
-t0=$(now_ms)
 etcdctl --endpoints "$E" del "$KEY" > /dev/null || fail "etcdctl del $KEY"
+t0=$(now_ms) # the key is gone once etcdctl returns: its own start (a Go program, slow under load) is not counted
 wait_log 5 "$ITEST_DIR/musterd1.log" "stepping down" || fail "musterd 1 did not step down when its key was deleted"
 dt=$(( $(now_ms) - t0 ))
-[ "$dt" -le 1500 ] || fail "musterd 1 stepped down $dt ms after its key was deleted (lease 10 s; want about 1 s)"
+[ "$dt" -le 2500 ] || fail "musterd 1 stepped down $dt ms after its key was deleted (lease 10 s; want about 1 s)"
 grep -q "leader key $KEY was deleted in etcd" "$ITEST_DIR/musterd1.log" || fail "musterd 1 does not say why it stepped down"
 echo "key deleted: musterd 1 stepped down after $dt ms"
 wait_log 10 "$ITEST_DIR/musterd2.log" "leading job lk" || fail "musterd 2 did not take over"
 
 # 2. overwritten: step down too
-t0=$(now_ms)
 etcdctl --endpoints "$E" put "$KEY" "127.0.0.1:1 http://127.0.0.1:1" > /dev/null || fail "etcdctl put $KEY"
+t0=$(now_ms)
 wait_log 5 "$ITEST_DIR/musterd2.log" "stepping down" || fail "musterd 2 did not step down when its key was overwritten"
 dt=$(( $(now_ms) - t0 ))
-[ "$dt" -le 1500 ] || fail "musterd 2 stepped down $dt ms after its key was overwritten"
+[ "$dt" -le 2500 ] || fail "musterd 2 stepped down $dt ms after its key was overwritten"
 echo "key overwritten: musterd 2 stepped down after $dt ms"
 echo "store_leader_key: ok"

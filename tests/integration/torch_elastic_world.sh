@@ -16,6 +16,7 @@
 #      muster's hang detection names it and parks the generation; Elastic
 #      interrupts rank 1's step, so its peer's collective ends: both ranks
 #      keep their processes to the end of the job.
+# itest: background
 set -eu
 . tests/itest-lib.sh
 

@@ -1,7 +1,12 @@
 #!/bin/sh
 # A sharded PyTorch program (FSDP2, tests/torch/fsdp_train.py through
 # ShardedElastic, buddy replicas every 5 steps, no checkpoint at all) whose
-# world changes size: musterd + 2 agents x 2 ranks on loopback.
+# world changes size: musterd + 2 agents x 2 ranks on loopback, under the
+# strict NCCL-like backend of tests/torch/strict_nccl.py (FSDP_BACKEND=gloo:
+# gloo's): a collective whose peer is lost never fails there, only the park
+# watch's abort ends it, and no group may be destroyed after its abort (the
+# backend logs such a call to STRICT_NCCL_LOG, and blocks); gloo's heals of
+# ShardedElastic are torch_fsdp_buddy's (c).
 #  (a) shrink: agent b is SIGKILLed with its ranks and stays away; after
 #      rejoin_timeout_ms the job shrinks to node a's 2 ranks, which keep
 #      their processes; ranks 2 and 3's shards exist only in the replicas
@@ -31,13 +36,16 @@ need_torch torch_fsdp_world torch.distributed.fsdp
 PY=$TORCH_PY
 SCRIPT="$(pwd)/tests/torch/fsdp_train.py"
 STEPS=60
+BACKEND=${FSDP_BACKEND:-strict_nccl}
 make_token "$ITEST_DIR/token"
+STRICT_NCCL_LOG="$ITEST_DIR/strict.log"
+export STRICT_NCCL_LOG
 
 cat > "$ITEST_DIR/job.json" <<JSON
 {"name": "fsdp-world", "nodes": 2, "min_nodes": 1, "rejoin_timeout_ms": 1500, "max_restarts": 4,
  "heartbeat_interval_ms": 200, "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 1000,
  "restart_backoff_ms": 0,
- "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests",
+ "rank_cmd": ["$PY", "$SCRIPT", "--steps", "$STEPS", "--step-sleep", "0.05", "--replica-every", "5", "--digests", "--backend", "$BACKEND",
               "--final-file", "$ITEST_DIR/final",
               "--die-after-reslice", "b:$ITEST_DIR/died"]}
 JSON
@@ -137,4 +145,6 @@ bad = [(s, a[s], b[s]) for s in a if abs(a[s] - b[s]) > 1e-5]
 assert not bad, bad[:3]
 PY
 echo "final $(cat "$ITEST_DIR/final") = reference's on worlds $schedule (step:world) within 1e-5"
-echo "torch_fsdp_world: passed (node a's processes $pids_a finished generation $gen)"
+[ ! -s "$STRICT_NCCL_LOG" ] || fail "a process group was destroyed after an abort: $(cat "$STRICT_NCCL_LOG")"
+[ "$BACKEND" != strict_nccl ] || grep -q "aborting its [0-9]* process group" "$LOG" || fail "rank 0 never aborted its groups"
+echo "torch_fsdp_world: passed under $BACKEND (node a's processes $pids_a finished generation $gen)"

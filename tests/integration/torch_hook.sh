@@ -22,14 +22,6 @@ SCRIPT="$(pwd)/tests/torch/ddp_train.py"
 make_token "$ITEST_DIR/token"
 
 events() { curl -sf --max-time 2 "http://127.0.0.1:$HTTP/v1/events"; }
-# hung_event GEN: the text of the rank_hung event that ended generation GEN ("" = none yet).
-hung_event() {
-    events | python3 -c '
-import json, sys
-ev = [e for e in json.load(sys.stdin)["events"] if e.get("kind") == "rank_hung" and e.get("generation") == int(sys.argv[1])]
-print(ev[-1]["message"] if ev else "")' "$1"
-}
-
 # The user's own sitecustomize, on the agents' PYTHONPATH: muster's hook must run it too.
 mkdir -p "$ITEST_DIR/usersite"
 printf 'import os\nopen(os.path.join(%s, "user-site-%%d" %% os.getpid()), "w").close()\n' \
@@ -61,8 +53,7 @@ pid=$(rank_pid "$SCRIPT.*$ITEST_DIR/ckpt" 3)
 [ -n "$pid" ] || fail "(b) no process for rank 3"
 t0=$(now_ms)
 kill -STOP "$pid"
-i=0; msg=""
-while [ $i -lt 300 ] && [ -z "$msg" ]; do msg=$(hung_event 1); [ -n "$msg" ] || sleep 0.05; i=$((i + 1)); done
+msg=$(event_message rank_hung 1 15)
 t1=$(now_ms)
 kill -CONT "$pid" 2>/dev/null || true
 [ -n "$msg" ] || fail "(b) the SIGSTOPped rank was not found hung within 15 s"
@@ -80,14 +71,16 @@ d = json.load(open(sys.argv[1]))
 by = {r["rank"]: r for r in d["ranks"]}
 assert by[3]["stopped"], by[3]
 for r in (0, 1, 2):  # the others dumped their stacks: the program's frames are in them
-    assert "ddp_train.py" in (by[r].get("text") or ""), (r, by[r])
+    text = by[r].get("text") or ""
+    assert "ddp_train.py" in text, (r, by[r])
+    # by the hook's thread (with the GIL, thread names), not faulthandler's signal ("Current thread")
+    assert '"MainThread" (most recent call first)' in text and "Current thread" not in text, (r, text)
 PY
 echo "(b) stacks collected on the hang: ok"
 
 # (c) generation 2: rank 1 spins in its own loop at step 15 while the others wait for it.
 wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "(c) no generation 2 after the hang"
-i=0; msg=""
-while [ $i -lt 900 ] && [ -z "$msg" ]; do msg=$(hung_event 2); [ -n "$msg" ] || sleep 0.05; i=$((i + 1)); done
+msg=$(event_message rank_hung 2 45)
 [ -n "$msg" ] || fail "(c) the spinning rank was not found hung"
 case "$msg" in
 "rank 1 on node a is hung: it is not in a collective"*spin_for_ever*) ;;
@@ -98,6 +91,8 @@ python3 - "$ITEST_DIR/stacks2.json" <<'PY' || fail "(c) rank 1's stack lacks spi
 import json, sys
 by = {r["rank"]: r for r in json.load(open(sys.argv[1]))["ranks"]}
 assert "in spin_for_ever" in by[1]["text"], by[1]
+# a rank running Python is dumped by the hook's thread, never by faulthandler's walk (CPython issue 116008)
+assert '"MainThread" (most recent call first)' in by[1]["text"] and "Current thread" not in by[1]["text"], by[1]
 PY
 echo "(c) rank spinning in a Python loop -> $msg: ok"
 kill "$DAEMON_PID" 2>/dev/null || true

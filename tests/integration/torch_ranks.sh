@@ -111,6 +111,7 @@ kill -STOP "$pid"
 wait_event 20 'rank [0-3] on node [cd] is hung' \
     || { kill -CONT "$pid" 2>/dev/null || true; fail "(d) the SIGSTOPped rank was not found hung"; }
 kill -CONT "$pid" 2>/dev/null || true
-wait_for 60 'd["generation"] == 2 and d["state"] == "running"' || fail "(d) no generation 2 after the hang"
+# (a later one too: under load a rank may pass the progress timeout once more on its way back)
+wait_for 60 'd["generation"] >= 2 and d["state"] == "running"' || fail "(d) no generation 2 after the hang"
 echo "(d) Python client: step and loss in status; SIGSTOPped rank found hung: ok"
 echo "torch_ranks: ok"

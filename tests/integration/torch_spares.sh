@@ -50,6 +50,7 @@ wait_log 60 "$ITEST_DIR/agent-b.log" "started a warm spare (pid [0-9]*)" || fail
 spare=$(sed -n 's/.*started a warm spare (pid \([0-9]*\)).*/\1/p' "$ITEST_DIR/agent-b.log" | head -n 1)
 pid_alive "$spare" || fail "node b's spare (pid $spare) is not running"
 tr '\0' '\n' < "/proc/$spare/environ" | grep -qx 'CUDA_VISIBLE_DEVICES=' || fail "the spare sees a device"
+! tr '\0' '\n' < "/proc/$spare/environ" | grep -q '^DS_ACCELERATOR=' || fail "a CPU node's spare has DS_ACCELERATOR set"
 ! tr '\0' '\n' < "/proc/$spare/environ" | grep -q '^MUSTER_CTL_FD=' || fail "the spare has a rank's control fd"
 # Its imports done, it waits on its hand-off socket (its main thread in a unix socket read).
 i=0

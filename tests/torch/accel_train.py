@@ -7,6 +7,12 @@ where it stopped). The Accelerator reads torchrun's environment, so
 `accelerate launch`, torchrun or muster can start it; on CPUs it runs
 multi-CPU data parallel on gloo.
 
+With --ckpt-in-memory the directory is muster's memory checkpoint
+directory, $MUSTER_CHECKPOINT_DIR, which is node-local: there save_state
+must write the model and optimizer on every node
+(ProjectConfiguration(save_on_each_node=True)), not only from the main
+process, or the other nodes hold nothing to load.
+
 The model is a small MLP learning a fixed random teacher. Rank 0 prints
 "step N loss L"; a resumed rank prints "rank R resumed at step S".
 """
@@ -18,6 +24,7 @@ import time
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -31,6 +38,9 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--ckpt-dir", default="", help="accelerate checkpoints here every --ckpt-every steps")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--ckpt-in-memory", action="store_true",
+                   help="checkpoints in the agent's memory directory, $MUSTER_CHECKPOINT_DIR (job key "
+                        "memory_checkpoint_mb), node-local: every node saves the model and optimizer")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     return p.parse_args()
 
@@ -55,7 +65,10 @@ def newest_checkpoint(ckpt_dir):
 @record
 def main():
     args = parse_args()
-    accelerator = Accelerator()
+    if args.ckpt_in_memory:
+        args.ckpt_dir = os.environ["MUSTER_CHECKPOINT_DIR"]
+    # A node-local directory: each node's local main process writes the model and optimizer there too.
+    accelerator = Accelerator(project_config=ProjectConfiguration(save_on_each_node=args.ckpt_in_memory))
     rank, world = accelerator.process_index, accelerator.num_processes
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     print(f"rank {rank}/{world} restart {restart} {accelerator.distributed_type} on {accelerator.device}", flush=True)

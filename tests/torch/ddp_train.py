@@ -9,6 +9,7 @@ of (seed, step, rank), so a resumed run sees the batches it would have seen.
 """
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -60,6 +61,14 @@ def parse_args():
     p.add_argument("--backend", default="gloo",
                    help="with --elastic: the process group's backend; strict_nccl (or STRICT_NCCL=1 in the "
                         "environment): tests/torch/strict_nccl.py's NCCL-like one, over gloo on the host")
+    p.add_argument("--race-at-step", type=int, default=-1,
+                   help="with --elastic --backend strict_nccl, in the first process of each rank: an abort racing "
+                        "this step (0-based). Rank --race-die-rank SIGKILLs itself once its update is done (the "
+                        "step's reduce completed everywhere), appending 'kill RANK TIME' to --timing-file; rank "
+                        "--race-rank's update of the step is still on its emulated device then "
+                        "(strict_nccl.LateUpdate: done only after the abort, and half applied) ...")
+    p.add_argument("--race-rank", type=int, default=0, help="... this rank ...")
+    p.add_argument("--race-die-rank", type=int, default=3, help="... and this one")
     p.add_argument("--final-file", default="", help="rank 0 writes the final parameters' checksum and loss here")
     p.add_argument("--reference-world", type=int, default=0,
                    help="no ranks, no muster: one process computes what --elastic (per-rank batches) computes "
@@ -113,6 +122,23 @@ def spin_for_ever():
         n += 1
 
 
+def race_update(elastic, net, args):
+    """See --race-at-step: rank --race-rank's update of that step is a
+    strict_nccl.LateUpdate. It stands in for the CUDA event Elastic records
+    behind an update on a GPU (Elastic._update_event, replaced here: the
+    test's emulated device)."""
+    import strict_nccl
+    recorded = elastic._update_event
+
+    def event():
+        if elastic.step == args.race_at_step and elastic.rank == args.race_rank:
+            print(f"the update of step {elastic.step + 1} is on the emulated device until "
+                  f"the abort", flush=True)
+            return strict_nccl.LateUpdate(net.parameters())
+        return recorded()
+    elastic._update_event = event
+
+
 def main_elastic(args):
     """The same training through muster_rank.Elastic: under muster a peer's death
     costs the survivors neither their process nor their state."""
@@ -129,6 +155,9 @@ def main_elastic(args):
         import strict_nccl  # beside this script
         backend = strict_nccl.backend(backend)
     elastic = muster_rank.Elastic(net, opt, wrap=DDP, backend=backend)
+    first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if args.race_at_step >= 0 and first:
+        race_update(elastic, net, args)
     print(f"rank {os.environ.get('RANK')} pid {os.getpid()} generation {os.environ.get('MUSTER_GENERATION')} "
           f"started", flush=True)
 
@@ -159,6 +188,11 @@ def main_elastic(args):
                         os.getpid(), step + 1, f"{time.time():.6f}")
         if rank == 0:
             print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
+        if step == args.race_at_step and rank == args.race_die_rank and first:
+            time.sleep(0.3)  # the other ranks' lines of the step first (the figures)
+            if args.timing_file:
+                timing_line(args.timing_file, "kill", rank, f"{time.time():.6f}")
+            os.kill(os.getpid(), signal.SIGKILL)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if slow(args, rank, step):

@@ -1,5 +1,6 @@
 """A sharded PyTorch program (FSDP2: torch.distributed.fsdp.fully_shard) that
-heals in place through muster_rank.ShardedElastic: gloo, init_method="env://",
+heals in place through muster_rank.ShardedElastic: gloo (or --backend, e.g.
+tests/torch/strict_nccl.py's NCCL-like one), init_method="env://",
 AdamW, checkpoints with torch.distributed.checkpoint (each rank writes its
 shards). Every --replica-every steps each rank's shard state goes to its
 buddy on another node; a replacement rank is restored from there, and when a
@@ -7,6 +8,17 @@ rank and its buddy are both lost every rank loads the last checkpoint.
 
 The data is a pure function of (seed, step, rank), so a run that went back
 to an earlier step sees the batches it would have seen.
+
+With --ckpt-in-memory the checkpoints go to muster's memory checkpoint
+directory, $MUSTER_CHECKPOINT_DIR, which is node-local. A default dcp.save
+there cannot be loaded on two nodes: the coordinator (rank 0) alone writes
+the checkpoint's .metadata, and an item every rank holds (a replicated
+tensor, the optimizer's step counts) is written by one rank only, into its
+file on its node, while dcp.load may have any rank read any rank's file.
+So it saves with use_collectives=False: each rank writes everything it
+holds to __RANK_0.distcp with its own __RANK.metadata, and dcp.load, finding
+no global .metadata, reads its rank's own (same world size). `latest` may
+then name "step-N" (muster writes the name of the directory it restores).
 """
 import argparse
 import os
@@ -32,9 +44,16 @@ def parse_args():
     p.add_argument("--batch", type=int, default=16, help="per rank")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--backend", default="gloo",
+                   help="the process group's backend; strict_nccl (or STRICT_NCCL=1 in the environment): "
+                        "tests/torch/strict_nccl.py's NCCL-like one, over gloo on the host")
     p.add_argument("--replica-every", type=int, default=5, help="buddy replicas every K steps (0: none)")
     p.add_argument("--ckpt-dir", default="", help="checkpoint here every --ckpt-every steps")
     p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--ckpt-in-memory", action="store_true",
+                   help="checkpoints in the agent's memory directory, $MUSTER_CHECKPOINT_DIR (job key "
+                        "memory_checkpoint_mb), node-local: each rank saves all it loads "
+                        "(dcp.save use_collectives=False)")
     p.add_argument("--timeout-s", type=float, default=300.0,
                    help="bound on every collective and on the rendezvous (ShardedElastic timeout_s)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
@@ -44,6 +63,11 @@ def parse_args():
                    help="NODE:MARKER: a rank on node NODE (MUSTER_NODE) SIGKILLs itself right after its first "
                         "re-slice of the state, before its new replica has shipped, unless the file MARKER exists "
                         "(which it then makes): a fault injected for the tests")
+    p.add_argument("--hang-at-step", type=int, default=-1,
+                   help="in its first process, rank --hang-rank hangs at this step (0-based), in its own code before "
+                        "the forward pass (a Python loop of short sleeps), until muster's hang detection parks the "
+                        "generation and ShardedElastic interrupts it: a fault injected for the tests ...")
+    p.add_argument("--hang-rank", type=int, default=1, help="... on this rank")
     p.add_argument("--reference-schedule", default="",
                    help="STEP:WORLD,...: no ranks, no muster: one process computes what the sharded program "
                         "computes with WORLD ranks from STEP on (each step's gradient the mean of the ranks', as "
@@ -105,7 +129,10 @@ def build(args):
 
 def save_checkpoint(args, model, opt, step):
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(args.ckpt_dir, f"step-{step}"))
+    # Node-local (--ckpt-in-memory): each rank writes all it loads, __RANK_0.distcp and __RANK.metadata, which
+    # dcp.load reads where there is no global .metadata (use_collectives=False: no rank's item left to another).
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(args.ckpt_dir, f"step-{step}"),
+             use_collectives=not args.ckpt_in_memory)
     dist.barrier()
     if dist.get_rank() == 0:  # the checkpoint counts once every rank wrote its part
         tmp = os.path.join(args.ckpt_dir, "latest.tmp")
@@ -118,13 +145,14 @@ def load_checkpoint(args, model, opt):
     """The step of the last checkpoint, loaded into model and opt; None without one."""
     try:
         with open(os.path.join(args.ckpt_dir, "latest")) as f:
-            step = int(f.read())
+            step = int(f.read().strip().removeprefix("step-"))  # muster writes the directory's name
     except (OSError, ValueError):
         return None
     msd, osd = get_state_dict(model, opt)
     sd = {"model": msd, "optim": osd}
     dcp.load(sd, checkpoint_id=os.path.join(args.ckpt_dir, f"step-{step}"))
     set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    print(f"rank {dist.get_rank()} resumed at step {step}", flush=True)
     return step
 
 
@@ -175,23 +203,35 @@ def die_after_reslice(node, marker):
 @record
 def main():
     args = parse_args()
+    if args.ckpt_in_memory:
+        args.ckpt_dir = os.environ["MUSTER_CHECKPOINT_DIR"]
     if args.reference_schedule:
         return main_reference(args)
     if args.die_after_reslice:
         die_after_reslice(*args.die_after_reslice.split(":", 1))
     if args.ckpt_dir:
         os.makedirs(args.ckpt_dir, exist_ok=True)
+    backend = args.backend
+    if backend == "strict_nccl" or os.environ.get("STRICT_NCCL") == "1":
+        import strict_nccl  # beside this script
+        backend = strict_nccl.backend(backend)
     elastic = muster_rank.ShardedElastic(
-        lambda: build(args), replica_every=args.replica_every, timeout_s=args.timeout_s,
+        lambda: build(args), replica_every=args.replica_every, timeout_s=args.timeout_s, backend=backend,
         checkpoint=(lambda m, o: load_checkpoint(args, m, o)) if args.ckpt_dir else None)
     print(f"rank {os.environ.get('RANK')} pid {os.getpid()} generation {os.environ.get('MUSTER_GENERATION')} "
           f"started", flush=True)
     times = []
 
     seen = [None]
+    hang = [args.hang_at_step >= 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"]
 
     def train_step(step):
         rank = dist.get_rank()
+        if hang[0] and step == args.hang_at_step and rank == args.hang_rank:
+            hang[0] = False
+            print(f"rank {rank} hangs at step {step + 1}", flush=True)
+            while True:
+                time.sleep(0.01)
         if args.digests and elastic.restored is not seen[0]:
             seen[0] = elastic.restored
             d = state_digest(elastic.model, elastic.optimizer)

@@ -3,8 +3,12 @@ GPU: backend="strict_nccl" once this module is imported (register()), or
 any torch program run with STRICT_NCCL=1 through tests/torch/ddp_train.py
 and fsdp_train.py's --backend.
 
-Its collectives run over gloo on the host, but behave as NCCL does where
-healing in place depends on it:
+Its collectives (all-reduce, broadcast, all-gather, reduce-scatter, their
+tensor and coalesced forms, reduce, gather, scatter, all-to-all, barrier,
+send/recv: every one that DDP, FSDP2, DTensor and torch.distributed.checkpoint
+call; a Python group must answer each itself, as torch finds no backend of
+the device type to hand one to) run over gloo on the host, but behave as
+NCCL does where healing in place depends on it:
 - asynchronous: a collective returns a Work at once and its result lands in
   the caller's tensors only once the work completed, seen through wait() or
   its future (the gloo operation runs on staged copies, as a kernel on its
@@ -22,6 +26,11 @@ healing in place depends on it:
   blocks for ever, as finalizing a broken communicator does; it first
   appends "shutdown-after-abort PID" to $STRICT_NCCL_LOG so that a test can
   assert it never happens.
+
+LateUpdate stands for the device's side of an optimizer step (a CUDA event
+recorded behind the update): its synchronize() returns only once a group
+of the process was aborted, and then leaves the update half applied, as an
+update still queued behind a reduce that the abort cut short would.
 """
 
 import os
@@ -32,8 +41,13 @@ from typing import List
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 
 NAME = "strict_nccl"
+
+# The aborts of this process's groups so far, and their condition (LateUpdate waits on it).
+_aborts = 0
+_aborts_cond = threading.Condition()
 
 
 class _Op:
@@ -55,6 +69,24 @@ class _Op:
         if self.error is not None:
             raise self.error
         return self.outputs
+
+
+class _Works:
+    """Several gloo works waited on as one."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
+def _reduce_scatter_opts(opts) -> "dist.ReduceScatterOptions":
+    out = dist.ReduceScatterOptions()
+    if opts is not None:
+        out.reduceOp = opts.reduceOp
+    return out
 
 
 class StrictWork(dist.Work):
@@ -161,25 +193,69 @@ class StrictNccl(dist.ProcessGroup):
         return self._issue(tensors, staged,
                            lambda: self._inner.broadcast(staged, opts if opts is not None else dist.BroadcastOptions()))
 
-    def allgather(self, output_lists, inputs, opts=None):
+    def _gathered(self, output_lists, inputs, start) -> StrictWork:
+        """A collective into lists of tensors (allgather's, gather's): start(staged lists, staged inputs)."""
         staged = [[t.clone() for t in outs] for outs in output_lists]
-        flat_out = [t for outs in output_lists for t in outs]
-        flat_staged = [t for outs in staged for t in outs]
-        return self._issue(flat_out, flat_staged,
-                           lambda: self._inner.allgather(staged, [t.clone() for t in inputs],
-                                                         opts if opts is not None else dist.AllgatherOptions()))
+        return self._issue([t for outs in output_lists for t in outs], [t for outs in staged for t in outs],
+                           lambda: start(staged, [t.clone() for t in inputs]))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        return self._gathered(output_lists, inputs, lambda o, i: self._inner.allgather(
+            o, i, opts if opts is not None else _c10d.AllgatherOptions()))
 
     def _allgather_base(self, output, input, opts=None):
         staged = output.clone()
         return self._issue([output], [staged],
                            lambda: self._inner._allgather_base(staged, input.clone(),
-                                                               opts if opts is not None else dist.AllgatherOptions()))
+                                                               opts if opts is not None else _c10d.AllgatherOptions()))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         staged = output.clone()
         return self._issue([output], [staged],
                            lambda: self._inner._reduce_scatter_base(
                                staged, input.clone(), opts if opts is not None else dist.ReduceScatterOptions()))
+
+    def reduce(self, tensors, opts=None):
+        staged = [t.clone() for t in tensors]
+        return self._issue(tensors, staged,
+                           lambda: self._inner.reduce(staged, opts if opts is not None else dist.ReduceOptions()))
+
+    def gather(self, output_lists, inputs, opts=None):
+        return self._gathered(output_lists, inputs, lambda o, i: self._inner.gather(
+            o, i, opts if opts is not None else dist.GatherOptions()))
+
+    def scatter(self, outputs, input_lists, opts=None):
+        staged = [t.clone() for t in outputs]
+        return self._issue(outputs, staged,
+                           lambda: self._inner.scatter(staged, [[t.clone() for t in ins] for ins in input_lists],
+                                                       opts if opts is not None else dist.ScatterOptions()))
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        staged = [t.clone() for t in outputs]
+        return self._issue(outputs, staged,
+                           lambda: self._inner.reduce_scatter(staged, [[t.clone() for t in ins] for ins in input_lists],
+                                                              opts if opts is not None else dist.ReduceScatterOptions()))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        staged = output.clone()
+        return self._issue([output], [staged],
+                           lambda: self._inner.alltoall_base(staged, input.clone(), output_split_sizes,
+                                                             input_split_sizes,
+                                                             opts if opts is not None else dist.AllToAllOptions()))
+
+    # The functional collectives (DTensor's redistribute: full_tensor(), FSDP2's
+    # state dicts) come through the coalesced forms, which gloo's Python
+    # binding lacks: one gloo collective per tensor, one work for them all.
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        staged = [t.clone() for t in outputs]
+        return self._issue(outputs, staged, lambda: _Works(
+            [self._inner._allgather_base(o, i.clone(), _c10d.AllgatherOptions()) for o, i in zip(staged, inputs)]))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        staged = [t.clone() for t in outputs]
+        return self._issue(outputs, staged, lambda: _Works(
+            [self._inner._reduce_scatter_base(o, i.clone(), _reduce_scatter_opts(opts))
+             for o, i in zip(staged, inputs)]))
 
     def barrier(self, opts=None):
         return self._issue([], [], lambda: self._inner.barrier(opts if opts is not None else dist.BarrierOptions()))
@@ -206,6 +282,10 @@ class StrictNccl(dist.ProcessGroup):
         with self._lock:
             self._aborted = True
             pending, self._pending = self._pending, []
+        global _aborts
+        with _aborts_cond:
+            _aborts += 1
+            _aborts_cond.notify_all()
         for op in pending:
             op.error = RuntimeError("strict_nccl: the communicator was aborted while this collective was pending")
             op.done.set()
@@ -226,6 +306,29 @@ class StrictNccl(dist.ProcessGroup):
             finally:
                 os.close(fd)
         threading.Event().wait()
+
+
+class LateUpdate:
+    """An optimizer step's update on an emulated device, racing an abort:
+    synchronize() (a CUDA event's, GIL released) returns once a group of
+    the process was aborted after the event was made (at most wait_s
+    later), the parameters then half updated (each shifted by `by` over its
+    first half), as an update whose reduce the abort cut short. A step
+    fenced on it must not count."""
+
+    def __init__(self, params, by: float = 1.0, wait_s: float = 60.0) -> None:
+        self.params, self.by, self.wait_s = list(params), by, wait_s
+        with _aborts_cond:
+            self._before = _aborts
+
+    def synchronize(self) -> None:
+        with _aborts_cond:
+            if not _aborts_cond.wait_for(lambda: _aborts > self._before, self.wait_s):
+                raise RuntimeError("strict_nccl.LateUpdate: no abort came within %.0f s" % self.wait_s)
+        with torch.no_grad():
+            for p in self.params:
+                flat = p.view(-1)
+                flat[: (flat.numel() + 1) // 2] += self.by
 
 
 def _create(opts, backend_options) -> StrictNccl:

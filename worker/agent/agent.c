@@ -125,6 +125,7 @@ void agent__maybe_finish(struct agent *a)
         rank_close(r);
     spare_close(&a->spare);
     memrep_close(&a->rep, a->mem_drop);
+    memdrain_close(&a->drain);
     if (a->mem_drop)
         memckpt_close(&a->mem); /* an agent stopped by a signal leaves it to the next one */
 }
@@ -259,8 +260,10 @@ int agent_run(const struct agent_config *cfg)
     agent_preflight_init(&a->pf, &loop, agent__on_preflight_done, a);
     spare_init(&a->spare, &loop, spare_gone, a);
     a->spare.user = &a->cfg->rank_user;
+    a->spare.gpus = a->cfg->devices.kind == PROTO_DEV_GPU;
     memrep_init(&a->rep, &loop, &a->mem, cfg->node,
                 &(struct memrep_link){.ctx = a, .send = rep_send, .queued = rep_queued, .fetched = rep_fetched});
+    memdrain_init(&a->drain, &loop, &a->mem, cfg->node, rep_fetched, a);
 
     uv_timer_init(&loop, &a->retry_timer);
     uv_timer_init(&loop, &a->beat_timer);

@@ -108,7 +108,7 @@ static void on_stacks_timer(uv_timer_t *t)
     struct agent *a = t->data;
     bool all = true;
     for (uint32_t i = 0; i < a->nstacks; i++)
-        if (!stacks_poll(&a->stacks[i]) || !flight_ask_poll(&a->flights[i]))
+        if (!stacks_poll(&a->stacks[i], uv_now(a->loop)) || !flight_ask_poll(&a->flights[i]))
             all = false;
     /* RAS, under way, has its own deadline (a little longer: it asks its peers) */
     bool ras_done = ras_poll(&a->ras, uv_now(a->loop));
@@ -146,7 +146,7 @@ static void begin_stacks(struct agent *a, uint64_t gen)
         d->rank = r->rank;
         char dir[PATH_MAX];
         agent__rank_dir(a, r->generation, r->rank, dir, sizeof(dir));
-        if (stacks_begin(d, dir, r->pid, STACKS_SIGNAL))
+        if (stacks_begin(d, dir, r->pid, STACKS_SIGNAL, uv_now(a->loop)))
             waiting = true;
         if (!d->stopped && flight_ask_begin(&a->flights[a->nstacks - 1], dir, r->pid))
             waiting = true;

@@ -106,7 +106,7 @@ const struct conf_key agent_config_keys[] = {
      "address the ranks of this node are reached at; unset = local address of the daemon connection"},
     {"domain", CONF_STRING, F(domain), valid_node, "1..63 characters of [A-Za-z0-9._-]", "",
      "placement label of this node (a rack, an NVLink domain): a hot spare replaces a lost node of its own "
-     "domain first (job key spare_nodes); unset = none"},
+     "domain first (job key spare_nodes), memory checkpoint copies go to a buddy of another domain; unset = none"},
     {"rank_user", CONF_STRING, F(rank_user), valid_user, "a user of this machine (name or uid), not root", "",
      "user every process the agent starts for a job runs as (ranks, warm spare, pre-flight import check); "
      "unset = the agent's own user. The agent must be root or hold CAP_SETUID and CAP_SETGID"},

@@ -86,6 +86,16 @@ static void on_welcome(struct agent *a, const struct proto_welcome *w)
              a->cfg->devices.kind == PROTO_DEV_GPU ? "gpu" : "cpu", a->cfg->addr[0] ? a->cfg->addr : a->local_addr,
              a->heartbeat_interval_ms, a->lease_ms, term);
     agent__send_unread_exits(a);
+    /* Rank 0's unique id, made while the link was down (or stalled, its frame set aside unread with the old
+     * connection): the generation's ranks wait for it. musterd takes one per generation and refuses a stale one. */
+    if (a->have_made_uid && a->made_uid.generation == a->cur_gen && !(a->have_uid && a->uid.generation == a->cur_gen)) {
+        log_info("sending rank 0's unique id of generation %" PRIu64 ", made while the daemon was unreachable",
+                 a->cur_gen);
+        struct proto_msg m;
+        agent__msg_init(&m, PROTO_UNIQUE_ID);
+        m.u.unique_id = a->made_uid;
+        agent__send_to_daemon(a, &m);
+    }
     uv_timer_start(&a->beat_timer, agent__on_beat_timer, 0, a->heartbeat_interval_ms);
     agent__notify_joined(a);
     if (a->preflight_promised)

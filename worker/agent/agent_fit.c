@@ -103,6 +103,7 @@ void agent__start_preflight(struct agent *a, const struct proto_welcome *w)
         return;
     }
     memckpt_welcome(&a->mem, &spec); /* its list goes from the first heartbeat: musterd waits for every member's */
+    memdrain_job(&a->drain, &spec);  /* the drained ones are listed first: a node lost with its buddy needs them */
     if (!a->have_assign && spec.spare_nodes > 0)
         a->spec = spec; /* the job a spare node's warm spare process starts from (agent__keep_spare_unassigned) */
     preflight_inputs_of(a, &spec, &in);

@@ -117,7 +117,7 @@ void agent__on_assign(struct agent *a, struct proto_assign *as)
         return;
     }
     a->cur_gen = as->generation;
-    agent_preflight_stop(&a->pf);
+    agent_preflight_settle(&a->pf); /* a check under way still reports: musterd waits for it */
     if (a->have_uid && a->uid.generation < as->generation)
         a->have_uid = false;
     if (agent__ranks_live(a) && same_layout(&a->assign, as)) {
@@ -155,6 +155,7 @@ void agent__on_assign(struct agent *a, struct proto_assign *as)
         memckpt_close(&a->mem);
     }
     memrep_job(&a->rep, &a->spec, as->nnodes);
+    memdrain_job(&a->drain, &a->spec);
     uint32_t rejoined = same_slots ? rejoin_ranks(a) : 0;
     log_info("generation %" PRIu64 ": %u rank(s) of world size %u on this node (ranks %u..%u)%s", as->generation,
              as->nranks, as->world_size, as->ranks[0].rank, as->ranks[as->nranks - 1].rank,

@@ -33,6 +33,7 @@
 #include "worker/agent/exit_queue.h"
 #include "worker/agent/frame_conn.h"
 #include "worker/agent/memckpt.h"
+#include "worker/agent/memdrain.h"
 #include "worker/agent/memrep.h"
 #include "worker/agent/nccl_ras.h"
 #include "worker/agent/rank_flight.h"
@@ -184,6 +185,7 @@ struct agent {
     /* the job's memory checkpoint directory (memckpt.h) */
     struct memckpt mem;
     struct memrep rep;         /* its copies at the buddy node and the buddy's here (memrep.h) */
+    struct memdrain drain;     /* its copies in checkpoint_dir (memdrain.h) */
     bool mem_drop;             /* the job is over (COMMAND shutdown): removed once the ranks are gone */
 
     /* shutdown */

@@ -450,6 +450,8 @@ void agent__on_beat_timer(uv_timer_t *t)
     hb->free_port = a->free_port;
     memckpt_heartbeat(&a->mem, a->ranks, a->nranks, hb);
     memrep_heartbeat(&a->rep, hb);
+    snprintf(hb->spare_note, sizeof(hb->spare_note), "%s", a->spare.note);
+    memdrain_heartbeat(&a->drain, hb);
     const uint64_t now = uv_now(a->loop);
     for (uint32_t i = 0; i < a->nranks; i++) {
         struct agent_rank *r = a->ranks[i];

@@ -277,6 +277,10 @@ static void after_work(uv_work_t *w, int status)
         queue(p);
         return;
     }
+    const bool last = p->last;
+    p->last = false;
+    if (last)
+        p->wanted = false;
     p->done(p, p->fit, p->reason);
     if ((!p->fit || p->cur.spec.checkpoint_latest[0]) && p->wanted)
         uv_timer_start(&p->retry, on_retry, PREFLIGHT_RETRY_MS, 0);
@@ -295,14 +299,27 @@ void agent_preflight_start(struct agent_preflight *p, const struct preflight_inp
 {
     p->next = *in;
     p->wanted = true;
+    p->last = false;
     p->again = p->busy;
     uv_timer_stop(&p->retry);
     queue(p);
 }
 
+void agent_preflight_settle(struct agent_preflight *p)
+{
+    if (!p->busy || !p->wanted) {
+        agent_preflight_stop(p);
+        return;
+    }
+    p->last = true;
+    if (!p->closing)
+        uv_timer_stop(&p->retry);
+}
+
 void agent_preflight_stop(struct agent_preflight *p)
 {
     p->wanted = false;
+    p->last = false;
     if (!p->closing)
         uv_timer_stop(&p->retry);
 }

@@ -57,6 +57,7 @@ struct agent_preflight {
     bool busy;        /* work queued or running (it reads cur) */
     bool again;       /* new inputs came while busy: run again, do not report */
     bool wanted;      /* runs are wanted (start .. stop) */
+    bool last;        /* the run in flight reports, then no more runs (agent_preflight_settle) */
     bool closing;
     preflight_done_fn done;
     void *data;
@@ -72,8 +73,15 @@ void agent_preflight_init(struct agent_preflight *p, uv_loop_t *loop, preflight_
 /* Checks in on this node now (and again while unfit). */
 void agent_preflight_start(struct agent_preflight *p, const struct preflight_inputs *in);
 
-/* No more runs: the node was assigned, or the link is gone. */
+/* No more runs: the link is gone. */
 void agent_preflight_stop(struct agent_preflight *p);
+
+/* No more runs after the one in flight, which still reports: the node was
+ * assigned while the check its HELLO promised ran, and musterd, which took
+ * the node as "checking" at that HELLO, waits for the answer before any
+ * later generation (an ASSIGN that dropped it left the node checking for
+ * good: the job's next generation never formed). */
+void agent_preflight_settle(struct agent_preflight *p);
 
 /* Closes the timer; the work in flight (if any) ends on its own. */
 void agent_preflight_close(struct agent_preflight *p);

@@ -241,6 +241,8 @@ void agent__spawn_all(struct agent *a)
     const struct proto_assign *as = &a->assign;
     if (memrep_waits(&a->rep, as))
         return; /* its memory checkpoint comes from the buddy first: spawn_pending stays */
+    if (memdrain_waits(&a->drain, as))
+        return; /* or from its drained copy in checkpoint_dir */
     a->spawn_pending = false;
     for (uint32_t i = 0; i < a->nranks; i++) {
         if (!agent__kept(a, i) && a->ranks[i]) {
@@ -260,6 +262,7 @@ void agent__spawn_all(struct agent *a)
     assign_msg.u.assign = *as;
     assign_msg.u.assign.has_memckpt = 0; /* the agent's to act on, not the ranks' */
     assign_msg.u.assign.memckpt_from[0] = '\0';
+    assign_msg.u.assign.memckpt_drained = 0;
     bool any_kept = false;
     for (uint32_t i = 0; i < a->nranks; i++)
         any_kept |= agent__kept(a, i);

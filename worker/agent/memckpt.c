@@ -20,14 +20,19 @@
 #include "common/preflight.h"
 #include "worker/agent/agent_rank.h"
 
-int memckpt_path(const struct job_spec *spec, char *out, size_t cap)
+void memckpt_job_part(const char *job, char out[JOB_NAME_MAX])
 {
-    char name[JOB_NAME_MAX];
-    snprintf(name, sizeof(name), "%s", spec->name);
-    for (char *c = name; *c; c++) /* one path component, the same on every node */
+    snprintf(out, JOB_NAME_MAX, "%s", job[0] && strcmp(job, ".") != 0 && strcmp(job, "..") != 0 ? job : "_");
+    for (char *c = out; *c; c++) /* one path component, the same on every node */
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
               *c == '_' || *c == '-'))
             *c = '_';
+}
+
+int memckpt_path(const struct job_spec *spec, char *out, size_t cap)
+{
+    char name[JOB_NAME_MAX];
+    memckpt_job_part(spec->name, name);
     const char *root = spec->memory_checkpoint_root;
     size_t r = strlen(root);
     while (r > 1 && root[r - 1] == '/')
@@ -157,12 +162,21 @@ static bool tag_dir(const char *dir, const char *name)
            S_ISDIR(st.st_mode);
 }
 
+/* The rule's pattern of tag names (glob:PATTERN, committed:PATTERN); NULL for file:NAME. */
+static const char *rule_glob(const struct memckpt *m)
+{
+    if (strncmp(m->rule, "glob:", 5) == 0)
+        return m->rule + 5;
+    if (strncmp(m->rule, "committed:", 10) == 0)
+        return m->rule + 10;
+    return NULL;
+}
+
 /* name is one of the rule's checkpoints (its directory need not exist). */
 static bool rule_names(const struct memckpt *m, const char *name, const char *named)
 {
-    if (strncmp(m->rule, "glob:", 5) == 0)
-        return fnmatch(m->rule + 5, name, FNM_PERIOD) == 0;
-    return strcmp(name, named) == 0;
+    const char *pattern = rule_glob(m);
+    return pattern ? fnmatch(pattern, name, FNM_PERIOD) == 0 : strcmp(name, named) == 0;
 }
 
 static struct memckpt_tag *find(struct memckpt *m, const char *name)
@@ -198,16 +212,23 @@ static void add(struct memckpt *m, const char *name, const struct memckpt_rank *
             t->orphan = false;
 }
 
-/* Every writer that reports steps took one after t appeared, or finished. */
-static bool writers_past(const struct memckpt_tag *t, const struct memckpt_rank *ranks, uint32_t n)
+/*
+ * Every writer of t is past it, or finished: it took an optimizer step
+ * after t appeared (a writer that reports no steps adds no condition), or,
+ * by_commit (the rule committed:), it reported a committed checkpoint step
+ * of at least t's.
+ */
+static bool writers_past(const struct memckpt_tag *t, const struct memckpt_rank *ranks, uint32_t n, bool by_commit)
 {
+    uint64_t step = memtags_step(t->name);
     for (uint32_t i = 0; i < t->nranks; i++) {
         const struct memckpt_rank *s = &t->seen[i];
-        if (!s->pid || !s->steps || s->finished)
+        if (!s->pid || s->finished || (!by_commit && !s->steps))
             continue;
         if (i >= n || ranks[i].pid != s->pid)
             return false; /* its writer is gone: the save may be half done */
-        if (!ranks[i].finished && ranks[i].step <= s->step)
+        bool past = by_commit ? ranks[i].committed && ranks[i].committed >= step : ranks[i].step > s->step;
+        if (!ranks[i].finished && !past)
             return false;
     }
     return true;
@@ -222,7 +243,8 @@ static void prune(struct memckpt *m)
         for (uint32_t j = 0; j < m->ntags; j++)
             if (m->tags[j].complete && memtags_cmp(m->tags[j].name, t->name) > 0)
                 newer_complete++;
-        if ((t->complete && newer_complete >= m->keep) || (!t->complete && newer_complete > 0)) {
+        bool pinned = strcmp(t->name, m->pinned) == 0;
+        if (!pinned && ((t->complete && newer_complete >= m->keep) || (!t->complete && newer_complete > 0))) {
             remove_tree(m->dir, t->name);
             drop(m, i);
             continue;
@@ -236,7 +258,7 @@ int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n
     if (!m->on)
         return 0;
     char named[PREFLIGHT_CKPT_MAX + 1] = "", why[PREFLIGHT_WHY_MAX];
-    bool file = strncmp(m->rule, "file:", 5) == 0;
+    bool file = strncmp(m->rule, "file:", 5) == 0, by_commit = strncmp(m->rule, "committed:", 10) == 0;
     if (file && preflight_latest_ckpt(m->dir, m->rule, named, sizeof(named), why, sizeof(why)) != 0)
         named[0] = '\0';
     int changed = 0;
@@ -268,7 +290,7 @@ int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n
             for (uint32_t j = 0; !done && j < m->ntags; j++)
                 done = memtags_cmp(m->tags[j].name, t->name) > 0;
         } else {
-            done = writers_past(t, ranks, n);
+            done = writers_past(t, ranks, n, by_commit);
         }
         if (done) {
             t->complete = true;
@@ -277,6 +299,11 @@ int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n
     }
     prune(m);
     return changed;
+}
+
+bool memckpt_has(const struct memckpt *m, const char *tag)
+{
+    return m->on && tag_dir(m->dir, tag);
 }
 
 void memckpt_adopt(struct memckpt *m, const char *tag)
@@ -447,6 +474,7 @@ void memckpt_look(struct memckpt *m, struct agent_rank *const *ranks, uint32_t n
         const struct agent_rank *r = ranks[i];
         if (r)
             rs[i] = (struct memckpt_rank){.pid = r->pid, .steps = r->beat_ms && !r->beat.silent, .step = r->beat.step,
+                                          .committed = r->beat.checkpoint_step,
                                           .finished = !r->running && r->exit_code == 0 && r->exit_signal == 0};
     }
     char newest[1][PROTO_CKPT_NAME_MAX];

@@ -17,8 +17,16 @@
  *             reports steps has taken an optimizer step after the agent
  *             first saw it (the program's save call had returned in every
  *             process), or has since exited with status 0. A rank that
- *             reports no steps adds no condition. A save interrupted half
- *             way (its process killed) is never complete.
+ *             reports no steps adds no condition. With the rule
+ *             committed:PATTERN the program says it instead: a tag
+ *             counts once every local rank that ran when it appeared has
+ *             reported checkpoint_committed(S) (HEARTBEAT checkpoint_step)
+ *             with S >= the step the tag's name ends in (memtags_step:
+ *             global_step120 -> 120), or has exited with status 0; for a
+ *             save that returns before its files are written (DCP's
+ *             async_save). Either way a save interrupted half way (its
+ *             process killed) is never complete: a writer replaced by
+ *             another process never vouches for it.
  *   restore   before fresh ranks start, musterd names the newest checkpoint
  *             complete on every node (ASSIGN memory_checkpoint); the node
  *             removes the checkpoints newer than it and writes its name to
@@ -48,6 +56,7 @@ struct memckpt_rank {
     int pid;        /* 0 = no process in this slot */
     bool steps;     /* it reports optimizer steps (a client, or the start-up hook) */
     uint64_t step;  /* its latest step */
+    uint64_t committed; /* the last checkpoint step it reported committed; 0 = none */
     bool finished;  /* it exited with status 0 */
 };
 
@@ -63,14 +72,18 @@ struct memckpt {
     bool on;               /* a directory is held for the job */
     bool mounted;          /* it is a tmpfs of its own (bounded) */
     char dir[PATH_MAX];
-    char rule[256];        /* memory_checkpoint_latest */
+    char rule[256];        /* memory_checkpoint_latest: glob:, file: or committed: */
     int keep;
     uint64_t size_mb;
     uint32_t ntags;
     struct memckpt_tag tags[MEMCKPT_TAGS_MAX];
     uint64_t restored_gen; /* the generation whose fresh ranks it was made ready for */
     bool expected;         /* no directory yet, but the job names one: heartbeats report none */
+    char pinned[PROTO_CKPT_NAME_MAX]; /* being drained to checkpoint_dir (memdrain.h): not pruned meanwhile */
 };
+
+/* The job's name as one path component: bytes other than letters, digits, . _ - as _ ("_" for "", ".", ".."). */
+void memckpt_job_part(const char *job, char out[JOB_NAME_MAX]);
 
 /* memory_checkpoint_root/muster-JOB for spec; -ENAMETOOLONG when it does not fit. */
 int memckpt_path(const struct job_spec *spec, char *out, size_t cap);
@@ -96,6 +109,9 @@ void memckpt_close(struct memckpt *m);
  * complete, are removed from the directory.
  */
 int memckpt_scan(struct memckpt *m, const struct memckpt_rank *ranks, uint32_t n);
+
+/* tag is a directory here (complete or not). */
+bool memckpt_has(const struct memckpt *m, const char *tag);
 
 /* tag came whole from elsewhere (the buddy): it counts as complete here. */
 void memckpt_adopt(struct memckpt *m, const char *tag);

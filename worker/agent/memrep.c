@@ -686,10 +686,7 @@ bool memrep_waits(struct memrep *p, const struct proto_assign *as)
         return false;
     if (p->wait_gen == as->generation && strcmp(p->wait_tag, as->memckpt) == 0)
         return !p->wait_over;
-    char path[PATH_MAX + PROTO_CKPT_NAME_MAX + 2];
-    struct stat st;
-    snprintf(path, sizeof(path), "%s/%s", p->mem->dir, as->memckpt);
-    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    if (memckpt_has(p->mem, as->memckpt))
         return false; /* here already (it came back for an earlier try) */
     p->wait_gen = as->generation;
     snprintf(p->wait_tag, sizeof(p->wait_tag), "%s", as->memckpt);

@@ -108,8 +108,9 @@ static void compose(char *reason, size_t cap, const char *message, const char *t
  * The error file's bytes, at most RANK_ERROR_FILE_MAX, into a malloc'd buffer.
  * The rank (or anything it started) controls the path: it is opened without
  * following a symbolic link and without blocking, and only a regular file
- * outside procfs and sysfs is read, so that a FIFO, a device or /proc/kmsg
- * can never stall the agent's event loop. -ENOENT when there is none.
+ * of one name outside procfs and sysfs is read, so that a FIFO, a device or
+ * /proc/kmsg can never stall the agent's event loop, nor a hard link make
+ * it read a file that is not the rank's. -ENOENT when there is none.
  */
 static int read_error_file(const char *path, char **out, size_t *len, char *why_not, size_t why_cap)
 {
@@ -127,6 +128,9 @@ static int read_error_file(const char *path, char **out, size_t *len, char *why_
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fstatfs(fd, &fs) != 0 ||
         fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC) {
         snprintf(why_not, why_cap, "error file %s is not a regular file", path);
+        rc = -EINVAL;
+    } else if (st.st_nlink != 1) { /* a hard link to a file not the rank's: the agent may be root */
+        snprintf(why_not, why_cap, "error file %s has another name (a hard link): not read", path);
         rc = -EINVAL;
     } else if (st.st_size > RANK_ERROR_FILE_MAX) {
         snprintf(why_not, why_cap, "error file %s holds %lld bytes, more than the %d read", path,

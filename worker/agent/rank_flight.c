@@ -45,6 +45,10 @@ int flight_ask_begin(struct flight_ask *f, const char *dir, int rank_pid)
         int fd = open(fifo, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
             continue; /* ENXIO: nobody reads it */
+        if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) { /* swapped since the lstat: not written */
+            close(fd);
+            continue;
+        }
         ssize_t n = write(fd, "d", 1);
         close(fd);
         if (n == 1)
@@ -73,6 +77,11 @@ char *flight_ask_read(const struct flight_ask *f, char *why, size_t cap)
         if (path_of(path, sizeof(path), f->dir, f->pids[i], "txt"))
             continue;
         int fd = open_regular_file(path, O_RDONLY, 0); /* a rank's FIFO or link there: skipped */
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_nlink != 1)) { /* a hard link to a file not the rank's */
+            close(fd);
+            fd = -1;
+        }
         if (fd < 0)
             continue;
         size_t len = 0;

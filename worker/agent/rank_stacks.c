@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,15 +18,22 @@
  * The rank owns its directory: what is named stacks-PID.txt there may be a
  * FIFO (an open blocks until the other end opens: the agent's loop would
  * stop, and with it its heartbeats and fencing), a device, or a symbolic
- * link to a file of the agent's. So a file is opened without following a
- * link and without blocking, and used only when it is a regular file.
- * Returns the descriptor, or -1 (logged when it is not a regular file).
+ * link or a hard link to a file of the agent's (the agent, often root,
+ * would truncate it, or send what it holds to musterd). So a file is opened
+ * without following a link and without blocking, and used only when it is
+ * a regular file of one name. Returns the descriptor, or -1 (logged).
  */
 static int open_regular(const char *path, int flags)
 {
     int fd = open_regular_file(path, flags, 0);
     if (fd < 0 && errno == EINVAL)
         log_warn_limited("%s is not a regular file (a rank's FIFO or device?): skipped", path);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_nlink != 1)) {
+        log_warn_limited("%s has another name (a hard link to a file not the rank's?): skipped", path);
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
@@ -57,10 +65,59 @@ static int armed_pid(const char *name)
     return pid;
 }
 
-int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signum)
+/* dir/stacks-PID.fifo opened for writing, never blocking nor following a link, checked to be a FIFO after
+ * the open too (the rank may swap in another file, a hard link to one of the agent's, after the lstat).
+ * The descriptor; -1 when there is no such FIFO; -2 when it is there but nobody reads it. */
+static int open_fifo(const char *dir, int pid)
+{
+    char fifo[4200];
+    struct stat st;
+    if ((size_t)snprintf(fifo, sizeof(fifo), "%s/stacks-%d.fifo", dir, pid) >= sizeof(fifo) ||
+        lstat(fifo, &st) != 0 || !S_ISFIFO(st.st_mode))
+        return -1;
+    int fd = open(fifo, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENXIO ? -2 : -1;
+    if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+enum ask { ASKED, NO_FIFO, NO_READER };
+
+/* The request byte to the hook's thread: ASKED; NO_FIFO (an older hook: the signal is the way); NO_READER
+ * (the thread is gone: the process exits, or it exec'd another program, which the signal would kill). */
+static enum ask ask_thread(const char *dir, int pid)
+{
+    int fd = open_fifo(dir, pid);
+    if (fd < 0)
+        return fd == -2 ? NO_READER : NO_FIFO;
+    ssize_t n = write(fd, "s", 1);
+    close(fd);
+    return n == 1 ? ASKED : NO_READER;
+}
+
+/* Whether the request byte still waits in the FIFO: the thread never ran to read it. */
+static int request_unread(const char *dir, int pid)
+{
+    int fd = open_fifo(dir, pid), n = 0;
+    if (fd < 0)
+        return 0;
+    if (ioctl(fd, FIONREAD, &n) != 0)
+        n = 0;
+    close(fd);
+    return n > 0;
+}
+
+int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signum, uint64_t now_ms)
 {
     d->rank_pid = rank_pid;
     d->nprocs = 0;
+    d->signum = signum;
+    d->begun_ms = now_ms;
+    snprintf(d->dir, sizeof(d->dir), "%s", dir ? dir : ""); /* a longer one names no file below: nothing asked */
     d->error[0] = '\0';
     d->stopped = rank_stopped(rank_pid);
     if (d->stopped) { /* it cannot dump now, and a signal left pending would dump it later for nobody */
@@ -81,12 +138,14 @@ int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signu
         int fd = open_regular(p->path, O_WRONLY);
         if (fd < 0)
             continue;
-        int cut = ftruncate(fd, 0); /* truncated only once known to be a regular file */
+        int cut = ftruncate(fd, 0); /* truncated only once known to be a regular file of one name */
         close(fd);
         if (cut != 0)
             continue;
-        if (kill(pid, signum) != 0)
+        enum ask asked = ask_thread(dir, pid);
+        if (asked == NO_READER || (asked == NO_FIFO && kill(pid, signum) != 0))
             continue;
+        p->signalled = asked == NO_FIFO;
         p->pid = pid;
         p->last_size = -1;
         p->done = 0;
@@ -101,7 +160,7 @@ int stacks_begin(struct stacks_dump *d, const char *dir, int rank_pid, int signu
     return d->nprocs > 0;
 }
 
-int stacks_poll(struct stacks_dump *d)
+int stacks_poll(struct stacks_dump *d, uint64_t now_ms)
 {
     int all = 1;
     for (unsigned i = 0; i < d->nprocs; i++) {
@@ -110,11 +169,19 @@ int stacks_poll(struct stacks_dump *d)
             continue;
         struct stat st;
         int64_t size = lstat(p->path, &st) == 0 && S_ISREG(st.st_mode) ? (int64_t)st.st_size : -1;
-        /* faulthandler writes from the handler in a burst: bytes that stopped growing are the dump. */
+        /* The thread writes its dump in one write, faulthandler from the handler in a burst: bytes that
+         * stopped growing are the dump. */
         if (size > 0 && size == p->last_size)
             p->done = 1;
         else
             all = 0;
+        /* The fallback: nothing written, the byte still unread (the thread never ran: most likely the GIL
+         * is held in native code, where faulthandler's walk is safe), the process still the rank's. */
+        if (size == 0 && !p->signalled && now_ms - d->begun_ms >= STACKS_FALLBACK_MS) {
+            p->signalled = 1;
+            if (request_unread(d->dir, p->pid) && getpgid(p->pid) == d->rank_pid)
+                kill(p->pid, d->signum);
+        }
         p->last_size = size;
     }
     return all;

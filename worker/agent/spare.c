@@ -60,13 +60,15 @@ static bool named(const char *var, const char *const *names)
     return false;
 }
 
-/* rank_env (freed) without per_rank, plus the spare's own variables; NULL when out of memory. */
-static char **spare_env(char **rank_env, const char *imports)
+/* rank_env (freed) without per_rank, plus the spare's own variables (DS_ACCELERATOR=cuda with gpus,
+ * unless rank_env sets it); NULL when out of memory. */
+static char **spare_env(char **rank_env, const char *imports, bool gpus)
 {
     size_t n = 0, k = 0;
+    bool ds_set = false;
     while (rank_env[n])
-        n++;
-    char **env = calloc(n + 5, sizeof(*env));
+        ds_set |= strncmp(rank_env[n++], "DS_ACCELERATOR=", 15) == 0;
+    char **env = calloc(n + 6, sizeof(*env));
     if (!env) {
         cmdline_free(rank_env);
         return NULL;
@@ -83,7 +85,8 @@ static char **spare_env(char **rank_env, const char *imports)
     snprintf(imp, sizeof(imp), "MUSTER_WARM_IMPORTS=%s", imports);
     /* No device is visible to a spare, and torch's CUDA check does not initialise CUDA in it
      * (a warm import that asks would otherwise fix the visible devices before the take-up). */
-    const char *own[] = {fd, imp, "CUDA_VISIBLE_DEVICES=", "PYTORCH_NVML_BASED_CUDA_CHECK=1", NULL};
+    const char *own[] = {fd, imp, "CUDA_VISIBLE_DEVICES=", "PYTORCH_NVML_BASED_CUDA_CHECK=1",
+                         gpus && !ds_set ? "DS_ACCELERATOR=cuda" : NULL, NULL};
     for (size_t i = 0; own[i]; i++) {
         if (!(env[k++] = strdup(own[i]))) {
             cmdline_free(env);
@@ -100,11 +103,128 @@ static void spare_msg(struct agent_rank *r, struct proto_msg *msg)
     (void)r, (void)msg; /* a spare says nothing before it is a rank */
 }
 
+int spare_parse_report(const char *buf, size_t len, char name[128], char how[160], char *why, size_t cap)
+{
+    json_error_t jerr;
+    json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    const char *n = NULL, *h = NULL;
+    int rc = -EINVAL;
+    if (!json_is_object(o) || json_object_size(o) != 2)
+        snprintf(why, cap, "expected an object {\"cuda_import\", \"how\"}");
+    else if (!(n = json_string_value(json_object_get(o, "cuda_import"))) || !n[0] || strlen(n) >= 128 ||
+             n[strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")])
+        snprintf(why, cap, "cuda_import: expected a module name (letters, digits, _ and .) of 1 to 127 bytes");
+    else if (!(h = json_string_value(json_object_get(o, "how"))) || strlen(h) >= 160)
+        snprintf(why, cap, "how: expected a string of at most 159 bytes");
+    else {
+        rc = 0;
+        for (const char *c = h; *c; c++)
+            if (*c < 0x20 || *c > 0x7e)
+                rc = -EINVAL;
+        if (rc)
+            snprintf(why, cap, "how: expected printable ASCII");
+    }
+    if (rc == 0) {
+        snprintf(name, 128, "%s", n);
+        snprintf(how, 160, "%s", h);
+    }
+    json_decref(o);
+    return rc;
+}
+
+bool spare_without_import(const char *imports, const char *name, char *out, size_t cap)
+{
+    size_t k = 0, nlen = strlen(name);
+    bool found = false;
+    out[0] = '\0';
+    for (const char *w = imports; *w;) {
+        size_t len = strcspn(w, ",");
+        if (len == nlen && strncmp(w, name, len) == 0)
+            found = true;
+        else if (len && k + (k > 0) + len < cap)
+            k += (size_t)snprintf(out + k, cap - k, "%s%.*s", k ? "," : "", (int)len, w);
+        w += len + (w[len] == ',');
+    }
+    return found;
+}
+
+/* imports (the job's) less the pool's dropped ones, in out. */
+static void effective_imports(const struct spare_pool *p, const char *imports, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", imports);
+    for (const char *w = p->dropped; *w;) {
+        size_t len = strcspn(w, ",");
+        char name[128], rest[sizeof(p->imports)];
+        snprintf(name, sizeof(name), "%.*s", (int)(len < sizeof(name) ? len : sizeof(name) - 1), w);
+        if (spare_without_import(out, name, rest, sizeof(rest)))
+            snprintf(out, cap, "%s", rest);
+        w += len + (w[len] == ',');
+    }
+}
+
+/* What a spare wrote on its hand-off socket before it exited (its report), up to cap - 1 bytes. */
+static size_t read_report(int fd, char *buf, size_t cap)
+{
+    size_t got = 0;
+    while (fd >= 0 && got + 1 < cap) {
+        ssize_t n = recv(fd, buf + got, cap - 1 - got, MSG_DONTWAIT);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    return got;
+}
+
+/*
+ * A spare reported that importing name touched the CUDA driver: the next
+ * spare leaves it out (MUSTER_WARM_IMPORTS of the pool's environment), or
+ * there is none when it is not a warm import to leave out (torch itself).
+ */
+static void drop_import(struct spare_pool *p, int pid, const char *name, const char *how)
+{
+    char now[sizeof(p->imports)], rest[sizeof(p->imports)];
+    if (!p->env)
+        return; /* no spare is wanted any more */
+    effective_imports(p, p->imports, now, sizeof(now));
+    if (!spare_without_import(now, name, rest, sizeof(rest))) {
+        p->deaths = SPARE_MAX_DEATHS;
+        snprintf(p->note, sizeof(p->note), "importing %s touched the CUDA driver (%s): no more spares for this job",
+                 name, how);
+        log_warn("warm spare (pid %d): importing %s touched the CUDA driver (%s): a spare must hold no device, "
+                 "and it is not a warm import to leave out; no more spares for this job", pid, name, how);
+        return;
+    }
+    size_t k = strlen(p->dropped);
+    if (k + 1 + strlen(name) < sizeof(p->dropped))
+        snprintf(p->dropped + k, sizeof(p->dropped) - k, "%s%s", k ? "," : "", name);
+    for (size_t i = 0; p->env[i]; i++) {
+        if (strncmp(p->env[i], "MUSTER_WARM_IMPORTS=", 20) != 0)
+            continue;
+        size_t cap = sizeof("MUSTER_WARM_IMPORTS=") + strlen(rest);
+        char *var = malloc(cap);
+        if (!var)
+            break;
+        snprintf(var, cap, "MUSTER_WARM_IMPORTS=%s", rest);
+        free(p->env[i]);
+        p->env[i] = var;
+    }
+    snprintf(p->note, sizeof(p->note), "importing %s (warm_imports) touched the CUDA driver (%s): the node's "
+             "spares leave it out", name, how);
+    log_warn("warm spare (pid %d): importing %s (warm_imports) touched the CUDA driver (%s): a spare must hold "
+             "no device; starting another without it (warm imports now: %s)", pid, name, how,
+             rest[0] ? rest : "none");
+}
+
 static void spare_exit(struct agent_rank *r, int code, int sig)
 {
     struct spare_pool *p = r->cb.data;
+    char report[512] = "", name[128] = "", how[160] = "", why[128] = "";
+    size_t len = 0;
     if (p->r == r) {
         p->r = NULL;
+        if (!p->closing && !r->stopping)
+            len = read_report(p->handoff_fd, report, sizeof(report));
         close(p->handoff_fd);
         p->handoff_fd = -1;
     }
@@ -116,7 +236,11 @@ static void spare_exit(struct agent_rank *r, int code, int sig)
     }
     if (r->stopping) {
         log_debug("warm spare (pid %d) stopped", r->pid);
+    } else if (len && spare_parse_report(report, len, name, how, why, sizeof(why)) == 0) {
+        drop_import(p, r->pid, name, how);
     } else {
+        if (len)
+            log_warn("warm spare (pid %d): its report on the hand-off socket is not one: %s", r->pid, why);
         const char *tail = r->err.tail, *last = tail;
         for (const char *c = tail; *c; c++)
             if (c[0] == '\n' && c[1])
@@ -203,9 +327,14 @@ void spare_want(struct spare_pool *p, char *const *argv, char **rank_env, const 
 {
     if (p->r && !same_argv(p->argv, argv))
         spare_drop(p);
+    if (!same_argv(p->argv, argv) || strcmp(p->imports, imports) != 0)
+        p->dropped[0] = p->note[0] = '\0'; /* another job or command: its own imports are tried afresh */
+    snprintf(p->imports, sizeof(p->imports), "%s", imports);
+    char now[sizeof(p->imports)];
+    effective_imports(p, imports, now, sizeof(now));
     cmdline_free(p->env);
     cmdline_free(p->argv);
-    p->env = rank_env ? spare_env(rank_env, imports) : NULL;
+    p->env = rank_env ? spare_env(rank_env, now, p->gpus) : NULL;
     p->argv = copy_argv(argv);
     if (!p->argv) {
         cmdline_free(p->env);
@@ -246,11 +375,25 @@ static char *handoff_text(char *const *argv, char *const *env)
     return text;
 }
 
+bool spare_handoff_quiet(int fd)
+{
+    char c;
+    return fd >= 0 && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 struct agent_rank *spare_take(struct spare_pool *p, char *const *argv, char *const *env)
 {
     struct agent_rank *r = p->r;
     if (!r || !r->running || r->stopping || !same_argv(argv, p->argv))
         return NULL;
+    if (!spare_handoff_quiet(p->handoff_fd)) {
+        /* It reported (and is exiting, or lingers) or closed its end: it would not become the rank, or would
+         * exit as one. Killed, not stopped, so that spare_exit reads what it wrote. */
+        log_warn("warm spare (pid %d): it wrote on or closed its hand-off socket before it was handed a rank; "
+                 "starting the rank afresh", r->pid);
+        rank_kill(r);
+        return NULL;
+    }
     char *text = handoff_text(argv, env);
     size_t len = text ? strlen(text) : 0, done = 0;
     while (text && done < len) {

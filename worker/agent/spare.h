@@ -14,6 +14,23 @@
  * competes with the start of the ranks or of the generation it healed.
  * One that dies untaken is replaced, SPARE_MAX_DEATHS times in a row at most.
  * It dies with the agent: EOF on its hand-off socket ends it.
+ *
+ * On a GPU node. The spare sees no device (CUDA_VISIBLE_DEVICES empty), and
+ * must never touch the CUDA driver: initialised then, it has "no GPU" for
+ * the life of the process, and so would the rank it becomes. After torch and
+ * after each warm import it looks (libcuda mapped, or torch.cuda
+ * initialised); when an import did, it writes a report on its hand-off socket
+ * ({"cuda_import": NAME, "how": ...}, spare_parse_report) and exits untaken.
+ * The agent then starts the next spare without that import (dropped for as
+ * long as the job's command and warm_imports stay the same; not counted as a
+ * death), or none when torch itself touched it, and says so in its log and
+ * in its heartbeats (spare_note: musterd's event warm_spare_unfit). On a
+ * A spare that wrote on its hand-off socket, or closed it, is never handed a
+ * rank (it is on its way out, or would exit as that rank): spare_take kills
+ * it, so that its report is read at its exit, and the rank starts afresh. On a
+ * node with job GPUs the spare's environment also has DS_ACCELERATOR=cuda
+ * (unless the ranks' sets it), for DeepSpeed picks its accelerator once, at
+ * import, and by probing would pick the CPU in a process that sees no GPU.
  */
 #ifndef MUSTER_WORKER_SPARE_H
 #define MUSTER_WORKER_SPARE_H
@@ -57,6 +74,10 @@ struct spare_pool {
     char **env;                /* the next spare's environment (owned); NULL = no spare wanted */
     char **argv;               /* the ranks' command (owned): the spare runs `argv[0] -c SPARE_START argv[1..]` */
     unsigned deaths;           /* spares that died untaken in a row */
+    bool gpus;                 /* the node's ranks use GPUs: DS_ACCELERATOR=cuda for the spare */
+    char imports[512];         /* the job's warm_imports that dropped applies to */
+    char dropped[512];         /* warm imports that touched the CUDA driver, comma-separated: left out */
+    char note[PROTO_REASON_MAX]; /* the last of that, in words, for the heartbeat's spare_note; "" = none */
     bool closing;              /* the agent is exiting: no new spare */
     const struct rank_user *user; /* who the spare runs as (NULL or unset: the agent) */
     void (*on_gone)(void *data); /* a spare ended while closing */
@@ -81,6 +102,25 @@ bool spare_usable(const struct job_spec *spec, char *const *argv, const char *py
  * Its command line shows the rank's (ps, pgrep -f find it as they find a rank).
  */
 void spare_want(struct spare_pool *p, char *const *argv, char **rank_env, const char *imports);
+
+/*
+ * The report of a spare whose import touched the CUDA driver, as its hand-off
+ * socket carried it (buf, len bytes): {"cuda_import": NAME, "how": TEXT},
+ * NAME a module name (letters, digits, _ and .), TEXT printable ASCII. 0 with
+ * name and how set, or -EINVAL (anything else; what it was in why).
+ */
+int spare_parse_report(const char *buf, size_t len, char name[128], char how[160], char *why, size_t cap);
+
+/* imports (comma-separated module names) without name, in out (cap bytes);
+ * false when name is not one of them. */
+bool spare_without_import(const char *imports, const char *name, char *out, size_t cap);
+
+/*
+ * The agent's end fd of a spare's hand-off socket has nothing to read: the
+ * spare wrote no report and did not close its end. A spare that did cannot
+ * be handed a rank (it is exiting, or would not read it).
+ */
+bool spare_handoff_quiet(int fd);
 
 /* No spare wanted any more: a live one is stopped. */
 void spare_drop(struct spare_pool *p);

@@ -37,8 +37,8 @@ names the one that is not waiting on the others.
 
 Programs that do not use this package are seen too: under muster-worker a
 Python rank starts with muster's start-up hook (startup/sitecustomize.py
-beside this package), which calls hook.startup(). It arms faulthandler so
-that the agent can ask for every thread's stack, and once the program
+beside this package), which calls hook.startup(). It arms a thread (and
+faulthandler behind it) so that the agent can ask for every thread's stack, and once the program
 imports torch (2.0 or later), it counts optimizer steps through torch's
 global optimizer step hook and reports them here, as beat() would (a
 program that calls beat() itself keeps its own figures).

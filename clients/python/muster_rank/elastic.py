@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Dict, Optional
 
 from . import pg
-from .fence import Fence
+from .fence import Fence, clean_steps, no_clean_state, source_key
 from .link import connect
 from .log import log, trace
 from .snapshot import Snapshot
@@ -52,6 +52,18 @@ class Action(Enum):
     STEP = "step"
     PARK = "park"
     YIELD = "yield"
+
+
+class NoCleanState(RuntimeError):
+    """No rank holds a state it can go on from in place (every rank that
+    trained failed its last fence): raised out of Elastic.run, so that the
+    ranks exit and the generation restarts cold, from the program's own
+    checkpoint (muster_rank.fence)."""
+
+
+class _NotUpdated(BaseException):
+    """Raised from the optimizer's pre-step hook when an abort passed while
+    the step's gradients were still on their way: the update does not run."""
 
 
 class _Parked(BaseException):
@@ -133,6 +145,8 @@ class Elastic:
         self._voted = None             # (step, monotonic time) of the last vote
         self._fence = Fence()          # abort epochs, and whether the current step's update counts
         self._aborted = 0              # the last generation whose groups were aborted (NCCL's: see pg.aborts)
+        self._abort_found = []         # the groups that abort found (those formed after it: see _rejoin)
+        self._draining = False         # the watch waits for the device after its abort (see _rejoin)
         if self._link.active:
             self._link.rejoin_in_place()  # the steps are this object's, not the start-up hook's count
 
@@ -160,6 +174,7 @@ class Elastic:
         import torch.distributed as dist
         fence = self._fence
         hook = self._watch_steps(lambda *_: fence.updated(self._update_event()))
+        pre = self.optimizer.register_step_pre_hook(self._before_update) if self.optimizer is not None else None
         self._thread = threading.get_ident()
         self._link.own_steps()  # run() reports the steps: the start-up hook's own count stays out
         watcher = None
@@ -192,8 +207,12 @@ class Elastic:
                     if action is not Action.STEP:
                         continue
                     result = self._one_step(train_step)
+                except NoCleanState:
+                    raise
                 except RuntimeError as e:
                     err = e
+                except _NotUpdated:
+                    action = Action.PARK  # its state is the last step's, whole
                 except _Parked:
                     self._suspect = True
                     action = Action.PARK
@@ -220,6 +239,8 @@ class Elastic:
                     action = Action.PARK
         finally:
             hook.remove()
+            if pre is not None:
+                pre.remove()
             with self._link.cond:
                 self._running = False
                 self._link.cond.notify_all()
@@ -235,10 +256,29 @@ class Elastic:
         """fn() after each step of the program's optimizer; returns the hook's handle."""
         return self.optimizer.register_step_post_hook(fn)
 
+    def _before_update(self, *_) -> None:
+        """The optimizer's pre-step hook: the update runs only on gradients
+        that arrived whole (muster_rank.fence: the first fence)."""
+        event = self._grads_event()
+        if event is not None and not self._fence.ready(event):
+            raise _NotUpdated()
+
+    def _grads_event(self) -> Optional[object]:
+        """Before an optimizer step: a CUDA event recorded behind the step's
+        gradients (the current stream waits for their reduce) where the
+        optimizer's parameters are on a GPU, None on the host (the gradients
+        are there by now)."""
+        return self._stream_event()
+
     def _update_event(self) -> Optional[object]:
         """After an optimizer step: a CUDA event recorded behind its update
         where the optimizer's parameters are on a GPU, None on the host
         (the update is done by now)."""
+        return self._stream_event()
+
+    def _stream_event(self) -> Optional[object]:
+        """A CUDA event recorded on the current stream now where the
+        optimizer's parameters are on a GPU; None on the host."""
         for group in self.optimizer.param_groups if self.optimizer is not None else ():
             for p in group["params"]:
                 if not p.is_cuda:
@@ -288,10 +328,18 @@ class Elastic:
                 device = pg.device(self._backend)
                 if device is not None:
                     kw["device_id"] = device  # formed eagerly, here, where a park's abort can end it
+                options = pg.nccl_options(dist, self._backend, kw.get("timeout"))
+                if options is not None:
+                    kw["pg_options"] = options  # non-blocking communicators: an abort ends their set-up too
             dist.init_process_group(self._backend, init_method="env://", **kw)
             with cond:
                 self._conns = pg.opened_since(before)
+                parked = self._aborted == gen
             trace("group")
+            if parked:
+                # The watch aborted the generation while its group formed, before torch
+                # knew of it: the group is aborted on the way out (_rejoin), never used.
+                raise RuntimeError("muster_rank: generation %d was parked while its process group formed" % gen)
 
     def _sync_state(self, dist) -> None:
         """Every rank to the state of the first rank with the most steps."""
@@ -302,11 +350,27 @@ class Elastic:
         best = torch.tensor([have], dtype=torch.int64, device=device)
         dist.all_reduce(best, op=dist.ReduceOp.MAX)
         # The state comes from the first rank with the most steps, one that was not
-        # interrupted in its own code (its update may be half done) if there is one.
-        key = 2 * world if have != best.item() else me + world if self._suspect else me
-        src = torch.tensor([key], dtype=torch.int64, device=device)
+        # interrupted in its own code nor failed a fence (its update may be half done) if there is one.
+        # The state comes from the first rank with the most steps of those that were not
+        # interrupted in their own code nor failed a fence (their update may be half done).
+        fenced = not self._suspect
+        clean = torch.tensor([clean_steps(have, fenced)], dtype=torch.int64, device=device)
+        dist.all_reduce(clean, op=dist.ReduceOp.MAX)
+        most = int(best.item())
+        best = clean
+        if no_clean_state(most, int(best.item())):
+            # Every rank that trained may hold a half-applied update: none goes on from it.
+            raise NoCleanState("muster_rank: generation %d: no rank holds a clean state: every rank with %d steps "
+                               "failed its last fence (an update an abort cut short may be in it), and none is "
+                               "fenced a step before; the generation restarts from the program's checkpoint"
+                               % (self._gen, most))
+        src = torch.tensor([source_key(have, int(best.item()), me, world, fenced)], dtype=torch.int64,
+                           device=device)
         dist.all_reduce(src, op=dist.ReduceOp.MIN)
-        src = int(src.item()) % world
+        src = int(src.item())
+        if best.item() >= 0 and best.item() < most and self._link.active:
+            log("generation %d: the state comes from rank %d at step %d: every rank with %d steps failed its "
+                "last fence" % (self._gen, src, int(best.item()), most))
         if best.item() >= 0:
             self._broadcast_state(dist, src)
             self.step = int(best.item())
@@ -391,10 +455,16 @@ class Elastic:
             link.cond.notify_all()
             conns = self._connections()
             aborted = self._aborted == gen
-        if not yielded and not aborted and pg.aborts(self._backend):
-            # Broken while no park watch aborted it (outside muster's watch, or left by itself):
-            # an NCCL group that broke is never finalized, only aborted.
-            pg.abort(dist, pg.groups(dist))
+            found = self._abort_found if aborted else []
+            self._abort_found = []  # no reference kept: an aborted group goes once forgotten
+        if not yielded and pg.aborts(self._backend):
+            # Broken while no park watch aborted it (outside muster's watch, or left by itself), or
+            # formed after the watch's abort (the generation's group while it formed, a wrapper's
+            # subgroups): an NCCL group that broke is never finalized, only aborted.
+            missed = [g for g in pg.groups(dist) if all(g is not f for f in found)]
+            if missed:
+                pg.abort(dist, missed)
+                self._drain_device(gen)
             aborted = True
         if yielded:
             link.left_for_grow()
@@ -418,6 +488,10 @@ class Elastic:
             except Exception:
                 pass
         trace("destroyed")
+        with link.cond:
+            # The next generation's work is not queued while the watch waits for the device to drain
+            # the last one's: a sync would wait on it too, and the watch could not abort that one in turn.
+            link.cond.wait_for(lambda: not self._draining, self._heal_wait + PARK_EXIT_S)
         got = link.wait_generation(gen, 3600.0)
         if got is None:
             raise RuntimeError("muster_rank: generation %d is over and no next one came (stopped, or the agent "
@@ -492,21 +566,40 @@ class Elastic:
     def _abort_generation(self) -> None:
         """Aborts the process groups of the generation the rank is in (lock
         held; released while the groups abort, so that the training thread
-        and the link's keepalives go on), and closes their gloo sockets."""
+        and the link's keepalives go on), closes their gloo sockets, and waits
+        for the device (_drain_device; _rejoin forms the next generation only
+        after that)."""
         import torch.distributed as dist
         gen = self._gen
         self._aborted = gen
         self._fence.abort()
         found = pg.groups(dist)
+        self._abort_found = found
         conns = self._connections()
         log("generation %d is over: aborting its %d process group(s)" % (gen, len(found)))
+        self._draining = True
         self._link.cond.release()
         try:
             pg.abort(dist, found)
             pg.shut(conns)
+            self._drain_device(gen)
         finally:
             self._link.cond.acquire()
+            self._draining = False
+            self._link.cond.notify_all()
         trace("aborted")
+
+    def _drain_device(self, gen: int) -> None:
+        """After an abort of generation gen's groups: the device must finish
+        what was queued on it within the heal window (pg.device_wait; nothing
+        to wait for without CUDA). A device that does not, or whose CUDA
+        context is lost, is no use to the next generation: the process exits,
+        and its slot is started again in a fresh one."""
+        why = pg.device_wait(pg.cuda_sync(), self._heal_wait)
+        if why is not None:
+            log("generation %d: rank %d aborted its process groups, but %s: exiting, so that its slot "
+                "is started again" % (gen, self._link.rank, why))
+            os._exit(1)
 
     def _held(self, busy: int, seconds: float) -> bool:
         """True when the rank is still in the generation it entered as busy after seconds (lock held)."""

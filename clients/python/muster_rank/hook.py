@@ -1,6 +1,6 @@
 """muster's start-up hook, which startup/sitecustomize.py runs in every Python
 process of a rank (and muster_spare when a warm spare becomes one). It arms
-faulthandler so that the agent can ask for every thread's stack, a thread
+a thread and faulthandler so that the agent can ask for every thread's stack, a thread
 that reads torch's flight recorder when the agent asks (flight.py), and once the
 program imports torch (2.0 or later), it counts optimizer steps through
 torch's global optimizer step hook and reports them to the agent, as beat()
@@ -33,29 +33,128 @@ def startup() -> None:
 
 
 def _arm_stacks() -> None:
-    """faulthandler dumps every thread's stack on MUSTER_STACKS_SIGNAL into
-    MUSTER_RANK_DIR/stacks-PID.txt, where the agent reads it. It works while
-    the main thread is blocked in native code, where no Python handler runs."""
+    """Two ways to MUSTER_RANK_DIR/stacks-PID.txt, where the agent reads every
+    thread's stack:
+
+    - a daemon thread blocked reading stacks-PID.fifo: on the agent's byte it
+      takes sys._current_frames() with the GIL and writes the dump in one
+      write. Every other thread is then at a point where it let the GIL go,
+      so no frame changes under the walk. This is the way the agent asks
+      first.
+    - faulthandler on MUSTER_STACKS_SIGNAL, which dumps from the signal
+      handler without the GIL: it works while a thread holds the GIL inside
+      native code (where the thread above never runs), but walking threads
+      that run Python meanwhile can crash the process (CPython issue
+      116008: a rank killed by signal 11 as its stacks were asked). The
+      agent sends the signal only when the thread has not even read the
+      byte within its fallback time (still in the FIFO: the thread never
+      ran), most likely because a thread holds the GIL in native code and
+      nothing runs Python; a process starved of CPU for that long is the
+      case left (the walk may then meet a running frame).
+
+    Only the process that armed them removes the files at exit: a child it
+    forks (which has no such thread) leaves them alone. At exit the files go
+    first and the signal is ignored after, so that a request on its way
+    never meets the default action of a real-time signal (to terminate)."""
     sig, where = os.environ.get("MUSTER_STACKS_SIGNAL", ""), os.environ.get("MUSTER_RANK_DIR", "")
     if not (sig.isdigit() and where):
         return
     import faulthandler
-    path = os.path.join(where, "stacks-%d.txt" % os.getpid())
+    owner = os.getpid()
+    path = os.path.join(where, "stacks-%d.txt" % owner)
+    fifo = os.path.join(where, "stacks-%d.fifo" % owner)
     try:
         f = open(path, "a")
         faulthandler.register(int(sig), file=f, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         return
     _hook["stacks"] = f  # faulthandler keeps the descriptor, not the file object
+    rfd = -1
+    try:
+        if os.path.lexists(fifo):
+            os.unlink(fifo)
+        os.mkfifo(fifo, 0o600)
+        # read and write: the agent's non-blocking open finds a reader, and no EOF comes between requests
+        rfd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+        import threading
+        threading.Thread(target=_serve_stacks, args=(rfd, f.fileno(), fifo), name="muster-stacks",
+                         daemon=True).start()
+    except (OSError, RuntimeError):  # the signal alone, as before
+        _drop_fifo(rfd, fifo)
+        fifo = ""
     import atexit
 
     def _unarm():
+        if os.getpid() != owner:
+            return  # a forked child's exit: the files are its parent's
+        for p in (path, fifo):
+            try:
+                if p:
+                    os.unlink(p)
+            except OSError:
+                pass
         try:
             faulthandler.unregister(int(sig))
-            os.unlink(path)
-        except (OSError, ValueError):
+            import signal
+            signal.signal(int(sig), signal.SIG_IGN)
+        except (ValueError, RuntimeError, OSError):
             pass
     atexit.register(_unarm)
+
+
+def _drop_fifo(rfd: int, fifo: str) -> None:
+    """The FIFO no thread serves is removed, so that the agent signals at once instead."""
+    if rfd >= 0:
+        try:
+            os.close(rfd)
+        except OSError:
+            pass
+    if fifo:
+        try:
+            os.unlink(fifo)
+        except OSError:
+            pass
+
+
+def stacks_text(skip: Optional[int] = None) -> str:
+    """Every thread's stack, innermost call first, in faulthandler's layout
+    ("Thread 0x... (most recent call first):", then '  File "F", line N in
+    FUNC'), the main thread last as faulthandler puts the current one; the
+    thread skip (an ident) is left out."""
+    import threading
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    parts = []
+    for ident in sorted(frames, key=lambda i: (i == main, i)):
+        if ident == skip:
+            continue
+        lines = ['Thread 0x%016x "%s" (most recent call first):' % (ident, names.get(ident, "?"))]
+        frame, depth = frames[ident], 0
+        while frame is not None and depth < 100:
+            code = frame.f_code
+            lines.append('  File "%s", line %d in %s' % (code.co_filename, frame.f_lineno or 0, code.co_name))
+            frame, depth = frame.f_back, depth + 1
+        if frame is not None:
+            lines.append("  ...")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def _serve_stacks(rfd: int, out: int, fifo: str) -> None:
+    """The stacks thread: one dump per byte read (the agent truncated the file before it asked)."""
+    import threading
+    me = threading.get_ident()
+    while True:
+        try:
+            if not os.read(rfd, 64):
+                break
+            data = stacks_text(skip=me).encode("utf-8", "replace")
+            while data:
+                data = data[os.write(out, data):]
+        except OSError:
+            break
+    _drop_fifo(rfd, fifo)
 
 
 class _TorchWatch:

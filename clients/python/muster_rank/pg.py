@@ -14,14 +14,18 @@ generations meets it and a fresh one does not.
   fails and finalizing a broken communicator can wait for ever: its groups
   are aborted (from any thread) and then only forgotten.
 - device: NCCL moves only device tensors.
-- nccl_env: torch's NCCL watchdog must leave the errors an abort makes to the
-  healing.
+- nccl_env, nccl_options: torch's NCCL watchdog must leave the errors an
+  abort makes to the healing, NVLink SHARP must be off, and the
+  communicators are non-blocking, so that an abort also ends their set-up.
+- cuda_sync, device_wait: after an abort the device must drain within a
+  deadline, or the process (its CUDA context) is no use to the next generation.
 """
 
 import os
 import socket
+import threading
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from .log import trace
 
@@ -202,20 +206,105 @@ def device(backend: str) -> Optional[object]:
     return None
 
 
+# torch's TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC when it is not set (ProcessGroupNCCL's heartbeat monitor).
+TORCH_HEARTBEAT_S = 8 * 60
+
+
 def nccl_env(environ: Dict[str, str], heal_s: float) -> Dict[str, str]:
     """What a process that heals its NCCL groups in place sets in its own
-    environment before each group (torch reads it as it makes one):
-    TORCH_NCCL_ASYNC_ERROR_HANDLING=0, for the watchdog would otherwise end
-    the process on the error an abort leaves (the healing aborts instead),
-    and TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC above the heal window where it is
-    set below it (the heartbeat monitor ends a process whose watchdog looks
-    stuck that long)."""
-    out = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    environment before each group (torch and NCCL read it as they make one):
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=0 and TORCH_NCCL_RETHROW_CUDA_ERRORS=0,
+    for the watchdog would otherwise end the process on the NCCL or CUDA
+    error an abort leaves (the healing aborts instead);
+    TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC above twice the heal window where it,
+    or torch's default when it is not set (8 minutes: a heal window above
+    4), is below that (the heartbeat monitor ends a process whose watchdog
+    looks stuck that long); and NCCL_NVLS_ENABLE=0 unless the environment sets it
+    (NVIDIA's in-process restart guide: NVLink SHARP on NVSwitch systems
+    must be off for communicators that are aborted and made again in the
+    same process; a program that sets it keeps its own value)."""
+    out = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+    if "NCCL_NVLS_ENABLE" not in environ:
+        out["NCCL_NVLS_ENABLE"] = "0"
     floor = int(2 * heal_s) + 1
     try:
         beat = int(environ.get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", ""))
     except ValueError:
-        beat = None
-    if beat is not None and beat < floor:
+        beat = TORCH_HEARTBEAT_S  # unset (or not a number, which torch reads as unset): torch's default
+    if beat < floor:
         out["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(floor)
     return out
+
+
+def torch_nccl(backend: str) -> bool:
+    """Whether backend names torch's own NCCL ("nccl", or "cuda:nccl" in a
+    device list), not a stand-in registered under another name."""
+    return any(part.strip().rpartition(":")[2] == "nccl" for part in backend.lower().split(","))
+
+
+def nccl_options(dist, backend: str, timeout=None) -> Optional[object]:
+    """init_process_group's pg_options for a group of torch's NCCL that an
+    abort can cancel: ProcessGroupNCCL.Options with config.blocking = 0, so
+    that NCCL makes its communicators non-blocking (their set-up and
+    collectives return at once and torch polls them; an abort from the
+    watch thread then also ends a set-up that waits on a lost peer, as
+    TorchFT's groups do). timeout: the group's (None: torch's default for
+    the backend), set in the options too, as init_process_group sets it.
+    None where backend is not torch's NCCL (gloo, the tests' stand-in) or
+    this torch has no such options: the group is formed with torch's own."""
+    if not torch_nccl(backend):
+        return None
+    c10d = getattr(dist, "distributed_c10d", None)
+    try:
+        if not c10d.is_nccl_available():
+            return None
+        options = c10d.ProcessGroupNCCL.Options()
+        options.config.blocking = 0
+        options.is_high_priority_stream = False  # torch's default for the groups it makes
+        options._timeout = timeout if timeout is not None else c10d._get_default_timeout(backend)
+    except (AttributeError, RuntimeError, TypeError, ValueError) as e:
+        trace("nccl options: %s" % e)
+        return None
+    return options
+
+
+def cuda_sync() -> Optional[Callable[[], None]]:
+    """torch.cuda.synchronize where this process initialised CUDA, else None:
+    nothing of it is on a device, and CUDA is not initialised from here."""
+    try:
+        import torch
+        if torch.cuda.is_initialized():
+            return torch.cuda.synchronize
+    except (ImportError, AttributeError):
+        pass
+    return None
+
+
+def device_wait(sync: Optional[Callable[[], None]], deadline_s: float) -> Optional[str]:
+    """After an abort: sync() (cuda_sync's: every kernel queued on the device
+    finished) in a thread of its own, waited for up to deadline_s. None when
+    it returned (or there is nothing to wait for: sync None); else why the
+    process cannot go on: the device did not drain in time (a kernel that
+    never ends, a lost GPU) or the sync raised (the CUDA context is lost:
+    its errors are sticky, every later call fails the same way). The thread
+    left behind past the deadline is a daemon: the caller then exits."""
+    if sync is None:
+        return None
+    done = []
+
+    def run() -> None:
+        try:
+            sync()
+            done.append(None)
+        except Exception as e:  # a CUDA error: the context is lost for this process
+            done.append(e)
+
+    waiter = threading.Thread(target=run, name="muster_rank-device", daemon=True)
+    waiter.start()
+    waiter.join(deadline_s)
+    if not done:
+        return "the device did not finish its queued work within %.1f s of the abort" % deadline_s
+    if done[0] is not None:
+        first = (str(done[0]).strip().splitlines() or [type(done[0]).__name__])[0]
+        return "the device failed after the abort, its CUDA context is lost (%s)" % first
+    return None

@@ -19,7 +19,9 @@ class Transport:
         self.dist, self.group, self.device = dist, group, device
 
     def _parts(self, snap: Snapshot) -> list:
+        """snap's three tensors, once it is complete (a copy of its CUDA tensors landed)."""
         import torch
+        snap.require()
         parts = [torch.tensor([snap.step, snap.rank, snap.world, len(snap.layout), snap.flat.numel()],
                               dtype=torch.int64),
                  torch.frombuffer(bytearray(snap.layout), dtype=torch.uint8), snap.flat]

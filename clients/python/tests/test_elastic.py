@@ -2,8 +2,11 @@
 this process: a park after a failed step (the step is redone, none lost), a
 newer ASSIGN between steps, a yield vote, and an error muster knows nothing
 of; the same under the strict NCCL-like backend of tests/torch/strict_nccl.py,
-with a lost peer whose collective only the park watch's abort ends. Skipped
-without torch."""
+with a lost peer whose collective only the park watch's abort ends (and,
+the control, no heal when that abort does nothing: the watch gives up), and
+second losses: while the next group forms, in its state sync's votes and
+in its state broadcast; the next group formed only once the device
+drained. Skipped without torch."""
 
 import contextlib
 import io
@@ -125,10 +128,13 @@ class ElasticTest(unittest.TestCase):
         net = torch.nn.Linear(4, 1)
         return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 
-    def run_elastic(self, during_step=None, **kw):
+    def run_elastic(self, during_step=None, made=None, **kw):
+        """Elastic over a fresh model, made(elastic) once it exists; during_step(step, calls) in each step."""
         net, opt = self.model()
         kw.setdefault("backend", self.BACKEND)
         e = elastic.Elastic(net, opt, link=self.link, **kw)
+        if made is not None:
+            made(e)
 
         def train_step(step):
             self.calls.append((self.link.generation, step))
@@ -231,6 +237,19 @@ class ElasticStrictTest(ElasticTest):
         env.start()
         self.addCleanup(env.stop)
 
+    @staticmethod
+    def peer_lost_at_step_2(link):
+        """A during_step that loses a peer in step 2 of generation 1: the
+        generation is parked and the next one opened, and the collective on
+        the lost peer spins until the watch aborts it."""
+        def lose_once(step, n):
+            if step == 2 and n == 3:
+                link.park()
+                link.next_generation()
+                dist.distributed_c10d._get_default_group().lose()
+                dist.all_reduce(torch.zeros(1))
+        return lose_once
+
     def tearDown(self):
         with open(self.strict_log) as f:
             self.assertEqual(f.read(), "", "a process group was destroyed after its abort")
@@ -248,18 +267,249 @@ class ElasticStrictTest(ElasticTest):
         self.assertEqual(self.link.restored[-1], (2, "memory", self.calls[2][1]))
         self.assert_trained_as_without_a_failure(net)
 
+    def test_update_racing_an_abort_does_not_count(self):
+        # Step 2's update is on the (emulated) device when the generation is
+        # parked, while the rank waits for it: the watch aborts the group, the
+        # update lands only then, half applied (strict_nccl.LateUpdate), and
+        # the step must not count.
+        import strict_nccl
+        link = self.link
+        made = []
+
+        class ParkedWhileWaited(strict_nccl.LateUpdate):
+            def synchronize(self):
+                link.park()
+                link.next_generation()
+                super().synchronize()
+
+        def late_at_2(step, n):
+            e = made[0]
+            if step == 2 and n == 3:
+                e._update_event = lambda: ParkedWhileWaited(e.module.parameters(), wait_s=10.0)
+            elif n == 4:
+                e._update_event = lambda: None
+
+        # The only rank failed its fence: its half-applied update is in its state (no
+        # copy to go back to), so it does not go on in place: the generation restarts cold.
+        with self.assertRaises(elastic.NoCleanState) as cm:
+            self.run_elastic(late_at_2, made=made.append)
+        self.assertIn("generation 2: no rank holds a clean state: every rank with 2 steps failed its last fence",
+                      str(cm.exception))
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2)])
+        self.assertEqual(self.link.beats, [(1, 1), (1, 2)])  # step 3 never counted
+
+    def test_gradients_cut_short_by_an_abort_are_never_applied(self):
+        # Step 2's gradients are still on their way (the device's reduce) when the
+        # generation is parked: the first fence sees the abort and the optimizer does
+        # not run, so the rank's state is step 2's whole and it heals from itself.
+        link = self.link
+        made = []
+
+        class GradientsInFlight:
+            def __init__(self, fence):
+                self.fence, self.epoch = fence, fence.epoch
+                link.park()
+                link.next_generation()
+
+            def query(self):
+                return self.fence.epoch != self.epoch  # "arrive" only once the watch aborted
+
+        def in_flight_at_2(step, n):
+            e = made[0]
+            if step == 2 and n == 3:
+                e._grads_event = lambda: GradientsInFlight(e._fence)
+            elif n == 4:
+                e._grads_event = lambda: None
+
+        e, net = self.run_elastic(in_flight_at_2, made=made.append)
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)])
+        self.assertEqual(self.link.restored, [(1, "seed", 0), (2, "memory", 2)])
+        self.assertEqual(e.step, self.STEPS)
+        self.assertNotIn("failed its last fence", self.stderr.getvalue())
+        self.assert_trained_as_without_a_failure(net)
+
     def test_lost_peer_aborted_by_the_watch(self):
-        def lose_once(step, n):
-            if step == 2 and n == 3:  # a peer died; its collective spins until the watch aborts it
-                self.link.park()
-                self.link.next_generation()
-                dist.distributed_c10d._get_default_group().lose()
-                dist.all_reduce(torch.zeros(1))
+        lose_once = self.peer_lost_at_step_2(self.link)
         e, net = self.run_elastic(lose_once)
         self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)])
         self.assertEqual(self.link.restored, [(1, "seed", 0), (2, "memory", 2)])
         self.assertIn("generation 1 is over: aborting its 1 process group(s)", self.stderr.getvalue())
         self.assertEqual(e.step, self.STEPS)
+        self.assert_trained_as_without_a_failure(net)
+
+    def test_lost_peer_not_healed_without_the_abort(self):
+        # The control of the test above: the groups' abort made a no-op, all else
+        # as there (the park watch still shuts the group's sockets, gloo's way).
+        # The collective on the lost peer never ends: the rank does not heal, the
+        # watch closes its connections to no avail and gives up on it, where it
+        # would exit (a cold restart). Bounded here: the watch's waits shortened,
+        # its exit recorded with the steps run by then, and the group aborted then.
+        exits = []
+
+        lose_once = self.peer_lost_at_step_2(self.link)
+
+        def gone(code):
+            exits.append((code, list(self.calls)))
+            dist.distributed_c10d._get_default_group().abort()
+
+        with mock.patch.object(elastic.pg, "abort", lambda dist, found: None), \
+                mock.patch.object(elastic, "PARK_INTERRUPT_S", 0.2), mock.patch.object(elastic, "PARK_EXIT_S", 0.5), \
+                mock.patch.object(elastic.os, "_exit", side_effect=gone):
+            try:
+                self.run_elastic(lose_once)
+            except elastic.NoCleanState:
+                pass  # after the exit that did not come: the watch had interrupted the step, no clean state
+        self.assertEqual(exits, [(1, [(1, 0), (1, 1), (1, 2)])], self.stderr.getvalue())
+        self.assertIn("generation 1 was parked and rank 0 has not left it", self.stderr.getvalue())
+        self.assertIn("closing its connections", self.stderr.getvalue())
+
+    def test_device_that_does_not_drain_after_the_abort(self):
+        # After the watch's abort the device must finish its queued work within
+        # the heal window (a fake sync here that never does): else the rank exits.
+        release = threading.Event()
+        self.addCleanup(release.set)
+        exits = []
+
+        lose_once = self.peer_lost_at_step_2(self.link)
+        with mock.patch.object(elastic.pg, "cuda_sync", return_value=lambda: release.wait(10.0)), \
+                mock.patch.object(elastic.os, "_exit", side_effect=exits.append):
+            self.run_elastic(lose_once, heal_wait_s=0.3)
+        self.assertEqual(exits, [1])
+        self.assertIn("generation 1: rank 0 aborted its process groups, but the device did not finish its queued "
+                      "work within 0.3 s of the abort: exiting, so that its slot is started again",
+                      self.stderr.getvalue())
+
+    def test_park_while_the_next_group_forms(self):
+        # Step 2 fails and generation 2 comes; while its group forms (after the
+        # store, before torch knows the group) generation 2 is parked too and its
+        # peer is lost. The watch's abort finds no group then: the rank must abort
+        # the group it formed itself, not hang in its state sync until it exits.
+        link, real_init, made = self.link, dist.init_process_group, []
+        exits = []
+
+        def init(*args, **kw):
+            if link.generation == 2 and not made:
+                made.append(True)
+                link.park()
+                link.next_generation()
+                with link.cond:  # the watch's abort, of no group, is done
+                    link.cond.wait_for(lambda: self.e._aborted == 2, 5.0)
+                real_init(*args, **kw)
+                dist.distributed_c10d._get_default_group().lose()
+            else:
+                real_init(*args, **kw)
+
+        def fail_once(step, n):
+            if step == 2 and n == 3:
+                link.park()
+                link.next_generation()
+                raise RuntimeError("Connection closed by peer")
+
+        def gone(code):  # without the rank's own abort: the watch gives up on it (11 s on: bounded here)
+            exits.append(code)
+            dist.distributed_c10d._get_default_group().abort()
+
+        with mock.patch.object(dist, "init_process_group", init), \
+                mock.patch.object(elastic.os, "_exit", side_effect=gone):
+            e, net = self.run_elastic(fail_once, made=lambda e: setattr(self, "e", e))
+        self.assertEqual(exits, [], self.stderr.getvalue())
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (3, 2), (3, 3), (3, 4)])
+        self.assertEqual(self.link.restored, [(1, "seed", 0), (3, "memory", 2)])
+        self.assertEqual(e.step, self.STEPS)
+        self.assert_trained_as_without_a_failure(net)
+
+    def test_second_loss_during_the_state_sync(self):
+        # Generation 2 (after step 2's failure) loses a peer too, while its first
+        # state-sync all-reduce waits on it: the watch aborts it there, and
+        # generation 3 trains on from step 2, no step lost or counted twice.
+        link, real_all_reduce, lost, exits = self.link, dist.all_reduce, [], []
+
+        def all_reduce(*args, **kw):
+            if link.generation == 2 and not lost:
+                lost.append(True)
+                link.park()
+                link.next_generation()
+                dist.distributed_c10d._get_default_group().lose()
+            return real_all_reduce(*args, **kw)
+
+        def fail_once(step, n):
+            if step == 2 and n == 3:
+                link.park()
+                link.next_generation()
+                raise RuntimeError("Connection closed by peer")
+
+        def gone(code):  # without the watch's abort: it gives up on the rank (11 s on: bounded here)
+            exits.append(code)
+            dist.distributed_c10d._get_default_group().abort()
+
+        with mock.patch.object(dist, "all_reduce", all_reduce), \
+                mock.patch.object(elastic.os, "_exit", side_effect=gone):
+            e, net = self.run_elastic(fail_once)
+        self.assertEqual(exits, [])
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (3, 2), (3, 3), (3, 4)])
+        self.assertEqual(self.link.beats, [(1, 1), (1, 2), (3, 3), (3, 4), (3, 5)])
+        self.assertEqual(self.link.restored, [(1, "seed", 0), (3, "memory", 2)])
+        self.assertIn("generation 2 is over: aborting its 1 process group(s)", self.stderr.getvalue())
+        self.assert_trained_as_without_a_failure(net)
+
+    def test_park_during_the_state_broadcast(self):
+        # Generation 2 is parked, and its peer lost, while its state broadcast
+        # runs (after the votes): the watch aborts it there; generation 3 takes
+        # the state whole, from step 2, none lost or counted twice.
+        link, real_broadcast, lost, exits = self.link, dist.broadcast, [], []
+
+        def broadcast(*args, **kw):
+            if link.generation == 2 and not lost:
+                lost.append(True)
+                link.park()
+                link.next_generation()
+                dist.distributed_c10d._get_default_group().lose()
+            return real_broadcast(*args, **kw)
+
+        def fail_once(step, n):
+            if step == 2 and n == 3:
+                link.park()
+                link.next_generation()
+                raise RuntimeError("Connection closed by peer")
+
+        def gone(code):  # without the watch's abort: it gives up on the rank (11 s on: bounded here)
+            exits.append(code)
+            dist.distributed_c10d._get_default_group().abort()
+
+        with mock.patch.object(dist, "broadcast", broadcast), \
+                mock.patch.object(elastic.os, "_exit", side_effect=gone):
+            e, net = self.run_elastic(fail_once)
+        self.assertEqual(lost, [True])
+        self.assertEqual(exits, [])
+        self.assertIn("generation 2 is over: aborting its 1 process group(s)", self.stderr.getvalue())
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (3, 2), (3, 3), (3, 4)])
+        self.assertEqual(self.link.beats, [(1, 1), (1, 2), (3, 3), (3, 4), (3, 5)])
+        self.assertEqual(self.link.restored, [(1, "seed", 0), (3, "memory", 2)])
+        self.assert_trained_as_without_a_failure(net)
+
+    def test_next_group_waits_for_the_drain(self):
+        # The watch's abort of generation 1 waits for the device (a fake sync of
+        # 1.5 s here): generation 2's group is formed only after that, so that no
+        # work of it is queued behind the drain (a sync would wait on that too).
+        import time
+        link, real_init, drained, formed = self.link, dist.init_process_group, [], []
+
+        def slow_sync():
+            time.sleep(1.5)
+            drained.append(time.monotonic())
+
+        def init(*args, **kw):
+            formed.append((link.generation, time.monotonic()))
+            real_init(*args, **kw)
+
+        lose_once = self.peer_lost_at_step_2(link)
+        with mock.patch.object(dist, "init_process_group", init), \
+                mock.patch.object(elastic.pg, "cuda_sync", return_value=slow_sync):
+            e, net = self.run_elastic(lose_once)
+        self.assertEqual(len(drained), 1)
+        self.assertEqual([g for g, _ in formed], [1, 2])
+        self.assertGreaterEqual(formed[1][1], drained[0])
+        self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)])
         self.assert_trained_as_without_a_failure(net)
 
 

@@ -46,13 +46,14 @@ class Buddy:
             self._post(self.own[-1])
 
     def holdings(self) -> List[Tuple[int, int, int]]:
-        """[(rank, world, step)] of every whole snapshot this rank holds."""
+        """[(rank, world, step)] of every whole snapshot this rank holds (a copy
+        under way waited for)."""
         snaps = self.own + [s for ss in self.held.values() for s in ss] + self.carried
-        return sorted({(s.rank, s.world, s.step) for s in snaps if s.complete and s.step >= 0})
+        return sorted({(s.rank, s.world, s.step) for s in snaps if s.wait() and s.step >= 0})
 
     def find(self, rank: int, world: int, step: int) -> Optional[Snapshot]:
         for s in self.own + [s for ss in self.held.values() for s in ss] + self.carried:
-            if s.complete and (s.rank, s.world, s.step) == (rank, world, step):
+            if s.wait() and (s.rank, s.world, s.step) == (rank, world, step):
                 return s
         return None
 
@@ -61,7 +62,9 @@ class Buddy:
         this step and ships it in the background. Raises RuntimeError when the
         last round failed (a peer died: the program's healing follows), or
         when an abort (fence) passed while the snapshot was taken: it is not
-        complete, and is not shipped."""
+        complete, and is not shipped. A copy of CUDA tensors still under way
+        is the shipping thread's to wait for (muster_rank.pinned); an abort
+        before it lands fails the round."""
         import torch
         with self._cond:
             while self._busy:
@@ -78,7 +81,7 @@ class Buddy:
             self.carried = []
         snap = slot(self.own)
         take_shard(snap, step, self.rank, self.world, model, optimizer, objects, fence)
-        if not snap.complete:
+        if not snap.complete and not snap.copying:
             raise RuntimeError("buddy replica of step %d: the process groups were aborted while it was taken" % step)
         self._post(snap)
 
@@ -144,8 +147,8 @@ class Buddy:
 
 def slot(snaps: List[Snapshot]) -> Snapshot:
     """The snapshot of snaps (at most 2) to fill next, moved to its end:
-    a free one, else the older of two, else a new one."""
-    snap = next((s for s in snaps if not s.complete), None)
+    a free one (neither complete nor copying), else the older of two, else a new one."""
+    snap = next((s for s in snaps if not s.complete and not s.copying), None)
     if snap is None and len(snaps) >= 2:
         snap = snaps[0]
     if snap is None:
