@@ -67,11 +67,21 @@ ITEST_CPUS (default: the CPUs this machine has); a script with no CPU
 figure counts as a whole CPU. The first pending script that fits starts,
 so a light one can go beside two heavy ones. Up to 2, none of this applies.
 
+A script that fails is run once more at the end, alone on the machine
+(at most RETRY_MOST of them: more failures than that are not a flake but
+a break, and are not retried). One that then passes is counted as passed
+but named FLAKY, in the tally and in $BUILD/itest-flaky, with the first
+run's whole output above and its FAIL lines repeated at the end; one that
+fails again fails. So a broken feature still fails the run (it fails
+alone too), and a failure that only a loaded machine makes (a lease
+timed out while pip or a neighbour took the CPU) is reported, not lost in
+a red run. ITEST_RETRY=0 turns the second run off.
+
 Usage: python3 tests/run_integration.py [--unit CMD] [NAME ...]   (default: every script)
        python3 tests/run_integration.py --save-durations
            (merges $BUILD/itest-durations into tests/integration/durations)
 Environment: BUILD, ITEST_JOBS, ITEST_CPUS, ITEST_TIMEOUT_S (600 per script), ITEST_LANES,
-ITEST_VENV_STATUS, ITEST_VENV_LOG.
+ITEST_VENV_STATUS, ITEST_VENV_LOG, ITEST_RETRY.
 """
 import os
 import re
@@ -89,6 +99,7 @@ LIGHT_SOLO = 1.2  # CPUs a solo may keep busy (by the table) and still have a sc
 BG_SHARE = 3  # the foreground lane weighs this many times the background one
 UNIT = "unit_suites"
 VENV_WAIT_S = 3600  # the longest the held scripts wait for the environment
+RETRY_MOST = 3  # failed scripts run once more, alone, if there are no more than this
 
 
 def kind_of(path: str) -> str:
@@ -255,6 +266,7 @@ class Runner:
         self.background = False  # the background group still weighs less than the foreground
         self.results = []  # (name, ok, seconds, cpu seconds)
         self.digests = {}  # name -> what a failed script said (digest())
+        self.unmade = set()  # the scripts failed for want of the Python environment
         self.cond = threading.Condition()
 
     def _startable(self):
@@ -362,6 +374,7 @@ class Runner:
                     sys.stdout.write(f"== integration: {name}\nthe Python environment was not made ({why}; "
                                      f"its log is above)\n-- {name}: FAILED (0 s, 0 s CPU)\n")
                     self.results.append((name, False, 0.0, 0.0))
+                    self.unmade.add(name)
             sys.stdout.flush()
             self.cond.notify_all()
 
@@ -481,13 +494,32 @@ def main(argv: list) -> int:
     for name, ok, secs, cpu in sorted(runner.results, key=lambda r: -r[2])[:10]:
         print(f"  {secs:6.0f} s  {cpu:5.0f} s CPU  {name}{'' if ok else '  (FAILED)'}")
     failed = sorted(r[0] for r in runner.results if not r[1])
+    flaky = []
+    retry = [s for s in scripts if s[0] in failed and s[0] not in runner.unmade]
+    if os.environ.get("ITEST_RETRY", "1") != "0" and 0 < len(retry) <= RETRY_MOST:
+        print(f"== running again, one at a time and alone: {' '.join(s[0] for s in retry)}")
+        sys.stdout.flush()
+        again = Runner(retry, 1, int(os.environ.get("ITEST_TIMEOUT_S", "600")), durations, cpus)
+        again.run()
+        flaky = sorted(n for n, ok, _, _ in again.results if ok)
+        failed = [n for n in failed if n not in flaky]
+        runner.digests.update({n: "(the second run)\n" + d for n, d in again.digests.items()})
+    if os.path.isdir(build):
+        with open(os.path.join(build, "itest-flaky"), "w", encoding="utf-8") as f:
+            f.write("".join(n + "\n" for n in flaky))
     passed = len(runner.results) - len(failed)
+    for name in flaky:
+        print(f"== FLAKY: {name} failed beside other work and passed alone; why it failed the first time:")
+        print(runner.digests.get(name, "(no output kept)"))
     for name in failed:
         print(f"== why {name} failed (its whole output is above)")
         print(runner.digests.get(name, "(no output kept)"))
+    if flaky:
+        print("flaky (failed, then passed alone): " + " ".join(flaky))
     if failed:
         print("failed: " + " ".join(failed))
-    print(f"integration: {passed} passed, {len(failed)} failed")
+    print(f"integration: {passed} passed ({len(flaky)} of them on a second run alone), {len(failed)} failed"
+          if flaky else f"integration: {passed} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 
