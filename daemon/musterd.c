@@ -525,7 +525,14 @@ static void on_tick(uv_timer_t *t)
     flush_changes(d);
     if (d->exit_on_end && rdv_terminal(&d->rdv)) {
         /* The job is over and so is this daemon: agents shut down with it,
-         * after a moment to receive the command. */
+         * told by a command. The command waits, as every frame of rdv's, for
+         * the terminal state to be durable (server_hold), which a loaded disk
+         * can take seconds over: closing the links before it has left would
+         * drop it, and leave the agents retrying a daemon gone. So musterd
+         * goes once every joined agent's queue is empty (the command is in
+         * the kernel, which delivers it before the close), and no sooner than
+         * 500 ms; at the latest after lease_ms, when agents not told fence
+         * themselves anyway. */
         if (!d->end_seen_ms) {
             d->end_seen_ms = now;
             struct proto_msg m = {.type = PROTO_COMMAND};
@@ -536,8 +543,19 @@ static void on_tick(uv_timer_t *t)
                 if (d->rdv.nodes[i].state == RDV_NODE_JOINED)
                     server_send(d->server, d->rdv.nodes[i].name, &m);
         } else if (now - d->end_seen_ms >= 500) {
-            d->exit_code = d->rdv.state == RDV_COMPLETED ? 0 : 1;
-            begin_shutdown(d);
+            uint32_t untold = 0;
+            for (uint32_t i = 0; i < d->rdv.nnodes; i++)
+                if (d->rdv.nodes[i].state == RDV_NODE_JOINED && server_queued(d->server, d->rdv.nodes[i].name) > 0)
+                    untold++;
+            const uint64_t most = d->rdv.spec->lease_ms > 500 ? d->rdv.spec->lease_ms : 500;
+            if (untold == 0 || now - d->end_seen_ms >= most) {
+                if (untold)
+                    log_warn("job %s is over; %u node(s) not yet sent the shutdown after %llu ms (the state "
+                             "write before it is not durable): exiting, they fence themselves",
+                             d->rdv.spec->name, untold, (unsigned long long)(now - d->end_seen_ms));
+                d->exit_code = d->rdv.state == RDV_COMPLETED ? 0 : 1;
+                begin_shutdown(d);
+            }
         }
     }
 }

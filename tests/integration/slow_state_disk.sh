@@ -7,8 +7,12 @@
 # both agents lost at once. Liveness must not wait for the disk: a rank
 # killed twice, each recovery persisted slowly, and no agent resumes,
 # rejoins or is lost. (b) A disk stuck: once a write has waited lease_ms,
-# liveness stops too and the agents fence themselves. 2 agents x 2 fake
-# ranks, ~25 s.
+# liveness stops too and the agents fence themselves. (c) The job's end on
+# the slow disk, under --exit-on-end (as `muster run` and cloud mode start
+# musterd): the agents' shutdown command waits for the completed state to be
+# durable, and musterd must not close their links before it has left, or
+# they retry a daemon gone until something kills them. 2 agents x 2 fake
+# ranks, ~30 s.
 # itest: solo
 set -eu
 . tests/itest-lib.sh
@@ -64,4 +68,31 @@ victim=$(pgrep -P "$AGENT_PID" -f fake-rank | head -n 1)
 kill -9 "$victim"
 wait_log 20 "$ITEST_DIR/agent-a.log" "SELF-FENCING" || fail "(b) agent a did not fence itself while musterd's state could not be written"
 echo "(b) disk stuck: agent a fenced itself $(grep -c SELF-FENCING "$ITEST_DIR/agent-a.log") time(s) once lease_ms passed"
+stop_all
+
+# (c) The end, 1.2 s per fsync: musterd exits with the job, and the agents
+# with it, told (exit 0), not left retrying its address.
+rm -rf "$ITEST_DIR/state" "$ITEST_DIR/agent-state"
+sed 's/"max_restarts": 4/"max_restarts": 0/' "$ITEST_DIR/slowdisk.json" > "$ITEST_DIR/end.json"
+echo 1200 > "$ITEST_DIR/fsync_ms"
+LD_PRELOAD="$(cd "$BUILD" && pwd)/tests/slow_fsync.so" MUSTER_TEST_FSYNC_FILE="$ITEST_DIR/fsync_ms"
+export LD_PRELOAD MUSTER_TEST_FSYNC_FILE
+start_daemon "$ITEST_DIR/end.json" --token-file "$ITEST_DIR/token" --exit-on-end
+unset LD_PRELOAD MUSTER_TEST_FSYNC_FILE
+for n in a b; do
+    start_agent "$n" 2 --token-file "$ITEST_DIR/token" --rank-cmd "$BUILD/tests/fake-rank --steps 20 --step-ms 20"
+    eval "END_$n=\$AGENT_PID"
+done
+wait_exit "$DAEMON_PID" 40 || fail "(c) musterd --exit-on-end still runs 40 s after the start of a 20-step job"
+rc=0; wait "$DAEMON_PID" || rc=$?
+[ "$rc" -eq 0 ] || fail "(c) musterd exited $rc at the job's end, expected 0: $(tail -n 3 "$ITEST_DIR/musterd.log")"
+for n in a b; do
+    eval "p=\$END_$n"
+    wait_exit "$p" 10 || fail "(c) agent $n still runs 10 s after musterd ended the job: $(tail -n 2 "$ITEST_DIR/agent-$n.log")"
+    rc=0; wait "$p" || rc=$?
+    [ "$rc" -eq 0 ] || fail "(c) agent $n exited $rc after the job's end, expected 0: $(tail -n 2 "$ITEST_DIR/agent-$n.log")"
+    ! grep -q "cannot reach daemon" "$ITEST_DIR/agent-$n.log" \
+        || fail "(c) agent $n was not told the job ended: $(grep -m1 'cannot reach daemon' "$ITEST_DIR/agent-$n.log")"
+done
+echo "(c) job's end on the slow disk: musterd exited 0 and both agents were told (exit 0)"
 echo "slow_state_disk: ok"
