@@ -60,7 +60,8 @@ cat > "$ITEST_DIR/ds.json" <<JSON
 {"name": "deepspeed-zero3", "nodes": 2, "max_restarts": 4, "heartbeat_interval_ms": 200,
  "heartbeat_timeout_ms": 2000, "lease_ms": 4000, "stop_grace_ms": 500, "progress_timeout_ms": 5000,
  "rank_cmd": ["$PY", "$DS_SCRIPT", "--deepspeed_config", "$DS_CONFIG", "--steps", "$DS_STEPS",
-              "--step-sleep", "0.1", "--ckpt-dir", "$ITEST_DIR/ds-ckpt", "--ckpt-every", "5"]}
+              "--step-sleep", "0.1", "--ckpt-dir", "$ITEST_DIR/ds-ckpt", "--ckpt-every", "5",
+              "--stop-at", "2:7:$ITEST_DIR/rank2-stopped"]}
 JSON
 run_job "$ITEST_DIR/ds.json" a b
 wait_for 90 'd["state"] == "running" and running == 4' || fail "(a) the DeepSpeed job is not running with 4 ranks"
@@ -69,18 +70,25 @@ wait_log 90 "$ITEST_DIR/agent-a.log" "rank 0: rank 0/4 restart [0-9]* master 127
     || fail "(a) rank 0 did not form a gloo group of 4 from muster's environment"
 echo "(a) DeepSpeed ZeRO-3: 4 ranks on gloo: ok"
 
-# (d) the hook shows the script's steps; once the checkpoint of step 5 is on
-# disk, rank 2 (node b) is SIGSTOPped and must be named hung, as stopped.
+# (d) the hook shows the script's steps; rank 2 (node b) stops itself
+# (SIGSTOP) after step 7, between the saves of steps 5 and 10, and must be
+# named hung, as stopped. (Not stopped from here at a moment of the test's
+# choosing: one that fell inside the save of step 10, under load, left rank
+# 2's shard half-written where DeepSpeed's rank 0 had already pointed
+# `latest`, and every restart failed to load it: DeepSpeed's own checkpoint
+# is not atomic across ranks.)
 wait_for 120 'd["state"] == "running" and running == 4 and all(not r["silent"] and (r["step"] or 0) >= 5 and r.get("where") for r in d["ranks"])' \
     || fail "(d) the DeepSpeed script's steps do not reach status through the hook"
-i=0
-until grep -qx 'step[0-9][0-9]*' "$ITEST_DIR/ds-ckpt/latest" 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done
-pid=$(rank_pid "$DS_SCRIPT.*$ITEST_DIR/ds-ckpt" 2)
-[ -n "$pid" ] || fail "(d) no process for rank 2"
 gen=$(status | python3 -c 'import json, sys; print(json.load(sys.stdin)["generation"])')
 mark=$(wc -l < "$ITEST_DIR/agent-b.log")
+i=0
+until [ -e "$ITEST_DIR/rank2-stopped" ] || [ $i -ge 1200 ]; do sleep 0.05; i=$((i + 1)); done
+pid=$(rank_pid "$DS_SCRIPT.*$ITEST_DIR/ds-ckpt" 2)
+[ -n "$pid" ] || fail "(d) no process for rank 2"
+i=0
+until [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" = T ] || [ $i -ge 200 ]; do sleep 0.05; i=$((i + 1)); done
+[ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" = T ] || fail "(d) rank 2 (pid $pid) did not stop itself after step 7"
 t0=$(now_ms)
-kill -STOP "$pid"
 saved=$(sed -n 's/^step\([0-9]*\)$/\1/p' "$ITEST_DIR/ds-ckpt/latest")
 wait_event 30 'rank 2 on node b is hung: its process is stopped' \
     || { kill -CONT "$pid" 2>/dev/null || true; fail "(d) the SIGSTOPped DeepSpeed rank was not named hung as stopped"; }

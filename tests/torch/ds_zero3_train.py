@@ -14,6 +14,7 @@ have seen. Rank 0 prints "step N loss L"; a resumed rank prints
 """
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +36,9 @@ def parse_args():
     p.add_argument("--stall-save", default="", metavar="RANK:STEP:RESTART",
                    help="for tests: that rank, in that restart, stalls inside the save of that step, after the "
                         "tag directory is made and before its own optimizer state is written")
+    p.add_argument("--stop-at", default="", metavar="RANK:STEP:MARK",
+                   help="rank RANK stops itself (SIGSTOP) once step STEP and its save are done, the first time "
+                        "(it creates the file MARK just before): a hang at a step boundary, never inside a save")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for faults)")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")),
                    help="set by the deepspeed launcher; torchrun and muster set LOCAL_RANK")
@@ -97,6 +101,11 @@ def main():
             print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
         if args.ckpt_dir and (step + 1) % args.ckpt_every == 0:
             engine.save_checkpoint(args.ckpt_dir, tag=f"step{step + 1}", client_state={"step": step + 1})
+        if args.stop_at:
+            stop_rank, stop_step, mark = args.stop_at.split(":", 2)
+            if rank == int(stop_rank) and step + 1 == int(stop_step) and not os.path.exists(mark):
+                open(mark, "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP)
         if args.step_sleep:
             time.sleep(args.step_sleep)
     torch.distributed.destroy_process_group()
