@@ -418,19 +418,19 @@ class ElasticStrictTest(ElasticTest):
         self.assertEqual(e.step, self.STEPS)
         self.assert_trained_as_without_a_failure(net)
 
-    def test_second_loss_during_the_state_sync(self):
-        # Generation 2 (after step 2's failure) loses a peer too, while its first
-        # state-sync all-reduce waits on it: the watch aborts it there, and
-        # generation 3 trains on from step 2, no step lost or counted twice.
-        link, real_all_reduce, lost, exits = self.link, dist.all_reduce, [], []
+    def second_loss_in(self, collective):
+        """Step 2 fails (generation 1 parked for 3), and generation 2 loses its
+        peer too, inside its first call of dist.COLLECTIVE: the watch must abort
+        it there. Returns (lost, exits, stderr, net)."""
+        link, real, lost, exits = self.link, getattr(dist, collective), [], []
 
-        def all_reduce(*args, **kw):
+        def losing(*args, **kw):
             if link.generation == 2 and not lost:
                 lost.append(True)
                 link.park()
                 link.next_generation()
                 dist.distributed_c10d._get_default_group().lose()
-            return real_all_reduce(*args, **kw)
+            return real(*args, **kw)
 
         def fail_once(step, n):
             if step == 2 and n == 3:
@@ -442,46 +442,31 @@ class ElasticStrictTest(ElasticTest):
             exits.append(code)
             dist.distributed_c10d._get_default_group().abort()
 
-        with mock.patch.object(dist, "all_reduce", all_reduce), \
+        with mock.patch.object(dist, collective, losing), \
                 mock.patch.object(elastic.os, "_exit", side_effect=gone):
-            e, net = self.run_elastic(fail_once)
+            _, net = self.run_elastic(fail_once)
+        return lost, exits, self.stderr.getvalue(), net
+
+    def test_second_loss_during_the_state_sync(self):
+        # Generation 2 (after step 2's failure) loses a peer too, while its first
+        # state-sync all-reduce waits on it: the watch aborts it there, and
+        # generation 3 trains on from step 2, no step lost or counted twice.
+        _, exits, err, net = self.second_loss_in("all_reduce")
         self.assertEqual(exits, [])
         self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (3, 2), (3, 3), (3, 4)])
         self.assertEqual(self.link.beats, [(1, 1), (1, 2), (3, 3), (3, 4), (3, 5)])
         self.assertEqual(self.link.restored, [(1, "seed", 0), (3, "memory", 2)])
-        self.assertIn("generation 2 is over: aborting its 1 process group(s)", self.stderr.getvalue())
+        self.assertIn("generation 2 is over: aborting its 1 process group(s)", err)
         self.assert_trained_as_without_a_failure(net)
 
     def test_park_during_the_state_broadcast(self):
         # Generation 2 is parked, and its peer lost, while its state broadcast
         # runs (after the votes): the watch aborts it there; generation 3 takes
         # the state whole, from step 2, none lost or counted twice.
-        link, real_broadcast, lost, exits = self.link, dist.broadcast, [], []
-
-        def broadcast(*args, **kw):
-            if link.generation == 2 and not lost:
-                lost.append(True)
-                link.park()
-                link.next_generation()
-                dist.distributed_c10d._get_default_group().lose()
-            return real_broadcast(*args, **kw)
-
-        def fail_once(step, n):
-            if step == 2 and n == 3:
-                link.park()
-                link.next_generation()
-                raise RuntimeError("Connection closed by peer")
-
-        def gone(code):  # without the watch's abort: it gives up on the rank (11 s on: bounded here)
-            exits.append(code)
-            dist.distributed_c10d._get_default_group().abort()
-
-        with mock.patch.object(dist, "broadcast", broadcast), \
-                mock.patch.object(elastic.os, "_exit", side_effect=gone):
-            e, net = self.run_elastic(fail_once)
+        lost, exits, err, net = self.second_loss_in("broadcast")
         self.assertEqual(lost, [True])
         self.assertEqual(exits, [])
-        self.assertIn("generation 2 is over: aborting its 1 process group(s)", self.stderr.getvalue())
+        self.assertIn("generation 2 is over: aborting its 1 process group(s)", err)
         self.assertEqual(self.calls, [(1, 0), (1, 1), (1, 2), (3, 2), (3, 3), (3, 4)])
         self.assertEqual(self.link.beats, [(1, 1), (1, 2), (3, 3), (3, 4), (3, 5)])
         self.assertEqual(self.link.restored, [(1, "seed", 0), (3, "memory", 2)])
